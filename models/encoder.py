@@ -1,0 +1,259 @@
+"""The shared Transformer encoder (BERT-style, post-LayerNorm) in Flax NNX.
+
+Reference: google-research/bert modeling.py (`embedding_postprocessor`, `transformer_model`) and
+HF transformers modeling_bert.py, whose weights convert one-to-one (see `pretrain/hf.py`).
+Used by BERT now, and by ELECTRA/RoBERTa/ALBERT/MPNet later.
+
+Parameters carry logical axis names in their `out_sharding` metadata (`vocab`, `embed`, `heads`,
+`mlp`, `layers`, `norm`); `pretrain.mesh` maps those to mesh axes. Layers are stored stacked
+(leading `layers` axis) whether they run under `nnx.scan` or a Python loop, so checkpoints and
+conversions do not depend on that flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
+    "full": None,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots_saveable": jax.checkpoint_policies.checkpoint_dots,
+}
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    """Hyper-parameters of the encoder; names follow BERT's `bert_config.json` where possible.
+
+    `hidden_act='gelu'` is the exact erf GELU (HF transformers); the TF reference used the tanh
+    approximation, available as `gelu_tanh`. `remat` is `none`, `full`, `dots` or `dots_saveable`.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_act: str = "gelu"
+    layer_norm_eps: float = 1e-12
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    initializer_range: float = 0.02
+    dtype: str = "float32"
+    scan_layers: bool = True
+    remat: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)}")
+        if self.remat != "none" and self.remat not in REMAT_POLICIES:
+            raise ValueError(f"remat must be 'none' or one of {sorted(REMAT_POLICIES)}")
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+
+def dense(
+    config: EncoderConfig, in_features: int, out_features: int, axes: tuple[str | None, str | None],
+    rngs: nnx.Rngs,
+) -> nnx.Linear:
+    """A Linear layer with BERT's truncated-normal(0.02) init and logical sharding names."""
+    return nnx.Linear(
+        in_features,
+        out_features,
+        dtype=config.compute_dtype,
+        kernel_init=nnx.with_partitioning(
+            nnx.initializers.truncated_normal(config.initializer_range), axes
+        ),
+        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (axes[1],)),
+        rngs=rngs,
+    )
+
+
+def layer_norm(config: EncoderConfig, features: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    """LayerNorm with BERT's epsilon; statistics are computed in float32 by Flax."""
+    return nnx.LayerNorm(
+        features,
+        epsilon=config.layer_norm_eps,
+        dtype=config.compute_dtype,
+        scale_init=nnx.with_partitioning(nnx.initializers.ones_init(), ("norm",)),
+        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("norm",)),
+        rngs=rngs,
+    )
+
+
+def embed(
+    config: EncoderConfig, num: int, features: int, axes: tuple[str | None, str | None],
+    rngs: nnx.Rngs,
+) -> nnx.Embed:
+    return nnx.Embed(
+        num,
+        features,
+        dtype=config.compute_dtype,
+        embedding_init=nnx.with_partitioning(
+            nnx.initializers.truncated_normal(config.initializer_range), axes
+        ),
+        rngs=rngs,
+    )
+
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
+    """Inverted dropout; `rng=None` means deterministic (evaluation)."""
+    if rng is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x)).astype(x.dtype)
+
+
+def split_rng(rng: jax.Array | None, num: int) -> list[jax.Array | None]:
+    return [None] * num if rng is None else list(jax.random.split(rng, num))
+
+
+class Embeddings(nnx.Module):
+    """Word + position + token-type embeddings, LayerNorm, dropout (modeling.py
+    `embedding_lookup` + `embedding_postprocessor`)."""
+
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        h = config.hidden_size
+        self.config = config
+        self.word_embeddings = embed(config, config.vocab_size, h, ("vocab", "embed"), rngs)
+        self.position_embeddings = embed(config, config.max_position_embeddings, h,
+                                         (None, "embed"), rngs)
+        self.token_type_embeddings = embed(config, config.type_vocab_size, h, (None, "embed"),
+                                           rngs)
+        self.layer_norm = layer_norm(config, h, rngs)
+
+    def __call__(
+        self, input_ids: jax.Array, token_type_ids: jax.Array, rng: jax.Array | None
+    ) -> jax.Array:
+        seq_len = input_ids.shape[1]
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings.embedding[:seq_len][None].astype(self.config.compute_dtype)
+            + self.token_type_embeddings(token_type_ids)
+        )
+        return dropout(self.layer_norm(x), self.config.hidden_dropout, rng)
+
+
+def attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dropout_rate: float,
+    rng: jax.Array | None,
+) -> jax.Array:
+    """Scaled dot-product attention over [batch, seq, heads, head_dim].
+
+    Without attention-probability dropout it goes through `jax.nn.dot_product_attention` (cuDNN
+    flash attention on GPU). BERT's reference applies dropout to the probabilities
+    (attention_probs_dropout_prob 0.1), which no fused kernel offers, so that case takes the
+    explicit einsum path with a float32 softmax. Masked keys get the dtype's lowest value, as HF.
+    """
+    if rng is None or dropout_rate == 0.0:
+        return jax.nn.dot_product_attention(q, k, v, mask=mask)
+    scale = q.shape[-1] ** -0.5
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    probs = dropout(jax.nn.softmax(logits, axis=-1), dropout_rate, rng).astype(v.dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+class EncoderLayer(nnx.Module):
+    """One post-LN block: self-attention + residual + LayerNorm, GELU MLP + residual + LayerNorm."""
+
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        h, i = config.hidden_size, config.intermediate_size
+        self.config = config
+        self.query = dense(config, h, h, ("embed", "heads"), rngs)
+        self.key = dense(config, h, h, ("embed", "heads"), rngs)
+        self.value = dense(config, h, h, ("embed", "heads"), rngs)
+        self.attention_output = dense(config, h, h, ("heads", "embed"), rngs)
+        self.attention_layer_norm = layer_norm(config, h, rngs)
+        self.intermediate = dense(config, h, i, ("embed", "mlp"), rngs)
+        self.output = dense(config, i, h, ("mlp", "embed"), rngs)
+        self.output_layer_norm = layer_norm(config, h, rngs)
+
+    def __call__(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None) -> jax.Array:
+        c = self.config
+        attn_rng, attn_out_rng, mlp_rng = split_rng(rng, 3)
+        heads = (*x.shape[:2], c.num_heads, c.hidden_size // c.num_heads)
+        q, k, v = (proj(x).reshape(heads) for proj in (self.query, self.key, self.value))
+        context = attention(q, k, v, mask, c.attention_dropout, attn_rng).reshape(x.shape)
+        attn = dropout(self.attention_output(context), c.hidden_dropout, attn_out_rng)
+        x = self.attention_layer_norm(x + attn)
+        y = self.output(ACTIVATIONS[c.hidden_act](self.intermediate(x)))
+        return self.output_layer_norm(x + dropout(y, c.hidden_dropout, mlp_rng))
+
+
+class EncoderStack(nnx.Module):
+    """`num_layers` EncoderLayers with stacked parameters, run by `nnx.scan` or a Python loop."""
+
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        self.config = config
+
+        @nnx.split_rngs(splits=config.num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def create(layer_rngs: nnx.Rngs) -> EncoderLayer:
+            return EncoderLayer(config, rngs=layer_rngs)
+
+        self.layers = create(rngs)
+
+    def __call__(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None) -> jax.Array:
+        c = self.config
+        keys = None if rng is None else jax.random.split(rng, c.num_layers)
+
+        def apply(layer: EncoderLayer, h: jax.Array, key: jax.Array | None) -> jax.Array:
+            return layer(h, mask, key)
+
+        if c.remat != "none":
+            apply = nnx.remat(apply, policy=REMAT_POLICIES[c.remat])
+        if c.scan_layers:
+            scan = nnx.scan(apply, in_axes=(0, nnx.Carry, None if keys is None else 0),
+                            out_axes=nnx.Carry)
+            return scan(self.layers, x, keys)
+        graphdef, state = nnx.split(self.layers)
+        for i in range(c.num_layers):
+            layer = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
+            x = apply(layer, x, None if keys is None else keys[i])
+        return x
+
+
+class Encoder(nnx.Module):
+    """Embeddings + encoder stack; returns the last hidden states [batch, seq, hidden]."""
+
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embeddings = Embeddings(config, rngs=rngs)
+        self.stack = EncoderStack(config, rngs=rngs)
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        token_type_ids: jax.Array | None = None,
+        attention_mask: jax.Array | None = None,
+        rng: jax.Array | None = None,
+    ) -> jax.Array:
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        if attention_mask is None:
+            attention_mask = jnp.ones_like(input_ids)
+        embed_rng, stack_rng = split_rng(rng, 2)
+        x = self.embeddings(input_ids, token_type_ids, embed_rng)
+        key_mask = attention_mask.astype(bool)[:, None, None, :]
+        return self.stack(x, key_mask, stack_rng)
+

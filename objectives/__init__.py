@@ -1,0 +1,3 @@
+"""Pre-training objectives. Importing the package registers the built-in methods."""
+
+from objectives import bert  # noqa: F401

@@ -1,0 +1,119 @@
+"""BERT pre-training objective: masked LM + next-sentence prediction (Devlin et al. 2019, §3.1).
+
+Reference: google-research/bert run_pretraining.py (`get_masked_lm_output`,
+`get_next_sentence_output`): the MLM loss is over gathered masked positions, weighted,
+sum(w * nll) / (sum(w) + 1e-5); NSP is a 2-way softmax on the pooled [CLS]; total = MLM + NSP.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from input_pipeline import bert_examples
+from input_pipeline.errors import UserError
+from input_pipeline.prepare import DataConfig, prepare_text
+from models.bert import Bert
+from models.encoder import EncoderConfig
+from objectives.registry import Batch, Method, Metrics, PreparedData, register
+
+
+def weighted_cross_entropy(
+    logits: jax.Array, labels: jax.Array, weights: jax.Array
+) -> tuple[jax.Array, Metrics]:
+    """sum(w * nll) / (sum(w) + 1e-5) with float32 log-softmax, plus weighted accuracy."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    weights = weights.astype(jnp.float32)
+    loss = jnp.sum(weights * nll) / (jnp.sum(weights) + 1e-5)
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return loss, {"accuracy": (jnp.sum(weights * correct), jnp.sum(weights)),
+                  "loss": (jnp.sum(weights * nll), jnp.sum(weights))}
+
+
+def bert_loss(model: Bert, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
+    """MLM + NSP on one batch of `bert_examples` features; `rng=None` disables dropout."""
+    out = model(
+        batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+        masked_positions=batch["masked_lm_positions"], rng=rng,
+    )
+    mlm_loss, mlm = weighted_cross_entropy(
+        out.mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
+    labels = batch["next_sentence_labels"]
+    nsp_loss, nsp = weighted_cross_entropy(out.nsp_logits, labels, jnp.ones(labels.shape))
+    total = mlm_loss + nsp_loss
+    one = jnp.ones((), jnp.float32)
+    return total, {
+        "loss": (total, one),
+        "mlm_loss": mlm["loss"],
+        "mlm_accuracy": mlm["accuracy"],
+        "nsp_loss": nsp["loss"],
+        "nsp_accuracy": nsp["accuracy"],
+    }
+
+
+def build_bert(config: EncoderConfig, seed: int) -> Bert:
+    return Bert(config, rngs=nnx.Rngs(seed))
+
+
+def prepare_bert(
+    data: DataConfig, examples: bert_examples.BertExampleConfig, cache_dir: Path, seed: int
+) -> PreparedData:
+    """Corpus -> tokenizer -> NSP pairs (+ static masks with dupe_factor, or dynamic masking
+    while loading) -> ArrayRecord, as create_pretraining_data.py does."""
+
+    def build(documents, tokenizer, split_seed):
+        vocab = bert_examples.MaskingVocab.from_tokenizer(tokenizer)
+        return bert_examples.create_training_examples(documents, vocab, examples, split_seed)
+
+    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
+    vocab = bert_examples.MaskingVocab.from_tokenizer(tokenizer)
+    # Held-out evaluation always uses fixed (static) masks, so its numbers are comparable.
+    eval_examples = held_out.examples(range(len(held_out)))
+    transforms = ()
+    if examples.dynamic_masking:
+        transforms = (bert_examples.DynamicMasking(vocab, examples),)
+        eval_examples = mask_records(eval_examples, transforms[0], seed + 2)
+    return PreparedData(
+        train=train,
+        eval=eval_examples,
+        transforms=transforms,
+        model_fields={"vocab_size": tokenizer.vocab_size},
+        report={"majority_baseline_mlm_accuracy":
+                bert_examples.majority_baseline_accuracy(eval_examples)},
+    )
+
+
+def mask_records(
+    records: dict[str, np.ndarray], masking: bert_examples.DynamicMasking, seed: int
+) -> dict[str, np.ndarray]:
+    """Applies dynamic masking once, with a fixed seed, to a stacked set of records."""
+    rng = np.random.default_rng(seed)
+    count = len(next(iter(records.values())))
+    rows = [masking.random_map({k: v[i] for k, v in records.items()}, rng) for i in range(count)]
+    return {k: np.stack([row[k] for row in rows]) for k in rows[0]}
+
+
+def check_bert(model: EncoderConfig, examples: bert_examples.BertExampleConfig) -> None:
+    if examples.max_seq_length > model.max_position_embeddings:
+        raise UserError(
+            f"examples.max_seq_length={examples.max_seq_length} exceeds "
+            f"model.max_position_embeddings={model.max_position_embeddings}; lower the first or "
+            "raise the second")
+
+
+register(Method(
+    name="bert",
+    model_config=EncoderConfig,
+    example_config=bert_examples.BertExampleConfig,
+    build_model=build_bert,
+    loss=bert_loss,
+    prepare=prepare_bert,
+    units_per_example=lambda examples: examples.max_seq_length,
+    check=check_bert,
+    description="BERT: masked LM + next-sentence prediction (Devlin et al. 2019)",
+))

@@ -1,0 +1,89 @@
+"""The registry of pre-training methods: what the trainer asks for by name.
+
+A method binds a model builder, a pure loss `(model, batch, rng) -> (loss, metrics)`, host-side
+data preparation, and its config types. The trainer never names a method; adding one is a file
+in `objectives/` that calls `register` (see README, "Add your own objective").
+
+Metrics are `{name: (numerator, denominator)}` pairs of scalars, so that averages over devices,
+steps and evaluation batches are exact ratios of sums rather than means of means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from input_pipeline.errors import UserError
+
+Batch = dict[str, jax.Array]
+Metrics = dict[str, tuple[jax.Array, jax.Array]]
+LossFn = Callable[[Any, Batch, jax.Array | None], tuple[jax.Array, Metrics]]
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedData:
+    """What a method's preparation hands the trainer: record directories for training and
+    held-out evaluation, per-record Grain transforms applied while loading (e.g. dynamic
+    masking), the model-config fields the data decides (e.g. `vocab_size`), and facts to report
+    (e.g. the majority-token baseline)."""
+
+    train: Any
+    eval: Any
+    transforms: Sequence[Any] = ()
+    model_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+    report: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One pre-training method.
+
+    - `model_config` / `example_config`: dataclass types that `config.model` / `config.examples`
+      are validated against.
+    - `build_model(model_config, seed)`: a fresh Flax NNX module.
+    - `loss(model, batch, rng)`: pure; `rng=None` means evaluation (no dropout, no sampling).
+    - `prepare(data_config, example_config, cache_dir, seed)`: builds the records on the host.
+    - `units_per_example(example_config)`: tokens (or images) per example, for throughput.
+    - `check(model_config, example_config)`: cross-field validation, raising UserError.
+    """
+
+    name: str
+    model_config: type
+    example_config: type
+    build_model: Callable[[Any, int], Any]
+    loss: LossFn
+    prepare: Callable[[Any, Any, Any, int], PreparedData]
+    units_per_example: Callable[[Any], int]
+    check: Callable[[Any, Any], None] = lambda model_config, example_config: None
+    unit: str = "tokens"
+    description: str = ""
+
+
+_METHODS: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    """Adds a method; registering a second one under the same name is an error."""
+    if method.name in _METHODS:
+        raise ValueError(f"method {method.name!r} is already registered")
+    _METHODS[method.name] = method
+    return method
+
+
+def get(name: str) -> Method:
+    if name not in _METHODS:
+        raise UserError(f"unknown method {name!r}; choose one of {sorted(_METHODS)} or register "
+                        "yours with objectives.registry.register")
+    return _METHODS[name]
+
+
+def names() -> list[str]:
+    return sorted(_METHODS)
+
+
+def ratio(metric: tuple[jax.Array, jax.Array]) -> jax.Array:
+    numerator, denominator = metric
+    return numerator / denominator

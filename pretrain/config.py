@@ -1,0 +1,244 @@
+"""Run configuration: presets per method and size, `section.key=value` overrides, validation.
+
+A config has generic sections (`data`, `optim`, `mesh`, `train`) and two method-owned sections,
+`model` and `examples`, validated against the dataclasses the method registers. The resolved
+config is written to the workdir and into every checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from typing import Any
+
+from input_pipeline.errors import UserError
+from input_pipeline.prepare import DataConfig
+from objectives import registry
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh axis sizes; -1 fills with the remaining devices (one axis at most)."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer and schedule. Defaults are BERT's AdamWeightDecay (optimization.py): lr 1e-4,
+    wd 0.01 (not on LayerNorm or biases), b1 0.9, b2 0.999, eps 1e-6, no bias correction,
+    global-norm clip 1.0, linear warmup then linear decay to 0."""
+
+    optimizer: str = "adamw"
+    learning_rate: float = 1e-4
+    schedule: str = "linear"
+    warmup_steps: int = 10000
+    end_learning_rate: float = 0.0
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-6
+    bias_correction: bool = False
+    clip_norm: float = 1.0
+    grad_accum_steps: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Loop settings; `batch_size` is global (all processes and accumulation steps together)."""
+
+    steps: int = 1000
+    batch_size: int = 256
+    seed: int = 0
+    log_every: int = 50
+    eval_every: int = 500
+    eval_batches: int = 20
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 3
+    progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    method: str = "bert"
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)
+    examples: dict[str, Any] = dataclasses.field(default_factory=dict)
+    data: DataConfig = DataConfig()
+    optim: OptimConfig = OptimConfig()
+    mesh: MeshConfig = MeshConfig()
+    train: TrainConfig = TrainConfig()
+
+    def model_config(self) -> Any:
+        return registry.get(self.method).model_config(**self.model)
+
+    def example_config(self) -> Any:
+        return registry.get(self.method).example_config(**self.examples)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+_TINY_MODEL = dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256,
+                   max_position_embeddings=128)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "bert_tiny": {
+        "method": "bert",
+        "model": {**_TINY_MODEL, "vocab_size": 0},
+        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 10, "dupe_factor": 5},
+        "data": {"vocab_size": 4000},
+        "optim": {"learning_rate": 1e-3, "warmup_steps": 100},
+        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
+                  "checkpoint_every": 200},
+    },
+    "bert_small": {
+        "method": "bert",
+        "model": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 1024,
+                  "vocab_size": 0},
+        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 20},
+        "data": {"vocab_size": 16000},
+        "optim": {"learning_rate": 5e-4, "warmup_steps": 1000},
+        "train": {"steps": 20000, "batch_size": 128},
+    },
+    "bert_base": {
+        "method": "bert",
+        "model": {"vocab_size": 30522},
+        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 20},
+        "data": {"vocab_size": 30522},
+        "optim": {"learning_rate": 1e-4, "warmup_steps": 10000},
+        "train": {"steps": 1000000, "batch_size": 256},
+    },
+    "bert_large": {
+        "method": "bert",
+        "model": {"vocab_size": 30522, "hidden_size": 1024, "num_layers": 24, "num_heads": 16,
+                  "intermediate_size": 4096},
+        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 20},
+        "data": {"vocab_size": 30522},
+        "optim": {"learning_rate": 1e-4, "warmup_steps": 10000},
+        "train": {"steps": 1000000, "batch_size": 256},
+    },
+}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _parse_value(text: str, kind: Any, key: str) -> Any:
+    if isinstance(kind, types.UnionType):  # e.g. `int | None`
+        if text.lower() == "none":
+            return None
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return text.lower() in ("true", "1")
+        if kind in (int, float, str):
+            return kind(text)
+    except ValueError:
+        raise UserError(f"{key}={text!r} is not a valid {kind.__name__}; "
+                        f"give e.g. {key}={kind()!r}") from None
+    return json.loads(text)
+
+
+def _section_class(section: str, method: str) -> type:
+    if section == "model":
+        return registry.get(method).model_config
+    if section == "examples":
+        return registry.get(method).example_config
+    return _field_types(Config)[section]
+
+
+def _apply(tree: dict[str, Any], key: str, value: Any, method: str, parse: bool) -> None:
+    if "." not in key:
+        raise UserError(f"config key {key!r} needs a section, e.g. train.steps=100; sections: "
+                        f"{[f.name for f in dataclasses.fields(Config) if f.name != 'method']}")
+    section, name = key.split(".", 1)
+    if section not in tree or section == "method":
+        raise UserError(f"unknown config section {section!r} in {key!r}; use one of "
+                        f"{[f.name for f in dataclasses.fields(Config) if f.name != 'method']}")
+    kinds = _field_types(_section_class(section, method))
+    if name not in kinds:
+        raise UserError(f"unknown config key {key!r}; valid keys in {section}: {sorted(kinds)}")
+    tree[section][name] = _parse_value(value, kinds[name], key) if parse else value
+
+
+def make_config(preset: str | None = None, overrides: list[str] | dict[str, Any] = ()) -> Config:
+    """A validated Config from a preset name and `section.key=value` overrides (strings, parsed
+    by field type) or a `{"section.key": value}` dict (values used as given)."""
+    tree: dict[str, Any] = {"method": "bert", "model": {}, "examples": {}, "data": {},
+                            "optim": {}, "mesh": {}, "train": {}}
+    items = overrides.items() if isinstance(overrides, dict) else None
+    if items is None:
+        items = []
+        for text in overrides:
+            if "=" not in text:
+                raise UserError(f"override {text!r} is not key=value; write e.g. train.steps=100")
+            items.append(tuple(text.split("=", 1)))
+    method_override = [v for k, v in items if k == "method"]
+    if preset is not None:
+        if preset not in PRESETS:
+            raise UserError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        for section, values in PRESETS[preset].items():
+            tree[section] = values if section == "method" else dict(values)
+    if method_override:
+        tree["method"] = method_override[-1]
+    registry.get(tree["method"])
+    for key, value in items:
+        if key != "method":
+            _apply(tree, key, value, tree["method"], parse=not isinstance(overrides, dict))
+    return config_from_dict(tree)
+
+
+def config_from_dict(tree: dict[str, Any]) -> Config:
+    """Builds and validates a Config from its dict form (as saved in a workdir)."""
+    method = registry.get(tree.get("method", "bert"))
+    sections = {}
+    for f in dataclasses.fields(Config):
+        if f.name in ("method", "model", "examples"):
+            continue
+        cls = _field_types(Config)[f.name]
+        values = tree.get(f.name, {})
+        unknown = set(values) - set(_field_types(cls))
+        if unknown:
+            raise UserError(f"unknown config keys {sorted(unknown)} in {f.name}; valid: "
+                            f"{sorted(_field_types(cls))}")
+        sections[f.name] = cls(**values)
+    config = Config(method=method.name, model=dict(tree.get("model", {})),
+                    examples=dict(tree.get("examples", {})), **sections)
+    for section, cls in (("model", method.model_config), ("examples", method.example_config)):
+        unknown = set(getattr(config, section)) - set(_field_types(cls))
+        if unknown:
+            raise UserError(f"unknown config keys {sorted(unknown)} in {section}; valid: "
+                            f"{sorted(_field_types(cls))}")
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Cross-field checks that do not need devices or data."""
+    t, o = config.train, config.optim
+    for name, value in (("train.steps", t.steps), ("train.batch_size", t.batch_size),
+                        ("train.log_every", t.log_every), ("train.eval_every", t.eval_every),
+                        ("train.checkpoint_every", t.checkpoint_every),
+                        ("optim.grad_accum_steps", o.grad_accum_steps)):
+        if value < 1:
+            raise UserError(f"{name}={value} must be at least 1")
+    if t.batch_size % o.grad_accum_steps:
+        raise UserError(f"train.batch_size={t.batch_size} is not divisible by "
+                        f"optim.grad_accum_steps={o.grad_accum_steps}; change one of them")
+    try:
+        model_config = config.model_config()
+        example_config = config.example_config()
+    except (TypeError, ValueError) as e:
+        raise UserError(f"invalid model/examples config: {e}") from None
+    registry.get(config.method).check(model_config, example_config)

@@ -1,0 +1,94 @@
+"""Loading trained models back, and conversion between pretext and HuggingFace directories.
+
+A pretext *model directory* holds `model.json` (method + resolved model config) and `params/`
+(an Orbax checkpoint of the parameters). A pretext *workdir* holds the same `model.json` and
+training checkpoints; `load_model` takes either and returns the Flax NNX model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from input_pipeline.errors import UserError
+from objectives import registry
+
+MODEL_FILE = "model.json"
+
+
+def write_model_json(directory: Path, method: str, model_config: Any) -> None:
+    (directory / MODEL_FILE).write_text(json.dumps(
+        {"method": method, "model": dataclasses.asdict(model_config)}, indent=2))
+
+
+def _strip_values(tree: Any) -> Any:
+    """Orbax restores nnx Variables as {'value': array}; the pure-dict form drops that level."""
+    if isinstance(tree, dict):
+        if set(tree) == {"value"}:
+            return _strip_values(tree["value"])
+        return {k: _strip_values(v) for k, v in tree.items()}
+    return tree
+
+
+def _model_from_params(directory: Path, pure_params: dict[str, Any]) -> nnx.Module:
+    info = json.loads((directory / MODEL_FILE).read_text())
+    method = registry.get(info["method"])
+    model = nnx.eval_shape(lambda: method.build_model(method.model_config(**info["model"]), 0))
+    _, params, rest = nnx.split(model, nnx.Param, ...)
+    nnx.replace_by_pure_dict(params, jax.tree.map(np.asarray, _strip_values(pure_params)))
+    return nnx.merge(nnx.graphdef(model), params, rest)
+
+
+def load_model(path: str | Path) -> nnx.Module:
+    """The model of a pretext workdir (latest checkpoint) or model directory."""
+    path = Path(path)
+    if not (path / MODEL_FILE).is_file():
+        raise UserError(f"{path} is not a pretext workdir or model directory ({MODEL_FILE} "
+                        "missing); pass the --workdir of a run or a converted model")
+    if (path / "params").is_dir():
+        params = ocp.StandardCheckpointer().restore((path / "params").resolve())
+        return _model_from_params(path, params)
+    manager = ocp.CheckpointManager((path / "checkpoints").resolve())
+    step = manager.latest_step()
+    if step is None:
+        raise UserError(f"{path} has no checkpoint yet; train first or pass another workdir")
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    manager.close()
+    return _model_from_params(path, restored["state"]["params"])
+
+
+def save_model(model: nnx.Module, method: str, path: str | Path) -> Path:
+    """Writes a pretext model directory (refuses to overwrite a non-empty folder)."""
+    path = Path(path)
+    if path.exists() and any(path.iterdir()):
+        raise UserError(f"{path} exists and is not empty; choose a new output directory")
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write_model_json(tmp, method, model.config)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save((tmp / "params").resolve(), nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    checkpointer.wait_until_finished()
+    if path.exists():
+        path.rmdir()
+    tmp.rename(path)
+    return path
+
+
+def convert(source: str | Path, target: str | Path, *, to: str) -> Path:
+    """`to="hf"`: pretext workdir or model dir -> HuggingFace directory; `to="pretext"`: back."""
+    from pretrain import hf
+
+    if to == "hf":
+        hf.save(load_model(source), target)
+        return Path(target)
+    model = hf.load(source)
+    return save_model(model, hf.method_name(model), target)

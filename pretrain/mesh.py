@@ -1,0 +1,95 @@
+"""Device mesh over ('data', 'fsdp', 'tensor') and the logical-axis rules for parameters.
+
+Parameters carry logical axis names (models/encoder.py); `LOGICAL_RULES` maps them to mesh axes,
+so data parallelism, FSDP (ZeRO-3 style parameter sharding) and tensor parallelism are mesh
+sizes in the config, not code. The batch is sharded over ('data', 'fsdp'). The mesh uses Auto
+axis types, so XLA's sharding propagation places intermediates (ARCHITECTURE.md, "Facts").
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from input_pipeline.errors import UserError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+LOGICAL_RULES: dict[str, str | None] = {
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "heads": "tensor",
+    "mlp": "tensor",
+    "layers": None,
+    "norm": None,
+}
+
+
+def make_mesh(data: int, fsdp: int, tensor: int, devices: list[Any] | None = None) -> Mesh:
+    """A mesh of the given axis sizes over `devices` (default: all); one size may be -1."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = [data, fsdp, tensor]
+    if sizes.count(-1) > 1:
+        raise UserError("only one of mesh.data, mesh.fsdp, mesh.tensor may be -1")
+    known = math.prod(s for s in sizes if s != -1)
+    if any(s == 0 or s < -1 for s in sizes) or len(devices) % known:
+        raise UserError(f"mesh {sizes} does not fit {len(devices)} devices; choose sizes whose "
+                        f"product is {len(devices)} (or use -1 for one axis)")
+    sizes = [len(devices) // known if s == -1 else s for s in sizes]
+    if math.prod(sizes) != len(devices):
+        raise UserError(f"mesh {sizes} uses {math.prod(sizes)} devices but {len(devices)} are "
+                        f"present; make the product {len(devices)} or set one axis to -1")
+    grid = np.asarray(devices, dtype=object).reshape(sizes)
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def logical_to_spec(names: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh
+                    ) -> PartitionSpec:
+    """Maps logical axis names to a PartitionSpec. A dimension that the mesh axis does not divide
+    stays replicated (with a warning): tiny test models and odd vocabularies still run."""
+    spec = []
+    used: set[str] = set()
+    for name, size in zip(names, shape, strict=True):
+        axis = LOGICAL_RULES.get(name) if name is not None else None
+        if axis is None or axis in used or mesh.shape[axis] == 1:
+            spec.append(None)
+            continue
+        if size % mesh.shape[axis]:
+            warnings.warn(f"dimension {name}={size} is not divisible by mesh axis {axis}="
+                          f"{mesh.shape[axis]}; keeping it replicated", stacklevel=2)
+            spec.append(None)
+            continue
+        spec.append(axis)
+        used.add(axis)
+    return PartitionSpec(*spec)
+
+
+def state_shardings(state: nnx.State, mesh: Mesh) -> Any:
+    """NamedShardings for an nnx.State: by logical names where a Variable has them, replicated
+    otherwise (scalars, counters, RNG keys)."""
+
+    def one(leaf: Any) -> NamedSharding:
+        names = leaf.get_metadata().get("out_sharding") if isinstance(leaf, nnx.Variable) else None
+        value = leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
+        shape = np.shape(value)
+        if not names or len(names) != len(shape):
+            return NamedSharding(mesh, PartitionSpec())
+        return NamedSharding(mesh, logical_to_spec(tuple(names), shape, mesh))
+
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Leading (batch) dimension over ('data', 'fsdp'), the rest replicated."""
+    return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())

@@ -1,0 +1,123 @@
+"""Metric sinks for the trainer: progress bar, JSONL, TensorBoard, PNG curves (process 0 only).
+
+TensorBoard events are written with tensorboardX, which needs no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "curves.png"
+
+
+def reduce_metrics(sums: dict[str, tuple[Any, Any]]) -> dict[str, float]:
+    """(numerator, denominator) pairs -> floats."""
+    return {k: float(n) / max(float(d), 1e-12) for k, (n, d) in sums.items()}
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """Drops rows logged after `step` (they belong to a run that was interrupted and resumed)."""
+    if not path.is_file():
+        return
+    rows = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line)["step"] <= step]
+    path.write_text("".join(row + "\n" for row in rows))
+
+
+class MetricWriter:
+    """Writes every logged row to stdout (a tqdm bar), `metrics.jsonl` and TensorBoard."""
+
+    def __init__(self, workdir: Path, *, total_steps: int, start_step: int, enabled: bool,
+                 progress: bool):
+        self.workdir = workdir
+        self.enabled = enabled
+        self.bar = None
+        self.tensorboard = None
+        if not enabled:
+            return
+        truncate_after(workdir / METRICS_FILE, start_step)
+        self.jsonl = (workdir / METRICS_FILE).open("a")
+        from tensorboardX import SummaryWriter  # heavy import, only on the writing process
+
+        self.tensorboard = SummaryWriter(str(workdir / "tensorboard"), purge_step=start_step + 1)
+        if progress:
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def write(self, step: int, split: str, values: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, "split": split, **values}
+        self.jsonl.write(json.dumps(row) + "\n")
+        self.jsonl.flush()
+        for name, value in values.items():
+            self.tensorboard.add_scalar(f"{split}/{name}", value, step)
+        shown = {k: f"{v:.4g}" for k, v in values.items()
+                 if k in ("loss", "mlm_accuracy", "steps_per_s", "tokens_per_s", "images_per_s")}
+        if self.bar is not None and split == "train":
+            self.bar.set_postfix(shown, refresh=False)
+        elif split != "train":
+            self.print(f"[{split} @ step {step}] " + " ".join(f"{k}={v:.4g}"
+                                                              for k, v in values.items()))
+
+    def advance(self, steps: int) -> None:
+        if self.bar is not None:
+            self.bar.update(steps)
+
+    def print(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        self.tensorboard.close()
+        self.jsonl.close()
+
+
+def plot_curves(workdir: Path) -> Path | None:
+    """Loss and accuracy curves (train and eval) from metrics.jsonl into curves.png."""
+    path = workdir / METRICS_FILE
+    if not path.is_file():
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    names = sorted({k for r in rows for k in r if k.endswith(("loss", "accuracy"))})
+    if not names:
+        return None
+    columns = 2
+    fig, axes = plt.subplots(math.ceil(len(names) / columns), columns, squeeze=False,
+                             figsize=(10, 3 * math.ceil(len(names) / columns)))
+    for ax, name in zip(axes.flat, names, strict=False):
+        for split in ("train", "eval"):
+            points = np.array([(r["step"], r[name]) for r in rows
+                               if r["split"] == split and name in r])
+            if len(points):
+                ax.plot(points[:, 0], points[:, 1], label=split, marker="." if split == "eval"
+                        else None)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.legend()
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    fig.tight_layout()
+    out = workdir / CURVES_FILE
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out

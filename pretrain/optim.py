@@ -1,0 +1,96 @@
+"""Optimizers and learning-rate schedules, built from optax.
+
+BERT's AdamWeightDecayOptimizer (google-research/bert optimization.py) is Adam *without* bias
+correction, decoupled weight decay that skips LayerNorm and bias parameters, and a learning rate
+that warms up linearly and then decays linearly to 0 over the *whole* run (the decay is computed
+from step 0, so after warmup lr = peak * (1 - step / total)). optax has no switch for Adam without
+bias correction, so that one transformation is written here; everything else is optax.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from input_pipeline.errors import UserError
+
+NO_DECAY_NAMES = ("bias", "scale", "layer_norm", "mlm_bias")
+
+
+class ScaleByAdamNoBiasCorrectionState(NamedTuple):
+    mu: Any
+    nu: Any
+
+
+def scale_by_adam_without_bias_correction(
+    b1: float, b2: float, eps: float
+) -> optax.GradientTransformation:
+    """m / (sqrt(v) + eps) with raw moments (optimization.py `AdamWeightDecayOptimizer`)."""
+
+    def init(params: Any) -> ScaleByAdamNoBiasCorrectionState:
+        zeros = jax.tree.map(lambda p: jnp.zeros_like(p, jnp.float32), params)
+        return ScaleByAdamNoBiasCorrectionState(mu=zeros, nu=zeros)
+
+    def update(updates: Any, state: ScaleByAdamNoBiasCorrectionState, params: Any = None):
+        del params
+        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, updates)
+        updates = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+        return updates, ScaleByAdamNoBiasCorrectionState(mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init, update)
+
+
+def decay_mask(params: Any) -> Any:
+    """True where weight decay applies: not on LayerNorm scales/biases nor any bias."""
+
+    def keep(path: tuple[Any, ...], _: Any) -> bool:
+        names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+        return not any(n in NO_DECAY_NAMES for n in names)
+
+    return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
+    """`linear` (BERT: warmup, then peak * (1 - step/total) down to end_learning_rate),
+    `cosine` (warmup then cosine to end), or `constant` (warmup then flat)."""
+    peak, warmup, end = config.learning_rate, config.warmup_steps, config.end_learning_rate
+    warmup = min(warmup, total_steps)
+    ramp = optax.linear_schedule(0.0, peak, max(warmup, 1))
+    if config.schedule == "linear":
+        after = optax.linear_schedule(
+            peak * (1 - warmup / total_steps) + end * warmup / total_steps, end,
+            max(total_steps - warmup, 1))
+    elif config.schedule == "cosine":
+        after = optax.cosine_decay_schedule(peak, max(total_steps - warmup, 1), end / peak)
+    elif config.schedule == "constant":
+        after = optax.constant_schedule(peak)
+    else:
+        raise UserError(f"optim.schedule={config.schedule!r} is unknown; use linear, cosine or "
+                        "constant")
+    return optax.join_schedules([ramp, after], [warmup])
+
+
+def make_optimizer(config: Any, total_steps: int) -> optax.GradientTransformation:
+    """The optax chain for `config` (OptimConfig): clip -> moments -> decoupled decay -> lr."""
+    schedule = learning_rate_schedule(config, total_steps)
+    if config.optimizer == "adamw":
+        moments = (optax.scale_by_adam(config.b1, config.b2, config.eps)
+                   if config.bias_correction
+                   else scale_by_adam_without_bias_correction(config.b1, config.b2, config.eps))
+        core = optax.chain(
+            moments,
+            optax.add_decayed_weights(config.weight_decay, mask=decay_mask),
+            optax.scale_by_learning_rate(schedule),
+        )
+    elif config.optimizer == "lamb":
+        core = optax.lamb(schedule, config.b1, config.b2, config.eps,
+                          weight_decay=config.weight_decay, mask=decay_mask)
+    else:
+        raise UserError(f"optim.optimizer={config.optimizer!r} is unknown; use adamw or lamb")
+    if config.clip_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(config.clip_norm), core)
+    return core

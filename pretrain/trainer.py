@@ -1,0 +1,366 @@
+"""The one trainer: sharded state, a jit-compiled step with donation, evaluation, checkpoints.
+
+It knows no method by name: the registry supplies the model, loss and data. Determinism: the
+dropout RNG of step s is fold_in(key(seed), s) and the data order is Grain's (seeded, index
+based), so a resumed run reproduces an uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from input_pipeline.errors import UserError
+from input_pipeline.records import make_loader
+from objectives import registry
+from pretrain import mesh as mesh_lib
+from pretrain.config import Config, config_from_dict
+from pretrain.export import write_model_json
+from pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
+from pretrain.optim import learning_rate_schedule, make_optimizer
+
+CONFIG_FILE = "config.json"
+# Settings that may change when a run is resumed; everything else must match the saved run.
+RESUMABLE_KEYS = {"steps", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+                  "keep_checkpoints", "progress"}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+    """Everything a step changes: step counter, parameters, other model variables (e.g.
+    BatchNorm statistics) and optimizer state."""
+
+    step: jax.Array
+    params: Any
+    model_state: Any
+    opt_state: Any
+
+
+def _config_difference(saved: dict[str, Any], wanted: dict[str, Any]) -> str | None:
+    for section, values in wanted.items():
+        if not isinstance(values, dict):
+            if saved.get(section) != values:
+                return f"{section}: {saved.get(section)!r} vs {values!r}"
+            continue
+        for key, value in values.items():
+            if section == "train" and key in RESUMABLE_KEYS:
+                continue
+            if saved.get(section, {}).get(key) != value:
+                return f"{section}.{key}: {saved.get(section, {}).get(key)!r} vs {value!r}"
+    return None
+
+
+class Trainer:
+    """Builds everything for `config` in `workdir`; `run()` trains (resuming if possible).
+
+    Nothing is written to `workdir` until the config, mesh, batch layout and data have been
+    validated, so bad input never changes an existing workdir.
+    """
+
+    def __init__(self, config: Config, workdir: str | Path, *, devices: list[Any] | None = None):
+        self.config = config
+        self.workdir = Path(workdir)
+        self.method = registry.get(config.method)
+        self.mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
+                                       devices)
+        self._check_batch_layout()
+        self._check_existing_workdir()
+        self.example_config = config.example_config()
+        cache = Path(config.data.cache_dir) if config.data.cache_dir else self.workdir / "data"
+        created = [p for p in (self.workdir, cache) if not p.exists()]
+        try:
+            self.data = self.method.prepare(config.data, self.example_config, cache,
+                                            config.train.seed)
+        except BaseException:
+            for path in created:  # leave the file system as it was
+                shutil.rmtree(path, ignore_errors=True)
+            raise
+        self.model_config = self._resolve_model_config()
+        self.is_writer = jax.process_index() == 0
+        # Many fake CPU devices on few cores can time out XLA's collectives when steps are
+        # queued without waiting (ARCHITECTURE.md, "Facts"); CPU gains nothing from queueing.
+        self.sync_every_step = jax.default_backend() == "cpu"
+        self._build()
+
+    # ----------------------------------------------------------------------- validation
+    def _check_batch_layout(self) -> None:
+        t, o = self.config.train, self.config.optim
+        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        micro = t.batch_size // o.grad_accum_steps
+        if micro % shards:
+            raise UserError(
+                f"global batch {t.batch_size} / grad_accum_steps {o.grad_accum_steps} = {micro} "
+                f"is not divisible by the data axes (data*fsdp = {shards}); use a multiple of "
+                f"{shards * o.grad_accum_steps} for train.batch_size or change mesh.*")
+        if t.batch_size % jax.process_count():
+            raise UserError(f"train.batch_size={t.batch_size} is not divisible by the "
+                            f"{jax.process_count()} processes")
+
+    def _check_existing_workdir(self) -> None:
+        saved = self.workdir / CONFIG_FILE
+        if not saved.is_file():
+            return
+        difference = _config_difference(json.loads(saved.read_text()), self.config.to_dict())
+        if difference:
+            raise UserError(f"workdir {self.workdir} holds a run with another config "
+                            f"({difference}); use a new --workdir or the saved settings")
+
+    def _resolve_model_config(self) -> Any:
+        model_config = self.config.model_config()
+        updates = {}
+        for name, value in self.data.model_fields.items():
+            current = getattr(model_config, name)
+            if current in (0, None):
+                updates[name] = value
+            elif current != value:
+                raise UserError(
+                    f"model.{name}={current} does not match the data ({name}={value}, e.g. the "
+                    f"tokenizer's vocabulary); set model.{name}=0 to take it from the data or "
+                    "use a matching tokenizer")
+        return dataclasses.replace(model_config, **updates)
+
+    # ------------------------------------------------------------------------ building
+    def _build(self) -> None:
+        total_steps = self.config.train.steps
+        self.tx = make_optimizer(self.config.optim, total_steps)
+        self.schedule = learning_rate_schedule(self.config.optim, total_steps)
+        seed = self.config.train.seed
+        abstract_model = nnx.eval_shape(lambda: self.method.build_model(self.model_config, seed))
+        self.graphdef, abstract_params, abstract_rest = nnx.split(abstract_model, nnx.Param, ...)
+        param_shardings = mesh_lib.state_shardings(abstract_params, self.mesh)
+        rest_shardings = mesh_lib.state_shardings(abstract_rest, self.mesh)
+        abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
+        opt_shardings = self._opt_shardings(abstract_opt, param_shardings)
+        replicated = mesh_lib.replicated(self.mesh)
+        self.state_sharding = TrainState(step=replicated, params=param_shardings,
+                                         model_state=rest_shardings, opt_state=opt_shardings)
+        self.abstract_state = TrainState(
+            step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
+            model_state=abstract_rest, opt_state=abstract_opt)
+        self.batch_sharding = mesh_lib.batch_sharding(self.mesh)
+        metric_sharding = replicated
+        self._init = jax.jit(self._init_state, out_shardings=self.state_sharding)
+        self._train_step = jax.jit(
+            self._step, in_shardings=(self.state_sharding, self.batch_sharding),
+            out_shardings=(self.state_sharding, metric_sharding), donate_argnums=(0,))
+        self._eval_step = jax.jit(
+            self._evaluate, in_shardings=(self.state_sharding, self.batch_sharding),
+            out_shardings=metric_sharding)
+
+    def _opt_shardings(self, abstract_opt: Any, param_shardings: Any) -> Any:
+        """Optimizer moments are sharded like the parameters they belong to."""
+        replicated = mesh_lib.replicated(self.mesh)
+        by_shape: dict[tuple[str, ...], Any] = {}
+        for path, sharding in jax.tree_util.tree_leaves_with_path(param_shardings):
+            by_shape[tuple(str(k) for k in path)] = sharding
+
+        def pick(path: tuple[Any, ...], leaf: Any) -> Any:
+            keys = tuple(str(k) for k in path)
+            if keys and keys[-1] == ".value":  # the Variable's own node, not a parameter name
+                keys = keys[:-1]
+            for n in range(len(keys)):
+                if keys[n:] in by_shape and np.ndim(leaf) > 0:
+                    return by_shape[keys[n:]]
+            return replicated
+
+        return jax.tree_util.tree_map_with_path(pick, abstract_opt)
+
+    def _init_state(self) -> TrainState:
+        model = self.method.build_model(self.model_config, self.config.train.seed)
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state=rest,
+                          opt_state=self.tx.init(params))
+
+    def init_state(self) -> TrainState:
+        """Fresh, sharded train state (jit-compiled init: parameters are created in place)."""
+        return self._init()
+
+    # --------------------------------------------------------------------------- steps
+    def _loss(self, params: Any, model_state: Any, batch: Any, rng: jax.Array | None):
+        model = nnx.merge(self.graphdef, params, model_state)
+        loss, metrics = self.method.loss(model, batch, rng)
+        return loss, (metrics, nnx.state(model, nnx.Not(nnx.Param)))
+
+    def _step(self, state: TrainState, batch: Any) -> tuple[TrainState, Any]:
+        """One optimizer step; with grad_accum_steps > 1 the batch is split into micro-batches
+        whose gradients and metric sums are accumulated in a scan before the update."""
+        accum = self.config.optim.grad_accum_steps
+        rng = jax.random.fold_in(jax.random.key(self.config.train.seed), state.step)
+        grad_fn = jax.grad(self._loss, has_aux=True)
+        if accum == 1:
+            grads, (metrics, model_state) = grad_fn(state.params, state.model_state, batch, rng)
+        else:
+            micro = jax.tree.map(
+                lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+
+            def body(carry, inputs):
+                grads_sum, metrics_sum, model_state = carry
+                index, micro_batch = inputs
+                grads, (metrics, model_state) = grad_fn(
+                    state.params, model_state, micro_batch, jax.random.fold_in(rng, index))
+                return (jax.tree.map(jnp.add, grads_sum, grads),
+                        jax.tree.map(jnp.add, metrics_sum, metrics), model_state), None
+
+            zero_grads = jax.tree.map(jnp.zeros_like, state.params)
+            first_metrics = jax.eval_shape(
+                lambda: grad_fn(state.params, state.model_state,
+                                jax.tree.map(lambda x: x[0], micro), rng)[1][0])
+            zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), first_metrics)
+            (grads, metrics, model_state), _ = jax.lax.scan(
+                body, (zero_grads, zero_metrics, state.model_state),
+                (jnp.arange(accum), micro))
+            grads = jax.tree.map(lambda g: g / accum, grads)
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = dict(metrics)
+        metrics["grad_norm"] = (optax.tree.norm(grads), jnp.ones((), jnp.float32))
+        new_state = TrainState(step=state.step + 1, params=params, model_state=model_state,
+                               opt_state=opt_state)
+        return new_state, metrics
+
+    def _evaluate(self, state: TrainState, batch: Any) -> Any:
+        _, (metrics, _) = self._loss(state.params, state.model_state, batch, None)
+        return metrics
+
+    def to_global(self, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """Process-local numpy batch -> global jax.Arrays sharded over the data axes."""
+        return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
+                for k, v in local_batch.items()}
+
+    def train_step(self, state: TrainState, local_batch: dict[str, np.ndarray]):
+        return self._train_step(state, self.to_global(local_batch))
+
+    def evaluate(self, state: TrainState) -> dict[str, float]:
+        """Metrics over the held-out set (at most eval_batches batches, exact sums)."""
+        records = self.data.eval
+        count = len(next(iter(records.values())))
+        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"] * jax.process_count()
+        batch = min(self.config.train.batch_size, count) // shards * shards
+        if batch == 0:
+            raise UserError(f"the held-out set has {count} examples, fewer than the {shards} "
+                            "data shards; raise data.held_out_fraction or give more text")
+        sums = None
+        per_process = batch // jax.process_count()
+        start_offset = jax.process_index() * per_process
+        for start in range(0, min(count // batch, self.config.train.eval_batches) * batch, batch):
+            lo = start + start_offset
+            local = {k: v[lo:lo + per_process] for k, v in records.items()}
+            metrics = self._eval_step(state, self.to_global(local))
+            sums = metrics if sums is None else jax.tree.map(jnp.add, sums, metrics)
+        return reduce_metrics(jax.device_get(sums))
+
+    # --------------------------------------------------------------------- checkpoints
+    def checkpoint_manager(self) -> ocp.CheckpointManager:
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=self.config.train.keep_checkpoints, enable_async_checkpointing=True,
+            create=True)
+        return ocp.CheckpointManager(self.workdir / "checkpoints", options=options)
+
+    def save(self, manager: ocp.CheckpointManager, state: TrainState, data_state: bytes) -> None:
+        step = int(jax.device_get(state.step))
+        manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave({"iterator": data_state.decode()}),
+            config=ocp.args.JsonSave(self.config.to_dict()),
+        ))
+
+    def restore(self, manager: ocp.CheckpointManager, step: int) -> tuple[TrainState, bytes]:
+        """Restores onto this trainer's mesh (the target tree carries the shardings)."""
+        target = jax.tree.map(
+            lambda sharding, subtree: jax.tree.map(
+                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), subtree),
+            self.state_sharding, self.abstract_state,
+            is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target),
+            data=ocp.args.JsonRestore(),
+        ))
+        return restored["state"], restored["data"]["iterator"].encode()
+
+    # ---------------------------------------------------------------------------- loop
+    def data_iterator(self) -> Any:
+        per_process = self.config.train.batch_size // jax.process_count()
+        loader = make_loader(
+            self.data.train, batch_size=per_process, seed=self.config.train.seed,
+            transforms=self.data.transforms, worker_count=self.config.data.worker_count)
+        return iter(loader)
+
+    def run(self, stop_after: int | None = None) -> dict[str, Any]:
+        """Trains to `train.steps`, resuming from the latest checkpoint in the workdir.
+
+        `stop_after` ends this call early at that step (with a checkpoint), as a preemption
+        would; the schedule still spans `train.steps`. Returns a summary: final step, last
+        train/eval metrics, and where things were written.
+        """
+        t = self.config.train
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.is_writer:
+            (self.workdir / CONFIG_FILE).write_text(self.config.to_json())
+            write_model_json(self.workdir, self.method.name, self.model_config)
+        manager = self.checkpoint_manager()
+        iterator = self.data_iterator()
+        latest = manager.latest_step()
+        if latest is not None:
+            state, data_state = self.restore(manager, latest)
+            iterator.set_state(data_state)
+        else:
+            state = self.init_state()
+        start = int(jax.device_get(state.step))
+        writer = MetricWriter(self.workdir, total_steps=t.steps, start_step=start,
+                              enabled=self.is_writer, progress=t.progress)
+        if latest is not None:
+            writer.print(f"resumed from step {start} in {self.workdir}")
+        units = self.method.units_per_example(self.example_config) * t.batch_size
+        last_train: dict[str, float] = {}
+        last_eval: dict[str, float] = {}
+        sums = None
+        timer, window = time.perf_counter(), 0
+        try:
+            end = t.steps if stop_after is None else min(stop_after, t.steps)
+            for step in range(start + 1, end + 1):
+                state, metrics = self.train_step(state, next(iterator))
+                if self.sync_every_step:
+                    jax.block_until_ready(metrics)
+                sums = metrics if sums is None else jax.tree.map(jnp.add, sums, metrics)
+                window += 1
+                if step % t.log_every == 0 or step == t.steps:
+                    last_train = reduce_metrics(jax.device_get(sums))
+                    elapsed = time.perf_counter() - timer
+                    last_train["steps_per_s"] = window / elapsed
+                    last_train[f"{self.method.unit}_per_s"] = window * units / elapsed
+                    last_train["learning_rate"] = float(self.schedule(step - 1))
+                    writer.write(step, "train", last_train)
+                    sums, timer, window = None, time.perf_counter(), 0
+                writer.advance(1)
+                if step % t.eval_every == 0 or step == t.steps:
+                    last_eval = self.evaluate(state)
+                    writer.write(step, "eval", last_eval)
+                if step % t.checkpoint_every == 0 or step == end:
+                    self.save(manager, state, iterator.get_state())
+        finally:
+            manager.wait_until_finished()
+            manager.close()
+            writer.close()
+        curves = plot_curves(self.workdir) if self.is_writer else None
+        return {"step": int(jax.device_get(state.step)), "train": last_train, "eval": last_eval,
+                "report": self.data.report, "workdir": str(self.workdir),
+                "curves": str(curves) if curves else None, "state": state}
+
+
+def load_workdir_config(workdir: str | Path) -> Config:
+    path = Path(workdir) / CONFIG_FILE
+    if not path.is_file():
+        raise UserError(f"{workdir} has no {CONFIG_FILE}; pass the workdir of a pretext run")
+    return config_from_dict(json.loads(path.read_text()))

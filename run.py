@@ -1,0 +1,124 @@
+"""pretext command line.
+
+    python run.py                      # offline demo: tiny BERT on the Python docs, a few minutes
+    python run.py pretrain --preset bert_tiny --data corpus.txt --workdir runs/x train.steps=100
+    python run.py convert runs/x hf_out --to hf      # pretext workdir -> HuggingFace directory
+    python run.py convert hf_dir model_out --to pretext
+
+Bad input prints one line naming the fix and exits with status 2 (no traceback unless
+--traceback or PRETEXT_TRACEBACK=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+DEMO_WORKDIR = "runs/demo"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="run.py", description="pretext: self-supervised pre-training in JAX/Flax NNX. "
+        "Without a command, runs the offline demo (tiny BERT on the Python docs).")
+    parser.add_argument("--traceback", action="store_true", help="show tracebacks for errors")
+    commands = parser.add_subparsers(dest="command")
+
+    demo = commands.add_parser("demo", help="pre-train a tiny BERT on the Python docs (offline)")
+    demo.add_argument("--workdir", default=DEMO_WORKDIR, help="where checkpoints/logs go")
+    demo.add_argument("overrides", nargs="*", help="section.key=value config overrides")
+
+    pretrain = commands.add_parser("pretrain", help="pre-train a model from a preset")
+    pretrain.add_argument("--preset", default="bert_tiny", help="config preset, e.g. bert_base")
+    pretrain.add_argument("--data", help="corpus: file, folder, glob, tfds:NAME or python-docs")
+    pretrain.add_argument("--tokenizer", help="sentencepiece .model, BERT vocab.txt or HF dir")
+    pretrain.add_argument("--workdir", required=True, help="run directory (resumes if present)")
+    pretrain.add_argument("overrides", nargs="*", help="section.key=value config overrides")
+
+    convert = commands.add_parser("convert", help="convert between pretext and HuggingFace")
+    convert.add_argument("source", help="pretext workdir/model dir, or HuggingFace dir")
+    convert.add_argument("target", help="output directory (must not be an unrelated folder)")
+    convert.add_argument("--to", choices=("hf", "pretext"), required=True,
+                         help="hf: pretext -> HuggingFace; pretext: HuggingFace -> pretext")
+
+    commands.add_parser("presets", help="list presets and registered methods")
+    return parser
+
+
+def _pretrain(preset: str, overrides: list[str], workdir: str) -> dict:
+    from pretrain.config import make_config
+    from pretrain.trainer import Trainer
+
+    config = make_config(preset, overrides)
+    return Trainer(config, workdir).run()
+
+
+def _print_summary(summary: dict, seconds: float) -> None:
+    workdir = Path(summary["workdir"])
+    evaluation = summary["eval"]
+    print(f"\nfinished step {summary['step']} in {seconds:.0f} s")
+    print(f"  checkpoints : {workdir / 'checkpoints'}")
+    print(f"  metrics     : {workdir / 'metrics.jsonl'} (TensorBoard: {workdir / 'tensorboard'})")
+    if summary["curves"]:
+        print(f"  curves      : {summary['curves']}")
+    if "mlm_accuracy" in evaluation:
+        baseline = summary["report"].get("majority_baseline_mlm_accuracy")
+        line = f"  held-out MLM accuracy {evaluation['mlm_accuracy']:.3f}"
+        if baseline is not None:
+            line += f" vs majority-token baseline {baseline:.3f}"
+        print(line)
+    for key in ("loss", "nsp_accuracy"):
+        if key in evaluation:
+            print(f"  held-out {key}: {evaluation[key]:.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    show_traceback = args.traceback or os.environ.get("PRETEXT_TRACEBACK") == "1"
+    from input_pipeline.errors import UserError
+
+    try:
+        import objectives  # noqa: F401  (registers the methods)
+
+        start = time.perf_counter()
+        if args.command in (None, "demo"):
+            workdir = getattr(args, "workdir", DEMO_WORKDIR)
+            summary = _pretrain("bert_tiny", getattr(args, "overrides", []), workdir)
+            _print_summary(summary, time.perf_counter() - start)
+        elif args.command == "pretrain":
+            overrides = list(args.overrides)
+            if args.data:
+                overrides.append(f"data.source={args.data}")
+            if args.tokenizer:
+                overrides.append(f"data.tokenizer={args.tokenizer}")
+            summary = _pretrain(args.preset, overrides, args.workdir)
+            _print_summary(summary, time.perf_counter() - start)
+        elif args.command == "convert":
+            from pretrain import export
+
+            out = export.convert(args.source, args.target, to=args.to)
+            print(f"wrote {out}")
+        elif args.command == "presets":
+            from objectives import registry
+            from pretrain.config import PRESETS
+
+            for name, preset in sorted(PRESETS.items()):
+                print(f"{name:14s} method={preset['method']}")
+            for name in registry.names():
+                print(f"method {name}: {registry.get(name).description}")
+    except UserError as error:
+        if show_traceback:
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

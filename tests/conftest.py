@@ -1,0 +1,33 @@
+"""Test set-up: 8 fake CPU devices so that sharding is exercised, and a persistent compile cache."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_compilation_cache_dir", os.path.expanduser("~/.cache/pretext-jax-tests"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def shared_data_dir() -> Path:
+    """The shared datasets folder: $PRETEXT_SHARED_DATA, else ../shared/data beside the repo."""
+    return Path(os.environ.get("PRETEXT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """Path to ../shared/data; the test is skipped (with the reason) when it is absent."""
+    path = shared_data_dir()
+    if not path.is_dir():
+        pytest.skip(f"shared datasets not found at {path}; set PRETEXT_SHARED_DATA")
+    return path

@@ -1,0 +1,87 @@
+"""Optimizer details from BERT's optimization.py and the MLM/NSP loss formula, against numpy."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from objectives.bert import weighted_cross_entropy
+from pretrain.config import OptimConfig
+from pretrain.optim import decay_mask, learning_rate_schedule, make_optimizer
+
+
+def test_bert_linear_schedule_decays_over_the_whole_run():
+    config = OptimConfig(learning_rate=1e-3, warmup_steps=10)
+    schedule = learning_rate_schedule(config, total_steps=100)
+    for step in (0, 5, 9):
+        assert float(schedule(step)) == pytest.approx(1e-3 * step / 10)
+    # After warmup: polynomial_decay(power=1) computed from step 0, not from the warmup's end.
+    for step in (10, 40, 99, 100):
+        assert float(schedule(step)) == pytest.approx(1e-3 * (1 - step / 100), abs=1e-9)
+
+
+def test_cosine_schedule_reaches_end():
+    config = OptimConfig(learning_rate=1.0, warmup_steps=10, schedule="cosine",
+                         end_learning_rate=0.1)
+    schedule = learning_rate_schedule(config, total_steps=110)
+    assert float(schedule(10)) == pytest.approx(1.0)
+    assert float(schedule(60)) == pytest.approx(0.55, abs=1e-6)
+    assert float(schedule(110)) == pytest.approx(0.1, abs=1e-6)
+
+
+def test_adam_without_bias_correction_and_decay_mask_match_numpy():
+    """Two steps of BERT's AdamWeightDecay by hand: m/(sqrt(v)+eps) + wd*w, no decay on
+    LayerNorm or bias, global-norm clipping first."""
+    config = OptimConfig(learning_rate=0.1, warmup_steps=0, schedule="constant",
+                         weight_decay=0.01, clip_norm=1.0)
+    tx = make_optimizer(config, total_steps=10)
+    params = {"dense": {"kernel": jnp.array([[1.0, -2.0]]), "bias": jnp.array([0.5])},
+              "layer_norm": {"scale": jnp.array([1.0])}}
+    grads = [{"dense": {"kernel": jnp.array([[3.0, 4.0]]), "bias": jnp.array([0.0])},
+              "layer_norm": {"scale": jnp.array([0.0])}},
+             {"dense": {"kernel": jnp.array([[0.1, -0.2]]), "bias": jnp.array([0.3])},
+              "layer_norm": {"scale": jnp.array([0.4])}}]
+    state = tx.init(params)
+    expected = jax.tree.map(np.asarray, params)
+    m = jax.tree.map(np.zeros_like, expected)
+    v = jax.tree.map(np.zeros_like, expected)
+    for g in grads:
+        norm = np.sqrt(sum(np.sum(np.square(x)) for x in jax.tree.leaves(g)))
+        g = jax.tree.map(lambda x, n=norm: np.asarray(x) * min(1.0, 1.0 / n), g)
+        m = jax.tree.map(lambda a, b: 0.9 * a + 0.1 * b, m, g)
+        v = jax.tree.map(lambda a, b: 0.999 * a + 0.001 * b * b, v, g)
+        step = jax.tree.map(lambda a, b: a / (np.sqrt(b) + 1e-6), m, v)
+        step["dense"]["kernel"] = step["dense"]["kernel"] + 0.01 * expected["dense"]["kernel"]
+        expected = jax.tree.map(lambda p, s: p - 0.1 * s, expected, step)
+        updates, state = tx.update(g, state, params)
+        params = optax.apply_updates(params, updates)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-5, atol=1e-7)
+
+
+def test_decay_mask_skips_norms_and_biases():
+    params = {"mlm_bias": 1, "nsp": {"kernel": 1, "bias": 1}, "mlm_layer_norm": {"scale": 1},
+              "encoder": {"embeddings": {"word_embeddings": {"embedding": 1}}}}
+    mask = decay_mask(params)
+    assert mask == {"mlm_bias": False, "nsp": {"kernel": True, "bias": False},
+                    "mlm_layer_norm": {"scale": False},
+                    "encoder": {"embeddings": {"word_embeddings": {"embedding": True}}}}
+
+
+def test_weighted_cross_entropy_is_the_reference_formula():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 5, 11)).astype(np.float32)
+    labels = rng.integers(0, 11, size=(3, 5))
+    weights = (rng.random((3, 5)) > 0.3).astype(np.float32)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+    expected = (weights * nll).sum() / (weights.sum() + 1e-5)
+    loss, metrics = weighted_cross_entropy(jnp.asarray(logits), jnp.asarray(labels),
+                                           jnp.asarray(weights))
+    assert float(loss) == pytest.approx(expected, rel=1e-6)
+    correct = (logits.argmax(-1) == labels) * weights
+    numerator, denominator = metrics["accuracy"]
+    assert float(numerator) == correct.sum() and float(denominator) == weights.sum()
