@@ -94,7 +94,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": {**_TINY_MODEL, "vocab_size": 0},
         "examples": {"max_seq_length": 64, "max_predictions_per_seq": 10, "dupe_factor": 5},
         "data": {"vocab_size": 4000},
-        "optim": {"learning_rate": 1e-3, "warmup_steps": 100},
+        "optim": {"learning_rate": 2e-3, "warmup_steps": 60},
         "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
                   "checkpoint_every": 200},
     },

@@ -25,7 +25,7 @@ def snapshot(directory: Path) -> dict[str, bytes]:
 @pytest.fixture
 def corpus(tmp_path) -> Path:
     path = tmp_path / "corpus.txt"
-    sentences = [f"Sentence number {i} talks about topic {i % 7} and more words." for i in range(60)]
+    sentences = [f"Sentence {i} talks about topic {i % 7} and more words." for i in range(60)]
     path.write_text("\n\n".join("\n".join(sentences[i:i + 6]) for i in range(0, 60, 6)) + "\n")
     return path
 
@@ -57,11 +57,12 @@ def bad_inputs(tmp: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
 
 @pytest.mark.parametrize("case", list(bad_inputs(Path("/tmp"), Path("/tmp/c")).keys()))
 def test_bad_input_is_one_line_and_leaves_workdir_alone(case, tmp_path, corpus, capsys):
-    workdir = tmp_path / "existing_run"
+    workdir = tmp_path / "existing_workdir"
     workdir.mkdir()
-    (workdir / "config.json").write_text(json.dumps(
-        {"method": "bert", "model": {"hidden_size": 32}, "train": {}}))
     (workdir / "notes.txt").write_text("keep me")
+    if case == "workdir of another run":
+        (workdir / "config.json").write_text(json.dumps(
+            {"method": "bert", "model": {"hidden_size": 32}, "train": {}}))
     before = snapshot(workdir)
     args, hint = bad_inputs(tmp_path, corpus)[case]
     code = run.main(["pretrain", "--workdir", str(workdir), *args, *SMALL])

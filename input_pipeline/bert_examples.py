@@ -1,0 +1,254 @@
+"""BERT pre-training examples, as google-research/bert create_pretraining_data.py builds them.
+
+Works on token ids. Documents are lists of sentences (lists of ids, no specials). The algorithm
+follows the reference step by step (`create_instances_from_document`, `truncate_seq_pair`,
+`create_masked_lm_predictions`, `create_training_instances`), with a numpy Generator in place
+of Python's `random` module. Dynamic masking (RoBERTa, Liu et al. 2019 §4.1) stores unmasked
+pairs and masks them while loading, through the Grain transform `DynamicMasking`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grain
+import numpy as np
+
+from input_pipeline.errors import UserError
+
+Document = Sequence[Sequence[int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingVocab:
+    """The vocabulary facts masking needs: size, special ids, and which pieces continue a word
+    (WordPiece `##x`, sentencepiece pieces without a leading `▁`)."""
+
+    vocab_size: int
+    pad_id: int
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    continuation: np.ndarray
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> MaskingVocab:
+        return cls(tokenizer.vocab_size, tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id,
+                   tokenizer.mask_id, np.asarray(tokenizer.continuation, bool))
+
+
+@dataclasses.dataclass(frozen=True)
+class BertExampleConfig:
+    """create_pretraining_data.py flags (same defaults). With `dynamic_masking`, one pass over
+    the documents is stored unmasked (`dupe_factor` does not apply) and masks are drawn anew
+    each time an example is loaded."""
+
+    max_seq_length: int = 128
+    max_predictions_per_seq: int = 20
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    dupe_factor: int = 10
+    whole_word_mask: bool = False
+    dynamic_masking: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_seq_length < 5:
+            raise UserError(f"examples.max_seq_length={self.max_seq_length} is too small; "
+                            "use at least 5 ([CLS] A [SEP] B [SEP])")
+        if not 0.0 < self.masked_lm_prob < 1.0:
+            raise UserError(f"examples.masked_lm_prob={self.masked_lm_prob} must be in (0, 1), "
+                            "e.g. 0.15")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise UserError(f"examples.short_seq_prob={self.short_seq_prob} must be in [0, 1]")
+        if self.max_predictions_per_seq < 1 or self.dupe_factor < 1:
+            raise UserError("examples.max_predictions_per_seq and examples.dupe_factor must be "
+                            "at least 1")
+
+
+@dataclasses.dataclass
+class Instance:
+    """One sentence pair: [CLS] A [SEP] B [SEP] with segment ids and the NSP label."""
+
+    tokens: np.ndarray
+    segment_ids: np.ndarray
+    is_random_next: bool
+
+
+def truncate_seq_pair(a: list[int], b: list[int], max_num_tokens: int,
+                      rng: np.random.Generator) -> None:
+    """Trims the longer side, from its front or back at random, until the pair fits."""
+    while len(a) + len(b) > max_num_tokens:
+        longer = a if len(a) > len(b) else b
+        if rng.random() < 0.5:
+            del longer[0]
+        else:
+            longer.pop()
+
+
+def create_instances_from_document(
+    documents: Sequence[Document], document_index: int, config: BertExampleConfig,
+    vocab: MaskingVocab, rng: np.random.Generator,
+) -> list[Instance]:
+    """NSP pairs from one document (reference: `create_instances_from_document`)."""
+    document = documents[document_index]
+    max_num_tokens = config.max_seq_length - 3
+    target_seq_length = max_num_tokens
+    if rng.random() < config.short_seq_prob:
+        target_seq_length = int(rng.integers(2, max_num_tokens + 1))
+    instances: list[Instance] = []
+    chunk: list[Sequence[int]] = []
+    chunk_length = 0
+    i = 0
+    while i < len(document):
+        chunk.append(document[i])
+        chunk_length += len(document[i])
+        if i == len(document) - 1 or chunk_length >= target_seq_length:
+            if chunk:
+                a_end = int(rng.integers(1, len(chunk))) if len(chunk) >= 2 else 1
+                tokens_a = [t for sentence in chunk[:a_end] for t in sentence]
+                tokens_b: list[int] = []
+                is_random_next = len(chunk) == 1 or rng.random() < 0.5
+                if is_random_next:
+                    target_b_length = target_seq_length - len(tokens_a)
+                    random_index = document_index
+                    for _ in range(10):
+                        random_index = int(rng.integers(0, len(documents)))
+                        if random_index != document_index:
+                            break
+                    random_document = documents[random_index]
+                    start = int(rng.integers(0, len(random_document)))
+                    for sentence in random_document[start:]:
+                        tokens_b.extend(sentence)
+                        if len(tokens_b) >= target_b_length:
+                            break
+                    i -= len(chunk) - a_end  # the unused sentences are not wasted
+                else:
+                    tokens_b = [t for sentence in chunk[a_end:] for t in sentence]
+                truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+                if tokens_a and tokens_b:
+                    tokens = [vocab.cls_id, *tokens_a, vocab.sep_id, *tokens_b, vocab.sep_id]
+                    segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+                    instances.append(Instance(np.asarray(tokens, np.int32),
+                                              np.asarray(segment_ids, np.int32),
+                                              bool(is_random_next)))
+            chunk, chunk_length = [], 0
+        i += 1
+    return instances
+
+
+def mask_tokens(
+    tokens: np.ndarray, vocab: MaskingVocab, config: BertExampleConfig,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Masked-LM predictions (reference: `create_masked_lm_predictions`).
+
+    Candidates exclude [CLS], [SEP] and [PAD]; with whole-word masking a word's continuation
+    pieces join its first piece. Candidates are shuffled and taken while the total stays within
+    num_to_predict = min(max_predictions, max(1, round(len * masked_lm_prob))) (Python's
+    round, as the reference). Each chosen position: 80% [MASK], 10% unchanged, 10% a random id
+    drawn uniformly from the whole vocabulary. Returns (masked tokens, sorted positions, labels).
+    """
+    special = (tokens == vocab.cls_id) | (tokens == vocab.sep_id) | (tokens == vocab.pad_id)
+    candidates: list[list[int]] = []
+    for index in np.flatnonzero(~special):
+        if (config.whole_word_mask and candidates and vocab.continuation[tokens[index]]
+                and candidates[-1][-1] == index - 1):
+            candidates[-1].append(int(index))
+        else:
+            candidates.append([int(index)])
+    order = rng.permutation(len(candidates))
+    num_to_predict = min(config.max_predictions_per_seq,
+                         max(1, int(round(len(tokens) * config.masked_lm_prob))))
+    output = tokens.copy()
+    chosen: list[int] = []
+    for group_index in order:
+        if len(chosen) >= num_to_predict:
+            break
+        group = candidates[group_index]
+        if len(chosen) + len(group) > num_to_predict:
+            continue
+        for index in group:
+            if rng.random() < 0.8:
+                output[index] = vocab.mask_id
+            elif rng.random() >= 0.5:
+                output[index] = int(rng.integers(0, vocab.vocab_size))
+            chosen.append(index)
+    positions = np.sort(np.asarray(chosen, np.int32))
+    return output, positions, tokens[positions]
+
+
+def to_features(
+    tokens: np.ndarray, segment_ids: np.ndarray, is_random_next: bool, config: BertExampleConfig,
+    vocab: MaskingVocab, masked: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+) -> dict[str, np.ndarray]:
+    """Fixed-shape features as run_pretraining.py reads them; unmasked records (dynamic
+    masking) omit the masked_lm_* fields. Padding: id pad, position 0, label 0, weight 0."""
+    length, seq = len(tokens), config.max_seq_length
+    features = {
+        "input_ids": np.full(seq, vocab.pad_id, np.int32),
+        "input_mask": np.zeros(seq, np.int32),
+        "segment_ids": np.zeros(seq, np.int32),
+    }
+    features["input_mask"][:length] = 1
+    features["segment_ids"][:length] = segment_ids
+    if masked is None:
+        features["input_ids"][:length] = tokens
+    else:
+        output, positions, labels = masked
+        features["input_ids"][:length] = output
+        count, preds = len(positions), config.max_predictions_per_seq
+        features["masked_lm_positions"] = np.zeros(preds, np.int32)
+        features["masked_lm_ids"] = np.zeros(preds, np.int32)
+        features["masked_lm_weights"] = np.zeros(preds, np.float32)
+        features["masked_lm_positions"][:count] = positions
+        features["masked_lm_ids"][:count] = labels
+        features["masked_lm_weights"][:count] = 1.0
+    features["next_sentence_labels"] = np.asarray(int(is_random_next), np.int32)
+    return features
+
+
+def create_training_examples(
+    documents: Sequence[Document], vocab: MaskingVocab, config: BertExampleConfig, seed: int,
+) -> Iterator[dict[str, np.ndarray]]:
+    """All examples of a corpus (reference: `create_training_instances`): documents shuffled,
+    `dupe_factor` passes (each with fresh pairs and masks), then all instances shuffled."""
+    rng = np.random.default_rng(seed)
+    documents = [documents[i] for i in rng.permutation(len(documents))]
+    passes = 1 if config.dynamic_masking else config.dupe_factor
+    instances: list[dict[str, np.ndarray]] = []
+    for _ in range(passes):
+        for index in range(len(documents)):
+            for instance in create_instances_from_document(documents, index, config, vocab, rng):
+                masked = (None if config.dynamic_masking
+                          else mask_tokens(instance.tokens, vocab, config, rng))
+                instances.append(to_features(instance.tokens, instance.segment_ids,
+                                             instance.is_random_next, config, vocab, masked))
+    for i in rng.permutation(len(instances)):
+        yield instances[i]
+
+
+class DynamicMasking(grain.transforms.RandomMap):
+    """Masks an unmasked record each time it is loaded, with Grain's per-record RNG (derived
+    from the loader seed and the record's position, so reruns and resumes see the same masks)."""
+
+    def __init__(self, vocab: MaskingVocab, config: BertExampleConfig):
+        self.vocab = vocab
+        self.config = config
+
+    def random_map(self, element: dict[str, np.ndarray], rng: np.random.Generator
+                   ) -> dict[str, np.ndarray]:
+        length = int(element["input_mask"].sum())
+        tokens = np.asarray(element["input_ids"][:length])
+        masked = mask_tokens(tokens, self.vocab, self.config, rng)
+        return to_features(tokens, element["segment_ids"][:length],
+                           bool(element["next_sentence_labels"]), self.config, self.vocab, masked)
+
+
+def majority_baseline_accuracy(examples: dict[str, np.ndarray]) -> float:
+    """Masked-LM accuracy of always predicting the most frequent masked label."""
+    labels = examples["masked_lm_ids"].ravel()
+    weights = examples["masked_lm_weights"].ravel()
+    counts = np.bincount(labels, weights=weights)
+    return float(counts.max() / max(weights.sum(), 1e-12))

@@ -1,0 +1,209 @@
+"""Text sources for sentence-pair builders: documents as lists of sentences.
+
+- Plain text in create_pretraining_data.py's format: one sentence per line, blank line between
+  documents.
+- WikiText (the tokenized release): a document is an article, starting at a level-1 heading
+  ` = Title = `; sub-headings are dropped; each paragraph line is split into sentences after
+  ` . `, ` ? `, ` ! ` tokens. `@-@`, `<unk>` and the like are kept as they are.
+- Any TFDS text dataset through `tfds.data_source` (ArrayRecord, no TensorFlow).
+- The offline demo corpus: the English documentation in CPython's `pydoc_data`.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from input_pipeline.errors import UserError
+
+Documents = list[list[str]]
+
+_WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
+_WIKITEXT_HEADING = re.compile(r"^ (= )+.*( =)+ $")
+_WIKITEXT_SENTENCE_END = re.compile(r"(?<= [.?!]) ")
+_PROSE_SENTENCE_END = re.compile(r"(?<=[.?!])\s+(?=[\"'(\[A-Z0-9])")
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """Splits prose after . ? ! followed by whitespace and a capital, digit, quote or bracket."""
+    return [s.strip() for s in _PROSE_SENTENCE_END.split(" ".join(paragraph.split()))
+            if s.strip()]
+
+
+def _expand(spec: str | Path | Iterable[str | Path]) -> list[Path]:
+    specs = [spec] if isinstance(spec, str | Path) else list(spec)
+    paths: list[Path] = []
+    for item in specs:
+        text = str(item)
+        if any(c in text for c in "*?["):
+            matches = sorted(glob.glob(text, recursive=True))
+            if not matches:
+                raise UserError(f"no file matches {text}; check the pattern in data.source")
+            paths.extend(Path(m) for m in matches)
+        elif Path(text).is_dir():
+            found = sorted(Path(text).glob("*.txt"))
+            if not found:
+                raise UserError(f"folder {text} has no *.txt files; point data.source at a file")
+            paths.extend(found)
+        elif Path(text).is_file():
+            paths.append(Path(text))
+        else:
+            raise UserError(f"corpus {text} not found; check the path given to --data / "
+                            "data.source")
+    return paths
+
+
+def _read_lines(path: Path) -> list[str]:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 (bad byte at offset {e.start}); re-encode it, "
+                        f"e.g. iconv -f latin1 -t utf-8 {path.name}") from None
+
+
+def _non_empty(documents: Documents, name: str) -> Documents:
+    documents = [d for d in documents if d]
+    if not documents:
+        raise UserError(f"corpus {name} is empty (no non-blank text); give a file with text")
+    return documents
+
+
+def read_plain_text(spec: str | Path | Iterable[str | Path]) -> Documents:
+    """One sentence per line, blank lines between documents (create_pretraining_data.py)."""
+    documents: Documents = [[]]
+    for path in _expand(spec):
+        for line in _read_lines(path):
+            line = line.strip()
+            if not line:
+                documents.append([])
+            else:
+                documents[-1].append(line)
+        documents.append([])
+    return _non_empty(documents, str(spec))
+
+
+def read_wikitext(spec: str | Path | Iterable[str | Path]) -> Documents:
+    """WikiText files: articles at level-1 headings, paragraphs split into sentences."""
+    documents: Documents = []
+    for path in _expand(spec):
+        for line in _read_lines(path):
+            if _WIKITEXT_TITLE.match(line):
+                documents.append([])
+            elif _WIKITEXT_HEADING.match(line) or not line.strip():
+                continue
+            else:
+                if not documents:
+                    documents.append([])
+                documents[-1].extend(s.strip() for s in _WIKITEXT_SENTENCE_END.split(line)
+                                     if s.strip())
+    return _non_empty(documents, str(spec))
+
+
+def _looks_like_wikitext(path: Path) -> bool:
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                return bool(_WIKITEXT_HEADING.match(line.rstrip("\n")))
+    return False
+
+
+def read_tfds(name: str, *, split: str = "train", text_key: str | None = None,
+              data_dir: str | None = None) -> Documents:
+    """Each record's text feature becomes a document: paragraphs at newlines, then sentences.
+    Needs the dataset prepared as ArrayRecord (`tfds build --file_format=array_record`)."""
+    import tensorflow_datasets as tfds
+
+    try:
+        source = tfds.data_source(name, split=split, data_dir=data_dir)
+    except Exception as e:  # tfds raises many types for missing/unprepared datasets
+        raise UserError(f"TFDS dataset {name} split {split} could not be opened "
+                        f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); prepare it with "
+                        "`tfds build --file_format=array_record` or set data.tfds_data_dir"
+                        ) from None
+    documents: Documents = []
+    for index in range(len(source)):
+        record = source[index]
+        if text_key is None:
+            keys = [k for k, v in record.items() if isinstance(v, str | bytes)]
+            if len(keys) != 1:
+                raise UserError(f"TFDS {name} records have string features {keys}; choose one "
+                                "with data.tfds_text_key")
+            text_key = keys[0]
+        value = record[text_key]
+        text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        documents.append([s for para in text.split("\n") for s in split_sentences(para)])
+    return _non_empty(documents, f"tfds:{name}")
+
+
+def read_documents(spec: str, *, text_format: str = "auto", tfds_split: str = "train",
+                   tfds_text_key: str | None = None, data_dir: str | None = None) -> Documents:
+    """The one entry point: `tfds:NAME[/CONFIG]`, or a file/folder/glob in `text_format`
+    (`plain`, `wikitext`, or `auto`: WikiText when the first text line is a ` = Heading = `)."""
+    if spec.startswith("tfds:"):
+        return read_tfds(spec[5:], split=tfds_split, text_key=tfds_text_key, data_dir=data_dir)
+    if text_format not in ("auto", "plain", "wikitext"):
+        raise UserError(f"data.text_format={text_format!r} is unknown; use auto, plain or "
+                        "wikitext")
+    paths = _expand(spec)
+    if text_format == "auto":
+        text_format = "wikitext" if _looks_like_wikitext(paths[0]) else "plain"
+    return read_wikitext(paths) if text_format == "wikitext" else read_plain_text(paths)
+
+
+def _prose_sentences(text: str) -> list[str]:
+    """Sentences of documentation text: code (indented or `>>>`) and rule lines dropped."""
+    sentences = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        lines = [ln for ln in paragraph.splitlines()
+                 if ln.strip() and not ln.startswith((" " * 3, ">>>", "..."))
+                 and not re.fullmatch(r"\s*[-=*~^#]+\s*", ln)]
+        sentences.extend(s for s in split_sentences(" ".join(lines)) if len(s.split()) >= 4)
+    return sentences
+
+
+def _stdlib_docstrings() -> Iterable[list[str]]:
+    """Docstrings of the standard library's modules, read with `ast` (nothing is imported)."""
+    import ast
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo", "ensurepip"}
+    for path in sorted(root.rglob("*.py")):
+        if skip & set(path.relative_to(root).parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        texts = [ast.get_docstring(node) for node in ast.walk(tree) if isinstance(
+            node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)]
+        yield [s for text in texts if text for s in _prose_sentences(text)]
+
+
+def python_docs_documents() -> Documents:
+    """The offline demo corpus, English prose that ships with every CPython: the reference
+    topics of `pydoc_data` (one document per topic) and the docstrings of the standard library
+    (one document per module); about 2 MB of text."""
+    from pydoc_data.topics import topics
+
+    documents = [_prose_sentences(topics[name]) for name in sorted(topics)]
+    documents.extend(_stdlib_docstrings())
+    return [d for d in documents if d]
+
+
+def split_documents(documents: Documents, held_out_fraction: float, seed: int
+                    ) -> tuple[Documents, Documents]:
+    """Deterministic document-level split into (train, held out); both keep at least one."""
+    if len(documents) < 2:
+        raise UserError("the corpus has fewer than 2 documents, so none can be held out; give "
+                        "more documents or set data.eval_source")
+    order = np.random.default_rng(seed).permutation(len(documents))
+    count = min(max(1, round(len(documents) * held_out_fraction)), len(documents) - 1)
+    held = set(order[:count].tolist())
+    return ([d for i, d in enumerate(documents) if i not in held],
+            [d for i, d in enumerate(documents) if i in held])

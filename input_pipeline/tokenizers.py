@@ -1,0 +1,247 @@
+"""Tokenizers: sentencepiece (train and load) and BERT WordPiece from a released `vocab.txt`.
+
+Both expose the same small interface that example builders use (ids only): `vocab_size`,
+`pad_id`, `unk_id`, `cls_id`, `sep_id`, `mask_id`, `special_ids`, `continuation` (a bool per id:
+the piece continues the previous word, for whole-word masking), `encode`, `decode`,
+`id_to_token`.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import sentencepiece as spm
+
+from input_pipeline.errors import UserError
+
+SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    pad_id: int
+    unk_id: int
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    special_ids: frozenset[int]
+    continuation: np.ndarray
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def id_to_token(self, index: int) -> str: ...
+
+
+def _is_whitespace(char: str) -> bool:
+    return char in " \t\n\r" or unicodedata.category(char) == "Zs"
+
+
+def _is_control(char: str) -> bool:
+    return char not in "\t\n\r" and unicodedata.category(char) in ("Cc", "Cf")
+
+
+def _is_punctuation(char: str) -> bool:
+    """ASCII non-alphanumeric symbols are punctuation too (tokenization.py `_is_punctuation`)."""
+    cp = ord(char)
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return True
+    return unicodedata.category(char).startswith("P")
+
+
+def _is_cjk(cp: int) -> bool:
+    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
+            or 0x2A700 <= cp <= 0x2B73F or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF
+            or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
+
+
+class WordPieceTokenizer:
+    """BERT's tokenizer (google-research/bert tokenization.py `FullTokenizer`): basic
+    tokenisation (clean text, CJK split, optional lowercasing + accent stripping, punctuation
+    split), then greedy longest-match-first WordPiece with `##` continuations."""
+
+    max_input_chars_per_word = 100
+
+    def __init__(self, vocab: list[str], lowercase: bool):
+        self.tokens = vocab
+        self.vocab = {token: i for i, token in enumerate(vocab)}
+        self.lowercase = lowercase
+        self.vocab_size = len(vocab)
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            self.vocab[t] for t in SPECIALS)
+        self.special_ids = frozenset((self.pad_id, self.cls_id, self.sep_id, self.mask_id))
+        self.continuation = np.array([t.startswith("##") for t in vocab], bool)
+        self._cache: dict[str, list[int]] = {}
+
+    @classmethod
+    def from_vocab_file(cls, path: str | Path, lowercase: bool | None = None
+                        ) -> WordPieceTokenizer:
+        """Loads a `vocab.txt` (one token per line, id = line number). `lowercase=None` infers
+        an uncased vocabulary when no token other than the bracketed specials has an uppercase
+        letter."""
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"vocab file {path} not found; pass a BERT vocab.txt or a "
+                            "sentencepiece .model")
+        try:
+            vocab = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise UserError(f"vocab file {path} is not UTF-8 text (byte {e.start}); pass a "
+                            "BERT WordPiece vocab.txt") from None
+        vocab = [line.rstrip("\n") for line in vocab]
+        while vocab and not vocab[-1].strip():
+            vocab.pop()
+        missing = [s for s in SPECIALS if s not in vocab]
+        if missing:
+            raise UserError(f"vocab file {path} lacks {', '.join(missing)}; pass a BERT "
+                            "WordPiece vocab.txt (it has [PAD] [UNK] [CLS] [SEP] [MASK])")
+        if lowercase is None:
+            lowercase = not any(c.isupper() for t in vocab
+                                if not (t.startswith("[") and t.endswith("]")) for c in t)
+        return cls(vocab, lowercase)
+
+    def _basic_tokens(self, text: str) -> list[str]:
+        chars = []
+        for char in text:
+            cp = ord(char)
+            if cp == 0 or cp == 0xFFFD or _is_control(char):
+                continue
+            if _is_whitespace(char):
+                chars.append(" ")
+            elif _is_cjk(cp):
+                chars.append(f" {char} ")
+            else:
+                chars.append(char)
+        words = []
+        for word in "".join(chars).split():
+            if self.lowercase:
+                word = "".join(c for c in unicodedata.normalize("NFD", word.lower())
+                               if unicodedata.category(c) != "Mn")
+            current = ""
+            for char in word:
+                if _is_punctuation(char):
+                    if current:
+                        words.append(current)
+                    words.append(char)
+                    current = ""
+                else:
+                    current += char
+            if current:
+                words.append(current)
+        return words
+
+    def _word_pieces(self, word: str) -> list[int]:
+        if word in self._cache:
+            return self._cache[word]
+        if len(word) > self.max_input_chars_per_word:
+            return [self.unk_id]
+        pieces, start = [], 0
+        while start < len(word):
+            end = len(word)
+            while end > start:
+                piece = word[start:end] if start == 0 else "##" + word[start:end]
+                if piece in self.vocab:
+                    pieces.append(self.vocab[piece])
+                    break
+                end -= 1
+            else:
+                pieces = [self.unk_id]
+                break
+            start = end
+        self._cache[word] = pieces
+        return pieces
+
+    def encode(self, text: str) -> list[int]:
+        return [i for word in self._basic_tokens(text) for i in self._word_pieces(word)]
+
+    def id_to_token(self, index: int) -> str:
+        return self.tokens[index]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        text = " ".join(self.tokens[i] for i in ids)
+        return text.replace(" ##", "")
+
+
+class SentencePieceTokenizer:
+    """A sentencepiece model with BERT's specials at fixed ids: [PAD]=0, [UNK]=1, [CLS]=2,
+    [SEP]=3, [MASK]=4 (bos/eos off). Pieces without a leading `▁` continue a word."""
+
+    def __init__(self, model_file: str | Path):
+        self.model_file = str(model_file)
+        self.processor = spm.SentencePieceProcessor(model_file=self.model_file)
+        ids = [self.processor.piece_to_id(s) for s in SPECIALS]
+        if ids != list(range(len(SPECIALS))):
+            raise UserError(f"sentencepiece model {model_file} does not have "
+                            f"{', '.join(SPECIALS)} at ids 0-4; train it with "
+                            "SentencePieceTokenizer.train (or leave data.tokenizer empty)")
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
+        self.vocab_size = self.processor.get_piece_size()
+        self.special_ids = frozenset((self.pad_id, self.cls_id, self.sep_id, self.mask_id))
+        pieces = [self.processor.id_to_piece(i) for i in range(self.vocab_size)]
+        self.continuation = np.array(
+            [i >= len(SPECIALS) and not p.startswith("▁") for i, p in enumerate(pieces)], bool)
+
+    @classmethod
+    def train(cls, sentences: Iterable[str], model_prefix: str | Path, vocab_size: int,
+              model_type: str = "unigram") -> SentencePieceTokenizer:
+        """Trains on an iterator of sentences; writes `<model_prefix>.model` and loads it.
+        Deterministic for the same input (single-threaded, no sentence sampling)."""
+        prefix = str(model_prefix)
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
+                model_type=model_type, pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
+                pad_piece="[PAD]", unk_piece="[UNK]",
+                control_symbols=["[CLS]", "[SEP]", "[MASK]"], character_coverage=0.9995,
+                num_threads=1, shuffle_input_sentence=False, input_sentence_size=0,
+                minloglevel=2, hard_vocab_limit=True,
+            )
+        except RuntimeError as e:
+            raise UserError(f"sentencepiece training failed ({str(e).splitlines()[0]}); lower "
+                            "data.vocab_size or give more text") from None
+        return cls(prefix + ".model")
+
+    def encode(self, text: str) -> list[int]:
+        return self.processor.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.processor.decode([int(i) for i in ids])
+
+    def id_to_token(self, index: int) -> str:
+        return self.processor.id_to_piece(index)
+
+
+def load_tokenizer(spec: str | Path) -> WordPieceTokenizer | SentencePieceTokenizer:
+    """A sentencepiece `.model`, a BERT `vocab.txt`, or a folder holding one of those (a HF BERT
+    folder's `tokenizer_config.json` decides `do_lower_case`)."""
+    path = Path(spec)
+    if path.is_dir():
+        vocab = path / "vocab.txt"
+        if vocab.is_file():
+            lowercase = None
+            config = path / "tokenizer_config.json"
+            if config.is_file():
+                lowercase = json.loads(config.read_text()).get("do_lower_case")
+            return WordPieceTokenizer.from_vocab_file(vocab, lowercase)
+        models = sorted(path.glob("*.model"))
+        if len(models) == 1:
+            return SentencePieceTokenizer(models[0])
+        raise UserError(f"{path} holds no vocab.txt or single sentencepiece .model; point "
+                        "data.tokenizer at the file")
+    if not path.is_file():
+        raise UserError(f"tokenizer {path} not found; pass a sentencepiece .model, a BERT "
+                        "vocab.txt or a HuggingFace BERT folder")
+    if path.suffix == ".model":
+        try:
+            return SentencePieceTokenizer(path)
+        except (RuntimeError, OSError):
+            raise UserError(f"{path} is not a sentencepiece model; retrain it or pass a "
+                            "vocab.txt") from None
+    return WordPieceTokenizer.from_vocab_file(path)
+
