@@ -160,7 +160,8 @@ def _prose_sentences(text: str) -> list[str]:
     sentences = []
     for paragraph in re.split(r"\n\s*\n", text):
         lines = [ln for ln in paragraph.splitlines()
-                 if ln.strip() and not ln.startswith((" " * 3, ">>>", "..."))
+                 if ln.strip() and not ln.startswith(" " * 3)
+                 and not ln.lstrip().startswith((">>>", "..."))
                  and not re.fullmatch(r"\s*[-=*~^#]+\s*", ln)]
         sentences.extend(s for s in split_sentences(" ".join(lines)) if len(s.split()) >= 4)
     return sentences

@@ -9,9 +9,8 @@ import run
 
 def test_demo_beats_majority_baseline(tmp_path, capsys):
     workdir = tmp_path / "demo"
-    code = run.main(["demo", "--workdir", str(workdir), "train.steps=200", "train.eval_every=200",
-                     "train.checkpoint_every=200", "train.progress=false",
-                     "examples.dupe_factor=2"])
+    code = run.main(["demo", "--workdir", str(workdir), "train.steps=300", "train.eval_every=300",
+                     "train.checkpoint_every=300", "train.progress=false"])
     out = capsys.readouterr().out
     assert code == 0
     assert "held-out MLM accuracy" in out and "majority-token baseline" in out

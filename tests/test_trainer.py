@@ -140,3 +140,28 @@ def test_model_is_restored_from_workdir(tmp_path, data_cache):
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(trained),
                             jax.tree.leaves(restored), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
+
+
+def test_convert_workdir_to_hf_and_back(tmp_path, data_cache):
+    """`run.py convert` both ways: a trained workdir -> HF folder that transformers loads with
+    the same outputs -> pretext model directory with the same parameters."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    import run
+    from pretrain.export import load_model
+
+    make_trainer(tmp_path / "w", data_cache, **{"train.steps": 1}).run()
+    assert run.main(["convert", str(tmp_path / "w"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    ours = load_model(tmp_path / "w")
+    reference = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    ids = np.arange(24).reshape(2, 12) % ours.config.vocab_size
+    with torch.no_grad():
+        expected = reference(input_ids=torch.tensor(ids)).prediction_logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours(jax.numpy.asarray(ids)).mlm_logits), expected,
+                               atol=1e-5)
+    assert run.main(["convert", str(tmp_path / "hf"), str(tmp_path / "back"), "--to",
+                     "pretext"]) == 0
+    back = nnx.to_pure_dict(nnx.state(load_model(tmp_path / "back"), nnx.Param))
+    for a, b in zip(jax.tree.leaves(back),
+                    jax.tree.leaves(nnx.to_pure_dict(nnx.state(ours, nnx.Param))), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -1,0 +1,149 @@
+"""Tokenizers: WordPiece equals HF `BertTokenizer` on the same vocab.txt; sentencepiece training,
+specials and continuation flags; errors."""
+
+from __future__ import annotations
+
+import collections
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from input_pipeline.errors import UserError
+from input_pipeline.tokenizers import (
+    SPECIALS,
+    SentencePieceTokenizer,
+    WordPieceTokenizer,
+    load_tokenizer,
+)
+
+FALLBACK_TEXT = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Tokenizers split words, punctuation (like this!) and numbers such as 1,234.5.",
+    "BERT's WordPiece vocabulary uses ## to mark the continuation of a word.",
+] * 50
+
+TRICKY = [
+    "Café Ünïcode naïve résumé", "中文字 mixed with English", "tab\tand\nnewline  spaces",
+    "control\x00chars\x07here\ufffd", "punctuation!!!???...,,,;;", "a" * 120, "", "   ",
+    "Mr. O'Neil's e-mail: o.neil@example.com costs $3.50 (approx.)", "ＦＵＬＬ　ｗｉｄｔｈ",
+]
+
+
+def corpus_lines(shared: Path | None) -> list[str]:
+    path = shared / "wikitext-2" / "valid.txt" if shared else None
+    if path and path.is_file():
+        return [ln for ln in path.read_text().splitlines() if ln.strip()][:600]
+    return FALLBACK_TEXT
+
+
+def write_vocab(path: Path, lines: list[str], lowercase: bool) -> Path:
+    """A realistic vocab: specials, unused slots, every character and ##character, then the
+    most frequent words and word endings of the text."""
+    text = "\n".join(lines + TRICKY)
+    if lowercase:
+        text = text.lower()
+    chars = sorted({c for c in text if not c.isspace()})
+    words = collections.Counter(re.findall(r"\w+", text))
+    endings = collections.Counter(w[i:] for w in words for i in range(2, len(w) - 1))
+    vocab = list(SPECIALS) + [f"[unused{i}]" for i in range(10)] + chars + [f"##{c}"
+                                                                          for c in chars]
+    vocab += [w for w, _ in words.most_common(2000) if w not in vocab]
+    vocab += [f"##{e}" for e, _ in endings.most_common(800)]
+    path.write_text("\n".join(dict.fromkeys(vocab)) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def maybe_shared(request) -> Path | None:
+    from conftest import shared_data_dir
+
+    path = shared_data_dir()
+    return path if path.is_dir() else None
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_wordpiece_equals_hf_bert_tokenizer(lowercase, tmp_path, maybe_shared):
+    transformers = pytest.importorskip("transformers")
+    lines = corpus_lines(maybe_shared)
+    vocab = write_vocab(tmp_path / "vocab.txt", lines, lowercase)
+    ours = WordPieceTokenizer.from_vocab_file(vocab)
+    assert ours.lowercase is lowercase  # inferred from the vocabulary
+    reference = transformers.BertTokenizer(str(vocab), do_lower_case=lowercase)
+    for text in lines + TRICKY:
+        expected = reference.convert_tokens_to_ids(reference.tokenize(text))
+        assert ours.encode(text) == expected, text
+
+
+def test_wordpiece_specials_and_continuation(tmp_path):
+    vocab = write_vocab(tmp_path / "vocab.txt", FALLBACK_TEXT, True)
+    tok = WordPieceTokenizer.from_vocab_file(vocab)
+    assert [tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id] == [0, 1, 2, 3, 4]
+    assert tok.special_ids == frozenset({0, 2, 3, 4})
+    ids = tok.encode("tokenizers")
+    assert not tok.continuation[ids[0]] and all(tok.continuation[i] for i in ids[1:])
+    assert tok.decode(ids) == "tokenizers"
+
+
+@pytest.mark.parametrize("content,hint", [
+    (b"", "lacks"), (b"hello\nworld\n", "[PAD]"), (b"\xff\xfe\xfa\n[PAD]\n", "UTF-8"),
+])
+def test_bad_vocab_files(content, hint, tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_bytes(content)
+    with pytest.raises(UserError, match=re.escape(hint)):
+        WordPieceTokenizer.from_vocab_file(path)
+    with pytest.raises(UserError, match="not found"):
+        WordPieceTokenizer.from_vocab_file(tmp_path / "missing.txt")
+
+
+@pytest.fixture(scope="module")
+def sentences() -> list[str]:
+    from input_pipeline.sources import python_docs_documents
+
+    return [s for doc in python_docs_documents()[:120] for s in doc]
+
+
+def test_sentencepiece_training(sentences, tmp_path):
+    tok = SentencePieceTokenizer.train(sentences, tmp_path / "sp", vocab_size=600)
+    assert tok.vocab_size == 600
+    assert [tok.id_to_token(i) for i in range(5)] == list(SPECIALS)
+    assert [tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id] == [0, 1, 2, 3, 4]
+    text = "The object is returned by the function."
+    ids = tok.encode(text)
+    assert min(ids) >= 5 and tok.decode(ids) == text
+    for i in range(5, tok.vocab_size):
+        assert tok.continuation[i] == (not tok.id_to_token(i).startswith("▁"))
+    again = SentencePieceTokenizer.train(sentences, tmp_path / "sp2", vocab_size=600)
+    assert [again.id_to_token(i) for i in range(600)] == [tok.id_to_token(i) for i in range(600)]
+    assert isinstance(load_tokenizer(tmp_path / "sp.model"), SentencePieceTokenizer)
+
+
+def test_sentencepiece_errors(sentences, tmp_path):
+    import sentencepiece as spm
+
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_prefix=str(
+        tmp_path / "plain"), vocab_size=300, minloglevel=2)
+    with pytest.raises(UserError, match=r"\[PAD\]"):
+        load_tokenizer(tmp_path / "plain.model")
+    with pytest.raises(UserError, match="vocab_size"):
+        SentencePieceTokenizer.train(sentences[:20], tmp_path / "tiny", vocab_size=50000)
+    (tmp_path / "junk.model").write_bytes(b"not a model")
+    with pytest.raises(UserError, match="not a sentencepiece model"):
+        load_tokenizer(tmp_path / "junk.model")
+
+
+def test_load_tokenizer_dispatch(tmp_path):
+    folder = tmp_path / "hf_bert"
+    folder.mkdir()
+    write_vocab(folder / "vocab.txt", FALLBACK_TEXT, False)
+    (folder / "tokenizer_config.json").write_text('{"do_lower_case": true}')
+    tok = load_tokenizer(folder)
+    assert isinstance(tok, WordPieceTokenizer) and tok.lowercase
+    with pytest.raises(UserError, match="not found"):
+        load_tokenizer(tmp_path / "nothing")
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(UserError, match="no vocab.txt"):
+        load_tokenizer(tmp_path / "empty_dir")
+    assert np.asarray(tok.continuation).dtype == bool
