@@ -71,7 +71,7 @@ class Trainer:
 
     def __init__(self, config: Config, workdir: str | Path, *, devices: list[Any] | None = None):
         self.config = config
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).absolute()  # Orbax needs absolute paths
         self.method = registry.get(config.method)
         self.mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
                                        devices)

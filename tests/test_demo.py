@@ -7,9 +7,10 @@ import json
 import run
 
 
-def test_demo_beats_majority_baseline(tmp_path, capsys):
+def test_demo_beats_majority_baseline(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a relative --workdir, as users type it
     workdir = tmp_path / "demo"
-    code = run.main(["demo", "--workdir", str(workdir), "train.steps=300", "train.eval_every=300",
+    code = run.main(["demo", "--workdir", "demo", "train.steps=300", "train.eval_every=300",
                      "train.checkpoint_every=300", "train.progress=false"])
     out = capsys.readouterr().out
     assert code == 0

@@ -12,7 +12,7 @@ from input_pipeline.errors import UserError
 WIKITEXT_SAMPLE = """
  = Robert Boulter = 
 
- Robert Boulter is an English film , television and theatre actor . He had a guest role in 2000 ? Yes !
+ Robert Boulter is an English actor . He had a guest role in 2000 ? Yes !
  = = Career = = 
 
  In 2006 , Boulter starred alongside Whishaw in the play Citizenship written by Mark Ravenhill .
@@ -38,7 +38,7 @@ def test_wikitext_sample(tmp_path):
     path.write_text(WIKITEXT_SAMPLE)
     docs = sources.read_documents(str(path))  # auto-detected as WikiText
     assert docs == [
-        ["Robert Boulter is an English film , television and theatre actor .",
+        ["Robert Boulter is an English actor .",
          "He had a guest role in 2000 ?", "Yes !",
          "In 2006 , Boulter starred alongside Whishaw in the play Citizenship written by "
          "Mark Ravenhill ."],

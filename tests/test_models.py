@@ -1,0 +1,48 @@
+"""Model details not covered by the HF parity tests: both attention paths agree, bfloat16
+compute stays close to float32 with float32 parameters, dropout is active only with an RNG."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.bert import Bert
+from models.encoder import EncoderConfig, attention
+
+SMALL = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+             max_position_embeddings=32)
+
+
+def test_einsum_attention_equals_dot_product_attention():
+    keys = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(key, (2, 7, 4, 8)) for key in keys)
+    mask = jnp.asarray([[1] * 7, [1] * 4 + [0] * 3], bool)[:, None, None, :]
+    fused = attention(q, k, v, mask, 0.0, None)
+    # A dropout rate so small that nothing is dropped takes the explicit einsum path.
+    explicit = attention(q, k, v, mask, 1e-12, jax.random.key(1))
+    np.testing.assert_allclose(explicit, fused, atol=1e-5)
+
+
+def test_bfloat16_compute_with_float32_params():
+    ids = jax.random.randint(jax.random.key(2), (2, 16), 0, 96)
+    f32 = Bert(EncoderConfig(**SMALL), rngs=nnx.Rngs(0))
+    bf16 = Bert(EncoderConfig(**SMALL, dtype="bfloat16"), rngs=nnx.Rngs(0))
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(bf16, nnx.Param)))
+    out16, out32 = bf16(ids), f32(ids)
+    assert out16.hidden_states.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out16.mlm_logits, np.float32),
+                               np.asarray(out32.mlm_logits), atol=0.1)
+
+
+def test_dropout_only_with_rng():
+    model = Bert(EncoderConfig(**SMALL), rngs=nnx.Rngs(0))
+    ids = jnp.arange(32).reshape(2, 16)
+    a, b = model(ids).hidden_states, model(ids).hidden_states
+    np.testing.assert_array_equal(a, b)
+    c = model(ids, rng=jax.random.key(0)).hidden_states
+    d = model(ids, rng=jax.random.key(0)).hidden_states
+    e = model(ids, rng=jax.random.key(1)).hidden_states
+    np.testing.assert_array_equal(c, d)
+    assert not np.allclose(c, a) and not np.allclose(c, e)
