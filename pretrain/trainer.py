@@ -83,11 +83,11 @@ class Trainer:
         try:
             self.data = self.method.prepare(config.data, self.example_config, cache,
                                             config.train.seed)
+            self.model_config = self._resolve_model_config()
         except BaseException:
             for path in created:  # leave the file system as it was
                 shutil.rmtree(path, ignore_errors=True)
             raise
-        self.model_config = self._resolve_model_config()
         self.is_writer = jax.process_index() == 0
         # Many fake CPU devices on few cores can time out XLA's collectives when steps are
         # queued without waiting (ARCHITECTURE.md, "Facts"); CPU gains nothing from queueing.

@@ -35,11 +35,16 @@ def bad_inputs(tmp: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
     empty.write_text("\n\n   \n")
     garbage_vocab = tmp / "vocab.txt"
     garbage_vocab.write_bytes(b"\xff\xfe\x00garbage\x00\n")
+    small_vocab = tmp / "small_vocab.txt"
+    words = sorted({w.strip(".").lower() for w in corpus.read_text().split()})
+    small_vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *words]))
     return {
         "missing corpus": (["--data", str(tmp / "nope.txt")], "nope.txt"),
         "empty corpus": (["--data", str(empty)], "empty"),
         "vocab that does not parse": (["--data", str(corpus), "--tokenizer",
                                        str(garbage_vocab)], "vocab"),
+        "tokenizer and model disagree": (["--data", str(corpus), "--tokenizer", str(small_vocab),
+                                          "model.vocab_size=500"], "does not match"),
         "sequence longer than positions": (["--data", str(corpus),
                                             "examples.max_seq_length=256"],
                                            "max_position_embeddings"),
@@ -55,7 +60,18 @@ def bad_inputs(tmp: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
-@pytest.mark.parametrize("case", list(bad_inputs(Path("/tmp"), Path("/tmp/c")).keys()))
+CASES = ["missing corpus", "empty corpus", "vocab that does not parse",
+         "tokenizer and model disagree", "sequence longer than positions",
+         "batch not divisible by data axes", "unknown config key", "value of the wrong type",
+         "unknown preset", "override without a section", "mesh that does not fit",
+         "workdir of another run"]
+
+
+def test_every_case_is_listed(tmp_path, corpus):
+    assert sorted(bad_inputs(tmp_path, corpus)) == sorted(CASES)
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_bad_input_is_one_line_and_leaves_workdir_alone(case, tmp_path, corpus, capsys):
     workdir = tmp_path / "existing_workdir"
     workdir.mkdir()
