@@ -21,6 +21,8 @@ from input_pipeline.errors import UserError
 from input_pipeline.records import RecordDirectory, write_records
 
 DEMO_CORPUS = "python-docs"
+# DataConfig fields that change how records are loaded, not what they contain.
+LOADER_ONLY_FIELDS = ("cache_dir", "worker_count")
 
 Documents = list[list[list[int]]]
 ExampleBuilder = Callable[[Documents, Any, int], Iterable[dict[str, np.ndarray]]]
@@ -97,7 +99,9 @@ def prepare_text(
     if not 0.0 < data.held_out_fraction < 1.0:
         raise UserError(f"data.held_out_fraction={data.held_out_fraction} must be in (0, 1); "
                         "e.g. data.held_out_fraction=0.05")
-    key = fingerprint(_source_fingerprint(data.source), dataclasses.asdict(data),
+    settings = {k: v for k, v in dataclasses.asdict(data).items()
+                if k not in LOADER_ONLY_FIELDS}
+    key = fingerprint(_source_fingerprint(data.source), settings,
                       _source_fingerprint(data.eval_source) if data.eval_source else "",
                       _source_fingerprint(data.tokenizer) if data.tokenizer else "",
                       example_settings, seed)

@@ -150,6 +150,11 @@ def make_loader(
     process's shard only (`ShardByJaxProcess`), per-record transforms (e.g. dynamic masking,
     whose RNG Grain derives from `seed` and the record index, so it is reproducible and resumable)
     and batches of `batch_size` (the per-process batch). `num_epochs=None` repeats forever."""
+    if worker_count > 0:
+        from absl import flags
+
+        if not flags.FLAGS.is_parsed():  # Grain's worker processes read absl flags
+            flags.FLAGS.mark_as_parsed()
     sampler = grain.samplers.IndexSampler(
         num_records=len(records),
         shard_options=grain.sharding.ShardByJaxProcess(drop_remainder=True),

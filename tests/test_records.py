@@ -56,3 +56,12 @@ def test_no_examples_and_incomplete_directories_are_user_errors(tmp_path):
     next((tmp_path / "r").glob("*.array_record")).unlink()
     with pytest.raises(UserError, match="incomplete"):
         RecordDirectory(tmp_path / "r")
+
+
+def test_worker_processes_give_the_same_stream(tmp_path):
+    write_records(examples(24), tmp_path / "r")
+    records = RecordDirectory(tmp_path / "r")
+    inline = make_loader(records, batch_size=4, seed=3, num_epochs=1)
+    workers = make_loader(records, batch_size=4, seed=3, num_epochs=1, worker_count=1)
+    expected = [b["ids"].tolist() for b in inline]
+    assert [b["ids"].tolist() for b in workers] == expected and len(expected) == 6
