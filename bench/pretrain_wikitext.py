@@ -45,7 +45,7 @@ def main() -> None:
         "data.vocab_size=8000", "examples.max_seq_length=128",
         "examples.max_predictions_per_seq=20", "examples.dupe_factor=5",
         "model.max_position_embeddings=128", f"train.steps={args.steps}",
-        f"train.eval_every={max(args.steps // 6, 1)}", "train.eval_batches=40",
+        f"train.eval_every={max(args.steps // 5, 1)}", "train.eval_batches=40",
         f"train.checkpoint_every={args.steps}", "train.log_every=100",
         f"optim.warmup_steps={args.steps // 10}", *args.overrides,
     ]

@@ -21,6 +21,8 @@ from models.bert import Bert
 from models.encoder import EncoderConfig
 from objectives.registry import Batch, Method, Metrics, PreparedData, register
 
+MAX_EVAL_EXAMPLES = 16384
+
 
 def weighted_cross_entropy(
     logits: jax.Array, labels: jax.Array, weights: jax.Array
@@ -72,8 +74,9 @@ def prepare_bert(
 
     train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
     vocab = bert_examples.MaskingVocab.from_tokenizer(tokenizer)
-    # Held-out evaluation always uses fixed (static) masks, so its numbers are comparable.
-    eval_examples = held_out.examples(range(len(held_out)))
+    # Held-out evaluation always uses fixed (static) masks, so its numbers are comparable; it is
+    # kept in memory, so a huge held-out split is capped.
+    eval_examples = held_out.examples(range(min(len(held_out), MAX_EVAL_EXAMPLES)))
     transforms = ()
     if examples.dynamic_masking:
         transforms = (bert_examples.DynamicMasking(vocab, examples),)
