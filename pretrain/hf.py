@@ -1,24 +1,36 @@
 """HuggingFace interop: `load(path)` reads a transformers checkpoint folder into our model, and
-`save(model, path)` writes one that transformers loads. Both directions use the same table of
-names, so import and export cannot drift apart.
+`save(model, path)` writes one that transformers loads.
 
-This is the one place in `pretrain/` that knows model families by name: `CONVERTERS` maps a
-HF `model_type` to a converter (BERT now; ELECTRA and XLNet add entries).
+Public API:
 
-Names follow HF transformers modeling_bert.py (`BertForPreTraining`): torch Linear weights are
-[out, in] (ours [in, out]); our encoder layers are stacked on a leading axis.
+- `load(path, **config_overrides)`: a HF folder (`config.json` + `model.safetensors`, a sharded
+  `model.safetensors.index.json`, or `pytorch_model.bin`) -> our Flax NNX model.
+- `save(model, path)`: our model -> `config.json` + `model.safetensors` (float32).
+- `from_hf(hf_config, state_dict, **config_overrides)` / `to_hf(model)`: the same conversions
+  in memory, on a HF config dict and a flat HF state dict of numpy arrays.
+- `method_name(model)`: the `objectives.registry` method a converted model belongs to.
+- `CONVERTERS`: HF `model_type` -> `Converter`. This is the one place in `pretrain/` that knows
+  model families by name (BERT now; ELECTRA and XLNet add entries).
+
+A `Converter` is a config mapping (HF config dict <-> our config) plus a table of `Tensor`s
+(one HF tensor name <-> one of our parameter paths). Import and export both walk that table, so
+the two directions cannot drift apart. Torch Linear weights are [out, in] (ours [in, out]); our
+encoder layers are stacked on a leading axis, HF's are numbered (`encoder.layer.{i}`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -26,6 +38,15 @@ from input_pipeline.errors import UserError
 from models.bert import Bert
 from models.encoder import EncoderConfig
 
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_FILE = "pytorch_model.bin"
+TORCH_INDEX = "pytorch_model.bin.index.json"
+
+# HF `hidden_act` (transformers activations.py ACT2FN) -> ours (models.encoder.ACTIVATIONS).
+# `gelu` is the exact erf GELU; `gelu_new`, `gelu_pytorch_tanh` and `gelu_fast` are the tanh
+# approximation (the original TF BERT's).
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                   "gelu_fast": "gelu_tanh", "relu": "relu"}
 OUR_TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
@@ -33,68 +54,209 @@ OUR_TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
 
 @dataclasses.dataclass(frozen=True)
 class Tensor:
-    """One HF tensor <-> one of our parameters. `path` is our parameter's path (dots), `layer`
-    the HF name pattern with `{i}` for stacked encoder layers, `transpose` for Linear kernels."""
+    """One HF tensor name <-> one of our parameters.
+
+    `hf` is the HF state-dict name; `{i}` in it marks a per-layer tensor, which maps to the slice
+    `i` of our stacked parameter (leading `layers` axis). `ours` is our parameter's path in
+    `nnx.state(model, nnx.Param)`, joined by dots. `transpose` is set for torch `nn.Linear`
+    weights ([out, in]; our kernels are [in, out]).
+    """
 
     hf: str
     ours: str
     transpose: bool = False
-    stacked: bool = False
+
+    @property
+    def stacked(self) -> bool:
+        return "{i}" in self.hf
+
+    def hf_names(self, num_layers: int) -> list[str]:
+        return [self.hf.format(i=i) for i in range(num_layers)] if self.stacked else [self.hf]
 
 
-def _linear(hf: str, ours: str, stacked: bool = False) -> list[Tensor]:
-    return [Tensor(f"{hf}.weight", f"{ours}.kernel", True, stacked),
-            Tensor(f"{hf}.bias", f"{ours}.bias", False, stacked)]
+def linear(hf: str, ours: str) -> list[Tensor]:
+    """torch `nn.Linear` (`weight` [out, in], `bias`) <-> `nnx.Linear` (`kernel`, `bias`)."""
+    return [Tensor(f"{hf}.weight", f"{ours}.kernel", transpose=True),
+            Tensor(f"{hf}.bias", f"{ours}.bias")]
 
 
-def _norm(hf: str, ours: str, stacked: bool = False) -> list[Tensor]:
-    return [Tensor(f"{hf}.weight", f"{ours}.scale", False, stacked),
-            Tensor(f"{hf}.bias", f"{ours}.bias", False, stacked)]
+def layer_norm(hf: str, ours: str) -> list[Tensor]:
+    """torch `nn.LayerNorm` (`weight`, `bias`) <-> `nnx.LayerNorm` (`scale`, `bias`)."""
+    return [Tensor(f"{hf}.weight", f"{ours}.scale"), Tensor(f"{hf}.bias", f"{ours}.bias")]
 
 
-def _bert_tensors() -> list[Tensor]:
+def _params(model: nnx.Module, tensors: tuple[Tensor, ...]) -> dict[str, nnx.Variable]:
+    """`model`'s parameters by dotted path (the Variables themselves, so `set_value` writes into
+    the model); checks that the table covers each parameter exactly once."""
+    params = {".".join(str(k) for k in path): variable
+              for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    covered = [t.ours for t in tensors]
+    if sorted(covered) != sorted(params):
+        raise ValueError(f"the HF tensor table of {type(model).__name__} does not match its "
+                         f"parameters: uncovered {sorted(set(params) - set(covered))}, unknown "
+                         f"{sorted(set(covered) - set(params))}")
+    return params
+
+
+@dataclasses.dataclass(frozen=True)
+class Converter:
+    """How one model family maps to HuggingFace.
+
+    - `method`, `model_class`: the `objectives.registry` method and our model class.
+    - `config_from_hf(hf_config, **overrides)` -> our config; `config_to_hf(config)` -> the HF
+      config dict (with `model_type` and `architectures`).
+    - `tensors`: the name table, in the HF names of the pre-training class (e.g.
+      `BertForPreTraining`), i.e. with the base-model `prefix` (HF `base_model_prefix` + ".").
+      Checkpoints of the bare base model (e.g. `BertModel`) store names without it.
+    - `optional`: HF name prefixes that a checkpoint may lack (pooler, pre-training heads); those
+      parameters keep their initial values, with a warning. Anything else missing is an error.
+    - `tied`: HF's `_tied_weights_keys` (copy -> source). HF saves only the source; old
+      checkpoints may hold the copy instead, or both.
+    - `ignored`: HF names that carry no parameter (buffers such as `position_ids`).
+    """
+
+    method: str
+    model_class: type[nnx.Module]
+    config_from_hf: Callable[..., Any]
+    config_to_hf: Callable[[Any], dict[str, Any]]
+    tensors: tuple[Tensor, ...]
+    prefix: str
+    optional: tuple[str, ...] = ()
+    tied: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    ignored: tuple[str, ...] = ()
+
+    def params_to_hf(self, model: nnx.Module) -> dict[str, np.ndarray]:
+        """Our parameters -> a flat HF state dict of contiguous float32 numpy arrays."""
+        params, state = _params(model, self.tensors), {}
+        for tensor in self.tensors:
+            value = np.asarray(params[tensor.ours].get_value(), np.float32)
+            slices = list(value) if tensor.stacked else [value]
+            for name, one in zip(tensor.hf_names(len(slices)), slices, strict=True):
+                state[name] = np.ascontiguousarray(one.T if tensor.transpose else one)
+        return state
+
+    def params_from_hf(self, model: nnx.Module, state: Mapping[str, np.ndarray],
+                       source: str = "the checkpoint") -> list[Tensor]:
+        """Sets `model`'s parameters from a flat HF state dict; returns the `optional` tensors
+        it lacks (left as they are), after warning about tensors that map to nothing.
+
+        Renames TF-era LayerNorm `gamma`/`beta` to `weight`/`bias` (as transformers does on
+        load), adds the base-model `prefix` to bare-model checkpoints, and resolves `tied`
+        copies (warning when a stored copy differs: our model always ties). Raises `UserError`
+        when a required tensor is missing or a shape does not match the model's config.
+        """
+        state = self._normalize(state, source)
+        params, used = _params(model, self.tensors), set()
+        missing, required = [], []
+        for tensor in self.tensors:
+            variable = params[tensor.ours]
+            target = variable.get_value()
+            names = tensor.hf_names(target.shape[0] if tensor.stacked else 1)
+            absent = [name for name in names if name not in state]
+            if absent:
+                missing.append(tensor)
+                if not tensor.hf.startswith(self.optional):
+                    required.extend(absent)
+                continue
+            expected = target.shape[1:] if tensor.stacked else target.shape
+            values = []
+            for name in names:
+                value = state[name].T if tensor.transpose else state[name]
+                if value.shape != expected:
+                    raise UserError(
+                        f"{source}: {name} has shape {tuple(state[name].shape)} but config.json "
+                        f"implies {expected[::-1] if tensor.transpose else expected}; fix "
+                        "config.json or use the checkpoint it belongs to")
+                values.append(np.asarray(value, np.float32))
+            used.update(names)
+            value = np.stack(values) if tensor.stacked else values[0]
+            variable.set_value(jnp.asarray(value, dtype=target.dtype))
+        if required:
+            raise UserError(f"{source} lacks {required[0]} ({len(required)} required tensors "
+                            f"missing); pass a complete {self.method} checkpoint")
+        unused = sorted(n for n in state if n not in used and not n.endswith(self.ignored))
+        if unused:
+            warnings.warn(f"{source}: ignoring {len(unused)} tensors that "
+                          f"{self.model_class.__name__} has no place for: "
+                          f"{', '.join(unused[:5])}{', ...' if len(unused) > 5 else ''}",
+                          stacklevel=4)
+        return missing
+
+    def _normalize(self, state: Mapping[str, np.ndarray], source: str) -> dict[str, np.ndarray]:
+        renamed = {}
+        for name, value in state.items():
+            for old, new in ((".gamma", ".weight"), (".beta", ".bias")):
+                if name.endswith(old):
+                    name = name[: -len(old)] + new
+            renamed[name] = value
+        if not any(name.startswith(self.prefix) for name in renamed):
+            renamed = {self.prefix + name: value for name, value in renamed.items()}
+        for copy, original in self.tied.items():
+            if copy not in renamed:
+                continue
+            value = renamed.pop(copy)
+            if original not in renamed:
+                renamed[original] = value
+            elif not np.array_equal(value, renamed[original]):
+                warnings.warn(f"{source}: {copy} differs from {original}; our "
+                              f"{self.model_class.__name__} ties them and uses {original}",
+                              stacklevel=5)
+        return renamed
+
+
+# --- BERT (transformers models/bert/modeling_bert.py, configuration_bert.py) --------------------
+
+def _bert_tensors() -> tuple[Tensor, ...]:
+    """`BertForPreTraining` names: `bert` (`BertModel`: `BertEmbeddings`, `BertEncoder` of
+    `BertLayer`s, `BertPooler`) and `cls` (`BertPreTrainingHeads`: `predictions` =
+    `BertLMPredictionHead` with its `transform` and `bias`, `seq_relationship`)."""
     layer, ours = "bert.encoder.layer.{i}", "encoder.stack.layers"
-    tensors = [
+    return (
         Tensor("bert.embeddings.word_embeddings.weight",
                "encoder.embeddings.word_embeddings.embedding"),
         Tensor("bert.embeddings.position_embeddings.weight",
                "encoder.embeddings.position_embeddings.embedding"),
         Tensor("bert.embeddings.token_type_embeddings.weight",
                "encoder.embeddings.token_type_embeddings.embedding"),
-        *_norm("bert.embeddings.LayerNorm", "encoder.embeddings.layer_norm"),
-        *_linear(f"{layer}.attention.self.query", f"{ours}.query", True),
-        *_linear(f"{layer}.attention.self.key", f"{ours}.key", True),
-        *_linear(f"{layer}.attention.self.value", f"{ours}.value", True),
-        *_linear(f"{layer}.attention.output.dense", f"{ours}.attention_output", True),
-        *_norm(f"{layer}.attention.output.LayerNorm", f"{ours}.attention_layer_norm", True),
-        *_linear(f"{layer}.intermediate.dense", f"{ours}.intermediate", True),
-        *_linear(f"{layer}.output.dense", f"{ours}.output", True),
-        *_norm(f"{layer}.output.LayerNorm", f"{ours}.output_layer_norm", True),
-        *_linear("bert.pooler.dense", "pooler"),
-        *_linear("cls.predictions.transform.dense", "mlm_transform"),
-        *_norm("cls.predictions.transform.LayerNorm", "mlm_layer_norm"),
+        *layer_norm("bert.embeddings.LayerNorm", "encoder.embeddings.layer_norm"),
+        *linear(f"{layer}.attention.self.query", f"{ours}.query"),
+        *linear(f"{layer}.attention.self.key", f"{ours}.key"),
+        *linear(f"{layer}.attention.self.value", f"{ours}.value"),
+        *linear(f"{layer}.attention.output.dense", f"{ours}.attention_output"),
+        *layer_norm(f"{layer}.attention.output.LayerNorm", f"{ours}.attention_layer_norm"),
+        *linear(f"{layer}.intermediate.dense", f"{ours}.intermediate"),
+        *linear(f"{layer}.output.dense", f"{ours}.output"),
+        *layer_norm(f"{layer}.output.LayerNorm", f"{ours}.output_layer_norm"),
+        *linear("bert.pooler.dense", "pooler"),
+        *linear("cls.predictions.transform.dense", "mlm_transform"),
+        *layer_norm("cls.predictions.transform.LayerNorm", "mlm_layer_norm"),
         Tensor("cls.predictions.bias", "mlm_bias"),
-        *_linear("cls.seq_relationship", "nsp"),
-    ]
-    return tensors
+        *linear("cls.seq_relationship", "nsp"),
+    )
 
 
-def _bert_config_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
+def _bert_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> EncoderConfig:
+    """`BertConfig` fields -> `EncoderConfig`; `overrides` set our own fields (dtype, ...)."""
     act = hf.get("hidden_act", "gelu")
     if act not in HF_ACTIVATIONS:
         raise UserError(f"hidden_act {act!r} is not supported; use one of "
                         f"{sorted(HF_ACTIVATIONS)}")
-    return dict(
-        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-        num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
-        intermediate_size=hf["intermediate_size"],
-        max_position_embeddings=hf["max_position_embeddings"],
-        type_vocab_size=hf.get("type_vocab_size", 2), hidden_act=HF_ACTIVATIONS[act],
-        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-        hidden_dropout=hf.get("hidden_dropout_prob", 0.1),
-        attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
-        initializer_range=hf.get("initializer_range", 0.02),
-    )
+    position = hf.get("position_embedding_type", "absolute")
+    if position != "absolute":
+        raise UserError(f"position_embedding_type {position!r} is not supported; only "
+                        "'absolute' (BERT's learned position embeddings) is")
+    return EncoderConfig(**{
+        "vocab_size": hf["vocab_size"], "hidden_size": hf["hidden_size"],
+        "num_layers": hf["num_hidden_layers"], "num_heads": hf["num_attention_heads"],
+        "intermediate_size": hf["intermediate_size"],
+        "max_position_embeddings": hf["max_position_embeddings"],
+        "type_vocab_size": hf.get("type_vocab_size", 2), "hidden_act": HF_ACTIVATIONS[act],
+        "layer_norm_eps": hf.get("layer_norm_eps", 1e-12),
+        "hidden_dropout": hf.get("hidden_dropout_prob", 0.1),
+        "attention_dropout": hf.get("attention_probs_dropout_prob", 0.1),
+        "initializer_range": hf.get("initializer_range", 0.02),
+        **overrides,
+    })
 
 
 def _bert_config_to_hf(config: EncoderConfig) -> dict[str, Any]:
@@ -113,150 +275,206 @@ def _bert_config_to_hf(config: EncoderConfig) -> dict[str, Any]:
     }
 
 
-@dataclasses.dataclass(frozen=True)
-class Converter:
-    """How one model family maps to HF: its model class, config mapping and tensor table.
-    `prefix` is the base-model prefix HF drops in bare-model checkpoints (`bert.`)."""
-
-    method: str
-    model_class: type
-    config_from_hf: Callable[[dict[str, Any]], dict[str, Any]]
-    config_to_hf: Callable[[Any], dict[str, Any]]
-    tensors: Callable[[], list[Tensor]]
-    prefix: str
-    # HF names that may be absent because they are tied to another tensor.
-    aliases: dict[str, str] = dataclasses.field(default_factory=dict)
-
-
 CONVERTERS: dict[str, Converter] = {
     "bert": Converter(
         method="bert", model_class=Bert, config_from_hf=_bert_config_from_hf,
-        config_to_hf=_bert_config_to_hf, tensors=_bert_tensors, prefix="bert.",
-        aliases={"cls.predictions.bias": "cls.predictions.decoder.bias"},
+        config_to_hf=_bert_config_to_hf, tensors=_bert_tensors(), prefix="bert.",
+        optional=("bert.pooler.", "cls.predictions.", "cls.seq_relationship."),
+        tied={"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+              "cls.predictions.decoder.bias": "cls.predictions.bias"},
+        ignored=("embeddings.position_ids", "embeddings.token_type_ids"),
     ),
 }
 
 
-def _converter_for(model: nnx.Module) -> tuple[str, Converter]:
-    for model_type, converter in CONVERTERS.items():
+# --- In memory -----------------------------------------------------------------------------------
+
+def _converter_for(model: nnx.Module) -> Converter:
+    for converter in CONVERTERS.values():
         if isinstance(model, converter.model_class):
-            return model_type, converter
+            return converter
     raise UserError(f"no HuggingFace conversion for {type(model).__name__}; supported: "
                     f"{sorted(CONVERTERS)}")
 
 
 def method_name(model: nnx.Module) -> str:
-    """The registry method a converted model belongs to (for pretext model directories)."""
-    return _converter_for(model)[1].method
+    """The `objectives.registry` method a converted model belongs to (for pretext model
+    directories)."""
+    return _converter_for(model).method
 
 
-def _read_state_dict(path: Path) -> dict[str, np.ndarray]:
-    safetensors_file, torch_file = path / "model.safetensors", path / "pytorch_model.bin"
-    if safetensors_file.is_file():
-        from safetensors.numpy import load_file
-
-        return load_file(str(safetensors_file))
-    if torch_file.is_file():
-        try:
-            import torch
-        except ImportError:
-            raise UserError(f"{torch_file} needs torch to read; install torch or convert the "
-                            "checkpoint to model.safetensors") from None
-        state = torch.load(torch_file, map_location="cpu", weights_only=True)
-        return {k: v.float().numpy() for k, v in state.items()}
-    raise UserError(f"{path} has no model.safetensors or pytorch_model.bin; pass a "
-                    "HuggingFace checkpoint folder")
+def to_hf(model: nnx.Module) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Our model -> (HF config dict, flat HF state dict of float32 numpy arrays)."""
+    converter = _converter_for(model)
+    return converter.config_to_hf(model.config), converter.params_to_hf(model)
 
 
-def _params_by_path(model: nnx.Module) -> dict[str, nnx.Variable]:
-    params = nnx.state(model, nnx.Param)
-    return {".".join(str(k) for k in path): variable
-            for path, variable in nnx.to_flat_state(params)}
-
-
-def load(path: str | Path, **config_overrides: Any) -> nnx.Module:
-    """A HuggingFace folder (config.json + model.safetensors or pytorch_model.bin) -> our model.
-
-    `config_overrides` set fields of our config that HF does not have (dtype, scan_layers,
-    remat). Checkpoints of the bare model (no `bert.` prefix, no pre-training heads) load the
-    encoder and pooler; the missing heads keep their initial values, with a warning.
-    """
-    path = Path(path)
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise UserError(f"{path} has no config.json; pass a HuggingFace checkpoint folder")
-    hf_config = json.loads(config_file.read_text())
+def _config(hf_config: Mapping[str, Any], source: str,
+            overrides: Mapping[str, Any]) -> tuple[Converter, Any]:
     model_type = hf_config.get("model_type")
+    if model_type is None:
+        raise UserError(f"{source}: config.json has no model_type, so it is not a HuggingFace "
+                        "config; pass a transformers checkpoint folder")
     if model_type not in CONVERTERS:
-        raise UserError(f"model_type {model_type!r} in {config_file} is not supported; "
-                        f"supported: {sorted(CONVERTERS)}")
+        raise UserError(f"{source}: model_type {model_type!r} is not supported; convert one "
+                        f"of {sorted(CONVERTERS)}")
     converter = CONVERTERS[model_type]
-    config = EncoderConfig(**{**converter.config_from_hf(hf_config), **config_overrides})
-    state = _read_state_dict(path)
-    if not any(k.startswith(converter.prefix) for k in state):
-        state = {converter.prefix + k: v for k, v in state.items()}
-    for name, alias in converter.aliases.items():
-        if name not in state and alias in state:
-            state[name] = state[alias]
-    model = converter.model_class(config, rngs=nnx.Rngs(0))
-    params = _params_by_path(model)
-    missing = []
-    for tensor in converter.tensors():
-        layers = config.num_layers if tensor.stacked else 1
-        names = [tensor.hf.format(i=i) for i in range(layers)]
-        if any(name not in state for name in names):
-            missing.append(tensor.hf)
-            continue
-        values = [state[name].T if tensor.transpose else state[name] for name in names]
-        value = np.stack(values) if tensor.stacked else values[0]
-        variable = params[tensor.ours]
-        if value.shape != variable.get_value().shape:
-            raise UserError(f"{names[0]} has shape {value.shape}, expected "
-                            f"{variable.get_value().shape[tensor.stacked:]} from config.json; "
-                            "the weights do not match the config")
-        variable.set_value(np.asarray(value, np.float32))
-    encoder_missing = [m for m in missing if m.startswith(converter.prefix)]
-    if encoder_missing:
-        raise UserError(f"{path} lacks {encoder_missing[0]} (and {len(encoder_missing) - 1} "
-                        "more encoder tensors); the checkpoint is not a complete "
-                        f"{model_type} model")
+    try:
+        return converter, converter.config_from_hf(hf_config, **overrides)
+    except KeyError as e:
+        raise UserError(f"{source}: config.json lacks {e}; add it") from None
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{source}: invalid config ({e}); fix config.json or the overrides "
+                        f"{sorted(overrides)}") from None
+
+
+def _build(converter: Converter, config: Any, state: Mapping[str, np.ndarray],
+           source: str) -> nnx.Module:
+    def init() -> nnx.Module:
+        return converter.model_class(config, rngs=nnx.Rngs(0))
+
+    model = nnx.eval_shape(init)  # shapes and sharding metadata, no initialisation
+    missing = converter.params_from_hf(model, state, source)
     if missing:
-        warnings.warn(f"{path} has no {', '.join(sorted(missing))}; those heads keep their "
-                      "initial values", stacklevel=2)
+        initial, params = _params(init(), converter.tensors), _params(model, converter.tensors)
+        for tensor in missing:
+            params[tensor.ours].set_value(initial[tensor.ours].get_value())
+        parts = sorted({p.rstrip(".") for p in converter.optional for t in missing
+                        if t.hf.startswith(p)})
+        warnings.warn(f"{source} has no {', '.join(parts)}; they keep their initial values "
+                      "(fine for fine-tuning, not for evaluating them)", stacklevel=3)
     return model
 
 
-def to_state_dict(model: nnx.Module) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(HF config dict, HF state dict of float32 numpy arrays) for our model."""
-    _, converter = _converter_for(model)
-    params = _params_by_path(model)
+def from_hf(hf_config: Mapping[str, Any], state: Mapping[str, np.ndarray],
+            source: str = "the checkpoint", **config_overrides: Any) -> nnx.Module:
+    """(HF config dict, flat HF state dict of numpy arrays) -> our model; see `load`. `source`
+    names the checkpoint in messages."""
+    converter, config = _config(hf_config, source, config_overrides)
+    return _build(converter, config, state, source)
+
+
+# --- Files ---------------------------------------------------------------------------------------
+
+def _read_state_dict(path: Path) -> dict[str, np.ndarray]:
+    """The state dict of a HF folder: safetensors (single or sharded), else torch pickles."""
+    from safetensors.numpy import load_file  # bfloat16 works: jax registers ml_dtypes
+
+    if (path / SAFETENSORS_FILE).is_file():
+        return load_file(path / SAFETENSORS_FILE)
+    if (path / SAFETENSORS_INDEX).is_file():
+        return {name: value for shard in _shards(path / SAFETENSORS_INDEX)
+                for name, value in load_file(path / shard).items()}
+    torch_files = ([TORCH_FILE] if (path / TORCH_FILE).is_file()
+                   else _shards(path / TORCH_INDEX) if (path / TORCH_INDEX).is_file() else [])
+    if not torch_files:
+        raise UserError(f"{path} has no {SAFETENSORS_FILE} or {TORCH_FILE}; pass a "
+                        "HuggingFace checkpoint folder with its weights")
+    try:
+        import torch
+    except ImportError:
+        raise UserError(f"{path / torch_files[0]} needs torch to read; install torch or convert "
+                        f"the checkpoint to {SAFETENSORS_FILE}") from None
     state = {}
-    for tensor in converter.tensors():
-        value = np.asarray(params[tensor.ours].get_value(), np.float32)
-        slices = list(value) if tensor.stacked else [value]
-        for i, one in enumerate(slices):
-            state[tensor.hf.format(i=i)] = np.ascontiguousarray(one.T if tensor.transpose
-                                                                else one)
-    return converter.config_to_hf(model.config), state
+    for file in torch_files:
+        tensors = torch.load(path / file, map_location="cpu", weights_only=True)
+        state.update({name: t.float().numpy() for name, t in tensors.items()})
+    return state
+
+
+def _shards(index: Path) -> list[str]:
+    return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+
+
+def load(path: str | Path, **config_overrides: Any) -> nnx.Module:
+    """A HuggingFace folder (`config.json` + `model.safetensors`, sharded safetensors, or
+    `pytorch_model.bin`, which needs torch) -> our model with its weights, in float32.
+
+    `config_overrides` set fields of our config that HF does not have (`dtype`, `scan_layers`,
+    `remat`) or replace mapped ones (e.g. `hidden_dropout`). Both `BertForPreTraining` names
+    (`bert.` prefix) and bare `BertModel` names load; a checkpoint without the pooler or the
+    pre-training heads (`cls.predictions`, `cls.seq_relationship`) leaves those at their
+    initial values, with a warning naming them. HF's tied copies (`cls.predictions.decoder.*`)
+    are optional. Bad folders, unknown model types and mismatched shapes raise `UserError`.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path} is not a directory; pass a HuggingFace checkpoint folder "
+                        f"({CONFIG_FILE} + {SAFETENSORS_FILE})")
+    config_file = path / CONFIG_FILE
+    if not config_file.is_file():
+        raise UserError(f"{path} has no {CONFIG_FILE}; pass a HuggingFace checkpoint folder")
+    try:
+        hf_config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{config_file} is not valid JSON ({e}); fix or replace it") from None
+    if not isinstance(hf_config, dict):
+        raise UserError(f"{config_file} is not a JSON object; pass a HuggingFace config")
+    converter, config = _config(hf_config, str(path), config_overrides)
+    return _build(converter, config, _read_state_dict(path), str(path))
+
+
+def _is_hf_checkpoint(path: Path) -> bool:
+    try:
+        return "model_type" in json.loads((path / CONFIG_FILE).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+# Files of a HF checkpoint that `save` supersedes; anything else there (tokenizer files) stays.
+_WEIGHT_FILES = (CONFIG_FILE, SAFETENSORS_FILE, SAFETENSORS_INDEX, TORCH_FILE, TORCH_INDEX,
+                 "tf_model.h5", "flax_model.msgpack")
+
+
+def _superseded(name: str) -> bool:
+    return name in _WEIGHT_FILES or (name.startswith(("model-", "pytorch_model-"))
+                                     and name.endswith((".safetensors", ".bin")))
+
+
+def _sibling(path: Path, kind: str) -> Path:
+    """A fresh hidden name beside `path` (same file system, so renames are atomic)."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.{kind}")
 
 
 def save(model: nnx.Module, path: str | Path) -> Path:
-    """Writes `config.json` + `model.safetensors` that transformers loads (e.g.
-    `BertForPreTraining.from_pretrained(path)`). Refuses a non-empty folder that is not a HF
-    checkpoint; writes into a temporary sibling and renames, so no half checkpoint remains."""
+    """Writes `config.json` + `model.safetensors` (float32) that transformers loads, e.g.
+    `BertForPreTraining.from_pretrained(path)`, with no missing or unexpected keys.
+
+    `path` may be new, empty, or an existing HF checkpoint (its weights and config are replaced,
+    other files such as the tokenizer's are kept). Any other non-empty folder is refused. The
+    checkpoint is written into a temporary sibling folder and renamed into place, so a crash
+    leaves either the old folder or the new one, never a half-written checkpoint.
+    """
     from safetensors.numpy import save_file
 
     path = Path(path)
-    if path.exists() and any(path.iterdir()) and not (path / "config.json").is_file():
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{path} is a file; pass a directory to write the checkpoint into")
+    existing = path.is_dir() and any(path.iterdir())
+    if existing and not _is_hf_checkpoint(path):
         raise UserError(f"{path} is a non-empty folder that is not a HuggingFace checkpoint; "
-                        "choose a new output directory")
-    config, state = to_state_dict(model)
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    if path.exists():
-        shutil.rmtree(path)
-    tmp.rename(path)
-    return path
+                        "choose a new or empty output directory")
+    hf_config, state = to_hf(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stage = _sibling(path, "tmp")
+    stage.mkdir()
+    try:
+        (stage / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+        save_file(state, stage / SAFETENSORS_FILE, metadata={"format": "pt"})
+        if not existing:
+            if path.is_dir():
+                path.rmdir()
+            os.replace(stage, path)
+            return path
+        for item in path.iterdir():
+            if not _superseded(item.name):
+                copy = shutil.copytree if item.is_dir() else shutil.copy2
+                copy(item, stage / item.name)
+        old = _sibling(path, "old")
+        os.replace(path, old)
+        os.replace(stage, path)
+        shutil.rmtree(old)
+        return path
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise

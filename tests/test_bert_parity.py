@@ -1,15 +1,20 @@
 """Parity with HF transformers `BertForPreTraining` (random init, float32, padded batches), and
-the HF round trips through `pretrain.hf.load/save`."""
+the HF round trips, storage formats and error cases of `pretrain.hf`."""
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
+from safetensors.numpy import load_file
 
 from input_pipeline.errors import UserError
+from models.bert import Bert
+from models.encoder import EncoderConfig
 from pretrain import hf
 
 torch = pytest.importorskip("torch")
@@ -22,26 +27,35 @@ CONFIGS = [
     dict(vocab_size=128, hidden_size=48, num_hidden_layers=3, num_attention_heads=2,
          intermediate_size=64, max_position_embeddings=40, type_vocab_size=3,
          hidden_act="gelu_new", layer_norm_eps=1e-7),
-    dict(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=1,
+    dict(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
          intermediate_size=16, max_position_embeddings=24, type_vocab_size=2,
          hidden_act="relu"),
 ]
+POSITIONS = np.array([[1, 4, 9], [0, 2, 3], [7, 8, 16]])
+
+
+@pytest.fixture(autouse=True)
+def deterministic_torch():
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    torch.set_default_dtype(torch.float32)
+    yield
+    torch.use_deterministic_algorithms(previous)
 
 
 def hf_model(seed: int, **config):
     torch.manual_seed(seed)
-    model = transformers.BertForPreTraining(transformers.BertConfig(**config))
-    model.eval()
-    # Random init zeroes biases and sets LayerNorm to identity: perturb them so parity covers
-    # every tensor.
+    model = transformers.BertForPreTraining(transformers.BertConfig(**config)).eval()
+    # HF's init zeroes biases and sets LayerNorms to identity; perturb every tensor so that a
+    # swapped or untransposed tensor shows up in the outputs.
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "LayerNorm" in name:
-                p.add_(0.1 * torch.randn_like(p))
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
     return model
 
 
 def batch(config: dict, seed: int = 0):
+    """[3, 17] ids with padding at the end of two rows and non-trivial token types."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, config["vocab_size"], size=(3, 17))
     types = rng.integers(0, config["type_vocab_size"], size=(3, 17))
@@ -59,15 +73,29 @@ def hf_outputs(model, ids, types, mask):
             out.seq_relationship_logits.numpy())
 
 
+@nnx.jit
+def _forward(model, ids, types, mask):
+    out = model(ids, types, mask)
+    return out.hidden_states, out.mlm_logits, out.nsp_logits
+
+
 def our_outputs(model, ids, types, mask):
-    out = model(jnp.asarray(ids), jnp.asarray(types), jnp.asarray(mask))
-    return np.asarray(out.hidden_states), np.asarray(out.mlm_logits), np.asarray(out.nsp_logits)
+    return tuple(map(np.asarray, _forward(model, *map(jnp.asarray, (ids, types, mask)))))
 
 
 def assert_close(ours, theirs, atol=1e-5):
     for name, a, b in zip(("hidden_states", "mlm_logits", "nsp_logits"), ours, theirs,
                           strict=True):
         np.testing.assert_allclose(a, b, atol=atol, rtol=0, err_msg=name)
+
+
+def assert_same_params(a, b):
+    flat_a = nnx.to_flat_state(nnx.state(a, nnx.Param))
+    flat_b = dict(nnx.to_flat_state(nnx.state(b, nnx.Param)))
+    assert len(flat_a) == len(flat_b)
+    for path, variable in flat_a:
+        np.testing.assert_array_equal(variable.get_value(), flat_b[path].get_value(),
+                                      err_msg=str(path))
 
 
 @pytest.mark.parametrize("index", range(len(CONFIGS)))
@@ -77,75 +105,181 @@ def test_parity_with_hf_bert_for_pretraining(index, tmp_path):
     reference.save_pretrained(tmp_path)
     inputs = batch(config, index)
     expected = hf_outputs(reference, *inputs)
-    assert_close(our_outputs(hf.load(tmp_path), *inputs), expected)
-    # Loop instead of scan, and rematerialisation, compute the same numbers.
-    assert_close(our_outputs(hf.load(tmp_path, scan_layers=False, remat="full"), *inputs),
-                 expected)
-
-
-def test_masked_positions_gather_equals_full_logits(tmp_path):
-    hf_model(0, **CONFIGS[0]).save_pretrained(tmp_path)
-    model = hf.load(tmp_path)
-    ids, types, mask = batch(CONFIGS[0])
-    positions = jnp.asarray([[1, 4, 9], [0, 2, 3], [7, 8, 16]])
-    full = model(jnp.asarray(ids), jnp.asarray(types), jnp.asarray(mask)).mlm_logits
-    gathered = model(jnp.asarray(ids), jnp.asarray(types), jnp.asarray(mask),
-                     masked_positions=positions).mlm_logits
-    np.testing.assert_allclose(gathered, np.take_along_axis(np.asarray(full),
-                                                            np.asarray(positions)[..., None], 1),
-                               atol=1e-6)
-
-
-def test_save_round_trips_through_transformers(tmp_path):
-    config = CONFIGS[1]
-    hf_model(3, **config).save_pretrained(tmp_path / "hf")
-    ours = hf.load(tmp_path / "hf")
-    hf.save(ours, tmp_path / "exported")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        reloaded, info = transformers.BertForPreTraining.from_pretrained(
-            tmp_path / "exported", output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    reloaded.eval()
-    inputs = batch(config, 5)
-    assert_close(our_outputs(ours, *inputs), hf_outputs(reloaded, *inputs))
-    original = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").state_dict()
-    for name, tensor in reloaded.state_dict().items():
-        np.testing.assert_array_equal(tensor.numpy(), original[name].numpy(), err_msg=name)
+        warnings.simplefilter("error")  # a complete checkpoint loads without any warning
+        model = hf.load(tmp_path)
+    assert model.config.hidden_act == {"gelu": "gelu", "gelu_new": "gelu_tanh",
+                                       "relu": "relu"}[config["hidden_act"]]
+    assert_close(our_outputs(model, *inputs), expected)
+    # The masked-LM head at `masked_positions` equals the full logits gathered there.
+    gathered = model(*map(jnp.asarray, inputs), masked_positions=jnp.asarray(POSITIONS))
+    np.testing.assert_allclose(gathered.mlm_logits,
+                               np.take_along_axis(expected[1], POSITIONS[..., None], 1),
+                               atol=1e-5, rtol=0)
 
 
-def test_pytorch_bin_and_bare_model_checkpoints(tmp_path):
+def test_python_loop_and_remat_compute_the_same(tmp_path):
+    config = CONFIGS[1]
+    hf_model(1, **config).save_pretrained(tmp_path)
+    inputs = batch(config, 1)
+    scanned = our_outputs(hf.load(tmp_path), *inputs)
+    looped = hf.load(tmp_path, scan_layers=False, remat="full")
+    assert not looped.config.scan_layers and looped.config.remat == "full"
+    assert_close(our_outputs(looped, *inputs), scanned, atol=1e-6)
+
+
+def random_bert(seed: int, **fields) -> Bert:
+    """Our Bert with every parameter random (shapes from `nnx.eval_shape`, no init cost)."""
+    model = nnx.eval_shape(lambda: Bert(EncoderConfig(**fields), rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(seed)
+    for _, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        shape = variable.get_value().shape
+        variable.set_value(jnp.asarray(0.2 * rng.standard_normal(shape), jnp.float32))
+    return model
+
+
+def test_our_model_round_trips_through_transformers(tmp_path):
+    ours = random_bert(0, vocab_size=50, hidden_size=24, num_layers=2, num_heads=3,
+                       intermediate_size=40, max_position_embeddings=20, type_vocab_size=3,
+                       hidden_act="gelu_tanh", layer_norm_eps=1e-6, hidden_dropout=0.2,
+                       attention_dropout=0.3, initializer_range=0.05)
+    hf.save(ours, tmp_path / "exported")
+    assert json.loads((tmp_path / "exported" / "config.json").read_text())["architectures"] == [
+        "BertForPreTraining"]
+    reloaded, info = transformers.BertForPreTraining.from_pretrained(
+        tmp_path / "exported", output_loading_info=True)
+    assert not any(info.values()), info  # no missing, unexpected or mismatched keys
+    assert reloaded.config.hidden_act == "gelu_new" and reloaded.config.layer_norm_eps == 1e-6
+    inputs = batch(dict(vocab_size=50, type_vocab_size=3), 5)
+    assert_close(hf_outputs(reloaded.eval(), *inputs), our_outputs(ours, *inputs))
+    # ... and back: load(save(model)) has the very same config and parameters.
+    back = hf.load(tmp_path / "exported")
+    assert back.config == ours.config
+    assert_same_params(back, ours)
+
+
+def test_hf_load_save_gives_identical_tensors(tmp_path):
+    reference = hf_model(3, **CONFIGS[0])
+    reference.save_pretrained(tmp_path / "hf")
+    hf.save(hf.load(tmp_path / "hf"), tmp_path / "exported")
+    theirs, ours = (load_file(tmp_path / d / "model.safetensors") for d in ("hf", "exported"))
+    assert sorted(ours) == sorted(theirs)
+    for name in theirs:
+        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+    reloaded = transformers.BertForPreTraining.from_pretrained(tmp_path / "exported")
+    expected = reference.state_dict()
+    assert sorted(reloaded.state_dict()) == sorted(expected)
+    for name, tensor in reloaded.state_dict().items():  # includes the tied decoder tensors
+        torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0, msg=name)
+
+
+def test_pytorch_bin_sharded_and_bfloat16_checkpoints(tmp_path):
     config = CONFIGS[0]
     reference = hf_model(7, **config)
+    reference.save_pretrained(tmp_path / "safetensors")
+    single = hf.load(tmp_path / "safetensors")
+    # transformers 5 has no safe_serialization=False any more: write the .bin by hand.
     (tmp_path / "bin").mkdir()
-    reference.config.save_pretrained(tmp_path / "bin")  # transformers 5 writes only safetensors
+    reference.config.save_pretrained(tmp_path / "bin")
     torch.save(reference.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    from_bin = hf.load(tmp_path / "bin")
     inputs = batch(config, 2)
-    assert_close(our_outputs(hf.load(tmp_path / "bin"), *inputs), hf_outputs(reference, *inputs))
-    reference.bert.save_pretrained(tmp_path / "bare")  # BertModel: no prefix, no heads
-    with pytest.warns(UserWarning, match="cls.predictions"):
+    assert_close(our_outputs(from_bin, *inputs), hf_outputs(reference, *inputs))
+    assert_same_params(from_bin, single)
+    reference.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    assert_same_params(hf.load(tmp_path / "sharded"), single)
+    reference.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    bf16 = hf.load(tmp_path / "bf16")
+    embedding = bf16.encoder.embeddings.word_embeddings.embedding.get_value()
+    assert embedding.dtype == jnp.float32
+    np.testing.assert_array_equal(
+        embedding, reference.bert.embeddings.word_embeddings.weight.detach().float().numpy())
+
+
+def test_bare_and_legacy_checkpoints(tmp_path):
+    config = CONFIGS[0]
+    reference = hf_model(8, **config)
+    inputs = batch(config, 3)
+    expected = hf_outputs(reference, *inputs)
+    # BertModel: no "bert." prefix, no pre-training heads -> encoder + pooler, heads at init.
+    reference.bert.save_pretrained(tmp_path / "bare")
+    with pytest.warns(UserWarning, match="has no cls.predictions, cls.seq_relationship;"):
         bare = hf.load(tmp_path / "bare")
-    hidden = our_outputs(bare, *inputs)[0]
-    np.testing.assert_allclose(hidden, hf_outputs(reference, *inputs)[0], atol=1e-5)
+    np.testing.assert_allclose(our_outputs(bare, *inputs)[0], expected[0], atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(bare.mlm_bias.get_value(), np.zeros(config["vocab_size"]))
+    # An old-style checkpoint: TF LayerNorm names, explicit tied decoder tensors (no
+    # cls.predictions.bias), the position_ids buffer, and a classifier we have no place for.
+    state = {k.replace("LayerNorm.weight", "LayerNorm.gamma")
+              .replace("LayerNorm.bias", "LayerNorm.beta"): v.numpy()
+             for k, v in reference.state_dict().items()}
+    state["cls.predictions.decoder.bias"] = state.pop("cls.predictions.bias")
+    state["bert.embeddings.position_ids"] = np.arange(40)[None]
+    state["classifier.weight"] = np.zeros((2, config["hidden_size"]), np.float32)
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    reference.config.save_pretrained(legacy)
+    torch.save({k: torch.from_numpy(v) for k, v in state.items()}, legacy / "pytorch_model.bin")
+    assert "cls.predictions.decoder.weight" in state
+    with pytest.warns(UserWarning) as record:
+        model = hf.load(legacy)
+    assert [str(w.message).split(": ", 1)[1] for w in record] == [
+        "ignoring 1 tensors that Bert has no place for: classifier.weight"]
+    assert_close(our_outputs(model, *inputs), expected)
+    # An untied decoder weight cannot be represented: say so.
+    del state["classifier.weight"]
+    state["cls.predictions.decoder.weight"] = state["cls.predictions.decoder.weight"] + 1
+    with pytest.warns(UserWarning, match="decoder.weight differs"):
+        hf.from_hf(reference.config.to_dict(), state)
 
 
 def test_bad_checkpoints_are_user_errors(tmp_path):
-    with pytest.raises(UserError, match="config.json"):
+    with pytest.raises(UserError, match="missing is not a directory"):
         hf.load(tmp_path / "missing")
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "config.json").write_text('{"model_type": "llama"}')
-    with pytest.raises(UserError, match="llama"):
-        hf.load(tmp_path / "other")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="has no config.json"):
+        hf.load(tmp_path / "empty")
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(UserError, match="model_type 'llama' is not supported"):
+        hf.load(tmp_path / "llama")
     hf_model(0, **CONFIGS[0]).save_pretrained(tmp_path / "shape")
-    config_file = tmp_path / "shape" / "config.json"
-    config_file.write_text(config_file.read_text().replace('"hidden_size": 32',
-                                                           '"hidden_size": 64'))
-    with pytest.raises(UserError, match="shape"):
+    (tmp_path / "shape" / "model.safetensors").rename(tmp_path / "weights.safetensors")
+    with pytest.raises(UserError, match="no model.safetensors or pytorch_model.bin"):
         hf.load(tmp_path / "shape")
+    (tmp_path / "weights.safetensors").rename(tmp_path / "shape" / "model.safetensors")
+    config_file = tmp_path / "shape" / "config.json"
+    config_file.write_text(config_file.read_text().replace('"intermediate_size": 37',
+                                                           '"intermediate_size": 38'))
+    with pytest.raises(UserError, match=r"intermediate.dense.weight has shape \(37, 32\) but "
+                                        r"config.json implies \(38, 32\)"):
+        hf.load(tmp_path / "shape")
+    state = load_file(tmp_path / "shape" / "model.safetensors")
+    del state["bert.encoder.layer.1.output.dense.bias"]
+    with pytest.raises(UserError, match="lacks bert.encoder.layer.1.output.dense.bias"):
+        hf.from_hf(CONFIGS[0] | {"model_type": "bert"}, state)
+
+
+def test_save_never_clobbers_unrelated_files(tmp_path):
+    model = random_bert(1, vocab_size=20, hidden_size=8, num_layers=1, num_heads=2,
+                        intermediate_size=8, max_position_embeddings=8)
     unrelated = tmp_path / "unrelated"
     unrelated.mkdir()
     (unrelated / "thesis.tex").write_text("precious")
-    hf_model(0, **CONFIGS[0]).save_pretrained(tmp_path / "ok")
+    (unrelated / "config.json").write_text('{"steps": 10}')  # e.g. a pretext workdir
     with pytest.raises(UserError, match="not a HuggingFace checkpoint"):
-        hf.save(hf.load(tmp_path / "ok"), unrelated)
-    assert [p.name for p in unrelated.iterdir()] == ["thesis.tex"]
+        hf.save(model, unrelated)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["unrelated"]  # no temp dir left
+    assert sorted(p.name for p in unrelated.iterdir()) == ["config.json", "thesis.tex"]
+    assert (unrelated / "thesis.tex").read_text() == "precious"
+    assert (unrelated / "config.json").read_text() == '{"steps": 10}'
+    # Overwriting a HF checkpoint replaces its weights and keeps its other files.
+    target = tmp_path / "hf"
+    hf_model(0, **CONFIGS[2]).save_pretrained(target)
+    (target / "vocab.txt").write_text("[PAD]\n")
+    torch.save({}, target / "pytorch_model.bin")
+    hf.save(model, target)
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors",
+                                                        "vocab.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "unrelated"]
+    assert_same_params(hf.load(target), model)
