@@ -83,7 +83,3 @@ def get(name: str) -> Method:
 def names() -> list[str]:
     return sorted(_METHODS)
 
-
-def ratio(metric: tuple[jax.Array, jax.Array]) -> jax.Array:
-    numerator, denominator = metric
-    return numerator / denominator

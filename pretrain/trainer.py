@@ -25,7 +25,7 @@ from input_pipeline.errors import UserError
 from input_pipeline.records import make_loader
 from objectives import registry
 from pretrain import mesh as mesh_lib
-from pretrain.config import Config, config_from_dict
+from pretrain.config import Config
 from pretrain.export import write_model_json
 from pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
 from pretrain.optim import learning_rate_schedule, make_optimizer
@@ -358,9 +358,3 @@ class Trainer:
                 "report": self.data.report, "workdir": str(self.workdir),
                 "curves": str(curves) if curves else None, "state": state}
 
-
-def load_workdir_config(workdir: str | Path) -> Config:
-    path = Path(workdir) / CONFIG_FILE
-    if not path.is_file():
-        raise UserError(f"{workdir} has no {CONFIG_FILE}; pass the workdir of a pretext run")
-    return config_from_dict(json.loads(path.read_text()))
