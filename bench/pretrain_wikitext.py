@@ -24,9 +24,13 @@ from pretrain.trainer import Trainer
 REPO = Path(__file__).resolve().parent.parent
 
 
+def shared_data_dir() -> Path:
+    """$PRETEXT_SHARED_DATA, else ../shared/data beside the repository."""
+    return Path(os.environ.get("PRETEXT_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
 def wikitext_dir() -> Path:
-    root = Path(os.environ.get("PRETEXT_SHARED_DATA", REPO.parent / "shared" / "data"))
-    path = root / "wikitext-2"
+    path = shared_data_dir() / "wikitext-2"
     if not (path / "train.txt").is_file():
         sys.exit(f"WikiText-2 not found at {path}; set PRETEXT_SHARED_DATA")
     return path

@@ -52,19 +52,32 @@ class BertExampleConfig:
     dupe_factor: int = 10
     whole_word_mask: bool = False
     dynamic_masking: bool = False
+    mask_token_prob: float = 0.8
+    random_token_prob: float = 0.1
 
     def __post_init__(self) -> None:
         if self.max_seq_length < 5:
             raise UserError(f"examples.max_seq_length={self.max_seq_length} is too small; "
                             "use at least 5 ([CLS] A [SEP] B [SEP])")
-        if not 0.0 < self.masked_lm_prob < 1.0:
-            raise UserError(f"examples.masked_lm_prob={self.masked_lm_prob} must be in (0, 1), "
-                            "e.g. 0.15")
         if not 0.0 <= self.short_seq_prob <= 1.0:
             raise UserError(f"examples.short_seq_prob={self.short_seq_prob} must be in [0, 1]")
-        if self.max_predictions_per_seq < 1 or self.dupe_factor < 1:
-            raise UserError("examples.max_predictions_per_seq and examples.dupe_factor must be "
-                            "at least 1")
+        if self.dupe_factor < 1:
+            raise UserError("examples.dupe_factor must be at least 1")
+        check_masking(self)
+
+
+def check_masking(config: Any) -> None:
+    """Validates the masking fields that `mask_tokens` reads (shared by BERT and ELECTRA)."""
+    if not 0.0 < config.masked_lm_prob < 1.0:
+        raise UserError(f"examples.masked_lm_prob={config.masked_lm_prob} must be in (0, 1), "
+                        "e.g. 0.15")
+    if config.max_predictions_per_seq < 1:
+        raise UserError("examples.max_predictions_per_seq must be at least 1")
+    if (min(config.mask_token_prob, config.random_token_prob) < 0.0
+            or config.mask_token_prob + config.random_token_prob > 1.0):
+        raise UserError(
+            f"examples.mask_token_prob={config.mask_token_prob} and examples.random_token_prob="
+            f"{config.random_token_prob} must be >= 0 with a sum <= 1 (BERT: 0.8 and 0.1)")
 
 
 @dataclasses.dataclass
@@ -139,17 +152,21 @@ def create_instances_from_document(
 
 
 def mask_tokens(
-    tokens: np.ndarray, vocab: MaskingVocab, config: BertExampleConfig,
-    rng: np.random.Generator,
+    tokens: np.ndarray, vocab: MaskingVocab, config: Any, rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Masked-LM predictions (reference: `create_masked_lm_predictions`).
 
     Candidates exclude [CLS], [SEP] and [PAD]; with whole-word masking a word's continuation
     pieces join its first piece. Candidates are shuffled and taken while the total stays within
     num_to_predict = min(max_predictions, max(1, round(len * masked_lm_prob))) (Python's
-    round, as the reference). Each chosen position: 80% [MASK], 10% unchanged, 10% a random id
-    drawn uniformly from the whole vocabulary. Returns (masked tokens, sorted positions, labels).
+    round, as the reference). Each chosen position becomes [MASK] with `mask_token_prob`, a
+    random id drawn uniformly from the whole vocabulary with `random_token_prob`, and stays
+    unchanged otherwise (BERT 0.8/0.1/0.1; ELECTRA 0.85/0/0.15). `config` is any object with
+    the fields `check_masking` validates. Returns (masked tokens, sorted positions, labels).
     """
+    keep_or_random = 1.0 - config.mask_token_prob
+    random_given_not_masked = (config.random_token_prob / keep_or_random
+                               if keep_or_random > 0.0 else 0.0)
     special = (tokens == vocab.cls_id) | (tokens == vocab.sep_id) | (tokens == vocab.pad_id)
     candidates: list[list[int]] = []
     for index in np.flatnonzero(~special):
@@ -170,9 +187,9 @@ def mask_tokens(
         if len(chosen) + len(group) > num_to_predict:
             continue
         for index in group:
-            if rng.random() < 0.8:
+            if rng.random() < config.mask_token_prob:
                 output[index] = vocab.mask_id
-            elif rng.random() >= 0.5:
+            elif rng.random() >= 1.0 - random_given_not_masked:
                 output[index] = int(rng.integers(0, vocab.vocab_size))
             chosen.append(index)
     positions = np.sort(np.asarray(chosen, np.int32))
@@ -180,11 +197,12 @@ def mask_tokens(
 
 
 def to_features(
-    tokens: np.ndarray, segment_ids: np.ndarray, is_random_next: bool, config: BertExampleConfig,
+    tokens: np.ndarray, segment_ids: np.ndarray, is_random_next: bool | None, config: Any,
     vocab: MaskingVocab, masked: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
 ) -> dict[str, np.ndarray]:
     """Fixed-shape features as run_pretraining.py reads them; unmasked records (dynamic
-    masking) omit the masked_lm_* fields. Padding: id pad, position 0, label 0, weight 0."""
+    masking) omit the masked_lm_* fields, and `is_random_next=None` (no NSP task, e.g.
+    ELECTRA) omits `next_sentence_labels`. Padding: id pad, position 0, label 0, weight 0."""
     length, seq = len(tokens), config.max_seq_length
     features = {
         "input_ids": np.full(seq, vocab.pad_id, np.int32),
@@ -205,7 +223,8 @@ def to_features(
         features["masked_lm_positions"][:count] = positions
         features["masked_lm_ids"][:count] = labels
         features["masked_lm_weights"][:count] = 1.0
-    features["next_sentence_labels"] = np.asarray(int(is_random_next), np.int32)
+    if is_random_next is not None:
+        features["next_sentence_labels"] = np.asarray(int(is_random_next), np.int32)
     return features
 
 
@@ -231,9 +250,10 @@ def create_training_examples(
 
 class DynamicMasking(grain.transforms.RandomMap):
     """Masks an unmasked record each time it is loaded, with Grain's per-record RNG (derived
-    from the loader seed and the record's position, so reruns and resumes see the same masks)."""
+    from the loader seed and the record's position, so reruns and resumes see the same masks).
+    `config` is a BERT or ELECTRA example config (see `mask_tokens`)."""
 
-    def __init__(self, vocab: MaskingVocab, config: BertExampleConfig):
+    def __init__(self, vocab: MaskingVocab, config: Any):
         self.vocab = vocab
         self.config = config
 
@@ -242,8 +262,10 @@ class DynamicMasking(grain.transforms.RandomMap):
         length = int(element["input_mask"].sum())
         tokens = np.asarray(element["input_ids"][:length])
         masked = mask_tokens(tokens, self.vocab, self.config, rng)
+        is_random_next = element.get("next_sentence_labels")
         return to_features(tokens, element["segment_ids"][:length],
-                           bool(element["next_sentence_labels"]), self.config, self.vocab, masked)
+                           None if is_random_next is None else bool(is_random_next),
+                           self.config, self.vocab, masked)
 
 
 def majority_baseline_accuracy(examples: dict[str, np.ndarray]) -> float:

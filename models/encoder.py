@@ -38,10 +38,13 @@ class EncoderConfig:
 
     `hidden_act='gelu'` is the exact erf GELU (HF transformers); the TF reference used the tanh
     approximation, available as `gelu_tanh`. `remat` is `none`, `full`, `dots` or `dots_saveable`.
+    `embedding_size` 0 means `hidden_size`; another width gets a learned projection to the hidden
+    size after the embedding LayerNorm (ELECTRA, Clark et al. 2020 §3.2; HF `embeddings_project`).
     """
 
     vocab_size: int = 30522
     hidden_size: int = 768
+    embedding_size: int = 0
     num_layers: int = 12
     num_heads: int = 12
     intermediate_size: int = 3072
@@ -65,10 +68,16 @@ class EncoderConfig:
             raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)}")
         if self.remat != "none" and self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be 'none' or one of {sorted(REMAT_POLICIES)}")
+        if self.embedding_size < 0:
+            raise ValueError(f"embedding_size {self.embedding_size} must be >= 0 (0 = hidden_size)")
 
     @property
     def compute_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
+
+    @property
+    def embedding_width(self) -> int:
+        return self.embedding_size or self.hidden_size
 
 
 def dense(
@@ -132,7 +141,7 @@ class Embeddings(nnx.Module):
     `embedding_lookup` + `embedding_postprocessor`)."""
 
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
-        h = config.hidden_size
+        h = config.embedding_width
         self.config = config
         self.word_embeddings = embed(config, config.vocab_size, h, ("vocab", "embed"), rngs)
         self.position_embeddings = embed(config, config.max_position_embeddings, h,
@@ -234,11 +243,24 @@ class EncoderStack(nnx.Module):
 
 
 class Encoder(nnx.Module):
-    """Embeddings + encoder stack; returns the last hidden states [batch, seq, hidden]."""
+    """Embeddings (+ projection when `embedding_size` != `hidden_size`) + encoder stack; returns
+    the last hidden states [batch, seq, hidden].
 
-    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+    `embeddings` lets two encoders share one `Embeddings` module (ELECTRA's generator and
+    discriminator): NNX keeps a single copy of its parameters, which receives the gradients of
+    both users. Its width must equal this config's `embedding_width`.
+    """
+
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs,
+                 embeddings: Embeddings | None = None):
         self.config = config
-        self.embeddings = Embeddings(config, rngs=rngs)
+        if embeddings is not None and embeddings.config.embedding_width != config.embedding_width:
+            raise ValueError(f"shared embeddings have width {embeddings.config.embedding_width}, "
+                             f"this encoder expects embedding_size {config.embedding_width}")
+        self.embeddings = embeddings if embeddings is not None else Embeddings(config, rngs=rngs)
+        self.embeddings_project = (
+            dense(config, config.embedding_width, config.hidden_size, ("embed", "mlp"), rngs)
+            if config.embedding_width != config.hidden_size else None)
         self.stack = EncoderStack(config, rngs=rngs)
 
     def __call__(
@@ -254,6 +276,7 @@ class Encoder(nnx.Module):
             attention_mask = jnp.ones_like(input_ids)
         embed_rng, stack_rng = split_rng(rng, 2)
         x = self.embeddings(input_ids, token_type_ids, embed_rng)
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)
         key_mask = attention_mask.astype(bool)[:, None, None, :]
         return self.stack(x, key_mask, stack_rng)
-

@@ -7,7 +7,9 @@ sum(w * nll) / (sum(w) + 1e-5); NSP is a 2-way softmax on the pooled [CLS]; tota
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,13 +27,14 @@ MAX_EVAL_EXAMPLES = 16384
 
 
 def weighted_cross_entropy(
-    logits: jax.Array, labels: jax.Array, weights: jax.Array
+    logits: jax.Array, labels: jax.Array, weights: jax.Array, epsilon: float = 1e-5
 ) -> tuple[jax.Array, Metrics]:
-    """sum(w * nll) / (sum(w) + 1e-5) with float32 log-softmax, plus weighted accuracy."""
+    """sum(w * nll) / (sum(w) + epsilon) with float32 log-softmax, plus weighted accuracy
+    (BERT's epsilon is 1e-5, ELECTRA's 1e-6)."""
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
     weights = weights.astype(jnp.float32)
-    loss = jnp.sum(weights * nll) / (jnp.sum(weights) + 1e-5)
+    loss = jnp.sum(weights * nll) / (jnp.sum(weights) + epsilon)
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
     return loss, {"accuracy": (jnp.sum(weights * correct), jnp.sum(weights)),
                   "loss": (jnp.sum(weights * nll), jnp.sum(weights))}
@@ -67,18 +70,28 @@ def prepare_bert(
 ) -> PreparedData:
     """Corpus -> tokenizer -> NSP pairs (+ static masks with dupe_factor, or dynamic masking
     while loading) -> ArrayRecord, as create_pretraining_data.py does."""
+    return prepare_masked_lm(data, examples, cache_dir, seed,
+                             bert_examples.create_training_examples, examples.dynamic_masking)
+
+
+def prepare_masked_lm(
+    data: DataConfig, examples: Any, cache_dir: Path, seed: int,
+    create_examples: Callable[..., Iterable[dict[str, np.ndarray]]], dynamic_masking: bool,
+) -> PreparedData:
+    """Shared by the masked-LM methods: builds records with `create_examples(documents, vocab,
+    examples, seed)` and, with `dynamic_masking`, masks while loading. Held-out evaluation
+    always uses fixed masks (drawn once with a fixed seed), so its numbers are comparable
+    across runs; it is kept in memory, so a huge held-out split is capped."""
 
     def build(documents, tokenizer, split_seed):
         vocab = bert_examples.MaskingVocab.from_tokenizer(tokenizer)
-        return bert_examples.create_training_examples(documents, vocab, examples, split_seed)
+        return create_examples(documents, vocab, examples, split_seed)
 
     train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
     vocab = bert_examples.MaskingVocab.from_tokenizer(tokenizer)
-    # Held-out evaluation always uses fixed (static) masks, so its numbers are comparable; it is
-    # kept in memory, so a huge held-out split is capped.
     eval_examples = held_out.examples(range(min(len(held_out), MAX_EVAL_EXAMPLES)))
     transforms = ()
-    if examples.dynamic_masking:
+    if dynamic_masking:
         transforms = (bert_examples.DynamicMasking(vocab, examples),)
         eval_examples = mask_records(eval_examples, transforms[0], seed + 2)
     return PreparedData(
@@ -101,7 +114,7 @@ def mask_records(
     return {k: np.stack([row[k] for row in rows]) for k in rows[0]}
 
 
-def check_bert(model: EncoderConfig, examples: bert_examples.BertExampleConfig) -> None:
+def check_max_seq_length(model: EncoderConfig, examples: Any) -> None:
     if examples.max_seq_length > model.max_position_embeddings:
         raise UserError(
             f"examples.max_seq_length={examples.max_seq_length} exceeds "
@@ -117,6 +130,6 @@ register(Method(
     loss=bert_loss,
     prepare=prepare_bert,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_bert,
+    check=check_max_seq_length,
     description="BERT: masked LM + next-sentence prediction (Devlin et al. 2019)",
 ))

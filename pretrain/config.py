@@ -127,6 +127,36 @@ PRESETS: dict[str, dict[str, Any]] = {
         "optim": {"learning_rate": 1e-4, "warmup_steps": 10000},
         "train": {"steps": 1000000, "batch_size": 256},
     },
+    # ELECTRA (configure_pretraining.py): a generator of 1/4 (Small) or 1/3 (Base) of the
+    # discriminator's hidden size, embeddings shared; AdamWeightDecay, warmup 10k, linear decay.
+    "electra_tiny": {
+        "method": "electra",
+        "model": {**_TINY_MODEL, "embedding_size": 32, "vocab_size": 0, "hidden_dropout": 0.0,
+                  "attention_dropout": 0.0},
+        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 9},
+        "data": {"vocab_size": 4000},
+        "optim": {"learning_rate": 2e-3, "warmup_steps": 30, "bias_correction": True},
+        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
+                  "checkpoint_every": 200},
+    },
+    "electra_small": {
+        "method": "electra",
+        "model": {"hidden_size": 256, "embedding_size": 128, "num_layers": 12, "num_heads": 4,
+                  "intermediate_size": 1024, "generator_hidden_size": 0.25, "vocab_size": 0},
+        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 19},
+        "data": {"vocab_size": 30522},
+        "optim": {"learning_rate": 5e-4, "warmup_steps": 10000},
+        "train": {"steps": 1000000, "batch_size": 128},
+    },
+    "electra_base": {
+        "method": "electra",
+        "model": {"hidden_size": 768, "embedding_size": 768, "num_layers": 12, "num_heads": 12,
+                  "intermediate_size": 3072, "generator_hidden_size": 1 / 3, "vocab_size": 0},
+        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 19},
+        "data": {"vocab_size": 30522},
+        "optim": {"learning_rate": 2e-4, "warmup_steps": 10000},
+        "train": {"steps": 766000, "batch_size": 256},
+    },
 }
 
 

@@ -47,9 +47,19 @@ def _model_from_params(directory: Path, pure_params: dict[str, Any]) -> nnx.Modu
     return nnx.merge(nnx.graphdef(model), params, rest)
 
 
-def load_model(path: str | Path) -> nnx.Module:
-    """The model of a pretext workdir (latest checkpoint) or model directory."""
-    path = Path(path)
+def load_model(path: str | Path, *, downstream: bool = False) -> nnx.Module:
+    """The model of a pretext workdir (latest checkpoint) or model directory.
+
+    `downstream=True` returns the part that fine-tuning starts from: ELECTRA's discriminator
+    (its `downstream_model()`); models without such a method are returned whole.
+    """
+    model = _load_pretraining_model(Path(path))
+    if downstream and hasattr(model, "downstream_model"):
+        return model.downstream_model()
+    return model
+
+
+def _load_pretraining_model(path: Path) -> nnx.Module:
     if not (path / MODEL_FILE).is_file():
         raise UserError(f"{path} is not a pretext workdir or model directory ({MODEL_FILE} "
                         "missing); pass the --workdir of a run or a converted model")
@@ -84,7 +94,8 @@ def save_model(model: nnx.Module, method: str, path: str | Path) -> Path:
 
 
 def convert(source: str | Path, target: str | Path, *, to: str) -> Path:
-    """`to="hf"`: pretext workdir or model dir -> HuggingFace directory; `to="pretext"`: back."""
+    """`to="hf"`: pretext workdir or model dir -> HuggingFace directory (ELECTRA: one folder per
+    part, `discriminator/` and `generator/`); `to="pretext"`: back."""
     from pretrain import hf
 
     if to == "hf":

@@ -36,7 +36,9 @@ from flax import nnx
 
 from input_pipeline.errors import UserError
 from models.bert import Bert
+from models.electra import ElectraDiscriminator, ElectraGenerator
 from models.encoder import EncoderConfig
+from objectives import registry
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -103,11 +105,16 @@ class Converter:
     """How one model family maps to HuggingFace.
 
     - `method`, `model_class`: the `objectives.registry` method and our model class.
+    - `model_type`: HF's `model_type` in `config.json`.
     - `config_from_hf(hf_config, **overrides)` -> our config; `config_to_hf(config)` -> the HF
       config dict (with `model_type` and `architectures`).
-    - `tensors`: the name table, in the HF names of the pre-training class (e.g.
-      `BertForPreTraining`), i.e. with the base-model `prefix` (HF `base_model_prefix` + ".").
-      Checkpoints of the bare base model (e.g. `BertModel`) store names without it.
+    - `architectures`: the HF classes this converter reads and writes (the first is written);
+      a `model_type` with several converters (ELECTRA's discriminator and generator) picks by
+      `config.json`'s `architectures`, falling back to its first converter.
+    - `tensors(config)`: the name table for a model of that config, in the HF names of the
+      pre-training class (e.g. `BertForPreTraining`), i.e. with the base-model `prefix` (HF
+      `base_model_prefix` + "."). Checkpoints of the bare base model (e.g. `BertModel`) store
+      names without it.
     - `optional`: HF name prefixes that a checkpoint may lack (pooler, pre-training heads); those
       parameters keep their initial values, with a warning. Anything else missing is an error.
     - `tied`: HF's `_tied_weights_keys` (copy -> source). HF saves only the source; old
@@ -116,10 +123,12 @@ class Converter:
     """
 
     method: str
+    model_type: str
     model_class: type[nnx.Module]
+    architectures: tuple[str, ...]
     config_from_hf: Callable[..., Any]
     config_to_hf: Callable[[Any], dict[str, Any]]
-    tensors: tuple[Tensor, ...]
+    tensors: Callable[[Any], tuple[Tensor, ...]]
     prefix: str
     optional: tuple[str, ...] = ()
     tied: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -127,8 +136,9 @@ class Converter:
 
     def params_to_hf(self, model: nnx.Module) -> dict[str, np.ndarray]:
         """Our parameters -> a flat HF state dict of contiguous float32 numpy arrays."""
-        params, state = _params(model, self.tensors), {}
-        for tensor in self.tensors:
+        tensors = self.tensors(model.config)
+        params, state = _params(model, tensors), {}
+        for tensor in tensors:
             value = np.asarray(params[tensor.ours].get_value(), np.float32)
             slices = list(value) if tensor.stacked else [value]
             for name, one in zip(tensor.hf_names(len(slices)), slices, strict=True):
@@ -146,9 +156,10 @@ class Converter:
         when a required tensor is missing or a shape does not match the model's config.
         """
         state = self._normalize(state, source)
-        params, used = _params(model, self.tensors), set()
+        tensors = self.tensors(model.config)
+        params, used = _params(model, tensors), set()
         missing, required = [], []
-        for tensor in self.tensors:
+        for tensor in tensors:
             variable = params[tensor.ours]
             target = variable.get_value()
             names = tensor.hf_names(target.shape[0] if tensor.stacked else 1)
@@ -204,21 +215,23 @@ class Converter:
         return renamed
 
 
-# --- BERT (transformers models/bert/modeling_bert.py, configuration_bert.py) --------------------
+# --- The shared encoder (BertModel / ElectraModel) ----------------------------------------------
 
-def _bert_tensors() -> tuple[Tensor, ...]:
-    """`BertForPreTraining` names: `bert` (`BertModel`: `BertEmbeddings`, `BertEncoder` of
-    `BertLayer`s, `BertPooler`) and `cls` (`BertPreTrainingHeads`: `predictions` =
-    `BertLMPredictionHead` with its `transform` and `bias`, `seq_relationship`)."""
-    layer, ours = "bert.encoder.layer.{i}", "encoder.stack.layers"
+def _encoder_tensors(prefix: str, config: EncoderConfig) -> tuple[Tensor, ...]:
+    """`{prefix}embeddings` (+ `{prefix}embeddings_project` when embedding_size != hidden_size,
+    as HF `ElectraModel`) and `{prefix}encoder.layer.{i}` <-> our `Encoder` at `encoder`."""
+    layer, ours = f"{prefix}encoder.layer.{{i}}", "encoder.stack.layers"
+    project = (linear(f"{prefix}embeddings_project", "encoder.embeddings_project")
+               if config.embedding_width != config.hidden_size else [])
     return (
-        Tensor("bert.embeddings.word_embeddings.weight",
+        Tensor(f"{prefix}embeddings.word_embeddings.weight",
                "encoder.embeddings.word_embeddings.embedding"),
-        Tensor("bert.embeddings.position_embeddings.weight",
+        Tensor(f"{prefix}embeddings.position_embeddings.weight",
                "encoder.embeddings.position_embeddings.embedding"),
-        Tensor("bert.embeddings.token_type_embeddings.weight",
+        Tensor(f"{prefix}embeddings.token_type_embeddings.weight",
                "encoder.embeddings.token_type_embeddings.embedding"),
-        *layer_norm("bert.embeddings.LayerNorm", "encoder.embeddings.layer_norm"),
+        *layer_norm(f"{prefix}embeddings.LayerNorm", "encoder.embeddings.layer_norm"),
+        *project,
         *linear(f"{layer}.attention.self.query", f"{ours}.query"),
         *linear(f"{layer}.attention.self.key", f"{ours}.key"),
         *linear(f"{layer}.attention.self.value", f"{ours}.value"),
@@ -227,16 +240,12 @@ def _bert_tensors() -> tuple[Tensor, ...]:
         *linear(f"{layer}.intermediate.dense", f"{ours}.intermediate"),
         *linear(f"{layer}.output.dense", f"{ours}.output"),
         *layer_norm(f"{layer}.output.LayerNorm", f"{ours}.output_layer_norm"),
-        *linear("bert.pooler.dense", "pooler"),
-        *linear("cls.predictions.transform.dense", "mlm_transform"),
-        *layer_norm("cls.predictions.transform.LayerNorm", "mlm_layer_norm"),
-        Tensor("cls.predictions.bias", "mlm_bias"),
-        *linear("cls.seq_relationship", "nsp"),
     )
 
 
-def _bert_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> EncoderConfig:
-    """`BertConfig` fields -> `EncoderConfig`; `overrides` set our own fields (dtype, ...)."""
+def _encoder_config_from_hf(hf: Mapping[str, Any], **fields: Any) -> EncoderConfig:
+    """`BertConfig`/`ElectraConfig` fields -> `EncoderConfig`; `fields` add family fields and
+    the caller's overrides of our own (dtype, ...)."""
     act = hf.get("hidden_act", "gelu")
     if act not in HF_ACTIVATIONS:
         raise UserError(f"hidden_act {act!r} is not supported; use one of "
@@ -255,13 +264,12 @@ def _bert_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> EncoderConf
         "hidden_dropout": hf.get("hidden_dropout_prob", 0.1),
         "attention_dropout": hf.get("attention_probs_dropout_prob", 0.1),
         "initializer_range": hf.get("initializer_range", 0.02),
-        **overrides,
+        **fields,
     })
 
 
-def _bert_config_to_hf(config: EncoderConfig) -> dict[str, Any]:
+def _encoder_config_to_hf(config: EncoderConfig) -> dict[str, Any]:
     return {
-        "model_type": "bert", "architectures": ["BertForPreTraining"],
         "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
         "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
         "intermediate_size": config.intermediate_size,
@@ -271,18 +279,100 @@ def _bert_config_to_hf(config: EncoderConfig) -> dict[str, Any]:
         "layer_norm_eps": config.layer_norm_eps, "hidden_dropout_prob": config.hidden_dropout,
         "attention_probs_dropout_prob": config.attention_dropout,
         "initializer_range": config.initializer_range, "pad_token_id": 0,
-        "tie_word_embeddings": True,
     }
 
 
+# --- BERT (transformers models/bert/modeling_bert.py, configuration_bert.py) --------------------
+
+def _bert_tensors(config: EncoderConfig) -> tuple[Tensor, ...]:
+    """`BertForPreTraining` names: `bert` (`BertModel`: `BertEmbeddings`, `BertEncoder` of
+    `BertLayer`s, `BertPooler`) and `cls` (`BertPreTrainingHeads`: `predictions` =
+    `BertLMPredictionHead` with its `transform` and `bias`, `seq_relationship`)."""
+    return (
+        *_encoder_tensors("bert.", config),
+        *linear("bert.pooler.dense", "pooler"),
+        *linear("cls.predictions.transform.dense", "mlm_transform"),
+        *layer_norm("cls.predictions.transform.LayerNorm", "mlm_layer_norm"),
+        Tensor("cls.predictions.bias", "mlm_bias"),
+        *linear("cls.seq_relationship", "nsp"),
+    )
+
+
+def _bert_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> EncoderConfig:
+    if hf.get("embedding_size", hf["hidden_size"]) != hf["hidden_size"]:
+        raise UserError("a BERT config.json with embedding_size != hidden_size is not BERT; "
+                        "fix config.json")
+    return _encoder_config_from_hf(hf, **overrides)
+
+
+def _bert_config_to_hf(config: EncoderConfig) -> dict[str, Any]:
+    return {"model_type": "bert", "architectures": ["BertForPreTraining"],
+            **_encoder_config_to_hf(config), "tie_word_embeddings": True}
+
+
+# --- ELECTRA (transformers models/electra/modeling_electra.py, configuration_electra.py) --------
+# Note: HF's generator head always applies the exact GELU (`get_activation("gelu")`), the TF
+# reference the config's `hidden_act`; ours follows `hidden_act`, so HF generators with another
+# activation than "gelu" differ in that one place. All released ELECTRA models use "gelu".
+
+def _electra_discriminator_tensors(config: EncoderConfig) -> tuple[Tensor, ...]:
+    """`ElectraForPreTraining`: `electra` (`ElectraModel`) + `discriminator_predictions`
+    (`dense`, `dense_prediction`)."""
+    return (*_encoder_tensors("electra.", config),
+            *linear("discriminator_predictions.dense", "rtd_transform"),
+            *linear("discriminator_predictions.dense_prediction", "rtd_output"))
+
+
+def _electra_generator_tensors(config: EncoderConfig) -> tuple[Tensor, ...]:
+    """`ElectraForMaskedLM`: `electra` + `generator_predictions` (`dense` to embedding_size,
+    `LayerNorm`) + `generator_lm_head` (weight tied to the word embeddings, own bias)."""
+    return (*_encoder_tensors("electra.", config),
+            *linear("generator_predictions.dense", "mlm_transform"),
+            *layer_norm("generator_predictions.LayerNorm", "mlm_layer_norm"),
+            Tensor("generator_lm_head.bias", "mlm_bias"))
+
+
+def _electra_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> EncoderConfig:
+    return _encoder_config_from_hf(
+        hf, **{"embedding_size": hf.get("embedding_size", hf["hidden_size"]), **overrides})
+
+
+def _electra_config_to_hf(architecture: str) -> Callable[[EncoderConfig], dict[str, Any]]:
+    def to_hf(config: EncoderConfig) -> dict[str, Any]:
+        return {"model_type": "electra", "architectures": [architecture],
+                **_encoder_config_to_hf(config), "embedding_size": config.embedding_width,
+                "tie_word_embeddings": True}
+    return to_hf
+
+
+_NO_PARAMETER = ("embeddings.position_ids", "embeddings.token_type_ids")
+
 CONVERTERS: dict[str, Converter] = {
     "bert": Converter(
-        method="bert", model_class=Bert, config_from_hf=_bert_config_from_hf,
-        config_to_hf=_bert_config_to_hf, tensors=_bert_tensors(), prefix="bert.",
+        method="bert", model_type="bert", model_class=Bert, architectures=("BertForPreTraining",),
+        config_from_hf=_bert_config_from_hf, config_to_hf=_bert_config_to_hf,
+        tensors=_bert_tensors, prefix="bert.",
         optional=("bert.pooler.", "cls.predictions.", "cls.seq_relationship."),
         tied={"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
               "cls.predictions.decoder.bias": "cls.predictions.bias"},
-        ignored=("embeddings.position_ids", "embeddings.token_type_ids"),
+        ignored=_NO_PARAMETER,
+    ),
+    "electra-discriminator": Converter(
+        method="electra", model_type="electra", model_class=ElectraDiscriminator,
+        architectures=("ElectraForPreTraining",), config_from_hf=_electra_config_from_hf,
+        config_to_hf=_electra_config_to_hf("ElectraForPreTraining"),
+        tensors=_electra_discriminator_tensors, prefix="electra.",
+        optional=("discriminator_predictions.",), ignored=_NO_PARAMETER,
+    ),
+    "electra-generator": Converter(
+        method="electra", model_type="electra", model_class=ElectraGenerator,
+        architectures=("ElectraForMaskedLM",),
+        config_from_hf=_electra_config_from_hf,
+        config_to_hf=_electra_config_to_hf("ElectraForMaskedLM"),
+        tensors=_electra_generator_tensors, prefix="electra.",
+        optional=("generator_predictions.", "generator_lm_head."),
+        tied={"generator_lm_head.weight": "electra.embeddings.word_embeddings.weight"},
+        ignored=_NO_PARAMETER,
     ),
 }
 
@@ -297,10 +387,17 @@ def _converter_for(model: nnx.Module) -> Converter:
                     f"{sorted(CONVERTERS)}")
 
 
+def _parts(model: nnx.Module) -> dict[str, nnx.Module] | None:
+    """The stand-alone models a joint pre-training model is made of (ELECTRA: discriminator
+    and generator), or None for a single model."""
+    return model.parts() if hasattr(model, "parts") else None
+
+
 def method_name(model: nnx.Module) -> str:
     """The `objectives.registry` method a converted model belongs to (for pretext model
     directories)."""
-    return _converter_for(model).method
+    parts = _parts(model)
+    return _converter_for(next(iter(parts.values())) if parts else model).method
 
 
 def to_hf(model: nnx.Module) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -315,10 +412,12 @@ def _config(hf_config: Mapping[str, Any], source: str,
     if model_type is None:
         raise UserError(f"{source}: config.json has no model_type, so it is not a HuggingFace "
                         "config; pass a transformers checkpoint folder")
-    if model_type not in CONVERTERS:
+    candidates = [c for c in CONVERTERS.values() if c.model_type == model_type]
+    if not candidates:
         raise UserError(f"{source}: model_type {model_type!r} is not supported; convert one "
-                        f"of {sorted(CONVERTERS)}")
-    converter = CONVERTERS[model_type]
+                        f"of {sorted({c.model_type for c in CONVERTERS.values()})}")
+    architecture = (hf_config.get("architectures") or [""])[0]
+    converter = next((c for c in candidates if architecture in c.architectures), candidates[0])
     try:
         return converter, converter.config_from_hf(hf_config, **overrides)
     except KeyError as e:
@@ -336,7 +435,8 @@ def _build(converter: Converter, config: Any, state: Mapping[str, np.ndarray],
     model = nnx.eval_shape(init)  # shapes and sharding metadata, no initialisation
     missing = converter.params_from_hf(model, state, source)
     if missing:
-        initial, params = _params(init(), converter.tensors), _params(model, converter.tensors)
+        tensors = converter.tensors(config)
+        initial, params = _params(init(), tensors), _params(model, tensors)
         for tensor in missing:
             params[tensor.ours].set_value(initial[tensor.ours].get_value())
         parts = sorted({p.rstrip(".") for p in converter.optional for t in missing
@@ -403,6 +503,9 @@ def load(path: str | Path, **config_overrides: Any) -> nnx.Module:
                         f"({CONFIG_FILE} + {SAFETENSORS_FILE})")
     config_file = path / CONFIG_FILE
     if not config_file.is_file():
+        for method, part_names in JOINT_METHODS.items():
+            if all((path / name / CONFIG_FILE).is_file() for name in part_names):
+                return _load_joint(path, method, part_names, config_overrides)
         raise UserError(f"{path} has no {CONFIG_FILE}; pass a HuggingFace checkpoint folder")
     try:
         hf_config = json.loads(config_file.read_text())
@@ -412,6 +515,26 @@ def load(path: str | Path, **config_overrides: Any) -> nnx.Module:
         raise UserError(f"{config_file} is not a JSON object; pass a HuggingFace config")
     converter, config = _config(hf_config, str(path), config_overrides)
     return _build(converter, config, _read_state_dict(path), str(path))
+
+
+# Pre-training methods whose model joins several HF models, saved as one sub-folder per part.
+JOINT_METHODS: dict[str, tuple[str, ...]] = {"electra": ("discriminator", "generator")}
+
+
+def _load_joint(path: Path, method_name: str, part_names: tuple[str, ...],
+                overrides: Mapping[str, Any]) -> nnx.Module:
+    """The joint pre-training model from its part folders (e.g. `discriminator/` and
+    `generator/` from `google/electra-small-*`): the method's config class derives the joint
+    config (`from_parts`), the model copies the parts' weights in (`load_parts`)."""
+    parts = {name: load(path / name, **overrides) for name in part_names}
+    method = registry.get(method_name)
+    try:
+        config = method.model_config.from_parts(**{n: m.config for n, m in parts.items()})
+    except ValueError as e:
+        raise UserError(f"{path}: {e}") from None
+    model = nnx.eval_shape(lambda: method.build_model(config, 0))
+    model.load_parts(**parts)
+    return model
 
 
 def _is_hf_checkpoint(path: Path) -> bool:
@@ -441,7 +564,9 @@ def save(model: nnx.Module, path: str | Path) -> Path:
     `BertForPreTraining.from_pretrained(path)`, with no missing or unexpected keys.
 
     `path` may be new, empty, or an existing HF checkpoint (its weights and config are replaced,
-    other files such as the tokenizer's are kept). Any other non-empty folder is refused. The
+    other files such as the tokenizer's are kept). A joint model (ELECTRA) is written as one
+    checkpoint per part, `path/discriminator` and `path/generator`, which `load` reads back.
+    Any other non-empty folder is refused. The
     checkpoint is written into a temporary sibling folder and renamed into place, so a crash
     leaves either the old folder or the new one, never a half-written checkpoint.
     """
@@ -450,6 +575,15 @@ def save(model: nnx.Module, path: str | Path) -> Path:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UserError(f"{path} is a file; pass a directory to write the checkpoint into")
+    parts = _parts(model)
+    if parts:
+        others = [p.name for p in path.glob("*") if p.name not in parts] if path.is_dir() else []
+        if others:
+            raise UserError(f"{path} holds {others[0]}, which is not one of the parts "
+                            f"{sorted(parts)}; choose a new or empty output directory")
+        for name, part in parts.items():
+            save(part, path / name)
+        return path
     existing = path.is_dir() and any(path.iterdir())
     if existing and not _is_hf_checkpoint(path):
         raise UserError(f"{path} is a non-empty folder that is not a HuggingFace checkpoint; "

@@ -31,3 +31,14 @@ def shared_data() -> Path:
     if not path.is_dir():
         pytest.skip(f"shared datasets not found at {path}; set PRETEXT_SHARED_DATA")
     return path
+
+
+@pytest.fixture
+def deterministic_torch():
+    """torch in deterministic float32 mode for a parity test (skipped without torch)."""
+    torch = pytest.importorskip("torch")
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    torch.set_default_dtype(torch.float32)
+    yield torch
+    torch.use_deterministic_algorithms(previous)

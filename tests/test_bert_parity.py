@@ -10,6 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from parity_utils import (
+    assert_same_params,
+    padded_inputs,
+    perturbed,
+    random_params,
+    torch_forward,
+)
 from safetensors.numpy import load_file
 
 from input_pipeline.errors import UserError
@@ -34,41 +41,20 @@ CONFIGS = [
 POSITIONS = np.array([[1, 4, 9], [0, 2, 3], [7, 8, 16]])
 
 
-@pytest.fixture(autouse=True)
-def deterministic_torch():
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    torch.set_default_dtype(torch.float32)
-    yield
-    torch.use_deterministic_algorithms(previous)
+pytestmark = pytest.mark.usefixtures("deterministic_torch")
 
 
 def hf_model(seed: int, **config):
     torch.manual_seed(seed)
-    model = transformers.BertForPreTraining(transformers.BertConfig(**config)).eval()
-    # HF's init zeroes biases and sets LayerNorms to identity; perturb every tensor so that a
-    # swapped or untransposed tensor shows up in the outputs.
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return model
+    return perturbed(transformers.BertForPreTraining(transformers.BertConfig(**config)), seed)
 
 
 def batch(config: dict, seed: int = 0):
-    """[3, 17] ids with padding at the end of two rows and non-trivial token types."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, config["vocab_size"], size=(3, 17))
-    types = rng.integers(0, config["type_vocab_size"], size=(3, 17))
-    mask = np.ones((3, 17), np.int64)
-    mask[1, 11:] = 0
-    mask[2, 5:] = 0
-    return ids, types, mask
+    return padded_inputs(config["vocab_size"], config["type_vocab_size"], seed)
 
 
 def hf_outputs(model, ids, types, mask):
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(types),
-                    attention_mask=torch.tensor(mask), output_hidden_states=True)
+    out = torch_forward(model, ids, types, mask, output_hidden_states=True)
     return (out.hidden_states[-1].numpy(), out.prediction_logits.numpy(),
             out.seq_relationship_logits.numpy())
 
@@ -87,15 +73,6 @@ def assert_close(ours, theirs, atol=1e-5):
     for name, a, b in zip(("hidden_states", "mlm_logits", "nsp_logits"), ours, theirs,
                           strict=True):
         np.testing.assert_allclose(a, b, atol=atol, rtol=0, err_msg=name)
-
-
-def assert_same_params(a, b):
-    flat_a = nnx.to_flat_state(nnx.state(a, nnx.Param))
-    flat_b = dict(nnx.to_flat_state(nnx.state(b, nnx.Param)))
-    assert len(flat_a) == len(flat_b)
-    for path, variable in flat_a:
-        np.testing.assert_array_equal(variable.get_value(), flat_b[path].get_value(),
-                                      err_msg=str(path))
 
 
 @pytest.mark.parametrize("index", range(len(CONFIGS)))
@@ -130,12 +107,8 @@ def test_python_loop_and_remat_compute_the_same(tmp_path):
 
 def random_bert(seed: int, **fields) -> Bert:
     """Our Bert with every parameter random (shapes from `nnx.eval_shape`, no init cost)."""
-    model = nnx.eval_shape(lambda: Bert(EncoderConfig(**fields), rngs=nnx.Rngs(0)))
-    rng = np.random.default_rng(seed)
-    for _, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        shape = variable.get_value().shape
-        variable.set_value(jnp.asarray(0.2 * rng.standard_normal(shape), jnp.float32))
-    return model
+    return random_params(nnx.eval_shape(lambda: Bert(EncoderConfig(**fields),
+                                                     rngs=nnx.Rngs(0))), seed)
 
 
 def test_our_model_round_trips_through_transformers(tmp_path):

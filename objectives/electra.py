@@ -1,0 +1,173 @@
+"""ELECTRA pre-training objective: generator MLM + replaced-token detection (Clark et al. 2020).
+
+Reference: google-research/electra run_pretraining.py (`PretrainingModel.__init__`,
+`_get_masked_lm_output`, `_get_fake_data`, `_get_discriminator_output`) and
+pretrain/pretrain_helpers.py (`sample_from_softmax`, `scatter_update`, `unmask`):
+
+1. The generator predicts the masked tokens: sum(w * nll) / (sum(w) + 1e-6).
+2. At every masked position a token is sampled from the generator by the Gumbel-max trick at
+   `temperature` (1.0), under stop_gradient, and written into the *original* sequence (the
+   positions kept unmasked are sampled too).
+3. A position is "replaced" when it was masked and its sample differs from the original: a
+   sample equal to the original counts as real.
+4. The discriminator classifies every non-pad token (sigmoid cross-entropy, mean over non-pad
+   tokens with epsilon 1e-6). Total = generator_weight (1) x MLM + discriminator_weight (50)
+   x RTD. Gradients reach the shared embeddings from both terms.
+
+Masked positions are drawn without replacement on the host (`DynamicMasking`); the reference
+draws them with `tf.random.categorical`, i.e. with replacement, so a duplicate there masks one
+position fewer than intended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from input_pipeline import electra_examples
+from input_pipeline.prepare import DataConfig
+from models.electra import Electra, ElectraConfig
+from models.encoder import split_rng
+from objectives.bert import check_max_seq_length, prepare_masked_lm, weighted_cross_entropy
+from objectives.registry import Batch, Method, Metrics, PreparedData, register
+
+# Held-out evaluation has no step rng; the generator's samples then come from this fixed key.
+EVAL_SAMPLING_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ElectraObjectiveConfig(ElectraConfig):
+    """The model (`ElectraConfig`) plus the objective's weights and sampling temperature
+    (configure_pretraining.py: gen_weight 1.0, disc_weight 50.0, temperature 1.0)."""
+
+    generator_weight: float = 1.0
+    discriminator_weight: float = 50.0
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.temperature <= 0.0:
+            raise ValueError(f"temperature {self.temperature} must be > 0")
+
+
+def gumbel_noise(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """-log(-log(u + 1e-9) + 1e-9), u ~ U[0, 1) (pretrain_helpers.py `sample_from_softmax`)."""
+    uniform = jax.random.uniform(rng, shape, jnp.float32)
+    return -jnp.log(-jnp.log(uniform + 1e-9) + 1e-9)
+
+
+def sample_tokens(logits: jax.Array, temperature: float, noise: jax.Array) -> jax.Array:
+    """Gumbel-max sample of logits / temperature, with no gradient."""
+    scaled = jax.lax.stop_gradient(logits.astype(jnp.float32)) / temperature
+    return jnp.argmax(scaled + noise, axis=-1).astype(jnp.int32)
+
+
+def scatter_positions(ids: jax.Array, positions: jax.Array, values: jax.Array,
+                      weights: jax.Array) -> jax.Array:
+    """`ids` [B, T] with `values` [B, P] written at `positions` [B, P] where `weights` > 0
+    (padding predictions, whose position is 0, leave the sequence alone)."""
+    seq_len = ids.shape[1]
+    target = jnp.where(weights > 0, positions, seq_len)  # out of range -> dropped
+    rows = jnp.arange(ids.shape[0])[:, None]
+    return ids.at[rows, target].set(values.astype(ids.dtype), mode="drop")
+
+
+def replaced_token_batch(batch: Batch, sampled: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(corrupted ids, replaced labels): the original sequence (masked positions restored) with
+    the samples written in; a position is replaced only if its sample differs from the
+    original (run_pretraining.py `_get_fake_data`)."""
+    positions, weights = batch["masked_lm_positions"], batch["masked_lm_weights"]
+    original = scatter_positions(batch["input_ids"], positions, batch["masked_lm_ids"], weights)
+    corrupted = scatter_positions(original, positions, sampled, weights)
+    return corrupted, (corrupted != original).astype(jnp.int32)
+
+
+def replaced_token_detection_loss(
+    logits: jax.Array, labels: jax.Array, input_mask: jax.Array
+) -> tuple[jax.Array, Metrics]:
+    """Mean sigmoid cross-entropy over non-pad tokens, and the discriminator's metrics."""
+    logits = logits.astype(jnp.float32)
+    weights = input_mask.astype(jnp.float32)
+    labels_f = labels.astype(jnp.float32)
+    losses = optax.sigmoid_binary_cross_entropy(logits, labels_f) * weights
+    total_weight = jnp.sum(weights)
+    loss = jnp.sum(losses) / (total_weight + 1e-6)
+    predicted = (logits > 0).astype(jnp.float32) * weights
+    actual = labels_f * weights
+    true_positive = jnp.sum(predicted * actual)
+    correct = jnp.sum(weights * (predicted == actual))
+    return loss, {
+        "loss": (jnp.sum(losses), total_weight),
+        "accuracy": (correct, total_weight),
+        "precision": (true_positive, jnp.sum(predicted)),
+        "recall": (true_positive, jnp.sum(actual)),
+        "replaced_fraction": (jnp.sum(actual), total_weight),
+    }
+
+
+def electra_loss(
+    model: Electra, batch: Batch, rng: jax.Array | None, noise: jax.Array | None = None
+) -> tuple[jax.Array, Metrics]:
+    """Generator MLM + `discriminator_weight` x RTD on a batch of masked ELECTRA features.
+
+    `rng=None` (evaluation) disables dropout and samples with a fixed key. `noise` [B, P, V]
+    replaces the Gumbel noise (tests use it to check the loss by hand).
+    """
+    config: ElectraObjectiveConfig = model.config
+    generator_rng, discriminator_rng, sample_rng = split_rng(rng, 3)
+    inputs = (batch["segment_ids"], batch["input_mask"])
+    generated = model.generator(batch["input_ids"], *inputs,
+                                masked_positions=batch["masked_lm_positions"], rng=generator_rng)
+    mlm_loss, mlm = weighted_cross_entropy(generated.mlm_logits, batch["masked_lm_ids"],
+                                           batch["masked_lm_weights"], epsilon=1e-6)
+    if noise is None:
+        key = sample_rng if sample_rng is not None else jax.random.key(EVAL_SAMPLING_SEED)
+        noise = gumbel_noise(key, generated.mlm_logits.shape)
+    sampled = sample_tokens(generated.mlm_logits, config.temperature, noise)
+    corrupted, replaced = replaced_token_batch(batch, sampled)
+    discriminated = model.discriminator(corrupted, *inputs, rng=discriminator_rng)
+    rtd_loss, rtd = replaced_token_detection_loss(discriminated.rtd_logits, replaced,
+                                                  batch["input_mask"])
+    total = config.generator_weight * mlm_loss + config.discriminator_weight * rtd_loss
+    one = jnp.ones((), jnp.float32)
+    return total, {
+        "loss": (total, one),
+        "mlm_loss": mlm["loss"],
+        "mlm_accuracy": mlm["accuracy"],
+        "rtd_loss": rtd["loss"],
+        "rtd_accuracy": rtd["accuracy"],
+        "rtd_precision": rtd["precision"],
+        "rtd_recall": rtd["recall"],
+        "replaced_fraction": rtd["replaced_fraction"],
+    }
+
+
+def build_electra(config: ElectraObjectiveConfig, seed: int) -> Electra:
+    return Electra(config, rngs=nnx.Rngs(seed))
+
+
+def prepare_electra(
+    data: DataConfig, examples: electra_examples.ElectraExampleConfig, cache_dir: Path, seed: int
+) -> PreparedData:
+    """Corpus -> tokenizer -> packed one/two-segment examples -> ArrayRecord; masked while
+    loading (build_pretraining_dataset.py, then the in-graph masking of run_pretraining.py)."""
+    return prepare_masked_lm(data, examples, cache_dir, seed,
+                             electra_examples.create_training_examples, dynamic_masking=True)
+
+
+register(Method(
+    name="electra",
+    model_config=ElectraObjectiveConfig,
+    example_config=electra_examples.ElectraExampleConfig,
+    build_model=build_electra,
+    loss=electra_loss,
+    prepare=prepare_electra,
+    units_per_example=lambda examples: examples.max_seq_length,
+    check=check_max_seq_length,
+    description="ELECTRA: generator MLM + replaced-token detection (Clark et al. 2020)",
+))
