@@ -38,8 +38,10 @@ class ElectraConfig(EncoderConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0.0 < self.generator_hidden_size <= 1.0 or not 0.0 < self.generator_layers <= 1.0:
-            raise ValueError("generator_hidden_size and generator_layers are fractions of the "
-                             "discriminator's size, in (0, 1]")
+            raise ValueError(
+                f"generator_hidden_size={self.generator_hidden_size} and generator_layers="
+                f"{self.generator_layers} must be fractions of the discriminator's size in "
+                "(0, 1], e.g. 0.25 (Small) or 0.3333 (Base) and 1.0")
 
     @classmethod
     def from_parts(cls, discriminator: EncoderConfig, generator: EncoderConfig

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -209,37 +210,53 @@ class EncoderLayer(nnx.Module):
         return self.output_layer_norm(x + dropout(y, c.hidden_dropout, mlp_rng))
 
 
+def stacked_layers(make_layer: Callable[[nnx.Rngs], nnx.Module], num_layers: int,
+                   rngs: nnx.Rngs) -> nnx.Module:
+    """`num_layers` copies of a layer with their parameters stacked on a leading `layers` axis
+    (one module whose Variables are [num_layers, ...]), each initialised with its own key."""
+
+    @nnx.split_rngs(splits=num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def create(layer_rngs: nnx.Rngs) -> nnx.Module:
+        return make_layer(layer_rngs)
+
+    return create(rngs)
+
+
+def run_stacked(layers: nnx.Module, apply: Callable[..., tuple[Any, Any]], carry: Any,
+                per_layer: Any, config: Any) -> tuple[Any, Any]:
+    """Runs `apply(layer, carry, per_layer[i]) -> (carry, output)` over stacked layers by
+    `nnx.scan` (`config.scan_layers`) or a Python loop, under `config.remat`. `per_layer` is a
+    pytree (or None) with a leading layer axis; the outputs come back stacked the same way."""
+    if config.remat != "none":
+        apply = nnx.remat(apply, policy=REMAT_POLICIES[config.remat])
+    if config.scan_layers:
+        scan = nnx.scan(apply, in_axes=(0, nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+        return scan(layers, carry, per_layer)
+    graphdef, state = nnx.split(layers)
+    outputs = []
+    for i in range(config.num_layers):
+        layer = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
+        carry, output = apply(layer, carry, jax.tree.map(lambda a, i=i: a[i], per_layer))
+        outputs.append(output)
+    return carry, jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
+
+
 class EncoderStack(nnx.Module):
     """`num_layers` EncoderLayers with stacked parameters, run by `nnx.scan` or a Python loop."""
 
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
         self.config = config
-
-        @nnx.split_rngs(splits=config.num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-        def create(layer_rngs: nnx.Rngs) -> EncoderLayer:
-            return EncoderLayer(config, rngs=layer_rngs)
-
-        self.layers = create(rngs)
+        self.layers = stacked_layers(lambda r: EncoderLayer(config, rngs=r), config.num_layers,
+                                     rngs)
 
     def __call__(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None) -> jax.Array:
-        c = self.config
-        keys = None if rng is None else jax.random.split(rng, c.num_layers)
+        keys = None if rng is None else jax.random.split(rng, self.config.num_layers)
 
-        def apply(layer: EncoderLayer, h: jax.Array, key: jax.Array | None) -> jax.Array:
-            return layer(h, mask, key)
+        def apply(layer: EncoderLayer, h: jax.Array, key: jax.Array | None):
+            return layer(h, mask, key), None
 
-        if c.remat != "none":
-            apply = nnx.remat(apply, policy=REMAT_POLICIES[c.remat])
-        if c.scan_layers:
-            scan = nnx.scan(apply, in_axes=(0, nnx.Carry, None if keys is None else 0),
-                            out_axes=nnx.Carry)
-            return scan(self.layers, x, keys)
-        graphdef, state = nnx.split(self.layers)
-        for i in range(c.num_layers):
-            layer = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
-            x = apply(layer, x, None if keys is None else keys[i])
-        return x
+        return run_stacked(self.layers, apply, x, keys, self.config)[0]
 
 
 class Encoder(nnx.Module):

@@ -52,7 +52,8 @@ class ElectraObjectiveConfig(ElectraConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.temperature <= 0.0:
-            raise ValueError(f"temperature {self.temperature} must be > 0")
+            raise ValueError(f"temperature={self.temperature} must be > 0 (ELECTRA samples at "
+                             "1.0)")
 
 
 def gumbel_noise(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:

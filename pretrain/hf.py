@@ -4,13 +4,16 @@
 Public API:
 
 - `load(path, **config_overrides)`: a HF folder (`config.json` + `model.safetensors`, a sharded
-  `model.safetensors.index.json`, or `pytorch_model.bin`) -> our Flax NNX model.
-- `save(model, path)`: our model -> `config.json` + `model.safetensors` (float32).
+  `model.safetensors.index.json`, or `pytorch_model.bin`) -> our Flax NNX model; a folder of
+  `discriminator/` + `generator/` -> the joint ELECTRA model.
+- `save(model, path)`: our model -> `config.json` + `model.safetensors` (float32); a joint
+  model -> one such folder per part.
 - `from_hf(hf_config, state_dict, **config_overrides)` / `to_hf(model)`: the same conversions
   in memory, on a HF config dict and a flat HF state dict of numpy arrays.
 - `method_name(model)`: the `objectives.registry` method a converted model belongs to.
-- `CONVERTERS`: HF `model_type` -> `Converter`. This is the one place in `pretrain/` that knows
-  model families by name (BERT now; ELECTRA and XLNet add entries).
+- `CONVERTERS`: name -> `Converter` (BERT, ELECTRA discriminator and generator, XLNet), chosen
+  on load by `config.json`'s `model_type` and `architectures`. This is the one place in
+  `pretrain/` that knows model families by name.
 
 A `Converter` is a config mapping (HF config dict <-> our config) plus a table of `Tensor`s
 (one HF tensor name <-> one of our parameter paths). Import and export both walk that table, so
@@ -38,6 +41,7 @@ from input_pipeline.errors import UserError
 from models.bert import Bert
 from models.electra import ElectraDiscriminator, ElectraGenerator
 from models.encoder import EncoderConfig
+from models.xlnet import XLNet, XLNetConfig
 from objectives import registry
 
 CONFIG_FILE = "config.json"
@@ -61,12 +65,15 @@ class Tensor:
     `hf` is the HF state-dict name; `{i}` in it marks a per-layer tensor, which maps to the slice
     `i` of our stacked parameter (leading `layers` axis). `ours` is our parameter's path in
     `nnx.state(model, nnx.Param)`, joined by dots. `transpose` is set for torch `nn.Linear`
-    weights ([out, in]; our kernels are [in, out]).
+    weights ([out, in]; our kernels are [in, out]). `shared_layers` > 0 marks one parameter of
+    ours that HF stores once per layer (XLNet's biases with untie_r=false): it is written to
+    every layer and read back only if all copies agree.
     """
 
     hf: str
     ours: str
     transpose: bool = False
+    shared_layers: int = 0
 
     @property
     def stacked(self) -> bool:
@@ -140,7 +147,8 @@ class Converter:
         params, state = _params(model, tensors), {}
         for tensor in tensors:
             value = np.asarray(params[tensor.ours].get_value(), np.float32)
-            slices = list(value) if tensor.stacked else [value]
+            slices = ([value] * tensor.shared_layers if tensor.shared_layers
+                      else list(value) if tensor.stacked else [value])
             for name, one in zip(tensor.hf_names(len(slices)), slices, strict=True):
                 state[name] = np.ascontiguousarray(one.T if tensor.transpose else one)
         return state
@@ -162,14 +170,16 @@ class Converter:
         for tensor in tensors:
             variable = params[tensor.ours]
             target = variable.get_value()
-            names = tensor.hf_names(target.shape[0] if tensor.stacked else 1)
+            per_layer = tensor.stacked and not tensor.shared_layers
+            names = tensor.hf_names(tensor.shared_layers or
+                                    (target.shape[0] if per_layer else 1))
             absent = [name for name in names if name not in state]
             if absent:
                 missing.append(tensor)
                 if not tensor.hf.startswith(self.optional):
                     required.extend(absent)
                 continue
-            expected = target.shape[1:] if tensor.stacked else target.shape
+            expected = target.shape[1:] if per_layer else target.shape
             values = []
             for name in names:
                 value = state[name].T if tensor.transpose else state[name]
@@ -180,7 +190,10 @@ class Converter:
                         "config.json or use the checkpoint it belongs to")
                 values.append(np.asarray(value, np.float32))
             used.update(names)
-            value = np.stack(values) if tensor.stacked else values[0]
+            if any(not np.array_equal(v, values[0]) for v in values[1:]) and not per_layer:
+                raise UserError(f"{source}: the per-layer copies of {tensor.hf} differ but our "
+                                "config shares one across layers; load it with untie_r=True")
+            value = np.stack(values) if per_layer else values[0]
             variable.set_value(jnp.asarray(value, dtype=target.dtype))
         if required:
             raise UserError(f"{source} lacks {required[0]} ({len(required)} required tensors "
@@ -345,6 +358,68 @@ def _electra_config_to_hf(architecture: str) -> Callable[[EncoderConfig], dict[s
     return to_hf
 
 
+# --- XLNet (transformers models/xlnet/modeling_xlnet.py, configuration_xlnet.py) ---------------
+
+def _xlnet_tensors(config: XLNetConfig) -> tuple[Tensor, ...]:
+    """`XLNetLMHeadModel`: `transformer` (`XLNetModel`: `word_embedding`, `mask_emb`, layers of
+    `rel_attn` (q, k, v, o, r [d_model, n_head, d_head], r_w/r_r/r_s biases, `seg_embed`,
+    `layer_norm`) and `ff`) and `lm_loss` (weight tied to the word embedding, own bias)."""
+    layer, ours = "transformer.layer.{i}", "layers"
+    shared = 0 if config.untie_r else config.num_layers
+    return (
+        Tensor("transformer.word_embedding.weight", "word_embedding.embedding"),
+        Tensor("transformer.mask_emb", "mask_emb"),
+        *(Tensor(f"{layer}.rel_attn.{name}", f"{ours}.{name}")
+          for name in ("q", "k", "v", "o", "r", "seg_embed")),
+        *(Tensor(f"{layer}.rel_attn.{name}", name, shared_layers=shared)
+          for name in ("r_w_bias", "r_r_bias", "r_s_bias")),
+        *layer_norm(f"{layer}.rel_attn.layer_norm", f"{ours}.attention_layer_norm"),
+        *linear(f"{layer}.ff.layer_1", f"{ours}.intermediate"),
+        *linear(f"{layer}.ff.layer_2", f"{ours}.output"),
+        *layer_norm(f"{layer}.ff.layer_norm", f"{ours}.output_layer_norm"),
+        Tensor("lm_loss.bias", "lm_bias"),
+    )
+
+
+def _xlnet_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> XLNetConfig:
+    """`XLNetConfig` -> ours. HF has one `dropout` for hidden states and attention
+    probabilities; it sets both of ours. HF checkpoints store the r-biases per layer, so they
+    load with untie_r=True unless overridden."""
+    act = hf.get("ff_activation", "gelu")
+    if act not in HF_ACTIVATIONS:
+        raise UserError(f"ff_activation {act!r} is not supported; use one of "
+                        f"{sorted(HF_ACTIVATIONS)}")
+    if hf.get("d_head", hf["d_model"] // hf["n_head"]) * hf["n_head"] != hf["d_model"]:
+        raise UserError("config.json: d_head * n_head must equal d_model; fix config.json")
+    return XLNetConfig(**{
+        "vocab_size": hf["vocab_size"], "hidden_size": hf["d_model"],
+        "num_layers": hf["n_layer"], "num_heads": hf["n_head"],
+        "intermediate_size": hf["d_inner"], "hidden_act": HF_ACTIVATIONS[act],
+        "attn_type": hf.get("attn_type", "bi"), "bi_data": hf.get("bi_data", False),
+        "clamp_len": hf.get("clamp_len", -1), "same_length": hf.get("same_length", False),
+        "mem_len": hf.get("mem_len") or 0, "reuse_len": hf.get("reuse_len") or 0,
+        "untie_r": True, "layer_norm_eps": hf.get("layer_norm_eps", 1e-12),
+        "hidden_dropout": hf.get("dropout", 0.1), "attention_dropout": hf.get("dropout", 0.1),
+        "initializer_range": hf.get("initializer_range", 0.02),
+        **overrides,
+    })
+
+
+def _xlnet_config_to_hf(config: XLNetConfig) -> dict[str, Any]:
+    return {
+        "model_type": "xlnet", "architectures": ["XLNetLMHeadModel"],
+        "vocab_size": config.vocab_size, "d_model": config.hidden_size,
+        "n_layer": config.num_layers, "n_head": config.num_heads, "d_head": config.head_size,
+        "d_inner": config.intermediate_size,
+        "ff_activation": OUR_TO_HF_ACTIVATION[config.hidden_act],
+        "untie_r": config.untie_r, "attn_type": config.attn_type, "bi_data": config.bi_data,
+        "clamp_len": config.clamp_len, "same_length": config.same_length,
+        "mem_len": config.mem_len or None, "reuse_len": config.reuse_len or None,
+        "layer_norm_eps": config.layer_norm_eps, "dropout": config.hidden_dropout,
+        "initializer_range": config.initializer_range, "tie_word_embeddings": True,
+    }
+
+
 _NO_PARAMETER = ("embeddings.position_ids", "embeddings.token_type_ids")
 
 CONVERTERS: dict[str, Converter] = {
@@ -373,6 +448,13 @@ CONVERTERS: dict[str, Converter] = {
         optional=("generator_predictions.", "generator_lm_head."),
         tied={"generator_lm_head.weight": "electra.embeddings.word_embeddings.weight"},
         ignored=_NO_PARAMETER,
+    ),
+    "xlnet": Converter(
+        method="xlnet", model_type="xlnet", model_class=XLNet,
+        architectures=("XLNetLMHeadModel",), config_from_hf=_xlnet_config_from_hf,
+        config_to_hf=_xlnet_config_to_hf, tensors=_xlnet_tensors, prefix="transformer.",
+        optional=("lm_loss.",),
+        tied={"lm_loss.weight": "transformer.word_embedding.weight"},
     ),
 }
 
@@ -566,9 +648,9 @@ def save(model: nnx.Module, path: str | Path) -> Path:
     `path` may be new, empty, or an existing HF checkpoint (its weights and config are replaced,
     other files such as the tokenizer's are kept). A joint model (ELECTRA) is written as one
     checkpoint per part, `path/discriminator` and `path/generator`, which `load` reads back.
-    Any other non-empty folder is refused. The
-    checkpoint is written into a temporary sibling folder and renamed into place, so a crash
-    leaves either the old folder or the new one, never a half-written checkpoint.
+    Any other non-empty folder is refused. The checkpoint is written into a temporary sibling
+    folder and renamed into place, so a crash leaves either the old folder or the new one, never
+    a half-written checkpoint.
     """
     from safetensors.numpy import save_file
 

@@ -57,6 +57,13 @@ def bad_inputs(tmp: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
         "mesh that does not fit": (["--data", str(corpus), "mesh.data=3"], "mesh"),
         "workdir of another run": (["--data", str(corpus), "model.hidden_size=48"],
                                    "another config"),
+        "generator larger than discriminator": (["--data", str(corpus), "--preset",
+                                                 "electra_tiny", "model.generator_hidden_size=2"],
+                                                "generator_hidden_size=2"),
+        "BERT key for ELECTRA": (["--data", str(corpus), "--preset", "electra_tiny",
+                                  "examples.dupe_factor=2"], "examples.dupe_factor"),
+        "masking fractions over 1": (["--data", str(corpus), "examples.mask_token_prob=0.95"],
+                                     "mask_token_prob"),
     }
 
 
@@ -64,7 +71,8 @@ CASES = ["missing corpus", "empty corpus", "vocab that does not parse",
          "tokenizer and model disagree", "sequence longer than positions",
          "batch not divisible by data axes", "unknown config key", "value of the wrong type",
          "unknown preset", "override without a section", "mesh that does not fit",
-         "workdir of another run"]
+         "workdir of another run", "generator larger than discriminator", "BERT key for ELECTRA",
+         "masking fractions over 1"]
 
 
 def test_every_case_is_listed(tmp_path, corpus):

@@ -342,3 +342,6 @@ def test_trained_workdir_gives_the_discriminator_in_one_call(tmp_path):
                                                                   "discriminator").eval()
     batch = padded_inputs(800, 2, 3)
     assert_outputs_close(hf_outputs(reloaded, *batch), our_outputs(discriminator, *batch))
+    assert run.main(["convert", str(tmp_path / "hf"), str(tmp_path / "back"), "--to",
+                     "pretext"]) == 0
+    assert_same_params(load_model(tmp_path / "back"), load_model(tmp_path / "w"))

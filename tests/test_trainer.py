@@ -115,14 +115,16 @@ def read_losses(workdir):
     return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
 
 
-def test_resume_is_exact(tmp_path, data_cache):
-    """6 steps straight == 3 steps, restart from the checkpoint, 3 more; same data stream."""
+@pytest.mark.parametrize("preset", ["bert_tiny", "electra_tiny"])
+def test_resume_is_exact(tmp_path, data_cache, preset):
+    """6 steps straight == 3 steps, restart from the checkpoint, 3 more; same data stream
+    (for ELECTRA also the same masks and generator samples)."""
     settings = {"train.steps": 6, "train.checkpoint_every": 3}
-    straight = make_trainer(tmp_path / "straight", data_cache, **settings).run()
+    straight = make_trainer(tmp_path / "straight", data_cache, preset=preset, **settings).run()
     interrupted = tmp_path / "resumed"
-    first = make_trainer(interrupted, data_cache, **settings).run(stop_after=3)
+    first = make_trainer(interrupted, data_cache, preset=preset, **settings).run(stop_after=3)
     assert first["step"] == 3
-    resumed_trainer = make_trainer(interrupted, data_cache, **settings)
+    resumed_trainer = make_trainer(interrupted, data_cache, preset=preset, **settings)
     resumed = resumed_trainer.run()
     assert resumed["step"] == 6
     assert read_losses(interrupted) == read_losses(tmp_path / "straight")
