@@ -89,9 +89,10 @@ def tokenize_documents(documents: list[list[str]], tokenizer: Any) -> Documents:
 
 def prepare_text(
     data: DataConfig, build_examples: ExampleBuilder, example_settings: Any, cache_root: Path,
-    seed: int,
+    seed: int, ordered: bool = False,
 ) -> tuple[RecordDirectory, RecordDirectory, Any]:
     """Returns (train records, held-out records, tokenizer), building what is not cached.
+    `ordered` stores records in one shard, so record i is the i-th example built.
 
     The held-out split is made at document level before tokenizer training, so evaluation text
     is never seen by the tokenizer or the model.
@@ -126,5 +127,6 @@ def prepare_text(
     for docs, directory, split_seed in ((train_docs, train_dir, seed), (eval_docs, eval_dir,
                                                                          seed + 1)):
         examples = build_examples(tokenize_documents(docs, tokenizer), tokenizer, split_seed)
-        write_records(examples, directory, metadata={"source": data.source})
+        write_records(examples, directory, metadata={"source": data.source},
+                      num_shards=1 if ordered else 4)
     return RecordDirectory(train_dir), RecordDirectory(eval_dir), tokenizer

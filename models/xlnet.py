@@ -45,7 +45,9 @@ class XLNetConfig:
     relative distances; `same_length` (uni only) gives every query the same key span. `mem_len`
     hidden states per layer are kept as memory (0 = keep all that are passed in), of which only
     the first `reuse_len` positions of each new segment are cached (0 = all). `untie_r` gives
-    every layer its own r_w/r_r/r_s biases (the released models do).
+    every layer its own r_w/r_r/r_s biases (the released models do). `memory_batch_size` > 0
+    (with `mem_len` > 0) gives the model a `memory` [L, B, mem_len, H] that pre-training carries
+    from step to step (state, not a parameter; train_gpu.py passes `mems` along the same way).
     """
 
     vocab_size: int = 32000
@@ -61,6 +63,7 @@ class XLNetConfig:
     mem_len: int = 0
     reuse_len: int = 0
     untie_r: bool = True
+    memory_batch_size: int = 0
     layer_norm_eps: float = 1e-12
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
@@ -79,8 +82,8 @@ class XLNetConfig:
             raise ValueError(f"attn_type {self.attn_type!r} must be 'bi' or 'uni'")
         if self.remat != "none" and self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be 'none' or one of {sorted(REMAT_POLICIES)}")
-        if self.mem_len < 0 or self.reuse_len < 0:
-            raise ValueError("mem_len and reuse_len must be >= 0")
+        if min(self.mem_len, self.reuse_len, self.memory_batch_size) < 0:
+            raise ValueError("mem_len, reuse_len and memory_batch_size must be >= 0")
 
     @property
     def head_size(self) -> int:
@@ -234,6 +237,10 @@ class XLNetLayer(nnx.Module):
 BIAS_NAMES = ("r_w_bias", "r_r_bias", "r_s_bias")
 
 
+class Memory(nnx.Variable):
+    """Recurrence memory carried between training steps: model state, not a parameter."""
+
+
 class XLNet(nnx.Module):
     """XLNet with its LM head (HF `XLNetLMHeadModel`): word embedding, `mask_emb` for the query
     stream, stacked layers, and logits through the tied embedding + bias."""
@@ -253,6 +260,11 @@ class XLNet(nnx.Module):
             self.layers = stacked_layers(lambda r: XLNetLayer(config, rngs=r),
                                          config.num_layers, rngs)
             self.lm_bias = nnx.Param(jnp.zeros((config.vocab_size,)), out_sharding=("vocab",))
+            if config.memory_batch_size and config.mem_len:
+                self.memory = Memory(
+                    jnp.zeros((config.num_layers, config.memory_batch_size, config.mem_len,
+                               config.hidden_size), jnp.float32),
+                    out_sharding=("layers", "batch", None, "embed"))
 
     def _masks(self, batch: int, query_len: int, mem_len: int,
                attention_mask: jax.Array | None, perm_mask: jax.Array | None

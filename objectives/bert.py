@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -105,9 +106,10 @@ def prepare_masked_lm(
 
 
 def mask_records(
-    records: dict[str, np.ndarray], masking: bert_examples.DynamicMasking, seed: int
+    records: dict[str, np.ndarray], masking: grain.transforms.RandomMap, seed: int
 ) -> dict[str, np.ndarray]:
-    """Applies dynamic masking once, with a fixed seed, to a stacked set of records."""
+    """Applies a per-record random transform (dynamic masking, XLNet's permutations) once, with
+    a fixed seed, to a stacked set of records."""
     rng = np.random.default_rng(seed)
     count = len(next(iter(records.values())))
     rows = [masking.random_map({k: v[i] for k, v in records.items()}, rng) for i in range(count)]

@@ -28,13 +28,17 @@ class PreparedData:
     """What a method's preparation hands the trainer: record directories for training and
     held-out evaluation, per-record Grain transforms applied while loading (e.g. dynamic
     masking), the model-config fields the data decides (e.g. `vocab_size`), and facts to report
-    (e.g. the majority-token baseline)."""
+    (e.g. the majority-token baseline). `batch_layout` > 0 means the training records are
+    consecutive global batches of that many rows, to be read in order without shuffling (XLNet:
+    row b of a batch continues row b of the previous one, which the recurrence memory needs);
+    `train.batch_size` must then equal it."""
 
     train: Any
     eval: Any
     transforms: Sequence[Any] = ()
     model_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
     report: dict[str, Any] = dataclasses.field(default_factory=dict)
+    batch_layout: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -157,6 +157,31 @@ PRESETS: dict[str, dict[str, Any]] = {
         "optim": {"learning_rate": 2e-4, "warmup_steps": 10000},
         "train": {"steps": 766000, "batch_size": 256},
     },
+    # XLNet (Yang et al. 2019, Table 7; train_gpu.py / data_utils.py): seq 512 of which 256 are
+    # reused, memory 384, 85 targets (K = 6), bi_data, AdamWeightDecay, warmup, linear decay.
+    "xlnet_tiny": {
+        "method": "xlnet",
+        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 256,
+                  "vocab_size": 0, "mem_len": 48, "reuse_len": 32, "hidden_dropout": 0.0,
+                  "attention_dropout": 0.0},
+        "examples": {"max_seq_length": 64, "reuse_len": 32, "perm_size": 32, "num_predict": 11,
+                     "num_streams": 32},
+        "data": {"vocab_size": 4000},
+        "optim": {"learning_rate": 2e-3, "warmup_steps": 30, "bias_correction": True},
+        "train": {"steps": 600, "batch_size": 32, "log_every": 25, "eval_every": 200,
+                  "checkpoint_every": 200},
+    },
+    "xlnet_base": {
+        "method": "xlnet",
+        "model": {"hidden_size": 768, "num_layers": 12, "num_heads": 12,
+                  "intermediate_size": 3072, "vocab_size": 0, "mem_len": 384, "reuse_len": 256,
+                  "bi_data": True},
+        "examples": {"max_seq_length": 512, "reuse_len": 256, "perm_size": 256,
+                     "num_predict": 85, "num_streams": 256, "bi_data": True},
+        "data": {"vocab_size": 32000},
+        "optim": {"learning_rate": 4e-4, "warmup_steps": 40000},
+        "train": {"steps": 500000, "batch_size": 256},
+    },
 }
 
 

@@ -22,7 +22,8 @@ from input_pipeline.errors import UserError
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
-LOGICAL_RULES: dict[str, str | None] = {
+LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
+    "batch": BATCH_AXES,
     "vocab": "tensor",
     "embed": "fsdp",
     "heads": "tensor",
@@ -57,17 +58,20 @@ def logical_to_spec(names: tuple[str | None, ...], shape: tuple[int, ...], mesh:
     spec = []
     used: set[str] = set()
     for name, size in zip(names, shape, strict=True):
-        axis = LOGICAL_RULES.get(name) if name is not None else None
-        if axis is None or axis in used or mesh.shape[axis] == 1:
+        rule = LOGICAL_RULES.get(name) if name is not None else None
+        wanted = (rule,) if isinstance(rule, str) else rule or ()
+        axes = tuple(a for a in wanted if a not in used and mesh.shape[a] > 1)
+        if not axes:
             spec.append(None)
             continue
-        if size % mesh.shape[axis]:
-            warnings.warn(f"dimension {name}={size} is not divisible by mesh axis {axis}="
-                          f"{mesh.shape[axis]}; keeping it replicated", stacklevel=2)
+        ways = math.prod(mesh.shape[a] for a in axes)
+        if size % ways:
+            warnings.warn(f"dimension {name}={size} is not divisible by mesh axes {axes} "
+                          f"({ways}); keeping it replicated", stacklevel=2)
             spec.append(None)
             continue
-        spec.append(axis)
-        used.add(axis)
+        spec.append(axes[0] if len(axes) == 1 else axes)
+        used.update(axes)
     return PartitionSpec(*spec)
 
 

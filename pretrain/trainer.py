@@ -83,6 +83,7 @@ class Trainer:
         try:
             self.data = self.method.prepare(config.data, self.example_config, cache,
                                             config.train.seed)
+            self._check_data_layout()
             self.model_config = self._resolve_model_config()
         except BaseException:
             for path in created:  # leave the file system as it was
@@ -107,6 +108,21 @@ class Trainer:
         if t.batch_size % jax.process_count():
             raise UserError(f"train.batch_size={t.batch_size} is not divisible by the "
                             f"{jax.process_count()} processes")
+
+    def _check_data_layout(self) -> None:
+        """Records laid out as consecutive batches (XLNet's memory) fix the batch: the global
+        batch must be that layout's, one micro-batch, one process (rows are not yet split
+        across processes in that layout)."""
+        layout = self.data.batch_layout
+        if not layout:
+            return
+        t, o = self.config.train, self.config.optim
+        if t.batch_size != layout:
+            raise UserError(f"train.batch_size={t.batch_size} must equal the records' batch "
+                            f"layout ({layout} streams); set both to the same value")
+        if o.grad_accum_steps != 1 or jax.process_count() != 1:
+            raise UserError("records laid out for recurrence memory need optim.grad_accum_steps"
+                            "=1 and a single process; use a smaller batch or more devices")
 
     def _check_existing_workdir(self) -> None:
         saved = self.workdir / CONFIG_FILE
@@ -189,7 +205,7 @@ class Trainer:
 
     # --------------------------------------------------------------------------- steps
     def _loss(self, params: Any, model_state: Any, batch: Any, rng: jax.Array | None):
-        model = nnx.merge(self.graphdef, params, model_state)
+        model = nnx.merge(self.graphdef, params, model_state, copy=True)
         loss, metrics = self.method.loss(model, batch, rng)
         return loss, (metrics, nnx.state(model, nnx.Not(nnx.Param)))
 
@@ -294,7 +310,8 @@ class Trainer:
         per_process = self.config.train.batch_size // jax.process_count()
         loader = make_loader(
             self.data.train, batch_size=per_process, seed=self.config.train.seed,
-            transforms=self.data.transforms, worker_count=self.config.data.worker_count)
+            shuffle=not self.data.batch_layout, transforms=self.data.transforms,
+            worker_count=self.config.data.worker_count)
         return iter(loader)
 
     def run(self, stop_after: int | None = None) -> dict[str, Any]:

@@ -28,7 +28,15 @@ TINY = {
 # ELECTRA has no NSP pairs (no dupe_factor); embedding_size != hidden exercises the projections.
 ELECTRA_TINY = {**{k: v for k, v in TINY.items() if k != "examples.dupe_factor"},
                 "model.embedding_size": 32}
-PRESET_OVERRIDES = {"bert_tiny": TINY, "electra_tiny": ELECTRA_TINY}
+# XLNet: memory of 24 carried between steps, records laid out for 16 streams.
+XLNET_TINY = {
+    **{k: v for k, v in TINY.items()
+       if not k.startswith("examples.") and k != "model.max_position_embeddings"},
+    "model.mem_len": 24, "model.reuse_len": 16, "examples.max_seq_length": 32,
+    "examples.reuse_len": 16, "examples.perm_size": 16, "examples.num_predict": 5,
+    "examples.num_streams": 16,
+}
+PRESET_OVERRIDES = {"bert_tiny": TINY, "electra_tiny": ELECTRA_TINY, "xlnet_tiny": XLNET_TINY}
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +57,13 @@ def first_batch(trainer):
 
 
 def flat_params(state):
+    """Parameters and model state (XLNet's memory) by path, on the host."""
+    tree = {"params": state.params, "model_state": state.model_state}
     return {jax.tree_util.keystr(k): np.asarray(v)
-            for k, v in jax.tree_util.tree_leaves_with_path(jax.device_get(state.params))}
+            for k, v in jax.tree_util.tree_leaves_with_path(jax.device_get(tree))}
 
 
-@pytest.mark.parametrize("preset", ["bert_tiny", "electra_tiny"])
+@pytest.mark.parametrize("preset", ["bert_tiny", "electra_tiny", "xlnet_tiny"])
 def test_same_step_on_every_mesh(tmp_path, data_cache, preset):
     """One step (dropout on; ELECTRA also samples) gives the same loss and params on 1 device
     and on 3 meshes of 8."""
@@ -115,10 +125,11 @@ def read_losses(workdir):
     return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
 
 
-@pytest.mark.parametrize("preset", ["bert_tiny", "electra_tiny"])
+@pytest.mark.parametrize("preset", ["bert_tiny", "electra_tiny", "xlnet_tiny"])
 def test_resume_is_exact(tmp_path, data_cache, preset):
     """6 steps straight == 3 steps, restart from the checkpoint, 3 more; same data stream
-    (for ELECTRA also the same masks and generator samples)."""
+    (for ELECTRA also the same masks and generator samples, for XLNet the same orders and the
+    recurrence memory, which is checkpointed with the state)."""
     settings = {"train.steps": 6, "train.checkpoint_every": 3}
     straight = make_trainer(tmp_path / "straight", data_cache, preset=preset, **settings).run()
     interrupted = tmp_path / "resumed"

@@ -1,0 +1,123 @@
+"""XLNet pre-training objective: permutation language modelling with partial prediction
+(Yang et al. 2019 §2.2-2.3).
+
+Reference: zihangdai/xlnet train_gpu.py / function_builder.py (`two_stream_loss`) and
+data_utils.py (`_local_perm`). The loss is the cross-entropy of the query stream's logits at
+the `num_predict` target slots, sum(w * nll) / sum(w). During training the recurrence memory
+(`XLNet.memory`, [L, B, mem_len, H]) is read before and written after every step, so row b of
+a batch attends to what row b saw at the previous step (the records are laid out for that);
+evaluation runs without memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from input_pipeline import xlnet_examples
+from input_pipeline.bert_examples import MaskingVocab
+from input_pipeline.errors import UserError
+from input_pipeline.prepare import DataConfig, prepare_text
+from models.xlnet import XLNet, XLNetConfig
+from objectives.bert import MAX_EVAL_EXAMPLES, mask_records, weighted_cross_entropy
+from objectives.registry import Batch, Method, Metrics, PreparedData, register
+
+
+def permutation_mask(rank: jax.Array, is_target: jax.Array, hidden: jax.Array,
+                     reuse_len: int) -> jax.Array:
+    """[B, T, T] float, 1 = i may not attend j (data_utils.py `_local_perm` + `parser`): within
+    a half, j is hidden from i when j is subject to the order (`hidden`) and does not come
+    strictly before i (targets also not seeing themselves); the reuse half sees nothing of the
+    new half, the new half sees all of the reuse half."""
+    self_rank = jnp.where(is_target.astype(bool), rank, rank + 1)
+    within = (self_rank[:, :, None] <= rank[:, None, :]) & hidden.astype(bool)[:, None, :]
+    half = jnp.arange(rank.shape[1]) >= reuse_len
+    same_half = half[:, None] == half[None, :]
+    return jnp.where(same_half[None], within, (half[:, None] < half[None, :])[None]).astype(
+        jnp.float32)
+
+
+def xlnet_loss(model: XLNet, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
+    """Permutation-LM loss on a batch of `PermutationSampling` features; `rng=None` is
+    evaluation (no dropout, no memory)."""
+    seq_len = batch["input_ids"].shape[1]
+    perm_mask = permutation_mask(batch["perm_rank"], batch["perm_target"],
+                                 batch["perm_hidden"], model.config.reuse_len)
+    weights = batch["target_weights"]
+    target_mapping = jax.nn.one_hot(batch["target_positions"], seq_len) * weights[..., None]
+    carry = rng is not None and hasattr(model, "memory")
+    out = model(batch["input_ids"], batch["segment_ids"], perm_mask=perm_mask,
+                target_mapping=target_mapping, mems=model.memory[...] if carry else None,
+                use_mems=carry, rng=rng)
+    if carry:
+        model.memory[...] = out.new_mems
+    loss, plm = weighted_cross_entropy(out.lm_logits, batch["target_ids"], weights,
+                                       epsilon=1e-6)
+    one = jnp.ones((), jnp.float32)
+    return loss, {"loss": (loss, one), "plm_loss": plm["loss"], "plm_accuracy": plm["accuracy"],
+                  "targets_per_example": (jnp.sum(weights), jnp.float32(weights.shape[0]))}
+
+
+def build_xlnet(config: XLNetConfig, seed: int) -> XLNet:
+    return XLNet(config, rngs=nnx.Rngs(seed))
+
+
+def prepare_xlnet(data: DataConfig, examples: xlnet_examples.XLNetExampleConfig,
+                  cache_dir: Path, seed: int) -> PreparedData:
+    """Corpus -> tokenizer -> parallel streams -> [reuse | A | SEP | B | SEP | CLS] records with
+    span targets, stored in batch order; factorisation orders drawn while loading. The held-out
+    records have the same layout (so bi_data halves line up in evaluation batches) and get one
+    fixed draw of orders."""
+
+    def build(documents, tokenizer, split_seed):
+        vocab = MaskingVocab.from_tokenizer(tokenizer)
+        return xlnet_examples.create_training_examples(documents, vocab, examples, split_seed)
+
+    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed,
+                                              ordered=True)
+    sampling = xlnet_examples.PermutationSampling(MaskingVocab.from_tokenizer(tokenizer),
+                                                  examples)
+    count = min(len(held_out), MAX_EVAL_EXAMPLES) // examples.num_streams * examples.num_streams
+    eval_examples = mask_records(held_out.examples(range(count)), sampling, seed + 2)
+    return PreparedData(
+        train=train, eval=eval_examples, transforms=(sampling,),
+        model_fields={"vocab_size": tokenizer.vocab_size,
+                      "memory_batch_size": examples.num_streams},
+        report=unigram_baselines(eval_examples), batch_layout=examples.num_streams)
+
+
+def unigram_baselines(examples: dict[str, np.ndarray]) -> dict[str, float]:
+    """Held-out PLM accuracy of always predicting the most frequent target, and the loss of
+    predicting the held-out targets' own unigram distribution (no context at all)."""
+    labels = examples["target_ids"][examples["target_weights"] > 0]
+    probabilities = np.bincount(labels) / max(len(labels), 1)
+    probabilities = probabilities[probabilities > 0]
+    return {"majority_baseline_plm_accuracy": float(probabilities.max()),
+            "unigram_baseline_plm_loss": float(-(probabilities * np.log(probabilities)).sum())}
+
+
+def check_xlnet(model: XLNetConfig, examples: xlnet_examples.XLNetExampleConfig) -> None:
+    if model.reuse_len != examples.reuse_len:
+        raise UserError(f"model.reuse_len={model.reuse_len} differs from examples.reuse_len="
+                        f"{examples.reuse_len}; the memory caches the reused part, so set both "
+                        "to the same value")
+    if model.bi_data != examples.bi_data:
+        raise UserError(f"model.bi_data={model.bi_data} differs from examples.bi_data="
+                        f"{examples.bi_data}; set both")
+
+
+register(Method(
+    name="xlnet",
+    model_config=XLNetConfig,
+    example_config=xlnet_examples.XLNetExampleConfig,
+    build_model=build_xlnet,
+    loss=xlnet_loss,
+    prepare=prepare_xlnet,
+    units_per_example=lambda examples: examples.max_seq_length,
+    check=check_xlnet,
+    description="XLNet: permutation LM with two-stream attention and memory (Yang et al. 2019)",
+))
