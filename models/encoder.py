@@ -34,23 +34,20 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class EncoderConfig:
-    """Hyper-parameters of the encoder; names follow BERT's `bert_config.json` where possible.
+class TransformerConfig:
+    """The hyper-parameters every Transformer here shares; names follow BERT's
+    `bert_config.json` where possible.
 
     `hidden_act='gelu'` is the exact erf GELU (HF transformers); the TF reference used the tanh
     approximation, available as `gelu_tanh`. `remat` is `none`, `full`, `dots` or `dots_saveable`.
-    `embedding_size` 0 means `hidden_size`; another width gets a learned projection to the hidden
-    size after the embedding LayerNorm (ELECTRA, Clark et al. 2020 §3.2; HF `embeddings_project`).
+    Parameters are float32; `dtype` is the compute dtype.
     """
 
     vocab_size: int = 30522
     hidden_size: int = 768
-    embedding_size: int = 0
     num_layers: int = 12
     num_heads: int = 12
     intermediate_size: int = 3072
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
     hidden_act: str = "gelu"
     layer_norm_eps: float = 1e-12
     hidden_dropout: float = 0.1
@@ -69,12 +66,28 @@ class EncoderConfig:
             raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)}")
         if self.remat != "none" and self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be 'none' or one of {sorted(REMAT_POLICIES)}")
-        if self.embedding_size < 0:
-            raise ValueError(f"embedding_size {self.embedding_size} must be >= 0 (0 = hidden_size)")
 
     @property
     def compute_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig(TransformerConfig):
+    """The BERT-style encoder: learned absolute positions and token types.
+
+    `embedding_size` 0 means `hidden_size`; another width gets a learned projection to the hidden
+    size after the embedding LayerNorm (ELECTRA, Clark et al. 2020 §3.2; HF `embeddings_project`).
+    """
+
+    embedding_size: int = 0
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.embedding_size < 0:
+            raise ValueError(f"embedding_size {self.embedding_size} must be >= 0 (0 = hidden_size)")
 
     @property
     def embedding_width(self) -> int:
@@ -82,8 +95,8 @@ class EncoderConfig:
 
 
 def dense(
-    config: EncoderConfig, in_features: int, out_features: int, axes: tuple[str | None, str | None],
-    rngs: nnx.Rngs,
+    config: TransformerConfig, in_features: int, out_features: int,
+    axes: tuple[str | None, str | None], rngs: nnx.Rngs,
 ) -> nnx.Linear:
     """A Linear layer with BERT's truncated-normal(0.02) init and logical sharding names."""
     return nnx.Linear(
@@ -98,7 +111,7 @@ def dense(
     )
 
 
-def layer_norm(config: EncoderConfig, features: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
+def layer_norm(config: TransformerConfig, features: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
     """LayerNorm with BERT's epsilon; statistics are computed in float32 by Flax."""
     return nnx.LayerNorm(
         features,
@@ -111,7 +124,7 @@ def layer_norm(config: EncoderConfig, features: int, rngs: nnx.Rngs) -> nnx.Laye
 
 
 def embed(
-    config: EncoderConfig, num: int, features: int, axes: tuple[str | None, str | None],
+    config: TransformerConfig, num: int, features: int, axes: tuple[str | None, str | None],
     rngs: nnx.Rngs,
 ) -> nnx.Embed:
     return nnx.Embed(

@@ -22,7 +22,7 @@ from flax import nnx
 
 from models.encoder import (
     ACTIVATIONS,
-    REMAT_POLICIES,
+    TransformerConfig,
     dense,
     dropout,
     embed,
@@ -34,7 +34,7 @@ from models.encoder import (
 
 
 @dataclasses.dataclass(frozen=True)
-class XLNetConfig:
+class XLNetConfig(TransformerConfig):
     """XLNet hyper-parameters (HF `XLNetConfig` names in brackets): hidden_size [d_model],
     num_layers [n_layer], num_heads [n_head] (head size hidden_size // num_heads [d_head]),
     intermediate_size [d_inner], hidden_act [ff_activation], hidden_dropout [dropout],
@@ -51,11 +51,6 @@ class XLNetConfig:
     """
 
     vocab_size: int = 32000
-    hidden_size: int = 768
-    num_layers: int = 12
-    num_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
     attn_type: str = "bi"
     bi_data: bool = False
     clamp_len: int = -1
@@ -64,24 +59,11 @@ class XLNetConfig:
     reuse_len: int = 0
     untie_r: bool = True
     memory_batch_size: int = 0
-    layer_norm_eps: float = 1e-12
-    hidden_dropout: float = 0.1
-    attention_dropout: float = 0.1
-    initializer_range: float = 0.02
-    dtype: str = "float32"
-    scan_layers: bool = True
-    remat: str = "none"
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads "
-                             f"{self.num_heads}")
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)}")
+        super().__post_init__()
         if self.attn_type not in ("bi", "uni"):
             raise ValueError(f"attn_type {self.attn_type!r} must be 'bi' or 'uni'")
-        if self.remat != "none" and self.remat not in REMAT_POLICIES:
-            raise ValueError(f"remat must be 'none' or one of {sorted(REMAT_POLICIES)}")
         if min(self.mem_len, self.reuse_len, self.memory_batch_size) < 0:
             raise ValueError("mem_len, reuse_len and memory_batch_size must be >= 0")
 
@@ -89,9 +71,6 @@ class XLNetConfig:
     def head_size(self) -> int:
         return self.hidden_size // self.num_heads
 
-    @property
-    def compute_dtype(self) -> jnp.dtype:
-        return jnp.dtype(self.dtype)
 
 
 @jax.tree_util.register_dataclass

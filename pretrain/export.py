@@ -39,11 +39,13 @@ def _strip_values(tree: Any) -> Any:
 
 
 def _model_from_params(directory: Path, pure_params: dict[str, Any]) -> nnx.Module:
+    """The model with these parameters; its other state (XLNet's training memory) is zeros."""
     info = json.loads((directory / MODEL_FILE).read_text())
     method = registry.get(info["method"])
     model = nnx.eval_shape(lambda: method.build_model(method.model_config(**info["model"]), 0))
     _, params, rest = nnx.split(model, nnx.Param, ...)
     nnx.replace_by_pure_dict(params, jax.tree.map(np.asarray, _strip_values(pure_params)))
+    rest = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), rest)
     return nnx.merge(nnx.graphdef(model), params, rest)
 
 

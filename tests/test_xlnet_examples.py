@@ -8,6 +8,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from input_pipeline.bert_examples import MaskingVocab
@@ -180,3 +181,29 @@ def test_bi_data_rows_are_reversed_copies():
         np.testing.assert_array_equal(record["input_ids"][:config.reuse_len],
                                       streams[index, :config.reuse_len])
     assert all(r["is_masked"].sum() == config.num_predict for r in records)
+
+
+def test_trained_workdir_converts_to_hf_and_loads_with_zero_memory(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    import run
+    from pretrain.export import load_model
+
+    overrides = ["model.hidden_size=16", "model.num_layers=1", "model.num_heads=2",
+                 "model.intermediate_size=32", "model.mem_len=12", "model.reuse_len=8",
+                 "examples.max_seq_length=16", "examples.reuse_len=8", "examples.perm_size=8",
+                 "examples.num_predict=3", "examples.num_streams=8", "data.vocab_size=600",
+                 f"data.cache_dir={tmp_path / 'cache'}", "train.steps=2", "train.batch_size=8",
+                 "train.eval_every=2", "train.eval_batches=1", "train.progress=false"]
+    workdir = tmp_path / "w"
+    assert run.main(["pretrain", "--preset", "xlnet_tiny", "--workdir", str(workdir),
+                     *overrides]) == 0
+    model = load_model(workdir)
+    assert model.memory[...].shape == (1, 8, 12, 16) and not np.asarray(model.memory[...]).any()
+    assert run.main(["convert", str(workdir), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    reference = transformers.XLNetLMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    ids = np.arange(20).reshape(2, 10) % model.config.vocab_size
+    with torch.no_grad():
+        expected = reference(input_ids=torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(model(jnp.asarray(ids)).lm_logits), expected,
+                               atol=1e-5)
