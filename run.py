@@ -64,13 +64,14 @@ def _print_summary(summary: dict, seconds: float) -> None:
     print(f"  metrics     : {workdir / 'metrics.jsonl'} (TensorBoard: {workdir / 'tensorboard'})")
     if summary["curves"]:
         print(f"  curves      : {summary['curves']}")
-    if "mlm_accuracy" in evaluation:
-        baseline = summary["report"].get("majority_baseline_mlm_accuracy")
-        line = f"  held-out MLM accuracy {evaluation['mlm_accuracy']:.3f}"
-        if baseline is not None:
-            line += f" vs majority-token baseline {baseline:.3f}"
-        print(line)
-    for key in ("loss", "nsp_accuracy"):
+    for task in ("mlm", "plm"):  # a method's token-prediction accuracy beside its baseline
+        if f"{task}_accuracy" in evaluation:
+            line = f"  held-out {task.upper()} accuracy {evaluation[f'{task}_accuracy']:.3f}"
+            baseline = summary["report"].get(f"majority_baseline_{task}_accuracy")
+            if baseline is not None:
+                line += f" vs majority-token baseline {baseline:.3f}"
+            print(line)
+    for key in ("loss", "nsp_accuracy", "rtd_accuracy"):
         if key in evaluation:
             print(f"  held-out {key}: {evaluation[key]:.3f}")
 

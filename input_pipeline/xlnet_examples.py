@@ -45,7 +45,7 @@ class XLNetExampleConfig:
 
     def __post_init__(self) -> None:
         new_len = self.max_seq_length - self.reuse_len
-        if not self.reuse_len >= 0 or new_len < 5:
+        if self.reuse_len < 0 or new_len < 5:
             raise UserError(f"examples.reuse_len={self.reuse_len} must leave at least 5 of "
                             f"examples.max_seq_length={self.max_seq_length} for A, B and the "
                             "3 special tokens")
