@@ -11,8 +11,8 @@ Public API:
 - `from_hf(hf_config, state_dict, **config_overrides)` / `to_hf(model)`: the same conversions
   in memory, on a HF config dict and a flat HF state dict of numpy arrays.
 - `method_name(model)`: the `objectives.registry` method a converted model belongs to.
-- `CONVERTERS`: name -> `Converter` (BERT, ELECTRA discriminator and generator, XLNet), chosen
-  on load by `config.json`'s `model_type` and `architectures`. This is the one place in
+- `CONVERTERS`: name -> `Converter` (BERT, ELECTRA discriminator and generator, XLNet, ResNet),
+  chosen on load by `config.json`'s `model_type` and `architectures`. This is the one place in
   `pretrain/` that knows model families by name.
 
 A `Converter` is a config mapping (HF config dict <-> our config) plus a table of `Tensor`s
@@ -41,6 +41,7 @@ from input_pipeline.errors import UserError
 from models.bert import Bert
 from models.electra import ElectraDiscriminator, ElectraGenerator
 from models.encoder import EncoderConfig
+from models.resnet import DEPTHS, ResNet, ResNetConfig
 from models.xlnet import XLNet, XLNetConfig
 from objectives import registry
 
@@ -64,16 +65,34 @@ class Tensor:
 
     `hf` is the HF state-dict name; `{i}` in it marks a per-layer tensor, which maps to the slice
     `i` of our stacked parameter (leading `layers` axis). `ours` is our parameter's path in
-    `nnx.state(model, nnx.Param)`, joined by dots. `transpose` is set for torch `nn.Linear`
-    weights ([out, in]; our kernels are [in, out]). `shared_layers` > 0 marks one parameter of
+    `nnx.state(model, nnx.Param)` (or of a BatchNorm statistic), joined by dots. `transpose` is
+    set for torch `nn.Linear` weights ([out, in]; our kernels are [in, out]); a tuple gives the
+    axis order that turns the HF tensor into ours (torch conv [O, I, H, W] -> ours [H, W, I, O]
+    is (2, 3, 1, 0)). `shared_layers` > 0 marks one parameter of
     ours that HF stores once per layer (XLNet's biases with untie_r=false): it is written to
     every layer and read back only if all copies agree.
     """
 
     hf: str
     ours: str
-    transpose: bool = False
+    transpose: bool | tuple[int, ...] = False
     shared_layers: int = 0
+
+    def to_ours(self, value: np.ndarray) -> np.ndarray:
+        if isinstance(self.transpose, tuple):
+            return np.transpose(value, self.transpose)
+        return value.T if self.transpose else value
+
+    def to_hf(self, value: np.ndarray) -> np.ndarray:
+        if isinstance(self.transpose, tuple):
+            return np.transpose(value, np.argsort(self.transpose))
+        return value.T if self.transpose else value
+
+    def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The HF shape of one of our shapes."""
+        if isinstance(self.transpose, tuple):
+            return tuple(shape[i] for i in np.argsort(self.transpose))
+        return shape[::-1] if self.transpose else shape
 
     @property
     def stacked(self) -> bool:
@@ -95,10 +114,11 @@ def layer_norm(hf: str, ours: str) -> list[Tensor]:
 
 
 def _params(model: nnx.Module, tensors: tuple[Tensor, ...]) -> dict[str, nnx.Variable]:
-    """`model`'s parameters by dotted path (the Variables themselves, so `set_value` writes into
-    the model); checks that the table covers each parameter exactly once."""
+    """`model`'s parameters and BatchNorm statistics by dotted path (the Variables themselves,
+    so `set_value` writes into the model); checks that the table covers each exactly once."""
+    state = nnx.state(model, (nnx.Param, nnx.BatchStat))
     params = {".".join(str(k) for k in path): variable
-              for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+              for path, variable in nnx.to_flat_state(state)}
     covered = [t.ours for t in tensors]
     if sorted(covered) != sorted(params):
         raise ValueError(f"the HF tensor table of {type(model).__name__} does not match its "
@@ -127,6 +147,8 @@ class Converter:
     - `tied`: HF's `_tied_weights_keys` (copy -> source). HF saves only the source; old
       checkpoints may hold the copy instead, or both.
     - `ignored`: HF names that carry no parameter (buffers such as `position_ids`).
+    - `buffers(config)`: HF tensors without a parameter of ours that `save` writes anyway so
+      that transformers finds every key (BatchNorm's `num_batches_tracked`).
     """
 
     method: str
@@ -140,6 +162,7 @@ class Converter:
     optional: tuple[str, ...] = ()
     tied: Mapping[str, str] = dataclasses.field(default_factory=dict)
     ignored: tuple[str, ...] = ()
+    buffers: Callable[[Any], dict[str, np.ndarray]] = lambda config: {}
 
     def params_to_hf(self, model: nnx.Module) -> dict[str, np.ndarray]:
         """Our parameters -> a flat HF state dict of contiguous float32 numpy arrays."""
@@ -150,8 +173,8 @@ class Converter:
             slices = ([value] * tensor.shared_layers if tensor.shared_layers
                       else list(value) if tensor.stacked else [value])
             for name, one in zip(tensor.hf_names(len(slices)), slices, strict=True):
-                state[name] = np.ascontiguousarray(one.T if tensor.transpose else one)
-        return state
+                state[name] = np.ascontiguousarray(tensor.to_hf(one))
+        return {**state, **self.buffers(model.config)}
 
     def params_from_hf(self, model: nnx.Module, state: Mapping[str, np.ndarray],
                        source: str = "the checkpoint") -> list[Tensor]:
@@ -182,11 +205,11 @@ class Converter:
             expected = target.shape[1:] if per_layer else target.shape
             values = []
             for name in names:
-                value = state[name].T if tensor.transpose else state[name]
+                value = tensor.to_ours(state[name])
                 if value.shape != expected:
                     raise UserError(
                         f"{source}: {name} has shape {tuple(state[name].shape)} but config.json "
-                        f"implies {expected[::-1] if tensor.transpose else expected}; fix "
+                        f"implies {tensor.hf_shape(expected)}; fix "
                         "config.json or use the checkpoint it belongs to")
                 values.append(np.asarray(value, np.float32))
             used.update(names)
@@ -420,6 +443,69 @@ def _xlnet_config_to_hf(config: XLNetConfig) -> dict[str, Any]:
     }
 
 
+# --- ResNet (transformers models/resnet/modeling_resnet.py, configuration_resnet.py) -----------
+
+TORCH_CONV = (2, 3, 1, 0)  # torch Conv2d weight [O, I, H, W] -> flax [H, W, I, O]
+
+
+def _conv_bn(hf: str, ours: str) -> list[Tensor]:
+    """HF `ResNetConvLayer`/`ResNetShortCut` (`convolution`, `normalization`) <-> our `ConvBN`."""
+    return [Tensor(f"{hf}.convolution.weight", f"{ours}.convolution.kernel", TORCH_CONV),
+            Tensor(f"{hf}.normalization.weight", f"{ours}.normalization.scale"),
+            Tensor(f"{hf}.normalization.bias", f"{ours}.normalization.bias"),
+            Tensor(f"{hf}.normalization.running_mean", f"{ours}.normalization.mean"),
+            Tensor(f"{hf}.normalization.running_var", f"{ours}.normalization.var")]
+
+
+def _resnet_tensors(config: ResNetConfig) -> tuple[Tensor, ...]:
+    """`ResNetModel` under the `resnet.` prefix (as in `ResNetForImageClassification`):
+    `embedder.embedder`, then `encoder.stages.{s}.layers.{b}` with `shortcut` and `layer.{k}`."""
+    tensors = _conv_bn("resnet.embedder.embedder", "stem")
+    in_channels = config.stem_width
+    for s, (depth, width) in enumerate(zip(config.stage_depths, config.stage_widths,
+                                           strict=True)):
+        for b in range(depth):
+            hf, ours = f"resnet.encoder.stages.{s}.layers.{b}", f"stages.{s}.{b}"
+            convs = 2 if config.block == "basic" else 3
+            for k in range(convs):
+                tensors += _conv_bn(f"{hf}.layer.{k}", f"{ours}.layers.{k}")
+            if b == 0 and (in_channels != width or s > 0):
+                tensors += _conv_bn(f"{hf}.shortcut", f"{ours}.shortcut")
+        in_channels = width
+    return tuple(tensors)
+
+
+def _resnet_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> ResNetConfig:
+    """A HF `ResNetConfig` of a v1.5 ResNet-18/34/50/101 (any stem width) -> ours."""
+    depths = tuple(hf.get("depths", (3, 4, 6, 3)))
+    block = hf.get("layer_type", "bottleneck")
+    matches = [d for d, (b, stages) in DEPTHS.items() if (b, stages) == (block, depths)]
+    config = None
+    if (matches and not hf.get("downsample_in_first_stage", False)
+            and not hf.get("downsample_in_bottleneck", False)
+            and hf.get("hidden_act", "relu") == "relu"):
+        config = ResNetConfig(**{"depth": matches[0], "base_width": hf.get("embedding_size", 64),
+                                 "num_channels": hf.get("num_channels", 3), **overrides})
+    if config is None or list(hf.get("hidden_sizes", config.stage_widths)) != list(
+            config.stage_widths):
+        raise UserError(f"config.json describes a ResNet ({block}, depths {list(depths)}, "
+                        f"hidden_sizes {hf.get('hidden_sizes')}) that is not a v1.5 "
+                        f"ResNet-{sorted(DEPTHS)} with stage widths 1, 2, 4, 8 x the stem's "
+                        "(x4 for bottlenecks); pass one that is")
+    return config
+
+
+def _resnet_config_to_hf(config: ResNetConfig) -> dict[str, Any]:
+    if config.stem != "imagenet":
+        raise UserError("HF ResNetModel has only the ImageNet stem; a CIFAR-stem ResNet cannot "
+                        "be exported to it (save it as a pretext model directory instead)")
+    return {"model_type": "resnet", "architectures": ["ResNetModel"],
+            "num_channels": config.num_channels, "embedding_size": config.stem_width,
+            "hidden_sizes": list(config.stage_widths), "depths": list(config.stage_depths),
+            "layer_type": config.block, "hidden_act": "relu",
+            "downsample_in_first_stage": False, "downsample_in_bottleneck": False}
+
+
 _NO_PARAMETER = ("embeddings.position_ids", "embeddings.token_type_ids")
 
 CONVERTERS: dict[str, Converter] = {
@@ -455,6 +541,16 @@ CONVERTERS: dict[str, Converter] = {
         config_to_hf=_xlnet_config_to_hf, tensors=_xlnet_tensors, prefix="transformer.",
         optional=("lm_loss.",),
         tied={"lm_loss.weight": "transformer.word_embedding.weight"},
+    ),
+    "resnet": Converter(
+        method="simclr", model_type="resnet", model_class=ResNet,
+        architectures=("ResNetModel", "ResNetForImageClassification"),
+        config_from_hf=_resnet_config_from_hf, config_to_hf=_resnet_config_to_hf,
+        tensors=_resnet_tensors, prefix="resnet.",
+        ignored=("num_batches_tracked", "classifier.1.weight", "classifier.1.bias"),
+        buffers=lambda config: {
+            t.hf.replace(".running_mean", ".num_batches_tracked"): np.zeros((), np.int64)
+            for t in _resnet_tensors(config) if t.hf.endswith(".running_mean")},
     ),
 }
 

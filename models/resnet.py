@@ -1,0 +1,145 @@
+"""ResNet v1.5 backbones (He et al. 2016; the stride on the 3x3 convolution of a bottleneck, as
+torchvision and HF transformers `ResNetModel`, the parity oracle) with an ImageNet stem (7x7/2
+convolution + 3x3/2 max-pool) or a CIFAR stem (3x3/1 convolution, no pool; SimCLR Appendix
+B.9), a width multiplier, and the SimCLR projection head.
+
+Images are NHWC. BatchNorm uses torch's defaults (epsilon 1e-5, momentum 0.1, i.e. Flax 0.9).
+Under `jit` with a batch sharded over the mesh, BatchNorm's mean and variance are those of the
+global batch (XLA reduces across devices), which is SimCLR's global BN without any axis name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# Blocks and stage depths of the standard sizes (torchvision / HF `ResNetConfig`).
+DEPTHS = {18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)),
+          50: ("bottleneck", (3, 4, 6, 3)), 101: ("bottleneck", (3, 4, 23, 3))}
+BOTTLENECK_EXPANSION = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class ResNetConfig:
+    """`depth` 18/34/50/101, `stem` `imagenet` or `cifar`, `width_multiplier` scales every
+    channel count: the stem has base_width x w channels, the stages base_width x w x (1, 2, 4,
+    8), times 4 for bottlenecks (`base_width` is 64 in every standard ResNet; smaller values
+    make test-sized models). `dtype` is the compute dtype (parameters stay float32)."""
+
+    depth: int = 50
+    stem: str = "imagenet"
+    width_multiplier: int = 1
+    base_width: int = 64
+    num_channels: int = 3
+    batch_norm_momentum: float = 0.9
+    batch_norm_epsilon: float = 1e-5
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.depth not in DEPTHS:
+            raise ValueError(f"depth {self.depth} must be one of {sorted(DEPTHS)}")
+        if self.stem not in ("imagenet", "cifar"):
+            raise ValueError(f"stem {self.stem!r} must be 'imagenet' or 'cifar'")
+        if self.width_multiplier < 1 or self.base_width < 1:
+            raise ValueError("width_multiplier and base_width must be >= 1")
+
+    @property
+    def block(self) -> str:
+        return DEPTHS[self.depth][0]
+
+    @property
+    def stage_depths(self) -> tuple[int, ...]:
+        return DEPTHS[self.depth][1]
+
+    @property
+    def stem_width(self) -> int:
+        return self.base_width * self.width_multiplier
+
+    @property
+    def stage_widths(self) -> tuple[int, ...]:
+        """Output channels of each stage."""
+        expansion = BOTTLENECK_EXPANSION if self.block == "bottleneck" else 1
+        return tuple(self.stem_width * expansion * m for m in (1, 2, 4, 8))
+
+    @property
+    def features(self) -> int:
+        return self.stage_widths[-1]
+
+
+class ConvBN(nnx.Module):
+    """Convolution without bias (torch padding kernel // 2 on both sides) + BatchNorm
+    (HF `ResNetConvLayer` without its activation)."""
+
+    def __init__(self, config: ResNetConfig, in_channels: int, out_channels: int, kernel: int,
+                 stride: int, *, rngs: nnx.Rngs):
+        pad = kernel // 2
+        self.convolution = nnx.Conv(
+            in_channels, out_channels, (kernel, kernel), strides=stride,
+            padding=((pad, pad), (pad, pad)), use_bias=False, dtype=jnp.dtype(config.dtype),
+            kernel_init=nnx.initializers.variance_scaling(2.0, "fan_out", "normal"), rngs=rngs)
+        self.normalization = nnx.BatchNorm(
+            out_channels, momentum=config.batch_norm_momentum,
+            epsilon=config.batch_norm_epsilon, dtype=jnp.dtype(config.dtype), rngs=rngs)
+
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+        return self.normalization(self.convolution(x), use_running_average=not train)
+
+
+class ResidualBlock(nnx.Module):
+    """Basic (two 3x3) or bottleneck (1x1, 3x3 with the stride, 1x1 to 4x) block with a
+    projection shortcut when the shape changes; ReLU after the sum."""
+
+    def __init__(self, config: ResNetConfig, in_channels: int, out_channels: int, stride: int,
+                 *, rngs: nnx.Rngs):
+        if config.block == "basic":
+            shapes = [(in_channels, out_channels, 3, stride), (out_channels, out_channels, 3, 1)]
+        else:
+            inner = out_channels // BOTTLENECK_EXPANSION
+            shapes = [(in_channels, inner, 1, 1), (inner, inner, 3, stride),
+                      (inner, out_channels, 1, 1)]
+        self.layers = nnx.List([ConvBN(config, *shape, rngs=rngs) for shape in shapes])
+        self.shortcut = (ConvBN(config, in_channels, out_channels, 1, stride, rngs=rngs)
+                         if in_channels != out_channels or stride != 1 else None)
+
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+        residual = x if self.shortcut is None else self.shortcut(x, train)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, train)
+            if index < len(self.layers) - 1:
+                x = jax.nn.relu(x)
+        return jax.nn.relu(x + residual)
+
+
+class ResNet(nnx.Module):
+    """The backbone: stem, four stages, global average pool -> [B, features]."""
+
+    def __init__(self, config: ResNetConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        kernel, stride = (7, 2) if config.stem == "imagenet" else (3, 1)
+        self.stem = ConvBN(config, config.num_channels, config.stem_width, kernel, stride,
+                           rngs=rngs)
+        stages, in_channels = [], config.stem_width
+        for index, (depth, width) in enumerate(zip(config.stage_depths, config.stage_widths,
+                                                   strict=True)):
+            blocks = [ResidualBlock(config, in_channels if b == 0 else width, width,
+                                    2 if index > 0 and b == 0 else 1, rngs=rngs)
+                      for b in range(depth)]
+            stages.append(nnx.List(blocks))
+            in_channels = width
+        self.stages = nnx.List(stages)
+
+    def feature_map(self, images: jax.Array, *, train: bool) -> jax.Array:
+        """[B, H, W, C] images (normalised floats) -> the last stage's [B, h, w, features]."""
+        x = jax.nn.relu(self.stem(images.astype(jnp.dtype(self.config.dtype)), train))
+        if self.config.stem == "imagenet":
+            x = nnx.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+        for stage in self.stages:
+            for block in stage:
+                x = block(x, train)
+        return x
+
+    def __call__(self, images: jax.Array, *, train: bool) -> jax.Array:
+        return self.feature_map(images, train=train).mean(axis=(1, 2))
