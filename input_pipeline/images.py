@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from input_pipeline.errors import UserError
+from input_pipeline.prepare import DEMO_CORPUS, fingerprint
+from input_pipeline.records import RecordDirectory, write_records
 
 CIFAR10_SPLITS = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
 
@@ -57,3 +59,27 @@ def read_cifar10(root: str | Path, split: str = "train") -> tuple[np.ndarray, np
 def cifar10_label_names(root: str | Path) -> list[str]:
     meta = _unpickle(_find(Path(root), "batches.meta"))
     return [name.decode() for name in meta[b"label_names"]]
+
+
+def prepare_cifar10(source: str, cache_root: Path, max_eval: int
+                    ) -> tuple[RecordDirectory, dict[str, np.ndarray]]:
+    """(train records of {image, label}, the test split in memory, capped at `max_eval`),
+    written once under a fingerprint of the pickle files."""
+    if not source or source == DEMO_CORPUS:
+        raise UserError("data.source must be a CIFAR-10 python folder (cifar-10-batches-py, "
+                        "e.g. --data path/to/cifar10)")
+    root = Path(source)
+    if not root.is_dir():
+        raise UserError(f"data.source={source} is not a directory; pass the CIFAR-10 python "
+                        "folder")
+    files = [_find(root, name) for names in CIFAR10_SPLITS.values() for name in names]
+    key = fingerprint("cifar10", [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns]
+                                  for p in files])
+    train_dir = Path(cache_root) / key / "train"
+    if not (train_dir / "features.json").is_file():
+        images, labels = read_cifar10(root, "train")
+        write_records(({"image": image, "label": label} for image, label in zip(images, labels,
+                                                                                strict=True)),
+                      train_dir, metadata={"source": source})
+    images, labels = read_cifar10(root, "test")
+    return RecordDirectory(train_dir), {"image": images[:max_eval], "label": labels[:max_eval]}

@@ -31,7 +31,9 @@ class MeshConfig:
 class OptimConfig:
     """Optimizer and schedule. Defaults are BERT's AdamWeightDecay (optimization.py): lr 1e-4,
     wd 0.01 (not on LayerNorm or biases), b1 0.9, b2 0.999, eps 1e-6, no bias correction,
-    global-norm clip 1.0, linear warmup then linear decay to 0."""
+    global-norm clip 1.0, linear warmup then linear decay to 0. `optimizer` is adamw, lamb or
+    lars (SimCLR: `momentum` 0.9, `trust_coefficient` 0.001, neither decay nor adaptation on
+    normalisation parameters and biases)."""
 
     optimizer: str = "adamw"
     learning_rate: float = 1e-4
@@ -45,6 +47,8 @@ class OptimConfig:
     bias_correction: bool = False
     clip_norm: float = 1.0
     grad_accum_steps: int = 1
+    momentum: float = 0.9
+    trust_coefficient: float = 0.001
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +185,27 @@ PRESETS: dict[str, dict[str, Any]] = {
         "data": {"vocab_size": 32000},
         "optim": {"learning_rate": 4e-4, "warmup_steps": 40000},
         "train": {"steps": 500000, "batch_size": 256},
+    },
+    # SimCLR on CIFAR-10 (simclr tf2 README command): ResNet-18 with the CIFAR stem, batch 512,
+    # 1000 epochs (97,656 steps) with 10 of warmup, LARS lr 1.0 x 512/256, weight decay 1e-4,
+    # temperature 0.5, jitter strength 0.5, no blur.
+    "simclr_tiny": {
+        "method": "simclr",
+        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
+                  "temperature": 0.5, "jitter_strength": 0.5, "blur_probability": 0.0},
+        "optim": {"optimizer": "lars", "learning_rate": 0.5, "schedule": "cosine",
+                  "warmup_steps": 10, "weight_decay": 1e-4, "clip_norm": 0.0},
+        "train": {"steps": 200, "batch_size": 64, "log_every": 25, "eval_every": 100,
+                  "checkpoint_every": 100},
+    },
+    "simclr_cifar10": {
+        "method": "simclr",
+        "model": {"depth": 18, "stem": "cifar", "image_size": 32, "temperature": 0.5,
+                  "jitter_strength": 0.5, "blur_probability": 0.0},
+        "data": {"source": ""},
+        "optim": {"optimizer": "lars", "learning_rate": 2.0, "schedule": "cosine",
+                  "warmup_steps": 977, "weight_decay": 1e-4, "clip_norm": 0.0},
+        "train": {"steps": 97656, "batch_size": 512, "eval_every": 2000},
     },
 }
 

@@ -89,8 +89,15 @@ def make_optimizer(config: Any, total_steps: int) -> optax.GradientTransformatio
     elif config.optimizer == "lamb":
         core = optax.lamb(schedule, config.b1, config.b2, config.eps,
                           weight_decay=config.weight_decay, mask=decay_mask)
+    elif config.optimizer == "lars":
+        # optax.lars = decay -> trust ratio -> lr -> momentum trace, i.e. SimCLR's
+        # lars_optimizer.py with classic momentum (v = m v + lr * trust * (g + wd w)).
+        core = optax.lars(schedule, config.weight_decay, weight_decay_mask=decay_mask,
+                          trust_coefficient=config.trust_coefficient, trust_ratio_mask=decay_mask,
+                          momentum=config.momentum)
     else:
-        raise UserError(f"optim.optimizer={config.optimizer!r} is unknown; use adamw or lamb")
+        raise UserError(f"optim.optimizer={config.optimizer!r} is unknown; use adamw, lamb or "
+                        "lars")
     if config.clip_norm > 0:
         return optax.chain(optax.clip_by_global_norm(config.clip_norm), core)
     return core

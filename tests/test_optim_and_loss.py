@@ -85,3 +85,36 @@ def test_weighted_cross_entropy_is_the_reference_formula():
     correct = (logits.argmax(-1) == labels) * weights
     numerator, denominator = metrics["accuracy"]
     assert float(numerator) == correct.sum() and float(denominator) == weights.sum()
+
+
+def test_lars_matches_simclr_lars_optimizer_by_hand():
+    """Two steps of SimCLR's lars_optimizer.py (classic momentum): g += wd w; trust =
+    eta ||w|| / ||g||; v = m v + lr trust g; w -= v. BatchNorm scale and biases get neither
+    decay nor adaptation."""
+    config = OptimConfig(optimizer="lars", learning_rate=0.5, warmup_steps=0,
+                         schedule="constant", weight_decay=1e-4, clip_norm=0.0, momentum=0.9,
+                         trust_coefficient=0.001)
+    tx = make_optimizer(config, total_steps=10)
+    rng = np.random.default_rng(0)
+    params = {"conv": {"kernel": rng.standard_normal((3, 3, 2, 4))},
+              "bn": {"scale": rng.standard_normal(4), "bias": rng.standard_normal(4)}}
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
+    state = tx.init(params)
+    expected = jax.tree.map(np.asarray, params)
+    velocity = jax.tree.map(np.zeros_like, expected)
+    for step in range(2):
+        grads = jax.tree.map(lambda a, s=step: jnp.sin(a * (s + 1)), params)
+        updates, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        for path in (("conv", "kernel"), ("bn", "scale"), ("bn", "bias")):
+            w = expected[path[0]][path[1]]
+            g = np.asarray(grads[path[0]][path[1]], np.float64)
+            if path[0] == "conv":  # decay and trust ratio only for the convolution kernel
+                g = g + 1e-4 * w
+                g = 0.001 * np.linalg.norm(w) / np.linalg.norm(g) * g
+            v = 0.9 * velocity[path[0]][path[1]] + 0.5 * g
+            velocity[path[0]][path[1]] = v
+            expected[path[0]][path[1]] = w - v
+        for key, value in jax.tree_util.tree_leaves_with_path(params):
+            want = expected[key[0].key][key[1].key]
+            np.testing.assert_allclose(np.asarray(value), want, rtol=1e-5, atol=1e-6)

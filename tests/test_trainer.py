@@ -4,6 +4,7 @@ exact resume."""
 from __future__ import annotations
 
 import json
+import pickle
 
 import jax
 import numpy as np
@@ -36,19 +37,33 @@ XLNET_TINY = {
     "examples.reuse_len": 16, "examples.perm_size": 16, "examples.num_predict": 5,
     "examples.num_streams": 16,
 }
-PRESET_OVERRIDES = {"bert_tiny": TINY, "electra_tiny": ELECTRA_TINY, "xlnet_tiny": XLNET_TINY}
+# SimCLR: a 4-wide ResNet-18 on a small CIFAR-format folder (written by the fixture below).
+SIMCLR_TINY = {"model.base_width": 4, "train.batch_size": 16, "train.log_every": 1,
+               "train.eval_every": 1000, "train.eval_batches": 1, "train.progress": False,
+               "optim.warmup_steps": 2}
+PRESET_OVERRIDES = {"bert_tiny": TINY, "electra_tiny": ELECTRA_TINY, "xlnet_tiny": XLNET_TINY,
+                    "simclr_tiny": SIMCLR_TINY}
 
 
 @pytest.fixture(scope="module")
 def data_cache(tmp_path_factory):
-    """One prepared copy of the demo corpus shared by every trainer in this module."""
-    return str(tmp_path_factory.mktemp("prepared"))
+    """One prepared copy of each corpus shared by every trainer in this module, and a small
+    CIFAR-10-format folder (random images) for the image method."""
+    cache = tmp_path_factory.mktemp("prepared")
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        rows = rng.integers(0, 256, (16, 3072), dtype=np.uint8)
+        with (cache / name).open("wb") as f:
+            pickle.dump({b"data": rows, b"labels": list(range(16))}, f)
+    return str(cache)
 
 
 def make_trainer(workdir, data_cache, mesh=(-1, 1, 1), devices=None, preset="bert_tiny",
                  **overrides):
     values = {**PRESET_OVERRIDES[preset], "data.cache_dir": data_cache, "mesh.data": mesh[0],
               "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2], **overrides}
+    if preset == "simclr_tiny":
+        values["data.source"] = data_cache
     return Trainer(make_config(preset, values), workdir, devices=devices)
 
 
@@ -63,10 +78,11 @@ def flat_params(state):
             for k, v in jax.tree_util.tree_leaves_with_path(jax.device_get(tree))}
 
 
-@pytest.mark.parametrize("preset", ["bert_tiny", "electra_tiny", "xlnet_tiny"])
+@pytest.mark.parametrize("preset", ["bert_tiny", "electra_tiny", "xlnet_tiny", "simclr_tiny"])
 def test_same_step_on_every_mesh(tmp_path, data_cache, preset):
-    """One step (dropout on; ELECTRA also samples) gives the same loss and params on 1 device
-    and on 3 meshes of 8."""
+    """One step (dropout on; ELECTRA also samples, SimCLR augments and updates BatchNorm
+    statistics) gives the same loss, params and model state on 1 device and on 3 meshes of
+    8."""
     results = {}
     layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "dp": ((8, 1, 1), None),
                "mixed": ((2, 2, 2), None), "tp": ((1, 1, 8), None)}

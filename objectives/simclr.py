@@ -1,0 +1,99 @@
+"""SimCLR pre-training objective (Chen et al. 2020): two augmented views of every image, one
+ResNet + projection head over both (BatchNorm statistics over the 2N views of the global
+batch), NT-Xent with negatives from the whole global batch.
+
+Reference: google-research/simclr tf2/run.py, tf2/model.py, tf2/objective.py. The host delivers
+uint8 images; the augmentations run here, inside the jitted step, one key per view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from input_pipeline import image_augment
+from input_pipeline.images import prepare_cifar10
+from input_pipeline.prepare import DataConfig
+from models.simclr import SimCLR, SimCLRConfig
+from objectives.contrastive import nt_xent
+from objectives.registry import Batch, Method, Metrics, PreparedData, register
+
+# Held-out evaluation has no step rng; its views come from this fixed key.
+EVAL_AUGMENT_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SimCLRObjectiveConfig(SimCLRConfig):
+    """The network (`SimCLRConfig`) plus the objective: NT-Xent `temperature` (0.1 ImageNet,
+    0.5 CIFAR) and the augmentation settings (`image_augment.AugmentConfig`, flattened so
+    each is a `model.*` override; SimCLR treats the augmentations as part of the method)."""
+
+    temperature: float = 0.1
+    image_size: int = 224
+    crop_area_min: float = 0.08
+    jitter_strength: float = 1.0
+    blur_probability: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.temperature <= 0.0:
+            raise ValueError(f"temperature={self.temperature} must be > 0 (SimCLR: 0.1 or 0.5)")
+        if not 0.0 < self.crop_area_min <= 1.0:
+            raise ValueError(f"crop_area_min={self.crop_area_min} must be in (0, 1]")
+
+    def augment_config(self) -> image_augment.AugmentConfig:
+        return image_augment.AugmentConfig(
+            image_size=self.image_size, crop_area=(self.crop_area_min, 1.0),
+            jitter_strength=self.jitter_strength, blur_probability=self.blur_probability)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageExampleConfig:
+    """How many test images are kept in memory for held-out evaluation."""
+
+    max_eval_examples: int = 10000
+
+
+def simclr_loss(model: SimCLR, batch: Batch, rng: jax.Array | None
+                ) -> tuple[jax.Array, Metrics]:
+    """NT-Xent of two views of every image; `rng=None` (evaluation) uses fixed views and the
+    BatchNorm running statistics."""
+    config: SimCLRObjectiveConfig = model.config
+    key = rng if rng is not None else jax.random.key(EVAL_AUGMENT_SEED)
+    first_key, second_key = jax.random.split(key)
+    augment = config.augment_config()
+    views = jnp.concatenate([image_augment.augment_batch(first_key, batch["image"], augment),
+                             image_augment.augment_batch(second_key, batch["image"], augment)])
+    projections = model(views, train=rng is not None).projections
+    first, second = jnp.split(projections, 2)
+    loss, metrics = nt_xent(first, second, config.temperature)
+    return loss, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
+
+
+def build_simclr(config: SimCLRObjectiveConfig, seed: int) -> SimCLR:
+    with nnx.use_eager_sharding(False):
+        return SimCLR(config, rngs=nnx.Rngs(seed))
+
+
+def prepare_simclr(data: DataConfig, examples: ImageExampleConfig, cache_dir: Path,
+                   seed: int) -> PreparedData:
+    """CIFAR-10 pickles -> uint8 image records (train) and the test split in memory."""
+    train, held_out = prepare_cifar10(data.source, cache_dir, examples.max_eval_examples)
+    return PreparedData(train=train, eval=held_out)
+
+
+register(Method(
+    name="simclr",
+    model_config=SimCLRObjectiveConfig,
+    example_config=ImageExampleConfig,
+    build_model=build_simclr,
+    loss=simclr_loss,
+    prepare=prepare_simclr,
+    units_per_example=lambda examples: 2,
+    unit="views",
+    description="SimCLR: NT-Xent between two augmented views (Chen et al. 2020)",
+))
