@@ -52,6 +52,8 @@ class Method:
     - `prepare(data_config, example_config, cache_dir, seed)`: builds the records on the host.
     - `units_per_example(example_config)`: tokens (or images) per example, for throughput.
     - `check(model_config, example_config)`: cross-field validation, raising UserError.
+    - `monitor(model, prepared_data, example_config)`: optional held-out metrics beyond the
+      loss's, computed at every evaluation (SimCLR: the kNN accuracy of the features).
     """
 
     name: str
@@ -62,6 +64,7 @@ class Method:
     prepare: Callable[[Any, Any, Any, int], PreparedData]
     units_per_example: Callable[[Any], int]
     check: Callable[[Any, Any], None] = lambda model_config, example_config: None
+    monitor: Callable[[Any, PreparedData, Any], dict[str, float]] | None = None
     unit: str = "tokens"
     description: str = ""
 

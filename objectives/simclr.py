@@ -20,6 +20,7 @@ from input_pipeline.images import prepare_cifar10
 from input_pipeline.prepare import DataConfig
 from models.simclr import SimCLR, SimCLRConfig
 from objectives.contrastive import nt_xent
+from objectives.evaluation import extract_features, knn_accuracy
 from objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 # Held-out evaluation has no step rng; its views come from this fixed key.
@@ -53,9 +54,14 @@ class SimCLRObjectiveConfig(SimCLRConfig):
 
 @dataclasses.dataclass(frozen=True)
 class ImageExampleConfig:
-    """How many test images are kept in memory for held-out evaluation."""
+    """How many test images are kept in memory for held-out evaluation, and the kNN monitor:
+    a bank of the first `knn_bank_size` training images, `knn_k` neighbours, vote temperature
+    `knn_temperature` (solo-learn / lightly: k 200, temperature 0.1)."""
 
     max_eval_examples: int = 10000
+    knn_bank_size: int = 10000
+    knn_k: int = 200
+    knn_temperature: float = 0.1
 
 
 def simclr_loss(model: SimCLR, batch: Batch, rng: jax.Array | None
@@ -72,6 +78,28 @@ def simclr_loss(model: SimCLR, batch: Batch, rng: jax.Array | None
     first, second = jnp.split(projections, 2)
     loss, metrics = nt_xent(first, second, config.temperature)
     return loss, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
+
+
+def evaluation_view(images: jax.Array, size: int) -> jax.Array:
+    """The un-augmented input: [0, 1] floats at the training resolution."""
+    images = image_augment.to_float(images)
+    if images.shape[1:3] != (size, size):
+        images = jax.image.resize(images, (images.shape[0], size, size, 3), "linear")
+    return images
+
+
+def knn_monitor(model: SimCLR, data: PreparedData, examples: ImageExampleConfig
+                ) -> dict[str, float]:
+    """Held-out kNN accuracy of the backbone's features against a labelled training bank."""
+    encode = nnx.jit(lambda m, x: m.backbone(evaluation_view(x, m.config.image_size),
+                                             train=False))
+    bank = data.train.examples(range(min(len(data.train), examples.knn_bank_size)))
+    features = [extract_features(lambda x: encode(model, x), images)
+                for images in (bank["image"], data.eval["image"])]
+    num_classes = int(max(bank["label"].max(), data.eval["label"].max())) + 1
+    return {"knn_accuracy": knn_accuracy(features[0], bank["label"], features[1],
+                                         data.eval["label"], num_classes, examples.knn_k,
+                                         examples.knn_temperature)}
 
 
 def build_simclr(config: SimCLRObjectiveConfig, seed: int) -> SimCLR:
@@ -94,6 +122,7 @@ register(Method(
     loss=simclr_loss,
     prepare=prepare_simclr,
     units_per_example=lambda examples: 2,
+    monitor=knn_monitor,
     unit="views",
     description="SimCLR: NT-Xent between two augmented views (Chen et al. 2020)",
 ))

@@ -275,7 +275,11 @@ class Trainer:
             local = {k: v[lo:lo + per_process] for k, v in records.items()}
             metrics = self._eval_step(state, self.to_global(local))
             sums = metrics if sums is None else jax.tree.map(jnp.add, sums, metrics)
-        return reduce_metrics(jax.device_get(sums))
+        results = reduce_metrics(jax.device_get(sums))
+        if self.method.monitor is not None:
+            model = nnx.merge(self.graphdef, state.params, state.model_state, copy=True)
+            results.update(self.method.monitor(model, self.data, self.example_config))
+        return results
 
     # --------------------------------------------------------------------- checkpoints
     def checkpoint_manager(self) -> ocp.CheckpointManager:

@@ -222,3 +222,10 @@ def test_dynamic_masking_stream_is_reproducible_and_trains(tmp_path, data_cache)
     assert a["masked_lm_weights"].sum() > 0
     summary = trainer.run()
     assert np.isfinite(summary["train"]["loss"]) and summary["step"] == 2
+
+
+def test_simclr_evaluation_reports_the_knn_monitor(tmp_path, data_cache):
+    summary = make_trainer(tmp_path / "w", data_cache, preset="simclr_tiny",
+                           **{"train.steps": 1, "train.eval_every": 1}).run()
+    assert 0.0 <= summary["eval"]["knn_accuracy"] <= 1.0
+    assert summary["eval"]["contrastive_loss"] > 0
