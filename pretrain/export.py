@@ -1,7 +1,8 @@
 """Loading trained models back, and conversion between pretext and HuggingFace directories.
 
-A pretext *model directory* holds `model.json` (method + resolved model config) and `params/`
-(an Orbax checkpoint of the parameters). A pretext *workdir* holds the same `model.json` and
+A pretext *model directory* holds `model.json` (method + resolved model config), `params/`
+(an Orbax checkpoint of the parameters) and `state/` for models with other state (BatchNorm
+statistics). A pretext *workdir* holds the same `model.json` and
 training checkpoints; `load_model` takes either and returns the Flax NNX model.
 """
 
@@ -38,14 +39,18 @@ def _strip_values(tree: Any) -> Any:
     return tree
 
 
-def _model_from_params(directory: Path, pure_params: dict[str, Any]) -> nnx.Module:
-    """The model with these parameters; its other state (XLNet's training memory) is zeros."""
+def _model_from_state(directory: Path, pure_params: dict[str, Any],
+                      pure_rest: dict[str, Any] | None) -> nnx.Module:
+    """The model with these parameters and its other state (BatchNorm statistics, XLNet's
+    memory); state that was not stored starts at zero."""
     info = json.loads((directory / MODEL_FILE).read_text())
     method = registry.get(info["method"])
     model = nnx.eval_shape(lambda: method.build_model(method.model_config(**info["model"]), 0))
     _, params, rest = nnx.split(model, nnx.Param, ...)
     nnx.replace_by_pure_dict(params, jax.tree.map(np.asarray, _strip_values(pure_params)))
     rest = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), rest)
+    if pure_rest:
+        nnx.replace_by_pure_dict(rest, jax.tree.map(np.asarray, _strip_values(pure_rest)))
     return nnx.merge(nnx.graphdef(model), params, rest)
 
 
@@ -66,19 +71,24 @@ def _load_pretraining_model(path: Path) -> nnx.Module:
         raise UserError(f"{path} is not a pretext workdir or model directory ({MODEL_FILE} "
                         "missing); pass the --workdir of a run or a converted model")
     if (path / "params").is_dir():
-        params = ocp.StandardCheckpointer().restore((path / "params").resolve())
-        return _model_from_params(path, params)
+        checkpointer = ocp.StandardCheckpointer()
+        params = checkpointer.restore((path / "params").resolve())
+        rest = (checkpointer.restore((path / "state").resolve())
+                if (path / "state").is_dir() else None)
+        return _model_from_state(path, params, rest)
     manager = ocp.CheckpointManager((path / "checkpoints").resolve())
     step = manager.latest_step()
     if step is None:
         raise UserError(f"{path} has no checkpoint yet; train first or pass another workdir")
     restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
     manager.close()
-    return _model_from_params(path, restored["state"]["params"])
+    return _model_from_state(path, restored["state"]["params"],
+                             restored["state"].get("model_state"))
 
 
 def save_model(model: nnx.Module, method: str, path: str | Path) -> Path:
-    """Writes a pretext model directory (refuses to overwrite a non-empty folder)."""
+    """Writes a pretext model directory: `model.json`, `params/` and, when the model has any,
+    `state/` (BatchNorm statistics, memory). Refuses to overwrite a non-empty folder."""
     path = Path(path)
     if path.exists() and any(path.iterdir()):
         raise UserError(f"{path} exists and is not empty; choose a new output directory")
@@ -88,6 +98,10 @@ def save_model(model: nnx.Module, method: str, path: str | Path) -> Path:
     write_model_json(tmp, method, model.config)
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save((tmp / "params").resolve(), nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    rest = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
+    if jax.tree.leaves(rest):
+        checkpointer.wait_until_finished()
+        checkpointer.save((tmp / "state").resolve(), rest)
     checkpointer.wait_until_finished()
     if path.exists():
         path.rmdir()

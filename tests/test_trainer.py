@@ -225,7 +225,20 @@ def test_dynamic_masking_stream_is_reproducible_and_trains(tmp_path, data_cache)
 
 
 def test_simclr_evaluation_reports_the_knn_monitor(tmp_path, data_cache):
+    """The kNN monitor runs at evaluation; the workdir's model comes back with its trained
+    BatchNorm statistics (model state, not parameters), also through a model directory."""
+    from pretrain.export import load_model, save_model
+
     summary = make_trainer(tmp_path / "w", data_cache, preset="simclr_tiny",
                            **{"train.steps": 1, "train.eval_every": 1}).run()
     assert 0.0 <= summary["eval"]["knn_accuracy"] <= 1.0
     assert summary["eval"]["contrastive_loss"] > 0
+    trained = jax.tree.leaves(jax.device_get(summary["state"].model_state))
+    model = load_model(tmp_path / "w")
+    restored = jax.tree.leaves(nnx.state(model, nnx.BatchStat))
+    assert len(restored) == len(trained) > 0
+    for a, b in zip(trained, restored, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    copy = load_model(save_model(model, "simclr", tmp_path / "model"))
+    for a, b in zip(restored, jax.tree.leaves(nnx.state(copy, nnx.BatchStat)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
