@@ -1,6 +1,7 @@
 """pretext command line.
 
     python run.py                      # offline demo: tiny BERT on the Python docs, a few minutes
+    python run.py demo --images        # offline image demo: SimCLR on scikit-learn's digits
     python run.py pretrain --preset bert_tiny --data corpus.txt --workdir runs/x train.steps=100
     python run.py convert runs/x hf_out --to hf      # pretext workdir -> HuggingFace directory
     python run.py convert hf_dir model_out --to pretext
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 DEMO_WORKDIR = "runs/demo"
+IMAGE_DEMO_WORKDIR = "runs/demo_images"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,7 +30,11 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
 
     demo = commands.add_parser("demo", help="pre-train a tiny BERT on the Python docs (offline)")
-    demo.add_argument("--workdir", default=DEMO_WORKDIR, help="where checkpoints/logs go")
+    demo.add_argument("--images", action="store_true",
+                      help="SimCLR on scikit-learn's 8x8 digits instead (pip install "
+                      "'pretext[demo]')")
+    demo.add_argument("--workdir", help=f"where checkpoints/logs go (default {DEMO_WORKDIR}, "
+                      f"{IMAGE_DEMO_WORKDIR} with --images)")
     demo.add_argument("overrides", nargs="*", help="section.key=value config overrides")
 
     pretrain = commands.add_parser("pretrain", help="pre-train a model from a preset")
@@ -71,9 +77,12 @@ def _print_summary(summary: dict, seconds: float) -> None:
             if baseline is not None:
                 line += f" vs majority-token baseline {baseline:.3f}"
             print(line)
-    for key in ("loss", "nsp_accuracy", "rtd_accuracy"):
+    for key in ("loss", "nsp_accuracy", "rtd_accuracy", "contrastive_accuracy"):
         if key in evaluation:
             print(f"  held-out {key}: {evaluation[key]:.3f}")
+    if "knn_accuracy" in evaluation:
+        print(f"  held-out kNN accuracy of the backbone's features {evaluation['knn_accuracy']:.3f}"
+              " (chance: 1 / number of classes)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
 
         start = time.perf_counter()
         if args.command in (None, "demo"):
-            workdir = getattr(args, "workdir", DEMO_WORKDIR)
-            summary = _pretrain("bert_tiny", getattr(args, "overrides", []), workdir)
+            images = getattr(args, "images", False)
+            workdir = getattr(args, "workdir", None) or (IMAGE_DEMO_WORKDIR if images
+                                                         else DEMO_WORKDIR)
+            summary = _pretrain("simclr_digits" if images else "bert_tiny",
+                                getattr(args, "overrides", []), workdir)
             _print_summary(summary, time.perf_counter() - start)
         elif args.command == "pretrain":
             overrides = list(args.overrides)

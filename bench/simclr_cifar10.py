@@ -7,7 +7,9 @@ JPEG copies, so pixels are lossy). Defaults fit a CPU: `simclr_cifar10`'s recipe
 temperature 0.5, jitter 0.5, no blur, LARS, cosine) with a ResNet-18 of 16 base channels
 (`model.base_width=16`), batch 256. After training: kNN (k 200, temperature 0.1) with the
 50,000 training images as the bank, and a linear probe on frozen features (train 50,000, test
-10,000). Prints one JSON line with the throughput in augmented views per second.
+10,000), for the trained backbone and for the same backbone at its random initialisation (the
+baseline any learning has to beat). Prints one JSON line with the throughput in augmented
+views per second.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from flax import nnx
 import objectives  # noqa: F401  (registers the methods)
 from bench.pretrain_wikitext import shared_data_dir
 from input_pipeline.images import read_cifar10
+from objectives import registry
 from objectives.evaluation import extract_features, knn_accuracy, linear_probe_accuracy
 from objectives.simclr import evaluation_view
 from pretrain.config import make_config
@@ -47,23 +50,30 @@ def main() -> None:
     start = time.perf_counter()
     summary = Trainer(config, args.workdir).run()
     seconds = time.perf_counter() - start
-    model = load_model(args.workdir)
     encode = nnx.jit(lambda m, x: m.backbone(evaluation_view(x, m.config.image_size),
                                              train=False))
     train_images, train_labels = read_cifar10(data, "train")
     test_images, test_labels = read_cifar10(data, "test")
-    train_features, test_features = (extract_features(lambda x: encode(model, x), images)
-                                     for images in (train_images, test_images))
+
+    def evaluate(model: nnx.Module) -> dict[str, float]:
+        train_features, test_features = (extract_features(lambda x: encode(model, x), images)
+                                         for images in (train_images, test_images))
+        return {"knn_accuracy_k200": knn_accuracy(train_features, train_labels, test_features,
+                                                  test_labels, 10),
+                "linear_probe_accuracy": linear_probe_accuracy(
+                    train_features, train_labels, test_features, test_labels, 10)}
+
+    trained = evaluate(load_model(args.workdir))
+    untrained = evaluate(registry.get("simclr").build_model(config.model_config(),
+                                                            config.train.seed))
     rows = [json.loads(line)
             for line in (Path(args.workdir) / "metrics.jsonl").read_text().splitlines()]
     speeds = [r["views_per_s"] for r in rows if r["split"] == "train" and "views_per_s" in r]
     print(json.dumps({
         "benchmark": "simclr_cifar10", "steps": summary["step"],
         "batch_size": config.train.batch_size, "backbone": "ResNet-18, CIFAR stem, width 16",
-        "knn_accuracy_k200": knn_accuracy(train_features, train_labels, test_features,
-                                          test_labels, 10),
-        "linear_probe_accuracy": linear_probe_accuracy(train_features, train_labels,
-                                                       test_features, test_labels, 10),
+        **trained,
+        "untrained_backbone": untrained,
         "final_train_contrastive_accuracy": summary["train"].get("contrastive_accuracy"),
         "views_per_s_after_compile": float(np.median(speeds[1:] or speeds)) if speeds else None,
         "wall_clock_s": round(seconds, 1),

@@ -11,6 +11,7 @@ float32 in [0, 1].
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,45 +20,82 @@ GRAY_WEIGHTS = jnp.array([0.2989, 0.5870, 0.1140])  # tf.image.rgb_to_grayscale
 
 
 @dataclasses.dataclass(frozen=True)
+class CropConfig:
+    """`distorted_bounding_box_crop` as data_util.py calls it: area fraction in `area`, aspect
+    (w/h) in `aspect`, at least `min_covered` of the image kept, `attempts` tries before the
+    whole image is used."""
+
+    area: tuple[float, float] = (0.08, 1.0)
+    aspect: tuple[float, float] = (3 / 4, 4 / 3)
+    min_covered: float = 0.1
+    attempts: int = 100
+
+
+@dataclasses.dataclass(frozen=True)
 class AugmentConfig:
-    """data_util.py defaults: crop area (0.08, 1) and aspect (3/4, 4/3); jitter strength s
-    (1.0 ImageNet, 0.5 CIFAR) gives brightness/contrast/saturation 0.8 s and hue 0.2 s, applied
-    with p 0.8 in random order; grayscale p 0.2; blur p 0.5 with sigma in (0.1, 2) and a kernel
-    of a tenth of the image (ImageNet only)."""
+    """data_util.py defaults: the crop (`CropConfig`; `crop=False` when the host already
+    cropped, as for ImageNet-size images); jitter strength s (1.0 ImageNet, 0.5 CIFAR) gives
+    brightness/contrast/saturation 0.8 s and hue 0.2 s, applied with p 0.8 in random order;
+    grayscale p 0.2; blur p 0.5 with sigma in (0.1, 2) and a kernel of a tenth of the image
+    (ImageNet only)."""
 
     image_size: int = 224
-    crop_area: tuple[float, float] = (0.08, 1.0)
-    crop_aspect: tuple[float, float] = (3 / 4, 4 / 3)
+    crop: bool = True
+    crop_window: CropConfig = CropConfig()
     flip: bool = True
     jitter_strength: float = 1.0
     jitter_probability: float = 0.8
     grayscale_probability: float = 0.2
     blur_probability: float = 0.5
-    crop_attempts: int = 10
 
 
 def to_float(images: jax.Array) -> jax.Array:
     return images.astype(jnp.float32) / 255.0
 
 
-def crop_window(rng: jax.Array, height: int, width: int, area: tuple[float, float],
-                aspect: tuple[float, float], attempts: int) -> jax.Array:
-    """(top, left, crop height, crop width): area fraction ~ U(area), aspect (w/h) ~ U(aspect)
-    as tf.image.sample_distorted_bounding_box draws them; the first of `attempts` draws that
-    fits, else the whole image."""
-    area_key, aspect_key, y_key, x_key = jax.random.split(rng, 4)
-    areas = jax.random.uniform(area_key, (attempts,), minval=area[0], maxval=area[1])
-    aspects = jax.random.uniform(aspect_key, (attempts,), minval=aspect[0], maxval=aspect[1])
-    target = areas * height * width
-    crop_w = jnp.round(jnp.sqrt(target * aspects))
-    crop_h = jnp.round(jnp.sqrt(target / aspects))
-    fits = (crop_w <= width) & (crop_h <= height) & (crop_w >= 1) & (crop_h >= 1)
-    first = jnp.argmax(fits)
-    crop_h = jnp.where(fits.any(), crop_h[first], height)
-    crop_w = jnp.where(fits.any(), crop_w[first], width)
-    top = jnp.floor(jax.random.uniform(y_key) * (height - crop_h + 1))
-    left = jnp.floor(jax.random.uniform(x_key) * (width - crop_w + 1))
-    return jnp.stack([top, left, crop_h, crop_w])
+def window_from_uniforms(xp: Any, uniforms: Any, height: int, width: int,
+                         crop: CropConfig) -> Any:
+    """(top, left, crop height, crop width) from `uniforms` [4, attempts] in [0, 1), computed
+    as TensorFlow's SampleDistortedBoundingBox kernel does (sample_distorted_bounding_box_op.cc
+    `GenerateRandomCrop`): per attempt an aspect ~ U(aspect), a height uniform over the integers
+    whose area fits `area` (width = round(height * aspect), one step of rounding repair), an
+    offset uniform over [0, size - crop); the first attempt that fits and keeps `min_covered`
+    of the image wins, else the whole image. `xp` is numpy (host) or jax.numpy (device), so
+    host and device crops are the same function of the same draws."""
+    u_aspect, u_height, u_top, u_left = (uniforms[i].astype(xp.float32) for i in range(4))
+    ratio = crop.aspect[0] + u_aspect * (crop.aspect[1] - crop.aspect[0])
+    min_area = xp.float32(crop.area[0] * height * width)
+    max_area = xp.float32(crop.area[1] * height * width)
+    crop_h = xp.rint(xp.sqrt(min_area / ratio))
+    max_h = xp.rint(xp.sqrt(max_area / ratio))
+    widest = xp.floor((width + 0.5 - 1e-7) / ratio)
+    widest = xp.where(xp.rint(widest * ratio) > width, widest - 1, widest)
+    max_h = xp.minimum(xp.where(xp.rint(max_h * ratio) > width, widest, max_h), height)
+    crop_h = xp.minimum(crop_h, max_h)
+    crop_h = crop_h + xp.floor(u_height * (max_h - crop_h + 1))
+    crop_w = xp.rint(crop_h * ratio)
+    grow = crop_w * crop_h < min_area
+    crop_h = xp.where(grow, crop_h + 1, crop_h)
+    crop_w = xp.where(grow, xp.rint(crop_h * ratio), crop_w)
+    shrink = crop_w * crop_h > max_area
+    crop_h = xp.where(shrink, crop_h - 1, crop_h)
+    crop_w = xp.where(shrink, xp.rint(crop_h * ratio), crop_w)
+    area = crop_w * crop_h
+    fits = ((area >= min_area) & (area <= max_area) & (crop_w <= width) & (crop_h <= height)
+            & (crop_w > 0) & (crop_h > 0) & (area >= crop.min_covered * height * width))
+    top = xp.where(crop_h < height, xp.floor(u_top * (height - crop_h)), 0)
+    left = xp.where(crop_w < width, xp.floor(u_left * (width - crop_w)), 0)
+    first = xp.argmax(fits)
+    found = fits.any()
+    return xp.stack([xp.where(found, top[first], 0), xp.where(found, left[first], 0),
+                     xp.where(found, crop_h[first], height),
+                     xp.where(found, crop_w[first], width)]).astype(xp.float32)
+
+
+def crop_window(rng: jax.Array, height: int, width: int, crop: CropConfig) -> jax.Array:
+    """`window_from_uniforms` on device with draws from `rng`."""
+    uniforms = jax.random.uniform(rng, (4, crop.attempts))
+    return window_from_uniforms(jnp, uniforms, height, width, crop)
 
 
 def resized_crop(image: jax.Array, window: jax.Array, size: int) -> jax.Array:
@@ -151,9 +189,9 @@ def augment(rng: jax.Array, image: jax.Array, config: AugmentConfig) -> jax.Arra
     """One view of a [H, W, 3] float image in [0, 1] (`preprocess_for_train`)."""
     keys = jax.random.split(rng, 8)
     height, width = image.shape[:2]
-    window = crop_window(keys[0], height, width, config.crop_area, config.crop_aspect,
-                         config.crop_attempts)
-    image = resized_crop(image, window, config.image_size)
+    if config.crop:
+        window = crop_window(keys[0], height, width, config.crop_window)
+        image = resized_crop(image, window, config.image_size)
     if config.flip:
         image = jnp.where(jax.random.bernoulli(keys[1]), image[:, ::-1], image)
     if config.jitter_strength > 0:

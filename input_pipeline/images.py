@@ -1,20 +1,43 @@
-"""Image sources: CIFAR-10 in its python-pickle layout (the `cifar-10-batches-py` files
-`data_batch_1..5`, `test_batch`, `batches.meta`, in one folder or spread over sub-folders).
+"""Image sources for the image methods, all ending as uint8 NHWC images with int32 labels:
 
-Images come back as uint8 [N, 32, 32, 3] (NHWC) with int32 labels; augmentation and scaling
-happen on device (`input_pipeline.image_augment`).
+- CIFAR-10 in its python-pickle layout (`cifar-10-batches-py`: `data_batch_1..5`, `test_batch`,
+  `batches.meta`, in one folder or spread over sub-folders), stored once as ArrayRecord;
+- TFDS image datasets by name (`tfds:cifar10`, `tfds:imagenet2012`, ...) through
+  `tfds.data_source` (ArrayRecord, no TensorFlow);
+- an image folder (`root/<class>/<image>`, the ImageNet / torchvision layout, optionally with
+  `train/` and `val/` inside), decoded with Pillow;
+- `digits`: scikit-learn's 1,797 scanned 8x8 handwritten digits, the offline image demo.
+
+Images of one fixed size go to the device whole and are cropped there
+(`input_pipeline.image_augment`). Images of many sizes (ImageNet) are decoded on the host and
+delivered as two random crops per image at `host_crop_size` (data_util.py `crop_and_resize`:
+the same crop-window sampler as on device, then bicubic resize); evaluation uses the centre
+crop (`center_crop`, crop_proportion 0.875).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import pickle
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+import grain
 import numpy as np
+from PIL import Image, UnidentifiedImageError
 
 from input_pipeline.errors import UserError
+from input_pipeline.image_augment import CropConfig, window_from_uniforms
 from input_pipeline.prepare import DEMO_CORPUS, fingerprint
 from input_pipeline.records import RecordDirectory, write_records
+from input_pipeline.sources import open_tfds
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm", ".tif",
+                            ".tiff"})
+DIGITS_SOURCE = "digits"
+EVAL_SPLIT_NAMES = ("val", "validation", "test")
 
 CIFAR10_SPLITS = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
 
@@ -61,17 +84,8 @@ def cifar10_label_names(root: str | Path) -> list[str]:
     return [name.decode() for name in meta[b"label_names"]]
 
 
-def prepare_cifar10(source: str, cache_root: Path, max_eval: int
-                    ) -> tuple[RecordDirectory, dict[str, np.ndarray]]:
-    """(train records of {image, label}, the test split in memory, capped at `max_eval`),
-    written once under a fingerprint of the pickle files."""
-    if not source or source == DEMO_CORPUS:
-        raise UserError("data.source must be a CIFAR-10 python folder (cifar-10-batches-py, "
-                        "e.g. --data path/to/cifar10)")
-    root = Path(source)
-    if not root.is_dir():
-        raise UserError(f"data.source={source} is not a directory; pass the CIFAR-10 python "
-                        "folder")
+def _cifar10_records(root: Path, cache_root: Path) -> RecordDirectory:
+    """The training pickles as ArrayRecord {image, label}, written once under a fingerprint."""
     files = [_find(root, name) for names in CIFAR10_SPLITS.values() for name in names]
     key = fingerprint("cifar10", [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns]
                                   for p in files])
@@ -80,6 +94,281 @@ def prepare_cifar10(source: str, cache_root: Path, max_eval: int
         images, labels = read_cifar10(root, "train")
         write_records(({"image": image, "label": label} for image, label in zip(images, labels,
                                                                                 strict=True)),
-                      train_dir, metadata={"source": source})
-    images, labels = read_cifar10(root, "test")
-    return RecordDirectory(train_dir), {"image": images[:max_eval], "label": labels[:max_eval]}
+                      train_dir, metadata={"source": str(root)})
+    return RecordDirectory(train_dir)
+
+
+# ------------------------------------------------------------------------- decode and crop
+def decode_image(data: bytes | np.ndarray, name: str) -> np.ndarray:
+    """uint8 [H, W, 3] from encoded bytes (any format Pillow reads; grey, palette and alpha
+    images become RGB) or from an array that already is an image ([H, W] or [H, W, 1|3])."""
+    if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim in (2, 3) and (
+            data.ndim == 2 or data.shape[2] in (1, 3)):
+        return np.ascontiguousarray(np.broadcast_to(data.reshape(*data.shape[:2], -1),
+                                                    (*data.shape[:2], 3)))
+    try:
+        with Image.open(io.BytesIO(bytes(data))) as image:
+            return np.asarray(image.convert("RGB"))
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise UserError(f"{name} is not a readable image ({e}); remove or re-encode it") from None
+
+
+def resize_crop(image: np.ndarray, window: Sequence[float], size: int) -> np.ndarray:
+    """The window (top, left, height, width) cut out, then resized to size x size, bicubic
+    (data_util.py: crop_to_bounding_box, then tf.image.resize BICUBIC; Pillow's bicubic also
+    antialiases when it shrinks, TF's does not)."""
+    top, left, height, width = (int(v) for v in window)
+    crop = Image.fromarray(image[top:top + height, left:left + width])
+    return np.asarray(crop.resize((size, size), Image.Resampling.BICUBIC))
+
+
+def center_window(height: int, width: int, proportion: float) -> tuple[int, int, int, int]:
+    """data_util.py `center_crop` for a square output: a square of round(proportion x the
+    shorter side), offsets (size - crop + 1) // 2."""
+    crop = int(np.rint(proportion * min(height, width)))
+    return (height - crop + 1) // 2, (width - crop + 1) // 2, crop, crop
+
+
+@dataclasses.dataclass(frozen=True)
+class HostCrop:
+    """Host-side cropping for images of many sizes: `size` (0 = images go whole to the
+    device), the random crop's settings and the evaluation centre-crop proportion."""
+
+    size: int = 0
+    window: CropConfig = CropConfig()
+    eval_proportion: float = 0.875
+
+    def views(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Two independent random crops, uint8 [2, size, size, 3]."""
+        height, width = image.shape[:2]
+        return np.stack([
+            resize_crop(image, window_from_uniforms(
+                np, rng.random((4, self.window.attempts), np.float32), height, width,
+                self.window), self.size)
+            for _ in range(2)])
+
+    def evaluation_view(self, image: np.ndarray) -> np.ndarray:
+        return resize_crop(image, center_window(*image.shape[:2], self.eval_proportion),
+                           self.size)
+
+
+class _TwoViews(grain.transforms.RandomMap):
+    def __init__(self, crop: HostCrop, name: str):
+        self.crop, self.name = crop, name
+
+    def random_map(self, element: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        image = decode_image(element["image"], f"{self.name} record {element['index']}")
+        return {"image": self.crop.views(image, rng), "label": element["label"]}
+
+
+class _WholeImage(grain.transforms.Map):
+    def __init__(self, shape: tuple[int, ...], name: str):
+        self.shape, self.name = shape, name
+
+    def map(self, element: dict[str, Any]) -> dict[str, Any]:
+        image = decode_image(element["image"], f"{self.name} record {element['index']}")
+        if image.shape != self.shape:
+            raise UserError(f"{self.name} record {element['index']} is {image.shape[:2]}, "
+                            f"others {self.shape[:2]}; images of different sizes need "
+                            "examples.host_crop_size (e.g. 224)")
+        return {"image": image, "label": element["label"]}
+
+
+class ImageSource:
+    """Random-access labelled images for Grain: `read(i)` gives (encoded bytes or uint8 array,
+    label); `load_transforms()` turns a record into the fixed-shape example the device gets
+    (whole image, or two host crops); `examples(indices)` gives stacked evaluation views."""
+
+    def __init__(self, name: str, count: int, read: Callable[[int], tuple[Any, int]],
+                 crop: HostCrop):
+        if count == 0:
+            raise UserError(f"{name} holds no images; point data.source at a folder of images "
+                            "or a TFDS image dataset")
+        self.name, self.count, self.read, self.crop = name, count, read, crop
+        self.source = self
+        self._shape: tuple[int, ...] | None = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        image, label = self.read(int(index))
+        return {"image": image, "label": np.int32(label), "index": int(index)}
+
+    def _evaluation_view(self, index: int) -> np.ndarray:
+        record = self[index]
+        image = decode_image(record["image"], f"{self.name} record {index}")
+        if self.crop.size:
+            return self.crop.evaluation_view(image)
+        return _WholeImage(self.image_shape(), self.name).map(record)["image"]
+
+    def image_shape(self) -> tuple[int, ...]:
+        if self._shape is None:
+            self._shape = decode_image(self[0]["image"], f"{self.name} record 0").shape
+        return self._shape
+
+    def load_transforms(self) -> list[grain.transforms.Map | grain.transforms.RandomMap]:
+        if self.crop.size:
+            return [_TwoViews(self.crop, self.name)]
+        return [_WholeImage(self.image_shape(), self.name)]
+
+    def examples(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+        return {"image": np.stack([self._evaluation_view(i) for i in indices]),
+                "label": np.array([self[i]["label"] for i in indices], np.int32)}
+
+
+# ----------------------------------------------------------------------------- sources
+def _image_files(root: Path) -> tuple[list[Path], list[int], list[str]]:
+    """`root/<class>/**/<image>` with classes in sorted order, or images directly in `root`
+    (unlabelled: label -1)."""
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not classes:
+        files = sorted(p for p in root.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        return files, [-1] * len(files), []
+    files, labels = [], []
+    for label, name in enumerate(classes):
+        found = sorted(p for p in (root / name).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        files.extend(found)
+        labels.extend([label] * len(found))
+    return files, labels, classes
+
+
+@dataclasses.dataclass(frozen=True)
+class _FileReader:
+    files: list[Path]
+    labels: list[int]
+
+    def __call__(self, index: int) -> tuple[bytes, int]:
+        return self.files[index].read_bytes(), self.labels[index]
+
+
+@dataclasses.dataclass(frozen=True)
+class _ArrayReader:
+    images: np.ndarray
+    labels: np.ndarray
+    indices: np.ndarray
+
+    def __call__(self, index: int) -> tuple[np.ndarray, int]:
+        return self.images[self.indices[index]], int(self.labels[self.indices[index]])
+
+
+@dataclasses.dataclass(frozen=True)
+class _TfdsReader:
+    source: Any
+
+    def __call__(self, index: int) -> tuple[np.ndarray, int]:
+        record = self.source[index]
+        return record["image"], int(record["label"])
+
+
+def _folder_source(name: str, files: list[Path], labels: list[int], crop: HostCrop
+                   ) -> ImageSource:
+    return ImageSource(name, len(files), _FileReader(files, labels), crop)
+
+
+def image_folder_sources(root: Path, eval_root: Path | None, held_out_fraction: float,
+                         seed: int, crop: HostCrop) -> tuple[ImageSource, ImageSource]:
+    """(train, held out) from an image folder: `root/train` + `root/val|validation|test`,
+    or `root` + `eval_root`, or `root` with `held_out_fraction` of its images held out."""
+    splits = {d.name: d for d in root.iterdir() if d.is_dir()}
+    if eval_root is None and "train" in splits and any(n in splits for n in EVAL_SPLIT_NAMES):
+        eval_root = splits[next(n for n in EVAL_SPLIT_NAMES if n in splits)]
+        root = splits["train"]
+    files, labels, classes = _image_files(root)
+    if not files:
+        raise UserError(f"{root} has no images ({', '.join(sorted(IMAGE_SUFFIXES))}); use "
+                        "root/<class>/<image> or point data.source at a CIFAR-10 folder")
+    if eval_root is not None:
+        eval_files, eval_labels, eval_classes = _image_files(eval_root)
+        if eval_classes and eval_classes != classes:
+            raise UserError(f"{eval_root} has classes {eval_classes[:5]}..., {root} has "
+                            f"{classes[:5]}...; the held-out folder needs the same class "
+                            "folders")
+    else:
+        order = np.random.default_rng(seed).permutation(len(files))
+        count = min(max(1, round(len(files) * held_out_fraction)), len(files) - 1)
+        held = set(order[:count].tolist())
+        eval_files = [f for i, f in enumerate(files) if i in held]
+        eval_labels = [y for i, y in enumerate(labels) if i in held]
+        files = [f for i, f in enumerate(files) if i not in held]
+        labels = [y for i, y in enumerate(labels) if i not in held]
+    return (_folder_source(str(root), files, labels, crop),
+            _folder_source(str(eval_root or root), eval_files, eval_labels, crop))
+
+
+def tfds_image_sources(name: str, split: str, data_dir: str | None, crop: HostCrop
+                       ) -> tuple[ImageSource, ImageSource]:
+    """(train, held out) of a TFDS image dataset with `image` and `label` features; the held
+    out split is `test` (cifar10) or else `validation` (imagenet2012)."""
+    train = open_tfds(name, split, data_dir)
+    held_out = None
+    for eval_split in ("test", "validation"):
+        try:
+            held_out = open_tfds(name, eval_split, data_dir)
+            break
+        except UserError:
+            continue
+    if held_out is None:
+        raise UserError(f"TFDS {name} has no test or validation split to evaluate on; prepare "
+                        "one with tfds build")
+
+    def source(split_source: Any, split_name: str) -> ImageSource:
+        first = split_source[0] if len(split_source) else {}
+        if "image" not in first or "label" not in first:
+            raise UserError(f"TFDS {name} records have {sorted(first)}, not image and label; "
+                            "choose an image classification dataset")
+        return ImageSource(f"tfds:{name}[{split_name}]", len(split_source),
+                           _TfdsReader(split_source), crop)
+
+    return source(train, split), source(held_out, "test/validation")
+
+
+def digits_sources(held_out_fraction: float, seed: int, crop: HostCrop
+                   ) -> tuple[ImageSource, ImageSource]:
+    """scikit-learn's digits (UCI optical recognition of handwritten digits: 1,797 real 8x8
+    scans, 16 grey levels), ships with scikit-learn (`pip install pretext[demo]`)."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise UserError("the digits demo needs scikit-learn; pip install 'pretext[demo]' or "
+                        "scikit-learn") from None
+    digits = load_digits()
+    images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
+    order = np.random.default_rng(seed).permutation(len(images))
+    count = min(max(1, round(len(images) * held_out_fraction)), len(images) - 1)
+    held, kept = np.sort(order[:count]), np.sort(order[count:])
+
+    def source(indices: np.ndarray) -> ImageSource:
+        return ImageSource(DIGITS_SOURCE, len(indices),
+                           _ArrayReader(images, digits.target, indices), crop)
+
+    return source(kept), source(held)
+
+
+def prepare_images(source: str, eval_source: str, cache_root: Path, max_eval: int, *,
+                   crop: HostCrop, held_out_fraction: float, seed: int,
+                   tfds_split: str = "train", tfds_data_dir: str | None = None
+                   ) -> tuple[Any, dict[str, np.ndarray]]:
+    """(training images for the loader, the held-out evaluation views in memory, capped at
+    `max_eval`) from any of the sources above."""
+    if not source or source == DEMO_CORPUS:
+        raise UserError("data.source must be images: a CIFAR-10 python folder, tfds:NAME, an "
+                        f"image folder or {DIGITS_SOURCE!r} (e.g. --data path/to/cifar10)")
+    if source == DIGITS_SOURCE:
+        train, held_out = digits_sources(held_out_fraction, seed, crop)
+    elif source.startswith("tfds:"):
+        train, held_out = tfds_image_sources(source[5:], tfds_split, tfds_data_dir, crop)
+    else:
+        root = Path(source)
+        if not root.is_dir():
+            raise UserError(f"data.source={source} is not a directory; pass a CIFAR-10 python "
+                            "folder, an image folder or tfds:NAME")
+        if list(root.rglob("data_batch_1")):
+            if crop.size:
+                raise UserError("CIFAR-10 images are all 32x32; set examples.host_crop_size=0")
+            train = _cifar10_records(root, cache_root)
+            images, labels = read_cifar10(root, "test")
+            return train, {"image": images[:max_eval], "label": labels[:max_eval]}
+        train, held_out = image_folder_sources(
+            root, Path(eval_source) if eval_source else None, held_out_fraction, seed, crop)
+    return train, held_out.examples(range(min(len(held_out), max_eval)))

@@ -122,6 +122,10 @@ class RecordDirectory:
     def __len__(self) -> int:
         return len(self.source)
 
+    def load_transforms(self) -> list[grain.transforms.Map]:
+        """What the loader applies to a stored record first: decoding its bytes."""
+        return [_Decode(self.spec)]
+
     def examples(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
         """Decoded examples at `indices`, stacked (used for evaluation sets and tests)."""
         rows = [self.spec.decode(self.source[int(i)]) for i in indices]
@@ -137,7 +141,7 @@ class _Decode(grain.transforms.Map):
 
 
 def make_loader(
-    records: RecordDirectory,
+    records: RecordDirectory | Any,
     *,
     batch_size: int,
     seed: int,
@@ -146,7 +150,9 @@ def make_loader(
     transforms: Sequence[grain.transforms.Map | grain.transforms.RandomMap] = (),
     worker_count: int = 0,
 ) -> grain.DataLoader:
-    """A Grain DataLoader over the records: global shuffle per epoch with `seed`, this JAX
+    """A Grain DataLoader over the records (a `RecordDirectory`, or any object with a
+    random-access `source` and `load_transforms()`, e.g. `images.ImageSource`): global shuffle
+    per epoch with `seed`, this JAX
     process's shard only (`ShardByJaxProcess`), per-record transforms (e.g. dynamic masking,
     whose RNG Grain derives from `seed` and the record index, so it is reproducible and resumable)
     and batches of `batch_size` (the per-process batch). `num_epochs=None` repeats forever."""
@@ -162,7 +168,7 @@ def make_loader(
         num_epochs=num_epochs,
         seed=seed,
     )
-    operations = [_Decode(records.spec), *transforms,
+    operations = [*records.load_transforms(), *transforms,
                   grain.transforms.Batch(batch_size, drop_remainder=True)]
     return grain.DataLoader(data_source=records.source, sampler=sampler, operations=operations,
                             worker_count=worker_count)

@@ -15,6 +15,7 @@ import glob
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -112,19 +113,25 @@ def _looks_like_wikitext(path: Path) -> bool:
     return False
 
 
-def read_tfds(name: str, *, split: str = "train", text_key: str | None = None,
-              data_dir: str | None = None) -> Documents:
-    """Each record's text feature becomes a document: paragraphs at newlines, then sentences.
-    Needs the dataset prepared as ArrayRecord (`tfds build --file_format=array_record`)."""
+def open_tfds(name: str, split: str, data_dir: str | None) -> Any:
+    """`tfds.data_source(name, split)`: random access to a prepared TFDS dataset (ArrayRecord,
+    no TensorFlow), or a UserError that says how to prepare it."""
     import tensorflow_datasets as tfds
 
     try:
-        source = tfds.data_source(name, split=split, data_dir=data_dir)
+        return tfds.data_source(name, split=split, data_dir=data_dir)
     except Exception as e:  # tfds raises many types for missing/unprepared datasets
         raise UserError(f"TFDS dataset {name} split {split} could not be opened "
                         f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); prepare it with "
                         "`tfds build --file_format=array_record` or set data.tfds_data_dir"
                         ) from None
+
+
+def read_tfds(name: str, *, split: str = "train", text_key: str | None = None,
+              data_dir: str | None = None) -> Documents:
+    """Each record's text feature becomes a document: paragraphs at newlines, then sentences.
+    Needs the dataset prepared as ArrayRecord (`tfds build --file_format=array_record`)."""
+    source = open_tfds(name, split, data_dir)
     documents: Documents = []
     for index in range(len(source)):
         record = source[index]

@@ -3,7 +3,8 @@ ResNet + projection head over both (BatchNorm statistics over the 2N views of th
 batch), NT-Xent with negatives from the whole global batch.
 
 Reference: google-research/simclr tf2/run.py, tf2/model.py, tf2/objective.py. The host delivers
-uint8 images; the augmentations run here, inside the jitted step, one key per view.
+uint8 images (whole, or for images of many sizes two host crops per image); the augmentations
+run here, inside the jitted step, one key per view.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from input_pipeline import image_augment
-from input_pipeline.images import prepare_cifar10
+from input_pipeline.errors import UserError
+from input_pipeline.images import HostCrop, prepare_images
 from input_pipeline.prepare import DataConfig
 from models.simclr import SimCLR, SimCLRConfig
 from objectives.contrastive import nt_xent
@@ -46,22 +48,39 @@ class SimCLRObjectiveConfig(SimCLRConfig):
         if not 0.0 < self.crop_area_min <= 1.0:
             raise ValueError(f"crop_area_min={self.crop_area_min} must be in (0, 1]")
 
-    def augment_config(self) -> image_augment.AugmentConfig:
+    def augment_config(self, crop: bool = True) -> image_augment.AugmentConfig:
         return image_augment.AugmentConfig(
-            image_size=self.image_size, crop_area=(self.crop_area_min, 1.0),
+            image_size=self.image_size, crop=crop,
+            crop_window=image_augment.CropConfig(area=(self.crop_area_min, 1.0)),
             jitter_strength=self.jitter_strength, blur_probability=self.blur_probability)
 
 
 @dataclasses.dataclass(frozen=True)
 class ImageExampleConfig:
-    """How many test images are kept in memory for held-out evaluation, and the kNN monitor:
-    a bank of the first `knn_bank_size` training images, `knn_k` neighbours, vote temperature
-    `knn_temperature` (solo-learn / lightly: k 200, temperature 0.1)."""
+    """How images reach the device and how they are evaluated.
 
+    `host_crop_size` > 0: decode on the host and deliver two random crops per image at that
+    size (area `host_crop_area_min`..1), as data_util.py's ImageNet pipeline crops before
+    anything else; must equal `model.image_size`. 0: images (all one size, e.g. CIFAR) go
+    whole and are cropped on device. Held-out images are centre crops
+    (`eval_crop_proportion`, 0.875 as data_util.py) when cropped on the host. The kNN monitor
+    uses a bank of the first `knn_bank_size` training images, `knn_k` neighbours and vote
+    temperature `knn_temperature` (solo-learn / lightly: k 200, temperature 0.1) against at
+    most `max_eval_examples` held-out images.
+    """
+
+    host_crop_size: int = 0
+    host_crop_area_min: float = 0.08
+    eval_crop_proportion: float = 0.875
     max_eval_examples: int = 10000
     knn_bank_size: int = 10000
     knn_k: int = 200
     knn_temperature: float = 0.1
+
+    def host_crop(self) -> HostCrop:
+        return HostCrop(size=self.host_crop_size,
+                        window=image_augment.CropConfig(area=(self.host_crop_area_min, 1.0)),
+                        eval_proportion=self.eval_crop_proportion)
 
 
 def simclr_loss(model: SimCLR, batch: Batch, rng: jax.Array | None
@@ -71,9 +90,15 @@ def simclr_loss(model: SimCLR, batch: Batch, rng: jax.Array | None
     config: SimCLRObjectiveConfig = model.config
     key = rng if rng is not None else jax.random.key(EVAL_AUGMENT_SEED)
     first_key, second_key = jax.random.split(key)
-    augment = config.augment_config()
-    views = jnp.concatenate([image_augment.augment_batch(first_key, batch["image"], augment),
-                             image_augment.augment_batch(second_key, batch["image"], augment)])
+    images = batch["image"]
+    if images.ndim == 5:  # [B, 2, S, S, 3]: two crops made on the host
+        augment = config.augment_config(crop=False)
+        firsts, seconds = images[:, 0], images[:, 1]
+    else:
+        augment = config.augment_config()
+        firsts = seconds = images
+    views = jnp.concatenate([image_augment.augment_batch(first_key, firsts, augment),
+                             image_augment.augment_batch(second_key, seconds, augment)])
     projections = model(views, train=rng is not None).projections
     first, second = jnp.split(projections, 2)
     loss, metrics = nt_xent(first, second, config.temperature)
@@ -94,6 +119,8 @@ def knn_monitor(model: SimCLR, data: PreparedData, examples: ImageExampleConfig
     encode = nnx.jit(lambda m, x: m.backbone(evaluation_view(x, m.config.image_size),
                                              train=False))
     bank = data.train.examples(range(min(len(data.train), examples.knn_bank_size)))
+    if (bank["label"] < 0).any() or (data.eval["label"] < 0).any():
+        return {}  # unlabelled images: nothing to vote with
     features = [extract_features(lambda x: encode(model, x), images)
                 for images in (bank["image"], data.eval["image"])]
     num_classes = int(max(bank["label"].max(), data.eval["label"].max())) + 1
@@ -109,9 +136,22 @@ def build_simclr(config: SimCLRObjectiveConfig, seed: int) -> SimCLR:
 
 def prepare_simclr(data: DataConfig, examples: ImageExampleConfig, cache_dir: Path,
                    seed: int) -> PreparedData:
-    """CIFAR-10 pickles -> uint8 image records (train) and the test split in memory."""
-    train, held_out = prepare_cifar10(data.source, cache_dir, examples.max_eval_examples)
+    """Training images for the loader and the held-out images in memory
+    (`input_pipeline.images.prepare_images`)."""
+    train, held_out = prepare_images(
+        data.source, data.eval_source, cache_dir, examples.max_eval_examples,
+        crop=examples.host_crop(), held_out_fraction=data.held_out_fraction, seed=seed,
+        tfds_split=data.tfds_split, tfds_data_dir=data.tfds_data_dir or None)
     return PreparedData(train=train, eval=held_out)
+
+
+def check_simclr(model: SimCLRObjectiveConfig, examples: ImageExampleConfig) -> None:
+    if examples.host_crop_size and examples.host_crop_size != model.image_size:
+        raise UserError(f"examples.host_crop_size={examples.host_crop_size} must equal "
+                        f"model.image_size={model.image_size}; set both to the same size")
+    if not 0.0 < examples.host_crop_area_min <= 1.0:
+        raise UserError(f"examples.host_crop_area_min={examples.host_crop_area_min} must be in "
+                        "(0, 1], e.g. 0.08")
 
 
 register(Method(
@@ -121,6 +161,7 @@ register(Method(
     build_model=build_simclr,
     loss=simclr_loss,
     prepare=prepare_simclr,
+    check=check_simclr,
     units_per_example=lambda examples: 2,
     monitor=knn_monitor,
     unit="views",

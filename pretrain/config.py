@@ -207,6 +207,34 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "warmup_steps": 977, "weight_decay": 1e-4, "clip_norm": 0.0},
         "train": {"steps": 97656, "batch_size": 512, "eval_every": 2000},
     },
+    # The offline image demo: scikit-learn's 1,797 scanned 8x8 digits, upsampled to 16 px by the
+    # random resized crop, a narrow ResNet-18 with the CIFAR stem, CIFAR's augmentation settings.
+    "simclr_digits": {
+        "method": "simclr",
+        "model": {"depth": 18, "stem": "cifar", "base_width": 16, "image_size": 16,
+                  "temperature": 0.5, "jitter_strength": 0.5, "blur_probability": 0.0},
+        "examples": {"knn_k": 20},
+        "data": {"source": "digits", "held_out_fraction": 0.2},
+        "optim": {"optimizer": "lars", "learning_rate": 1.0, "schedule": "cosine",
+                  "warmup_steps": 20, "weight_decay": 1e-4, "clip_norm": 0.0},
+        "train": {"steps": 400, "batch_size": 256, "log_every": 25, "eval_every": 100,
+                  "checkpoint_every": 200, "eval_batches": 1},
+    },
+    # SimCLR on ImageNet (Chen et al. 2020, Appendix B.1): ResNet-50, batch 4096, 100 epochs of
+    # 1,281,167 images (31,278 steps) with 10 of warmup, LARS lr 4.8 (= 0.3 x 4096/256), weight
+    # decay 1e-6, temperature 0.1, jitter strength 1.0, blur p 0.5; two random crops per image
+    # made on the host, the rest of the augmentation on device.
+    "simclr_imagenet": {
+        "method": "simclr",
+        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "temperature": 0.1,
+                  "dtype": "bfloat16",
+                  "jitter_strength": 1.0, "blur_probability": 0.5},
+        "examples": {"host_crop_size": 224},
+        "data": {"source": "tfds:imagenet2012", "worker_count": 16},
+        "optim": {"optimizer": "lars", "learning_rate": 4.8, "schedule": "cosine",
+                  "warmup_steps": 3128, "weight_decay": 1e-6, "clip_norm": 0.0},
+        "train": {"steps": 31278, "batch_size": 4096, "eval_every": 5000},
+    },
 }
 
 

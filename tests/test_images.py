@@ -47,3 +47,132 @@ def test_shared_cifar10(shared_data):
     assert cifar10_label_names(root)[:2] == ["airplane", "automobile"]
     # Real photographs: channels vary, the mean is mid-grey-ish.
     assert 90 < train_images.mean() < 160 and train_images.std() > 40
+
+
+# ------------------------------------------------------------------ folders, TFDS, host crop
+def write_image(path, size: tuple[int, int], seed: int, mode: str = "RGB") -> np.ndarray:
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (*size, 3), dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).convert(mode).save(path)
+    return pixels
+
+
+def image_folder(root, sizes) -> None:
+    """root/train/<class>/ and root/val/<class>/ with PNGs of the given sizes."""
+    for split, count in (("train", 6), ("val", 2)):
+        for label in ("cat", "dog"):
+            for i in range(count):
+                write_image(root / split / label / f"{i}.png", sizes[i % len(sizes)],
+                            hash((split, label, i)) % 1000)
+
+
+def first_batch(train, batch_size: int, seed: int = 0) -> dict:
+    from input_pipeline.records import make_loader
+
+    return next(iter(make_loader(train, batch_size=batch_size, seed=seed)))
+
+
+def test_image_folder_with_host_crops(tmp_path):
+    """Images of many sizes: two random crops per image on the host (uint8, the crop size),
+    reproducible per seed; held-out images are data_util.py's centre crop."""
+    from PIL import Image
+
+    from input_pipeline.images import HostCrop, center_window, prepare_images
+
+    image_folder(tmp_path, [(40, 60), (75, 50), (33, 33)])
+    crop = HostCrop(size=24)
+    train, held_out = prepare_images(str(tmp_path), "", tmp_path / "cache", 100, crop=crop,
+                                     held_out_fraction=0.1, seed=0)
+    assert len(train) == 12 and held_out["image"].shape == (4, 24, 24, 3)
+    np.testing.assert_array_equal(held_out["label"], [0, 0, 1, 1])
+    batch = first_batch(train, 4)
+    assert batch["image"].shape == (4, 2, 24, 24, 3) and batch["image"].dtype == np.uint8
+    assert not np.array_equal(batch["image"][:, 0], batch["image"][:, 1])
+    np.testing.assert_array_equal(batch["image"], first_batch(train, 4)["image"])
+    assert not np.array_equal(batch["image"], first_batch(train, 4, seed=1)["image"])
+    # Centre crop: 0.875 of the short side of the 75x50 image, offsets (size - crop + 1) // 2.
+    assert center_window(75, 50, 0.875) == (16, 3, 44, 44)
+    original = np.asarray(Image.open(tmp_path / "val" / "cat" / "1.png"))
+    expected = np.asarray(Image.fromarray(original[16:60, 3:47]).resize(
+        (24, 24), Image.Resampling.BICUBIC))
+    np.testing.assert_array_equal(held_out["image"][1], expected)
+
+
+def test_equal_size_folder_goes_whole_and_mixed_sizes_need_host_crop(tmp_path):
+    from input_pipeline.images import HostCrop, prepare_images
+
+    image_folder(tmp_path / "same", [(20, 20)])
+    train, held_out = prepare_images(str(tmp_path / "same" / "train"), "", tmp_path / "c", 100,
+                                     crop=HostCrop(), held_out_fraction=0.25, seed=0)
+    assert len(train) == 9 and held_out["image"].shape == (3, 20, 20, 3)
+    assert first_batch(train, 3)["image"].shape == (3, 20, 20, 3)
+    image_folder(tmp_path / "mixed", [(20, 20), (30, 20)])
+    train, _ = prepare_images(str(tmp_path / "mixed"), "", tmp_path / "c", 1, crop=HostCrop(),
+                              held_out_fraction=0.1, seed=0)
+    with pytest.raises(Exception, match="examples.host_crop_size"):
+        first_batch(train, 12)
+
+
+def test_bad_image_folders_give_one_line_errors(tmp_path):
+    from input_pipeline.images import HostCrop, decode_image, prepare_images
+
+    def prepare(source, eval_source=""):
+        return prepare_images(str(source), eval_source, tmp_path / "c", 10, crop=HostCrop(8),
+                              held_out_fraction=0.1, seed=0)
+
+    (tmp_path / "empty" / "a").mkdir(parents=True)
+    with pytest.raises(UserError, match="has no images"):
+        prepare(tmp_path / "empty")
+    with pytest.raises(UserError, match="not a directory"):
+        prepare(tmp_path / "missing")
+    write_image(tmp_path / "x" / "a" / "0.png", (9, 9), 0)
+    write_image(tmp_path / "y" / "b" / "0.png", (9, 9), 0)
+    with pytest.raises(UserError, match="same class folders"):
+        prepare(tmp_path / "x", str(tmp_path / "y"))
+    with pytest.raises(UserError, match="not a readable image.*re-encode"):
+        decode_image(b"\x89PNG broken", "broken.png")
+    # Grey and alpha images become RGB.
+    write_image(tmp_path / "g.png", (5, 7), 1, mode="L")
+    grey = decode_image((tmp_path / "g.png").read_bytes(), "g")
+    assert grey.shape == (5, 7, 3) and (grey[..., 0] == grey[..., 2]).all()
+    write_image(tmp_path / "a.png", (5, 7), 1, mode="RGBA")
+    assert decode_image((tmp_path / "a.png").read_bytes(), "a").shape == (5, 7, 3)
+
+
+@pytest.mark.parametrize("name, host_crop", [("cifar10", 0), ("imagenet2012", 16)])
+def test_tfds_image_datasets_by_name(name, host_crop, tmp_path):
+    """tfds.data_source records ({image, label, ...}): CIFAR-10's fixed 32x32 images go whole,
+    ImageNet's sizes vary and are cropped on the host."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    from input_pipeline.images import HostCrop, prepare_images
+
+    with tfds.testing.mock_data(num_examples=8, policy=tfds.testing.MockPolicy.USE_CODE):
+        train, held_out = prepare_images(f"tfds:{name}", "", tmp_path, 5,
+                                         crop=HostCrop(size=host_crop),
+                                         held_out_fraction=0.1, seed=0)
+        batch = first_batch(train, 4)
+    size = host_crop or 32
+    assert held_out["image"].shape == (5, size, size, 3)
+    views = (4, 2, size, size, 3) if host_crop else (4, size, size, 3)
+    assert batch["image"].shape == views and batch["label"].dtype == np.int32
+
+
+def test_tfds_errors_name_the_fix(tmp_path):
+    from input_pipeline.images import HostCrop, prepare_images
+
+    with pytest.raises(UserError, match="tfds build"):
+        prepare_images("tfds:no_such_images_xyz", "", tmp_path, 5, crop=HostCrop(),
+                       held_out_fraction=0.1, seed=0, tfds_data_dir=str(tmp_path))
+
+
+def test_digits_demo_source(tmp_path):
+    pytest.importorskip("sklearn", reason="the digits demo needs scikit-learn (demo extra)")
+    from input_pipeline.images import HostCrop, prepare_images
+
+    train, held_out = prepare_images("digits", "", tmp_path, 10000, crop=HostCrop(),
+                                     held_out_fraction=0.2, seed=0)
+    assert len(train) + len(held_out["label"]) == 1797 and len(held_out["label"]) == 359
+    assert held_out["image"].shape[1:] == (8, 8, 3) and held_out["image"].max() == 255
+    assert sorted(np.unique(held_out["label"])) == list(range(10))

@@ -60,10 +60,9 @@ def data_cache(tmp_path_factory):
 
 def make_trainer(workdir, data_cache, mesh=(-1, 1, 1), devices=None, preset="bert_tiny",
                  **overrides):
-    values = {**PRESET_OVERRIDES[preset], "data.cache_dir": data_cache, "mesh.data": mesh[0],
-              "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2], **overrides}
-    if preset == "simclr_tiny":
-        values["data.source"] = data_cache
+    source = {"data.source": data_cache} if preset == "simclr_tiny" else {}
+    values = {**PRESET_OVERRIDES[preset], **source, "data.cache_dir": data_cache,
+              "mesh.data": mesh[0], "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2], **overrides}
     return Trainer(make_config(preset, values), workdir, devices=devices)
 
 
@@ -242,3 +241,35 @@ def test_simclr_evaluation_reports_the_knn_monitor(tmp_path, data_cache):
     copy = load_model(save_model(model, "simclr", tmp_path / "model"))
     for a, b in zip(restored, jax.tree.leaves(nnx.state(copy, nnx.BatchStat)), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_simclr_on_an_image_folder_with_host_crops(tmp_path, data_cache):
+    """Images of many sizes: the host sends two crops per image ([B, 2, S, S, 3]); the sharded
+    step trains on them, and the kNN monitor votes with centre crops."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 12), ("val", 4)):
+        for label in ("a", "b"):
+            for i in range(count):
+                size = (int(rng.integers(20, 40)), int(rng.integers(20, 40)))
+                folder = tmp_path / "images" / split / label
+                folder.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(
+                    folder / f"{i}.jpg")
+    trainer = make_trainer(tmp_path / "w", data_cache, preset="simclr_tiny", mesh=(4, 2, 1),
+                           **{"data.source": str(tmp_path / "images"), "model.image_size": 16,
+                              "examples.host_crop_size": 16, "train.steps": 2,
+                              "train.eval_every": 2, "train.batch_size": 8})
+    assert first_batch(trainer)["image"].shape == (8, 2, 16, 16, 3)
+    summary = trainer.run()
+    assert np.isfinite(summary["train"]["loss"]) and 0 <= summary["eval"]["knn_accuracy"] <= 1
+
+
+def test_simclr_imagenet_preset_is_the_papers_recipe():
+    config = make_config("simclr_imagenet", [])
+    assert (config.model["depth"], config.train.batch_size, config.model["temperature"]) == (
+        50, 4096, 0.1)
+    assert config.optim.learning_rate == 0.3 * 4096 / 256
+    with pytest.raises(Exception, match="host_crop_size"):
+        make_config("simclr_imagenet", ["examples.host_crop_size=192"])
