@@ -5,6 +5,9 @@
     python run.py pretrain --preset bert_tiny --data corpus.txt --workdir runs/x train.steps=100
     python run.py convert runs/x hf_out --to hf      # pretext workdir -> HuggingFace directory
     python run.py convert hf_dir model_out --to pretext
+    python run.py finetune --task rte --init runs/x --data glue_data --workdir runs/rte
+    python run.py eval --workdir runs/rte           # dev metrics of the latest checkpoint
+    python run.py glue --init runs/x --data glue_data --workdir runs/glue --seeds 3
 
 Bad input prints one line naming the fix and exits with status 2 (no traceback unless
 --traceback or PRETEXT_TRACEBACK=1).
@@ -50,6 +53,31 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--to", choices=("hf", "pretext"), required=True,
                          help="hf: pretext -> HuggingFace; pretext: HuggingFace -> pretext")
 
+    def add_glue_arguments(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--init", default="",
+                             help="pretext workdir/model dir or HuggingFace BERT/ELECTRA folder")
+        command.add_argument("--architecture", default="",
+                             help="with no --init: a checkpoint whose shape a random encoder "
+                             "copies (the from-scratch baseline)")
+        command.add_argument("--data", default="tfds",
+                             help="GLUE folder (SST-2/, CoLA/, ...) or tfds (TFDS glue/*)")
+        command.add_argument("--workdir", required=True, help="run directory (resumes)")
+        command.add_argument("--epochs", type=float,
+                             help="epochs (default: the paper's recipe for the family)")
+        command.add_argument("overrides", nargs="*", help="section.key=value config overrides")
+
+    finetune = commands.add_parser("finetune", help="fine-tune on one GLUE task")
+    finetune.add_argument("--task", required=True, help="sst2, cola, mrpc, rte or stsb")
+    finetune.add_argument("--seed", type=int, default=0)
+    add_glue_arguments(finetune)
+    evaluate = commands.add_parser("eval", help="dev metrics of a fine-tuning workdir")
+    evaluate.add_argument("--workdir", required=True, help="a run.py finetune workdir")
+    glue = commands.add_parser("glue", help="fine-tune all five GLUE tasks, print the table")
+    glue.add_argument("--tasks", default="cola,sst2,mrpc,stsb,rte", help="comma-separated")
+    glue.add_argument("--seeds", type=int, default=1,
+                      help="seeds per task; the table shows the median (papers: 5)")
+    add_glue_arguments(glue)
+
     commands.add_parser("presets", help="list presets and registered methods")
     return parser
 
@@ -85,6 +113,10 @@ def _print_summary(summary: dict, seconds: float) -> None:
               " (chance: 1 / number of classes)")
 
 
+def _metrics(values: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.4f}" for name, value in values.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     show_traceback = args.traceback or os.environ.get("PRETEXT_TRACEBACK") == "1"
@@ -109,6 +141,27 @@ def main(argv: list[str] | None = None) -> int:
                 overrides.append(f"data.tokenizer={args.tokenizer}")
             summary = _pretrain(args.preset, overrides, args.workdir)
             _print_summary(summary, time.perf_counter() - start)
+        elif args.command == "finetune":
+            from pretrain import finetune
+
+            config = finetune.finetune_config(args.task, args.init, args.data, args.overrides,
+                                              seed=args.seed, epochs=args.epochs,
+                                              architecture=args.architecture)
+            result = finetune.finetune(config, args.workdir)
+            print(f"{result['task']} dev after {result['steps']} steps: {_metrics(result['dev'])}")
+        elif args.command == "eval":
+            from pretrain import finetune
+
+            result = finetune.evaluate(args.workdir)
+            print(f"{result['task']} dev at step {result['step']}: {_metrics(result['dev'])}")
+        elif args.command == "glue":
+            from pretrain import finetune
+
+            finetune.run_glue(args.init, args.data, args.workdir,
+                              tasks=args.tasks.split(","), seeds=range(args.seeds),
+                              overrides=args.overrides, architecture=args.architecture,
+                              epochs=args.epochs)
+            print((Path(args.workdir) / finetune.TABLE_FILE).read_text())
         elif args.command == "convert":
             from pretrain import export
 

@@ -53,7 +53,7 @@ class DataConfig:
     worker_count: int = 0
 
 
-def _source_fingerprint(spec: str) -> Any:
+def source_fingerprint(spec: str) -> Any:
     """Paths with their sizes and mtimes (so edited files invalidate the cache); names as-is."""
     if spec == DEMO_CORPUS or spec.startswith("tfds:"):
         return spec
@@ -102,9 +102,9 @@ def prepare_text(
                         "e.g. data.held_out_fraction=0.05")
     settings = {k: v for k, v in dataclasses.asdict(data).items()
                 if k not in LOADER_ONLY_FIELDS}
-    key = fingerprint(_source_fingerprint(data.source), settings,
-                      _source_fingerprint(data.eval_source) if data.eval_source else "",
-                      _source_fingerprint(data.tokenizer) if data.tokenizer else "",
+    key = fingerprint(source_fingerprint(data.source), settings,
+                      source_fingerprint(data.eval_source) if data.eval_source else "",
+                      source_fingerprint(data.tokenizer) if data.tokenizer else "",
                       example_settings, seed)
     root = Path(cache_root) / key
     train_dir, eval_dir = root / "train", root / "eval"

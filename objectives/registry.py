@@ -54,6 +54,10 @@ class Method:
     - `check(model_config, example_config)`: cross-field validation, raising UserError.
     - `monitor(model, prepared_data, example_config)`: optional held-out metrics beyond the
       loss's, computed at every evaluation (SimCLR: the kNN accuracy of the features).
+    - `pretrained(model_config, seed)`: optional; the model a fresh run starts from instead of
+      `build_model`'s random one (fine-tuning: the pre-trained encoder plus a new head). Its
+      parameters are placed on the mesh after the sharded init, so they never become
+      constants of a compiled function.
     """
 
     name: str
@@ -65,6 +69,7 @@ class Method:
     units_per_example: Callable[[Any], int]
     check: Callable[[Any, Any], None] = lambda model_config, example_config: None
     monitor: Callable[[Any, PreparedData, Any], dict[str, float]] | None = None
+    pretrained: Callable[[Any, int], Any] | None = None
     unit: str = "tokens"
     description: str = ""
 

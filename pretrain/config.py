@@ -33,7 +33,8 @@ class OptimConfig:
     wd 0.01 (not on LayerNorm or biases), b1 0.9, b2 0.999, eps 1e-6, no bias correction,
     global-norm clip 1.0, linear warmup then linear decay to 0. `optimizer` is adamw, lamb or
     lars (SimCLR: `momentum` 0.9, `trust_coefficient` 0.001, neither decay nor adaptation on
-    normalisation parameters and biases)."""
+    normalisation parameters and biases). `layerwise_lr_decay` < 1 scales each Transformer
+    layer's learning rate by decay^(depth from the top) (ELECTRA fine-tuning: 0.8)."""
 
     optimizer: str = "adamw"
     learning_rate: float = 1e-4
@@ -49,6 +50,7 @@ class OptimConfig:
     grad_accum_steps: int = 1
     momentum: float = 0.9
     trust_coefficient: float = 0.001
+    layerwise_lr_decay: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)

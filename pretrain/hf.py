@@ -39,6 +39,7 @@ from flax import nnx
 
 from input_pipeline.errors import UserError
 from models.bert import Bert
+from models.classifier import ClassifierConfig, SequenceClassifier
 from models.electra import ElectraDiscriminator, ElectraGenerator
 from models.encoder import EncoderConfig
 from models.resnet import DEPTHS, ResNet, ResNetConfig
@@ -149,6 +150,8 @@ class Converter:
     - `ignored`: HF names that carry no parameter (buffers such as `position_ids`).
     - `buffers(config)`: HF tensors without a parameter of ours that `save` writes anyway so
       that transformers finds every key (BatchNorm's `num_batches_tracked`).
+    - `accepts(config)`: whether a model of `model_class` with this config is this converter's
+      (one class, several HF layouts: the classifier's bert and electra heads).
     """
 
     method: str
@@ -163,6 +166,7 @@ class Converter:
     tied: Mapping[str, str] = dataclasses.field(default_factory=dict)
     ignored: tuple[str, ...] = ()
     buffers: Callable[[Any], dict[str, np.ndarray]] = lambda config: {}
+    accepts: Callable[[Any], bool] = lambda config: True
 
     def params_to_hf(self, model: nnx.Module) -> dict[str, np.ndarray]:
         """Our parameters -> a flat HF state dict of contiguous float32 numpy arrays."""
@@ -506,6 +510,42 @@ def _resnet_config_to_hf(config: ResNetConfig) -> dict[str, Any]:
             "downsample_in_first_stage": False, "downsample_in_bottleneck": False}
 
 
+# --- Sequence classification (BertForSequenceClassification, ElectraForSequenceClassification) ---
+
+def _classifier_tensors(config: ClassifierConfig) -> tuple[Tensor, ...]:
+    """BERT: `bert` + `bert.pooler.dense` + `classifier`; ELECTRA: `electra` + `classifier`
+    (`ElectraClassificationHead`: `dense`, `out_proj`)."""
+    if config.head == "bert":
+        return (*_encoder_tensors("bert.", config), *linear("bert.pooler.dense", "head_dense"),
+                *linear("classifier", "head_output"))
+    return (*_encoder_tensors("electra.", config), *linear("classifier.dense", "head_dense"),
+            *linear("classifier.out_proj", "head_output"))
+
+
+def _classifier_config_from_hf(head: str, encoder_from_hf: Callable[..., EncoderConfig]
+                               ) -> Callable[..., ClassifierConfig]:
+    def from_hf(hf: Mapping[str, Any], **overrides: Any) -> ClassifierConfig:
+        num_labels = hf.get("num_labels") or len(hf.get("id2label") or {0: 0, 1: 1})
+        dropout = hf.get("classifier_dropout")
+        return ClassifierConfig(**{
+            **dataclasses.asdict(encoder_from_hf(hf)), "head": head, "num_labels": num_labels,
+            "classifier_dropout": -1.0 if dropout is None else dropout, **overrides})
+    return from_hf
+
+
+def _classifier_config_to_hf(architecture: str, encoder_to_hf: Callable[[Any], dict[str, Any]]
+                             ) -> Callable[[ClassifierConfig], dict[str, Any]]:
+    def to_hf(config: ClassifierConfig) -> dict[str, Any]:
+        labels = {str(i): f"LABEL_{i}" for i in range(config.num_labels)}
+        return {**encoder_to_hf(config), "architectures": [architecture],
+                "id2label": labels, "label2id": {v: int(k) for k, v in labels.items()},
+                "problem_type": ("regression" if config.num_labels == 1
+                                 else "single_label_classification"),
+                "classifier_dropout": (None if config.classifier_dropout < 0
+                                       else config.classifier_dropout)}
+    return to_hf
+
+
 _NO_PARAMETER = ("embeddings.position_ids", "embeddings.token_type_ids")
 
 CONVERTERS: dict[str, Converter] = {
@@ -542,6 +582,24 @@ CONVERTERS: dict[str, Converter] = {
         optional=("lm_loss.",),
         tied={"lm_loss.weight": "transformer.word_embedding.weight"},
     ),
+    "bert-classifier": Converter(
+        method="classify", model_type="bert", model_class=SequenceClassifier,
+        architectures=("BertForSequenceClassification",),
+        config_from_hf=_classifier_config_from_hf("bert", _bert_config_from_hf),
+        config_to_hf=_classifier_config_to_hf("BertForSequenceClassification",
+                                              _bert_config_to_hf),
+        tensors=_classifier_tensors, prefix="bert.", optional=("classifier.",),
+        ignored=_NO_PARAMETER, accepts=lambda config: config.head == "bert",
+    ),
+    "electra-classifier": Converter(
+        method="classify", model_type="electra", model_class=SequenceClassifier,
+        architectures=("ElectraForSequenceClassification",),
+        config_from_hf=_classifier_config_from_hf("electra", _electra_config_from_hf),
+        config_to_hf=_classifier_config_to_hf("ElectraForSequenceClassification",
+                                              _electra_config_to_hf("ElectraForPreTraining")),
+        tensors=_classifier_tensors, prefix="electra.", optional=("classifier.",),
+        ignored=_NO_PARAMETER, accepts=lambda config: config.head == "electra",
+    ),
     "resnet": Converter(
         method="simclr", model_type="resnet", model_class=ResNet,
         architectures=("ResNetModel", "ResNetForImageClassification"),
@@ -559,7 +617,7 @@ CONVERTERS: dict[str, Converter] = {
 
 def _converter_for(model: nnx.Module) -> Converter:
     for converter in CONVERTERS.values():
-        if isinstance(model, converter.model_class):
+        if isinstance(model, converter.model_class) and converter.accepts(model.config):
             return converter
     raise UserError(f"no HuggingFace conversion for {type(model).__name__}; supported: "
                     f"{sorted(CONVERTERS)}")

@@ -48,10 +48,44 @@ def decay_mask(params: Any) -> Any:
     """True where weight decay applies: not on LayerNorm scales/biases nor any bias."""
 
     def keep(path: tuple[Any, ...], _: Any) -> bool:
-        names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-        return not any(n in NO_DECAY_NAMES for n in names)
+        return not any(n in NO_DECAY_NAMES for n in _names(path))
 
     return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def _names(path: tuple[Any, ...]) -> list[str]:
+    return [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+
+
+def layer_depth_factors(params: Any, decay: float) -> Any:
+    """Learning-rate factors per parameter as ELECTRA's optimization.py `_get_layer_lrs` sets
+    them for fine-tuning: with L layers, embeddings (and their projection) get decay^(L+2),
+    layer i gets decay^(L+1-i) (a [L, 1, ...] array on our stacked layer parameters), the
+    task head and everything else 1."""
+    layers = next((leaf.shape[0] for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+                   if "layers" in _names(path)), 0)
+
+    def factor(path: tuple[Any, ...], leaf: Any) -> Any:
+        names = _names(path)
+        if any(n.startswith("embeddings") for n in names):
+            return jnp.float32(decay ** (layers + 2))
+        if "layers" in names:
+            per_layer = decay ** (layers + 1 - jnp.arange(1, layers + 1, dtype=jnp.float32))
+            return per_layer.reshape(-1, *([1] * (leaf.ndim - 1)))
+        return jnp.float32(1.0)
+
+    return jax.tree_util.tree_map_with_path(factor, params)
+
+
+def scale_by_layer_depth(decay: float) -> optax.GradientTransformation:
+    """Multiplies each update by its `layer_depth_factors` (stateless)."""
+
+    def update(updates: Any, state: optax.EmptyState, params: Any = None):
+        del params
+        factors = layer_depth_factors(updates, decay)
+        return jax.tree.map(lambda u, f: u * f.astype(u.dtype), updates, factors), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
@@ -98,6 +132,8 @@ def make_optimizer(config: Any, total_steps: int) -> optax.GradientTransformatio
     else:
         raise UserError(f"optim.optimizer={config.optimizer!r} is unknown; use adamw, lamb or "
                         "lars")
+    if config.layerwise_lr_decay != 1.0:
+        core = optax.chain(core, scale_by_layer_depth(config.layerwise_lr_decay))
     if config.clip_norm > 0:
         return optax.chain(optax.clip_by_global_norm(config.clip_norm), core)
     return core

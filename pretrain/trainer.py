@@ -200,8 +200,15 @@ class Trainer:
                           opt_state=self.tx.init(params))
 
     def init_state(self) -> TrainState:
-        """Fresh, sharded train state (jit-compiled init: parameters are created in place)."""
-        return self._init()
+        """Fresh, sharded train state (jit-compiled init: parameters are created in place),
+        with the method's pre-trained parameters put in place of the random ones."""
+        state = self._init()
+        model = (self.method.pretrained(self.model_config, self.config.train.seed)
+                 if self.method.pretrained else None)
+        if model is None:
+            return state
+        params = jax.device_put(nnx.state(model, nnx.Param), self.state_sharding.params)
+        return dataclasses.replace(state, params=params)
 
     # --------------------------------------------------------------------------- steps
     def _loss(self, params: Any, model_state: Any, batch: Any, rng: jax.Array | None):

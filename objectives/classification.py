@@ -1,0 +1,164 @@
+"""Fine-tuning on sentence(-pair) classification and regression (GLUE), as a method of the one
+trainer: cross-entropy on the labels (mean squared error for STS-B's scores) on top of a
+pre-trained encoder (google-research/bert run_classifier.py `create_model`; HF
+`*ForSequenceClassification`), GLUE's own metrics on the full dev set at every evaluation.
+
+The starting point is `model.init`: a pretext workdir or model directory (BERT, or ELECTRA's
+discriminator), or a HuggingFace BERT/ELECTRA folder; empty = random initialisation of the
+same architecture (the baseline any pre-training has to beat).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from input_pipeline import glue, tokenizers
+from input_pipeline.errors import UserError
+from input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
+from input_pipeline.records import RecordDirectory, write_records
+from models.bert import Bert
+from models.classifier import ClassifierConfig, SequenceClassifier, from_pretrained
+from models.electra import ElectraDiscriminator
+from objectives.glue_metrics import task_metrics
+from objectives.registry import Batch, Method, Metrics, PreparedData, register
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneModelConfig(ClassifierConfig):
+    """The classifier (`ClassifierConfig`) and `init`, where its encoder comes from."""
+
+    init: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class GlueExampleConfig:
+    """The GLUE `task` (sst2, cola, mrpc, rte, stsb), `max_seq_length` (BERT: 128) and
+    `max_train_examples` (0 = all; the first n training rows, for budgeted runs)."""
+
+    task: str = "sst2"
+    max_seq_length: int = 128
+    max_train_examples: int = 0
+
+
+def classification_loss(model: SequenceClassifier, batch: Batch, rng: jax.Array | None
+                        ) -> tuple[jax.Array, Metrics]:
+    """Mean cross-entropy over the batch (num_labels > 1) or mean squared error (1 label)."""
+    logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                   rng=rng).astype(jnp.float32)
+    count = jnp.asarray(logits.shape[0], jnp.float32)
+    one = jnp.ones((), jnp.float32)
+    if model.config.num_labels == 1:
+        loss = jnp.mean(jnp.square(logits[:, 0] - batch["label"].astype(jnp.float32)))
+        return loss, {"loss": (loss, one)}
+    labels = batch["label"].astype(jnp.int32)
+    log_probs = jax.nn.log_softmax(logits)
+    loss = -jnp.mean(jnp.take_along_axis(log_probs, labels[:, None], axis=1))
+    correct = jnp.sum(jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return loss, {"loss": (loss, one), "accuracy": (correct, count)}
+
+
+def predict(model: SequenceClassifier, features: dict[str, np.ndarray],
+            batch_size: int = 128) -> np.ndarray:
+    """Class ids (or regression values) for every example, in order."""
+    forward = nnx.jit(lambda m, ids, types, mask: m(ids, types, mask))
+    outputs = []
+    for start in range(0, len(features["input_ids"]), batch_size):
+        logits = np.asarray(forward(model, *(features[k][start:start + batch_size] for k in (
+            "input_ids", "token_type_ids", "attention_mask"))))
+        outputs.append(logits[:, 0] if model.config.num_labels == 1 else logits.argmax(-1))
+    return np.concatenate(outputs)
+
+
+def glue_monitor(model: SequenceClassifier, data: PreparedData, examples: GlueExampleConfig
+                 ) -> dict[str, float]:
+    """GLUE's metrics for the task on the whole dev set."""
+    return task_metrics(glue.glue_task(examples.task), predict(model, data.eval),
+                        data.eval["label"])
+
+
+def load_encoder(init: str) -> Bert | ElectraDiscriminator:
+    """The pre-trained model to start from: a pretext workdir/model directory or a
+    HuggingFace folder holding BERT or an ELECTRA discriminator (or a fine-tuned classifier,
+    whose encoder is reused)."""
+    from pretrain import export, hf  # the checkpoint formats live with the trainer
+
+    path = Path(init)
+    if not path.is_dir():
+        raise UserError(f"model.init={init} is not a directory; pass a pretext workdir, a "
+                        "model directory or a HuggingFace BERT/ELECTRA folder")
+    model = (export.load_model(path, downstream=True) if (path / export.MODEL_FILE).is_file()
+             else hf.load(path))
+    if not isinstance(model, Bert | ElectraDiscriminator | SequenceClassifier):
+        raise UserError(f"{init} holds a {type(model).__name__}; fine-tuning starts from BERT "
+                        "or an ELECTRA discriminator")
+    return model
+
+
+def pretrained_classifier(config: FinetuneModelConfig, seed: int) -> SequenceClassifier | None:
+    """The encoder of `config.init` under a freshly initialised head (None: random init)."""
+    if not config.init:
+        return None
+    return from_pretrained(load_encoder(config.init), config, nnx.Rngs(seed))
+
+
+def build_classifier(config: FinetuneModelConfig, seed: int) -> SequenceClassifier:
+    with nnx.use_eager_sharding(False):
+        return SequenceClassifier(config, rngs=nnx.Rngs(seed))
+
+
+def _encode(data: DataConfig, examples: GlueExampleConfig, tokenizer: tokenizers.Tokenizer,
+            split: str) -> dict[str, np.ndarray]:
+    rows = glue.read_glue(data.source, examples.task, split, data.tfds_data_dir or None)
+    return glue.encode_glue(rows, tokenizer, examples.max_seq_length)
+
+
+def prepare_glue(data: DataConfig, examples: GlueExampleConfig, cache_dir: Path,
+                 seed: int) -> PreparedData:
+    """GLUE train rows -> encoded records (cached under a fingerprint of the files, tokenizer
+    and settings); the dev split encoded in memory."""
+    task = glue.glue_task(examples.task)
+    if not data.tokenizer:
+        raise UserError("fine-tuning needs the starting point's tokenizer: set data.tokenizer "
+                        "(run.py finetune sets it from --init)")
+    tokenizer = tokenizers.load_tokenizer(data.tokenizer)
+    key = fingerprint("glue", task.name, dataclasses.asdict(examples),
+                      source_fingerprint(data.source), source_fingerprint(data.tokenizer))
+    train_dir = Path(cache_dir) / key / "train"
+    if not (train_dir / "features.json").is_file():
+        train = _encode(data, examples, tokenizer, "train")
+        if examples.max_train_examples:
+            train = {k: v[:examples.max_train_examples] for k, v in train.items()}
+        count = len(train["label"])
+        write_records(({k: v[i] for k, v in train.items()} for i in range(count)), train_dir,
+                      metadata={"task": task.name, "source": data.source})
+    return PreparedData(train=RecordDirectory(train_dir),
+                        eval=_encode(data, examples, tokenizer, "dev"),
+                        model_fields={"num_labels": task.num_labels})
+
+
+def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig) -> None:
+    glue.glue_task(examples.task)
+    if examples.max_seq_length > model.max_position_embeddings:
+        raise UserError(f"examples.max_seq_length={examples.max_seq_length} exceeds the model's "
+                        f"max_position_embeddings={model.max_position_embeddings}; lower it")
+
+
+register(Method(
+    name="classify",
+    model_config=FinetuneModelConfig,
+    example_config=GlueExampleConfig,
+    build_model=build_classifier,
+    loss=classification_loss,
+    prepare=prepare_glue,
+    units_per_example=lambda examples: examples.max_seq_length,
+    check=check_glue,
+    monitor=glue_monitor,
+    pretrained=pretrained_classifier,
+    description="Fine-tuning: sentence(-pair) classification/regression (GLUE)",
+))

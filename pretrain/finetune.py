@@ -1,0 +1,176 @@
+"""Fine-tuning and evaluation on GLUE with the one trainer (`objectives.classification`).
+
+`finetune_config` turns (task, starting point, data) into a `classify` run with the paper's
+recipe for the starting point's family:
+- BERT (Devlin et al. 2019, §4.1 and A.3): sequence length 128, batch 32, 3 epochs, lr 2e-5
+  (the paper picks from {5, 4, 3, 2}e-5 on dev), warmup over 10% of the steps then linear
+  decay, weight decay 0.01.
+- ELECTRA (Clark et al. 2020, Table 7): batch 32, lr 3e-4 (Small) / 1e-4 (Base) / 5e-5
+  (Large), layer-wise lr decay 0.8 (0.9 Large), warmup 10%, no weight decay, 3 epochs, 10 for
+  RTE and STS-B.
+`glue` runs every task over several seeds and reports the median, as the papers do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from input_pipeline import glue
+from input_pipeline.errors import UserError
+from models.classifier import classifier_config
+from objectives.classification import load_encoder
+from pretrain.config import Config, config_from_dict, make_config
+from pretrain.trainer import CONFIG_FILE, Trainer
+
+RESULTS_FILE = "results.json"
+TABLE_FILE = "results.md"
+GLUE_ORDER = ("cola", "sst2", "mrpc", "stsb", "rte")
+
+
+def recipe(head: str, hidden_size: int, task: str) -> dict[str, Any]:
+    """The paper's fine-tuning hyper-parameters for this family, size and task."""
+    if head == "bert":
+        return {"learning_rate": 2e-5, "epochs": 3, "layerwise_lr_decay": 1.0,
+                "weight_decay": 0.01}
+    learning_rate = 3e-4 if hidden_size <= 256 else 1e-4 if hidden_size <= 768 else 5e-5
+    return {"learning_rate": learning_rate, "epochs": 10 if task in ("rte", "stsb") else 3,
+            "layerwise_lr_decay": 0.8 if hidden_size <= 768 else 0.9, "weight_decay": 0.0}
+
+
+def tokenizer_of(init: str) -> str:
+    """The tokenizer a starting point was trained with: a HuggingFace folder's own vocab, or
+    the tokenizer a pretext workdir recorded (given, or trained into its data cache)."""
+    path = Path(init)
+    config_file = path / "config.json"
+    if (path / "vocab.txt").is_file() or (path / "tokenizer.json").is_file():
+        return str(path)
+    if config_file.is_file():
+        saved = json.loads(config_file.read_text()).get("data", {})
+        if saved.get("tokenizer"):
+            return saved["tokenizer"]
+        cache = Path(saved.get("cache_dir") or path / "data")
+        trained = sorted(cache.glob("*/tokenizer.model"))
+        if trained:
+            return str(trained[0])
+    raise UserError(f"no tokenizer found for {init}; pass one with data.tokenizer=...")
+
+
+def _as_overrides(values: dict[str, Any]) -> list[str]:
+    return [f"{key}={value}" for key, value in values.items()]
+
+
+def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = (), *,
+                    seed: int = 0, epochs: float | None = None, architecture: str = "") -> Config:
+    """The `classify` config for `task` from `init` (empty: a random encoder shaped like the
+    `architecture` checkpoint), data from a GLUE folder or `tfds`. `overrides` (key=value)
+    win over the recipe; `epochs` (default: the recipe's) sets `train.steps`."""
+    spec = glue.glue_task(task)
+    source = init or architecture
+    if not source:
+        raise UserError("give a starting point (--init) or, for a random encoder, the "
+                        "checkpoint whose architecture to copy (--architecture)")
+    model = dataclasses.asdict(classifier_config(load_encoder(source), spec.num_labels))
+    chosen = recipe(model["head"], model["hidden_size"], spec.name)
+    values = {"method": "classify", **{f"model.{k}": v for k, v in model.items()},
+              "model.init": init, "examples.task": spec.name, "data.source": data,
+              "examples.max_seq_length": min(128, model["max_position_embeddings"]),
+              "data.tokenizer": tokenizer_of(source), "train.seed": seed,
+              "train.batch_size": 32, "optim.learning_rate": chosen["learning_rate"],
+              "optim.weight_decay": chosen["weight_decay"],
+              "optim.layerwise_lr_decay": chosen["layerwise_lr_decay"],
+              "optim.schedule": "linear", "optim.bias_correction": True, "optim.eps": 1e-6,
+              "train.eval_batches": 1}
+    draft = make_config(None, [*_as_overrides(values), *overrides])
+    rows = len(glue.read_glue(data, spec.name, "train", draft.data.tfds_data_dir or None).labels)
+    rows = min(rows, draft.examples.get("max_train_examples") or rows)
+    per_epoch = max(1, math.ceil(rows / draft.train.batch_size))
+    steps = max(1, math.ceil((chosen["epochs"] if epochs is None else epochs) * per_epoch))
+    schedule = {"train.steps": steps, "optim.warmup_steps": max(1, round(0.1 * steps)),
+                "train.eval_every": per_epoch, "train.checkpoint_every": per_epoch,
+                "train.log_every": max(1, min(50, per_epoch))}
+    return make_config(None, [*_as_overrides({**values, **schedule}), *overrides])
+
+
+def _glue_metrics(evaluation: dict[str, float], task: str) -> dict[str, float]:
+    names = (*glue.glue_task(task).metrics, "glue_score")
+    return {name: evaluation[name] for name in names if name in evaluation}
+
+
+def finetune(config: Config, workdir: str | Path) -> dict[str, Any]:
+    """Trains `config` (a `classify` run) in `workdir`, resuming if it holds one, and writes
+    the final dev metrics to `<workdir>/results.json`."""
+    summary = Trainer(config, workdir).run()
+    task = config.examples.get("task", "sst2")
+    result = {"task": task, "init": config.model.get("init", ""), "seed": config.train.seed,
+              "steps": summary["step"], "dev": _glue_metrics(summary["eval"], task)}
+    (Path(workdir) / RESULTS_FILE).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def evaluate(workdir: str | Path) -> dict[str, Any]:
+    """Dev metrics of a fine-tuning workdir's latest checkpoint."""
+    path = Path(workdir)
+    if not (path / CONFIG_FILE).is_file():
+        raise UserError(f"{workdir} is not a fine-tuning workdir ({CONFIG_FILE} missing); pass "
+                        "the --workdir of run.py finetune")
+    config = config_from_dict(json.loads((path / CONFIG_FILE).read_text()))
+    if config.method != "classify":
+        raise UserError(f"{workdir} holds a {config.method} pre-training run; evaluate a "
+                        "fine-tuning workdir (run.py finetune)")
+    trainer = Trainer(config, path)
+    manager = trainer.checkpoint_manager()
+    step = manager.latest_step()
+    if step is None:
+        raise UserError(f"{workdir} has no checkpoint yet; run run.py finetune first")
+    state, _ = trainer.restore(manager, step)
+    manager.close()
+    task = config.examples.get("task", "sst2")
+    return {"task": task, "step": step, "dev": _glue_metrics(trainer.evaluate(state), task)}
+
+
+def run_glue(init: str, data: str, workdir: str | Path, *, tasks: Sequence[str] = GLUE_ORDER,
+             seeds: Sequence[int] = (0,), overrides: Sequence[str] = (),
+             architecture: str = "", epochs: float | None = None) -> dict[str, Any]:
+    """Fine-tunes every task with every seed (one workdir each, so an interrupted sweep
+    resumes) and reports each metric's median over seeds; writes `results.json` and a
+    markdown table `results.md` to `workdir`."""
+    root = Path(workdir)
+    results: dict[str, Any] = {}
+    for task in tasks:
+        runs = [finetune(finetune_config(task, init, data, overrides, seed=seed, epochs=epochs,
+                                         architecture=architecture),
+                         root / glue.glue_task(task).name / f"seed{seed}")["dev"]
+                for seed in seeds]
+        results[task] = {"median": {name: float(np.median([r[name] for r in runs]))
+                                    for name in runs[0]}, "runs": runs}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / RESULTS_FILE).write_text(json.dumps(
+        {"init": init or f"random ({architecture})", "seeds": list(seeds), "tasks": results},
+        indent=2))
+    (root / TABLE_FILE).write_text(glue_table({init or "random": results}))
+    return results
+
+
+def glue_table(columns: dict[str, dict[str, Any]]) -> str:
+    """A markdown table: one row per task metric (medians), one column per starting point,
+    and the GLUE average of the per-task scores."""
+    names = list(columns)
+    tasks = [t for t in GLUE_ORDER if any(t in results for results in columns.values())]
+    lines = ["| task | metric | " + " | ".join(names) + " |",
+             "| --- | --- |" + " --- |" * len(names)]
+    for task in tasks:
+        for metric in glue.glue_task(task).metrics:
+            cells = [f"{columns[n][task]['median'][metric]:.3f}" if task in columns[n] else "-"
+                     for n in names]
+            lines.append(f"| {task} | {metric} | " + " | ".join(cells) + " |")
+    averages = [np.mean([columns[n][t]["median"]["glue_score"] for t in tasks if t in columns[n]])
+                for n in names]
+    lines.append("| average | glue_score | " + " | ".join(f"{a:.3f}" for a in averages) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,202 @@
+"""GLUE fine-tuning through the one trainer: the pre-trained encoder is the starting point, a
+small model learns an easy task, results and evaluation agree, the paper recipes (incl.
+ELECTRA's layer-wise learning-rate decay) are applied, seed sweeps report medians."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from parity_utils import perturbed
+
+import objectives  # noqa: F401  (registers the methods)
+import run
+from objectives.classification import classification_loss
+from pretrain import hf
+from pretrain.finetune import evaluate, finetune, finetune_config, run_glue
+from pretrain.optim import layer_depth_factors, make_optimizer
+from pretrain.trainer import Trainer
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+WORDS = ["good", "bad", "movie", "film", "plot", "actors", "the", "a", "was", "is", "very",
+         "really", "quite", "story", "music"]
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+TINY = dict(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=64, max_position_embeddings=64, type_vocab_size=2)
+FAST = ["examples.max_seq_length=16", "train.batch_size=16", "train.progress=false"]
+
+
+def sentences(rng: np.random.Generator, count: int) -> tuple[list[str], np.ndarray]:
+    """Random filler sentences; label 1 when "good" appears, never together with "bad"."""
+    filler = WORDS[2:]
+    texts, labels = [], rng.integers(0, 2, count)
+    for label in labels:
+        words = list(rng.choice(filler, 6)) + ["good" if label else "bad"]
+        rng.shuffle(words)
+        texts.append(" ".join(words))
+    return texts, labels
+
+
+@pytest.fixture(scope="module")
+def glue_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("glue")
+    rng = np.random.default_rng(0)
+    (root / "SST-2").mkdir()
+    for split, count in (("train", 192), ("dev", 64)):
+        texts, labels = sentences(rng, count)
+        rows = [f"{t}\t{y}" for t, y in zip(texts, labels, strict=True)]
+        (root / "SST-2" / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    (root / "STS-B").mkdir()
+    header = "\t".join(["index", "genre", "filename", "year", "old_index", "source1", "source2",
+                        "sentence1", "sentence2", "score"])
+    for split, count in (("train", 48), ("dev", 24)):
+        a, _ = sentences(rng, count)
+        b, _ = sentences(rng, count)
+        rows = [f"{i}\tg\tf\t2012\t{i}\ts\ts\t{x}\t{y}\t{rng.uniform(0, 5):.2f}"
+                for i, (x, y) in enumerate(zip(a, b, strict=True))]
+        (root / "STS-B" / f"{split}.tsv").write_text(header + "\n" + "\n".join(rows) + "\n")
+    return str(root)
+
+
+def hf_folder(path, kind: str):
+    """A small random HF BERT (BertForPreTraining) or ELECTRA discriminator with a vocab."""
+    torch.manual_seed(0)
+    if kind == "bert":
+        model = transformers.BertForPreTraining(transformers.BertConfig(**TINY))
+    else:
+        model = transformers.ElectraForPreTraining(transformers.ElectraConfig(
+            **TINY, embedding_size=16))
+    perturbed(model, 0).save_pretrained(path)
+    (path / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    (path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory):
+    return hf_folder(tmp_path_factory.mktemp("bert"), "bert")
+
+
+def test_pretrained_encoder_is_the_starting_point_and_the_model_learns(tmp_path, bert_dir,
+                                                                       glue_folder):
+    config = finetune_config("sst2", bert_dir, glue_folder,
+                             [*FAST, "optim.learning_rate=5e-3", "train.log_every=4"], epochs=4)
+    assert config.train.steps == 4 * 12 and config.optim.warmup_steps == 5  # 10% of the steps
+    assert config.optim.layerwise_lr_decay == 1.0 and config.optim.weight_decay == 0.01
+    trainer = Trainer(config, tmp_path / "run")
+    params = nnx.to_pure_dict(trainer.init_state().params)
+    reference = hf.load(bert_dir)
+    np.testing.assert_array_equal(
+        params["encoder"]["embeddings"]["word_embeddings"]["embedding"],
+        reference.encoder.embeddings.word_embeddings.embedding[...])
+    np.testing.assert_array_equal(params["head_dense"]["kernel"], reference.pooler.kernel[...])
+    result = finetune(config, tmp_path / "run")
+    assert result["dev"]["accuracy"] > 0.9  # one word decides the label
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert saved["dev"] == result["dev"] and saved["steps"] == config.train.steps
+    assert evaluate(tmp_path / "run")["dev"] == pytest.approx(result["dev"])
+
+
+def test_electra_recipe_regression_and_random_init(tmp_path, bert_dir, glue_folder):
+    electra_dir = hf_folder(tmp_path / "electra", "electra")
+    config = finetune_config("stsb", electra_dir, glue_folder, FAST)
+    # ELECTRA Table 7 (Small): lr 3e-4, layer-wise decay 0.8, no weight decay, 10 epochs on STS-B.
+    assert (config.optim.learning_rate, config.optim.layerwise_lr_decay,
+            config.optim.weight_decay) == (3e-4, 0.8, 0.0)
+    assert config.train.steps == 10 * 3 and config.model["num_labels"] == 1
+    assert config.model["head"] == "electra"
+    result = finetune(finetune_config("stsb", electra_dir, glue_folder,
+                                      [*FAST, "train.steps=2"]), tmp_path / "stsb")
+    assert set(result["dev"]) == {"pearson", "spearman", "glue_score"}
+    scratch = finetune_config("sst2", "", glue_folder, FAST, architecture=bert_dir)
+    assert scratch.model["init"] == "" and scratch.model["hidden_size"] == 32
+    trainer = Trainer(scratch, tmp_path / "scratch")
+    params = nnx.to_pure_dict(trainer.init_state().params)
+    assert not np.allclose(params["head_dense"]["kernel"], hf.load(bert_dir).pooler.kernel[...])
+
+
+def test_losses_equal_numpy():
+    class Fixed:
+        def __init__(self, logits):
+            self.logits = logits
+            self.config = type("C", (), {"num_labels": logits.shape[1]})
+
+        def __call__(self, *args, rng=None):
+            return self.logits
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(6, 3)).astype(np.float32)
+    labels = np.array([0, 2, 1, 1, 0, 2])
+    batch = {"input_ids": None, "token_type_ids": None, "attention_mask": None, "label": labels}
+    loss, metrics = classification_loss(Fixed(logits), batch, None)
+    log_probs = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    np.testing.assert_allclose(loss, -log_probs[np.arange(6), labels].mean(), rtol=1e-6)
+    assert float(metrics["accuracy"][0]) == np.sum(logits.argmax(1) == labels)
+    scores = rng.uniform(0, 5, (6,)).astype(np.float32)
+    loss, _ = classification_loss(Fixed(logits[:, :1]), {**batch, "label": scores}, None)
+    np.testing.assert_allclose(loss, np.mean((logits[:, 0] - scores) ** 2), rtol=1e-6)
+
+
+def test_layerwise_learning_rate_decay_scales_updates_by_depth():
+    """ELECTRA optimization.py `_get_layer_lrs`: with L layers, embeddings lr x d^(L+2),
+    layer i x d^(L+1-i), the task head x 1."""
+    params = {"encoder": {"embeddings": {"w": np.ones((2,))},
+                          "stack": {"layers": {"w": np.ones((3, 2))}}},
+              "head_output": {"w": np.ones((2,))}}
+    factors = layer_depth_factors(params, 0.5)
+    assert float(factors["encoder"]["embeddings"]["w"]) == 0.5 ** 5
+    np.testing.assert_allclose(np.ravel(factors["encoder"]["stack"]["layers"]["w"]),
+                               [0.5 ** 3, 0.5 ** 2, 0.5])
+    assert float(factors["head_output"]["w"]) == 1.0
+    from pretrain.config import OptimConfig
+
+    sgd_like = OptimConfig(optimizer="lamb", learning_rate=0.1, warmup_steps=0,
+                           schedule="constant", weight_decay=0.0, clip_norm=0.0)
+    grads = jax.tree.map(np.ones_like, params)
+    plain = make_optimizer(sgd_like, 10)
+    decayed = make_optimizer(OptimConfig(**{**sgd_like.__dict__, "layerwise_lr_decay": 0.5}), 10)
+    updates, _ = plain.update(grads, plain.init(params), params)
+    scaled, _ = decayed.update(grads, decayed.init(params), params)
+    ratio = jax.tree.map(lambda a, b: np.asarray(a) / np.asarray(b), scaled, updates)
+    np.testing.assert_allclose(ratio["encoder"]["stack"]["layers"]["w"][:, 0],
+                               [0.125, 0.25, 0.5], rtol=1e-6)
+    assert isinstance(decayed, optax.GradientTransformation)
+
+
+def test_glue_sweep_reports_medians_and_a_table(tmp_path, bert_dir, glue_folder):
+    results = run_glue(bert_dir, glue_folder, tmp_path / "glue", tasks=["sst2", "stsb"],
+                       seeds=[0, 1, 2], overrides=[*FAST, "train.steps=1"])
+    for task, metric in (("sst2", "accuracy"), ("stsb", "spearman")):
+        runs = [run[metric] for run in results[task]["runs"]]
+        assert len(runs) == 3 and results[task]["median"][metric] == np.median(runs)
+    table = (tmp_path / "glue" / "results.md").read_text()
+    assert "| sst2 | accuracy |" in table and "| stsb | pearson |" in table
+    assert json.loads((tmp_path / "glue" / "results.json").read_text())["seeds"] == [0, 1, 2]
+
+
+def test_cli_finetune_eval_and_bad_input(tmp_path, bert_dir, glue_folder, capsys):
+    workdir = tmp_path / "cli"
+    assert run.main(["finetune", "--task", "sst2", "--init", bert_dir, "--data", glue_folder,
+                     "--workdir", str(workdir), *FAST, "train.steps=2"]) == 0
+    trained = capsys.readouterr().out.splitlines()[-1]
+    assert trained.startswith("sst2 dev after 2 steps: accuracy ")
+    assert run.main(["eval", "--workdir", str(workdir)]) == 0
+    assert capsys.readouterr().out.strip() == trained.replace("after 2 steps", "at step 2")
+    before = sorted(p.name for p in workdir.rglob("*"))
+    for args, fix in ((["finetune", "--task", "qqp"], "one of"),
+                      (["finetune", "--task", "sst2", "--data", str(tmp_path)], "SST-2"),
+                      (["eval"], "--workdir of run.py finetune")):
+        if args[0] == "eval":
+            code = run.main([*args, "--workdir", str(tmp_path / "nothing")])
+        else:
+            code = run.main([*args, "--init", bert_dir, "--workdir", str(workdir),
+                             *([] if "--data" in args else ["--data", glue_folder])])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.count("\n") == 0 and fix in err, err
+    assert sorted(p.name for p in workdir.rglob("*")) == before
