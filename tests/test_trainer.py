@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from input_pipeline.errors import UserError
 from pretrain.config import make_config
 from pretrain.trainer import Trainer
 
@@ -144,12 +145,17 @@ def read_losses(workdir):
 def test_resume_is_exact(tmp_path, data_cache, preset):
     """6 steps straight == 3 steps, restart from the checkpoint, 3 more; same data stream
     (for ELECTRA also the same masks and generator samples, for XLNet the same orders and the
-    recurrence memory, which is checkpointed with the state)."""
+    recurrence memory, which is checkpointed with the state), also from a workdir saved
+    before a config field was added."""
     settings = {"train.steps": 6, "train.checkpoint_every": 3}
     straight = make_trainer(tmp_path / "straight", data_cache, preset=preset, **settings).run()
     interrupted = tmp_path / "resumed"
     first = make_trainer(interrupted, data_cache, preset=preset, **settings).run(stop_after=3)
     assert first["step"] == 3
+    # A workdir written before a config field existed resumes with that field's default.
+    saved = json.loads((interrupted / "config.json").read_text())
+    del saved["optim"]["layerwise_lr_decay"]
+    (interrupted / "config.json").write_text(json.dumps(saved))
     resumed_trainer = make_trainer(interrupted, data_cache, preset=preset, **settings)
     resumed = resumed_trainer.run()
     assert resumed["step"] == 6
@@ -168,6 +174,16 @@ def test_resume_is_exact(tmp_path, data_cache, preset):
     got = next(continued)
     for key in expected:
         np.testing.assert_array_equal(got[key], expected[key])
+
+
+def test_checkpoint_of_other_records_is_refused_with_a_clear_error(tmp_path, data_cache):
+    make_trainer(tmp_path / "w", data_cache, **{"train.steps": 2}).run()
+    (metadata,) = (tmp_path / "w" / "checkpoints" / "2" / "data").glob("metadata")
+    text = metadata.read_text()
+    assert "hash_of_paths=" in text
+    metadata.write_text(text.replace("hash_of_paths=", "hash_of_paths=0"))
+    with pytest.raises(UserError, match="other data records.*new --workdir"):
+        make_trainer(tmp_path / "w", data_cache, **{"train.steps": 3}).run()
 
 
 def test_model_is_restored_from_workdir(tmp_path, data_cache):
