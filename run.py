@@ -76,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     glue.add_argument("--tasks", default="cola,sst2,mrpc,stsb,rte", help="comma-separated")
     glue.add_argument("--seeds", type=int, default=1,
                       help="seeds per task; the table shows the median (papers: 5)")
+    glue.add_argument("--learning-rates", type=_rates, default=(),
+                      help="comma-separated rates to try; each task reports the best on dev "
+                      "(default: the recipe's rate)")
     add_glue_arguments(glue)
 
     commands.add_parser("presets", help="list presets and registered methods")
@@ -111,6 +114,14 @@ def _print_summary(summary: dict, seconds: float) -> None:
     if "knn_accuracy" in evaluation:
         print(f"  held-out kNN accuracy of the backbone's features {evaluation['knn_accuracy']:.3f}"
               " (chance: 1 / number of classes)")
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        return [float(rate) for rate in text.split(",") if rate]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers, "
+                                         "e.g. 5e-5,3e-5,2e-5") from error
 
 
 def _metrics(values: dict[str, float]) -> str:
@@ -160,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             finetune.run_glue(args.init, args.data, args.workdir,
                               tasks=args.tasks.split(","), seeds=range(args.seeds),
                               overrides=args.overrides, architecture=args.architecture,
-                              epochs=args.epochs)
+                              epochs=args.epochs,
+                              learning_rates=args.learning_rates)
             print((Path(args.workdir) / finetune.TABLE_FILE).read_text())
         elif args.command == "convert":
             from pretrain import export

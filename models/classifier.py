@@ -1,17 +1,24 @@
-"""Sentence(-pair) classification and regression on the shared encoder, for fine-tuning (GLUE).
+"""Sentence(-pair) classification and regression on a pre-trained encoder, for fine-tuning
+(GLUE).
 
-Two heads, each as its reference builds it:
+Three heads, each as its reference builds it:
 - `bert`: the pooler (dense + tanh on [CLS]), dropout, dense to the labels (google-research/bert
   run_classifier.py `create_model`; HF `BertForSequenceClassification`).
 - `electra`: on [CLS]: dropout, dense(H), GELU, dropout, dense to the labels (HF
   `ElectraClassificationHead`, the parity oracle; the TF ELECTRA code uses a tanh pooler there).
-`num_labels=1` is regression (STS-B). The encoder is the one BERT and ELECTRA pre-train, so a
-pre-trained model's weights move over unchanged (`from_pretrained`).
+- `xlnet`: on the last position (the <cls> that ends XLNet's inputs, which are padded on the
+  left): dense + tanh, dropout, dense to the labels (zihangdai/xlnet modeling.py
+  `summarize_sequence` with summary_type `last` and `use_proj`, then `classification_loss`;
+  HF `XLNetForSequenceClassification`: `sequence_summary`, `logits_proj`).
+`num_labels=1` is regression (STS-B). The bert and electra heads sit on the encoder BERT and
+ELECTRA pre-train, the xlnet head on `XLNetModel`, so a pre-trained model's weights move over
+unchanged (`from_pretrained`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -19,24 +26,34 @@ from flax import nnx
 
 from models.bert import Bert
 from models.electra import ElectraDiscriminator
-from models.encoder import ACTIVATIONS, Encoder, EncoderConfig, dense, dropout
+from models.encoder import (
+    ACTIVATIONS,
+    Encoder,
+    EncoderConfig,
+    TransformerConfig,
+    dense,
+    dropout,
+    split_rng,
+)
+from models.xlnet import XLNet, XLNetConfig, XLNetModel
 
-HEADS = ("bert", "electra")
+HEADS = ("bert", "electra", "xlnet")
 
 
 @dataclasses.dataclass(frozen=True)
-class ClassifierConfig(EncoderConfig):
-    """The encoder's config plus the head: `head` (bert | electra), `num_labels` (1 =
-    regression) and `classifier_dropout` (< 0: the encoder's hidden_dropout, as HF)."""
+class HeadConfig(TransformerConfig):
+    """The head's fields: `head` (one of the class's `heads`), `num_labels` (1 = regression)
+    and `classifier_dropout` (< 0: the encoder's hidden_dropout, as HF)."""
 
+    heads: ClassVar[tuple[str, ...]] = HEADS
     head: str = "bert"
     num_labels: int = 2
     classifier_dropout: float = -1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.head not in HEADS:
-            raise ValueError(f"head={self.head!r} must be one of {HEADS}")
+        if self.head not in self.heads:
+            raise ValueError(f"head={self.head!r} must be one of {self.heads}")
         if self.num_labels < 1:
             raise ValueError(f"num_labels={self.num_labels} must be >= 1 (1 = regression)")
 
@@ -45,14 +62,35 @@ class ClassifierConfig(EncoderConfig):
         return self.hidden_dropout if self.classifier_dropout < 0 else self.classifier_dropout
 
 
-class SequenceClassifier(nnx.Module):
-    """Encoder + classification head; returns logits [B, num_labels]."""
+@dataclasses.dataclass(frozen=True)
+class ClassifierConfig(EncoderConfig, HeadConfig):
+    """The BERT-style encoder's config plus a bert or electra head."""
 
-    def __init__(self, config: ClassifierConfig, *, rngs: nnx.Rngs):
+    heads: ClassVar[tuple[str, ...]] = ("bert", "electra")
+
+
+@dataclasses.dataclass(frozen=True)
+class XLNetClassifierConfig(XLNetConfig, HeadConfig):
+    """XLNet's config plus the xlnet head (`classifier_dropout` is HF's
+    `summary_last_dropout`)."""
+
+    heads: ClassVar[tuple[str, ...]] = ("xlnet",)
+    head: str = "xlnet"
+
+
+class SequenceClassifier(nnx.Module):
+    """Encoder + classification head; returns logits [B, num_labels]. The bert and electra
+    heads sit on `Encoder` (`encoder`), the xlnet head on `XLNetModel` (`transformer`, run on
+    the content stream alone: no memory, permutation mask or target mapping)."""
+
+    def __init__(self, config: HeadConfig, *, rngs: nnx.Rngs):
         h = config.hidden_size
         self.config = config
         with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
-            self.encoder = Encoder(config, rngs=rngs)
+            if config.head == "xlnet":
+                self.transformer = XLNetModel(config, rngs=rngs)
+            else:
+                self.encoder = Encoder(config, rngs=rngs)
             self.head_dense = dense(config, h, h, ("embed", "mlp"), rngs)
             self.head_output = dense(config, h, config.num_labels, ("mlp", None), rngs)
 
@@ -64,34 +102,63 @@ class SequenceClassifier(nnx.Module):
         *,
         rng: jax.Array | None = None,
     ) -> jax.Array:
-        encoder_rng, first_rng, second_rng = (jax.random.split(rng, 3) if rng is not None
-                                              else (None, None, None))
-        first_token = self.encoder(input_ids, token_type_ids, attention_mask, encoder_rng)[:, 0]
+        encoder_rng, first_rng, second_rng = split_rng(rng, 3)
         rate = self.config.head_dropout
-        if self.config.head == "bert":
-            pooled = jnp.tanh(self.head_dense(first_token))
-            return self.head_output(dropout(pooled, rate, first_rng))
-        x = self.head_dense(dropout(first_token, rate, first_rng))
-        x = ACTIVATIONS["gelu"](x)
-        return self.head_output(dropout(x, rate, second_rng))
+        if self.config.head == "xlnet":  # the <cls> that ends the (left-padded) input
+            hidden, _ = self.transformer.encode(input_ids, token_type_ids, attention_mask,
+                                                rng=encoder_rng)
+            summary_token = hidden[:, -1]
+        else:
+            summary_token = self.encoder(input_ids, token_type_ids, attention_mask,
+                                         encoder_rng)[:, 0]
+        if self.config.head == "electra":
+            x = self.head_dense(dropout(summary_token, rate, first_rng))
+            x = ACTIVATIONS["gelu"](x)
+            return self.head_output(dropout(x, rate, second_rng))
+        pooled = jnp.tanh(self.head_dense(summary_token))
+        return self.head_output(dropout(pooled, rate, first_rng))
 
 
-def classifier_config(pretrained: Bert | ElectraDiscriminator, num_labels: int,
-                      classifier_dropout: float = -1.0) -> ClassifierConfig:
-    """The classifier config for a pre-trained BERT (bert head) or ELECTRA discriminator
-    (electra head)."""
-    head = "bert" if isinstance(pretrained, Bert) else "electra"
-    fields = {f.name: getattr(pretrained.config, f.name)
-              for f in dataclasses.fields(EncoderConfig)}
+Pretrained = Bert | ElectraDiscriminator | XLNet | SequenceClassifier
+
+
+def classifier_config(pretrained: Pretrained, num_labels: int, classifier_dropout: float = -1.0
+                      ) -> ClassifierConfig | XLNetClassifierConfig:
+    """The classifier config for a pre-trained BERT (bert head), ELECTRA discriminator (electra
+    head), XLNet (xlnet head) or fine-tuned classifier (its head). XLNet fine-tunes without
+    memory, `bi_data` or `same_length`, as run_classifier.py's run config
+    (xlnet.py `create_run_config` with is_finetune)."""
+    config = pretrained.config
+    head = (config.head if isinstance(pretrained, SequenceClassifier)
+            else "xlnet" if isinstance(pretrained, XLNet)
+            else "bert" if isinstance(pretrained, Bert) else "electra")
+    if head == "xlnet":
+        fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(XLNetConfig)}
+        fields.update(bi_data=False, same_length=False, mem_len=0, reuse_len=0,
+                      memory_batch_size=0)
+        return XLNetClassifierConfig(**fields, num_labels=num_labels,
+                                     classifier_dropout=classifier_dropout)
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(EncoderConfig)}
     return ClassifierConfig(**fields, head=head, num_labels=num_labels,
                             classifier_dropout=classifier_dropout)
 
 
-def from_pretrained(pretrained: Bert | ElectraDiscriminator, config: ClassifierConfig,
-                    rngs: nnx.Rngs) -> SequenceClassifier:
-    """A classifier whose encoder (and, for BERT, pooler) are the pre-trained model's; the rest
-    of the head is freshly initialised."""
+def _copy_params(target: nnx.Module, source: nnx.Module) -> None:
+    """Sets `target`'s parameters to `source`'s of the same names (`source` may have more,
+    e.g. XLNet's LM bias)."""
+    params = nnx.state(source, nnx.Param)
+    nnx.update(target, nnx.State({name: params[name] for name in nnx.state(target, nnx.Param)}))
+
+
+def from_pretrained(pretrained: Pretrained, config: HeadConfig, rngs: nnx.Rngs
+                    ) -> SequenceClassifier:
+    """A classifier whose encoder (and, from BERT, pooler) are the pre-trained model's; the rest
+    of the head is freshly initialised. From a fine-tuned classifier, only its encoder moves
+    over."""
     model = SequenceClassifier(config, rngs=rngs)
+    if config.head == "xlnet":
+        _copy_params(model.transformer, getattr(pretrained, "transformer", pretrained))
+        return model
     nnx.update(model.encoder, nnx.state(pretrained.encoder, nnx.Param))
     if isinstance(pretrained, Bert):
         nnx.update(model.head_dense, nnx.state(pretrained.pooler, nnx.Param))

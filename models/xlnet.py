@@ -9,12 +9,15 @@ Tensors are batch-major here ([B, T, ...]; the TF code is time-major). `perm_mas
 means position i may not attend to j; `target_mapping[b, k, j] = 1` means the k-th prediction
 is at position j. With `target_mapping` both streams run: the content stream h (sees itself)
 and the query stream g (starts from `mask_emb`, never sees its own content); the outputs and
-logits are then the query stream's at the targets.
+logits are then the query stream's at the targets. `XLNetModel` is the transformer alone (HF
+`XLNetModel`), which `XLNet` (the LM head) and the sequence classifier (`models.classifier`) build
+on.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -220,9 +223,9 @@ class Memory(nnx.Variable):
     """Recurrence memory carried between training steps: model state, not a parameter."""
 
 
-class XLNet(nnx.Module):
-    """XLNet with its LM head (HF `XLNetLMHeadModel`): word embedding, `mask_emb` for the query
-    stream, stacked layers, and logits through the tied embedding + bias."""
+class XLNetModel(nnx.Module):
+    """The XLNet transformer (HF `XLNetModel`): word embedding, `mask_emb` for the query stream,
+    the r-biases and stacked layers; `encode` returns the last hidden states."""
 
     def __init__(self, config: XLNetConfig, *, rngs: nnx.Rngs):
         n, d = config.num_heads, config.head_size
@@ -238,7 +241,6 @@ class XLNet(nnx.Module):
                 setattr(self, name, _normal(config, bias_shape, bias_axes, rngs))
             self.layers = stacked_layers(lambda r: XLNetLayer(config, rngs=r),
                                          config.num_layers, rngs)
-            self.lm_bias = nnx.Param(jnp.zeros((config.vocab_size,)), out_sharding=("vocab",))
             if config.memory_batch_size and config.mem_len:
                 self.memory = Memory(
                     jnp.zeros((config.num_layers, config.memory_batch_size, config.mem_len,
@@ -293,7 +295,7 @@ class XLNet(nnx.Module):
             new = new[:, -c.mem_len:]
         return jax.lax.stop_gradient(new.astype(jnp.float32))
 
-    def __call__(
+    def encode(
         self,
         input_ids: jax.Array,
         token_type_ids: jax.Array | None = None,
@@ -304,9 +306,12 @@ class XLNet(nnx.Module):
         mems: jax.Array | None = None,
         use_mems: bool = False,
         rng: jax.Array | None = None,
-    ) -> XLNetOutput:
-        """`mems` [L, B, M, H] are the previous segment's cached states (`new_mems` of the last
-        call); `use_mems` returns the new ones. `rng` enables dropout."""
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """(hidden states, new memory): the last layer's content stream [B, T, H] (the query
+        stream's [B, P, H] with `target_mapping`) after dropout, and the new `mems` [L, B, M, H]
+        (None without `use_mems`). `mems` are the previous segment's cached states (`new_mems`
+        of the last call); `attention_mask` is 1 for real tokens (HF's; the TF code's
+        `input_mask` is its complement). `rng` enables dropout."""
         c = self.config
         batch, query_len = input_ids.shape
         mem_len = 0 if mems is None else mems.shape[2]
@@ -336,8 +341,28 @@ class XLNet(nnx.Module):
             return layer(h, g, mem, layer_biases, inputs, key), new_mem
 
         (h, g), new_mems = run_stacked(self.layers, apply, (h, g), (mems, biases, keys), c)
-        out = dropout(h if g is None else g, c.hidden_dropout, out_rng)
-        logits = self.word_embedding.attend(out)
-        return XLNetOutput(hidden_states=out,
+        return dropout(h if g is None else g, c.hidden_dropout, out_rng), new_mems
+
+
+class XLNet(XLNetModel):
+    """XLNet with its LM head (HF `XLNetLMHeadModel`): logits through the tied word embedding
+    plus a bias."""
+
+    def __init__(self, config: XLNetConfig, *, rngs: nnx.Rngs):
+        super().__init__(config, rngs=rngs)
+        with nnx.use_eager_sharding(False):
+            self.lm_bias = nnx.Param(jnp.zeros((config.vocab_size,)), out_sharding=("vocab",))
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        token_type_ids: jax.Array | None = None,
+        attention_mask: jax.Array | None = None,
+        **kwargs: Any,
+    ) -> XLNetOutput:
+        """`XLNetModel.encode` (same arguments) and the LM logits of its hidden states."""
+        hidden, new_mems = self.encode(input_ids, token_type_ids, attention_mask, **kwargs)
+        logits = self.word_embedding.attend(hidden)
+        return XLNetOutput(hidden_states=hidden,
                            lm_logits=logits + self.lm_bias[...].astype(logits.dtype),
                            new_mems=new_mems)

@@ -3,15 +3,18 @@ trainer: cross-entropy on the labels (mean squared error for STS-B's scores) on 
 pre-trained encoder (google-research/bert run_classifier.py `create_model`; HF
 `*ForSequenceClassification`), GLUE's own metrics on the full dev set at every evaluation.
 
-The starting point is `model.init`: a pretext workdir or model directory (BERT, or ELECTRA's
-discriminator), or a HuggingFace BERT/ELECTRA folder; empty = random initialisation of the
-same architecture (the baseline any pre-training has to beat).
+The starting point is `model.init`: a pretext workdir or model directory (BERT, ELECTRA's
+discriminator or XLNet), or a HuggingFace BERT/ELECTRA/XLNet folder; empty = random
+initialisation of the same architecture (the baseline any pre-training has to beat). XLNet reads
+its own input layout (`examples.layout=xlnet`: `A <sep> B <sep> <cls>`, padded on the left) and
+classifies from the final <cls> (zihangdai/xlnet run_classifier.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -22,28 +25,39 @@ from input_pipeline import glue, tokenizers
 from input_pipeline.errors import UserError
 from input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
 from input_pipeline.records import RecordDirectory, write_records
-from models.bert import Bert
-from models.classifier import ClassifierConfig, SequenceClassifier, from_pretrained
-from models.electra import ElectraDiscriminator
+from models.classifier import (
+    HEADS,
+    ClassifierConfig,
+    Pretrained,
+    SequenceClassifier,
+    XLNetClassifierConfig,
+    from_pretrained,
+)
 from objectives.glue_metrics import task_metrics
 from objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 
 @dataclasses.dataclass(frozen=True)
-class FinetuneModelConfig(ClassifierConfig):
-    """The classifier (`ClassifierConfig`) and `init`, where its encoder comes from."""
+class FinetuneModelConfig(ClassifierConfig, XLNetClassifierConfig):
+    """Any classifier (`ClassifierConfig` for the bert/electra heads, `XLNetClassifierConfig`
+    for xlnet; the other family's fields are unused) and `init`, where its encoder comes
+    from."""
 
+    heads: ClassVar[tuple[str, ...]] = HEADS
+    head: str = "bert"
     init: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class GlueExampleConfig:
-    """The GLUE `task` (sst2, cola, mrpc, rte, stsb), `max_seq_length` (BERT: 128) and
-    `max_train_examples` (0 = all; the first n training rows, for budgeted runs)."""
+    """The GLUE `task` (sst2, cola, mrpc, rte, stsb), `max_seq_length` (BERT and XLNet: 128),
+    `max_train_examples` (0 = all; the first n training rows, for budgeted runs) and `layout`
+    (`input_pipeline.glue.LAYOUTS`: bert, or xlnet for the xlnet head)."""
 
     task: str = "sst2"
     max_seq_length: int = 128
     max_train_examples: int = 0
+    layout: str = "bert"
 
 
 def classification_loss(model: SequenceClassifier, batch: Batch, rng: jax.Array | None
@@ -82,21 +96,21 @@ def glue_monitor(model: SequenceClassifier, data: PreparedData, examples: GlueEx
                         data.eval["label"])
 
 
-def load_encoder(init: str) -> Bert | ElectraDiscriminator:
+def load_encoder(init: str) -> Pretrained:
     """The pre-trained model to start from: a pretext workdir/model directory or a
-    HuggingFace folder holding BERT or an ELECTRA discriminator (or a fine-tuned classifier,
-    whose encoder is reused)."""
+    HuggingFace folder holding BERT, an ELECTRA discriminator or XLNet (or a fine-tuned
+    classifier, whose encoder is reused)."""
     from pretrain import export, hf  # the checkpoint formats live with the trainer
 
     path = Path(init)
     if not path.is_dir():
         raise UserError(f"model.init={init} is not a directory; pass a pretext workdir, a "
-                        "model directory or a HuggingFace BERT/ELECTRA folder")
+                        "model directory or a HuggingFace BERT/ELECTRA/XLNet folder")
     model = (export.load_model(path, downstream=True) if (path / export.MODEL_FILE).is_file()
              else hf.load(path))
-    if not isinstance(model, Bert | ElectraDiscriminator | SequenceClassifier):
-        raise UserError(f"{init} holds a {type(model).__name__}; fine-tuning starts from BERT "
-                        "or an ELECTRA discriminator")
+    if not isinstance(model, Pretrained):
+        raise UserError(f"{init} holds a {type(model).__name__}; fine-tuning starts from BERT, "
+                        "an ELECTRA discriminator or XLNet")
     return model
 
 
@@ -115,7 +129,7 @@ def build_classifier(config: FinetuneModelConfig, seed: int) -> SequenceClassifi
 def _encode(data: DataConfig, examples: GlueExampleConfig, tokenizer: tokenizers.Tokenizer,
             split: str) -> dict[str, np.ndarray]:
     rows = glue.read_glue(data.source, examples.task, split, data.tfds_data_dir or None)
-    return glue.encode_glue(rows, tokenizer, examples.max_seq_length)
+    return glue.encode_glue(rows, tokenizer, examples.max_seq_length, examples.layout)
 
 
 def prepare_glue(data: DataConfig, examples: GlueExampleConfig, cache_dir: Path,
@@ -144,7 +158,11 @@ def prepare_glue(data: DataConfig, examples: GlueExampleConfig, cache_dir: Path,
 
 def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig) -> None:
     glue.glue_task(examples.task)
-    if examples.max_seq_length > model.max_position_embeddings:
+    wanted = "xlnet" if model.head == "xlnet" else "bert"
+    if examples.layout != wanted:
+        raise UserError(f"examples.layout={examples.layout} does not suit model.head="
+                        f"{model.head}; use examples.layout={wanted}")
+    if model.head != "xlnet" and examples.max_seq_length > model.max_position_embeddings:
         raise UserError(f"examples.max_seq_length={examples.max_seq_length} exceeds the model's "
                         f"max_position_embeddings={model.max_position_embeddings}; lower it")
 

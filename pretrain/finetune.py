@@ -4,10 +4,19 @@
 recipe for the starting point's family:
 - BERT (Devlin et al. 2019, §4.1 and A.3): sequence length 128, batch 32, 3 epochs, lr 2e-5
   (the paper picks from {5, 4, 3, 2}e-5 on dev), warmup over 10% of the steps then linear
-  decay, weight decay 0.01.
+  decay, weight decay 0.01. Encoders narrower than BERT-Base (the compact BERTs of Turc et
+  al. 2019, MiniLM): 4 epochs at lr 1e-4, from the grid {3e-4, 1e-4, 5e-5, 3e-5} that the
+  google-research/bert README gives for them (2e-5 barely moves a 2-layer, 64-wide model).
 - ELECTRA (Clark et al. 2020, Table 7): batch 32, lr 3e-4 (Small) / 1e-4 (Base) / 5e-5
   (Large), layer-wise lr decay 0.8 (0.9 Large), warmup 10%, no weight decay, 3 epochs, 10 for
   RTE and STS-B.
+- XLNet (Yang et al. 2019, Appendix A.3, Table 8, whose GLUE column is MNLI): sequence length
+  128, lr 2e-5 with linear decay, no weight decay, Adam epsilon 1e-6 (run_classifier.py's flag
+  default is 1e-8), layer-wise lr decay 1.0; Table 8's batch 128 for 10K steps is ~3 epochs of
+  MNLI, so 3 epochs here, at batch 32 as the zihangdai/xlnet README's STS-B run (4 GPUs x 8;
+  it uses lr 5e-5 for XLNet-Large), with warmup over 10% of the steps as there (120 of 1200
+  steps). Adam with bias correction and gradient clipping at 1.0 (run_classifier.py: `clip`,
+  and `tf.train.AdamOptimizer` when weight_decay is 0).
 `glue` runs every task over several seeds and reports the median, as the papers do.
 """
 
@@ -35,21 +44,27 @@ GLUE_ORDER = ("cola", "sst2", "mrpc", "stsb", "rte")
 
 
 def recipe(head: str, hidden_size: int, task: str) -> dict[str, Any]:
-    """The paper's fine-tuning hyper-parameters for this family, size and task."""
+    """The paper's fine-tuning hyper-parameters for this family, size and task (see the module
+    docstring for their sources)."""
     if head == "bert":
+        compact = hidden_size < 768
+        return {"learning_rate": 1e-4 if compact else 2e-5, "epochs": 4 if compact else 3,
+                "layerwise_lr_decay": 1.0, "weight_decay": 0.01}
+    if head == "xlnet":
         return {"learning_rate": 2e-5, "epochs": 3, "layerwise_lr_decay": 1.0,
-                "weight_decay": 0.01}
+                "weight_decay": 0.0}
     learning_rate = 3e-4 if hidden_size <= 256 else 1e-4 if hidden_size <= 768 else 5e-5
     return {"learning_rate": learning_rate, "epochs": 10 if task in ("rte", "stsb") else 3,
             "layerwise_lr_decay": 0.8 if hidden_size <= 768 else 0.9, "weight_decay": 0.0}
 
 
 def tokenizer_of(init: str) -> str:
-    """The tokenizer a starting point was trained with: a HuggingFace folder's own vocab, or
-    the tokenizer a pretext workdir recorded (given, or trained into its data cache)."""
+    """The tokenizer a starting point was trained with: a HuggingFace folder's own vocab
+    (BERT's `vocab.txt`, XLNet's `spiece.model`), or the tokenizer a pretext workdir recorded
+    (given, or trained into its data cache)."""
     path = Path(init)
     config_file = path / "config.json"
-    if (path / "vocab.txt").is_file() or (path / "tokenizer.json").is_file():
+    if any((path / name).is_file() for name in ("vocab.txt", "spiece.model", "tokenizer.json")):
         return str(path)
     if config_file.is_file():
         saved = json.loads(config_file.read_text()).get("data", {})
@@ -78,15 +93,21 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
                         "checkpoint whose architecture to copy (--architecture)")
     model = dataclasses.asdict(classifier_config(load_encoder(source), spec.num_labels))
     chosen = recipe(model["head"], model["hidden_size"], spec.name)
+    xlnet = model["head"] == "xlnet"
     values = {"method": "classify", **{f"model.{k}": v for k, v in model.items()},
               "model.init": init, "examples.task": spec.name, "data.source": data,
-              "examples.max_seq_length": min(128, model["max_position_embeddings"]),
-              "data.tokenizer": tokenizer_of(source), "train.seed": seed,
+              # XLNet's relative positions have no length limit.
+              "examples.max_seq_length": 128 if xlnet else min(
+                  128, model["max_position_embeddings"]),
+              "examples.layout": "xlnet" if xlnet else "bert",
+              "train.seed": seed,
               "train.batch_size": 32, "optim.learning_rate": chosen["learning_rate"],
               "optim.weight_decay": chosen["weight_decay"],
               "optim.layerwise_lr_decay": chosen["layerwise_lr_decay"],
               "optim.schedule": "linear", "optim.bias_correction": True, "optim.eps": 1e-6,
               "train.eval_batches": 1}
+    if not any(override.startswith("data.tokenizer=") for override in overrides):
+        values["data.tokenizer"] = tokenizer_of(source)
     draft = make_config(None, [*_as_overrides(values), *overrides])
     rows = len(glue.read_glue(data, spec.name, "train", draft.data.tfds_data_dir or None).labels)
     rows = min(rows, draft.examples.get("max_train_examples") or rows)
@@ -104,12 +125,15 @@ def _glue_metrics(evaluation: dict[str, float], task: str) -> dict[str, float]:
 
 
 def finetune(config: Config, workdir: str | Path) -> dict[str, Any]:
-    """Trains `config` (a `classify` run) in `workdir`, resuming if it holds one, and writes
-    the final dev metrics to `<workdir>/results.json`."""
+    """Trains `config` (a `classify` run) in `workdir`, resuming if it holds one (a finished
+    one is only evaluated), and writes the final dev metrics to `<workdir>/results.json`."""
     summary = Trainer(config, workdir).run()
     task = config.examples.get("task", "sst2")
+    # a finished workdir trains no further steps, so nothing was evaluated: evaluate it now
+    dev = (_glue_metrics(summary["eval"], task) if summary["eval"]
+           else evaluate(workdir)["dev"])
     result = {"task": task, "init": config.model.get("init", ""), "seed": config.train.seed,
-              "steps": summary["step"], "dev": _glue_metrics(summary["eval"], task)}
+              "steps": summary["step"], "dev": dev}
     (Path(workdir) / RESULTS_FILE).write_text(json.dumps(result, indent=2))
     return result
 
@@ -137,23 +161,36 @@ def evaluate(workdir: str | Path) -> dict[str, Any]:
 
 def run_glue(init: str, data: str, workdir: str | Path, *, tasks: Sequence[str] = GLUE_ORDER,
              seeds: Sequence[int] = (0,), overrides: Sequence[str] = (),
-             architecture: str = "", epochs: float | None = None) -> dict[str, Any]:
+             architecture: str = "", epochs: float | None = None,
+             learning_rates: Sequence[float] = ()) -> dict[str, Any]:
     """Fine-tunes every task with every seed (one workdir each, so an interrupted sweep
-    resumes) and reports each metric's median over seeds; writes `results.json` and a
-    markdown table `results.md` to `workdir`."""
+    resumes) and reports each metric's median over seeds. With `learning_rates`, every rate
+    is run and each task reports the one whose median GLUE score on dev is best, as BERT §4.1
+    selects its rate (empty: the recipe's rate). Writes `results.json` and a markdown table
+    `results.md` to `workdir`."""
     root = Path(workdir)
     results: dict[str, Any] = {}
     for task in tasks:
-        runs = [finetune(finetune_config(task, init, data, overrides, seed=seed, epochs=epochs,
-                                         architecture=architecture),
-                         root / glue.glue_task(task).name / f"seed{seed}")["dev"]
-                for seed in seeds]
-        results[task] = {"median": {name: float(np.median([r[name] for r in runs]))
-                                    for name in runs[0]}, "runs": runs}
+        name = glue.glue_task(task).name
+        by_rate = {}
+        for rate in learning_rates or (None,):
+            chosen = [] if rate is None else [f"optim.learning_rate={rate}"]
+            folder = root / name if rate is None else root / name / f"lr{rate:g}"
+            runs = [finetune(finetune_config(task, init, data, [*overrides, *chosen], seed=seed,
+                                             epochs=epochs, architecture=architecture),
+                             folder / f"seed{seed}")["dev"]
+                    for seed in seeds]
+            by_rate[rate] = {"median": {metric: float(np.median([r[metric] for r in runs]))
+                                        for metric in runs[0]}, "runs": runs}
+        best = max(by_rate, key=lambda rate: by_rate[rate]["median"]["glue_score"])
+        results[task] = {**by_rate[best], **({"learning_rate": best,
+                                              "by_learning_rate": {f"{r:g}": v["median"]
+                                                                   for r, v in by_rate.items()}}
+                                             if best is not None else {})}
     root.mkdir(parents=True, exist_ok=True)
     (root / RESULTS_FILE).write_text(json.dumps(
-        {"init": init or f"random ({architecture})", "seeds": list(seeds), "tasks": results},
-        indent=2))
+        {"init": init or f"random ({architecture})", "seeds": list(seeds),
+         "learning_rates": list(learning_rates), "tasks": results}, indent=2))
     (root / TABLE_FILE).write_text(glue_table({init or "random": results}))
     return results
 

@@ -11,7 +11,8 @@ Public API:
 - `from_hf(hf_config, state_dict, **config_overrides)` / `to_hf(model)`: the same conversions
   in memory, on a HF config dict and a flat HF state dict of numpy arrays.
 - `method_name(model)`: the `objectives.registry` method a converted model belongs to.
-- `CONVERTERS`: name -> `Converter` (BERT, ELECTRA discriminator and generator, XLNet, ResNet),
+- `CONVERTERS`: name -> `Converter` (BERT, ELECTRA discriminator and generator, XLNet, ResNet,
+  and the BERT, ELECTRA and XLNet sequence classifiers),
   chosen on load by `config.json`'s `model_type` and `architectures`. This is the one place in
   `pretrain/` that knows model families by name.
 
@@ -39,7 +40,12 @@ from flax import nnx
 
 from input_pipeline.errors import UserError
 from models.bert import Bert
-from models.classifier import ClassifierConfig, SequenceClassifier
+from models.classifier import (
+    ClassifierConfig,
+    HeadConfig,
+    SequenceClassifier,
+    XLNetClassifierConfig,
+)
 from models.electra import ElectraDiscriminator, ElectraGenerator
 from models.encoder import EncoderConfig
 from models.resnet import DEPTHS, ResNet, ResNetConfig
@@ -151,7 +157,7 @@ class Converter:
     - `buffers(config)`: HF tensors without a parameter of ours that `save` writes anyway so
       that transformers finds every key (BatchNorm's `num_batches_tracked`).
     - `accepts(config)`: whether a model of `model_class` with this config is this converter's
-      (one class, several HF layouts: the classifier's bert and electra heads).
+      (one class, several HF layouts: the classifier's bert, electra and xlnet heads).
     """
 
     method: str
@@ -387,25 +393,30 @@ def _electra_config_to_hf(architecture: str) -> Callable[[EncoderConfig], dict[s
 
 # --- XLNet (transformers models/xlnet/modeling_xlnet.py, configuration_xlnet.py) ---------------
 
-def _xlnet_tensors(config: XLNetConfig) -> tuple[Tensor, ...]:
-    """`XLNetLMHeadModel`: `transformer` (`XLNetModel`: `word_embedding`, `mask_emb`, layers of
-    `rel_attn` (q, k, v, o, r [d_model, n_head, d_head], r_w/r_r/r_s biases, `seg_embed`,
-    `layer_norm`) and `ff`) and `lm_loss` (weight tied to the word embedding, own bias)."""
-    layer, ours = "transformer.layer.{i}", "layers"
+def _xlnet_transformer_tensors(config: XLNetConfig, ours: str = "") -> tuple[Tensor, ...]:
+    """`transformer` (`XLNetModel`: `word_embedding`, `mask_emb`, layers of `rel_attn` (q, k,
+    v, o, r [d_model, n_head, d_head], r_w/r_r/r_s biases, `seg_embed`, `layer_norm`) and `ff`)
+    <-> our `XLNetModel` at `ours` (a dotted prefix)."""
+    layer, layers = "transformer.layer.{i}", f"{ours}layers"
     shared = 0 if config.untie_r else config.num_layers
     return (
-        Tensor("transformer.word_embedding.weight", "word_embedding.embedding"),
-        Tensor("transformer.mask_emb", "mask_emb"),
-        *(Tensor(f"{layer}.rel_attn.{name}", f"{ours}.{name}")
+        Tensor("transformer.word_embedding.weight", f"{ours}word_embedding.embedding"),
+        Tensor("transformer.mask_emb", f"{ours}mask_emb"),
+        *(Tensor(f"{layer}.rel_attn.{name}", f"{layers}.{name}")
           for name in ("q", "k", "v", "o", "r", "seg_embed")),
-        *(Tensor(f"{layer}.rel_attn.{name}", name, shared_layers=shared)
+        *(Tensor(f"{layer}.rel_attn.{name}", f"{ours}{name}", shared_layers=shared)
           for name in ("r_w_bias", "r_r_bias", "r_s_bias")),
-        *layer_norm(f"{layer}.rel_attn.layer_norm", f"{ours}.attention_layer_norm"),
-        *linear(f"{layer}.ff.layer_1", f"{ours}.intermediate"),
-        *linear(f"{layer}.ff.layer_2", f"{ours}.output"),
-        *layer_norm(f"{layer}.ff.layer_norm", f"{ours}.output_layer_norm"),
-        Tensor("lm_loss.bias", "lm_bias"),
+        *layer_norm(f"{layer}.rel_attn.layer_norm", f"{layers}.attention_layer_norm"),
+        *linear(f"{layer}.ff.layer_1", f"{layers}.intermediate"),
+        *linear(f"{layer}.ff.layer_2", f"{layers}.output"),
+        *layer_norm(f"{layer}.ff.layer_norm", f"{layers}.output_layer_norm"),
     )
+
+
+def _xlnet_tensors(config: XLNetConfig) -> tuple[Tensor, ...]:
+    """`XLNetLMHeadModel`: `transformer` and `lm_loss` (weight tied to the word embedding, own
+    bias)."""
+    return (*_xlnet_transformer_tensors(config), Tensor("lm_loss.bias", "lm_bias"))
 
 
 def _xlnet_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> XLNetConfig:
@@ -510,11 +521,16 @@ def _resnet_config_to_hf(config: ResNetConfig) -> dict[str, Any]:
             "downsample_in_first_stage": False, "downsample_in_bottleneck": False}
 
 
-# --- Sequence classification (BertForSequenceClassification, ElectraForSequenceClassification) ---
+# --- Sequence classification (Bert/Electra/XLNetForSequenceClassification) ---------------------
 
-def _classifier_tensors(config: ClassifierConfig) -> tuple[Tensor, ...]:
+def _classifier_tensors(config: HeadConfig) -> tuple[Tensor, ...]:
     """BERT: `bert` + `bert.pooler.dense` + `classifier`; ELECTRA: `electra` + `classifier`
-    (`ElectraClassificationHead`: `dense`, `out_proj`)."""
+    (`ElectraClassificationHead`: `dense`, `out_proj`); XLNet: `transformer` +
+    `sequence_summary.summary` (`XLNetSequenceSummary`'s projection) + `logits_proj`."""
+    if config.head == "xlnet":
+        return (*_xlnet_transformer_tensors(config, "transformer."),
+                *linear("sequence_summary.summary", "head_dense"),
+                *linear("logits_proj", "head_output"))
     if config.head == "bert":
         return (*_encoder_tensors("bert.", config), *linear("bert.pooler.dense", "head_dense"),
                 *linear("classifier", "head_output"))
@@ -522,28 +538,62 @@ def _classifier_tensors(config: ClassifierConfig) -> tuple[Tensor, ...]:
             *linear("classifier.out_proj", "head_output"))
 
 
-def _classifier_config_from_hf(head: str, encoder_from_hf: Callable[..., EncoderConfig]
-                               ) -> Callable[..., ClassifierConfig]:
-    def from_hf(hf: Mapping[str, Any], **overrides: Any) -> ClassifierConfig:
+# HF `XLNetSequenceSummary` settings that are our xlnet head (zihangdai/xlnet run_classifier.py
+# summary_type "last", use_summ_proj, a tanh projection to d_model, no dropout before it).
+XLNET_SUMMARY = {"summary_type": "last", "summary_use_proj": True, "summary_activation": "tanh",
+                 "summary_proj_to_labels": False, "summary_first_dropout": 0.0}
+
+
+def _xlnet_head_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The xlnet head's fields of an `XLNetForSequenceClassification` config."""
+    for key, ours in XLNET_SUMMARY.items():
+        if hf.get(key, ours) != ours:
+            raise UserError(f"config.json has {key}={hf[key]!r}; only {ours!r} (XLNet's own "
+                            "sequence summary) is supported")
+    return {"classifier_dropout": hf.get("summary_last_dropout", 0.1)}
+
+
+def _xlnet_head_to_hf(config: XLNetClassifierConfig) -> dict[str, Any]:
+    return {**XLNET_SUMMARY, "summary_last_dropout": config.head_dropout}
+
+
+def _bert_head_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+    dropout = hf.get("classifier_dropout")
+    return {"classifier_dropout": -1.0 if dropout is None else dropout}
+
+
+def _bert_head_to_hf(config: ClassifierConfig) -> dict[str, Any]:
+    return {"classifier_dropout": (None if config.classifier_dropout < 0
+                                   else config.classifier_dropout)}
+
+
+def _classifier_converter(
+    head: str, architecture: str, config_class: type[HeadConfig],
+    encoder_from_hf: Callable[..., Any], encoder_to_hf: Callable[[Any], dict[str, Any]],
+    head_from_hf: Callable[[Mapping[str, Any]], dict[str, Any]],
+    head_to_hf: Callable[[Any], dict[str, Any]], **fields: Any,
+) -> Converter:
+    """HF `architecture` (model_type `head`) <-> our `SequenceClassifier` with that head: the
+    family's encoder config and tensors plus the labels and the head's own settings."""
+
+    def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> HeadConfig:
         num_labels = hf.get("num_labels") or len(hf.get("id2label") or {0: 0, 1: 1})
-        dropout = hf.get("classifier_dropout")
-        return ClassifierConfig(**{
+        return config_class(**{
             **dataclasses.asdict(encoder_from_hf(hf)), "head": head, "num_labels": num_labels,
-            "classifier_dropout": -1.0 if dropout is None else dropout, **overrides})
-    return from_hf
+            **head_from_hf(hf), **overrides})
 
-
-def _classifier_config_to_hf(architecture: str, encoder_to_hf: Callable[[Any], dict[str, Any]]
-                             ) -> Callable[[ClassifierConfig], dict[str, Any]]:
-    def to_hf(config: ClassifierConfig) -> dict[str, Any]:
+    def config_to_hf(config: HeadConfig) -> dict[str, Any]:
         labels = {str(i): f"LABEL_{i}" for i in range(config.num_labels)}
         return {**encoder_to_hf(config), "architectures": [architecture],
                 "id2label": labels, "label2id": {v: int(k) for k, v in labels.items()},
                 "problem_type": ("regression" if config.num_labels == 1
                                  else "single_label_classification"),
-                "classifier_dropout": (None if config.classifier_dropout < 0
-                                       else config.classifier_dropout)}
-    return to_hf
+                **head_to_hf(config)}
+
+    return Converter(method="classify", model_type=head, model_class=SequenceClassifier,
+                     architectures=(architecture,), config_from_hf=config_from_hf,
+                     config_to_hf=config_to_hf, tensors=_classifier_tensors,
+                     accepts=lambda config: config.head == head, **fields)
 
 
 _NO_PARAMETER = ("embeddings.position_ids", "embeddings.token_type_ids")
@@ -582,24 +632,18 @@ CONVERTERS: dict[str, Converter] = {
         optional=("lm_loss.",),
         tied={"lm_loss.weight": "transformer.word_embedding.weight"},
     ),
-    "bert-classifier": Converter(
-        method="classify", model_type="bert", model_class=SequenceClassifier,
-        architectures=("BertForSequenceClassification",),
-        config_from_hf=_classifier_config_from_hf("bert", _bert_config_from_hf),
-        config_to_hf=_classifier_config_to_hf("BertForSequenceClassification",
-                                              _bert_config_to_hf),
-        tensors=_classifier_tensors, prefix="bert.", optional=("classifier.",),
-        ignored=_NO_PARAMETER, accepts=lambda config: config.head == "bert",
-    ),
-    "electra-classifier": Converter(
-        method="classify", model_type="electra", model_class=SequenceClassifier,
-        architectures=("ElectraForSequenceClassification",),
-        config_from_hf=_classifier_config_from_hf("electra", _electra_config_from_hf),
-        config_to_hf=_classifier_config_to_hf("ElectraForSequenceClassification",
-                                              _electra_config_to_hf("ElectraForPreTraining")),
-        tensors=_classifier_tensors, prefix="electra.", optional=("classifier.",),
-        ignored=_NO_PARAMETER, accepts=lambda config: config.head == "electra",
-    ),
+    "bert-classifier": _classifier_converter(
+        "bert", "BertForSequenceClassification", ClassifierConfig, _bert_config_from_hf,
+        _bert_config_to_hf, _bert_head_from_hf, _bert_head_to_hf, prefix="bert.",
+        optional=("classifier.",), ignored=_NO_PARAMETER),
+    "electra-classifier": _classifier_converter(
+        "electra", "ElectraForSequenceClassification", ClassifierConfig, _electra_config_from_hf,
+        _electra_config_to_hf("ElectraForPreTraining"), _bert_head_from_hf, _bert_head_to_hf,
+        prefix="electra.", optional=("classifier.",), ignored=_NO_PARAMETER),
+    "xlnet-classifier": _classifier_converter(
+        "xlnet", "XLNetForSequenceClassification", XLNetClassifierConfig, _xlnet_config_from_hf,
+        _xlnet_config_to_hf, _xlnet_head_from_hf, _xlnet_head_to_hf, prefix="transformer.",
+        optional=("sequence_summary.", "logits_proj.")),
     "resnet": Converter(
         method="simclr", model_type="resnet", model_class=ResNet,
         architectures=("ResNetModel", "ResNetForImageClassification"),

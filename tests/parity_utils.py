@@ -54,3 +54,18 @@ def assert_same_params(a: nnx.Module, b: nnx.Module) -> None:
     for path, variable in flat_a:
         np.testing.assert_array_equal(variable.get_value(), flat_b[path].get_value(),
                                       err_msg=str(path))
+
+
+def xlnet_spiece(folder, sentences: list[str], vocab_size: int):
+    """`folder/spiece.model`: a sentencepiece model laid out as a released XLNet vocabulary
+    (<unk> 0, <s> 1, </s> 2, <cls> 3, <sep> 4, <pad> 5, <mask> 6, <eod> 7, <eop> 8), trained as
+    the zihangdai/xlnet README's `spm_train` command does (those control and user-defined
+    symbols, unigram)."""
+    import sentencepiece as spm
+
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_prefix=str(folder / "spiece"),
+        vocab_size=vocab_size, model_type="unigram",
+        control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>"],
+        user_defined_symbols=["<eop>"], num_threads=1, minloglevel=2, hard_vocab_limit=False)
+    return folder / "spiece.model"

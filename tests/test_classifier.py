@@ -1,6 +1,7 @@
-"""The fine-tuning classifier: parity with HF `BertForSequenceClassification` and
-`ElectraForSequenceClassification` (classification and regression), export back to
-transformers, and the move of pre-trained weights into a classifier."""
+"""The fine-tuning classifier: parity with HF `BertForSequenceClassification`,
+`ElectraForSequenceClassification` and `XLNetForSequenceClassification` (classification and
+regression), export back to transformers, and the move of pre-trained weights into a
+classifier."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ from models.bert import Bert
 from models.classifier import (
     ClassifierConfig,
     SequenceClassifier,
+    XLNetClassifierConfig,
     classifier_config,
     from_pretrained,
 )
 from models.electra import ElectraDiscriminator
 from models.encoder import EncoderConfig
+from models.xlnet import XLNet, XLNetConfig
 from pretrain import hf
 
 torch = pytest.importorskip("torch")
@@ -40,39 +43,85 @@ CASES = {
 }
 
 
+# HF XLNetConfig fields: a 3-class head, and a regression head on a deeper model with ReLU,
+# clamped relative distances and its own summary dropout.
+XLNET_CASES = {
+    "3 labels": dict(vocab_size=60, d_model=24, n_layer=2, n_head=3, d_inner=40, num_labels=3),
+    "regression": dict(vocab_size=45, d_model=16, n_layer=3, n_head=2, d_inner=24, num_labels=1,
+                       ff_activation="relu", layer_norm_eps=1e-6, clamp_len=4,
+                       summary_last_dropout=0.3),
+}
+
+
+def xlnet_inputs(vocab_size: int, seed: int = 0):
+    """`padded_inputs` in XLNet's layout: padding on the left (segment id 4), the <cls>
+    (segment id 2) last."""
+    ids, types, mask = (np.flip(a, axis=1).copy() for a in padded_inputs(vocab_size, 2, seed))
+    types[:, -1] = 2
+    types[mask == 0] = 4
+    return ids, types, mask
+
+
+def hf_and_ours(model_class: str, config, tmp_path):
+    """A perturbed HF classifier of `config` (eval mode) and ours loaded from its folder."""
+    torch.manual_seed(config.num_labels)
+    reference = perturbed(getattr(transformers, model_class)(config), config.num_labels)
+    reference.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a complete checkpoint loads without any warning
+        return reference, hf.load(tmp_path)
+
+
+def assert_same_logits(reference, model, batch) -> None:
+    np.testing.assert_allclose(np.asarray(model(*map(jnp.asarray, batch))),
+                               torch_forward(reference, *batch).logits.numpy(), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("num_labels", [3, 1])
 @pytest.mark.parametrize("head", ["bert", "electra"])
 def test_parity_with_hf(head, num_labels, tmp_path):
     config_class, model_class, fields = CASES[head]
-    torch.manual_seed(num_labels)
     config = getattr(transformers, config_class)(**fields, num_labels=num_labels)
-    reference = perturbed(getattr(transformers, model_class)(config), num_labels)
-    reference.save_pretrained(tmp_path)
-    batch = padded_inputs(fields["vocab_size"], 2, num_labels)
-    expected = torch_forward(reference, *batch).logits.numpy()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a complete checkpoint loads without any warning
-        model = hf.load(tmp_path)
+    reference, model = hf_and_ours(model_class, config, tmp_path)
     assert isinstance(model, SequenceClassifier)
     assert (model.config.head, model.config.num_labels) == (head, num_labels)
-    np.testing.assert_allclose(np.asarray(model(*map(jnp.asarray, batch))), expected,
-                               atol=1e-5, rtol=0)
+    assert_same_logits(reference, model, padded_inputs(fields["vocab_size"], 2, num_labels))
 
 
-@pytest.mark.parametrize("head", ["bert", "electra"])
+@pytest.mark.parametrize("case", XLNET_CASES)
+def test_xlnet_parity_with_hf(case, tmp_path):
+    fields = XLNET_CASES[case]
+    reference, model = hf_and_ours("XLNetForSequenceClassification",
+                                   transformers.XLNetConfig(**fields), tmp_path)
+    assert isinstance(model, SequenceClassifier)
+    assert (model.config.head, model.config.num_labels) == ("xlnet", fields["num_labels"])
+    assert model.config.head_dropout == fields.get("summary_last_dropout", 0.1)
+    batch = xlnet_inputs(fields["vocab_size"], fields["num_labels"])
+    assert_same_logits(reference, model, batch)
+    # Only the real tokens matter: other ids and segments at the padding change nothing.
+    ids, types, mask = batch
+    assert_same_logits(reference, model, (np.where(mask, ids, 5), np.where(mask, types, 0), mask))
+
+
+@pytest.mark.parametrize("head", ["bert", "electra", "xlnet"])
 def test_classifier_exports_to_transformers(head, tmp_path):
-    config = ClassifierConfig(vocab_size=50, hidden_size=24, embedding_size=12 if head ==
-                              "electra" else 0, num_layers=2, num_heads=3, intermediate_size=40,
-                              max_position_embeddings=20, head=head, num_labels=2)
+    shape = dict(vocab_size=50, hidden_size=24, num_layers=2, num_heads=3, intermediate_size=40)
+    if head == "xlnet":
+        config = XLNetClassifierConfig(**shape, num_labels=2, classifier_dropout=0.2)
+        model_class, batch = "XLNetForSequenceClassification", xlnet_inputs(50, 3)
+    else:
+        config = ClassifierConfig(**shape, embedding_size=12 if head == "electra" else 0,
+                                  max_position_embeddings=20, head=head, num_labels=2)
+        model_class, batch = CASES[head][1], padded_inputs(50, 2, 3)
     ours = random_params(SequenceClassifier(config, rngs=nnx.Rngs(0)), 1)
     hf.save(ours, tmp_path / "out")
-    reloaded, info = getattr(transformers, CASES[head][1]).from_pretrained(
+    reloaded, info = getattr(transformers, model_class).from_pretrained(
         tmp_path / "out", output_loading_info=True)
     assert not any(info.values()), info
-    batch = padded_inputs(50, 2, 3)
-    np.testing.assert_allclose(torch_forward(reloaded.eval(), *batch).logits.numpy(),
-                               np.asarray(ours(*map(jnp.asarray, batch))), atol=1e-5, rtol=0)
-    assert_same_params(hf.load(tmp_path / "out"), ours)
+    assert_same_logits(reloaded.eval(), ours, batch)
+    back = hf.load(tmp_path / "out")
+    assert back.config == ours.config
+    assert_same_params(back, ours)
 
 
 @pytest.mark.parametrize("pretrained_class", [Bert, ElectraDiscriminator])
@@ -84,6 +133,7 @@ def test_pretrained_encoder_moves_into_the_classifier(pretrained_class):
     config = classifier_config(pretrained, num_labels=2)
     assert config.head == ("bert" if pretrained_class is Bert else "electra")
     model = from_pretrained(pretrained, config, nnx.Rngs(1))
+    assert classifier_config(model, num_labels=3).head == config.head  # a fine-tuned one's
     ids, types, mask = map(jnp.asarray, padded_inputs(40, 2, 4))
     np.testing.assert_array_equal(model.encoder(ids, types, mask, None),
                                   pretrained.encoder(ids, types, mask, None))
@@ -95,3 +145,31 @@ def test_pretrained_encoder_moves_into_the_classifier(pretrained_class):
     first = dropping(ids, types, mask, rng=jax.random.key(0))
     assert not np.allclose(first, dropping(ids, types, mask, rng=jax.random.key(1)))
     np.testing.assert_array_equal(dropping(ids, types, mask), model(ids, types, mask))
+
+
+def test_pretrained_xlnet_moves_into_the_classifier():
+    config = XLNetConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2,
+                         intermediate_size=32, mem_len=6, reuse_len=4, memory_batch_size=3,
+                         bi_data=True, same_length=True, hidden_dropout=0.0,
+                         attention_dropout=0.0)
+    pretrained = random_params(XLNet(config, rngs=nnx.Rngs(0)), 2)
+    head_config = classifier_config(pretrained, num_labels=2, classifier_dropout=0.5)
+    # Fine-tuning runs without memory or bi_data (run_classifier.py's run config).
+    assert (head_config.head, head_config.bi_data, head_config.same_length, head_config.mem_len,
+            head_config.reuse_len, head_config.memory_batch_size) == ("xlnet", False, False,
+                                                                      0, 0, 0)
+    model = from_pretrained(pretrained, head_config, nnx.Rngs(1))
+    assert classifier_config(model, num_labels=3).head == "xlnet"
+    moved = nnx.to_flat_state(nnx.state(model.transformer, nnx.Param))
+    source = dict(nnx.to_flat_state(nnx.state(pretrained, nnx.Param)))
+    assert len(moved) == len(source) - 1  # all but the LM bias
+    for path, variable in moved:
+        np.testing.assert_array_equal(variable.get_value(), source[path].get_value())
+    assert "memory" not in nnx.state(model.transformer)
+    # The head reads the last position; dropout acts in training only, and differs per key.
+    ids, types, mask = map(jnp.asarray, xlnet_inputs(40, 4))
+    hidden, _ = model.transformer.encode(ids, types, mask)
+    summary = jnp.tanh(model.head_dense(hidden[:, -1]))
+    np.testing.assert_allclose(model(ids, types, mask), model.head_output(summary), rtol=1e-6)
+    first = model(ids, types, mask, rng=jax.random.key(0))
+    assert not np.allclose(first, model(ids, types, mask, rng=jax.random.key(1)))

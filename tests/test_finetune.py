@@ -11,13 +11,16 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from parity_utils import perturbed
+from parity_utils import perturbed, xlnet_spiece
 
 import objectives  # noqa: F401  (registers the methods)
 import run
+from input_pipeline.errors import UserError
+from input_pipeline.tokenizers import load_tokenizer
 from objectives.classification import classification_loss
 from pretrain import hf
-from pretrain.finetune import evaluate, finetune, finetune_config, run_glue
+from pretrain.export import load_model
+from pretrain.finetune import evaluate, finetune, finetune_config, recipe, run_glue
 from pretrain.optim import layer_depth_factors, make_optimizer
 from pretrain.trainer import Trainer
 
@@ -121,6 +124,72 @@ def test_electra_recipe_regression_and_random_init(tmp_path, bert_dir, glue_fold
     assert not np.allclose(params["head_dense"]["kernel"], hf.load(bert_dir).pooler.kernel[...])
 
 
+def test_xlnet_from_a_hf_folder(tmp_path, glue_folder):
+    """XLNet (HF `XLNetLMHeadModel` + spiece.model): the recipe, XLNet's layout, the
+    pre-trained transformer as the starting point, the model learns, results equal a fresh
+    evaluation."""
+    folder = tmp_path / "xlnet"
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    vocab = xlnet_spiece(folder, sentences(rng, 300)[0], 60)
+    torch.manual_seed(0)
+    model = transformers.XLNetLMHeadModel(transformers.XLNetConfig(
+        vocab_size=load_tokenizer(vocab).vocab_size, d_model=32, n_layer=2, n_head=4, d_inner=64))
+    perturbed(model, 0).save_pretrained(folder)
+    recipe = finetune_config("sst2", str(folder), glue_folder, FAST)
+    # XLNet Table 8 (MNLI): lr 2e-5, no weight decay, no layer-wise decay, Adam epsilon 1e-6.
+    assert (recipe.optim.learning_rate, recipe.optim.weight_decay,
+            recipe.optim.layerwise_lr_decay, recipe.optim.eps) == (2e-5, 0.0, 1.0, 1e-6)
+    assert recipe.model["head"] == "xlnet" and recipe.examples["layout"] == "xlnet"
+    assert recipe.data.tokenizer == str(folder) and recipe.train.steps == 3 * 12
+    config = finetune_config("sst2", str(folder), glue_folder,
+                             [*FAST, "optim.learning_rate=5e-3", "train.log_every=4"], epochs=2)
+    trainer = Trainer(config, tmp_path / "run")
+    params = nnx.to_pure_dict(trainer.init_state().params)
+    reference = hf.load(folder)
+    np.testing.assert_array_equal(params["transformer"]["word_embedding"]["embedding"],
+                                  reference.word_embedding.embedding[...])
+    np.testing.assert_array_equal(params["transformer"]["layers"]["q"], reference.layers.q[...])
+    result = finetune(config, tmp_path / "run")
+    assert result["dev"]["accuracy"] > 0.9  # one word decides the label
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert saved["dev"] == result["dev"] and saved["steps"] == 2 * 12
+    assert evaluate(tmp_path / "run")["dev"] == pytest.approx(result["dev"])
+
+
+def test_xlnet_from_a_pretext_workdir_and_back_to_hf(tmp_path, glue_folder):
+    """An XLNet pre-trained here (with memory) fine-tunes without it, from its own tokenizer;
+    the fine-tuned classifier exports to HF `XLNetForSequenceClassification`."""
+    workdir = tmp_path / "pretrained"
+    assert run.main([
+        "pretrain", "--preset", "xlnet_tiny", "--workdir", str(workdir), "model.hidden_size=16",
+        "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=32",
+        "model.mem_len=12", "model.reuse_len=8", "examples.max_seq_length=16",
+        "examples.reuse_len=8", "examples.perm_size=8", "examples.num_predict=3",
+        "examples.num_streams=8", "data.vocab_size=600", f"data.cache_dir={tmp_path / 'cache'}",
+        "train.steps=2", "train.batch_size=8", "train.eval_every=2", "train.eval_batches=1",
+        "train.progress=false"]) == 0
+    config = finetune_config("sst2", str(workdir), glue_folder, [*FAST, "train.steps=2"])
+    assert config.data.tokenizer.startswith(str(tmp_path / "cache"))
+    assert (config.model["memory_batch_size"], config.model["mem_len"]) == (0, 0)
+    trainer = Trainer(config, tmp_path / "run")
+    params = nnx.to_pure_dict(trainer.init_state().params)
+    pretrained = load_model(workdir)
+    np.testing.assert_array_equal(params["transformer"]["layers"]["q"],
+                                  pretrained.layers.q[...])
+    finetune(config, tmp_path / "run")
+    assert run.main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    reference = transformers.XLNetForSequenceClassification.from_pretrained(tmp_path / "hf")
+    ours = load_model(tmp_path / "run")
+    ids = np.array([[10, 11, 12, 3, 2], [0, 0, 13, 3, 2]])  # A [SEP] [CLS], padded on the left
+    types = np.array([[0, 0, 0, 0, 2], [4, 4, 0, 0, 2]])
+    mask = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    with torch.no_grad():
+        expected = reference.eval()(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(
+            types), attention_mask=torch.tensor(mask)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours(ids, types, mask)), expected, atol=1e-5)
+
+
 def test_losses_equal_numpy():
     class Fixed:
         def __init__(self, logits):
@@ -141,6 +210,14 @@ def test_losses_equal_numpy():
     scores = rng.uniform(0, 5, (6,)).astype(np.float32)
     loss, _ = classification_loss(Fixed(logits[:, :1]), {**batch, "label": scores}, None)
     np.testing.assert_allclose(loss, np.mean((logits[:, 0] - scores) ** 2), rtol=1e-6)
+
+
+def test_bert_recipe_by_size():
+    """BERT-Base and up: the paper's 2e-5 for 3 epochs; compact BERTs: the README's grid."""
+    assert recipe("bert", 768, "rte") == {"learning_rate": 2e-5, "epochs": 3,
+                                          "layerwise_lr_decay": 1.0, "weight_decay": 0.01}
+    assert recipe("bert", 384, "sst2")["learning_rate"] == 1e-4
+    assert recipe("bert", 128, "cola")["epochs"] == 4
 
 
 def test_layerwise_learning_rate_decay_scales_updates_by_depth():
@@ -176,6 +253,9 @@ def test_glue_sweep_reports_medians_and_a_table(tmp_path, bert_dir, glue_folder)
         runs = [run[metric] for run in results[task]["runs"]]
         assert len(runs) == 3 and results[task]["median"][metric] == np.median(runs)
     table = (tmp_path / "glue" / "results.md").read_text()
+    again = run_glue(bert_dir, glue_folder, tmp_path / "glue", tasks=["sst2", "stsb"],
+                     seeds=[0, 1, 2], overrides=[*FAST, "train.steps=1"])
+    assert again == results  # the finished sweep is read back, not retrained
     assert "| sst2 | accuracy |" in table and "| stsb | pearson |" in table
     assert json.loads((tmp_path / "glue" / "results.json").read_text())["seeds"] == [0, 1, 2]
 
@@ -200,3 +280,27 @@ def test_cli_finetune_eval_and_bad_input(tmp_path, bert_dir, glue_folder, capsys
         err = capsys.readouterr().err.strip()
         assert code == 2 and err.count("\n") == 0 and fix in err, err
     assert sorted(p.name for p in workdir.rglob("*")) == before
+
+
+def test_glue_sweep_picks_the_best_learning_rate_on_dev(tmp_path, bert_dir, glue_folder):
+    results = run_glue(bert_dir, glue_folder, tmp_path / "grid", tasks=["sst2"], seeds=[0],
+                       overrides=[*FAST, "train.steps=6"], learning_rates=[1e-5, 5e-3])
+    scores = {rate: medians["glue_score"]
+              for rate, medians in results["sst2"]["by_learning_rate"].items()}
+    assert set(scores) == {"1e-05", "0.005"}
+    assert f"{results['sst2']['learning_rate']:g}" == max(scores, key=scores.get)
+    assert results["sst2"]["median"]["glue_score"] == max(scores.values())
+    config = json.loads((tmp_path / "grid" / "sst2" / "lr0.005" / "seed0" / "config.json")
+                        .read_text())
+    assert config["optim"]["learning_rate"] == 5e-3
+
+
+def test_pretext_model_directory_needs_and_takes_a_tokenizer(tmp_path, bert_dir, glue_folder):
+    from pretrain.export import convert
+
+    model_dir = convert(bert_dir, tmp_path / "model", to="pretext")
+    with pytest.raises(UserError, match="data.tokenizer="):
+        finetune_config("sst2", str(model_dir), glue_folder, FAST)
+    config = finetune_config("sst2", str(model_dir), glue_folder,
+                             [*FAST, f"data.tokenizer={bert_dir}"])
+    assert config.data.tokenizer == bert_dir and config.model["init"] == str(model_dir)

@@ -1,6 +1,7 @@
 """GLUE data and metrics: metrics equal scikit-learn / scipy, the encoding equals BERT's layout
-(checked against HF `BertTokenizer`), the real TSV files give GLUE's published counts, TFDS
-reading through `tfds.data_source`, and one-line errors for bad input."""
+(checked against HF `BertTokenizer`) and XLNet's (against HF `XLNetTokenizer`), the real TSV
+files give GLUE's published counts, TFDS reading through `tfds.data_source`, and one-line errors
+for bad input."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
+from parity_utils import xlnet_spiece
 
 from input_pipeline.errors import UserError
 from input_pipeline.glue import (
@@ -21,7 +23,7 @@ from input_pipeline.glue import (
     read_glue_tsv,
     truncate_seq_pair,
 )
-from input_pipeline.tokenizers import SPECIALS, WordPieceTokenizer
+from input_pipeline.tokenizers import SPECIALS, WordPieceTokenizer, load_tokenizer
 from objectives import glue_metrics
 
 # ---------------------------------------------------------------------------------- metrics
@@ -222,6 +224,55 @@ def test_encoding_matches_hf_bert_tokenizer(tmp_path):
     empty_b = encode_glue(GlueSplit(["the big cat"], [""], np.zeros(1, np.int32)), tokenizer, 8)
     hf_empty = reference("the big cat", "", max_length=8, padding="max_length")
     assert empty_b["input_ids"][0].tolist() == hf_empty["input_ids"]
+
+
+def test_xlnet_layout_by_hand(tmp_path):
+    """classifier_utils.py `convert_single_example`: A <sep> (B <sep>) <cls> with segment ids
+    0, 1 and 2, padded on the left with segment id 4."""
+    tokenizer = WordPieceTokenizer.from_vocab_file(write_vocab(tmp_path))
+    cls, sep, pad = tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id
+    the, cat, sat, dog = (tokenizer.vocab[w] for w in ("the", "cat", "sat", "dog"))
+    pair = encode_glue(GlueSplit(["the cat sat", "the cat"], ["the dog", ""],
+                                 np.array([1, 0], np.int32)), tokenizer, 8, "xlnet")
+    assert pair["input_ids"].tolist() == [[the, cat, sat, sep, the, dog, sep, cls],
+                                          [pad, pad, pad, pad, the, cat, sep, cls]]
+    assert pair["token_type_ids"].tolist() == [[0, 0, 0, 0, 1, 1, 1, 2],
+                                               [4, 4, 4, 4, 0, 0, 0, 2]]
+    assert pair["attention_mask"].tolist() == [[1] * 8, [0, 0, 0, 0, 1, 1, 1, 1]]
+    single = encode_glue(GlueSplit(["the cat sat"], None, np.zeros(1, np.int32)), tokenizer, 4,
+                         "xlnet")
+    assert single["input_ids"].tolist() == [[the, cat, sep, cls]]
+    assert encode_glue(GlueSplit(["the"], ["dog"], np.zeros(1, np.int32)), tokenizer, 3,
+                       "xlnet")["input_ids"].tolist() == [[sep, sep, cls]]
+    with pytest.raises(UserError, match="examples.layout='gpt' is unknown"):
+        encode_glue(GlueSplit(["the"], None, np.zeros(1, np.int32)), tokenizer, 4, "gpt")
+
+
+def test_xlnet_encoding_matches_hf_xlnet_tokenizer(tmp_path):
+    """Our XLNet sentencepiece tokenizer and layout equal HF `XLNetTokenizer` (on a vocabulary
+    laid out as XLNet's) wherever nothing is truncated; HF pads the segment ids with 0 where the
+    TF code uses 4 (either is masked)."""
+    transformers = pytest.importorskip("transformers")
+    rng = random.Random(0)
+    words = [*TEXT_WORDS, "Café", "naïve", "``quoted''"]  # accents stripped, quotes replaced
+    xlnet_spiece(tmp_path, [" ".join(rng.choices(words, k=9)) for _ in range(300)], 60)
+    reference = transformers.XLNetTokenizer.from_pretrained(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    assert (tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id) == (
+        reference.pad_token_id, reference.cls_token_id, reference.sep_token_id)
+    for _ in range(100):
+        texts = [" ".join(rng.choices(words, k=rng.randint(1, 8))) for _ in range(2)]
+        for text_b in (texts[1], None):
+            ours = encode_glue(GlueSplit(texts[:1], None if text_b is None else [text_b],
+                                         np.zeros(1, np.int32)), tokenizer, 80, "xlnet")
+            hf = reference(texts[0], text_b, padding="max_length", max_length=80,
+                           return_token_type_ids=True)
+            real = np.asarray(hf["attention_mask"]) == 1
+            assert ours["input_ids"][0].tolist() == hf["input_ids"]
+            assert ours["attention_mask"][0].tolist() == hf["attention_mask"]
+            assert ours["token_type_ids"][0][real].tolist() == np.asarray(
+                hf["token_type_ids"])[real].tolist()
+            assert set(ours["token_type_ids"][0][~real].tolist()) <= {4}
 
 
 # ------------------------------------------------------------------------------- real files

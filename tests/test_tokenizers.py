@@ -1,5 +1,5 @@
 """Tokenizers: WordPiece equals HF `BertTokenizer` on the same vocab.txt; sentencepiece training,
-specials and continuation flags; errors."""
+specials and continuation flags; XLNet's spiece.model and text handling; errors."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from parity_utils import xlnet_spiece
 
 from input_pipeline.errors import UserError
 from input_pipeline.tokenizers import (
     SPECIALS,
     SentencePieceTokenizer,
     WordPieceTokenizer,
+    XLNetSentencePieceTokenizer,
     load_tokenizer,
 )
 
@@ -132,6 +134,27 @@ def test_sentencepiece_errors(sentences, tmp_path):
     (tmp_path / "junk.model").write_bytes(b"not a model")
     with pytest.raises(UserError, match="not a sentencepiece model"):
         load_tokenizer(tmp_path / "junk.model")
+
+
+def test_xlnet_sentencepiece(tmp_path):
+    """XLNet's spiece.model: its specials by name, and prepro_utils.py's text handling."""
+    words = ["born", "in", "2000,", "good", "café", "Movie", "``said''", "the"]
+    rng = np.random.default_rng(0)
+    xlnet_spiece(tmp_path, [" ".join(rng.choice(words, 8)) for _ in range(300)], 40)
+    tok = load_tokenizer(tmp_path)
+    assert isinstance(tok, XLNetSentencePieceTokenizer) and not tok.lowercase
+    assert [tok.unk_id, tok.cls_id, tok.sep_id, tok.pad_id, tok.mask_id] == [0, 3, 4, 5, 6]
+    assert tok.special_ids == {3, 4, 5, 6} and not tok.continuation[:8].any()
+    pieces = tok.processor.encode
+    assert tok.encode("  café\t``said''  ") == pieces('cafe "said"')
+    # encode_pieces: a piece ending in digit + comma ("▁2000,") is re-split before the comma.
+    assert "▁2000," in pieces("born in 2000, good", out_type=str)
+    assert tok.encode("born in 2000, good") == [*pieces("born in"), *pieces("2000"),
+                                                tok.processor.piece_to_id(","), *pieces("good")]
+    (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": true}')
+    lowered = load_tokenizer(tmp_path)
+    assert lowered.lowercase and lowered.encode("Movie") == pieces("movie")
+    assert load_tokenizer(tmp_path / "spiece.model").cls_id == 3
 
 
 def test_load_tokenizer_dispatch(tmp_path):
