@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 DEMO_WORKDIR = "runs/demo"
 IMAGE_DEMO_WORKDIR = "runs/demo_images"
@@ -85,15 +86,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _pretrain(preset: str, overrides: list[str], workdir: str) -> dict:
+def _pretrain(preset: str, overrides: list[str], workdir: str) -> tuple[dict, Any]:
     from pretrain.config import make_config
     from pretrain.trainer import Trainer
 
-    config = make_config(preset, overrides)
-    return Trainer(config, workdir).run()
+    trainer = Trainer(make_config(preset, overrides), workdir)
+    return trainer.run(), trainer
 
 
-def _print_summary(summary: dict, seconds: float) -> None:
+def _print_summary(summary: dict, seconds: float, trainer: Any) -> None:
     workdir = Path(summary["workdir"])
     evaluation = summary["eval"]
     print(f"\nfinished step {summary['step']} in {seconds:.0f} s")
@@ -111,9 +112,13 @@ def _print_summary(summary: dict, seconds: float) -> None:
     for key in ("loss", "nsp_accuracy", "rtd_accuracy", "contrastive_accuracy"):
         if key in evaluation:
             print(f"  held-out {key}: {evaluation[key]:.3f}")
-    if "knn_accuracy" in evaluation:
+    if "knn_accuracy" in evaluation:  # beside the same network's at its random initialisation
+        method = trainer.method
+        untrained = method.monitor(method.build_model(trainer.model_config,
+                                                      trainer.config.train.seed),
+                                   trainer.data, trainer.example_config)
         print(f"  held-out kNN accuracy of the backbone's features {evaluation['knn_accuracy']:.3f}"
-              " (chance: 1 / number of classes)")
+              f" vs {untrained['knn_accuracy']:.3f} for the same network untrained")
 
 
 def _rates(text: str) -> list[float]:
@@ -141,17 +146,17 @@ def main(argv: list[str] | None = None) -> int:
             images = getattr(args, "images", False)
             workdir = getattr(args, "workdir", None) or (IMAGE_DEMO_WORKDIR if images
                                                          else DEMO_WORKDIR)
-            summary = _pretrain("simclr_digits" if images else "bert_tiny",
-                                getattr(args, "overrides", []), workdir)
-            _print_summary(summary, time.perf_counter() - start)
+            summary, trainer = _pretrain("simclr_digits" if images else "bert_tiny",
+                                         getattr(args, "overrides", []), workdir)
+            _print_summary(summary, time.perf_counter() - start, trainer)
         elif args.command == "pretrain":
             overrides = list(args.overrides)
             if args.data:
                 overrides.append(f"data.source={args.data}")
             if args.tokenizer:
                 overrides.append(f"data.tokenizer={args.tokenizer}")
-            summary = _pretrain(args.preset, overrides, args.workdir)
-            _print_summary(summary, time.perf_counter() - start)
+            summary, trainer = _pretrain(args.preset, overrides, args.workdir)
+            _print_summary(summary, time.perf_counter() - start, trainer)
         elif args.command == "finetune":
             from pretrain import finetune
 

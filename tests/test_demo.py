@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import run
 
 
@@ -22,3 +24,16 @@ def test_demo_beats_majority_baseline(tmp_path, capsys, monkeypatch):
     assert (workdir / "curves.png").stat().st_size > 0
     assert any((workdir / "checkpoints").iterdir())
     assert any((workdir / "tensorboard").iterdir())
+
+
+def test_image_demo_reports_knn_beside_the_untrained_network(tmp_path, capsys):
+    pytest.importorskip("sklearn", reason="the image demo needs scikit-learn (demo extra)")
+    code = run.main(["demo", "--images", "--workdir", str(tmp_path / "images"),
+                     "train.steps=4", "train.batch_size=32", "train.eval_every=4",
+                     "train.checkpoint_every=4", "train.progress=false"])
+    out = capsys.readouterr().out
+    assert code == 0
+    line = next(row for row in out.splitlines() if "kNN accuracy" in row)
+    trained, untrained = (float(word) for word in line.split() if word[0].isdigit())
+    assert 0.1 < trained <= 1 and 0.1 < untrained <= 1  # ten digit classes
+    assert line.endswith("for the same network untrained")
