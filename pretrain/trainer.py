@@ -128,8 +128,11 @@ class Trainer:
         saved = self.workdir / CONFIG_FILE
         if not saved.is_file():
             return
-        # through the config types, so fields added since the run was saved take their defaults
-        recorded = config_from_dict(json.loads(saved.read_text())).to_dict()
+        recorded = json.loads(saved.read_text())
+        try:  # through the config types, so fields added since it was saved take their defaults
+            recorded = config_from_dict(recorded).to_dict()
+        except UserError:
+            pass  # not a valid config of this version: compared as written, so it differs
         difference = _config_difference(recorded, self.config.to_dict())
         if difference:
             raise UserError(f"workdir {self.workdir} holds a run with another config "
