@@ -7,6 +7,7 @@ based), so a resumed run reproduces an uninterrupted one exactly.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -129,10 +130,10 @@ class Trainer:
         if not saved.is_file():
             return
         recorded = json.loads(saved.read_text())
-        try:  # through the config types, so fields added since it was saved take their defaults
+        # Through the config types, so fields added since it was saved take their defaults; a
+        # config that is not valid in this version is compared as written (so it differs).
+        with contextlib.suppress(UserError):
             recorded = config_from_dict(recorded).to_dict()
-        except UserError:
-            pass  # not a valid config of this version: compared as written, so it differs
         difference = _config_difference(recorded, self.config.to_dict())
         if difference:
             raise UserError(f"workdir {self.workdir} holds a run with another config "
