@@ -28,7 +28,7 @@ from bench.pretrain_wikitext import shared_data_dir
 from input_pipeline.images import read_cifar10
 from objectives import registry
 from objectives.evaluation import extract_features, knn_accuracy, linear_probe_accuracy
-from objectives.simclr import evaluation_view
+from objectives.simclr import backbone_features
 from pretrain.config import make_config
 from pretrain.export import load_model
 from pretrain.trainer import Trainer
@@ -50,14 +50,13 @@ def main() -> None:
     start = time.perf_counter()
     summary = Trainer(config, args.workdir).run()
     seconds = time.perf_counter() - start
-    encode = nnx.jit(lambda m, x: m.backbone(evaluation_view(x, m.config.image_size),
-                                             train=False))
     train_images, train_labels = read_cifar10(data, "train")
     test_images, test_labels = read_cifar10(data, "test")
 
     def evaluate(model: nnx.Module) -> dict[str, float]:
-        train_features, test_features = (extract_features(lambda x: encode(model, x), images)
-                                         for images in (train_images, test_images))
+        train_features, test_features = (
+            extract_features(lambda x: backbone_features(model, x), images)
+            for images in (train_images, test_images))
         return {"knn_accuracy_k200": knn_accuracy(train_features, train_labels, test_features,
                                                   test_labels, 10),
                 "linear_probe_accuracy": linear_probe_accuracy(

@@ -77,13 +77,19 @@ def classification_loss(model: SequenceClassifier, batch: Batch, rng: jax.Array 
     return loss, {"loss": (loss, one), "accuracy": (correct, count)}
 
 
+@nnx.jit
+def _logits(model: SequenceClassifier, input_ids: jax.Array, token_type_ids: jax.Array,
+            attention_mask: jax.Array) -> jax.Array:
+    """Evaluation-mode logits; module-level so every evaluation reuses the compiled function."""
+    return model(input_ids, token_type_ids, attention_mask)
+
+
 def predict(model: SequenceClassifier, features: dict[str, np.ndarray],
             batch_size: int = 128) -> np.ndarray:
     """Class ids (or regression values) for every example, in order."""
-    forward = nnx.jit(lambda m, ids, types, mask: m(ids, types, mask))
     outputs = []
     for start in range(0, len(features["input_ids"]), batch_size):
-        logits = np.asarray(forward(model, *(features[k][start:start + batch_size] for k in (
+        logits = np.asarray(_logits(model, *(features[k][start:start + batch_size] for k in (
             "input_ids", "token_type_ids", "attention_mask"))))
         outputs.append(logits[:, 0] if model.config.num_labels == 1 else logits.argmax(-1))
     return np.concatenate(outputs)

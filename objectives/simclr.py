@@ -113,15 +113,20 @@ def evaluation_view(images: jax.Array, size: int) -> jax.Array:
     return images
 
 
+@nnx.jit
+def backbone_features(model: SimCLR, images: jax.Array) -> jax.Array:
+    """The backbone's evaluation-mode features of uint8 images (centre view); module-level so
+    every evaluation reuses the compiled function."""
+    return model.backbone(evaluation_view(images, model.config.image_size), train=False)
+
+
 def knn_monitor(model: SimCLR, data: PreparedData, examples: ImageExampleConfig
                 ) -> dict[str, float]:
     """Held-out kNN accuracy of the backbone's features against a labelled training bank."""
-    encode = nnx.jit(lambda m, x: m.backbone(evaluation_view(x, m.config.image_size),
-                                             train=False))
     bank = data.train.examples(range(min(len(data.train), examples.knn_bank_size)))
     if (bank["label"] < 0).any() or (data.eval["label"] < 0).any():
         return {}  # unlabelled images: nothing to vote with
-    features = [extract_features(lambda x: encode(model, x), images)
+    features = [extract_features(lambda x: backbone_features(model, x), images)
                 for images in (bank["image"], data.eval["image"])]
     num_classes = int(max(bank["label"].max(), data.eval["label"].max())) + 1
     return {"knn_accuracy": knn_accuracy(features[0], bank["label"], features[1],
