@@ -31,6 +31,15 @@ def _parser() -> argparse.ArgumentParser:
         prog="run.py", description="pretext: self-supervised pre-training in JAX/Flax NNX. "
         "Without a command, runs the offline demo (tiny BERT on the Python docs).")
     parser.add_argument("--traceback", action="store_true", help="show tracebacks for errors")
+    cluster = parser.add_argument_group(
+        "multi-process (one run.py per host; see README, Scaling out)")
+    cluster.add_argument("--distributed", action="store_true",
+                         help="start JAX's multi-controller runtime, detecting the cluster "
+                         "(SLURM, TPU pod slice, Kubernetes, MPI)")
+    cluster.add_argument("--coordinator",
+                         help="host:port of process 0 (or JAX_COORDINATOR_ADDRESS)")
+    cluster.add_argument("--num-processes", type=int, help="process count (or JAX_NUM_PROCESSES)")
+    cluster.add_argument("--process-id", type=int, help="this process (or JAX_PROCESS_ID)")
     commands = parser.add_subparsers(dest="command")
 
     demo = commands.add_parser("demo", help="pre-train a tiny BERT on the Python docs (offline)")
@@ -97,6 +106,10 @@ def _pretrain(preset: str, overrides: list[str], workdir: str) -> tuple[dict, An
 def _print_summary(summary: dict, seconds: float, trainer: Any) -> None:
     workdir = Path(summary["workdir"])
     evaluation = summary["eval"]
+    if summary["stopped_by"]:
+        print(f"\nstopped by {summary['stopped_by']} at step {summary['step']} after "
+              f"{seconds:.0f} s; checkpoint in {workdir / 'checkpoints'}; rerun to resume")
+        return
     print(f"\nfinished step {summary['step']} in {seconds:.0f} s")
     print(f"  checkpoints : {workdir / 'checkpoints'}")
     print(f"  metrics     : {workdir / 'metrics.jsonl'} (TensorBoard: {workdir / 'tensorboard'})")
@@ -139,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     from input_pipeline.errors import UserError
 
     try:
+        from pretrain.resilience import initialize_distributed
+
+        initialize_distributed(args.coordinator, args.num_processes, args.process_id,
+                               auto=args.distributed)
         import objectives  # noqa: F401  (registers the methods)
 
         start = time.perf_counter()

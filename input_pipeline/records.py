@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import grain
+import jax
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
@@ -152,23 +153,42 @@ def make_loader(
 ) -> grain.DataLoader:
     """A Grain DataLoader over the records (a `RecordDirectory`, or any object with a
     random-access `source` and `load_transforms()`, e.g. `images.ImageSource`): global shuffle
-    per epoch with `seed`, this JAX
-    process's shard only (`ShardByJaxProcess`), per-record transforms (e.g. dynamic masking,
-    whose RNG Grain derives from `seed` and the record index, so it is reproducible and resumable)
-    and batches of `batch_size` (the per-process batch). `num_epochs=None` repeats forever."""
+    per epoch with `seed`; this JAX process's rows of every global batch only
+    (`ProcessRowsSampler`); per-record transforms (e.g. dynamic masking,
+    whose RNG Grain derives from `seed` and the record's stream position, so it is reproducible,
+    resumable and independent of the process count); batches of `batch_size` (the per-process
+    batch). `num_epochs=None` repeats forever."""
     if worker_count > 0:
         from absl import flags
 
         if not flags.FLAGS.is_parsed():  # Grain's worker processes read absl flags
             flags.FLAGS.mark_as_parsed()
-    sampler = grain.samplers.IndexSampler(
-        num_records=len(records),
-        shard_options=grain.sharding.ShardByJaxProcess(drop_remainder=True),
-        shuffle=shuffle,
-        num_epochs=num_epochs,
-        seed=seed,
-    )
+    stream = grain.samplers.IndexSampler(
+        num_records=len(records), shuffle=shuffle, num_epochs=num_epochs, seed=seed)
     operations = [*records.load_transforms(), *transforms,
                   grain.transforms.Batch(batch_size, drop_remainder=True)]
-    return grain.DataLoader(data_source=records.source, sampler=sampler, operations=operations,
-                            worker_count=worker_count)
+    return grain.DataLoader(
+        data_source=records.source, operations=operations, worker_count=worker_count,
+        sampler=ProcessRowsSampler(stream, batch_size, jax.process_index(), jax.process_count()),
+        shard_options=grain.sharding.NoSharding())
+
+
+class ProcessRowsSampler:
+    """One process's rows of every global batch of a record stream: local record k is stream
+    position (k // b) P b + p b + k % b for process p of P with per-process batch b, so the
+    processes' batch t, stacked in process order, is the single-process batch t row for row.
+    Records keep the stream position's metadata (Grain derives per-record RNG from it)."""
+
+    def __init__(self, stream: grain.samplers.IndexSampler, rows: int, process: int,
+                 processes: int):
+        self.stream, self.rows, self.process, self.processes = stream, rows, process, processes
+
+    def __len__(self) -> int:
+        return len(self.stream) // self.processes
+
+    def __getitem__(self, index: int) -> Any:
+        batch, row = divmod(index, self.rows)
+        return self.stream[(batch * self.processes + self.process) * self.rows + row]
+
+    def __repr__(self) -> str:  # the same for every process: checkpoints compare it
+        return repr(self.stream)

@@ -40,7 +40,9 @@ class TransformerConfig:
 
     `hidden_act='gelu'` is the exact erf GELU (HF transformers); the TF reference used the tanh
     approximation, available as `gelu_tanh`. `remat` is `none`, `full`, `dots` or `dots_saveable`.
-    Parameters are float32; `dtype` is the compute dtype.
+    Parameters are float32; `dtype` is the compute dtype. `attention_implementation` is what
+    `jax.nn.dot_product_attention` runs where attention has no dropout: `xla` (any backend) or
+    `cudnn` (GPU flash attention; needs a bfloat16/float16 `dtype`).
     """
 
     vocab_size: int = 30522
@@ -56,6 +58,7 @@ class TransformerConfig:
     dtype: str = "float32"
     scan_layers: bool = True
     remat: str = "none"
+    attention_implementation: str = "xla"
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -66,6 +69,12 @@ class TransformerConfig:
             raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)}")
         if self.remat != "none" and self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be 'none' or one of {sorted(REMAT_POLICIES)}")
+        if self.attention_implementation not in ("xla", "cudnn"):
+            raise ValueError("attention_implementation must be 'xla' or 'cudnn'")
+        if self.attention_implementation == "cudnn" and self.dtype not in ("bfloat16",
+                                                                            "float16"):
+            raise ValueError("attention_implementation='cudnn' needs dtype bfloat16 or "
+                             "float16; set model.dtype=bfloat16")
 
     @property
     def compute_dtype(self) -> jnp.dtype:
@@ -178,17 +187,18 @@ class Embeddings(nnx.Module):
 
 def attention(
     q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dropout_rate: float,
-    rng: jax.Array | None,
+    rng: jax.Array | None, implementation: str = "xla",
 ) -> jax.Array:
     """Scaled dot-product attention over [batch, seq, heads, head_dim].
 
-    Without attention-probability dropout it goes through `jax.nn.dot_product_attention` (cuDNN
-    flash attention on GPU). BERT's reference applies dropout to the probabilities
+    Without attention-probability dropout it goes through `jax.nn.dot_product_attention` with
+    `implementation` (`cudnn`: flash attention on GPU). BERT's reference applies dropout to the
+    probabilities
     (attention_probs_dropout_prob 0.1), which no fused kernel offers, so that case takes the
     explicit einsum path with a float32 softmax. Masked keys get the dtype's lowest value, as HF.
     """
     if rng is None or dropout_rate == 0.0:
-        return jax.nn.dot_product_attention(q, k, v, mask=mask)
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
     scale = q.shape[-1] ** -0.5
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
@@ -216,7 +226,8 @@ class EncoderLayer(nnx.Module):
         attn_rng, attn_out_rng, mlp_rng = split_rng(rng, 3)
         heads = (*x.shape[:2], c.num_heads, c.hidden_size // c.num_heads)
         q, k, v = (proj(x).reshape(heads) for proj in (self.query, self.key, self.value))
-        context = attention(q, k, v, mask, c.attention_dropout, attn_rng).reshape(x.shape)
+        context = attention(q, k, v, mask, c.attention_dropout, attn_rng,
+                            c.attention_implementation).reshape(x.shape)
         attn = dropout(self.attention_output(context), c.hidden_dropout, attn_out_rng)
         x = self.attention_layer_norm(x + attn)
         y = self.output(ACTIVATIONS[c.hidden_act](self.intermediate(x)))

@@ -141,6 +141,24 @@ class AttentionInputs:
     content_mask: jax.Array | None  # [B, Tq, Tk] 1 = blocked, for h
     query_mask: jax.Array | None  # [B, Tq, Tk] 1 = blocked, for g
     target_mapping: jax.Array | None  # [B, P, Tq]
+    target_positions: jax.Array | None  # [B, P] query rows of the query stream
+
+
+def query_rows(x: jax.Array | None, positions: jax.Array | None) -> jax.Array | None:
+    """Rows `positions` [B, P] of a per-query array [B, Tq, ...] (all rows when None)."""
+    if x is None or positions is None:
+        return x
+    index = positions.reshape(*positions.shape, *([1] * (x.ndim - 2)))
+    return jnp.take_along_axis(x, index, axis=1)
+
+
+def shifted_rows(scores: jax.Array, positions: jax.Array, query_len: int,
+                 key_len: int) -> jax.Array:
+    """`rel_shift` for queries at rows `positions` [B, P] only: [B, N, P, R] scores against
+    the relative positions -> [B, N, P, Tk]. Row i of the shifted matrix, key j, is column
+    j + query_len - i of the unshifted one."""
+    columns = jnp.arange(key_len)[None, None, :] + query_len - positions[:, :, None]
+    return jnp.take_along_axis(scores, columns[:, None], axis=-1)
 
 
 class XLNetLayer(nnx.Module):
@@ -163,17 +181,23 @@ class XLNetLayer(nnx.Module):
 
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, k_r: jax.Array,
                biases: dict[str, jax.Array], inputs: AttentionInputs, mask: jax.Array | None,
-               rng: jax.Array | None) -> jax.Array:
-        """modeling.py `rel_attn_core`: content + position (rel-shifted) + segment scores."""
+               rng: jax.Array | None, rows: jax.Array | None = None) -> jax.Array:
+        """modeling.py `rel_attn_core`: content + position (rel-shifted) + segment scores.
+        `rows` [B, P]: `q` holds only those query rows (the query stream at its targets)."""
         c = self.config
         content = jnp.einsum("bind,bjnd->bnij", q + biases["r_w_bias"], k)
-        position = rel_shift(jnp.einsum("bind,bjnd->bnij", q + biases["r_r_bias"], k_r),
-                             k.shape[1])
+        position = jnp.einsum("bind,bjnd->bnij", q + biases["r_r_bias"], k_r)
+        if rows is None:
+            position = rel_shift(position, k.shape[1])
+        else:
+            query_len = k_r.shape[1] - k.shape[1]
+            position = shifted_rows(position, rows, query_len, k.shape[1])
         scores = content + position
-        if inputs.segments is not None:
+        segments = query_rows(inputs.segments, rows)
+        if segments is not None:
             seg = jnp.einsum("bind,snd->bins", q + biases["r_s_bias"],
                              self.seg_embed[...].astype(q.dtype))
-            scores = scores + jnp.einsum("bijs,bins->bnij", inputs.segments.astype(q.dtype), seg)
+            scores = scores + jnp.einsum("bijs,bins->bnij", segments.astype(q.dtype), seg)
         scores = scores.astype(jnp.float32) * (c.head_size ** -0.5)
         if mask is not None:
             scores = scores - 1e30 * mask[:, None].astype(jnp.float32)
@@ -206,7 +230,11 @@ class XLNetLayer(nnx.Module):
         if g is None:
             return new_h, None
         q_g = self.project(g, "q")
-        if inputs.target_mapping is not None:
+        if inputs.target_positions is not None:
+            attended_g = self.attend(q_g, k, v, k_r, biases, inputs,
+                                     query_rows(inputs.query_mask, inputs.target_positions),
+                                     keys[3], rows=inputs.target_positions)
+        elif inputs.target_mapping is not None:
             mapping = inputs.target_mapping.astype(q_g.dtype)
             q_g = jnp.einsum("bmnd,bml->blnd", q_g, mapping)
             attended_g = self.attend(q_g, k, v, k_r, biases, inputs, inputs.query_mask, keys[3])
@@ -303,15 +331,23 @@ class XLNetModel(nnx.Module):
         *,
         perm_mask: jax.Array | None = None,
         target_mapping: jax.Array | None = None,
+        target_positions: jax.Array | None = None,
         mems: jax.Array | None = None,
         use_mems: bool = False,
         rng: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
         """(hidden states, new memory): the last layer's content stream [B, T, H] (the query
-        stream's [B, P, H] with `target_mapping`) after dropout, and the new `mems` [L, B, M, H]
-        (None without `use_mems`). `mems` are the previous segment's cached states (`new_mems`
-        of the last call); `attention_mask` is 1 for real tokens (HF's; the TF code's
-        `input_mask` is its complement). `rng` enables dropout."""
+        stream's [B, P, H] with `target_mapping` or `target_positions`) after dropout, and the
+        new `mems` [L, B, M, H] (None without `use_mems`). `mems` are the previous segment's
+        cached states (`new_mems` of the last call); `attention_mask` is 1 for real tokens
+        (HF's; the TF code's `input_mask` is its complement). `rng` enables dropout.
+
+        `target_positions` [B, P] (int) is the one-hot special case of `target_mapping`
+        (`one_hot(target_positions, T)`): the query stream then attends from those P rows only
+        instead of all T (pre-training predicts 85 of 512), with the same result on every
+        target."""
+        if target_mapping is not None and target_positions is not None:
+            raise ValueError("give target_mapping or target_positions, not both")
         c = self.config
         batch, query_len = input_ids.shape
         mem_len = 0 if mems is None else mems.shape[2]
@@ -320,15 +356,17 @@ class XLNetModel(nnx.Module):
         embed_rng, query_rng, position_rng, layers_rng, out_rng = split_rng(rng, 5)
         h = dropout(self.word_embedding(input_ids), c.hidden_dropout, embed_rng)
         g = None
-        if target_mapping is not None:
+        targets = target_mapping if target_mapping is not None else target_positions
+        if targets is not None:
             g = jnp.broadcast_to(self.mask_emb[...].astype(c.compute_dtype),
-                                 (batch, target_mapping.shape[1], c.hidden_size))
+                                 (batch, targets.shape[1], c.hidden_size))
             g = dropout(g, c.hidden_dropout, query_rng)
         positions = relative_positions(c, query_len, query_len + mem_len, batch)
         inputs = AttentionInputs(
             positions=dropout(positions, c.hidden_dropout, position_rng),
             segments=self._segments(token_type_ids, mem_len),
-            content_mask=content_mask, query_mask=query_mask, target_mapping=target_mapping)
+            content_mask=content_mask, query_mask=query_mask, target_mapping=target_mapping,
+            target_positions=target_positions)
         biases = {name: getattr(self, name)[...].astype(c.compute_dtype) for name in BIAS_NAMES}
         if not c.untie_r:
             biases = {k: jnp.broadcast_to(v, (c.num_layers, *v.shape)) for k, v in biases.items()}

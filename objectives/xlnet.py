@@ -44,14 +44,13 @@ def permutation_mask(rank: jax.Array, is_target: jax.Array, hidden: jax.Array,
 def xlnet_loss(model: XLNet, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
     """Permutation-LM loss on a batch of `PermutationSampling` features; `rng=None` is
     evaluation (no dropout, no memory)."""
-    seq_len = batch["input_ids"].shape[1]
     perm_mask = permutation_mask(batch["perm_rank"], batch["perm_target"],
                                  batch["perm_hidden"], model.config.reuse_len)
     weights = batch["target_weights"]
-    target_mapping = jax.nn.one_hot(batch["target_positions"], seq_len) * weights[..., None]
     carry = rng is not None and hasattr(model, "memory")
     out = model(batch["input_ids"], batch["segment_ids"], perm_mask=perm_mask,
-                target_mapping=target_mapping, mems=model.memory[...] if carry else None,
+                target_positions=batch["target_positions"],
+                mems=model.memory[...] if carry else None,
                 use_mems=carry, rng=rng)
     if carry:
         model.memory[...] = out.new_mems

@@ -55,7 +55,9 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Loop settings; `batch_size` is global (all processes and accumulation steps together)."""
+    """Loop settings; `batch_size` is global (all processes and accumulation steps together).
+    `on_nonfinite`: `stop` (raise at a step whose loss or gradients are not finite) or `skip`
+    (leave the state unchanged for that step and go on; counted in the logged metrics)."""
 
     steps: int = 1000
     batch_size: int = 256
@@ -66,6 +68,7 @@ class TrainConfig:
     checkpoint_every: int = 1000
     keep_checkpoints: int = 3
     progress: bool = True
+    on_nonfinite: str = "stop"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,6 +349,8 @@ def validate(config: Config) -> None:
                         ("optim.grad_accum_steps", o.grad_accum_steps)):
         if value < 1:
             raise UserError(f"{name}={value} must be at least 1")
+    if t.on_nonfinite not in ("stop", "skip"):
+        raise UserError(f"train.on_nonfinite={t.on_nonfinite!r} must be 'stop' or 'skip'")
     if t.batch_size % o.grad_accum_steps:
         raise UserError(f"train.batch_size={t.batch_size} is not divisible by "
                         f"optim.grad_accum_steps={o.grad_accum_steps}; change one of them")

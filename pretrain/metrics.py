@@ -23,11 +23,17 @@ def reduce_metrics(sums: dict[str, tuple[Any, Any]]) -> dict[str, float]:
 
 
 def truncate_after(path: Path, step: int) -> None:
-    """Drops rows logged after `step` (they belong to a run that was interrupted and resumed)."""
+    """Drops rows logged after `step` (they belong to a run that was interrupted and resumed)
+    and any row a kill left half-written."""
     if not path.is_file():
         return
-    rows = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line)["step"] <= step]
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                rows.append(line)
+        except (json.JSONDecodeError, KeyError, TypeError):  # cut short by a kill
+            continue
     path.write_text("".join(row + "\n" for row in rows))
 
 

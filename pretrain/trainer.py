@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from input_pipeline.errors import UserError
 from input_pipeline.records import make_loader
 from objectives import registry
 from pretrain import mesh as mesh_lib
+from pretrain import resilience
 from pretrain.config import Config, config_from_dict
 from pretrain.export import write_model_json
 from pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
@@ -34,7 +36,8 @@ from pretrain.optim import learning_rate_schedule, make_optimizer
 CONFIG_FILE = "config.json"
 # Settings that may change when a run is resumed; everything else must match the saved run.
 RESUMABLE_KEYS = {"steps", "log_every", "eval_every", "eval_batches", "checkpoint_every",
-                  "keep_checkpoints", "progress"}
+                  "keep_checkpoints", "progress", "on_nonfinite"}
+CORRUPT_DIR = "corrupt_checkpoints"
 
 
 @jax.tree_util.register_dataclass
@@ -70,7 +73,10 @@ class Trainer:
     validated, so bad input never changes an existing workdir.
     """
 
-    def __init__(self, config: Config, workdir: str | Path, *, devices: list[Any] | None = None):
+    def __init__(self, config: Config, workdir: str | Path, *, devices: list[Any] | None = None,
+                 data: registry.PreparedData | None = None):
+        """`data` replaces the method's preparation (records made elsewhere; benchmarks pass
+        no records and feed `train_step` themselves)."""
         self.config = config
         self.workdir = Path(workdir).absolute()  # Orbax needs absolute paths
         self.method = registry.get(config.method)
@@ -82,8 +88,7 @@ class Trainer:
         cache = Path(config.data.cache_dir) if config.data.cache_dir else self.workdir / "data"
         created = [p for p in (self.workdir, cache) if not p.exists()]
         try:
-            self.data = self.method.prepare(config.data, self.example_config, cache,
-                                            config.train.seed)
+            self.data = data or self._prepare(cache)
             self._check_data_layout()
             self.model_config = self._resolve_model_config()
         except BaseException:
@@ -95,6 +100,21 @@ class Trainer:
         # queued without waiting (ARCHITECTURE.md, "Facts"); CPU gains nothing from queueing.
         self.sync_every_step = jax.default_backend() == "cpu"
         self._build()
+
+    def _prepare(self, cache: Path) -> registry.PreparedData:
+        """The method's data preparation; with several processes, process 0 first and the
+        others after it (they then find its cache, or build the same one on their own disk)."""
+        def prepare() -> registry.PreparedData:
+            return self.method.prepare(self.config.data, self.example_config, cache,
+                                       self.config.train.seed)
+
+        if jax.process_count() == 1:
+            return prepare()
+        from jax.experimental import multihost_utils
+
+        data = prepare() if jax.process_index() == 0 else None
+        multihost_utils.sync_global_devices("pretext: data prepared by process 0")
+        return data or prepare()
 
     # ----------------------------------------------------------------------- validation
     def _check_batch_layout(self) -> None:
@@ -129,7 +149,12 @@ class Trainer:
         saved = self.workdir / CONFIG_FILE
         if not saved.is_file():
             return
-        recorded = json.loads(saved.read_text())
+        try:
+            recorded = json.loads(saved.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise UserError(f"{saved} is not readable JSON ({error}); restore it (every "
+                            "checkpoint holds a copy under config/) or use a new --workdir"
+                            ) from None
         # Through the config types, so fields added since it was saved take their defaults; a
         # config that is not valid in this version is compared as written (so it differs).
         with contextlib.suppress(UserError):
@@ -254,10 +279,23 @@ class Trainer:
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(metrics)
-        metrics["grad_norm"] = (optax.tree.norm(grads), jnp.ones((), jnp.float32))
-        new_state = TrainState(step=state.step + 1, params=params, model_state=model_state,
-                               opt_state=opt_state)
-        return new_state, metrics
+        one = jnp.ones((), jnp.float32)
+        grad_norm = optax.tree.norm(grads)
+        loss_finite = jnp.isfinite(metrics["loss"][0])
+        finite = loss_finite & jnp.isfinite(grad_norm)
+        metrics["grad_norm"] = (grad_norm, one)
+        metrics["nonfinite_steps"] = (1.0 - finite.astype(jnp.float32), one)
+
+        def keep(new: Any, old: Any, ok: jax.Array) -> Any:
+            return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+        # A non-finite step changes nothing but the step counter (its batch is consumed). What
+        # the forward pass updates (BatchNorm statistics, XLNet's memory) follows its loss
+        # alone: selecting it on the gradient norm as well makes XLA:CPU abort when the step is
+        # loaded from the persistent compilation cache (jax 0.10.2, data-parallel BatchNorm).
+        return TrainState(step=state.step + 1, params=keep(params, state.params, finite),
+                          model_state=keep(model_state, state.model_state, loss_finite),
+                          opt_state=keep(opt_state, state.opt_state, finite)), metrics
 
     def _evaluate(self, state: TrainState, batch: Any) -> Any:
         _, (metrics, _) = self._loss(state.params, state.model_state, batch, None)
@@ -302,15 +340,19 @@ class Trainer:
         return ocp.CheckpointManager(self.workdir / "checkpoints", options=options)
 
     def save(self, manager: ocp.CheckpointManager, state: TrainState, data_state: bytes) -> None:
+        """Writes a checkpoint collectively (every process calls it), with every process's
+        data position (`iterators`, in process order; `iterator` is process 0's)."""
         step = int(jax.device_get(state.step))
+        states = resilience.gather_strings(data_state.decode())
         manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
-            data=ocp.args.JsonSave({"iterator": data_state.decode()}),
+            data=ocp.args.JsonSave({"iterator": states[0], "iterators": states}),
             config=ocp.args.JsonSave(self.config.to_dict()),
         ))
 
-    def restore(self, manager: ocp.CheckpointManager, step: int) -> tuple[TrainState, bytes]:
-        """Restores onto this trainer's mesh (the target tree carries the shardings)."""
+    def restore(self, manager: ocp.CheckpointManager, step: int) -> tuple[TrainState, list[str]]:
+        """Restores onto this trainer's mesh (the target tree carries the shardings); returns
+        the state and the data positions of the processes that wrote it."""
         target = jax.tree.map(
             lambda sharding, subtree: jax.tree.map(
                 lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), subtree),
@@ -320,7 +362,46 @@ class Trainer:
             state=ocp.args.StandardRestore(target),
             data=ocp.args.JsonRestore(),
         ))
-        return restored["state"], restored["data"]["iterator"].encode()
+        data = restored["data"]
+        return restored["state"], data.get("iterators") or [data["iterator"]]
+
+    def restore_latest_readable(self, manager: ocp.CheckpointManager
+                                ) -> tuple[TrainState, list[str]] | None:
+        """The newest checkpoint that restores. Unreadable newer ones (truncated or corrupt
+        files) are moved to `corrupt_checkpoints/`, with a warning naming what was wrong, once
+        an older one has restored; if none restores, nothing is moved. None when there is no
+        checkpoint."""
+        steps = sorted(manager.all_steps(), reverse=True)
+        unreadable: list[tuple[int, str]] = []
+        for step in steps:
+            try:
+                restored = self.restore(manager, step)
+            except Exception as error:  # noqa: BLE001  (any unreadable file: try the previous)
+                unreadable.append((step, f"{type(error).__name__}: "
+                                         f"{str(error).split('. See ')[0].splitlines()[0]}"))
+                continue
+            for bad, reason in unreadable:
+                print(f"warning: checkpoint {bad} in {self.workdir} cannot be restored "
+                      f"({reason}); moved to {CORRUPT_DIR}/, resuming from step {step}",
+                      file=sys.stderr, flush=True)
+                self._set_aside(manager, bad)
+            return restored
+        if steps:
+            raise UserError(f"no checkpoint in {self.workdir / 'checkpoints'} can be restored "
+                            f"(step {unreadable[0][0]}: {unreadable[0][1][:200]}); start again "
+                            "with a new --workdir")
+        return None
+
+    def _set_aside(self, manager: ocp.CheckpointManager, step: int) -> None:
+        if self.is_writer:
+            target = self.workdir / CORRUPT_DIR / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+            target.parent.mkdir(exist_ok=True)
+            shutil.move(str(self.workdir / "checkpoints" / str(step)), target)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"pretext: checkpoint {step} set aside")
+        manager.reload()
 
     # ---------------------------------------------------------------------------- loop
     def data_iterator(self) -> Any:
@@ -345,11 +426,14 @@ class Trainer:
             write_model_json(self.workdir, self.method.name, self.model_config)
         manager = self.checkpoint_manager()
         iterator = self.data_iterator()
-        latest = manager.latest_step()
-        if latest is not None:
-            state, data_state = self.restore(manager, latest)
+        restored = self.restore_latest_readable(manager)
+        latest = None
+        if restored is not None:
+            state, data_states = restored
+            latest = int(jax.device_get(state.step))
             try:
-                iterator.set_state(data_state)
+                iterator.set_state(resilience.data_state_for_this_process(
+                    data_states, iterator.get_state()))
             except ValueError as error:  # Grain: the records are not the checkpoint's
                 raise UserError(f"the checkpoint at step {latest} in {self.workdir} was written "
                                 "while reading other data records (prepared with other data "
@@ -366,34 +450,72 @@ class Trainer:
         last_eval: dict[str, float] = {}
         sums = None
         timer, window = time.perf_counter(), 0
+        watch = resilience.PreemptionWatch()
+        flags: list[tuple[int, jax.Array]] = []  # (step, non-finite flag) not yet looked at
+        skipped = 0
+        stopped_by = None
         try:
             end = t.steps if stop_after is None else min(stop_after, t.steps)
             for step in range(start + 1, end + 1):
                 state, metrics = self.train_step(state, next(iterator))
                 if self.sync_every_step:
                     jax.block_until_ready(metrics)
+                flags.append((step, metrics["nonfinite_steps"][0]))
                 sums = metrics if sums is None else jax.tree.map(jnp.add, sums, metrics)
                 window += 1
+                preempted = watch.should_stop(step)
+                due = (step % t.log_every == 0 or step % t.eval_every == 0 or step == end
+                       or step % t.checkpoint_every == 0 or preempted)
+                if due:  # one host read per boundary, not per step
+                    skipped += self._check_finite(flags, manager)
+                    flags = []
                 if step % t.log_every == 0 or step == t.steps:
                     last_train = reduce_metrics(jax.device_get(sums))
                     elapsed = time.perf_counter() - timer
                     last_train["steps_per_s"] = window / elapsed
                     last_train[f"{self.method.unit}_per_s"] = window * units / elapsed
                     last_train["learning_rate"] = float(self.schedule(step - 1))
+                    last_train["skipped_nonfinite_total"] = float(skipped)
                     writer.write(step, "train", last_train)
                     sums, timer, window = None, time.perf_counter(), 0
                 writer.advance(1)
                 if step % t.eval_every == 0 or step == t.steps:
                     last_eval = self.evaluate(state)
                     writer.write(step, "eval", last_eval)
-                if step % t.checkpoint_every == 0 or step == end:
+                if step % t.checkpoint_every == 0 or step == end or preempted:
                     self.save(manager, state, iterator.get_state())
+                if preempted:
+                    stopped_by = watch.received
+                    writer.print(f"{stopped_by}: stopped after step {step} with a checkpoint; "
+                                 "run the same command again to resume")
+                    break
         finally:
+            watch.close()
             manager.wait_until_finished()
             manager.close()
             writer.close()
         curves = plot_curves(self.workdir) if self.is_writer else None
         return {"step": int(jax.device_get(state.step)), "train": last_train, "eval": last_eval,
                 "report": self.data.report, "workdir": str(self.workdir),
-                "curves": str(curves) if curves else None, "state": state}
+                "curves": str(curves) if curves else None, "state": state,
+                "stopped_by": stopped_by, "skipped_nonfinite": skipped}
+
+    def _check_finite(self, flags: list[tuple[int, jax.Array]],
+                      manager: ocp.CheckpointManager) -> int:
+        """The number of non-finite steps among `flags`; with `train.on_nonfinite=stop` the
+        first one raises NonFiniteStep naming the step, its examples in the data stream and
+        the last checkpoint (nothing after it is saved)."""
+        bad = [step for step, flag in zip((s for s, _ in flags),
+                                          jax.device_get([f for _, f in flags]), strict=True)
+               if flag > 0]
+        if not bad or self.config.train.on_nonfinite == "skip":
+            return len(bad)
+        step, batch = bad[0], self.config.train.batch_size
+        last = manager.latest_step()
+        raise resilience.NonFiniteStep(
+            f"non-finite loss or gradients at step {step} (examples {(step - 1) * batch}-"
+            f"{step * batch - 1} of the training stream); the last good checkpoint is "
+            f"{'step ' + str(last) if last is not None else 'none'} in "
+            f"{self.workdir / 'checkpoints'}; lower optim.learning_rate, check that data, or "
+            "set train.on_nonfinite=skip to skip such steps")
 

@@ -4,10 +4,13 @@ the demo learns something (held-out MLM accuracy above the majority-token baseli
 from __future__ import annotations
 
 import json
+import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import run
@@ -15,6 +18,7 @@ import run
 REPO = Path(__file__).resolve().parent.parent
 SMALL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
          "model.intermediate_size=64", "train.steps=2", "train.progress=false"]
+TRAINED = ["data.vocab_size=40", "train.batch_size=8"]  # the module's finished run
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
@@ -38,6 +42,13 @@ def bad_inputs(tmp: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
     small_vocab = tmp / "small_vocab.txt"
     words = sorted({w.strip(".").lower() for w in corpus.read_text().split()})
     small_vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *words]))
+    not_utf8 = tmp / "latin1.txt"
+    not_utf8.write_bytes("Caf\u00e9 au lait.\n".encode("latin-1") * 20)
+    cifar = tmp / "cifar"
+    cifar.mkdir(exist_ok=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with (cifar / name).open("wb") as f:  # 32 x 31 pixels: not CIFAR's 32 x 32
+            pickle.dump({b"data": np.zeros((4, 2976), np.uint8), b"labels": [0, 1, 2, 3]}, f)
     return {
         "missing corpus": (["--data", str(tmp / "nope.txt")], "nope.txt"),
         "empty corpus": (["--data", str(empty)], "empty"),
@@ -64,7 +75,24 @@ def bad_inputs(tmp: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
                                   "examples.dupe_factor=2"], "examples.dupe_factor"),
         "masking fractions over 1": (["--data", str(corpus), "examples.mask_token_prob=0.95"],
                                      "mask_token_prob"),
+        "text that is not UTF-8": (["--data", str(not_utf8)], "not UTF-8"),
+        "images of the wrong shape": (["--preset", "simclr_tiny", "--data", str(cifar)],
+                                      "3072 bytes"),
+        "unknown non-finite policy": (["--data", str(corpus), "train.on_nonfinite=maybe"],
+                                      "on_nonfinite"),
+        "config.json that is not JSON": (["--data", str(corpus)], "not readable JSON"),
+        "every checkpoint unreadable": ([], "can be restored"),  # the trained run's data
+        "coordinator without process count": (["--data", str(corpus)], "--num-processes"),
+        "process id out of range": (["--data", str(corpus)], "--process-id 5"),
     }
+
+
+# Cases whose command is not `run.py pretrain --workdir W ARGS`: (prefix, command) words.
+COMMANDS = {
+    "coordinator without process count": (["--coordinator", "localhost:1"], "pretrain"),
+    "process id out of range": (["--coordinator", "localhost:1", "--num-processes", "2",
+                                 "--process-id", "5"], "pretrain"),
+}
 
 
 CASES = ["missing corpus", "empty corpus", "vocab that does not parse",
@@ -72,7 +100,39 @@ CASES = ["missing corpus", "empty corpus", "vocab that does not parse",
          "batch not divisible by data axes", "unknown config key", "value of the wrong type",
          "unknown preset", "override without a section", "mesh that does not fit",
          "workdir of another run", "generator larger than discriminator", "BERT key for ELECTRA",
-         "masking fractions over 1"]
+         "masking fractions over 1", "text that is not UTF-8", "images of the wrong shape",
+         "unknown non-finite policy", "config.json that is not JSON",
+         "every checkpoint unreadable", "coordinator without process count",
+         "process id out of range"]
+
+
+@pytest.fixture(scope="module")
+def trained_workdir(tmp_path_factory) -> Path:
+    """A finished 2-step run of the SMALL config (copied by cases that need a real workdir)."""
+    tmp = tmp_path_factory.mktemp("trained")
+    path = tmp / "corpus.txt"
+    sentences = [f"Sentence {i} talks about topic {i % 7} and more words." for i in range(60)]
+    path.write_text("\n\n".join("\n".join(sentences[i:i + 6]) for i in range(0, 60, 6)) + "\n")
+    assert run.main(["pretrain", "--workdir", str(tmp / "run"), "--data", str(path),
+                     *TRAINED, *SMALL]) == 0
+    return tmp / "run"
+
+
+def prepare_workdir(case: str, workdir: Path, trained: Path) -> None:
+    """The existing workdir a case runs against: a folder with a note, or a copy of a real
+    run (made unreadable where the case says so)."""
+    if case == "every checkpoint unreadable":
+        shutil.copytree(trained, workdir)
+        for data_file in (workdir / "checkpoints").glob("*/state/ocdbt.process_0/d/*"):
+            data_file.write_bytes(data_file.read_bytes()[:100])
+        return
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("keep me")
+    if case == "workdir of another run":
+        (workdir / "config.json").write_text(json.dumps(
+            {"method": "bert", "model": {"hidden_size": 32}, "train": {}}))
+    if case == "config.json that is not JSON":
+        (workdir / "config.json").write_text("{not json")
 
 
 def test_every_case_is_listed(tmp_path, corpus):
@@ -80,16 +140,17 @@ def test_every_case_is_listed(tmp_path, corpus):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_bad_input_is_one_line_and_leaves_workdir_alone(case, tmp_path, corpus, capsys):
+def test_bad_input_is_one_line_and_leaves_workdir_alone(case, tmp_path, corpus, capsys,
+                                                        trained_workdir):
     workdir = tmp_path / "existing_workdir"
-    workdir.mkdir()
-    (workdir / "notes.txt").write_text("keep me")
-    if case == "workdir of another run":
-        (workdir / "config.json").write_text(json.dumps(
-            {"method": "bert", "model": {"hidden_size": 32}, "train": {}}))
+    prepare_workdir(case, workdir, trained_workdir)
     before = snapshot(workdir)
     args, hint = bad_inputs(tmp_path, corpus)[case]
-    code = run.main(["pretrain", "--workdir", str(workdir), *args, *SMALL])
+    if case == "every checkpoint unreadable":
+        args = ["--data", str(trained_workdir.parent / "corpus.txt"), *TRAINED]
+    prefix, command = COMMANDS.get(case, ([], "pretrain"))
+    size = SMALL[-2:] if "simclr_tiny" in args else SMALL  # no Transformer keys for images
+    code = run.main([*prefix, command, "--workdir", str(workdir), *args, *size])
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert err.startswith("error: ") and "\n" not in err, err

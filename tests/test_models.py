@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from models.bert import Bert
@@ -46,3 +47,11 @@ def test_dropout_only_with_rng():
     e = model(ids, rng=jax.random.key(1)).hidden_states
     np.testing.assert_array_equal(c, d)
     assert not np.allclose(c, a) and not np.allclose(c, e)
+
+
+def test_attention_implementation_is_checked():
+    with pytest.raises(ValueError, match="'xla' or 'cudnn'"):
+        EncoderConfig(attention_implementation="flash")
+    with pytest.raises(ValueError, match="model.dtype=bfloat16"):
+        EncoderConfig(attention_implementation="cudnn")
+    assert EncoderConfig(attention_implementation="cudnn", dtype="bfloat16").dtype == "bfloat16"

@@ -167,10 +167,10 @@ def test_resume_is_exact(tmp_path, data_cache, preset):
     fresh = resumed_trainer.data_iterator()
     expected = [next(fresh) for _ in range(4)][-1]
     manager = resumed_trainer.checkpoint_manager()
-    _, data_state = resumed_trainer.restore(manager, 3)
+    _, data_states = resumed_trainer.restore(manager, 3)
     manager.close()
     continued = resumed_trainer.data_iterator()
-    continued.set_state(data_state)
+    continued.set_state(data_states[0].encode())
     got = next(continued)
     for key in expected:
         np.testing.assert_array_equal(got[key], expected[key])

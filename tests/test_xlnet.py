@@ -103,6 +103,26 @@ def test_parity_with_hf_over_two_segments(name, case, tmp_path):
     assert ours.new_mems.shape[2] == CONFIGS[name]["mem_len"]
 
 
+@pytest.mark.parametrize("name", ["base-like", "bi_data+clamp"])
+def test_query_stream_at_target_positions_equals_hf_target_mapping(name, tmp_path):
+    """`target_positions` attends from the P target rows only; the logits and memory over two
+    segments equal HF's with the full one-hot `target_mapping`."""
+    reference = hf_xlnet(name)
+    reference.save_pretrained(tmp_path)
+    model = hf.load(tmp_path)
+    vocab_size = CONFIGS[name]["vocab_size"]
+    their_mems = ours = None
+    for seed in (0, 1):
+        batch = inputs(vocab_size, seed)
+        theirs, their_mem_array = hf_run(reference, batch, mems=their_mems)
+        positions = {**batch, "target_positions": batch["target_mapping"].argmax(-1)}
+        del positions["target_mapping"]
+        ours = our_run(model, positions, mems=None if ours is None else ours.new_mems)
+        np.testing.assert_allclose(ours.lm_logits, theirs.logits.numpy(), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(ours.new_mems, their_mem_array, atol=1e-5, rtol=0)
+        their_mems = theirs.mems
+
+
 def test_loop_and_remat_compute_the_same(tmp_path):
     hf_xlnet("base-like").save_pretrained(tmp_path)
     batch = inputs(61, 2)

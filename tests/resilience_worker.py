@@ -1,0 +1,49 @@
+"""A training process for the chaos tests: `python resilience_worker.py SPEC WORKDIR LOG`.
+
+SPEC is JSON `{"preset": name, "overrides": {"section.key": value}}`. It trains
+`Trainer(config, workdir)` to the end (resuming like run.py) and appends one line per
+executed step to LOG: the step and a digest of the batch it consumed, flushed to disk before
+the step runs, so a kill at any point leaves a record of exactly what was read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+# No persistent compilation cache: a worker killed while writing an entry would leave it
+# truncated for the next process to load.
+import jax  # noqa: E402, F401
+
+import objectives  # noqa: E402, F401  (registers the methods)
+from pretrain.config import make_config  # noqa: E402
+from pretrain.trainer import Trainer  # noqa: E402
+
+
+def main(spec: str, workdir: str, log_path: str) -> None:
+    settings = json.loads(spec)
+    trainer = Trainer(make_config(settings["preset"], settings["overrides"]), workdir)
+    step_fn = trainer.train_step
+
+    def logged_step(state, local_batch):
+        step = int(jax.device_get(state.step)) + 1
+        digest = hashlib.sha1(b"".join(local_batch[k].tobytes()
+                                       for k in sorted(local_batch))).hexdigest()
+        with open(log_path, "a") as log:
+            log.write(f"{step} {digest}\n")
+            log.flush()
+            os.fsync(log.fileno())
+        return step_fn(state, local_batch)
+
+    trainer.train_step = logged_step
+    summary = trainer.run()
+    print(json.dumps({"step": summary["step"], "stopped_by": summary["stopped_by"]}), flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,225 @@
+"""Scale-out and resilience: 2 processes x 4 devices train as 1 process x 8, kills and
+preemption signals change nothing about the result, an unreadable latest checkpoint falls
+back to the previous one, non-finite steps stop (or are skipped) with the step named."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from pretrain import resilience
+from pretrain.config import make_config
+from pretrain.trainer import Trainer
+
+REPO = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "resilience_worker.py"
+STEPS = 12
+OVERRIDES = {
+    "model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,
+    "model.intermediate_size": 64, "model.max_position_embeddings": 64,
+    "model.hidden_dropout": 0.1, "model.attention_dropout": 0.1,  # the dropout RNG resumes too
+    "examples.max_seq_length": 32, "examples.max_predictions_per_seq": 5,
+    "examples.dupe_factor": 1, "data.vocab_size": 1000, "train.batch_size": 16,
+    "train.steps": STEPS, "train.log_every": 1, "train.eval_every": 1000,
+    "train.eval_batches": 1, "train.checkpoint_every": 3, "train.progress": False,
+    "optim.warmup_steps": 2, "optim.learning_rate": 1e-3,
+}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> str:
+    """One prepared copy of the demo corpus for every run in this module."""
+    return str(tmp_path_factory.mktemp("prepared"))
+
+
+def settings(cache: str, **changes) -> dict:
+    return {**OVERRIDES, "data.cache_dir": cache, **changes}
+
+
+def trainer_for(workdir: Path, cache: str, **changes) -> Trainer:
+    return Trainer(make_config("bert_tiny", settings(cache, **changes)), workdir)
+
+
+def final_params(workdir: Path, cache: str) -> dict[str, np.ndarray]:
+    trainer = trainer_for(workdir, cache)
+    manager = trainer.checkpoint_manager()
+    state, _ = trainer.restore_latest_readable(manager)
+    manager.close()
+    return {jax.tree_util.keystr(k): np.asarray(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(jax.device_get(state.params))}
+
+
+def train_losses(workdir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row["loss"] for row in rows if row["split"] == "train"}
+
+
+def read_log(path: Path) -> list[tuple[int, str]]:
+    if not path.exists():
+        return []
+    lines = [line.split() for line in path.read_text().splitlines()]
+    return [(int(step), digest) for step, digest in lines]
+
+
+def launch(workdir: Path, log: Path, cache: str) -> subprocess.Popen:
+    spec = json.dumps({"preset": "bert_tiny", "overrides": settings(cache)})
+    return subprocess.Popen([sys.executable, str(WORKER), spec, str(workdir), str(log)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(process: subprocess.Popen, log: Path, step: int) -> None:
+    deadline = time.monotonic() + 300
+    while not any(s >= step for s, _ in read_log(log)):
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "the worker did not reach the step in time"
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, cache):
+    """The reference: one uninterrupted worker run."""
+    directory = tmp_path_factory.mktemp("uninterrupted")
+    process = launch(directory / "w", directory / "log", cache)
+    _, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err[-3000:]
+    return directory / "w", read_log(directory / "log")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_killed_and_restarted_run_equals_an_uninterrupted_one(sig, tmp_path, cache,
+                                                              uninterrupted):
+    reference_dir, reference_log = uninterrupted
+    kill_at = sorted(np.random.default_rng(int(sig)).choice(np.arange(2, STEPS), 3,
+                                                            replace=False))
+    workdir, log = tmp_path / "w", tmp_path / "log"
+    for step in kill_at:
+        process = launch(workdir, log, cache)
+        wait_for_step(process, log, int(step))
+        process.send_signal(sig)
+        out, err = process.communicate(timeout=300)
+        if sig == signal.SIGTERM:  # finishes its step, checkpoints, exits cleanly
+            assert process.returncode == 0, err[-3000:]
+            assert json.loads(out.splitlines()[-1])["stopped_by"] == "SIGTERM"
+    process = launch(workdir, log, cache)
+    _, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err[-3000:]
+
+    executed = read_log(log)
+    accepted = dict(executed)  # a step redone after a kill replaces the lost attempt
+    assert sorted(accepted) == list(range(1, STEPS + 1))
+    assert accepted == dict(reference_log)  # every step read the same examples
+    if sig == signal.SIGTERM:
+        assert len(executed) == STEPS  # nothing was lost or redone
+    else:
+        assert len(executed) > STEPS  # kills lost work that was redone
+    assert train_losses(workdir) == train_losses(reference_dir)
+    ours, theirs = final_params(workdir, cache), final_params(reference_dir, cache)
+    assert all(np.array_equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_unreadable_latest_checkpoint_falls_back_to_the_previous(tmp_path, cache, capfd,
+                                                                 uninterrupted):
+    reference_dir, _ = uninterrupted
+    workdir = tmp_path / "w"
+    trainer_for(workdir, cache).run(stop_after=6)
+    for data_file in (workdir / "checkpoints" / "6").glob("state/ocdbt.process_0/d/*"):
+        data_file.write_bytes(data_file.read_bytes()[:100])  # truncated
+    summary = trainer_for(workdir, cache).run()
+    assert summary["step"] == STEPS
+    err = capfd.readouterr().err
+    assert "warning: checkpoint 6" in err and "resuming from step 3" in err
+    assert [p.name.split("-")[0] for p in (workdir / "corrupt_checkpoints").iterdir()] == ["6"]
+    assert train_losses(workdir) == train_losses(reference_dir)
+
+
+def poison_step(trainer: Trainer, bad_step: int, record: list) -> None:
+    """Makes the loss of `bad_step` NaN (NaN masked-LM weights) and records params after
+    every step."""
+    step_fn = trainer.train_step
+
+    def poisoned(state, batch):
+        if int(jax.device_get(state.step)) + 1 == bad_step:
+            batch = {**batch, "masked_lm_weights": np.full_like(batch["masked_lm_weights"],
+                                                                np.nan)}
+        state, metrics = step_fn(state, batch)
+        record.append(jax.device_get(state.params))
+        return state, metrics
+
+    trainer.train_step = poisoned
+
+
+def test_non_finite_step_stops_naming_step_examples_and_checkpoint(tmp_path, cache):
+    trainer = trainer_for(tmp_path / "w", cache)
+    poison_step(trainer, 5, [])
+    with pytest.raises(resilience.NonFiniteStep) as error:
+        trainer.run()
+    message = str(error.value)
+    assert "at step 5 (examples 64-79 of the training stream)" in message
+    assert "last good checkpoint is step 3" in message and "on_nonfinite=skip" in message
+    assert sorted(int(p.name) for p in (tmp_path / "w" / "checkpoints").iterdir()) == [3]
+
+
+def test_non_finite_step_is_skipped_and_counted(tmp_path, cache):
+    trainer = trainer_for(tmp_path / "w", cache, **{"train.on_nonfinite": "skip"})
+    params: list = []
+    poison_step(trainer, 5, params)
+    summary = trainer.run()
+    assert summary["step"] == STEPS and summary["skipped_nonfinite"] == 1
+    unchanged = jax.tree.map(np.array_equal, params[3], params[4])  # after steps 4 and 5
+    assert all(jax.tree.leaves(unchanged))
+    assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params[-1]))
+    rows = train_losses(tmp_path / "w")
+    assert np.isnan(rows[5]) and all(np.isfinite(v) for s, v in rows.items() if s != 5)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_processes_train_like_one(tmp_path, cache):
+    """2 processes x 4 CPU devices (Gloo collectives, loopback coordinator) against one
+    process with 8: the same losses and parameters; the checkpoint both wrote is restored and
+    continued by a single process, which reads on exactly where the two stopped."""
+    workdir = tmp_path / "two"
+    port = free_port()
+    args = [f"{key}={value}" for key, value in settings(cache).items()]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    processes = [subprocess.Popen(
+        [sys.executable, str(REPO / "run.py"), "--coordinator", f"localhost:{port}",
+         "--num-processes", "2", "--process-id", str(index), "pretrain", "--preset",
+         "bert_tiny", "--workdir", str(workdir), *args],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for index in range(2)]
+    for process in processes:
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+
+    single = tmp_path / "one"
+    trainer_for(single, cache).run()
+    two_losses, one_losses = train_losses(workdir), train_losses(single)
+    assert sorted(two_losses) == list(range(1, STEPS + 1))
+    np.testing.assert_allclose([two_losses[s] for s in sorted(one_losses)],
+                               [one_losses[s] for s in sorted(one_losses)], rtol=1e-5)
+    two_params, one_params = final_params(workdir, cache), final_params(single, cache)
+    for key, value in one_params.items():
+        np.testing.assert_allclose(two_params[key], value, atol=1e-5, err_msg=key)
+
+    longer = {"train.steps": STEPS + 3}
+    trainer_for(workdir, cache, **longer).run()  # the two-process checkpoint, one process
+    trainer_for(single, cache, **longer).run()
+    two_losses, one_losses = train_losses(workdir), train_losses(single)
+    np.testing.assert_allclose([two_losses[s] for s in range(STEPS + 1, STEPS + 4)],
+                               [one_losses[s] for s in range(STEPS + 1, STEPS + 4)], rtol=1e-5)
