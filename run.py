@@ -8,6 +8,7 @@
     python run.py finetune --task rte --init runs/x --data glue_data --workdir runs/rte
     python run.py eval --workdir runs/rte           # dev metrics of the latest checkpoint
     python run.py glue --init runs/x --data glue_data --workdir runs/glue --seeds 3
+    python run.py --import my_objective.py pretrain --workdir runs/y method=my_method
 
 Bad input prints one line naming the fix and exits with status 2 (no traceback unless
 --traceback or PRETEXT_TRACEBACK=1).
@@ -31,6 +32,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="run.py", description="pretext: self-supervised pre-training in JAX/Flax NNX. "
         "Without a command, runs the offline demo (tiny BERT on the Python docs).")
     parser.add_argument("--traceback", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--import", dest="imports", action="append", default=[],
+                        metavar="FILE_OR_MODULE",
+                        help="a Python file or module that registers your own objective "
+                        "(docs/add_your_own_objective.md); repeatable")
     cluster = parser.add_argument_group(
         "multi-process (one run.py per host; see README, Scaling out)")
     cluster.add_argument("--distributed", action="store_true",
@@ -134,6 +139,30 @@ def _print_summary(summary: dict, seconds: float, trainer: Any) -> None:
               f" vs {untrained['knn_accuracy']:.3f} for the same network untrained")
 
 
+def _import_plugin(name: str) -> None:
+    """Imports a user's objective: a .py file by path, else a module by dotted name."""
+    import importlib
+    import importlib.util
+
+    from input_pipeline.errors import UserError
+
+    path = Path(name)
+    if name.endswith(".py"):
+        if not path.is_file():
+            raise UserError(f"--import {name}: no such file; give the path of your objective's "
+                            ".py file or an importable module name")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module
+        spec.loader.exec_module(module)
+        return
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        raise UserError(f"--import {name}: {error}; give a .py file or a module on "
+                        "PYTHONPATH") from None
+
+
 def _rates(text: str) -> list[float]:
     try:
         return [float(rate) for rate in text.split(",") if rate]
@@ -157,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         initialize_distributed(args.coordinator, args.num_processes, args.process_id,
                                auto=args.distributed)
         import objectives  # noqa: F401  (registers the methods)
+
+        for plugin in args.imports:
+            _import_plugin(plugin)
 
         start = time.perf_counter()
         if args.command in (None, "demo"):

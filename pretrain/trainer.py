@@ -286,16 +286,18 @@ class Trainer:
         metrics["grad_norm"] = (grad_norm, one)
         metrics["nonfinite_steps"] = (1.0 - finite.astype(jnp.float32), one)
 
-        def keep(new: Any, old: Any, ok: jax.Array) -> Any:
-            return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+        if self.config.train.on_nonfinite == "skip":
+            # A skipped step changes nothing but the step counter (its batch is consumed); what
+            # the forward pass updates (BatchNorm statistics, XLNet's memory) follows its loss.
+            # With `stop` no select is compiled: the run ends before anything is saved.
+            def keep(new: Any, old: Any, ok: jax.Array) -> Any:
+                return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
-        # A non-finite step changes nothing but the step counter (its batch is consumed). What
-        # the forward pass updates (BatchNorm statistics, XLNet's memory) follows its loss
-        # alone: selecting it on the gradient norm as well makes XLA:CPU abort when the step is
-        # loaded from the persistent compilation cache (jax 0.10.2, data-parallel BatchNorm).
-        return TrainState(step=state.step + 1, params=keep(params, state.params, finite),
-                          model_state=keep(model_state, state.model_state, loss_finite),
-                          opt_state=keep(opt_state, state.opt_state, finite)), metrics
+            params = keep(params, state.params, finite)
+            opt_state = keep(opt_state, state.opt_state, finite)
+            model_state = keep(model_state, state.model_state, loss_finite)
+        return TrainState(step=state.step + 1, params=params, model_state=model_state,
+                          opt_state=opt_state), metrics
 
     def _evaluate(self, state: TrainState, batch: Any) -> Any:
         _, (metrics, _) = self._loss(state.params, state.model_state, batch, None)

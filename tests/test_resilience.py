@@ -46,8 +46,9 @@ def settings(cache: str, **changes) -> dict:
     return {**OVERRIDES, "data.cache_dir": cache, **changes}
 
 
-def trainer_for(workdir: Path, cache: str, **changes) -> Trainer:
-    return Trainer(make_config("bert_tiny", settings(cache, **changes)), workdir)
+def trainer_for(workdir: Path, cache: str, devices: list | None = None, **changes) -> Trainer:
+    return Trainer(make_config("bert_tiny", settings(cache, **changes)), workdir,
+                   devices=devices)
 
 
 def final_params(workdir: Path, cache: str) -> dict[str, np.ndarray]:
@@ -170,7 +171,10 @@ def test_non_finite_step_stops_naming_step_examples_and_checkpoint(tmp_path, cac
 
 
 def test_non_finite_step_is_skipped_and_counted(tmp_path, cache):
-    trainer = trainer_for(tmp_path / "w", cache, **{"train.on_nonfinite": "skip"})
+    # One device: XLA:CPU's in-process collectives can deadlock on this step when it comes
+    # back from the persistent compilation cache (jax 0.10.2); the skip logic is mesh-agnostic.
+    trainer = trainer_for(tmp_path / "w", cache, jax.devices()[:1],
+                          **{"train.on_nonfinite": "skip", "mesh.data": 1})
     params: list = []
     poison_step(trainer, 5, params)
     summary = trainer.run()

@@ -1,0 +1,53 @@
+"""An objective defined outside pretext: BERT's masked LM with label smoothing and no
+next-sentence loss (Szegedy et al. 2016, §7; RoBERTa drops NSP too).
+
+    python run.py --import docs/examples/smoothed_mlm.py pretrain --preset bert_tiny \
+        --workdir runs/smoothed method=smoothed_mlm
+
+It reuses BERT's model, example builder and data preparation, and changes only the loss.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from input_pipeline.bert_examples import BertExampleConfig
+from models.bert import Bert
+from models.encoder import EncoderConfig
+from objectives.bert import check_max_seq_length, prepare_bert
+from objectives.registry import Batch, Method, Metrics, register
+
+SMOOTHING = 0.1
+
+
+def smoothed_mlm_loss(model: Bert, batch: Batch, rng: jax.Array | None
+                      ) -> tuple[jax.Array, Metrics]:
+    """Label-smoothed cross-entropy at the masked positions, weighted as BERT's MLM loss."""
+    out = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                masked_positions=batch["masked_lm_positions"], rng=rng)
+    logits = out.mlm_logits.astype(jnp.float32)
+    targets = optax.smooth_labels(jax.nn.one_hot(batch["masked_lm_ids"], logits.shape[-1]),
+                                  SMOOTHING)
+    weights = batch["masked_lm_weights"].astype(jnp.float32)
+    per_token = optax.softmax_cross_entropy(logits, targets)
+    loss = jnp.sum(weights * per_token) / (jnp.sum(weights) + 1e-5)
+    correct = (jnp.argmax(logits, -1) == batch["masked_lm_ids"]).astype(jnp.float32)
+    # Metrics are (numerator, denominator) sums, so averages over devices and steps are exact.
+    return loss, {"loss": (loss, jnp.ones((), jnp.float32)),
+                  "mlm_accuracy": (jnp.sum(weights * correct), jnp.sum(weights))}
+
+
+register(Method(
+    name="smoothed_mlm",
+    model_config=EncoderConfig,
+    example_config=BertExampleConfig,
+    build_model=lambda config, seed: Bert(config, rngs=nnx.Rngs(seed)),
+    loss=smoothed_mlm_loss,
+    prepare=prepare_bert,
+    units_per_example=lambda examples: examples.max_seq_length,
+    check=check_max_seq_length,
+    description="masked LM with label smoothing, no NSP (docs/examples/smoothed_mlm.py)",
+))
