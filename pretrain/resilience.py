@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from typing import Any
 
@@ -111,10 +112,10 @@ def data_state_for_this_process(saved: list[str], template: bytes) -> bytes:
     its t B / P'. That needs loaders without Grain workers on both sides (a worker's position
     is not a single count); `template` is this process's fresh iterator state."""
     count = jax.process_count()
-    if len(saved) == count:
-        return saved[jax.process_index()].encode()
-    states = [json.loads(state) for state in saved]
     fresh = json.loads(template)
+    if len(saved) == count:
+        return _with_sampler_of(json.loads(saved[jax.process_index()]), fresh)
+    states = [json.loads(state) for state in saved]
     if any(state.get("worker_count", 0) for state in states) or fresh.get("worker_count", 0):
         raise UserError(f"the checkpoint's data position was written by {len(saved)} processes "
                         f"with Grain workers; resume with {len(saved)} processes, or with "
@@ -124,8 +125,20 @@ def data_state_for_this_process(saved: list[str], template: bytes) -> bytes:
         raise UserError("the checkpoint's processes stopped at different data positions; "
                         f"resume with {len(saved)} processes")
     consumed = read_per_process.pop() * len(saved)
-    fresh["last_seen_indices"] = {"0": consumed // count - 1}
-    return json.dumps(fresh).encode()
+    state = {**states[0], "last_seen_indices": {"0": consumed // count - 1}}
+    return _with_sampler_of(state, fresh)
+
+
+def _with_sampler_of(state: dict[str, Any], fresh: dict[str, Any]) -> bytes:
+    """`state` with the current loader's sampler description when the two differ only in
+    their shard options (checkpoints written before the loader stopped using Grain's
+    `ShardByJaxProcess`); Grain compares the descriptions and refuses other records."""
+    def unsharded(sampler: str) -> str:
+        return re.sub(r"shard_options=\w+\([^)]*\), ", "", sampler)
+
+    if unsharded(state.get("sampler", "")) == unsharded(fresh.get("sampler", "")):
+        state = {**state, "sampler": fresh["sampler"]}
+    return json.dumps(state).encode()
 
 
 class NonFiniteStep(UserError):

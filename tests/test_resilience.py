@@ -227,3 +227,39 @@ def test_two_processes_train_like_one(tmp_path, cache):
     two_losses, one_losses = train_losses(workdir), train_losses(single)
     np.testing.assert_allclose([two_losses[s] for s in range(STEPS + 1, STEPS + 4)],
                                [one_losses[s] for s in range(STEPS + 1, STEPS + 4)], rtol=1e-5)
+
+
+class _Records:
+    """100 integer records for loader-level checks."""
+
+    source = [np.int32(i) for i in range(100)]
+
+    def __len__(self) -> int:
+        return 100
+
+    def load_transforms(self) -> list:
+        return []
+
+
+def test_data_state_of_an_older_loader_resumes_and_other_records_are_refused():
+    """A Grain state saved when the loader sharded with ShardByJaxProcess resumes at the same
+    position; a state of another shuffle seed is still refused."""
+    from input_pipeline.records import make_loader
+
+    reference = iter(make_loader(_Records(), batch_size=4, seed=0))
+    for _ in range(3):
+        next(reference)
+    state = json.loads(reference.get_state())
+    state["sampler"] = state["sampler"].replace(
+        "shard_options=NoSharding(shard_index=0, shard_count=1, drop_remainder=False)",
+        "shard_options=ShardByJaxProcess(shard_index=0, shard_count=1, drop_remainder=True)")
+    assert "ShardByJaxProcess" in state["sampler"]
+    resumed = iter(make_loader(_Records(), batch_size=4, seed=0))
+    resumed.set_state(resilience.data_state_for_this_process([json.dumps(state)],
+                                                             resumed.get_state()))
+    np.testing.assert_array_equal(next(resumed), next(reference))
+    state["sampler"] = state["sampler"].replace("seed=0", "seed=1")
+    other = iter(make_loader(_Records(), batch_size=4, seed=0))
+    with pytest.raises(ValueError):
+        other.set_state(resilience.data_state_for_this_process([json.dumps(state)],
+                                                               other.get_state()))
