@@ -159,6 +159,27 @@ def split_rng(rng: jax.Array | None, num: int) -> list[jax.Array | None]:
     return [None] * num if rng is None else list(jax.random.split(rng, num))
 
 
+def relative_position_bucket(relative_position: jax.Array, bidirectional: bool = True,
+                             num_buckets: int = 32, max_distance: int = 128) -> jax.Array:
+    """T5's bucketing of `key - query` offsets (Raffel et al. 2020 §2.1; transformers
+    modeling_t5.py `_relative_position_bucket`, which MPNet's `relative_position_bucket` equals):
+    half the buckets (bidirectional) hold keys after the query; within a half, offsets below
+    num_buckets / 4 get a bucket each, larger ones share log-spaced buckets up to
+    `max_distance`. Unidirectional (a decoder) keeps only keys at or before the query."""
+    buckets = jnp.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).astype(relative_position.dtype) * num_buckets
+        distance = jnp.abs(relative_position)
+    else:
+        distance = -jnp.minimum(relative_position, 0)
+    max_exact = num_buckets // 2
+    scaled = (jnp.log(distance.astype(jnp.float32) / max_exact) / jnp.log(max_distance / max_exact)
+              * (num_buckets - max_exact))
+    large = jnp.minimum(max_exact + scaled.astype(relative_position.dtype), num_buckets - 1)
+    return buckets + jnp.where(distance < max_exact, distance, large)
+
+
 class Embeddings(nnx.Module):
     """Word + position + token-type embeddings, LayerNorm, dropout (modeling.py
     `embedding_lookup` + `embedding_postprocessor`)."""

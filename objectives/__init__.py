@@ -1,3 +1,10 @@
-"""Pre-training objectives. Importing the package registers the built-in methods."""
+"""Pre-training objectives. Importing the package registers the built-in methods (one module per
+method family, one import per line)."""
 
-from objectives import bert, classification, electra, simclr, xlnet  # noqa: F401
+from objectives import (
+    bert,  # noqa: F401
+    classification,  # noqa: F401
+    electra,  # noqa: F401
+    simclr,  # noqa: F401
+    xlnet,  # noqa: F401
+)
