@@ -8,6 +8,7 @@
     python run.py finetune --task rte --init runs/x --data glue_data --workdir runs/rte
     python run.py eval --workdir runs/rte           # dev metrics of the latest checkpoint
     python run.py glue --init runs/x --data glue_data --workdir runs/glue --seeds 3
+    python run.py generate --workdir runs/gpt --prompt "The list" --top-p 0.9  # GPT sampling
     python run.py --import my_objective.py pretrain --workdir runs/y method=my_method
 
 Bad input prints one line naming the fix and exits with status 2 (no traceback unless
@@ -96,6 +97,21 @@ def _parser() -> argparse.ArgumentParser:
                       "(default: the recipe's rate)")
     add_glue_arguments(glue)
 
+    generate = commands.add_parser(
+        "generate", help="continue prompts with a trained GPT (greedy or sampled)")
+    generate.add_argument("--workdir", required=True,
+                          help="a GPT pretext workdir or model dir, or a HuggingFace GPT-2 "
+                          "folder (with vocab.json + merges.txt)")
+    generate.add_argument("--prompt", action="append", required=True,
+                          help="text to continue; repeat for several (one batch)")
+    generate.add_argument("--max-new-tokens", type=int, default=50)
+    generate.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
+    generate.add_argument("--temperature", type=float, default=1.0)
+    generate.add_argument("--top-k", type=int, default=0, help="0 = no top-k cut")
+    generate.add_argument("--top-p", type=float, default=1.0, help="1 = no nucleus cut")
+    generate.add_argument("--seed", type=int, default=0, help="sampling seed")
+    generate.add_argument("--tokenizer", help="tokenizer override (default: the run's own)")
+
     commands.add_parser("presets", help="list presets and registered methods")
     return parser
 
@@ -127,7 +143,7 @@ def _print_summary(summary: dict, seconds: float, trainer: Any) -> None:
             if baseline is not None:
                 line += f" vs majority-token baseline {baseline:.3f}"
             print(line)
-    for key in ("loss", "nsp_accuracy", "rtd_accuracy", "contrastive_accuracy"):
+    for key in ("loss", "nsp_accuracy", "sop_accuracy", "rtd_accuracy", "contrastive_accuracy"):
         if key in evaluation:
             print(f"  held-out {key}: {evaluation[key]:.3f}")
     if "knn_accuracy" in evaluation:  # beside the same network's at its random initialisation
@@ -137,6 +153,28 @@ def _print_summary(summary: dict, seconds: float, trainer: Any) -> None:
                                    trainer.data, trainer.example_config)
         print(f"  held-out kNN accuracy of the backbone's features {evaluation['knn_accuracy']:.3f}"
               f" vs {untrained['knn_accuracy']:.3f} for the same network untrained")
+
+
+def _generation_model(path: str, tokenizer_spec: str | None) -> tuple[Any, Any]:
+    """The causal LM of a pretext workdir / model dir (its own tokenizer, found as fine-tuning
+    finds it) or of a HuggingFace GPT-2 folder (its vocab.json + merges.txt)."""
+    from input_pipeline.errors import UserError
+    from input_pipeline.tokenizers import load_tokenizer
+    from pretrain import export, hf
+    from pretrain.finetune import tokenizer_of
+
+    if hf._is_hf_checkpoint(Path(path)):
+        model, tokenizer = hf.load(path), tokenizer_spec or path
+    else:
+        model, tokenizer = export.load_model(path), tokenizer_spec or tokenizer_of(path)
+    if not hasattr(model, "prefill"):
+        raise UserError(f"{path} holds a {type(model).__name__}, not a causal language model; "
+                        "generate needs a GPT workdir (method gpt) or a GPT-2 folder")
+    tokenizer = load_tokenizer(tokenizer)
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise UserError(f"the tokenizer has {tokenizer.vocab_size} ids but the model "
+                        f"{model.config.vocab_size}; pass the run's own with --tokenizer")
+    return model, tokenizer
 
 
 def _import_plugin(name: str) -> None:
@@ -233,6 +271,15 @@ def main(argv: list[str] | None = None) -> int:
 
             out = export.convert(args.source, args.target, to=args.to)
             print(f"wrote {out}")
+        elif args.command == "generate":
+            from models.generate import Sampling, generate_text
+
+            sampling = Sampling(greedy=args.greedy, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+            model, tokenizer = _generation_model(args.workdir, args.tokenizer)
+            for text in generate_text(model, tokenizer, args.prompt,
+                                      max_new_tokens=args.max_new_tokens, sampling=sampling):
+                print(text)
         elif args.command == "presets":
             from objectives import registry
             from pretrain.config import PRESETS

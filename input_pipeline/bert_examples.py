@@ -10,7 +10,7 @@ pairs and masks them while loading, through the Grain transform `DynamicMasking`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import grain
@@ -102,9 +102,15 @@ def truncate_seq_pair(a: list[int], b: list[int], max_num_tokens: int,
 
 def create_instances_from_document(
     documents: Sequence[Document], document_index: int, config: BertExampleConfig,
-    vocab: MaskingVocab, rng: np.random.Generator,
+    vocab: MaskingVocab, rng: np.random.Generator, sentence_order: bool = False,
 ) -> list[Instance]:
-    """NSP pairs from one document (reference: `create_instances_from_document`)."""
+    """NSP pairs from one document (reference: `create_instances_from_document`).
+
+    `sentence_order` makes sentence-order pairs instead (ALBERT, Lan et al. 2020 §4.1;
+    albert create_pretraining_data.py with random_next_sentence=False): where BERT would draw
+    a random B, the two consecutive segments A, B are swapped (label 1) instead; a chunk of one
+    sentence still gets a random B from another document (label 1), as in that reference.
+    """
     document = documents[document_index]
     max_num_tokens = config.max_seq_length - 3
     target_seq_length = max_num_tokens
@@ -123,7 +129,8 @@ def create_instances_from_document(
                 tokens_a = [t for sentence in chunk[:a_end] for t in sentence]
                 tokens_b: list[int] = []
                 is_random_next = len(chunk) == 1 or rng.random() < 0.5
-                if is_random_next:
+                swapped = sentence_order and is_random_next and len(chunk) > 1
+                if is_random_next and not swapped:
                     target_b_length = target_seq_length - len(tokens_a)
                     random_index = document_index
                     for _ in range(10):
@@ -139,6 +146,8 @@ def create_instances_from_document(
                     i -= len(chunk) - a_end  # the unused sentences are not wasted
                 else:
                     tokens_b = [t for sentence in chunk[a_end:] for t in sentence]
+                    if swapped:
+                        tokens_a, tokens_b = tokens_b, tokens_a
                 truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
                 if tokens_a and tokens_b:
                     tokens = [vocab.cls_id, *tokens_a, vocab.sep_id, *tokens_b, vocab.sep_id]
@@ -151,33 +160,61 @@ def create_instances_from_document(
     return instances
 
 
+def masking_candidates(tokens: np.ndarray, vocab: MaskingVocab,
+                       whole_word_mask: bool) -> list[list[int]]:
+    """Positions that may be masked, grouped: all but [CLS], [SEP] and [PAD], one group per
+    piece, or with whole-word masking per word (a word's continuation pieces join its first)."""
+    special = (tokens == vocab.cls_id) | (tokens == vocab.sep_id) | (tokens == vocab.pad_id)
+    candidates: list[list[int]] = []
+    for index in np.flatnonzero(~special):
+        if (whole_word_mask and candidates and vocab.continuation[tokens[index]]
+                and candidates[-1][-1] == index - 1):
+            candidates[-1].append(int(index))
+        else:
+            candidates.append([int(index)])
+    return candidates
+
+
+def prediction_budget(length: int, config: Any) -> int:
+    """min(max_predictions, max(1, round(length * masked_lm_prob))), Python's round as the
+    reference."""
+    return min(config.max_predictions_per_seq,
+               max(1, int(round(length * config.masked_lm_prob))))
+
+
+def corrupt(output: np.ndarray, index: int, vocab: MaskingVocab, config: Any,
+            rng: np.random.Generator) -> None:
+    """Position `index` of `output` becomes [MASK] with `mask_token_prob`, a random id drawn
+    uniformly from the whole vocabulary with `random_token_prob`, and stays otherwise."""
+    keep_or_random = 1.0 - config.mask_token_prob
+    random_given_not_masked = (config.random_token_prob / keep_or_random
+                               if keep_or_random > 0.0 else 0.0)
+    if rng.random() < config.mask_token_prob:
+        output[index] = vocab.mask_id
+    elif rng.random() >= 1.0 - random_given_not_masked:
+        output[index] = int(rng.integers(0, vocab.vocab_size))
+
+
+def masked_result(tokens: np.ndarray, output: np.ndarray, chosen: list[int]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(masked tokens, sorted positions, their original ids)."""
+    positions = np.sort(np.asarray(chosen, np.int32))
+    return output, positions, tokens[positions]
+
+
 def mask_tokens(
     tokens: np.ndarray, vocab: MaskingVocab, config: Any, rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Masked-LM predictions (reference: `create_masked_lm_predictions`).
 
-    Candidates exclude [CLS], [SEP] and [PAD]; with whole-word masking a word's continuation
-    pieces join its first piece. Candidates are shuffled and taken while the total stays within
-    num_to_predict = min(max_predictions, max(1, round(len * masked_lm_prob))) (Python's
-    round, as the reference). Each chosen position becomes [MASK] with `mask_token_prob`, a
-    random id drawn uniformly from the whole vocabulary with `random_token_prob`, and stays
-    unchanged otherwise (BERT 0.8/0.1/0.1; ELECTRA 0.85/0/0.15). `config` is any object with
-    the fields `check_masking` validates. Returns (masked tokens, sorted positions, labels).
+    Candidate groups (`masking_candidates`) are shuffled and taken while the total stays within
+    `prediction_budget`. Each chosen position is corrupted by `corrupt` (BERT 0.8/0.1/0.1;
+    ELECTRA 0.85/0/0.15). `config` is any object with the fields `check_masking` validates.
+    Returns (masked tokens, sorted positions, labels).
     """
-    keep_or_random = 1.0 - config.mask_token_prob
-    random_given_not_masked = (config.random_token_prob / keep_or_random
-                               if keep_or_random > 0.0 else 0.0)
-    special = (tokens == vocab.cls_id) | (tokens == vocab.sep_id) | (tokens == vocab.pad_id)
-    candidates: list[list[int]] = []
-    for index in np.flatnonzero(~special):
-        if (config.whole_word_mask and candidates and vocab.continuation[tokens[index]]
-                and candidates[-1][-1] == index - 1):
-            candidates[-1].append(int(index))
-        else:
-            candidates.append([int(index)])
+    candidates = masking_candidates(tokens, vocab, config.whole_word_mask)
     order = rng.permutation(len(candidates))
-    num_to_predict = min(config.max_predictions_per_seq,
-                         max(1, int(round(len(tokens) * config.masked_lm_prob))))
+    num_to_predict = prediction_budget(len(tokens), config)
     output = tokens.copy()
     chosen: list[int] = []
     for group_index in order:
@@ -187,13 +224,9 @@ def mask_tokens(
         if len(chosen) + len(group) > num_to_predict:
             continue
         for index in group:
-            if rng.random() < config.mask_token_prob:
-                output[index] = vocab.mask_id
-            elif rng.random() >= 1.0 - random_given_not_masked:
-                output[index] = int(rng.integers(0, vocab.vocab_size))
+            corrupt(output, index, vocab, config, rng)
             chosen.append(index)
-    positions = np.sort(np.asarray(chosen, np.int32))
-    return output, positions, tokens[positions]
+    return masked_result(tokens, output, chosen)
 
 
 def to_features(
@@ -230,18 +263,21 @@ def to_features(
 
 def create_training_examples(
     documents: Sequence[Document], vocab: MaskingVocab, config: BertExampleConfig, seed: int,
+    *, sentence_order: bool = False, mask: Callable[..., tuple[np.ndarray, ...]] = mask_tokens,
 ) -> Iterator[dict[str, np.ndarray]]:
     """All examples of a corpus (reference: `create_training_instances`): documents shuffled,
-    `dupe_factor` passes (each with fresh pairs and masks), then all instances shuffled."""
+    `dupe_factor` passes (each with fresh pairs and masks), then all instances shuffled.
+    ALBERT passes `sentence_order=True` and its n-gram `mask`."""
     rng = np.random.default_rng(seed)
     documents = [documents[i] for i in rng.permutation(len(documents))]
     passes = 1 if config.dynamic_masking else config.dupe_factor
     instances: list[dict[str, np.ndarray]] = []
     for _ in range(passes):
         for index in range(len(documents)):
-            for instance in create_instances_from_document(documents, index, config, vocab, rng):
+            for instance in create_instances_from_document(documents, index, config, vocab, rng,
+                                                           sentence_order):
                 masked = (None if config.dynamic_masking
-                          else mask_tokens(instance.tokens, vocab, config, rng))
+                          else mask(instance.tokens, vocab, config, rng))
                 instances.append(to_features(instance.tokens, instance.segment_ids,
                                              instance.is_random_next, config, vocab, masked))
     for i in rng.permutation(len(instances)):

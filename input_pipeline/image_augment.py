@@ -5,7 +5,9 @@ images; `to_float` scales them to [0, 1].
 Reference: google-research/simclr tf2/data_util.py (`random_crop_with_resize`,
 `color_jitter_rand`, `random_brightness` (simclrv2: multiplicative), `to_grayscale`,
 `gaussian_blur`, `preprocess_for_train`) and Chen et al. 2020 Appendix A. Images are [H, W, 3]
-float32 in [0, 1].
+float32 in [0, 1]. MoCo v2 and BYOL use the same pipeline with their own settings: explicit
+jitter amounts (torchvision `ColorJitter(0.4, 0.4, 0.4, 0.1)`; BYOL's 0.4/0.4/0.2/0.1 with an
+additive brightness shift, deepmind/byol utils/augmentations.py) and BYOL's solarisation.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ class AugmentConfig:
     cropped, as for ImageNet-size images); jitter strength s (1.0 ImageNet, 0.5 CIFAR) gives
     brightness/contrast/saturation 0.8 s and hue 0.2 s, applied with p 0.8 in random order;
     grayscale p 0.2; blur p 0.5 with sigma in (0.1, 2) and a kernel of a tenth of the image
-    (ImageNet only)."""
+    (ImageNet only). `jitter` = (brightness, contrast, saturation, hue) amounts replaces the
+    strength-derived ones (MoCo v2, BYOL); `additive_brightness` shifts by U(-b, b) instead of
+    scaling by U(1 - b, 1 + b) (BYOL); `solarize_probability` inverts values >= 0.5 after the
+    blur (BYOL, Grill et al. 2020 Table 6)."""
 
     image_size: int = 224
     crop: bool = True
@@ -47,6 +52,17 @@ class AugmentConfig:
     jitter_probability: float = 0.8
     grayscale_probability: float = 0.2
     blur_probability: float = 0.5
+    jitter: tuple[float, float, float, float] | None = None
+    additive_brightness: bool = False
+    solarize_probability: float = 0.0
+
+    def jitter_amounts(self) -> tuple[float, float, float, float]:
+        return self.jitter or jitter_amounts(self.jitter_strength)
+
+
+def jitter_amounts(strength: float) -> tuple[float, float, float, float]:
+    """data_util.py's (brightness, contrast, saturation, hue) for a jitter strength s."""
+    return 0.8 * strength, 0.8 * strength, 0.8 * strength, 0.2 * strength
 
 
 def to_float(images: jax.Array) -> jax.Array:
@@ -148,15 +164,21 @@ def hue(image: jax.Array, delta: jax.Array) -> jax.Array:
     return hsv_to_rgb(hsv.at[..., 0].set((hsv[..., 0] + delta) % 1.0))
 
 
-def color_jitter(rng: jax.Array, image: jax.Array, strength: float) -> jax.Array:
-    """Brightness, contrast, saturation (factors ~ U(1 - 0.8 s, 1 + 0.8 s)) and hue (shift ~
-    U(-0.2 s, 0.2 s)) in a random order, clipping to [0, 1] after each (`color_jitter_rand`)."""
+def color_jitter(rng: jax.Array, image: jax.Array,
+                 strength: float | tuple[float, float, float, float],
+                 additive_brightness: bool = False) -> jax.Array:
+    """Brightness, contrast, saturation (factors ~ U(1 - a, 1 + a)) and hue (shift ~ U(-h, h))
+    in a random order, clipping to [0, 1] after each (`color_jitter_rand`). `strength` is s
+    (a = 0.8 s, h = 0.2 s) or the four amounts; `additive_brightness` adds U(-a, a) instead."""
+    amounts = jitter_amounts(strength) if isinstance(strength, int | float) else strength
     order_key, *keys = jax.random.split(rng, 5)
-    spread = 0.8 * strength
-    factors = [jax.random.uniform(k, minval=max(1.0 - spread, 0.0), maxval=1.0 + spread)
-               for k in keys[:3]]
-    shift = jax.random.uniform(keys[3], minval=-0.2 * strength, maxval=0.2 * strength)
-    operations = [lambda x: brightness(x, factors[0]), lambda x: contrast(x, factors[1]),
+    factors = [jax.random.uniform(k, minval=max(1.0 - a, 0.0), maxval=1.0 + a)
+               for k, a in zip(keys[:3], amounts[:3], strict=True)]
+    shift = jax.random.uniform(keys[3], minval=-amounts[3], maxval=amounts[3])
+    delta = jax.random.uniform(keys[0], minval=-amounts[0], maxval=amounts[0])
+    operations = [(lambda x: x + delta) if additive_brightness
+                  else (lambda x: brightness(x, factors[0])),
+                  lambda x: contrast(x, factors[1]),
                   lambda x: saturation(x, factors[2]), lambda x: hue(x, shift)]
     for step in jax.random.permutation(order_key, 4):
         image = jnp.clip(jax.lax.switch(step, operations, image), 0.0, 1.0)
@@ -168,19 +190,28 @@ def grayscale(image: jax.Array) -> jax.Array:
     return jnp.repeat(gray[..., None], 3, axis=-1)
 
 
+def solarize(image: jax.Array, threshold: float = 0.5) -> jax.Array:
+    """Values at or above `threshold` become 1 - value (BYOL augmentations.py `solarize`)."""
+    return jnp.where(image < threshold, image, 1.0 - image)
+
+
 def gaussian_blur(image: jax.Array, sigma: jax.Array, kernel_size: int) -> jax.Array:
     """Separable Gaussian of `sigma` with a (2 * (kernel_size // 2) + 1)-tap kernel, zero
-    padding ('SAME'), as data_util.py `gaussian_blur`."""
+    padding ('SAME'), as data_util.py `gaussian_blur`. Written as a weighted sum of shifted
+    copies: a vmapped `jnp.convolve` made XLA's CPU compiler abort (free(): invalid pointer)
+    on meshes with a `tensor` axis."""
     radius = kernel_size // 2
     offsets = jnp.arange(-radius, radius + 1, dtype=jnp.float32)
     kernel = jnp.exp(-(offsets ** 2) / (2.0 * sigma ** 2))
     kernel = kernel / kernel.sum()
 
     def along(x: jax.Array, axis: int) -> jax.Array:
-        moved = jnp.moveaxis(x, axis, -1)
-        rows = moved.reshape(-1, moved.shape[-1])
-        out = jax.vmap(lambda row: jnp.convolve(row, kernel, mode="same"))(rows)
-        return jnp.moveaxis(out.reshape(moved.shape), -1, axis)
+        padding = [(0, 0)] * x.ndim
+        padding[axis] = (radius, radius)
+        padded = jnp.pad(x, padding)
+        return sum(kernel[tap] * jax.lax.slice_in_dim(padded, tap, tap + x.shape[axis],
+                                                      axis=axis)
+                   for tap in range(2 * radius + 1))
 
     return along(along(image, 0), 1)
 
@@ -194,8 +225,9 @@ def augment(rng: jax.Array, image: jax.Array, config: AugmentConfig) -> jax.Arra
         image = resized_crop(image, window, config.image_size)
     if config.flip:
         image = jnp.where(jax.random.bernoulli(keys[1]), image[:, ::-1], image)
-    if config.jitter_strength > 0:
-        jittered = color_jitter(keys[2], image, config.jitter_strength)
+    amounts = config.jitter_amounts()
+    if any(a > 0 for a in amounts):
+        jittered = color_jitter(keys[2], image, amounts, config.additive_brightness)
         image = jnp.where(jax.random.bernoulli(keys[3], config.jitter_probability), jittered,
                           image)
     image = jnp.where(jax.random.bernoulli(keys[4], config.grayscale_probability),
@@ -205,6 +237,9 @@ def augment(rng: jax.Array, image: jax.Array, config: AugmentConfig) -> jax.Arra
         blurred = gaussian_blur(image, sigma, config.image_size // 10)
         image = jnp.where(jax.random.bernoulli(keys[6], config.blur_probability), blurred,
                           image)
+    if config.solarize_probability > 0:
+        image = jnp.where(jax.random.bernoulli(keys[7], config.solarize_probability),
+                          solarize(image), image)
     return jnp.clip(image, 0.0, 1.0)
 
 

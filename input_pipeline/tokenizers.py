@@ -1,15 +1,20 @@
-"""Tokenizers: sentencepiece (train and load; also XLNet's released `spiece.model`) and BERT
-WordPiece from a released `vocab.txt`.
+"""Tokenizers: sentencepiece (train and load; also XLNet's released `spiece.model`), BERT
+WordPiece from a released `vocab.txt`, and GPT-2's byte-level BPE from a `vocab.json` +
+`merges.txt` folder (GPT-2, RoBERTa).
 
-Both expose the same small interface that example builders use (ids only): `vocab_size`,
-`pad_id`, `unk_id`, `cls_id`, `sep_id`, `mask_id`, `special_ids`, `continuation` (a bool per id:
-the piece continues the previous word, for whole-word masking), `encode`, `decode`,
-`id_to_token`.
+All expose the same small interface that example builders use (ids only): `vocab_size`,
+`pad_id`, `unk_id`, `cls_id`, `sep_id`, `mask_id`, `eos_id` (the end-of-text token put between
+documents by the causal LM; [SEP] where the vocabulary has no own one), `special_ids`,
+`continuation` (a bool per id: the piece continues the previous word, for whole-word masking),
+`encode`, `decode`, `id_to_token`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+import sys
 import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -30,6 +35,7 @@ class Tokenizer(Protocol):
     cls_id: int
     sep_id: int
     mask_id: int
+    eos_id: int
     special_ids: frozenset[int]
     continuation: np.ndarray
 
@@ -76,6 +82,7 @@ class WordPieceTokenizer:
         self.vocab_size = len(vocab)
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
             self.vocab[t] for t in SPECIALS)
+        self.eos_id = self.sep_id
         self.special_ids = frozenset((self.pad_id, self.cls_id, self.sep_id, self.mask_id))
         self.continuation = np.array([t.startswith("##") for t in vocab], bool)
         self._cache: dict[str, list[int]] = {}
@@ -177,6 +184,7 @@ class SentencePieceTokenizer:
         self.model_file = str(model_file)
         self.processor = spm.SentencePieceProcessor(model_file=self.model_file)
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = self._special_ids()
+        self.eos_id = self.sep_id
         self.vocab_size = self.processor.get_piece_size()
         self.special_ids = frozenset((self.pad_id, self.cls_id, self.sep_id, self.mask_id))
         control = [self.processor.is_control(i) or self.processor.is_unknown(i)
@@ -265,6 +273,166 @@ class XLNetSentencePieceTokenizer(SentencePieceTokenizer):
         return [self.processor.piece_to_id(piece) for piece in pieces]
 
 
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> character table (openai/gpt-2 encoder.py): the printable
+    Latin-1 bytes stand for themselves, the other 68 (control bytes, space, ...) for U+0100
+    onwards in byte order, so every token is a printable string without whitespace."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)}
+    table, shifted = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            table[byte] = chr(byte)
+        else:
+            table[byte] = chr(256 + shifted)
+            shifted += 1
+    return table
+
+
+def _category_class(major: str) -> str:
+    """A regex character class body of every code point whose Unicode general category starts
+    with `major` (`L` = \\p{L}, `N` = \\p{N}), as ranges."""
+    ranges, start = [], None
+    for cp in range(sys.maxunicode + 2):
+        inside = cp <= sys.maxunicode and unicodedata.category(chr(cp)).startswith(major)
+        if inside and start is None:
+            start = cp
+        elif not inside and start is not None:
+            ranges.append(f"\\U{start:08x}-\\U{cp - 1:08x}" if cp - 1 > start
+                          else f"\\U{start:08x}")
+            start = None
+    return "".join(ranges)
+
+
+# `\s` of the `regex` module (Unicode White_Space): Python's `\s` minus U+001C-U+001F.
+_WHITESPACE = ("\\t\\n\\x0b\\x0c\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f"
+               "\\u205f\\u3000")
+
+
+@functools.cache
+def gpt2_pretokenizer() -> re.Pattern:
+    """GPT-2's pre-tokenisation pattern (openai/gpt-2 encoder.py),
+    `'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+`,
+    written for the standard library's `re` (the `regex` package is not a dependency of
+    pretext): the Unicode classes are spelled out from `unicodedata` (Python's Unicode
+    version)."""
+    letters, numbers, space = _category_class("L"), _category_class("N"), _WHITESPACE
+    return re.compile(
+        rf"'s|'t|'re|'ve|'m|'ll|'d| ?[{letters}]+| ?[{numbers}]+| ?[^{space}{letters}{numbers}]+"
+        rf"|[{space}]+(?![^{space}])|[{space}]+")
+
+
+# Special tokens of the byte-level BPE vocabularies: GPT-2's one end-of-text token, RoBERTa's
+# BERT-like set (fairseq's dictionary: <s>, <pad>, </s>, <unk>, then <mask> appended).
+GPT2_EOT = "<|endoftext|>"
+ROBERTA_SPECIALS = {"pad": "<pad>", "unk": "<unk>", "cls": "<s>", "sep": "</s>", "mask": "<mask>"}
+
+
+class ByteLevelBPETokenizer:
+    """GPT-2's byte-level BPE (Radford et al. 2019 §2.2; openai/gpt-2 encoder.py), from a
+    `vocab.json` (token -> id) and `merges.txt` (one merge `a b` per line, by rank) as HF GPT-2
+    and RoBERTa folders hold them.
+
+    Text is split at the vocabulary's special tokens (kept as single ids, as transformers
+    does), each piece by GPT-2's pattern into words; a word's UTF-8 bytes become characters of
+    `bytes_to_unicode`, which are merged pairwise, always the lowest-ranked pair present (all
+    its occurrences, left to right), until no pair has a rank. Decoding maps the characters
+    back to bytes (invalid UTF-8 becomes U+FFFD). RoBERTa's specials (<s>, </s>, <pad>, <unk>,
+    <mask>) are used where present; GPT-2 has only <|endoftext|>, which then stands for all of
+    them (as transformers' GPT2Tokenizer's bos/eos/unk)."""
+
+    def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]]):
+        self.vocab = vocab
+        self.ranks = {pair: rank for rank, pair in enumerate(merges)}
+        self.vocab_size = max(vocab.values()) + 1
+        self.tokens = [""] * self.vocab_size
+        for token, index in vocab.items():
+            self.tokens[index] = token
+        self.byte_encoder = bytes_to_unicode()
+        self.byte_decoder = {char: byte for byte, char in self.byte_encoder.items()}
+        specials = [t for t in (GPT2_EOT, *ROBERTA_SPECIALS.values()) if t in vocab]
+        if not specials:
+            raise UserError(f"vocab.json has neither {GPT2_EOT} nor RoBERTa's "
+                            f"{' '.join(ROBERTA_SPECIALS.values())}; pass a GPT-2 or RoBERTa "
+                            "tokenizer folder")
+        fallback = vocab[GPT2_EOT] if GPT2_EOT in vocab else vocab["</s>"]
+        ids = {role: vocab.get(token, fallback) for role, token in ROBERTA_SPECIALS.items()}
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            ids["pad"], ids["unk"], ids["cls"], ids["sep"], ids["mask"])
+        self.eos_id = fallback
+        self.special_ids = frozenset(vocab[t] for t in specials)
+        self.continuation = np.array(
+            [i not in self.special_ids and not t.startswith(self.byte_encoder[ord(" ")])
+             for i, t in enumerate(self.tokens)], bool)
+        self._specials = re.compile("(" + "|".join(
+            re.escape(t) for t in sorted(specials, key=len, reverse=True)) + ")")
+        self._cache: dict[str, list[int]] = {}
+
+    @classmethod
+    def from_folder(cls, path: str | Path) -> ByteLevelBPETokenizer:
+        """Loads `vocab.json` + `merges.txt` from a folder (HF GPT-2 / RoBERTa layout)."""
+        path = Path(path)
+        try:
+            vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+            lines = (path / "merges.txt").read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UserError(f"cannot read the byte-level BPE files in {path} ({e}); pass a "
+                            "folder with GPT-2's vocab.json and merges.txt") from None
+        merges = []
+        for number, line in enumerate(lines, 1):
+            if line.startswith("#version") or not line.strip():
+                continue
+            pair = line.split(" ")
+            if len(pair) != 2:
+                raise UserError(f"{path / 'merges.txt'} line {number} is not 'a b'; pass "
+                                "GPT-2's merges.txt")
+            merges.append((pair[0], pair[1]))
+        if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+            raise UserError(f"{path / 'vocab.json'} is not a token -> id object; pass GPT-2's "
+                            "vocab.json")
+        return cls(vocab, merges)
+
+    def _bpe(self, word: str) -> list[int]:
+        if word in self._cache:
+            return self._cache[word]
+        parts = [self.byte_encoder[b] for b in word.encode("utf-8")]
+        while len(parts) > 1:
+            pairs = {(a, b) for a, b in zip(parts, parts[1:], strict=False)}
+            best = min(pairs, key=lambda pair: self.ranks.get(pair, len(self.ranks)))
+            if best not in self.ranks:
+                break
+            merged, i = [], 0
+            while i < len(parts):
+                if i + 1 < len(parts) and (parts[i], parts[i + 1]) == best:
+                    merged.append(parts[i] + parts[i + 1])
+                    i += 2
+                else:
+                    merged.append(parts[i])
+                    i += 1
+            parts = merged
+        ids = [self.vocab.get(part, self.unk_id) for part in parts]
+        self._cache[word] = ids
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for piece in self._specials.split(text):
+            if piece in self.vocab and self.vocab[piece] in self.special_ids:
+                ids.append(self.vocab[piece])
+                continue
+            for word in gpt2_pretokenizer().findall(piece):
+                ids += self._bpe(word)
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        text = "".join(self.tokens[int(i)] for i in ids)
+        return bytes(self.byte_decoder.get(c, ord("?")) for c in text).decode(
+            "utf-8", errors="replace")
+
+    def id_to_token(self, index: int) -> str:
+        return self.tokens[index]
+
+
 def _sentencepiece(path: Path, lowercase: bool | None = None) -> SentencePieceTokenizer:
     """Ours (BERT's specials) or XLNet's (<cls>, <sep>, ...), by the pieces the model has."""
     processor = spm.SentencePieceProcessor(model_file=str(path))
@@ -273,10 +441,11 @@ def _sentencepiece(path: Path, lowercase: bool | None = None) -> SentencePieceTo
     return SentencePieceTokenizer(path)
 
 
-def load_tokenizer(spec: str | Path) -> WordPieceTokenizer | SentencePieceTokenizer:
-    """A sentencepiece `.model` (ours, or XLNet's `spiece.model`), a BERT `vocab.txt`, or a
-    folder holding one of those (a HF folder's `tokenizer_config.json` decides
-    `do_lower_case`)."""
+def load_tokenizer(spec: str | Path
+                   ) -> WordPieceTokenizer | SentencePieceTokenizer | ByteLevelBPETokenizer:
+    """A sentencepiece `.model` (ours, or XLNet's `spiece.model`), a BERT `vocab.txt`, a
+    byte-level BPE `vocab.json` (with `merges.txt` beside it), or a folder holding one of those
+    (a HF folder's `tokenizer_config.json` decides `do_lower_case`)."""
     path = Path(spec)
     if path.is_dir():
         lowercase = None
@@ -286,14 +455,18 @@ def load_tokenizer(spec: str | Path) -> WordPieceTokenizer | SentencePieceTokeni
         vocab = path / "vocab.txt"
         if vocab.is_file():
             return WordPieceTokenizer.from_vocab_file(vocab, lowercase)
+        if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+            return ByteLevelBPETokenizer.from_folder(path)
         models = sorted(path.glob("*.model"))
         if len(models) == 1:
             return _sentencepiece(models[0], lowercase)
-        raise UserError(f"{path} holds no vocab.txt or single sentencepiece .model; point "
-                        "data.tokenizer at the file")
+        raise UserError(f"{path} holds no vocab.txt, vocab.json + merges.txt or single "
+                        "sentencepiece .model; point data.tokenizer at the file or folder")
     if not path.is_file():
         raise UserError(f"tokenizer {path} not found; pass a sentencepiece .model, a BERT "
-                        "vocab.txt or a HuggingFace BERT/XLNet folder")
+                        "vocab.txt or a HuggingFace BERT/XLNet/GPT-2/RoBERTa folder")
+    if path.name == "vocab.json":
+        return ByteLevelBPETokenizer.from_folder(path.parent)
     if path.suffix == ".model":
         try:
             return _sentencepiece(path)

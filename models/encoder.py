@@ -2,12 +2,13 @@
 
 Reference: google-research/bert modeling.py (`embedding_postprocessor`, `transformer_model`) and
 HF transformers modeling_bert.py, whose weights convert one-to-one (see `pretrain/hf.py`).
-Used by BERT now, and by ELECTRA/RoBERTa/ALBERT/MPNet later.
+Used by BERT, ELECTRA, RoBERTa (`position_padding_id`: positions counted over non-padding
+tokens) and ALBERT (`shared_layers`: one layer applied `num_layers` times).
 
 Parameters carry logical axis names in their `out_sharding` metadata (`vocab`, `embed`, `heads`,
 `mlp`, `layers`, `norm`); `pretrain.mesh` maps those to mesh axes. Layers are stored stacked
 (leading `layers` axis) whether they run under `nnx.scan` or a Python loop, so checkpoints and
-conversions do not depend on that flag.
+conversions do not depend on that flag; a shared layer is stored once, without that axis.
 """
 
 from __future__ import annotations
@@ -67,18 +68,24 @@ class TransformerConfig:
             )
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)}")
-        if self.remat != "none" and self.remat not in REMAT_POLICIES:
-            raise ValueError(f"remat must be 'none' or one of {sorted(REMAT_POLICIES)}")
-        if self.attention_implementation not in ("xla", "cudnn"):
-            raise ValueError("attention_implementation must be 'xla' or 'cudnn'")
-        if self.attention_implementation == "cudnn" and self.dtype not in ("bfloat16",
-                                                                            "float16"):
-            raise ValueError("attention_implementation='cudnn' needs dtype bfloat16 or "
-                             "float16; set model.dtype=bfloat16")
+        check_execution_fields(self)
 
     @property
     def compute_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
+
+
+def check_execution_fields(config: Any) -> None:
+    """Validates `remat`, `attention_implementation` and `dtype` (shared by every model
+    config that has them, e.g. T5's, which is not a TransformerConfig)."""
+    if config.remat != "none" and config.remat not in REMAT_POLICIES:
+        raise ValueError(f"remat must be 'none' or one of {sorted(REMAT_POLICIES)}")
+    if config.attention_implementation not in ("xla", "cudnn"):
+        raise ValueError("attention_implementation must be 'xla' or 'cudnn'")
+    if config.attention_implementation == "cudnn" and config.dtype not in ("bfloat16",
+                                                                          "float16"):
+        raise ValueError("attention_implementation='cudnn' needs dtype bfloat16 or "
+                         "float16; set model.dtype=bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +94,17 @@ class EncoderConfig(TransformerConfig):
 
     `embedding_size` 0 means `hidden_size`; another width gets a learned projection to the hidden
     size after the embedding LayerNorm (ELECTRA, Clark et al. 2020 §3.2; HF `embeddings_project`).
+
+    `position_padding_id` -1 gives BERT's positions 0..T-1. An id p >= 0 gives RoBERTa's
+    (fairseq `utils.make_positions`, HF `create_position_ids_from_input_ids`): tokens equal to p
+    are padding and sit at position p, every other token at p + 1 + the number of non-padding
+    tokens before it, so positions up to p + T must exist.
     """
 
     embedding_size: int = 0
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
+    position_padding_id: int = -1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -106,14 +119,16 @@ class EncoderConfig(TransformerConfig):
 def dense(
     config: TransformerConfig, in_features: int, out_features: int,
     axes: tuple[str | None, str | None], rngs: nnx.Rngs,
+    kernel_init: nnx.Initializer | None = None,
 ) -> nnx.Linear:
-    """A Linear layer with BERT's truncated-normal(0.02) init and logical sharding names."""
+    """A Linear layer with BERT's truncated-normal(0.02) init (or `kernel_init`) and logical
+    sharding names."""
     return nnx.Linear(
         in_features,
         out_features,
         dtype=config.compute_dtype,
         kernel_init=nnx.with_partitioning(
-            nnx.initializers.truncated_normal(config.initializer_range), axes
+            kernel_init or nnx.initializers.truncated_normal(config.initializer_range), axes
         ),
         bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (axes[1],)),
         rngs=rngs,
@@ -134,14 +149,15 @@ def layer_norm(config: TransformerConfig, features: int, rngs: nnx.Rngs) -> nnx.
 
 def embed(
     config: TransformerConfig, num: int, features: int, axes: tuple[str | None, str | None],
-    rngs: nnx.Rngs,
+    rngs: nnx.Rngs, embedding_init: nnx.Initializer | None = None,
 ) -> nnx.Embed:
+    """An embedding table with BERT's truncated-normal(0.02) init (or `embedding_init`)."""
     return nnx.Embed(
         num,
         features,
         dtype=config.compute_dtype,
         embedding_init=nnx.with_partitioning(
-            nnx.initializers.truncated_normal(config.initializer_range), axes
+            embedding_init or nnx.initializers.truncated_normal(config.initializer_range), axes
         ),
         rngs=rngs,
     )
@@ -197,20 +213,37 @@ class Embeddings(nnx.Module):
     def __call__(
         self, input_ids: jax.Array, token_type_ids: jax.Array, rng: jax.Array | None
     ) -> jax.Array:
-        seq_len = input_ids.shape[1]
+        padding_id = self.config.position_padding_id
+        if padding_id < 0:
+            seq_len = input_ids.shape[1]
+            positions = self.position_embeddings.embedding[:seq_len][None].astype(
+                self.config.compute_dtype)
+        else:
+            positions = self.position_embeddings(padded_position_ids(input_ids, padding_id))
         x = (
             self.word_embeddings(input_ids)
-            + self.position_embeddings.embedding[:seq_len][None].astype(self.config.compute_dtype)
+            + positions
             + self.token_type_embeddings(token_type_ids)
         )
         return dropout(self.layer_norm(x), self.config.hidden_dropout, rng)
 
 
+def padded_position_ids(input_ids: jax.Array, padding_id: int) -> jax.Array:
+    """RoBERTa's position ids (see `EncoderConfig.position_padding_id`): padding_id + the
+    running count of non-padding tokens, and padding_id itself at padding tokens."""
+    real = (input_ids != padding_id).astype(jnp.int32)
+    return jnp.cumsum(real, axis=1) * real + padding_id
+
+
 def attention(
     q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dropout_rate: float,
-    rng: jax.Array | None, implementation: str = "xla",
+    rng: jax.Array | None, implementation: str = "xla", *, bias: jax.Array | None = None,
+    scale: float | None = None,
 ) -> jax.Array:
     """Scaled dot-product attention over [batch, seq, heads, head_dim].
+
+    `bias` [batch or 1, heads, q, k] is added to the scaled scores (T5's relative position
+    bias); `scale` replaces 1/sqrt(head_dim) (T5: 1.0, no scaling).
 
     Without attention-probability dropout it goes through `jax.nn.dot_product_attention` with
     `implementation` (`cudnn`: flash attention on GPU). BERT's reference applies dropout to the
@@ -219,9 +252,13 @@ def attention(
     explicit einsum path with a float32 softmax. Masked keys get the dtype's lowest value, as HF.
     """
     if rng is None or dropout_rate == 0.0:
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
-    scale = q.shape[-1] ** -0.5
+        return jax.nn.dot_product_attention(
+            q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
+            scale=scale, implementation=implementation)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     probs = dropout(jax.nn.softmax(logits, axis=-1), dropout_rate, rng).astype(v.dtype)
     return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
@@ -269,31 +306,40 @@ def stacked_layers(make_layer: Callable[[nnx.Rngs], nnx.Module], num_layers: int
 
 
 def run_stacked(layers: nnx.Module, apply: Callable[..., tuple[Any, Any]], carry: Any,
-                per_layer: Any, config: Any) -> tuple[Any, Any]:
+                per_layer: Any, config: Any, shared: bool = False) -> tuple[Any, Any]:
     """Runs `apply(layer, carry, per_layer[i]) -> (carry, output)` over stacked layers by
     `nnx.scan` (`config.scan_layers`) or a Python loop, under `config.remat`. `per_layer` is a
-    pytree (or None) with a leading layer axis; the outputs come back stacked the same way."""
+    pytree (or None) with a leading layer axis; the outputs come back stacked the same way.
+    `shared`: `layers` is ONE layer applied `config.num_layers` times (ALBERT's cross-layer
+    sharing, Lan et al. 2020 §3.1); its gradient sums over the applications."""
     if config.remat != "none":
         apply = nnx.remat(apply, policy=REMAT_POLICIES[config.remat])
     if config.scan_layers:
-        scan = nnx.scan(apply, in_axes=(0, nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+        scan = nnx.scan(apply, in_axes=(None if shared else 0, nnx.Carry, 0),
+                        out_axes=(nnx.Carry, 0), length=config.num_layers if shared else None)
         return scan(layers, carry, per_layer)
     graphdef, state = nnx.split(layers)
     outputs = []
     for i in range(config.num_layers):
-        layer = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
+        layer = (layers if shared
+                 else nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state)))
         carry, output = apply(layer, carry, jax.tree.map(lambda a, i=i: a[i], per_layer))
         outputs.append(output)
     return carry, jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
 
 
 class EncoderStack(nnx.Module):
-    """`num_layers` EncoderLayers with stacked parameters, run by `nnx.scan` or a Python loop."""
+    """`num_layers` EncoderLayers with stacked parameters (`layers`), or with `shared` one
+    EncoderLayer (`layer`) applied `num_layers` times; run by `nnx.scan` or a Python loop."""
 
-    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs, shared: bool = False):
         self.config = config
-        self.layers = stacked_layers(lambda r: EncoderLayer(config, rngs=r), config.num_layers,
-                                     rngs)
+        self.shared = shared
+        if shared:
+            self.layer = EncoderLayer(config, rngs=rngs)
+        else:
+            self.layers = stacked_layers(lambda r: EncoderLayer(config, rngs=r),
+                                         config.num_layers, rngs)
 
     def __call__(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None) -> jax.Array:
         keys = None if rng is None else jax.random.split(rng, self.config.num_layers)
@@ -301,7 +347,8 @@ class EncoderStack(nnx.Module):
         def apply(layer: EncoderLayer, h: jax.Array, key: jax.Array | None):
             return layer(h, mask, key), None
 
-        return run_stacked(self.layers, apply, x, keys, self.config)[0]
+        layers = self.layer if self.shared else self.layers
+        return run_stacked(layers, apply, x, keys, self.config, shared=self.shared)[0]
 
 
 class Encoder(nnx.Module):
@@ -310,11 +357,12 @@ class Encoder(nnx.Module):
 
     `embeddings` lets two encoders share one `Embeddings` module (ELECTRA's generator and
     discriminator): NNX keeps a single copy of its parameters, which receives the gradients of
-    both users. Its width must equal this config's `embedding_width`.
+    both users. Its width must equal this config's `embedding_width`. `shared_layers`: one
+    layer's parameters serve every layer (ALBERT).
     """
 
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs,
-                 embeddings: Embeddings | None = None):
+                 embeddings: Embeddings | None = None, shared_layers: bool = False):
         self.config = config
         if embeddings is not None and embeddings.config.embedding_width != config.embedding_width:
             raise ValueError(f"shared embeddings have width {embeddings.config.embedding_width}, "
@@ -323,7 +371,7 @@ class Encoder(nnx.Module):
         self.embeddings_project = (
             dense(config, config.embedding_width, config.hidden_size, ("embed", "mlp"), rngs)
             if config.embedding_width != config.hidden_size else None)
-        self.stack = EncoderStack(config, rngs=rngs)
+        self.stack = EncoderStack(config, rngs=rngs, shared=shared_layers)
 
     def __call__(
         self,
@@ -342,3 +390,26 @@ class Encoder(nnx.Module):
             x = self.embeddings_project(x)
         key_mask = attention_mask.astype(bool)[:, None, None, :]
         return self.stack(x, key_mask, stack_rng)
+
+
+class MaskedLMHead(nnx.Module):
+    """A masked-LM head: dense(hidden -> embedding width), activation, LayerNorm, then the tied
+    word-embedding matrix plus a bias (HF `RobertaLMHead`, `AlbertMLMHead`; BERT's
+    `cls.predictions` at embedding width = hidden). `activation` defaults to `hidden_act`."""
+
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs, activation: str | None = None):
+        e = config.embedding_width
+        self.activation = activation or config.hidden_act
+        self.dense = dense(config, config.hidden_size, e, ("embed", "mlp"), rngs)
+        self.layer_norm = layer_norm(config, e, rngs)
+        self.bias = nnx.Param(jnp.zeros((config.vocab_size,)), out_sharding=("vocab",))
+
+    def __call__(self, hidden: jax.Array, word_embeddings: nnx.Embed,
+                 masked_positions: jax.Array | None = None) -> jax.Array:
+        """Logits [B, T, V], or [B, P, V] at `masked_positions` [B, P] (gathered before the
+        vocabulary projection, as run_pretraining.py `gather_indexes`)."""
+        if masked_positions is not None:
+            hidden = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
+        x = self.layer_norm(ACTIVATIONS[self.activation](self.dense(hidden)))
+        logits = word_embeddings.attend(x)
+        return logits + self.bias[...].astype(logits.dtype)

@@ -2,9 +2,16 @@
 method family, one import per line)."""
 
 from objectives import (
+    albert,  # noqa: F401
     bert,  # noqa: F401
+    byol,  # noqa: F401
     classification,  # noqa: F401
     electra,  # noqa: F401
+    gpt,  # noqa: F401
+    moco,  # noqa: F401
+    mpnet,  # noqa: F401
+    roberta,  # noqa: F401
+    seq2seq,  # noqa: F401
     simclr,  # noqa: F401
     xlnet,  # noqa: F401
 )

@@ -1,4 +1,5 @@
-"""Contrastive losses for the image methods (SimCLR now; MoCo later).
+"""Contrastive losses for the image methods: SimCLR's NT-Xent (MoCo's InfoNCE against its queue is
+in objectives/moco.py).
 
 Reference: google-research/simclr tf2/objective.py (`add_contrastive_loss`), Chen et al. 2020
 §2.1 (NT-Xent). Under `jit` the embeddings are global arrays, so the similarity matrices span

@@ -54,6 +54,10 @@ class Method:
     - `check(model_config, example_config)`: cross-field validation, raising UserError.
     - `monitor(model, prepared_data, example_config)`: optional held-out metrics beyond the
       loss's, computed at every evaluation (SimCLR: the kNN accuracy of the features).
+    - `run_settings(model_config, config)`: optional; the model config with the fields that
+      depend on the run's settings filled in (BYOL: the target schedule spans
+      train.steps x optim.grad_accum_steps loss calls), applied by the trainer after the
+      data's `model_fields`.
     - `pretrained(model_config, seed)`: optional; the model a fresh run starts from instead of
       `build_model`'s random one (fine-tuning: the pre-trained encoder plus a new head). Its
       parameters are placed on the mesh after the sharded init, so they never become
@@ -69,6 +73,7 @@ class Method:
     units_per_example: Callable[[Any], int]
     check: Callable[[Any, Any], None] = lambda model_config, example_config: None
     monitor: Callable[[Any, PreparedData, Any], dict[str, float]] | None = None
+    run_settings: Callable[[Any, Any], Any] | None = None
     pretrained: Callable[[Any, int], Any] | None = None
     unit: str = "tokens"
     description: str = ""

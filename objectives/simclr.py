@@ -10,6 +10,7 @@ run here, inside the jitted step, one key per view.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -83,22 +84,32 @@ class ImageExampleConfig:
                         eval_proportion=self.eval_crop_proportion)
 
 
+def two_views(rng: jax.Array | None, images: jax.Array,
+              augment: Callable[[bool], tuple[image_augment.AugmentConfig,
+                                              image_augment.AugmentConfig]]
+              ) -> tuple[jax.Array, jax.Array]:
+    """Two augmented views of every image (shared by the image methods): `images` are whole
+    [B, H, W, 3] uint8 images (cropped on device) or [B, 2, S, S, 3] host crops;
+    `augment(crop)` gives the two views' settings. `rng=None` (evaluation) uses fixed views."""
+    key = rng if rng is not None else jax.random.key(EVAL_AUGMENT_SEED)
+    first_key, second_key = jax.random.split(key)
+    if images.ndim == 5:  # [B, 2, S, S, 3]: two crops made on the host
+        first, second = augment(False)
+        firsts, seconds = images[:, 0], images[:, 1]
+    else:
+        first, second = augment(True)
+        firsts = seconds = images
+    return (image_augment.augment_batch(first_key, firsts, first),
+            image_augment.augment_batch(second_key, seconds, second))
+
+
 def simclr_loss(model: SimCLR, batch: Batch, rng: jax.Array | None
                 ) -> tuple[jax.Array, Metrics]:
     """NT-Xent of two views of every image; `rng=None` (evaluation) uses fixed views and the
     BatchNorm running statistics."""
     config: SimCLRObjectiveConfig = model.config
-    key = rng if rng is not None else jax.random.key(EVAL_AUGMENT_SEED)
-    first_key, second_key = jax.random.split(key)
-    images = batch["image"]
-    if images.ndim == 5:  # [B, 2, S, S, 3]: two crops made on the host
-        augment = config.augment_config(crop=False)
-        firsts, seconds = images[:, 0], images[:, 1]
-    else:
-        augment = config.augment_config()
-        firsts = seconds = images
-    views = jnp.concatenate([image_augment.augment_batch(first_key, firsts, augment),
-                             image_augment.augment_batch(second_key, seconds, augment)])
+    views = jnp.concatenate(two_views(rng, batch["image"],
+                                      lambda crop: (config.augment_config(crop),) * 2))
     projections = model(views, train=rng is not None).projections
     first, second = jnp.split(projections, 2)
     loss, metrics = nt_xent(first, second, config.temperature)
@@ -114,13 +125,14 @@ def evaluation_view(images: jax.Array, size: int) -> jax.Array:
 
 
 @nnx.jit
-def backbone_features(model: SimCLR, images: jax.Array) -> jax.Array:
+def backbone_features(model: nnx.Module, images: jax.Array) -> jax.Array:
     """The backbone's evaluation-mode features of uint8 images (centre view); module-level so
-    every evaluation reuses the compiled function."""
+    every evaluation reuses the compiled function. Any image model with a `backbone` and
+    `config.image_size` (SimCLR, MoCo, BYOL)."""
     return model.backbone(evaluation_view(images, model.config.image_size), train=False)
 
 
-def knn_monitor(model: SimCLR, data: PreparedData, examples: ImageExampleConfig
+def knn_monitor(model: nnx.Module, data: PreparedData, examples: ImageExampleConfig
                 ) -> dict[str, float]:
     """Held-out kNN accuracy of the backbone's features against a labelled training bank."""
     bank = data.train.examples(range(min(len(data.train), examples.knn_bank_size)))

@@ -31,9 +31,12 @@ class MeshConfig:
 class OptimConfig:
     """Optimizer and schedule. Defaults are BERT's AdamWeightDecay (optimization.py): lr 1e-4,
     wd 0.01 (not on LayerNorm or biases), b1 0.9, b2 0.999, eps 1e-6, no bias correction,
-    global-norm clip 1.0, linear warmup then linear decay to 0. `optimizer` is adamw, lamb or
-    lars (SimCLR: `momentum` 0.9, `trust_coefficient` 0.001, neither decay nor adaptation on
-    normalisation parameters and biases). `layerwise_lr_decay` < 1 scales each Transformer
+    global-norm clip 1.0, linear warmup then linear decay to 0. `optimizer` is adamw, lamb,
+    lars (SimCLR, BYOL: `momentum` 0.9, `trust_coefficient` 0.001, neither decay nor adaptation
+    on normalisation parameters and biases), sgd (MoCo: torch's SGD with `momentum`, decay on
+    every parameter) or adafactor (T5; `pretrain.optim.adafactor`). `schedule` is linear,
+    cosine, constant or inverse_sqrt (T5: lr * sqrt(warmup / max(step, warmup))).
+    `layerwise_lr_decay` < 1 scales each Transformer
     layer's learning rate by decay^(depth from the top) (ELECTRA fine-tuning: 0.8)."""
 
     optimizer: str = "adamw"
@@ -191,6 +194,153 @@ PRESETS: dict[str, dict[str, Any]] = {
         "optim": {"learning_rate": 4e-4, "warmup_steps": 40000},
         "train": {"steps": 500000, "batch_size": 256},
     },
+    # MPNet (Song et al. 2020, §3.1; microsoft/MPNet README's fairseq-train command): BERT-Base
+    # size with 512 positions (+2), relative position bias, whole-word permutations, 15%
+    # predicted with 80/10/10 inputs; batch 8192, 500k steps, Adam (bias-corrected) b2 0.98,
+    # eps 1e-6, lr 6e-4 with warmup (24k as RoBERTa-Base's Table 9 schedule, which MPNet
+    # follows) then linear decay, weight decay 0.01, no clipping (--clip-norm 0.0).
+    "mpnet_tiny": {
+        "method": "mpnet",
+        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 256,
+                  "max_position_embeddings": 130, "vocab_size": 0, "hidden_dropout": 0.0,
+                  "attention_dropout": 0.0},
+        "examples": {"max_seq_length": 64},
+        "data": {"vocab_size": 4000},
+        "optim": {"learning_rate": 2e-3, "warmup_steps": 30, "bias_correction": True},
+        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
+                  "checkpoint_every": 200},
+    },
+    "mpnet_base": {
+        "method": "mpnet",
+        "model": {"vocab_size": 0, "max_position_embeddings": 514},
+        "examples": {"max_seq_length": 512, "pred_prob": 0.15, "whole_word_mask": True},
+        "data": {"vocab_size": 30522},
+        "optim": {"learning_rate": 6e-4, "warmup_steps": 24000, "b2": 0.98, "eps": 1e-6,
+                  "weight_decay": 0.01, "bias_correction": True, "clip_norm": 0.0},
+        "train": {"steps": 500000, "batch_size": 8192},
+    },
+    # GPT at the demo/test size: no dropout, bias-corrected Adam, cosine decay (as gpt2_small).
+    "gpt_tiny": {
+        "method": "gpt",
+        "model": {**_TINY_MODEL, "vocab_size": 0, "hidden_dropout": 0.0,
+                  "attention_dropout": 0.0, "embedding_dropout": 0.0},
+        "examples": {"max_seq_length": 64},
+        "data": {"vocab_size": 4000},
+        "optim": {"learning_rate": 2e-3, "schedule": "cosine", "warmup_steps": 30,
+                  "bias_correction": True, "eps": 1e-8},
+        "train": {"steps": 600, "batch_size": 32, "log_every": 25, "eval_every": 200,
+                  "checkpoint_every": 200},
+    },
+    # GPT-2 small, 124M (Radford et al. 2019, Table 2 and §2.3: 12 layers, d_model 768, context
+    # 1024, batch 512, vocabulary 50,257 with GPT-2's BPE: pass --tokenizer <a GPT-2 folder>;
+    # without it a 50,257-piece sentencepiece model is trained). The paper gives no optimiser
+    # details; these are GPT-1's (Radford et al. 2018 §4.1): Adam, max lr 2.5e-4, linear warmup
+    # over 2,000 updates then cosine to 0, decoupled weight decay 0.01 on non-bias/gain
+    # weights, dropout 0.1. 100k steps (52B tokens) is our choice, not the paper's.
+    "gpt2_small": {
+        "method": "gpt",
+        "model": {"vocab_size": 0, "hidden_size": 768, "num_layers": 12, "num_heads": 12,
+                  "intermediate_size": 3072, "max_position_embeddings": 1024},
+        "examples": {"max_seq_length": 1024},
+        "data": {"vocab_size": 50257},
+        "optim": {"learning_rate": 2.5e-4, "schedule": "cosine", "warmup_steps": 2000,
+                  "weight_decay": 0.01, "bias_correction": True, "eps": 1e-8},
+        "train": {"steps": 100000, "batch_size": 512},
+    },
+    # RoBERTa (Liu et al. 2019, Table 9 and §5; fairseq README.pretraining.md): BERT-Base size,
+    # 514 positions (512 + padding id + 1), one token type, FULL-SENTENCES inputs of 512 tokens,
+    # dynamic masking, no NSP; batch 8k, 500k steps, Adam (bias-corrected) b2 0.98, eps 1e-6,
+    # peak lr 6e-4 after 24k warmup steps then linear decay, weight decay 0.01, no clipping.
+    "roberta_tiny": {
+        "method": "roberta",
+        "model": {**_TINY_MODEL, "vocab_size": 0, "hidden_dropout": 0.0,
+                  "attention_dropout": 0.0},
+        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 10},
+        "data": {"vocab_size": 4000},
+        "optim": {"learning_rate": 2e-3, "warmup_steps": 30, "bias_correction": True,
+                  "b2": 0.98},
+        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
+                  "checkpoint_every": 200},
+    },
+    "roberta_base": {
+        "method": "roberta",
+        "model": {"vocab_size": 0, "max_position_embeddings": 514},
+        "examples": {"max_seq_length": 512, "max_predictions_per_seq": 77},
+        "data": {"vocab_size": 50265},
+        "optim": {"learning_rate": 6e-4, "warmup_steps": 24000, "b2": 0.98, "eps": 1e-6,
+                  "weight_decay": 0.01, "bias_correction": True, "clip_norm": 0.0},
+        "train": {"steps": 500000, "batch_size": 8192},
+    },
+    # ALBERT (Lan et al. 2020 §4.1; google-research/albert README's run_pretraining command):
+    # E = 128, H = 768, 12 shared layers, gelu_new, no dropout (v2), seq 512 (10% shorter),
+    # 20 predictions with n-gram masking (n <= 3), SOP; LAMB lr 0.00176, batch 4096, 125k
+    # steps, 3125 warmup steps then linear decay, weight decay 0.01; sentencepiece 30k.
+    "albert_tiny": {
+        "method": "albert",
+        "model": {**_TINY_MODEL, "embedding_size": 32, "vocab_size": 0},
+        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 10, "dupe_factor": 5},
+        "data": {"vocab_size": 4000},
+        "optim": {"learning_rate": 2e-3, "warmup_steps": 30, "bias_correction": True},
+        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
+                  "checkpoint_every": 200},
+    },
+    "albert_base": {
+        "method": "albert",
+        "model": {"vocab_size": 0, "embedding_size": 128, "hidden_size": 768, "num_layers": 12,
+                  "num_heads": 12, "intermediate_size": 3072},
+        "examples": {"max_seq_length": 512, "max_predictions_per_seq": 20},
+        "data": {"vocab_size": 30000},
+        "optim": {"optimizer": "lamb", "learning_rate": 0.00176, "warmup_steps": 3125,
+                  "weight_decay": 0.01, "eps": 1e-6},
+        "train": {"steps": 125000, "batch_size": 4096},
+    },
+    # T5 (Raffel et al. 2020): the v1.0 Base of §3.1.2 (12 + 12 blocks, d_model 768, d_ff 3072,
+    # ReLU, 12 heads of d_kv 64, 32 relative-position buckets up to offset 128, dropout 0.1,
+    # tied embeddings) pre-trained for 2^19 steps of 128 x 512 tokens with AdaFactor and the
+    # inverse square root schedule 1/sqrt(max(n, 10^4)) (= 0.01 for the first 10^4 steps), on
+    # span corruption (§3.3.4: 15% noise, mean span 3 -> 568 raw tokens, 114 targets); a
+    # 32,000-piece sentencepiece vocabulary + 100 sentinels.
+    "t5_tiny": {
+        "method": "t5",
+        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "head_size": 16,
+                  "intermediate_size": 256, "vocab_size": 0, "eos_token_id": 0,
+                  "hidden_dropout": 0.0, "attention_dropout": 0.0},
+        "examples": {"inputs_length": 64},
+        "data": {"vocab_size": 4000},
+        "optim": {"optimizer": "adafactor", "schedule": "inverse_sqrt", "learning_rate": 0.01,
+                  "warmup_steps": 1000, "weight_decay": 0.0, "clip_norm": 0.0},
+        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
+                  "checkpoint_every": 200},
+    },
+    "t5_base": {
+        "method": "t5",
+        "model": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "head_size": 64,
+                  "intermediate_size": 3072, "feed_forward_proj": "relu",
+                  "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+                  "hidden_dropout": 0.1, "attention_dropout": 0.1, "tie_word_embeddings": True,
+                  "vocab_size": 0, "eos_token_id": 0},
+        "examples": {"noise": "span_corruption", "inputs_length": 512, "noise_density": 0.15,
+                     "mean_noise_span_length": 3.0},
+        "data": {"vocab_size": 32000},
+        "optim": {"optimizer": "adafactor", "schedule": "inverse_sqrt", "learning_rate": 0.01,
+                  "warmup_steps": 10000, "weight_decay": 0.0, "clip_norm": 0.0},
+        "train": {"steps": 524288, "batch_size": 128},
+    },
+    # BART's text infilling (Lewis et al. 2020, §2.2: 30% of the words in Poisson(3)-long
+    # spans, one mask token per span, the whole text as target) on the tiny T5 above.
+    "bart_tiny": {
+        "method": "t5",
+        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "head_size": 16,
+                  "intermediate_size": 256, "vocab_size": 0, "eos_token_id": 0,
+                  "hidden_dropout": 0.0, "attention_dropout": 0.0},
+        "examples": {"noise": "text_infilling", "inputs_length": 64, "mask_ratio": 0.3,
+                     "poisson_lambda": 3.0},
+        "data": {"vocab_size": 4000},
+        "optim": {"optimizer": "adafactor", "schedule": "inverse_sqrt", "learning_rate": 0.01,
+                  "warmup_steps": 1000, "weight_decay": 0.0, "clip_norm": 0.0},
+        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
+                  "checkpoint_every": 200},
+    },
     # SimCLR on CIFAR-10 (simclr tf2 README command): ResNet-18 with the CIFAR stem, batch 512,
     # 1000 epochs (97,656 steps) with 10 of warmup, LARS lr 1.0 x 512/256, weight decay 1e-4,
     # temperature 0.5, jitter strength 0.5, no blur.
@@ -239,6 +389,65 @@ PRESETS: dict[str, dict[str, Any]] = {
         "optim": {"optimizer": "lars", "learning_rate": 4.8, "schedule": "cosine",
                   "warmup_steps": 3128, "weight_decay": 1e-6, "clip_norm": 0.0},
         "train": {"steps": 31278, "batch_size": 4096, "eval_every": 5000},
+    },
+    # MoCo v2 at test size: the settings of facebookresearch/moco's CIFAR-10 demo notebook
+    # (K 4096, m 0.99, BatchNorm split 8 ways, SGD lr 0.06 x batch/512, weight decay 5e-4) with
+    # v2's temperature 0.2 and a narrow ResNet-18 with the CIFAR stem.
+    "moco_tiny": {
+        "method": "moco",
+        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
+                  "projection_dim": 64, "queue_size": 4096, "momentum": 0.99,
+                  "crop_area_min": 0.2, "blur_probability": 0.0,
+                  "second_blur_probability": 0.0},
+        "optim": {"optimizer": "sgd", "learning_rate": 0.0075, "schedule": "cosine",
+                  "warmup_steps": 0, "weight_decay": 5e-4, "clip_norm": 0.0},
+        "train": {"steps": 200, "batch_size": 64, "log_every": 25, "eval_every": 100,
+                  "checkpoint_every": 100},
+    },
+    # MoCo v2 on ImageNet (Chen et al. 2020 "Improved Baselines" §3 and Table 1; main_moco.py
+    # --mlp --aug-plus --cos): ResNet-50, 2048-wide MLP head to 128, K 65536, m 0.999, T 0.2,
+    # BatchNorm per 8 GPUs with shuffled keys, SGD lr 0.03 (x batch/256), momentum 0.9,
+    # weight decay 1e-4 on every parameter, cosine over 200 epochs of 5,004 steps (1,281,167
+    # images, batch 256, last partial batch dropped), no warmup; crops of area 0.2-1.
+    "moco_v2_imagenet": {
+        "method": "moco",
+        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "dtype": "bfloat16",
+                  "projection_dim": 128, "queue_size": 65536, "momentum": 0.999,
+                  "temperature": 0.2, "shuffle_bn_groups": 8, "crop_area_min": 0.2},
+        "examples": {"host_crop_size": 224, "host_crop_area_min": 0.2},
+        "data": {"source": "tfds:imagenet2012", "worker_count": 16},
+        "optim": {"optimizer": "sgd", "learning_rate": 0.03, "schedule": "cosine",
+                  "warmup_steps": 0, "weight_decay": 1e-4, "momentum": 0.9, "clip_norm": 0.0},
+        "train": {"steps": 1000800, "batch_size": 256, "eval_every": 25020},
+    },
+    # BYOL at test size: a narrow ResNet-18 with the CIFAR stem, small MLPs, the paper's
+    # augmentations and target schedule (K = train.steps), LARS with 10 warmup steps.
+    "byol_tiny": {
+        "method": "byol",
+        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
+                  "projection_hidden_dim": 256, "projection_dim": 64,
+                  "predictor_hidden_dim": 256, "base_target_decay": 0.99},
+        "optim": {"optimizer": "lars", "learning_rate": 0.5, "schedule": "cosine",
+                  "warmup_steps": 10, "weight_decay": 1.5e-6, "clip_norm": 0.0},
+        "train": {"steps": 200, "batch_size": 64, "log_every": 25, "eval_every": 100,
+                  "checkpoint_every": 100},
+    },
+    # BYOL on ImageNet (Grill et al. 2020 §3.3 and Appendix J; configs/byol.py for 1000
+    # epochs): ResNet-50, projector and predictor 4096 -> 256, tau_base 0.996 with the cosine
+    # schedule over the whole run, LARS (trust 1e-3, momentum 0.9, neither decay nor adaptation
+    # on biases and BatchNorm) lr 0.2 x 4096/256 = 3.2, weight decay 1.5e-6, batch 4096, 1000
+    # epochs = 312,785 steps with 10 of warmup (3,127), cosine; crops of area 0.08-1.
+    "byol_imagenet": {
+        "method": "byol",
+        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "dtype": "bfloat16",
+                  "projection_hidden_dim": 4096, "projection_dim": 256,
+                  "predictor_hidden_dim": 4096, "base_target_decay": 0.996},
+        "examples": {"host_crop_size": 224, "host_crop_area_min": 0.08},
+        "data": {"source": "tfds:imagenet2012", "worker_count": 16},
+        "optim": {"optimizer": "lars", "learning_rate": 3.2, "schedule": "cosine",
+                  "warmup_steps": 3127, "weight_decay": 1.5e-6, "momentum": 0.9,
+                  "trust_coefficient": 1e-3, "clip_norm": 0.0},
+        "train": {"steps": 312785, "batch_size": 4096, "eval_every": 5000},
     },
 }
 

@@ -71,19 +71,28 @@ def _load_pretraining_model(path: Path) -> nnx.Module:
         raise UserError(f"{path} is not a pretext workdir or model directory ({MODEL_FILE} "
                         "missing); pass the --workdir of a run or a converted model")
     if (path / "params").is_dir():
-        checkpointer = ocp.StandardCheckpointer()
-        params = checkpointer.restore((path / "params").resolve())
-        rest = (checkpointer.restore((path / "state").resolve())
-                if (path / "state").is_dir() else None)
-        return _model_from_state(path, params, rest)
+        rest = _restore_on_one_device(path / "state") if (path / "state").is_dir() else None
+        return _model_from_state(path, _restore_on_one_device(path / "params"), rest)
     manager = ocp.CheckpointManager((path / "checkpoints").resolve())
     step = manager.latest_step()
+    manager.close()
     if step is None:
         raise UserError(f"{path} has no checkpoint yet; train first or pass another workdir")
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-    manager.close()
-    return _model_from_state(path, restored["state"]["params"],
-                             restored["state"].get("model_state"))
+    restored = _restore_on_one_device(path / "checkpoints" / str(step) / "state")
+    return _model_from_state(path, restored["params"], restored.get("model_state"))
+
+
+def _restore_on_one_device(directory: Path) -> Any:
+    """An Orbax checkpoint onto this process's first device, whatever mesh wrote it (a model
+    trained on 8 devices loads in a shell that has one)."""
+    checkpointer = ocp.StandardCheckpointer()
+    directory = directory.resolve()
+    metadata = checkpointer.metadata(directory)
+    metadata = getattr(metadata, "item_metadata", metadata)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), metadata)
+    return checkpointer.restore(directory, target)
 
 
 def save_model(model: nnx.Module, method: str, path: str | Path) -> Path:

@@ -11,8 +11,8 @@ Public API:
 - `from_hf(hf_config, state_dict, **config_overrides)` / `to_hf(model)`: the same conversions
   in memory, on a HF config dict and a flat HF state dict of numpy arrays.
 - `method_name(model)`: the `objectives.registry` method a converted model belongs to.
-- `CONVERTERS`: name -> `Converter` (BERT, ELECTRA discriminator and generator, XLNet, ResNet,
-  and the BERT, ELECTRA and XLNet sequence classifiers),
+- `CONVERTERS`: name -> `Converter` (BERT, ELECTRA discriminator and generator, XLNet,
+  RoBERTa, ALBERT, GPT-2, T5, ResNet, and the BERT, ELECTRA and XLNet sequence classifiers),
   chosen on load by `config.json`'s `model_type` and `architectures`. This is the one place in
   `pretrain/` that knows model families by name.
 
@@ -39,6 +39,7 @@ import numpy as np
 from flax import nnx
 
 from input_pipeline.errors import UserError
+from models.albert import Albert, AlbertConfig
 from models.bert import Bert
 from models.classifier import (
     ClassifierConfig,
@@ -48,7 +49,11 @@ from models.classifier import (
 )
 from models.electra import ElectraDiscriminator, ElectraGenerator
 from models.encoder import EncoderConfig
+from models.gpt import GPT, GPTConfig
+from models.mpnet import MPNet, MPNetConfig
 from models.resnet import DEPTHS, ResNet, ResNetConfig
+from models.roberta import Roberta, RobertaConfig
+from models.t5 import FEED_FORWARD, PAD_ID, T5, T5Config
 from models.xlnet import XLNet, XLNetConfig
 from objectives import registry
 
@@ -521,6 +526,297 @@ def _resnet_config_to_hf(config: ResNetConfig) -> dict[str, Any]:
             "downsample_in_first_stage": False, "downsample_in_bottleneck": False}
 
 
+# --- MPNet (transformers models/mpnet/modeling_mpnet.py, configuration_mpnet.py) ---------------
+
+def _mpnet_tensors(config: MPNetConfig) -> tuple[Tensor, ...]:
+    """`MPNetForMaskedLM`: `mpnet` (`MPNetModel` without pooler: `embeddings` without token
+    types, `encoder.layer.{i}` with `attention.attn` q/k/v/o, the shared
+    `encoder.relative_attention_bias`) and `lm_head` (dense, layer_norm, decoder tied to the
+    word embeddings, bias)."""
+    layer, layers = "mpnet.encoder.layer.{i}", "layers"
+    return (
+        Tensor("mpnet.embeddings.word_embeddings.weight", "word_embeddings.embedding"),
+        Tensor("mpnet.embeddings.position_embeddings.weight", "position_embeddings.embedding"),
+        *layer_norm("mpnet.embeddings.LayerNorm", "embedding_layer_norm"),
+        Tensor("mpnet.encoder.relative_attention_bias.weight",
+               "relative_attention_bias.embedding"),
+        *linear(f"{layer}.attention.attn.q", f"{layers}.query"),
+        *linear(f"{layer}.attention.attn.k", f"{layers}.key"),
+        *linear(f"{layer}.attention.attn.v", f"{layers}.value"),
+        *linear(f"{layer}.attention.attn.o", f"{layers}.attention_output"),
+        *layer_norm(f"{layer}.attention.LayerNorm", f"{layers}.attention_layer_norm"),
+        *linear(f"{layer}.intermediate.dense", f"{layers}.intermediate"),
+        *linear(f"{layer}.output.dense", f"{layers}.output"),
+        *layer_norm(f"{layer}.output.LayerNorm", f"{layers}.output_layer_norm"),
+        *linear("lm_head.dense", "lm_dense"),
+        *layer_norm("lm_head.layer_norm", "lm_layer_norm"),
+        Tensor("lm_head.bias", "lm_bias"),
+    )
+
+
+def _mpnet_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> MPNetConfig:
+    """`MPNetConfig` -> ours: BERT's field names without token types, plus the bucket count
+    (HF's default layer_norm_eps 1e-12 when absent; the released models say 1e-5)."""
+    shared = dataclasses.asdict(_encoder_config_from_hf(hf))
+    ours = {f.name for f in dataclasses.fields(MPNetConfig)}
+    return MPNetConfig(**{
+        **{k: v for k, v in shared.items() if k in ours},
+        "relative_attention_num_buckets": hf.get("relative_attention_num_buckets", 32),
+        **overrides})
+
+
+def _mpnet_config_to_hf(config: MPNetConfig) -> dict[str, Any]:
+    return {
+        "model_type": "mpnet", "architectures": ["MPNetForMaskedLM"],
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
+        "intermediate_size": config.intermediate_size,
+        "hidden_act": OUR_TO_HF_ACTIVATION[config.hidden_act],
+        "hidden_dropout_prob": config.hidden_dropout,
+        "attention_probs_dropout_prob": config.attention_dropout,
+        "max_position_embeddings": config.max_position_embeddings,
+        "initializer_range": config.initializer_range, "layer_norm_eps": config.layer_norm_eps,
+        "relative_attention_num_buckets": config.relative_attention_num_buckets,
+        "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "tie_word_embeddings": True,
+    }
+
+
+# --- RoBERTa (transformers models/roberta/modeling_roberta.py, configuration_roberta.py) --------
+
+def _roberta_tensors(config: RobertaConfig) -> tuple[Tensor, ...]:
+    """`RobertaForMaskedLM`: `roberta` (`RobertaModel` without pooler: BERT's embeddings and
+    layers) + `lm_head` (`RobertaLMHead`: `dense`, `layer_norm`, `bias`; decoder tied)."""
+    return (*_encoder_tensors("roberta.", config),
+            *linear("lm_head.dense", "lm_head.dense"),
+            *layer_norm("lm_head.layer_norm", "lm_head.layer_norm"),
+            Tensor("lm_head.bias", "lm_head.bias"))
+
+
+def _roberta_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> RobertaConfig:
+    """HF's `pad_token_id` (1 in the released models) is where positions start counting."""
+    fields = {"position_padding_id": hf.get("pad_token_id", 1), **overrides}
+    return RobertaConfig(**dataclasses.asdict(_encoder_config_from_hf(hf, **fields)))
+
+
+def _roberta_config_to_hf(config: RobertaConfig) -> dict[str, Any]:
+    return {"model_type": "roberta", "architectures": ["RobertaForMaskedLM"],
+            **_encoder_config_to_hf(config), "pad_token_id": config.position_padding_id,
+            "tie_word_embeddings": True}
+
+
+# --- ALBERT (transformers models/albert/modeling_albert.py, configuration_albert.py) -----------
+
+ALBERT_LAYER = "albert.encoder.albert_layer_groups.0.albert_layers.0"
+
+
+def _albert_tensors(config: AlbertConfig) -> tuple[Tensor, ...]:
+    """`AlbertForPreTraining`: `albert` (`AlbertEmbeddings` as BERT's at width E,
+    `encoder.embedding_hidden_mapping_in`, the one shared layer of the one layer group,
+    `pooler`) + `predictions` (`AlbertMLMHead`: `dense`, `LayerNorm`, `bias`; decoder tied) +
+    `sop_classifier.classifier`."""
+    layer, ours = ALBERT_LAYER, "encoder.stack.layer"
+    embeddings = [t for t in _encoder_tensors("albert.", config)
+                  if t.ours.startswith("encoder.embeddings.")]
+    return (
+        *embeddings,
+        *linear("albert.encoder.embedding_hidden_mapping_in", "encoder.embeddings_project"),
+        *linear(f"{layer}.attention.query", f"{ours}.query"),
+        *linear(f"{layer}.attention.key", f"{ours}.key"),
+        *linear(f"{layer}.attention.value", f"{ours}.value"),
+        *linear(f"{layer}.attention.dense", f"{ours}.attention_output"),
+        *layer_norm(f"{layer}.attention.LayerNorm", f"{ours}.attention_layer_norm"),
+        *linear(f"{layer}.ffn", f"{ours}.intermediate"),
+        *linear(f"{layer}.ffn_output", f"{ours}.output"),
+        *layer_norm(f"{layer}.full_layer_layer_norm", f"{ours}.output_layer_norm"),
+        *linear("albert.pooler", "pooler"),
+        *linear("predictions.dense", "lm_head.dense"),
+        *layer_norm("predictions.LayerNorm", "lm_head.layer_norm"),
+        Tensor("predictions.bias", "lm_head.bias"),
+        *linear("sop_classifier.classifier", "sop"),
+    )
+
+
+def _albert_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> AlbertConfig:
+    """HF `AlbertConfig` (its defaults: gelu_new, no dropout, E = 128) -> ours; only one layer
+    group of one layer, i.e. all layers sharing one set of parameters, is supported."""
+    groups, inner = hf.get("num_hidden_groups", 1), hf.get("inner_group_num", 1)
+    if (groups, inner) != (1, 1):
+        raise UserError(f"config.json has num_hidden_groups={groups}, inner_group_num={inner}; "
+                        "only 1 and 1 (all layers share one, as every released ALBERT) are "
+                        "supported")
+    if hf.get("num_labels", 2) != 2:
+        raise UserError(f"config.json has num_labels={hf['num_labels']}; the sentence-order "
+                        "head has 2")
+    hf = {"hidden_act": "gelu_new", "hidden_dropout_prob": 0.0,
+          "attention_probs_dropout_prob": 0.0, **hf}
+    fields = {"embedding_size": hf.get("embedding_size", 128), **overrides}
+    return AlbertConfig(**dataclasses.asdict(_encoder_config_from_hf(hf, **fields)))
+
+
+def _albert_config_to_hf(config: AlbertConfig) -> dict[str, Any]:
+    return {"model_type": "albert", "architectures": ["AlbertForPreTraining"],
+            **_encoder_config_to_hf(config), "embedding_size": config.embedding_width,
+            "num_hidden_groups": 1, "inner_group_num": 1, "tie_word_embeddings": True}
+
+
+# --- GPT-2 (transformers models/gpt2/modeling_gpt2.py, configuration_gpt2.py) ------------------
+
+def conv1d(hf: str, ours: str) -> list[Tensor]:
+    """transformers `Conv1D` (`weight` [in, out], `bias`) <-> `nnx.Linear`: no transpose."""
+    return [Tensor(f"{hf}.weight", f"{ours}.kernel"), Tensor(f"{hf}.bias", f"{ours}.bias")]
+
+
+def _gpt2_tensors(config: GPTConfig) -> tuple[Tensor, ...]:
+    """`GPT2LMHeadModel`: `transformer` (`wte`, `wpe`, `h.{i}` = `GPT2Block`s of `ln_1`,
+    `attn.c_attn`, `attn.c_proj`, `ln_2`, `mlp.c_fc`, `mlp.c_proj`; `ln_f`); `lm_head.weight`
+    is tied to `wte`."""
+    layer = "transformer.h.{i}"
+    return (
+        Tensor("transformer.wte.weight", "wte.embedding"),
+        Tensor("transformer.wpe.weight", "wpe.embedding"),
+        *layer_norm(f"{layer}.ln_1", "layers.ln_1"),
+        *conv1d(f"{layer}.attn.c_attn", "layers.c_attn"),
+        *conv1d(f"{layer}.attn.c_proj", "layers.attn_proj"),
+        *layer_norm(f"{layer}.ln_2", "layers.ln_2"),
+        *conv1d(f"{layer}.mlp.c_fc", "layers.c_fc"),
+        *conv1d(f"{layer}.mlp.c_proj", "layers.mlp_proj"),
+        *layer_norm("transformer.ln_f", "ln_f"),
+    )
+
+
+# GPT2Config switches whose non-default values change the computation in ways we do not have.
+GPT2_FIXED = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+              "add_cross_attention": False}
+
+
+def _gpt2_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> GPTConfig:
+    """`GPT2Config` (n_embd, n_layer, n_head, n_inner = 4 n_embd when null, n_positions,
+    activation_function, *_pdrop, layer_norm_epsilon, eos_token_id: GPT2Config's 50256 when
+    absent, None when outside the vocabulary) -> ours. `reorder_and_upcast_attn` only changes
+    HF's eager numerics and is ignored."""
+    for key, value in GPT2_FIXED.items():
+        if hf.get(key, value) != value:
+            raise UserError(f"config.json has {key}={hf[key]!r}; only {value!r} (GPT-2's) is "
+                            "supported")
+    act, eos = hf.get("activation_function", "gelu_new"), hf.get("eos_token_id", 50256)
+    if act not in HF_ACTIVATIONS:
+        raise UserError(f"activation_function {act!r} is not supported; use one of "
+                        f"{sorted(HF_ACTIVATIONS)}")
+    return GPTConfig(**{
+        "vocab_size": hf["vocab_size"], "hidden_size": hf["n_embd"],
+        "num_layers": hf["n_layer"], "num_heads": hf["n_head"],
+        "intermediate_size": hf.get("n_inner") or 4 * hf["n_embd"],
+        "max_position_embeddings": hf["n_positions"], "hidden_act": HF_ACTIVATIONS[act],
+        "layer_norm_eps": hf.get("layer_norm_epsilon", 1e-5),
+        "hidden_dropout": hf.get("resid_pdrop", 0.1),
+        "embedding_dropout": hf.get("embd_pdrop", 0.1),
+        "attention_dropout": hf.get("attn_pdrop", 0.1),
+        "initializer_range": hf.get("initializer_range", 0.02),
+        "eos_token_id": eos if isinstance(eos, int) and 0 <= eos < hf["vocab_size"] else None,
+        **overrides,
+    })
+
+
+def _gpt2_config_to_hf(config: GPTConfig) -> dict[str, Any]:
+    return {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": config.vocab_size, "n_embd": config.hidden_size,
+        "n_layer": config.num_layers, "n_head": config.num_heads,
+        "n_inner": config.intermediate_size, "n_positions": config.max_position_embeddings,
+        "activation_function": OUR_TO_HF_ACTIVATION[config.hidden_act],
+        "layer_norm_epsilon": config.layer_norm_eps, "resid_pdrop": config.hidden_dropout,
+        "embd_pdrop": config.embedding_dropout, "attn_pdrop": config.attention_dropout,
+        "initializer_range": config.initializer_range, "tie_word_embeddings": True,
+        "bos_token_id": config.eos_token_id, "eos_token_id": config.eos_token_id,
+    }
+
+
+# --- T5 (transformers models/t5/modeling_t5.py, configuration_t5.py) ---------------------------
+
+def _t5_stack_tensors(stack: str, config: T5Config) -> list[Tensor]:
+    """`{stack}.block.{i}.layer.{j}`: 0 = SelfAttention (q, k, v, o) + layer_norm, in the decoder
+    1 = EncDecAttention + layer_norm, last = DenseReluDense (`wi` or `wi_0`/`wi_1`, `wo`) +
+    layer_norm; the relative bias table of block 0; `final_layer_norm`."""
+    block, ours = f"{stack}.block.{{i}}.layer", f"{stack}.layers"
+    ff = 2 if stack == "decoder" else 1
+    attentions = [("0.SelfAttention", "self_attention")]
+    norms = [("0", "self_attention_norm"), (str(ff), "ffn_norm")]
+    if stack == "decoder":
+        attentions.append(("1.EncDecAttention", "cross_attention"))
+        norms.append(("1", "cross_attention_norm"))
+    return [
+        Tensor(f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+               f"{stack}.relative_attention_bias.embedding"),
+        *(Tensor(f"{block}.{hf}.{name}.weight", f"{ours}.{attn}.{name}.kernel", transpose=True)
+          for hf, attn in attentions for name in ("q", "k", "v", "o")),
+        *(Tensor(f"{block}.{j}.layer_norm.weight", f"{ours}.{norm}.scale") for j, norm in norms),
+        *(Tensor(f"{block}.{ff}.DenseReluDense.{name}.weight", f"{ours}.{name}.kernel",
+                 transpose=True)
+          for name in (("wi_0", "wi_1") if config.gated else ("wi",)) + ("wo",)),
+        Tensor(f"{stack}.final_layer_norm.weight", f"{stack}.final_layer_norm.scale"),
+    ]
+
+
+def _t5_tensors(config: T5Config) -> tuple[Tensor, ...]:
+    """`T5ForConditionalGeneration`: `shared`, `encoder`, `decoder` and, untied (v1.1),
+    `lm_head`. HF's `encoder.embed_tokens`/`decoder.embed_tokens` are tied copies of `shared`."""
+    head = [] if config.tie_word_embeddings else [
+        Tensor("lm_head.weight", "lm_head.kernel", transpose=True)]
+    return (Tensor("shared.weight", "shared.embedding"), *_t5_stack_tensors("encoder", config),
+            *_t5_stack_tensors("decoder", config), *head)
+
+
+def _t5_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> T5Config:
+    """`T5Config` -> ours. HF has one `dropout_rate`; it sets both of ours. The LM head is untied
+    (v1.1) when `tie_word_embeddings` is false, or, as transformers 5 writes it,
+    `scale_decoder_outputs` is false."""
+    proj = hf.get("feed_forward_proj", "relu")
+    if proj not in FEED_FORWARD:
+        raise UserError(f"feed_forward_proj {proj!r} is not supported; use one of "
+                        f"{sorted(FEED_FORWARD)}")
+    for key in ("pad_token_id", "decoder_start_token_id"):
+        if hf.get(key, PAD_ID) not in (PAD_ID, None):
+            raise UserError(f"config.json has {key}={hf[key]}; T5 here uses {PAD_ID} for "
+                            "padding and as the decoder start token")
+    eos = hf.get("eos_token_id", 1)
+    decoder_layers = hf.get("num_decoder_layers") or hf["num_layers"]
+    return T5Config(**{
+        "vocab_size": hf["vocab_size"], "hidden_size": hf["d_model"],
+        "num_layers": hf["num_layers"],
+        "num_decoder_layers": 0 if decoder_layers == hf["num_layers"] else decoder_layers,
+        "num_heads": hf["num_heads"], "head_size": hf["d_kv"], "intermediate_size": hf["d_ff"],
+        "feed_forward_proj": proj,
+        "relative_attention_num_buckets": hf.get("relative_attention_num_buckets", 32),
+        "relative_attention_max_distance": hf.get("relative_attention_max_distance", 128),
+        "layer_norm_eps": hf.get("layer_norm_epsilon", 1e-6),
+        "hidden_dropout": hf.get("dropout_rate", 0.1),
+        "attention_dropout": hf.get("dropout_rate", 0.1),
+        "initializer_factor": hf.get("initializer_factor", 1.0),
+        "tie_word_embeddings": (hf.get("tie_word_embeddings", True) is not False
+                                and hf.get("scale_decoder_outputs", True) is not False),
+        "eos_token_id": eos[0] if isinstance(eos, list) else eos,
+        **overrides,
+    })
+
+
+def _t5_config_to_hf(config: T5Config) -> dict[str, Any]:
+    return {
+        "model_type": "t5", "architectures": ["T5ForConditionalGeneration"],
+        "vocab_size": config.vocab_size, "d_model": config.hidden_size,
+        "d_kv": config.head_size, "d_ff": config.intermediate_size,
+        "num_layers": config.num_layers, "num_decoder_layers": config.decoder_layers,
+        "num_heads": config.num_heads,
+        "relative_attention_num_buckets": config.relative_attention_num_buckets,
+        "relative_attention_max_distance": config.relative_attention_max_distance,
+        "dropout_rate": config.hidden_dropout, "layer_norm_epsilon": config.layer_norm_eps,
+        "initializer_factor": config.initializer_factor,
+        "feed_forward_proj": config.feed_forward_proj,
+        "tie_word_embeddings": config.tie_word_embeddings, "is_encoder_decoder": True,
+        "pad_token_id": PAD_ID, "decoder_start_token_id": PAD_ID,
+        "eos_token_id": config.eos_token_id,
+    }
+
+
 # --- Sequence classification (Bert/Electra/XLNetForSequenceClassification) ---------------------
 
 def _classifier_tensors(config: HeadConfig) -> tuple[Tensor, ...]:
@@ -644,6 +940,50 @@ CONVERTERS: dict[str, Converter] = {
         "xlnet", "XLNetForSequenceClassification", XLNetClassifierConfig, _xlnet_config_from_hf,
         _xlnet_config_to_hf, _xlnet_head_from_hf, _xlnet_head_to_hf, prefix="transformer.",
         optional=("sequence_summary.", "logits_proj.")),
+    "mpnet": Converter(
+        method="mpnet", model_type="mpnet", model_class=MPNet,
+        architectures=("MPNetForMaskedLM",), config_from_hf=_mpnet_config_from_hf,
+        config_to_hf=_mpnet_config_to_hf, tensors=_mpnet_tensors, prefix="mpnet.",
+        optional=("lm_head.",),
+        tied={"lm_head.decoder.weight": "mpnet.embeddings.word_embeddings.weight",
+              "lm_head.decoder.bias": "lm_head.bias"},
+        ignored=("embeddings.position_ids",),
+    ),
+    "roberta": Converter(
+        method="roberta", model_type="roberta", model_class=Roberta,
+        architectures=("RobertaForMaskedLM",), config_from_hf=_roberta_config_from_hf,
+        config_to_hf=_roberta_config_to_hf, tensors=_roberta_tensors, prefix="roberta.",
+        optional=("lm_head.",),
+        tied={"lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
+              "lm_head.decoder.bias": "lm_head.bias"},
+        ignored=(*_NO_PARAMETER, "pooler.dense.weight", "pooler.dense.bias"),
+    ),
+    "albert": Converter(
+        method="albert", model_type="albert", model_class=Albert,
+        architectures=("AlbertForPreTraining",), config_from_hf=_albert_config_from_hf,
+        config_to_hf=_albert_config_to_hf, tensors=_albert_tensors, prefix="albert.",
+        optional=("albert.pooler.", "predictions.", "sop_classifier."),
+        tied={"predictions.decoder.weight": "albert.embeddings.word_embeddings.weight",
+              "predictions.decoder.bias": "predictions.bias"},
+        ignored=_NO_PARAMETER,
+    ),
+    "gpt2": Converter(
+        method="gpt", model_type="gpt2", model_class=GPT, architectures=("GPT2LMHeadModel",),
+        config_from_hf=_gpt2_config_from_hf, config_to_hf=_gpt2_config_to_hf,
+        tensors=_gpt2_tensors, prefix="transformer.",
+        tied={"lm_head.weight": "transformer.wte.weight"},
+        ignored=(".attn.bias", ".attn.masked_bias"),
+    ),
+    "t5": Converter(
+        method="t5", model_type="t5", model_class=T5,
+        architectures=("T5ForConditionalGeneration",), config_from_hf=_t5_config_from_hf,
+        config_to_hf=_t5_config_to_hf, tensors=_t5_tensors, prefix="",
+        tied={"encoder.embed_tokens.weight": "shared.weight",
+              "decoder.embed_tokens.weight": "shared.weight"},
+        # HF's state dict of a tied model holds `lm_head.weight` (= `shared.weight`) too.
+        ignored=("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",
+                 "lm_head.weight"),
+    ),
     "resnet": Converter(
         method="simclr", model_type="resnet", model_class=ResNet,
         architectures=("ResNetModel", "ResNetForImageClassification"),

@@ -102,10 +102,58 @@ def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
         after = optax.cosine_decay_schedule(peak, max(total_steps - warmup, 1), end / peak)
     elif config.schedule == "constant":
         after = optax.constant_schedule(peak)
+    elif config.schedule == "inverse_sqrt":
+        return inverse_sqrt_schedule(peak, warmup)
     else:
-        raise UserError(f"optim.schedule={config.schedule!r} is unknown; use linear, cosine or "
-                        "constant")
+        raise UserError(f"optim.schedule={config.schedule!r} is unknown; use linear, cosine, "
+                        "constant or inverse_sqrt")
     return optax.join_schedules([ramp, after], [warmup])
+
+
+def inverse_sqrt_schedule(peak: float, warmup: int) -> optax.Schedule:
+    """T5's "inverse square root" schedule (Raffel et al. 2020, §3.1.2): 1/sqrt(max(n, k)),
+    constant for the first k steps (no ramp), written as peak * sqrt(k / max(n, k)) so that
+    `learning_rate` is the peak: T5's is learning_rate 0.01 with warmup_steps k = 10^4."""
+    k = float(max(warmup, 1))
+    return lambda step: peak * jnp.sqrt(k / jnp.maximum(jnp.asarray(step, jnp.float32), k))
+
+
+def adafactor(schedule: optax.Schedule, weight_decay: float) -> optax.GradientTransformation:
+    """Adafactor as T5 is trained with it (Shazeer & Stern 2018; Mesh TensorFlow's
+    `AdafactorOptimizer` defaults, which `optax.adafactor` shares: second moments factored into
+    row and column statistics for matrices whose two largest dims are >= 128, decay
+    1 - (t+1)^-0.8, updates clipped to RMS 1, steps scaled by the parameter's RMS (at least
+    1e-3), no momentum, eps 1e-30). `weight_decay` (T5: 0) is optax's, not on LayerNorm
+    scales or biases.
+
+    It runs per parameter, and per layer on stacked layer parameters (a `layers` axis, vmapped),
+    because the reference sees one variable per layer: factoring, clipping and the parameter
+    scale never mix layers. The state is a tuple with one entry per parameter (its statistics
+    are vectors or small), so it is not sharded like the parameters."""
+
+    def transforms(tree: Any) -> list[optax.GradientTransformation]:
+        decay = jax.tree.leaves(decay_mask(tree))
+        stacked = jax.tree.leaves(jax.tree_util.tree_map_with_path(
+            lambda path, _: "layers" in _names(path), tree))
+        out = []
+        for decays, per_layer in zip(decay, stacked, strict=True):
+            rate = weight_decay if decays and weight_decay else None
+            tx = optax.adafactor(schedule, weight_decay_rate=rate)
+            out.append(optax.GradientTransformation(jax.vmap(tx.init), jax.vmap(tx.update))
+                       if per_layer else tx)
+        return out
+
+    def init(params: Any) -> tuple[Any, ...]:
+        return tuple(tx.init(p) for tx, p in zip(transforms(params), jax.tree.leaves(params),
+                                                  strict=True))
+
+    def update(updates: Any, state: tuple[Any, ...], params: Any = None):
+        leaves, treedef = jax.tree.flatten(updates)
+        new = [tx.update(u, s, p) for tx, u, s, p in zip(
+            transforms(updates), leaves, state, jax.tree.leaves(params), strict=True)]
+        return jax.tree.unflatten(treedef, [u for u, _ in new]), tuple(s for _, s in new)
+
+    return optax.GradientTransformation(init, update)
 
 
 def make_optimizer(config: Any, total_steps: int) -> optax.GradientTransformation:
@@ -129,9 +177,16 @@ def make_optimizer(config: Any, total_steps: int) -> optax.GradientTransformatio
         core = optax.lars(schedule, config.weight_decay, weight_decay_mask=decay_mask,
                           trust_coefficient=config.trust_coefficient, trust_ratio_mask=decay_mask,
                           momentum=config.momentum)
+    elif config.optimizer == "sgd":
+        # torch.optim.SGD as MoCo's main_moco.py uses it: d = g + wd w on every parameter
+        # (BatchNorm and biases included), v = m v + d, w -= lr v.
+        core = optax.chain(optax.add_decayed_weights(config.weight_decay),
+                           optax.sgd(schedule, momentum=config.momentum))
+    elif config.optimizer == "adafactor":
+        core = adafactor(schedule, config.weight_decay)
     else:
-        raise UserError(f"optim.optimizer={config.optimizer!r} is unknown; use adamw, lamb or "
-                        "lars")
+        raise UserError(f"optim.optimizer={config.optimizer!r} is unknown; use adamw, lamb, "
+                        "lars, sgd or adafactor")
     if config.layerwise_lr_decay != 1.0:
         core = optax.chain(core, scale_by_layer_depth(config.layerwise_lr_decay))
     if config.clip_norm > 0:

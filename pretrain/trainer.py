@@ -176,7 +176,10 @@ class Trainer:
                     f"model.{name}={current} does not match the data ({name}={value}, e.g. the "
                     f"tokenizer's vocabulary); set model.{name}=0 to take it from the data or "
                     "use a matching tokenizer")
-        return dataclasses.replace(model_config, **updates)
+        model_config = dataclasses.replace(model_config, **updates)
+        if self.method.run_settings is not None:
+            model_config = self.method.run_settings(model_config, self.config)
+        return model_config
 
     # ------------------------------------------------------------------------ building
     def _build(self) -> None:

@@ -171,7 +171,7 @@ def test_cli_process_exit_code_and_no_traceback(tmp_path):
 
 def test_help_everywhere(capsys):
     for command in ([], ["pretrain"], ["convert"], ["demo"], ["finetune"], ["eval"],
-                    ["glue"]):
+                    ["glue"], ["generate"]):
         with pytest.raises(SystemExit) as exit_info:
             run.main([*command, "--help"])
         assert exit_info.value.code == 0

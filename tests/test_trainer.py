@@ -4,7 +4,11 @@ exact resume."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -196,6 +200,17 @@ def test_model_is_restored_from_workdir(tmp_path, data_cache):
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(trained),
                             jax.tree.leaves(restored), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
+    # A process with one device (a plain shell) loads the workdir written on 8.
+    script = ("import sys, jax, numpy as np; from flax import nnx; from pretrain.export "
+              "import load_model; m = load_model(sys.argv[1]); print(len(jax.devices()), "
+              "sum(float(np.abs(np.asarray(v)).sum()) for v in "
+              "jax.tree.leaves(nnx.state(m, nnx.Param))))")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "w")], env=env,
+                         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+                         check=True).stdout.split()
+    expected = sum(float(np.abs(np.asarray(v)).sum()) for v in jax.tree.leaves(restored))
+    assert out[0] == "1" and float(out[1]) == pytest.approx(expected, rel=1e-6)
 
 
 def test_convert_workdir_to_hf_and_back(tmp_path, data_cache):

@@ -1,0 +1,316 @@
+"""T5: the encoder-decoder Transformer of Raffel et al. 2020 (§2.1, §3.1.2) in Flax NNX.
+
+Reference: google-research/text-to-text-transfer-transformer (Mesh TensorFlow) and HF
+transformers modeling_t5.py (`T5ForConditionalGeneration`), whose weights convert one-to-one
+(`pretrain/hf.py`) and which is the parity oracle (tests/test_t5.py).
+
+What makes it T5 rather than BERT: pre-norm residual blocks whose LayerNorm only rescales
+(RMS over the features in float32, no mean subtraction, no bias), no biases anywhere, no
+1/sqrt(d) scaling of attention scores (the initialisation absorbs it), and a scalar relative
+position bias per head instead of position embeddings: key-query offsets are bucketed
+(`models.encoder.relative_position_bucket`: bidirectional in the encoder, causal in the
+decoder), each stack holds one [buckets, heads] table (HF keeps it in the first block) that
+every layer of the stack adds to its self-attention scores, and cross-attention has none. The
+feed-forward is `relu` (T5 v1.0) or a gated GELU (`gated-gelu`, v1.1: gelu_new(x wi_0) * x wi_1).
+With `tie_word_embeddings` (v1.0) the LM head is the shared embedding applied to the decoder
+output rescaled by d_model**-0.5; v1.1 has its own `lm_head`. The attention inner size is
+num_heads * head_size, which need not equal hidden_size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.encoder import (
+    ACTIVATIONS,
+    attention,
+    check_execution_fields,
+    dropout,
+    embed,
+    relative_position_bucket,
+    run_stacked,
+    split_rng,
+    stacked_layers,
+)
+
+# HF `feed_forward_proj` -> (our activation, gated). `gated-gelu` is HF's gelu_new, the tanh
+# approximation (configuration_t5.py), as the released v1.1 checkpoints were trained with.
+FEED_FORWARD = {"relu": ("relu", False), "gelu": ("gelu", False),
+                "gated-gelu": ("gelu_tanh", True), "gated-relu": ("relu", True)}
+PAD_ID = 0  # T5's padding id, also the decoder's start token
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+    """T5 hyper-parameters (HF `T5Config` names in brackets): hidden_size [d_model],
+    num_layers (encoder) and num_decoder_layers (0 = num_layers), num_heads, head_size [d_kv],
+    intermediate_size [d_ff], feed_forward_proj (`relu`, `gelu`, `gated-gelu`, `gated-relu`),
+    relative_attention_num_buckets / relative_attention_max_distance, layer_norm_eps
+    [layer_norm_epsilon], hidden_dropout and attention_dropout [both HF's dropout_rate],
+    initializer_factor, tie_word_embeddings. `vocab_size` 0 and `eos_token_id` 0 mean "take
+    them from the data" (pre-training fills them in). `dtype` is the compute dtype (parameters
+    are float32); `scan_layers`, `remat` and `attention_implementation` as in
+    `models.encoder.TransformerConfig`."""
+
+    vocab_size: int = 32128
+    hidden_size: int = 512
+    num_layers: int = 6
+    num_decoder_layers: int = 0
+    num_heads: int = 8
+    head_size: int = 64
+    intermediate_size: int = 2048
+    feed_forward_proj: str = "relu"
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    layer_norm_eps: float = 1e-6
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    initializer_factor: float = 1.0
+    tie_word_embeddings: bool = True
+    eos_token_id: int = 1
+    dtype: str = "float32"
+    scan_layers: bool = True
+    remat: str = "none"
+    attention_implementation: str = "xla"
+
+    def __post_init__(self) -> None:
+        if self.feed_forward_proj not in FEED_FORWARD:
+            raise ValueError(f"feed_forward_proj {self.feed_forward_proj!r} must be one of "
+                             f"{sorted(FEED_FORWARD)}")
+        for name in ("hidden_size", "num_layers", "num_heads", "head_size", "intermediate_size",
+                     "relative_attention_num_buckets", "relative_attention_max_distance"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.num_decoder_layers < 0:
+            raise ValueError("num_decoder_layers must be >= 0 (0 = num_layers)")
+        check_execution_fields(self)
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def inner_size(self) -> int:
+        return self.num_heads * self.head_size
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.num_decoder_layers or self.num_layers
+
+    @property
+    def activation(self) -> str:
+        return FEED_FORWARD[self.feed_forward_proj][0]
+
+    @property
+    def gated(self) -> bool:
+        return FEED_FORWARD[self.feed_forward_proj][1]
+
+
+def _linear(config: T5Config, in_features: int, out_features: int,
+            axes: tuple[str | None, str | None], stddev: float, rngs: nnx.Rngs) -> nnx.Linear:
+    """A bias-free Linear with T5's normal(0, stddev) init (HF `_init_weights`, scaled by
+    `initializer_factor`)."""
+    return nnx.Linear(
+        in_features, out_features, use_bias=False, dtype=config.compute_dtype,
+        kernel_init=nnx.with_partitioning(
+            nnx.initializers.normal(config.initializer_factor * stddev), axes),
+        rngs=rngs)
+
+
+def _rms_norm(config: T5Config, rngs: nnx.Rngs) -> nnx.RMSNorm:
+    """T5's LayerNorm: x * rsqrt(mean(x^2) + eps) * scale, statistics in float32."""
+    return nnx.RMSNorm(
+        config.hidden_size, epsilon=config.layer_norm_eps, dtype=config.compute_dtype,
+        scale_init=nnx.with_partitioning(nnx.initializers.ones_init(), ("norm",)), rngs=rngs)
+
+
+def _embed(config: T5Config, num: int, features: int, axes: tuple[str | None, str | None],
+           stddev: float, rngs: nnx.Rngs) -> nnx.Embed:
+    return embed(config, num, features, axes, rngs,
+                 nnx.initializers.normal(config.initializer_factor * stddev))
+
+
+class T5Attention(nnx.Module):
+    """Multi-head attention without biases or score scaling (HF `T5Attention`)."""
+
+    def __init__(self, config: T5Config, *, rngs: nnx.Rngs):
+        d, inner = config.hidden_size, config.inner_size
+        self.config = config
+        self.q = _linear(config, d, inner, ("embed", "heads"), (d * config.head_size) ** -0.5,
+                         rngs)
+        self.k = _linear(config, d, inner, ("embed", "heads"), d ** -0.5, rngs)
+        self.v = _linear(config, d, inner, ("embed", "heads"), d ** -0.5, rngs)
+        self.o = _linear(config, inner, d, ("heads", "embed"), inner ** -0.5, rngs)
+
+    def __call__(self, x: jax.Array, memory: jax.Array, mask: jax.Array,
+                 bias: jax.Array | None, rng: jax.Array | None) -> jax.Array:
+        c = self.config
+        q = self.q(x).reshape(*x.shape[:2], c.num_heads, c.head_size)
+        k, v = (proj(memory).reshape(*memory.shape[:2], c.num_heads, c.head_size)
+                for proj in (self.k, self.v))
+        context = attention(q, k, v, mask, c.attention_dropout, rng, c.attention_implementation,
+                            bias=bias, scale=1.0)
+        return self.o(context.reshape(*x.shape[:2], c.inner_size))
+
+
+class T5Block(nnx.Module):
+    """One pre-norm block (HF `T5Block`): self-attention, cross-attention (decoder only) and the
+    feed-forward, each as x + dropout(sublayer(norm(x)))."""
+
+    def __init__(self, config: T5Config, decoder: bool, *, rngs: nnx.Rngs):
+        d, f = config.hidden_size, config.intermediate_size
+        self.config = config
+        self.self_attention_norm = _rms_norm(config, rngs)
+        self.self_attention = T5Attention(config, rngs=rngs)
+        self.cross_attention_norm = _rms_norm(config, rngs) if decoder else None
+        self.cross_attention = T5Attention(config, rngs=rngs) if decoder else None
+        self.ffn_norm = _rms_norm(config, rngs)
+        if config.gated:
+            self.wi_0 = _linear(config, d, f, ("embed", "mlp"), d ** -0.5, rngs)
+            self.wi_1 = _linear(config, d, f, ("embed", "mlp"), d ** -0.5, rngs)
+        else:
+            self.wi = _linear(config, d, f, ("embed", "mlp"), d ** -0.5, rngs)
+        self.wo = _linear(config, f, d, ("mlp", "embed"), f ** -0.5, rngs)
+
+    def __call__(self, x: jax.Array, mask: jax.Array, bias: jax.Array,
+                 encoded: jax.Array | None, cross_mask: jax.Array | None,
+                 rng: jax.Array | None) -> jax.Array:
+        c = self.config
+        rngs = split_rng(rng, 6)
+        h = self.self_attention_norm(x)
+        x = x + dropout(self.self_attention(h, h, mask, bias, rngs[0]), c.hidden_dropout,
+                        rngs[1])
+        if self.cross_attention is not None:
+            h = self.cross_attention_norm(x)
+            x = x + dropout(self.cross_attention(h, encoded, cross_mask, None, rngs[2]),
+                            c.hidden_dropout, rngs[3])
+        h = self.ffn_norm(x)
+        act = ACTIVATIONS[c.activation]
+        inner = act(self.wi_0(h)) * self.wi_1(h) if c.gated else act(self.wi(h))
+        y = self.wo(dropout(inner, c.hidden_dropout, rngs[4]))
+        return x + dropout(y, c.hidden_dropout, rngs[5])
+
+
+class T5Stack(nnx.Module):
+    """The encoder or the decoder (HF `T5Stack`): dropout on the embeddings, the stacked blocks
+    (the relative position bias computed once from this stack's table and passed to every
+    layer), the final RMS norm and dropout."""
+
+    def __init__(self, config: T5Config, decoder: bool, *, rngs: nnx.Rngs):
+        self.config = config
+        self.decoder = decoder
+        self.num_layers = config.decoder_layers if decoder else config.num_layers
+        self.relative_attention_bias = _embed(config, config.relative_attention_num_buckets,
+                                              config.num_heads, (None, "heads"),
+                                              config.hidden_size ** -0.5, rngs)
+        self.layers = stacked_layers(lambda r: T5Block(config, decoder, rngs=r),
+                                     self.num_layers, rngs)
+        self.final_layer_norm = _rms_norm(config, rngs)
+
+    def position_bias(self, length: int) -> jax.Array:
+        """[1, heads, length, length]: the table's value for each key-query offset's bucket."""
+        c = self.config
+        positions = jnp.arange(length)
+        buckets = relative_position_bucket(
+            positions[None, :] - positions[:, None], bidirectional=not self.decoder,
+            num_buckets=c.relative_attention_num_buckets,
+            max_distance=c.relative_attention_max_distance)
+        return jnp.transpose(self.relative_attention_bias(buckets), (2, 0, 1))[None]
+
+    def __call__(self, x: jax.Array, mask: jax.Array, encoded: jax.Array | None,
+                 cross_mask: jax.Array | None, rng: jax.Array | None) -> jax.Array:
+        c = self.config
+        embed_rng, layers_rng, final_rng = split_rng(rng, 3)
+        bias = self.position_bias(x.shape[1])
+        keys = None if layers_rng is None else jax.random.split(layers_rng, self.num_layers)
+
+        def apply(layer: T5Block, h: jax.Array, key: jax.Array | None):
+            return layer(h, mask, bias, encoded, cross_mask, key), None
+
+        config = dataclasses.replace(c, num_layers=self.num_layers)
+        h = run_stacked(self.layers, apply, dropout(x, c.hidden_dropout, embed_rng), keys,
+                        config)[0]
+        return dropout(self.final_layer_norm(h), c.hidden_dropout, final_rng)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class T5Output:
+    """`encoder_hidden_states` [B, S, H] (after the encoder's final norm), `decoder_hidden_states`
+    [B, T, H] and `logits` [B, T, V]."""
+
+    encoder_hidden_states: jax.Array
+    decoder_hidden_states: jax.Array
+    logits: jax.Array
+
+
+class T5(nnx.Module):
+    """T5 for conditional generation: shared embedding, encoder, decoder, LM head (HF
+    `T5ForConditionalGeneration`)."""
+
+    def __init__(self, config: T5Config, *, rngs: nnx.Rngs):
+        self.config = config
+        with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
+            self.shared = _embed(config, config.vocab_size, config.hidden_size,
+                                 ("vocab", "embed"), 1.0, rngs)
+            self.encoder = T5Stack(config, decoder=False, rngs=rngs)
+            self.decoder = T5Stack(config, decoder=True, rngs=rngs)
+            self.lm_head = (None if config.tie_word_embeddings else
+                            _linear(config, config.hidden_size, config.vocab_size,
+                                    ("embed", "vocab"), 1.0, rngs))
+
+    def encode(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+               rng: jax.Array | None = None) -> jax.Array:
+        if attention_mask is None:
+            attention_mask = input_ids != PAD_ID
+        mask = attention_mask.astype(bool)[:, None, None, :]
+        return self.encoder(self.shared(input_ids), mask, None, None, rng)
+
+    def decode(self, decoder_input_ids: jax.Array, encoded: jax.Array,
+               attention_mask: jax.Array, decoder_attention_mask: jax.Array | None = None,
+               rng: jax.Array | None = None) -> jax.Array:
+        """Decoder hidden states: causal self-attention (and `decoder_attention_mask` over its
+        keys, if given) and cross-attention to the non-pad encoder positions."""
+        length = decoder_input_ids.shape[1]
+        mask = jnp.tril(jnp.ones((length, length), bool))[None, None]
+        if decoder_attention_mask is not None:
+            mask = mask & decoder_attention_mask.astype(bool)[:, None, None, :]
+        cross_mask = attention_mask.astype(bool)[:, None, None, :]
+        return self.decoder(self.shared(decoder_input_ids), mask, encoded, cross_mask, rng)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Tied (v1.0): the shared embedding on hidden * d_model**-0.5; untied: `lm_head`."""
+        if self.lm_head is None:
+            return self.shared.attend(hidden * self.config.hidden_size ** -0.5)
+        return self.lm_head(hidden)
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        decoder_input_ids: jax.Array | None = None,
+        decoder_attention_mask: jax.Array | None = None,
+        *,
+        rng: jax.Array | None = None,
+    ) -> T5Output:
+        """Teacher-forced forward pass; `attention_mask` defaults to `input_ids != 0`, `rng`
+        enables dropout (None = deterministic)."""
+        if attention_mask is None:
+            attention_mask = input_ids != PAD_ID
+        encoder_rng, decoder_rng = split_rng(rng, 2)
+        encoded = self.encode(input_ids, attention_mask, encoder_rng)
+        decoded = self.decode(decoder_input_ids, encoded, attention_mask,
+                              decoder_attention_mask, decoder_rng)
+        return T5Output(encoder_hidden_states=encoded, decoder_hidden_states=decoded,
+                        logits=self.logits(decoded))
+
+
+def shift_right(targets: jax.Array) -> jax.Array:
+    """Decoder inputs for teacher forcing: the targets shifted one to the right, starting with
+    the decoder start token (= pad, 0), as HF `_shift_right` and T5's feature converter."""
+    return jnp.concatenate(
+        [jnp.full((targets.shape[0], 1), PAD_ID, targets.dtype), targets[:, :-1]], axis=1)

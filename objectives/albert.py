@@ -1,0 +1,63 @@
+"""ALBERT pre-training objective: masked LM + sentence-order prediction (Lan et al. 2020, §4.1).
+
+Reference: google-research/albert run_pretraining.py (`get_masked_lm_output`,
+`get_sentence_order_output`): the MLM loss over gathered n-gram-masked positions,
+sum(w * nll) / (sum(w) + 1e-5); SOP is a 2-way softmax on the pooled first token (label 0 =
+original order, 1 = swapped); total = MLM + SOP.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from input_pipeline import albert_examples
+from input_pipeline.prepare import DataConfig
+from models.albert import Albert, AlbertConfig
+from objectives.bert import check_max_seq_length, prepare_masked_lm, weighted_cross_entropy
+from objectives.registry import Batch, Method, Metrics, PreparedData, register
+
+
+def albert_loss(model: Albert, batch: Batch, rng: jax.Array | None
+                ) -> tuple[jax.Array, Metrics]:
+    """MLM + SOP on one batch of `albert_examples` features; `rng=None` disables dropout. The
+    records keep the reference's feature name `next_sentence_labels` for the SOP label."""
+    out = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                masked_positions=batch["masked_lm_positions"], rng=rng)
+    mlm_loss, mlm = weighted_cross_entropy(out.mlm_logits, batch["masked_lm_ids"],
+                                           batch["masked_lm_weights"])
+    labels = batch["next_sentence_labels"]
+    sop_loss, sop = weighted_cross_entropy(out.sop_logits, labels, jnp.ones(labels.shape))
+    total = mlm_loss + sop_loss
+    return total, {"loss": (total, jnp.ones((), jnp.float32)), "mlm_loss": mlm["loss"],
+                   "mlm_accuracy": mlm["accuracy"], "sop_loss": sop["loss"],
+                   "sop_accuracy": sop["accuracy"]}
+
+
+def build_albert(config: AlbertConfig, seed: int) -> Albert:
+    return Albert(config, rngs=nnx.Rngs(seed))
+
+
+def prepare_albert(data: DataConfig, examples: albert_examples.AlbertExampleConfig,
+                   cache_dir: Path, seed: int) -> PreparedData:
+    """Corpus -> tokenizer -> sentence-order pairs with static n-gram masks (`dupe_factor`
+    passes) -> ArrayRecord, as albert's create_pretraining_data.py."""
+    return prepare_masked_lm(data, examples, cache_dir, seed,
+                             albert_examples.create_training_examples, dynamic_masking=False)
+
+
+register(Method(
+    name="albert",
+    model_config=AlbertConfig,
+    example_config=albert_examples.AlbertExampleConfig,
+    build_model=build_albert,
+    loss=albert_loss,
+    prepare=prepare_albert,
+    units_per_example=lambda examples: examples.max_seq_length,
+    check=check_max_seq_length,
+    description="ALBERT: factorised embeddings, shared layers, n-gram MLM + sentence-order "
+                "prediction (Lan et al. 2020)",
+))

@@ -1,0 +1,138 @@
+"""BYOL pre-training (Grill et al. 2020 "Bootstrap Your Own Latent", §3.1-3.2, Appendices B and
+J; deepmind byol byol_experiment.py, utils/augmentations.py, utils/schedules.py).
+
+Two asymmetrically augmented views v, v' of every image (view 1: blur p 1.0, no solarisation;
+view 2: blur p 0.1, solarisation p 0.2; both: colour jitter 0.4/0.4/0.2/0.1 with an additive
+brightness shift, p 0.8, grayscale p 0.2, flip). The online network (ResNet, projector,
+predictor q) regresses the target network's projection of the other view:
+loss = mean over images of [2 - 2 cos(q(z_v), sg(z'_v')) + 2 - 2 cos(q(z_v'), sg(z'_v))]
+(`regression_loss` = ||a/|a| - b/|b|||^2 = 2 - 2 cos). Each view goes through each network on
+its own, so BatchNorm statistics are per view as in byol_experiment.py (global over the
+sharded batch, the reference's cross-replica BatchNorm).
+
+The target is the EMA of the online ResNet + projector with the cosine schedule
+tau_k = 1 - (1 - tau_base) (cos(pi k / K) + 1) / 2 (tau_base 0.996). The loss has no step
+argument, so the model keeps the number of target updates k (a Variable, carried and
+checkpointed by the trainer) and the config holds K (`model.target_decay_steps`; 0, the
+default, is the whole run, filled in by the trainer: with `optim.grad_accum_steps` = A every
+micro-batch is one update, so K = train.steps x A).
+
+The update runs at the start of each training loss from the current online parameters. The
+reference updates after each optimizer step instead: target_{t+1} = tau_t target_t +
+(1 - tau_t) online_{t+1}. Both give the same sequence of targets: the loss of step t (t >= 1)
+here sets target <- tau_{t-1} target + (1 - tau_{t-1}) online_t, which is exactly the
+reference's target_t, and at t = 0 it leaves the (independently initialised) target as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.momentum import BYOL, BYOLConfig, ema_update
+from objectives.contrastive import l2_normalize
+from objectives.moco import TwoViewAugmentation, check_two_view_method
+from objectives.registry import Batch, Method, Metrics, register
+from objectives.simclr import ImageExampleConfig, knn_monitor, prepare_simclr, two_views
+
+
+@dataclasses.dataclass(frozen=True)
+class BYOLObjectiveConfig(BYOLConfig, TwoViewAugmentation):
+    """The network (`BYOLConfig`), BYOL's augmentations (`TwoViewAugmentation` with the
+    byol augmentations.py defaults below) and the target schedule: `base_target_decay`
+    tau_base (0.996 for 1000 epochs, configs/byol.py) over `target_decay_steps` K updates
+    (0, the default: the whole run, train.steps x optim.grad_accum_steps loss calls, filled in
+    by the trainer through `run_settings`)."""
+
+    crop_area_min: float = 0.08
+    saturation: float = 0.2
+    additive_brightness: bool = True
+    blur_probability: float = 1.0
+    second_blur_probability: float = 0.1
+    second_solarize_probability: float = 0.2
+    base_target_decay: float = 0.996
+    target_decay_steps: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_augmentation()
+        if not 0.0 <= self.base_target_decay <= 1.0:
+            raise ValueError(f"base_target_decay={self.base_target_decay} must be in [0, 1] "
+                             "(BYOL: 0.996)")
+        if self.target_decay_steps < 0:
+            raise ValueError(f"target_decay_steps={self.target_decay_steps} must be >= 0 (0 = "
+                             "the whole run: train.steps x optim.grad_accum_steps)")
+
+
+def target_decay(updates: jax.Array, base: float, total: int) -> jax.Array:
+    """tau_k = 1 - (1 - base) (cos(pi k / K) + 1) / 2 with k clipped to K (§3.2;
+    schedules.py `target_ema`): base at k = 0, 1 at k = K."""
+    k = jnp.minimum(updates, total).astype(jnp.float32)
+    return 1.0 - (1.0 - base) * (jnp.cos(jnp.pi * k / total) + 1.0) / 2.0
+
+
+def regression_loss(predictions: jax.Array, targets: jax.Array) -> jax.Array:
+    """Per example ||p/|p| - z/|z|||^2 = 2 - 2 cos(p, z) (helpers.py `regression_loss`)."""
+    difference = l2_normalize(predictions.astype(jnp.float32)) - l2_normalize(
+        targets.astype(jnp.float32))
+    return jnp.sum(difference * difference, axis=-1)
+
+
+def byol_loss(model: BYOL, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
+    """The symmetrised BYOL loss (module docstring); training first updates the target.
+    `rng=None` (evaluation) uses fixed views and BatchNorm running statistics and leaves the
+    target as it is."""
+    config: BYOLObjectiveConfig = model.config
+    train = rng is not None
+    views = two_views(rng, batch["image"], config.view_augmentations)
+    one = jnp.ones((), jnp.float32)
+    extra: Metrics = {}
+    if train:
+        updates = model.target_updates.get_value()
+        decay = jnp.where(updates == 0, 1.0, target_decay(updates - 1, config.base_target_decay,
+                                                          config.target_decay_steps))
+        ema_update(model.target, model.online, decay)
+        model.target_updates.set_value(updates + 1)
+        extra["target_decay"] = (decay, one)
+    predictions = [model.predictor(model.online(v, train=train).projections, train)
+                   for v in views]
+    targets = [jax.lax.stop_gradient(model.target(v, train=train).projections) for v in views]
+    per_image = (regression_loss(predictions[0], targets[1])
+                 + regression_loss(predictions[1], targets[0]))
+    loss = jnp.mean(per_image)
+    count = jnp.float32(per_image.shape[0])
+    return loss, {"loss": (loss, one), "regression_loss": (jnp.sum(per_image), count), **extra}
+
+
+def whole_run_schedule(model: BYOLObjectiveConfig, config: Any) -> BYOLObjectiveConfig:
+    """`target_decay_steps` 0 -> the run's number of loss calls (train.steps x accumulation)."""
+    if model.target_decay_steps:
+        return model
+    return dataclasses.replace(
+        model, target_decay_steps=config.train.steps * config.optim.grad_accum_steps)
+
+
+def build_byol(config: BYOLObjectiveConfig, seed: int) -> BYOL:
+    with nnx.use_eager_sharding(False):
+        return BYOL(config, rngs=nnx.Rngs(seed))
+
+
+register(Method(
+    name="byol",
+    model_config=BYOLObjectiveConfig,
+    example_config=ImageExampleConfig,
+    build_model=build_byol,
+    loss=byol_loss,
+    prepare=prepare_simclr,
+    check=check_two_view_method,
+    units_per_example=lambda examples: 2,
+    monitor=knn_monitor,
+    run_settings=whole_run_schedule,
+    unit="views",
+    description="BYOL: predict a momentum target's projection of the other view "
+                "(Grill et al. 2020)",
+))

@@ -1,0 +1,65 @@
+"""GPT pre-training objective: causal language modelling, the next token's cross-entropy
+(Radford et al. 2018 §3.1 L1; 2019 §2).
+
+On a block of `input_pipeline.gpt_examples` (T + 1 tokens), the model reads tokens 0..T-1 and
+token t + 1 is the target at position t; padding (the last block's tail) is neither read as a
+key nor counted as a target. The loss is the mean negative log-likelihood over targets,
+computed in float32 (`weighted_cross_entropy`); metrics are exact (sum, count) pairs, so
+`loss` is the per-token NLL in nats over any window (perplexity = exp(loss)) and `accuracy`
+the next-token top-1 accuracy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+from input_pipeline import gpt_examples
+from input_pipeline.prepare import DataConfig, prepare_text
+from models.gpt import GPT, GPTConfig
+from objectives.bert import MAX_EVAL_EXAMPLES, check_max_seq_length, weighted_cross_entropy
+from objectives.registry import Batch, Method, Metrics, PreparedData, register
+
+
+def causal_lm_loss(model: GPT, batch: Batch, rng: jax.Array | None
+                   ) -> tuple[jax.Array, Metrics]:
+    """Next-token cross-entropy on a batch of `tokens` / `token_mask` [B, T + 1]."""
+    tokens, mask = batch["tokens"], batch["token_mask"]
+    logits = model(tokens[:, :-1], mask[:, :-1], rng=rng)
+    loss, metrics = weighted_cross_entropy(logits, tokens[:, 1:], mask[:, 1:])
+    return loss, {"loss": metrics["loss"], "accuracy": metrics["accuracy"]}
+
+
+def build_gpt(config: GPTConfig, seed: int) -> GPT:
+    return GPT(config, rngs=nnx.Rngs(seed))
+
+
+def prepare_gpt(data: DataConfig, examples: gpt_examples.GPTExampleConfig, cache_dir: Path,
+                seed: int) -> PreparedData:
+    """Corpus -> tokenizer -> one stream with end-of-text between documents -> blocks."""
+
+    def build(documents, tokenizer, split_seed):
+        return gpt_examples.create_training_examples(documents, tokenizer, examples)
+
+    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
+    eval_examples = held_out.examples(range(min(len(held_out), MAX_EVAL_EXAMPLES)))
+    return PreparedData(
+        train=train, eval=eval_examples,
+        model_fields={"vocab_size": tokenizer.vocab_size, "eos_token_id": tokenizer.eos_id},
+        report={"train_blocks": len(train), "end_of_text_id": tokenizer.eos_id},
+    )
+
+
+register(Method(
+    name="gpt",
+    model_config=GPTConfig,
+    example_config=gpt_examples.GPTExampleConfig,
+    build_model=build_gpt,
+    loss=causal_lm_loss,
+    prepare=prepare_gpt,
+    units_per_example=lambda examples: examples.max_seq_length,
+    check=check_max_seq_length,
+    description="GPT-2: causal language model, next-token prediction (Radford et al. 2019)",
+))

@@ -1,0 +1,190 @@
+"""MoCo v2 pre-training (He et al. 2020 "Momentum Contrast"; Chen et al. 2020 "Improved
+Baselines with Momentum Contrastive Learning"; facebookresearch/moco main_moco.py,
+moco/builder.py).
+
+One training step, as builder.py's `forward`:
+1. the key encoder's parameters move towards the query encoder's current ones,
+   k <- m k + (1 - m) q (m = 0.999), before any key is computed;
+2. queries q = normalise(f_q(view 1)); keys k = normalise(f_k(view 2)) with "shuffling BN"
+   (§3.3): the key batch is permuted before the key encoder and un-permuted after it;
+3. InfoNCE (eq. 1) with logits [q.k+, q.queue] / T, T = 0.2, the positive at index 0;
+4. the keys are enqueued after the loss (FIFO), so a step's keys are never its own negatives.
+
+Shuffling BN here: under `jit` our BatchNorm statistics span the whole global batch, which would
+make the shuffle pointless (the permuted batch has the same statistics). So both encoders
+compute BatchNorm statistics over `shuffle_bn_groups` groups of consecutive examples, as each
+of the reference's 8 GPUs does over its 32 (`models.momentum.call_in_groups`); the key batch is
+permuted across groups first, so a query and its positive key see statistics of different
+subsets. `shuffle_bn_groups=1` is global BatchNorm (the shuffle then changes nothing; §3.3
+reports that the model then cheats the pretext task).
+
+The key encoder, its BatchNorm statistics, the queue and its pointer are model state: the loss
+updates them, the trainer carries and checkpoints them. With `optim.grad_accum_steps` > 1 every
+micro-batch is one reference iteration for the momentum update and the queue (both happen once
+per micro-batch, from the same query parameters within a step); the gradients are still summed
+over the micro-batches before the one optimizer update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from input_pipeline import image_augment
+from input_pipeline.errors import UserError
+from models.momentum import MoCo, MoCoConfig, call_in_groups, ema_update
+from objectives.contrastive import l2_normalize
+from objectives.registry import Batch, Method, Metrics, register
+from objectives.simclr import (
+    ImageExampleConfig,
+    check_simclr,
+    knn_monitor,
+    prepare_simclr,
+    two_views,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoViewAugmentation:
+    """The two views' augmentations (`image_augment.AugmentConfig`), flattened so each is a
+    `model.*` override. Defaults are MoCo v2's (main_moco.py `--aug-plus`): random resized crop
+    of area `crop_area_min`..1 (TensorFlow's crop sampler, see `image_augment`; torchvision's
+    RandomResizedCrop(scale=(0.2, 1)) draws the aspect log-uniformly), colour jitter
+    (`brightness`, `contrast`, `saturation`, `hue`) = torchvision ColorJitter(0.4, 0.4, 0.4, 0.1)
+    with p 0.8, grayscale p 0.2, Gaussian blur (sigma 0.1-2) with p `blur_probability` for the
+    first view and `second_blur_probability` for the second, flip; solarisation with p
+    `solarize_probability` / `second_solarize_probability` (BYOL)."""
+
+    image_size: int = 224
+    crop_area_min: float = 0.2
+    brightness: float = 0.4
+    contrast: float = 0.4
+    saturation: float = 0.4
+    hue: float = 0.1
+    additive_brightness: bool = False
+    blur_probability: float = 0.5
+    second_blur_probability: float = 0.5
+    solarize_probability: float = 0.0
+    second_solarize_probability: float = 0.0
+
+    def check_augmentation(self) -> None:
+        if not 0.0 < self.crop_area_min <= 1.0:
+            raise ValueError(f"crop_area_min={self.crop_area_min} must be in (0, 1]")
+        for name in ("blur_probability", "second_blur_probability", "solarize_probability",
+                     "second_solarize_probability"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1]")
+        if min(self.brightness, self.contrast, self.saturation, self.hue) < 0 or self.hue > 0.5:
+            raise ValueError("brightness, contrast, saturation must be >= 0 and hue in [0, 0.5]")
+
+    def view_augmentations(self, crop: bool = True
+                           ) -> tuple[image_augment.AugmentConfig, image_augment.AugmentConfig]:
+        def view(blur: float, solarize: float) -> image_augment.AugmentConfig:
+            return image_augment.AugmentConfig(
+                image_size=self.image_size, crop=crop,
+                crop_window=image_augment.CropConfig(area=(self.crop_area_min, 1.0)),
+                jitter=(self.brightness, self.contrast, self.saturation, self.hue),
+                additive_brightness=self.additive_brightness, blur_probability=blur,
+                solarize_probability=solarize)
+
+        return (view(self.blur_probability, self.solarize_probability),
+                view(self.second_blur_probability, self.second_solarize_probability))
+
+
+@dataclasses.dataclass(frozen=True)
+class MoCoObjectiveConfig(MoCoConfig, TwoViewAugmentation):
+    """The network (`MoCoConfig`), the augmentations (`TwoViewAugmentation`) and the
+    objective: InfoNCE `temperature` (0.2 in v2, 0.07 in v1), key-encoder `momentum` m
+    (0.999), `shuffle_bn_groups` (8: the reference's 8 GPUs)."""
+
+    temperature: float = 0.2
+    momentum: float = 0.999
+    shuffle_bn_groups: int = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_augmentation()
+        if self.temperature <= 0.0:
+            raise ValueError(f"temperature={self.temperature} must be > 0 (MoCo v2: 0.2)")
+        if not 0.0 <= self.momentum <= 1.0:
+            raise ValueError(f"momentum={self.momentum} must be in [0, 1] (MoCo: 0.999)")
+        if self.shuffle_bn_groups < 1:
+            raise ValueError(f"shuffle_bn_groups={self.shuffle_bn_groups} must be >= 1")
+
+
+def info_nce(queries: jax.Array, keys: jax.Array, queue: jax.Array, temperature: float
+             ) -> tuple[jax.Array, Metrics]:
+    """MoCo's InfoNCE (eq. 1) on L2-normalised queries and keys [N, D] and queue [K, D]: for
+    each query, cross-entropy of the logits [q.k+, q.queue_1..K] / T with the positive at
+    index 0; the mean over queries. Metrics: the loss and the (1 + K)-way accuracy."""
+    queries, keys, queue = (x.astype(jnp.float32) for x in (queries, keys, queue))
+    positive = jnp.sum(queries * keys, axis=1, keepdims=True)
+    logits = jnp.concatenate([positive, queries @ queue.T], axis=1) / temperature
+    per_query = jax.nn.logsumexp(logits, axis=1) - logits[:, 0]
+    count = jnp.float32(queries.shape[0])
+    correct = jnp.sum(jnp.argmax(logits, axis=1) == 0).astype(jnp.float32)
+    return jnp.mean(per_query), {"contrastive_loss": (jnp.sum(per_query), count),
+                                 "contrastive_accuracy": (correct, count)}
+
+
+def moco_loss(model: MoCo, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
+    """One MoCo step (module docstring); `rng=None` (evaluation) uses fixed views, BatchNorm
+    running statistics, no shuffle, and leaves the key encoder and the queue as they are."""
+    config: MoCoObjectiveConfig = model.config
+    train = rng is not None
+    view_rng, shuffle_rng = jax.random.split(rng) if train else (None, None)
+    query_images, key_images = two_views(view_rng, batch["image"], config.view_augmentations)
+    size = query_images.shape[0]
+    if train:
+        groups = config.shuffle_bn_groups
+        if size % groups:
+            raise UserError(f"the (micro-)batch of {size} images is not divisible by "
+                            f"model.shuffle_bn_groups={groups}; change either")
+        if size > config.queue_size:
+            raise UserError(f"model.queue_size={config.queue_size} is smaller than the "
+                            f"(micro-)batch of {size}; use a larger queue")
+        ema_update(model.target, model.online, config.momentum)
+        queries = call_in_groups(model.online, query_images, groups).projections
+        order = jax.random.permutation(shuffle_rng, size)
+        shuffled = call_in_groups(model.target, key_images[order], groups).projections
+        keys = jnp.zeros_like(shuffled).at[order].set(shuffled)  # undo the shuffle
+    else:
+        queries = model.online(query_images, train=False).projections
+        keys = model.target(key_images, train=False).projections
+    queries = l2_normalize(queries.astype(jnp.float32))
+    keys = jax.lax.stop_gradient(l2_normalize(keys.astype(jnp.float32)))
+    loss, metrics = info_nce(queries, keys, model.queue.get_value(), config.temperature)
+    if train:
+        model.enqueue(keys)
+    return loss, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
+
+
+def build_moco(config: MoCoObjectiveConfig, seed: int) -> MoCo:
+    with nnx.use_eager_sharding(False):
+        return MoCo(config, rngs=nnx.Rngs(seed))
+
+
+def check_two_view_method(model: TwoViewAugmentation, examples: ImageExampleConfig) -> None:
+    """SimCLR's checks, and host crops drawn from the same area range as the model's."""
+    check_simclr(model, examples)
+    if examples.host_crop_size and examples.host_crop_area_min != model.crop_area_min:
+        raise UserError(f"examples.host_crop_area_min={examples.host_crop_area_min} differs from "
+                        f"model.crop_area_min={model.crop_area_min}; set both to the same value")
+
+
+register(Method(
+    name="moco",
+    model_config=MoCoObjectiveConfig,
+    example_config=ImageExampleConfig,
+    build_model=build_moco,
+    loss=moco_loss,
+    prepare=prepare_simclr,
+    check=check_two_view_method,
+    units_per_example=lambda examples: 2,
+    monitor=knn_monitor,
+    unit="views",
+    description="MoCo v2: InfoNCE against a queue of momentum-encoded keys (He et al. 2020)",
+))

@@ -1,0 +1,85 @@
+"""MPNet pre-training objective: masked and permuted language modelling (Song et al. 2020,
+§2.2-2.3).
+
+Reference: microsoft/MPNet masked_permutation_criterion.py and masked_permutation_net.py
+(`compute_mpnet`): the loss is the cross-entropy of the query stream's logits against the b
+predicted tokens, in factorisation order, averaged over all predictions of the batch. Every
+record is a full block, so every row predicts exactly b tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from input_pipeline import mpnet_examples
+from input_pipeline.bert_examples import MaskingVocab
+from input_pipeline.errors import UserError
+from input_pipeline.prepare import DataConfig, prepare_text
+from models.mpnet import MPNet, MPNetConfig
+from objectives.bert import MAX_EVAL_EXAMPLES, mask_records, weighted_cross_entropy
+from objectives.registry import Batch, Method, Metrics, PreparedData, register
+from objectives.xlnet import unigram_baselines
+
+
+def mpnet_loss(model: MPNet, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
+    """Two-stream forward on a batch of `MaskedPermutation` features; `rng=None` disables
+    dropout. Metrics are named as XLNet's (`plm_*`): both are permuted-LM predictions."""
+    targets = batch["target_ids"]
+    out = model(batch["input_ids"], position_ids=batch["position_ids"],
+                pred_size=targets.shape[1], rng=rng)
+    loss, plm = weighted_cross_entropy(out.logits, targets, jnp.ones(targets.shape),
+                                       epsilon=0.0)
+    one = jnp.ones((), jnp.float32)
+    return loss, {"loss": (loss, one), "plm_loss": plm["loss"], "plm_accuracy": plm["accuracy"]}
+
+
+def build_mpnet(config: MPNetConfig, seed: int) -> MPNet:
+    return MPNet(config, rngs=nnx.Rngs(seed))
+
+
+def prepare_mpnet(data: DataConfig, examples: mpnet_examples.MPNetExampleConfig,
+                  cache_dir: Path, seed: int) -> PreparedData:
+    """Corpus -> tokenizer -> full blocks -> ArrayRecord; permutations, predicted parts and
+    80/10/10 corruption drawn while loading (fixed once, with a fixed seed, for held-out)."""
+
+    def build(documents, tokenizer, split_seed):
+        vocab = MaskingVocab.from_tokenizer(tokenizer)
+        return mpnet_examples.create_training_examples(documents, vocab, examples, split_seed)
+
+    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
+    sampling = mpnet_examples.MaskedPermutation(MaskingVocab.from_tokenizer(tokenizer),
+                                                examples)
+    eval_examples = mask_records(held_out.examples(range(min(len(held_out), MAX_EVAL_EXAMPLES))),
+                                 sampling, seed + 2)
+    weights = np.ones(eval_examples["target_ids"].shape)
+    return PreparedData(
+        train=train, eval=eval_examples, transforms=(sampling,),
+        model_fields={"vocab_size": tokenizer.vocab_size},
+        report=unigram_baselines({"target_ids": eval_examples["target_ids"],
+                                  "target_weights": weights}))
+
+
+def check_mpnet(model: MPNetConfig, examples: mpnet_examples.MPNetExampleConfig) -> None:
+    if examples.max_seq_length > model.max_length:
+        raise UserError(
+            f"examples.max_seq_length={examples.max_seq_length} needs "
+            f"model.max_position_embeddings >= {examples.max_seq_length + 2} (positions start "
+            f"at 2), not {model.max_position_embeddings}; lower the first or raise the second")
+
+
+register(Method(
+    name="mpnet",
+    model_config=MPNetConfig,
+    example_config=mpnet_examples.MPNetExampleConfig,
+    build_model=build_mpnet,
+    loss=mpnet_loss,
+    prepare=prepare_mpnet,
+    units_per_example=lambda examples: examples.max_seq_length,
+    check=check_mpnet,
+    description="MPNet: masked and permuted LM with two-stream attention (Song et al. 2020)",
+))

@@ -1,0 +1,76 @@
+"""RoBERTa pre-training objective: masked LM only (Liu et al. 2019, §4.1-4.2).
+
+No next-sentence task; FULL-SENTENCES inputs (`input_pipeline.roberta_examples`) masked anew
+every time they are loaded (dynamic masking, BERT's 80/10/10). The loss is BERT's MLM loss
+over the gathered masked positions, sum(w * nll) / (sum(w) + 1e-5) (fairseq's masked_lm
+criterion: the mean over masked tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from input_pipeline import roberta_examples
+from input_pipeline.errors import UserError
+from input_pipeline.prepare import DataConfig
+from models.roberta import Roberta, RobertaConfig
+from objectives.bert import prepare_masked_lm, weighted_cross_entropy
+from objectives.registry import Batch, Method, Metrics, PreparedData, register
+
+
+def roberta_loss(model: Roberta, batch: Batch, rng: jax.Array | None
+                 ) -> tuple[jax.Array, Metrics]:
+    """The masked-LM loss on one batch of masked features; `rng=None` disables dropout."""
+    out = model(batch["input_ids"], None, batch["input_mask"],
+                masked_positions=batch["masked_lm_positions"], rng=rng)
+    loss, mlm = weighted_cross_entropy(out.mlm_logits, batch["masked_lm_ids"],
+                                       batch["masked_lm_weights"])
+    return loss, {"loss": (loss, jnp.ones((), jnp.float32)), "mlm_loss": mlm["loss"],
+                  "mlm_accuracy": mlm["accuracy"]}
+
+
+def build_roberta(config: RobertaConfig, seed: int) -> Roberta:
+    return Roberta(config, rngs=nnx.Rngs(seed))
+
+
+def prepare_roberta(data: DataConfig, examples: roberta_examples.RobertaExampleConfig,
+                    cache_dir: Path, seed: int) -> PreparedData:
+    """Corpus -> tokenizer -> FULL-SENTENCES records, masked while loading. The tokenizer's
+    padding id becomes the model's `position_padding_id` (where positions count from)."""
+    prepared = prepare_masked_lm(data, examples, cache_dir, seed,
+                                 roberta_examples.create_training_examples, dynamic_masking=True)
+    pad_id = prepared.transforms[0].vocab.pad_id
+    return dataclasses.replace(
+        prepared, model_fields={**prepared.model_fields, "position_padding_id": pad_id})
+
+
+def check_roberta(model: RobertaConfig, examples: roberta_examples.RobertaExampleConfig
+                  ) -> None:
+    """Positions reach max_seq_length + padding id; the padding id may still come from the
+    tokenizer (0 = ours), so at least 1 is assumed (HF's byte-level BPE pads with 1)."""
+    needed = examples.max_seq_length + max(model.position_padding_id, 1) + 1
+    if needed > model.max_position_embeddings:
+        raise UserError(
+            f"examples.max_seq_length={examples.max_seq_length} needs "
+            f"model.max_position_embeddings >= {needed} (RoBERTa's positions start after the "
+            f"padding id), not {model.max_position_embeddings}; raise it or shorten the "
+            "sequences")
+
+
+register(Method(
+    name="roberta",
+    model_config=RobertaConfig,
+    example_config=roberta_examples.RobertaExampleConfig,
+    build_model=build_roberta,
+    loss=roberta_loss,
+    prepare=prepare_roberta,
+    units_per_example=lambda examples: examples.max_seq_length,
+    check=check_roberta,
+    description="RoBERTa: masked LM on FULL-SENTENCES inputs with dynamic masking, no NSP "
+                "(Liu et al. 2019)",
+))
