@@ -9,7 +9,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 
-jax.config.update("jax_compilation_cache_dir", os.path.expanduser("~/.cache/pretext-jax-tests"))
+# One cache per pytest-xdist worker (`-n 2`), so no two processes write the same entry.
+jax.config.update("jax_compilation_cache_dir", os.path.expanduser(
+    "~/.cache/pretext-jax-tests" + os.environ.get("PYTEST_XDIST_WORKER", "")))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 from pathlib import Path  # noqa: E402
