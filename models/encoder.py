@@ -74,6 +74,11 @@ class TransformerConfig:
     def compute_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
 
+    @property
+    def embedding_width(self) -> int:
+        """The word-embedding width (the hidden size unless a family factorises it)."""
+        return self.hidden_size
+
 
 def check_execution_fields(config: Any) -> None:
     """Validates `remat`, `attention_implementation` and `dtype` (shared by every model
@@ -397,7 +402,8 @@ class MaskedLMHead(nnx.Module):
     word-embedding matrix plus a bias (HF `RobertaLMHead`, `AlbertMLMHead`; BERT's
     `cls.predictions` at embedding width = hidden). `activation` defaults to `hidden_act`."""
 
-    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs, activation: str | None = None):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs,
+                 activation: str | None = None):
         e = config.embedding_width
         self.activation = activation or config.hidden_act
         self.dense = dense(config, config.hidden_size, e, ("embed", "mlp"), rngs)

@@ -25,9 +25,9 @@ from flax import nnx
 from models.encoder import (
     ACTIVATIONS,
     EncoderLayer,
+    MaskedLMHead,
     TransformerConfig,
     attention,
-    dense,
     dropout,
     embed,
     layer_norm,
@@ -151,9 +151,7 @@ class MPNet(nnx.Module):
                                                  config.num_heads, (None, None), rngs)
             self.layers = stacked_layers(lambda r: MPNetLayer(config, rngs=r),
                                          config.num_layers, rngs)
-            self.lm_dense = dense(config, h, h, ("embed", "mlp"), rngs)
-            self.lm_layer_norm = layer_norm(config, h, rngs)
-            self.lm_bias = nnx.Param(jnp.zeros((config.vocab_size,)), out_sharding=("vocab",))
+            self.lm_head = MaskedLMHead(config, rngs=rngs, activation="gelu")
 
     def position_bias(self, query_positions: jax.Array, key_positions: jax.Array) -> jax.Array:
         """[B, heads, Tq, Tk] learned bias of the bucketed `key - query` offsets
@@ -165,9 +163,7 @@ class MPNet(nnx.Module):
 
     def lm_logits(self, hidden: jax.Array) -> jax.Array:
         """HF `MPNetLMHead`: dense, exact GELU, LayerNorm, tied decoder + bias."""
-        x = self.lm_layer_norm(ACTIVATIONS["gelu"](self.lm_dense(hidden)))
-        logits = self.word_embeddings.attend(x)
-        return logits + self.lm_bias[...].astype(logits.dtype)
+        return self.lm_head(hidden, self.word_embeddings)
 
     def __call__(
         self,

@@ -548,10 +548,16 @@ def _mpnet_tensors(config: MPNetConfig) -> tuple[Tensor, ...]:
         *linear(f"{layer}.intermediate.dense", f"{layers}.intermediate"),
         *linear(f"{layer}.output.dense", f"{layers}.output"),
         *layer_norm(f"{layer}.output.LayerNorm", f"{layers}.output_layer_norm"),
-        *linear("lm_head.dense", "lm_dense"),
-        *layer_norm("lm_head.layer_norm", "lm_layer_norm"),
-        Tensor("lm_head.bias", "lm_bias"),
+        *_lm_head_tensors(),
     )
+
+
+def _lm_head_tensors() -> tuple[Tensor, ...]:
+    """HF `RobertaLMHead` / `MPNetLMHead` (`lm_head.dense`, `layer_norm`, `bias`; the decoder
+    is tied to the word embeddings) <-> our `MaskedLMHead` at `lm_head`."""
+    return (*linear("lm_head.dense", "lm_head.dense"),
+            *layer_norm("lm_head.layer_norm", "lm_head.layer_norm"),
+            Tensor("lm_head.bias", "lm_head.bias"))
 
 
 def _mpnet_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> MPNetConfig:
@@ -586,10 +592,7 @@ def _mpnet_config_to_hf(config: MPNetConfig) -> dict[str, Any]:
 def _roberta_tensors(config: RobertaConfig) -> tuple[Tensor, ...]:
     """`RobertaForMaskedLM`: `roberta` (`RobertaModel` without pooler: BERT's embeddings and
     layers) + `lm_head` (`RobertaLMHead`: `dense`, `layer_norm`, `bias`; decoder tied)."""
-    return (*_encoder_tensors("roberta.", config),
-            *linear("lm_head.dense", "lm_head.dense"),
-            *layer_norm("lm_head.layer_norm", "lm_head.layer_norm"),
-            Tensor("lm_head.bias", "lm_head.bias"))
+    return (*_encoder_tensors("roberta.", config), *_lm_head_tensors())
 
 
 def _roberta_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> RobertaConfig:
