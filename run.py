@@ -63,6 +63,16 @@ def _parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--workdir", required=True, help="run directory (resumes if present)")
     pretrain.add_argument("overrides", nargs="*", help="section.key=value config overrides")
 
+    prepare = commands.add_parser(
+        "prepare", help="prepare a preset's data alone (e.g. on CPU hosts before the job)")
+    prepare.add_argument("--preset", default="bert_tiny", help="config preset, e.g. bert_base")
+    prepare.add_argument("--data", help="corpus: file, folder, glob, tfds:NAME or python-docs")
+    prepare.add_argument("--tokenizer", help="sentencepiece .model, BERT vocab.txt or HF dir")
+    prepare.add_argument("--workdir", required=True,
+                         help="the run directory `pretrain` will use (records go to "
+                         "WORKDIR/data, or data.cache_dir)")
+    prepare.add_argument("overrides", nargs="*", help="section.key=value config overrides")
+
     convert = commands.add_parser("convert", help="convert between pretext and HuggingFace")
     convert.add_argument("source", help="pretext workdir/model dir, or HuggingFace dir")
     convert.add_argument("target", help="output directory (must not be an unrelated folder)")
@@ -193,6 +203,8 @@ def _import_plugin(name: str) -> None:
         module = importlib.util.module_from_spec(spec)
         sys.modules[path.stem] = module
         spec.loader.exec_module(module)
+        # Preparation workers are new processes: they import the objective by its name.
+        sys.path.append(str(path.resolve().parent))
         return
     try:
         importlib.import_module(name)
@@ -236,14 +248,24 @@ def main(argv: list[str] | None = None) -> int:
             summary, trainer = _pretrain("simclr_digits" if images else "bert_tiny",
                                          getattr(args, "overrides", []), workdir)
             _print_summary(summary, time.perf_counter() - start, trainer)
-        elif args.command == "pretrain":
+        elif args.command in ("pretrain", "prepare"):
             overrides = list(args.overrides)
             if args.data:
                 overrides.append(f"data.source={args.data}")
             if args.tokenizer:
                 overrides.append(f"data.tokenizer={args.tokenizer}")
-            summary, trainer = _pretrain(args.preset, overrides, args.workdir)
-            _print_summary(summary, time.perf_counter() - start, trainer)
+            if args.command == "prepare":
+                from pretrain.config import make_config
+                from pretrain.trainer import data_cache, prepare_data
+
+                config = make_config(args.preset, overrides)
+                prepare_data(config, args.workdir)
+                print(f"records ready in {data_cache(config, args.workdir)}; "
+                      f"`run.py pretrain --workdir {args.workdir}` with the same settings "
+                      "reuses them")
+            else:
+                summary, trainer = _pretrain(args.preset, overrides, args.workdir)
+                _print_summary(summary, time.perf_counter() - start, trainer)
         elif args.command == "finetune":
             from pretrain import finetune
 

@@ -94,11 +94,9 @@ def ngram_mask_tokens(
     candidates = bert_examples.masking_candidates(tokens, vocab, config.whole_word_mask)
     budget = bert_examples.prediction_budget(len(tokens), config)
     output = tokens.copy()
-    chosen: list[int] = []
-    for span in choose_ngram_spans(candidates, budget, config.max_ngram, rng):
-        for index in (i for word in span for i in word):
-            bert_examples.corrupt(output, index, vocab, config, rng)
-            chosen.append(index)
+    chosen = [i for span in choose_ngram_spans(candidates, budget, config.max_ngram, rng)
+              for word in span for i in word]
+    bert_examples.corrupt(output, np.asarray(chosen, np.int64), vocab, config, rng)
     return bert_examples.masked_result(tokens, output, chosen)
 
 

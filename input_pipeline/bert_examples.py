@@ -91,13 +91,25 @@ class Instance:
 
 def truncate_seq_pair(a: list[int], b: list[int], max_num_tokens: int,
                       rng: np.random.Generator) -> None:
-    """Trims the longer side, from its front or back at random, until the pair fits."""
-    while len(a) + len(b) > max_num_tokens:
-        longer = a if len(a) > len(b) else b
-        if rng.random() < 0.5:
-            del longer[0]
+    """Trims the longer side, from its front or back at random, until the pair fits
+    (reference: `truncate_seq_pair`). One uniform draw per removed token as the reference's loop,
+    but the removals are counted first and cut as slices, so a huge sentence costs linear time:
+    the longer side shrinks until the sides are equal, then B, A, B, ... (ties go to B)."""
+    excess = len(a) + len(b) - max_num_tokens
+    if excess <= 0:
+        return
+    length_a, length_b = len(a), len(b)
+    front_a = front_b = 0
+    for draw in rng.random(excess).tolist():
+        if length_a > length_b:
+            length_a -= 1
+            front_a += draw < 0.5
         else:
-            longer.pop()
+            length_b -= 1
+            front_b += draw < 0.5
+    for tokens, length, front in ((a, length_a, front_a), (b, length_b, front_b)):
+        del tokens[front + length:]
+        del tokens[:front]
 
 
 def create_instances_from_document(
@@ -160,19 +172,19 @@ def create_instances_from_document(
     return instances
 
 
+def _special(tokens: np.ndarray, vocab: MaskingVocab) -> np.ndarray:
+    return (tokens == vocab.cls_id) | (tokens == vocab.sep_id) | (tokens == vocab.pad_id)
+
+
 def masking_candidates(tokens: np.ndarray, vocab: MaskingVocab,
                        whole_word_mask: bool) -> list[list[int]]:
     """Positions that may be masked, grouped: all but [CLS], [SEP] and [PAD], one group per
     piece, or with whole-word masking per word (a word's continuation pieces join its first)."""
-    special = (tokens == vocab.cls_id) | (tokens == vocab.sep_id) | (tokens == vocab.pad_id)
-    candidates: list[list[int]] = []
-    for index in np.flatnonzero(~special):
-        if (whole_word_mask and candidates and vocab.continuation[tokens[index]]
-                and candidates[-1][-1] == index - 1):
-            candidates[-1].append(int(index))
-        else:
-            candidates.append([int(index)])
-    return candidates
+    positions = np.flatnonzero(~_special(tokens, vocab))
+    if not whole_word_mask or len(positions) < 2:
+        return [[p] for p in positions.tolist()]
+    joins = vocab.continuation[tokens[positions[1:]]] & (np.diff(positions) == 1)
+    return [group.tolist() for group in np.split(positions, np.flatnonzero(~joins) + 1)]
 
 
 def prediction_budget(length: int, config: Any) -> int:
@@ -182,20 +194,25 @@ def prediction_budget(length: int, config: Any) -> int:
                max(1, int(round(length * config.masked_lm_prob))))
 
 
-def corrupt(output: np.ndarray, index: int, vocab: MaskingVocab, config: Any,
+def corrupt(output: np.ndarray, positions: np.ndarray, vocab: MaskingVocab, config: Any,
             rng: np.random.Generator) -> None:
-    """Position `index` of `output` becomes [MASK] with `mask_token_prob`, a random id drawn
-    uniformly from the whole vocabulary with `random_token_prob`, and stays otherwise."""
+    """Each of `positions` in `output` becomes [MASK] with `mask_token_prob`, a random id drawn
+    uniformly from the whole vocabulary with `random_token_prob`, and stays otherwise (the
+    reference's two draws per position, made for all positions at once)."""
+    count = len(positions)
     keep_or_random = 1.0 - config.mask_token_prob
     random_given_not_masked = (config.random_token_prob / keep_or_random
                                if keep_or_random > 0.0 else 0.0)
-    if rng.random() < config.mask_token_prob:
-        output[index] = vocab.mask_id
-    elif rng.random() >= 1.0 - random_given_not_masked:
-        output[index] = int(rng.integers(0, vocab.vocab_size))
+    first, second = rng.random((2, count))
+    masked = first < config.mask_token_prob
+    replaced = ~masked & (second >= 1.0 - random_given_not_masked)
+    random_ids = rng.integers(0, vocab.vocab_size, count)
+    positions = np.asarray(positions, np.int64)
+    output[positions[masked]] = vocab.mask_id
+    output[positions[replaced]] = random_ids[replaced]
 
 
-def masked_result(tokens: np.ndarray, output: np.ndarray, chosen: list[int]
+def masked_result(tokens: np.ndarray, output: np.ndarray, chosen: Sequence[int] | np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(masked tokens, sorted positions, their original ids)."""
     positions = np.sort(np.asarray(chosen, np.int32))
@@ -208,25 +225,28 @@ def mask_tokens(
     """Masked-LM predictions (reference: `create_masked_lm_predictions`).
 
     Candidate groups (`masking_candidates`) are shuffled and taken while the total stays within
-    `prediction_budget`. Each chosen position is corrupted by `corrupt` (BERT 0.8/0.1/0.1;
-    ELECTRA 0.85/0/0.15). `config` is any object with the fields `check_masking` validates.
+    `prediction_budget` (with single-piece groups: the first `budget` of the shuffled
+    positions). The chosen positions are corrupted by `corrupt` (BERT 0.8/0.1/0.1; ELECTRA
+    0.85/0/0.15). `config` is any object with the fields `check_masking` validates.
     Returns (masked tokens, sorted positions, labels).
     """
-    candidates = masking_candidates(tokens, vocab, config.whole_word_mask)
-    order = rng.permutation(len(candidates))
     num_to_predict = prediction_budget(len(tokens), config)
+    if config.whole_word_mask:
+        candidates = masking_candidates(tokens, vocab, True)
+        chosen: list[int] = []
+        for group_index in rng.permutation(len(candidates)):
+            if len(chosen) >= num_to_predict:
+                break
+            group = candidates[group_index]
+            if len(chosen) + len(group) <= num_to_predict:
+                chosen.extend(group)
+        positions = np.asarray(chosen, np.int64)
+    else:
+        candidates_array = np.flatnonzero(~_special(tokens, vocab))
+        positions = candidates_array[rng.permutation(len(candidates_array))[:num_to_predict]]
     output = tokens.copy()
-    chosen: list[int] = []
-    for group_index in order:
-        if len(chosen) >= num_to_predict:
-            break
-        group = candidates[group_index]
-        if len(chosen) + len(group) > num_to_predict:
-            continue
-        for index in group:
-            corrupt(output, index, vocab, config, rng)
-            chosen.append(index)
-    return masked_result(tokens, output, chosen)
+    corrupt(output, positions, vocab, config, rng)
+    return masked_result(tokens, output, positions)
 
 
 def to_features(
@@ -265,23 +285,23 @@ def create_training_examples(
     documents: Sequence[Document], vocab: MaskingVocab, config: BertExampleConfig, seed: int,
     *, sentence_order: bool = False, mask: Callable[..., tuple[np.ndarray, ...]] = mask_tokens,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """All examples of a corpus (reference: `create_training_instances`): documents shuffled,
-    `dupe_factor` passes (each with fresh pairs and masks), then all instances shuffled.
-    ALBERT passes `sentence_order=True` and its n-gram `mask`."""
+    """The examples of a group of documents (reference: `create_training_instances`):
+    documents shuffled, `dupe_factor` passes (each with fresh pairs and masks). Yielded as they
+    are made: the reference's final shuffle of all instances is the loader's global shuffle,
+    and a corpus is prepared shard by shard (`prepare.prepare_text`), so a random next sentence
+    comes from a document of the same input shard. ALBERT passes `sentence_order=True` and its
+    n-gram `mask`."""
     rng = np.random.default_rng(seed)
     documents = [documents[i] for i in rng.permutation(len(documents))]
     passes = 1 if config.dynamic_masking else config.dupe_factor
-    instances: list[dict[str, np.ndarray]] = []
     for _ in range(passes):
         for index in range(len(documents)):
             for instance in create_instances_from_document(documents, index, config, vocab, rng,
                                                            sentence_order):
                 masked = (None if config.dynamic_masking
                           else mask(instance.tokens, vocab, config, rng))
-                instances.append(to_features(instance.tokens, instance.segment_ids,
-                                             instance.is_random_next, config, vocab, masked))
-    for i in rng.permutation(len(instances)):
-        yield instances[i]
+                yield to_features(instance.tokens, instance.segment_ids,
+                                  instance.is_random_next, config, vocab, masked)
 
 
 class DynamicMasking(grain.transforms.RandomMap):

@@ -64,7 +64,8 @@ def create_training_examples(
     documents: Sequence[Document], vocab: MaskingVocab, config: MPNetExampleConfig, seed: int,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Full blocks `[CLS] + max_seq_length - 1 stream tokens` of the documents (in a seeded
-    random order, each ending with [SEP]); the incomplete last block is dropped."""
+    random order, each ending with [SEP]); the incomplete last block is dropped, so documents
+    of fewer tokens than one block give none (`prepare_text` says so when no shard has any)."""
     rng = np.random.default_rng(seed)
     pieces = []
     for index in rng.permutation(len(documents)):
@@ -72,10 +73,6 @@ def create_training_examples(
         pieces.append(np.asarray([vocab.sep_id], np.int32))
     stream = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
     block = config.max_seq_length - 1
-    if len(stream) < block:
-        raise UserError(f"the corpus has {len(stream)} tokens, fewer than one block of "
-                        f"examples.max_seq_length={config.max_seq_length}; use a larger corpus "
-                        "or a shorter max_seq_length")
     for start in range(0, len(stream) - block + 1, block):
         yield {"input_ids": np.concatenate([[vocab.cls_id], stream[start:start + block]]
                                            ).astype(np.int32)}

@@ -1,28 +1,57 @@
-"""Host-side preparation shared by the text methods: corpus -> tokenizer -> examples -> records.
+"""Host-side preparation shared by the text methods: corpus -> tokenizer -> examples -> records,
+streamed shard by shard, over worker processes and hosts, resumable.
 
-The method supplies only its example builder (BERT: NSP pairs and masking). Prepared records are
-cached under a fingerprint of everything that determines them, so a second run (or a resumed
-one) reuses them and a change of corpus, tokenizer or example settings rebuilds them.
+The method supplies only its example builder (BERT: NSP pairs and masking), a picklable
+`build(documents, tokenizer, seed)` applied to one input shard's documents at a time.
+
+- The corpus is cut into input shards (`corpus.plan_shards`: ~`data.input_shard_mb` MB of files
+  cut at document boundaries, small files grouped; 4,096 TFDS records; 128 demo documents).
+  A worker reads one shard, holds out a fraction of its documents (`split_held_out`),
+  tokenises the rest and writes the builder's examples to one ArrayRecord file per shard and
+  split as they are made. Nothing proportional to the corpus is held: memory is bounded by one
+  shard per worker. The reference shuffles all examples in memory; here the loader's global
+  shuffle over every shard does that, and examples that draw on other documents (BERT's random
+  next sentence, RoBERTa/ELECTRA/GPT/MPNet/T5 packing, XLNet's parallel streams) draw on the
+  documents of the same input shard (a shard holds thousands of documents at the default size).
+- Records are identical whatever the number of workers and hosts: the shard plan depends only on
+  the files, each shard's seed on (seed, split, shard index), and file names on the shard.
+- Resumable and atomic: a shard's files are written under temporary names and renamed, its
+  summary last; a shard with a summary is never redone, so a preparation killed at any moment
+  and restarted finishes the rest with exactly the records of an uninterrupted one. Two
+  processes preparing one cache at once write identical files and rename them atomically.
+- Tokenizer training reads the training documents once and lets sentencepiece keep a seeded
+  uniform sample of `data.tokenizer_sentences` sentences (its reservoir sampler), so memory is
+  bounded whatever the corpus size.
+- With several JAX processes, process p prepares shards p, p + P, ...; every process then
+  prepares whatever it still cannot see (a cache that is not on a shared file system).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+import multiprocessing
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from input_pipeline import sources, tokenizers
+from input_pipeline import corpus, tokenizers
 from input_pipeline.errors import UserError
-from input_pipeline.records import RecordDirectory, write_records
+from input_pipeline.records import SPEC_FILE, RecordDirectory, write_shard
 
-DEMO_CORPUS = "python-docs"
-# DataConfig fields that change how records are loaded, not what they contain.
-LOADER_ONLY_FIELDS = ("cache_dir", "worker_count")
+DEMO_CORPUS = corpus.DEMO_CORPUS
+# DataConfig fields that change how records are made or loaded, not what they contain.
+LOADER_ONLY_FIELDS = ("cache_dir", "worker_count", "prepare_workers")
+SPLITS = ("train", "eval")
 
 Documents = list[list[list[int]]]
 ExampleBuilder = Callable[[Documents, Any, int], Iterable[dict[str, np.ndarray]]]
@@ -30,14 +59,18 @@ ExampleBuilder = Callable[[Documents, Any, int], Iterable[dict[str, np.ndarray]]
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Where the data comes from and how it is tokenised and loaded.
+    """Where the data comes from and how it is tokenised, prepared and loaded.
 
     `source`: a text file, folder or glob (plain one-sentence-per-line or WikiText format),
     `tfds:NAME[/CONFIG]` for any TFDS text dataset, or `python-docs` (the offline demo corpus that
     ships with CPython). `tokenizer`: a sentencepiece `.model`, a BERT `vocab.txt` or a HF BERT
-    folder; empty = train a sentencepiece unigram model of `vocab_size` on the training split.
-    `eval_source`: a separate held-out corpus (e.g. WikiText's valid split); empty = hold out
-    `held_out_fraction` of the documents of `source`.
+    folder; empty = train a sentencepiece unigram model of `vocab_size` on a uniform sample of
+    at most `tokenizer_sentences` training sentences. `eval_source`: a separate held-out corpus
+    (e.g. WikiText's valid split); empty = hold out `held_out_fraction` of the documents of every
+    input shard of `source`. `input_shard_mb`: the size of the pieces the corpus is prepared in
+    (one worker holds one at a time; examples never combine two). `prepare_workers`: worker
+    processes of the preparation on this host (0 = one per core; 1 = in this process); the
+    records do not depend on it. `worker_count`: Grain's loader workers.
     """
 
     source: str = DEMO_CORPUS
@@ -48,19 +81,26 @@ class DataConfig:
     eval_source: str = ""
     tokenizer: str = ""
     vocab_size: int = 8000
+    tokenizer_sentences: int = 1_000_000
     held_out_fraction: float = 0.05
+    input_shard_mb: float = 8.0
     cache_dir: str = ""
     worker_count: int = 0
+    prepare_workers: int = 0
 
-
-def source_fingerprint(spec: str) -> Any:
-    """Paths with their sizes and mtimes (so edited files invalidate the cache); names as-is."""
-    if spec == DEMO_CORPUS or spec.startswith("tfds:"):
-        return spec
-    paths = sorted(Path().glob(spec)) if any(c in spec for c in "*?[") else [Path(spec)]
-    expanded = [q for p in paths for q in (sorted(p.rglob("*")) if p.is_dir() else [p])]
-    return [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns]
-            for p in expanded if p.is_file()]
+    def __post_init__(self) -> None:
+        if not 0.0 < self.held_out_fraction < 1.0:
+            raise UserError(f"data.held_out_fraction={self.held_out_fraction} must be in (0, 1); "
+                            "e.g. data.held_out_fraction=0.05")
+        if not 0.001 <= self.input_shard_mb <= 4096:
+            raise UserError(f"data.input_shard_mb={self.input_shard_mb} must be in "
+                            "[0.001, 4096]; e.g. data.input_shard_mb=8")
+        if self.tokenizer_sentences < 1:
+            raise UserError(f"data.tokenizer_sentences={self.tokenizer_sentences} must be >= 1; "
+                            "e.g. 1000000")
+        for name in ("prepare_workers", "worker_count"):
+            if getattr(self, name) < 0:
+                raise UserError(f"data.{name}={getattr(self, name)} must be >= 0 (0 = automatic)")
 
 
 def fingerprint(*parts: Any) -> str:
@@ -68,16 +108,28 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def read_corpus(data: DataConfig, spec: str) -> list[list[str]]:
-    if spec == DEMO_CORPUS:
-        return sources.python_docs_documents()
-    return sources.read_documents(
-        spec, text_format=data.text_format, tfds_split=data.tfds_split,
-        tfds_text_key=data.tfds_text_key or None, data_dir=data.tfds_data_dir or None,
-    )
+def source_fingerprint(spec: str) -> Any:
+    """Paths with their sizes and mtimes (so edited files invalidate the cache); names as-is."""
+    return corpus.source_fingerprint(spec)
 
 
-def tokenize_documents(documents: list[list[str]], tokenizer: Any) -> Documents:
+def shard_seed(seed: int, split: str, index: int) -> int:
+    """The seed of one shard's examples: a function of (seed, split, shard index) only."""
+    entropy = [seed, {"train": 0, "eval": 1, "eval_source": 2}[split], index]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
+def split_held_out(count: int, fraction: float, seed: int) -> np.ndarray:
+    """Which of a shard's `count` documents are held out: round(count x fraction), at least one
+    and never all when there are two or more (a fixed-seed random choice)."""
+    held = np.zeros(count, bool)
+    if fraction > 0 and count >= 2:
+        number = min(max(1, round(count * fraction)), count - 1)
+        held[np.random.default_rng(seed).permutation(count)[:number]] = True
+    return held
+
+
+def tokenize_documents(documents: Iterable[list[str]], tokenizer: Any) -> Documents:
     """Token ids per sentence; sentences that tokenise to nothing are dropped."""
     out = []
     for document in documents:
@@ -87,46 +139,380 @@ def tokenize_documents(documents: list[list[str]], tokenizer: Any) -> Documents:
     return out
 
 
+# ----------------------------------------------------------------------------------- workers
+@dataclasses.dataclass(frozen=True)
+class ShardJob:
+    """One input shard and everything a worker process needs to turn it into records."""
+
+    shard: corpus.InputShard
+    data: DataConfig
+    tokenizer: str
+    build: ExampleBuilder
+    split: str  # "train" (documents split into train / held out) or "eval_source"
+    seed: int
+    prefix: str  # output files: PREFIX.train.array_record, PREFIX.eval.array_record, PREFIX.json
+
+    @property
+    def summary_path(self) -> Path:
+        return Path(self.prefix + ".json")
+
+
+_PROGRESS: dict[str, Any] = {}
+
+
+def _init_worker(counters: dict[str, Any], path: list[str]) -> None:
+    """Pool initializer: shared progress counters and the parent's import path (user objectives
+    imported from a file are found by name)."""
+    sys.path[:] = path
+    _PROGRESS.update(counters)
+
+
+def _count(name: str, amount: int) -> None:
+    counter = _PROGRESS.get(name)
+    if counter is not None:
+        with counter.get_lock():
+            counter.value += amount
+
+
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def _tokenizer(spec: str) -> Any:
+    if spec not in _TOKENIZERS:
+        _TOKENIZERS[spec] = tokenizers.load_tokenizer(spec)
+    return _TOKENIZERS[spec]
+
+
+def prepare_shard(job: ShardJob) -> dict[str, Any]:
+    """Reads, splits, tokenises and builds one shard; writes its record files, then its summary
+    (the mark of a finished shard). Returns the summary."""
+    tokenizer = _tokenizer(job.tokenizer)
+    documents = list(corpus.read_shard(job.shard, job.data))
+    if job.split == "train":
+        fraction = 0.0 if job.data.eval_source else job.data.held_out_fraction
+        held = split_held_out(len(documents), fraction, job.seed)
+    else:
+        held = np.ones(len(documents), bool)
+    summary: dict[str, Any] = {"shard": dataclasses.asdict(job.shard),
+                               "documents": len(documents), "bytes": job.shard.size}
+    sentences = tokens = 0
+    for split, chosen in (("train", ~held), ("eval", held)):
+        group = tokenize_documents([d for d, keep in zip(documents, chosen, strict=True) if keep],
+                                   tokenizer)
+        sentences += sum(len(d) for d in group)
+        tokens += sum(len(s) for d in group for s in d)
+        examples = _counted(job.build(group, tokenizer, job.seed + SPLITS.index(split)))
+        path = Path(f"{job.prefix}.{split}.array_record")
+        count, spec = write_shard(examples, path) if group else (0, None)
+        summary[split] = {"count": count, "spec": spec.to_json() if spec else None,
+                          "file": path.name if count else None}
+    summary.update(sentences=sentences, tokens=tokens)
+    _write_atomic(job.summary_path, json.dumps(summary))
+    _count("bytes", job.shard.size)
+    return summary
+
+
+def _counted(examples: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+    pending = 0
+    for example in examples:
+        yield example
+        pending += 1
+        if pending == 256:
+            _count("examples", pending)
+            pending = 0
+    _count("examples", pending)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"could not write {path} ({e.strerror}); free space in "
+                        f"{path.parent} or choose another data.cache_dir, then rerun "
+                        "(finished shards are kept)") from None
+
+
+# ------------------------------------------------------------------------------- the driver
+def _workers(data: DataConfig) -> int:
+    if data.prepare_workers:
+        return data.prepare_workers
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+class _Progress:
+    """A tqdm bar of MB read, examples written, MB/s and ETA, fed by counters the workers
+    update; a one-line summary at the end. On stdout, so stderr holds errors alone."""
+
+    def __init__(self, total: int, unit: str, label: str, pool: bool):
+        from tqdm import tqdm
+
+        ctx = multiprocessing.get_context("spawn")
+        self.counters = ({"bytes": ctx.Value("q", 0), "examples": ctx.Value("q", 0)} if pool
+                         else {"bytes": _Value(), "examples": _Value()})
+        self.scale = 2**20 if unit == "MB" else 1
+        self.bar = tqdm(total=total / self.scale, unit=unit, desc=label, dynamic_ncols=True,
+                        file=sys.stdout, mininterval=1.0 if sys.stdout.isatty() else 30.0,
+                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} "
+                                   "{unit} [{elapsed}<{remaining}, {rate_fmt}{postfix}]")
+
+    def refresh(self) -> None:
+        self.bar.set_postfix_str(f"{self.counters['examples'].value:,} examples", refresh=False)
+        self.bar.update(self.counters["bytes"].value / self.scale - self.bar.n)
+
+    def close(self) -> None:
+        self.refresh()
+        self.bar.close()
+
+
+class _Value:
+    """A counter with the interface of multiprocessing.Value, for in-process preparation."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def get_lock(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
+def run_jobs(jobs: list[ShardJob], workers: int, progress: _Progress) -> None:
+    """Runs the jobs whose summary is missing: in this process (`workers` 1) or in a pool of
+    spawned processes (this process may hold JAX's threads, which forking would copy)."""
+    jobs = [job for job in jobs if not job.summary_path.is_file()]
+    if not jobs:
+        return
+    if workers <= 1 or len(jobs) == 1:
+        _PROGRESS.update(progress.counters)
+        try:
+            for job in jobs:
+                prepare_shard(job)
+                progress.refresh()
+        finally:
+            _PROGRESS.clear()
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(min(workers, len(jobs)), initializer=_init_worker,
+                  initargs=(progress.counters, list(sys.path))) as pool:
+        results = pool.imap_unordered(prepare_shard, jobs)
+        for _ in jobs:
+            while True:
+                try:
+                    results.next(timeout=0.5)
+                    break
+                except multiprocessing.TimeoutError:
+                    progress.refresh()
+            progress.refresh()
+
+
+def _barrier(name: str) -> None:
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _process() -> tuple[int, int]:
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
 def prepare_text(
     data: DataConfig, build_examples: ExampleBuilder, example_settings: Any, cache_root: Path,
     seed: int, ordered: bool = False,
 ) -> tuple[RecordDirectory, RecordDirectory, Any]:
     """Returns (train records, held-out records, tokenizer), building what is not cached.
-    `ordered` stores records in one shard, so record i is the i-th example built.
+    `build_examples(documents, tokenizer, seed)` must be picklable (a module-level function or
+    a `functools.partial` of one). `ordered`: the records are read in the order they were built
+    (shard by shard), as XLNet's streams need. Called by every JAX process at once.
 
     The held-out split is made at document level before tokenizer training, so evaluation text
     is never seen by the tokenizer or the model.
     """
-    if not 0.0 < data.held_out_fraction < 1.0:
-        raise UserError(f"data.held_out_fraction={data.held_out_fraction} must be in (0, 1); "
-                        "e.g. data.held_out_fraction=0.05")
+    started = time.monotonic()
     settings = {k: v for k, v in dataclasses.asdict(data).items()
-                if k not in LOADER_ONLY_FIELDS}
-    key = fingerprint(source_fingerprint(data.source), settings,
-                      source_fingerprint(data.eval_source) if data.eval_source else "",
-                      source_fingerprint(data.tokenizer) if data.tokenizer else "",
-                      example_settings, seed)
-    root = Path(cache_root) / key
-    train_dir, eval_dir = root / "train", root / "eval"
-    tokenizer_path = root / "tokenizer.model"
-    if (train_dir / "features.json").is_file() and (eval_dir / "features.json").is_file():
-        tokenizer = tokenizers.load_tokenizer(data.tokenizer or str(tokenizer_path))
-        return RecordDirectory(train_dir), RecordDirectory(eval_dir), tokenizer
-    documents = read_corpus(data, data.source)
-    if data.eval_source:
-        train_docs, eval_docs = documents, read_corpus(data, data.eval_source)
-    else:
-        train_docs, eval_docs = sources.split_documents(documents, data.held_out_fraction, seed)
+                if k not in LOADER_ONLY_FIELDS + ("source", "eval_source")}
+    tokenizer_identity = (source_fingerprint(data.tokenizer) if data.tokenizer
+                          else "trained")
+    base = Path(cache_root) / fingerprint(settings, example_settings, seed, tokenizer_identity,
+                                          ordered)
+    corpus_key = fingerprint(source_fingerprint(data.source),
+                             source_fingerprint(data.eval_source) if data.eval_source else "")
+    index_dir = base / corpus_key
+    if all((index_dir / split / SPEC_FILE).is_file() for split in SPLITS):
+        return (RecordDirectory(index_dir / "train"), RecordDirectory(index_dir / "eval"),
+                _tokenizer_at(data, base, corpus_key))
+    process, processes = _process()
+    train_shards = corpus.plan_shards(data.source, data)
+    eval_shards = corpus.plan_shards(data.eval_source, data) if data.eval_source else []
+    _make_dirs(base / "shards")
+    tokenizer = _ensure_tokenizer(data, base, corpus_key, train_shards, seed, process)
+    tokenizer_spec = data.tokenizer or str(base / f"tokenizer-{corpus_key}.model")
+    tokenizer_id = tokenizer_identity if data.tokenizer else _file_digest(tokenizer_spec)
+    jobs = [ShardJob(shard, data, tokenizer_spec, build_examples, split,
+                     shard_seed(seed, split, shard.index),
+                     str(base / "shards" / f"{split}-{shard.index:05d}-"
+                         f"{fingerprint(shard.identity, tokenizer_id)}"))
+            for split, shards in (("train", train_shards), ("eval_source", eval_shards))
+            for shard in shards]
+    workers = _workers(data)
+    total = sum(job.shard.size for job in jobs)
+    unit = "MB" if all(job.shard.kind == "files" for job in jobs) else "documents"
+    progress = _Progress(total, unit, f"preparing {data.source}", workers > 1)
+    try:
+        run_jobs(jobs[process::processes], workers, progress)
+        _barrier("pretext: data shards prepared")
+        run_jobs(jobs, workers, progress)  # anything another host made where we cannot see it
+    finally:
+        progress.close()
+    summaries = [json.loads(job.summary_path.read_text()) for job in jobs]
+    if not sum(summary["documents"] for summary in summaries):
+        raise UserError(f"corpus {data.source} is empty (no non-blank text); give a file with "
+                        "text")
+    for split in SPLITS:
+        _write_index(index_dir / split, jobs, summaries, split, data)
+    _report(summaries, len(jobs), time.monotonic() - started, data.source, unit)
+    return RecordDirectory(index_dir / "train"), RecordDirectory(index_dir / "eval"), tokenizer
+
+
+def _make_dirs(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create the data cache {path} ({e.strerror}); choose a "
+                        "writable data.cache_dir or --workdir") from None
+
+
+def _file_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def _tokenizer_at(data: DataConfig, base: Path, corpus_key: str) -> Any:
+    return tokenizers.load_tokenizer(data.tokenizer or base / f"tokenizer-{corpus_key}.model")
+
+
+def training_sentences(shards: list[corpus.InputShard], data: DataConfig, seed: int
+                       ) -> Iterator[str]:
+    """Every sentence of the training documents (held-out ones excluded), shard by shard."""
+    fraction = 0.0 if data.eval_source else data.held_out_fraction
+    for shard in shards:
+        documents = list(corpus.read_shard(shard, data))
+        held = split_held_out(len(documents), fraction, shard_seed(seed, "train", shard.index))
+        for document, is_held in zip(documents, held, strict=True):
+            if not is_held:
+                yield from document
+
+
+def _ensure_tokenizer(data: DataConfig, base: Path, corpus_key: str,
+                      shards: list[corpus.InputShard], seed: int, process: int) -> Any:
+    """The given tokenizer, or the one trained for this corpus (process 0 first; under a file
+    lock so that two preparations of one cache train it once)."""
     if data.tokenizer:
-        tokenizer = tokenizers.load_tokenizer(data.tokenizer)
-    else:
-        root.mkdir(parents=True, exist_ok=True)
-        sentences = (s for doc in train_docs for s in doc)
-        tokenizer = tokenizers.SentencePieceTokenizer.train(
-            sentences, root / "tokenizer", vocab_size=data.vocab_size)
-    for docs, directory, split_seed in ((train_docs, train_dir, seed), (eval_docs, eval_dir,
-                                                                         seed + 1)):
-        examples = build_examples(tokenize_documents(docs, tokenizer), tokenizer, split_seed)
-        write_records(examples, directory, metadata={"source": data.source},
-                      num_shards=1 if ordered else 4)
-    return RecordDirectory(train_dir), RecordDirectory(eval_dir), tokenizer
+        return tokenizers.load_tokenizer(data.tokenizer)
+    model = base / f"tokenizer-{corpus_key}.model"
+    if process == 0:
+        _train_tokenizer(data, base, model, shards, seed)
+    _barrier("pretext: tokenizer trained")
+    if not model.is_file():  # no shared file system: train the same one here
+        _train_tokenizer(data, base, model, shards, seed)
+    return tokenizers.load_tokenizer(model)
+
+
+def _train_tokenizer(data: DataConfig, base: Path, model: Path,
+                     shards: list[corpus.InputShard], seed: int) -> None:
+    with _locked(base / "tokenizer.lock"):
+        if model.is_file():
+            return
+        prefix = base / f".{model.stem}.{uuid.uuid4().hex}"
+        print(f"training a sentencepiece tokenizer ({data.vocab_size} pieces) on up to "
+              f"{data.tokenizer_sentences:,} sentences of {data.source}", flush=True)
+        failures: list[BaseException] = []
+
+        def sentences() -> Iterator[str]:  # sentencepiece would hide the reader's errors
+            try:
+                empty = True
+                for sentence in training_sentences(shards, data, seed):
+                    empty = False
+                    yield sentence
+                if empty:
+                    raise UserError(f"corpus {data.source} is empty (no non-blank text); give "
+                                    "a file with text")
+            except BaseException as error:
+                failures.append(error)
+
+        try:
+            try:
+                tokenizers.SentencePieceTokenizer.train(
+                    sentences(), prefix, vocab_size=data.vocab_size,
+                    sample_sentences=data.tokenizer_sentences, seed=seed)
+            finally:
+                if failures:
+                    raise failures[0]
+            os.replace(f"{prefix}.vocab", model.with_suffix(".vocab"))
+            os.replace(f"{prefix}.model", model)
+        finally:
+            for leftover in base.glob(f"{prefix.name}.*"):
+                leftover.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive OS file lock (released on exit and when the process dies)."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _write_index(directory: Path, jobs: list[ShardJob], summaries: list[dict[str, Any]],
+                 split: str, data: DataConfig) -> None:
+    """The split's `features.json`: its shard files in shard order, their counts and spec."""
+    files, counts, specs = [], [], set()
+    for job, summary in zip(jobs, summaries, strict=True):
+        part = summary[split]
+        if part["count"]:
+            files.append(os.path.relpath(Path(job.prefix).parent / part["file"], directory))
+            counts.append(part["count"])
+            specs.add(part["spec"])
+    if not files:
+        what = "held-out" if split == "eval" else "training"
+        raise UserError(f"no {what} examples could be built from {data.source}: the corpus is "
+                        "too small or its documents too short; give more text"
+                        + (" or set data.eval_source" if split == "eval" else ""))
+    if len(specs) != 1:
+        raise UserError(f"the shards of {directory} disagree on their features; delete "
+                        f"{directory.parent.parent} and prepare again")
+    _make_dirs(directory)
+    spec = json.loads(specs.pop())
+    _write_atomic(directory / SPEC_FILE, json.dumps({
+        "spec": spec, "count": sum(counts), "files": files, "counts": counts,
+        "metadata": {"source": data.source}}))
+
+
+def _report(summaries: list[dict[str, Any]], shards: int, seconds: float, source: str,
+            unit: str) -> None:
+    totals = {key: sum(s[key] for s in summaries)
+              for key in ("documents", "sentences", "tokens", "bytes")}
+    examples = {split: sum(s[split]["count"] for s in summaries) for split in SPLITS}
+    size = f" ({totals['bytes'] / 2**20:.1f} MB)" if unit == "MB" else ""
+    print(f"prepared {source}{size}: {totals['documents']:,} documents, "
+          f"{totals['sentences']:,} sentences, {totals['tokens']:,} tokens -> "
+          f"{examples['train']:,} training + {examples['eval']:,} held-out examples in "
+          f"{shards} shards in {seconds:.1f} s", flush=True)
+
+
+def trained_tokenizers(cache_root: Path) -> list[Path]:
+    """The sentencepiece models trained into a data cache, sorted."""
+    return sorted(Path(cache_root).glob("*/tokenizer-*.model"))
+
+
+def has_finished_shards(cache_root: Path) -> bool:
+    """Whether a preparation under `cache_root` finished any shard (worth keeping on failure)."""
+    return any(Path(cache_root).glob("*/shards/*.json"))
+

@@ -8,10 +8,13 @@ users know: ArrayRecord files read through `grain.sources.ArrayRecordDataSource`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import os
 import shutil
+import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +42,9 @@ class FeatureSpec:
     def encode(self, example: dict[str, np.ndarray]) -> bytes:
         parts = []
         for name, dtype, shape in self.features:
-            value = np.asarray(example[name], dtype=dtype)
+            value = example[name]
+            if not (isinstance(value, np.ndarray) and value.dtype.str == dtype):
+                value = np.asarray(value, dtype=dtype)
             if value.shape != shape:
                 raise ValueError(f"feature {name} has shape {value.shape}, spec says {shape}")
             parts.append(value.tobytes())
@@ -62,18 +67,55 @@ class FeatureSpec:
         return cls(tuple((n, d, tuple(s)) for n, d, s in json.loads(text)))
 
 
+def write_shard(examples: Iterable[dict[str, np.ndarray]], path: str | Path
+                ) -> tuple[int, FeatureSpec | None]:
+    """Writes examples into one ArrayRecord file as they come, under a temporary name renamed at
+    the end (a half-written file is never read). Returns (count, spec); nothing is written for
+    no examples. A full disk or write error is a UserError naming the directory."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    writer, spec, count = None, None, 0
+    try:
+        for example in examples:
+            if writer is None:
+                spec = FeatureSpec.of(example)
+                writer = ArrayRecordWriter(str(tmp), "group_size:1")
+            writer.write(spec.encode(example))
+            count += 1
+        if writer is not None:
+            writer.close()
+            writer = None
+            os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        raise UserError(f"could not write records in {path.parent} ({_reason(e)}); free space "
+                        "there or choose another data.cache_dir, then rerun (finished shards "
+                        "are kept)") from None
+    finally:
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        tmp.unlink(missing_ok=True)
+    return count, spec
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC or "No space" in str(error):
+        return "no space left on the device"
+    return (getattr(error, "strerror", None) or str(error).splitlines()[0])[:160]
+
+
 def write_records(
     examples: Iterable[dict[str, np.ndarray]], directory: str | Path, *, num_shards: int = 4,
     metadata: dict[str, Any] | None = None,
 ) -> int:
     """Writes examples round-robin into `num_shards` ArrayRecord files plus `features.json`.
 
-    Written to a temporary sibling and renamed at the end, so an interrupted preparation never
-    leaves a directory that looks complete. Returns the number of examples.
+    Written to a temporary sibling of a unique name and renamed at the end, so an interrupted
+    preparation never leaves a directory that looks complete, and two processes writing the same
+    records at once leave one copy. Returns the number of examples.
     """
     directory = Path(directory)
-    tmp = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = directory.with_name(f".{directory.name}.{uuid.uuid4().hex}.tmp")
     tmp.mkdir(parents=True)
     writers: list[ArrayRecordWriter] = []
     spec = None
@@ -96,8 +138,16 @@ def write_records(
                         "small or its documents too short; give more text")
     (tmp / SPEC_FILE).write_text(json.dumps({"spec": json.loads(spec.to_json()), "count": count,
                                              "metadata": metadata or {}}))
+    if (directory / SPEC_FILE).is_file():  # another process finished the same records first
+        shutil.rmtree(tmp)
+        return count
     shutil.rmtree(directory, ignore_errors=True)
-    os.replace(tmp, directory)
+    try:
+        os.replace(tmp, directory)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (directory / SPEC_FILE).is_file():
+            raise
     return count
 
 
@@ -114,7 +164,9 @@ class RecordDirectory:
         self.directory = directory
         self.spec = FeatureSpec.from_json(json.dumps(info["spec"]))
         self.metadata: dict[str, Any] = info["metadata"]
-        paths = sorted(str(p) for p in directory.glob("*.array_record"))
+        # Shard files in their order (prepare.py's index), else every file of the folder.
+        paths = ([str(directory / name) for name in info["files"]] if "files" in info
+                 else sorted(str(p) for p in directory.glob("*.array_record")))
         self.source = grain.sources.ArrayRecordDataSource(paths)
         if len(self.source) != info["count"]:
             raise UserError(f"{directory} is incomplete ({len(self.source)} of {info['count']} "

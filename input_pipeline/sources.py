@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import glob
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +35,15 @@ def split_sentences(paragraph: str) -> list[str]:
             if s.strip()]
 
 
-def _expand(spec: str | Path | Iterable[str | Path]) -> list[Path]:
+def expand_paths(spec: str | Path | Iterable[str | Path]) -> list[Path]:
+    """The files of a corpus: a file, a folder's `*.txt` files, or a glob (absolute or
+    relative, `**` recursive), sorted; a path that exists is taken as it is even if its name
+    holds glob characters."""
     specs = [spec] if isinstance(spec, str | Path) else list(spec)
     paths: list[Path] = []
     for item in specs:
         text = str(item)
-        if any(c in text for c in "*?["):
+        if any(c in text for c in "*?[") and not Path(text).exists():
             matches = sorted(glob.glob(text, recursive=True))
             if not matches:
                 raise UserError(f"no file matches {text}; check the pattern in data.source")
@@ -74,38 +77,47 @@ def _non_empty(documents: Documents, name: str) -> Documents:
     return documents
 
 
-def read_plain_text(spec: str | Path | Iterable[str | Path]) -> Documents:
+def plain_text_documents(lines: Iterable[str]) -> Iterator[list[str]]:
     """One sentence per line, blank lines between documents (create_pretraining_data.py)."""
-    documents: Documents = [[]]
-    for path in _expand(spec):
-        for line in _read_lines(path):
-            line = line.strip()
-            if not line:
-                documents.append([])
-            else:
-                documents[-1].append(line)
-        documents.append([])
-    return _non_empty(documents, str(spec))
+    document: list[str] = []
+    for line in lines:
+        line = line.strip()
+        if line:
+            document.append(line)
+        elif document:
+            yield document
+            document = []
+    if document:
+        yield document
+
+
+def wikitext_documents(lines: Iterable[str]) -> Iterator[list[str]]:
+    """WikiText lines: articles at level-1 headings, paragraphs split into sentences."""
+    document: list[str] = []
+    for line in lines:
+        if _WIKITEXT_TITLE.match(line):
+            if document:
+                yield document
+            document = []
+        elif not (_WIKITEXT_HEADING.match(line) or not line.strip()):
+            document.extend(s.strip() for s in _WIKITEXT_SENTENCE_END.split(line) if s.strip())
+    if document:
+        yield document
+
+
+def read_plain_text(spec: str | Path | Iterable[str | Path]) -> Documents:
+    """All documents of plain-text files (`plain_text_documents`), file by file."""
+    return _non_empty([d for path in expand_paths(spec) for d in plain_text_documents(
+        _read_lines(path))], str(spec))
 
 
 def read_wikitext(spec: str | Path | Iterable[str | Path]) -> Documents:
-    """WikiText files: articles at level-1 headings, paragraphs split into sentences."""
-    documents: Documents = []
-    for path in _expand(spec):
-        for line in _read_lines(path):
-            if _WIKITEXT_TITLE.match(line):
-                documents.append([])
-            elif _WIKITEXT_HEADING.match(line) or not line.strip():
-                continue
-            else:
-                if not documents:
-                    documents.append([])
-                documents[-1].extend(s.strip() for s in _WIKITEXT_SENTENCE_END.split(line)
-                                     if s.strip())
-    return _non_empty(documents, str(spec))
+    """All documents of WikiText files (`wikitext_documents`), file by file."""
+    return _non_empty([d for path in expand_paths(spec) for d in wikitext_documents(
+        _read_lines(path))], str(spec))
 
 
-def _looks_like_wikitext(path: Path) -> bool:
+def looks_like_wikitext(path: Path) -> bool:
     with path.open(encoding="utf-8", errors="replace") as f:
         for line in f:
             if line.strip():
@@ -127,23 +139,37 @@ def open_tfds(name: str, split: str, data_dir: str | None) -> Any:
                         ) from None
 
 
+def tfds_text_key(record: dict[str, Any], name: str, text_key: str | None) -> str:
+    """The record's text feature: `text_key`, or its only string feature."""
+    if text_key:
+        if text_key not in record:
+            raise UserError(f"TFDS {name} records have no feature {text_key!r} (they have "
+                            f"{sorted(record)}); fix data.tfds_text_key")
+        return text_key
+    keys = [k for k, v in record.items() if isinstance(v, str | bytes)]
+    if len(keys) != 1:
+        raise UserError(f"TFDS {name} records have string features {keys}; choose one "
+                        "with data.tfds_text_key")
+    return keys[0]
+
+
+def tfds_document(record: dict[str, Any], key: str) -> list[str]:
+    """A record's text as a document: paragraphs at newlines, then sentences."""
+    value = record[key]
+    text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    return [s for para in text.split("\n") for s in split_sentences(para)]
+
+
 def read_tfds(name: str, *, split: str = "train", text_key: str | None = None,
               data_dir: str | None = None) -> Documents:
-    """Each record's text feature becomes a document: paragraphs at newlines, then sentences.
-    Needs the dataset prepared as ArrayRecord (`tfds build --file_format=array_record`)."""
+    """Each record's text feature becomes a document (`tfds_document`). Needs the dataset
+    prepared as ArrayRecord (`tfds build --file_format=array_record`)."""
     source = open_tfds(name, split, data_dir)
     documents: Documents = []
     for index in range(len(source)):
         record = source[index]
-        if text_key is None:
-            keys = [k for k, v in record.items() if isinstance(v, str | bytes)]
-            if len(keys) != 1:
-                raise UserError(f"TFDS {name} records have string features {keys}; choose one "
-                                "with data.tfds_text_key")
-            text_key = keys[0]
-        value = record[text_key]
-        text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
-        documents.append([s for para in text.split("\n") for s in split_sentences(para)])
+        text_key = tfds_text_key(record, name, text_key)
+        documents.append(tfds_document(record, text_key))
     return _non_empty(documents, f"tfds:{name}")
 
 
@@ -156,9 +182,9 @@ def read_documents(spec: str, *, text_format: str = "auto", tfds_split: str = "t
     if text_format not in ("auto", "plain", "wikitext"):
         raise UserError(f"data.text_format={text_format!r} is unknown; use auto, plain or "
                         "wikitext")
-    paths = _expand(spec)
+    paths = expand_paths(spec)
     if text_format == "auto":
-        text_format = "wikitext" if _looks_like_wikitext(paths[0]) else "plain"
+        text_format = "wikitext" if looks_like_wikitext(paths[0]) else "plain"
     return read_wikitext(paths) if text_format == "wikitext" else read_plain_text(paths)
 
 

@@ -204,18 +204,22 @@ class SentencePieceTokenizer:
 
     @classmethod
     def train(cls, sentences: Iterable[str], model_prefix: str | Path, vocab_size: int,
-              model_type: str = "unigram") -> SentencePieceTokenizer:
+              model_type: str = "unigram", sample_sentences: int = 0, seed: int = 0,
+              ) -> SentencePieceTokenizer:
         """Trains on an iterator of sentences; writes `<model_prefix>.model` and loads it.
-        Deterministic for the same input (single-threaded, no sentence sampling)."""
+        `sample_sentences` > 0 keeps a uniform random sample of that many sentences
+        (sentencepiece's `input_sentence_size` reservoir, seeded by `seed`), so memory does not
+        grow with the corpus. Deterministic for the same input (single-threaded)."""
         prefix = str(model_prefix)
+        spm.set_random_generator_seed(seed)
         try:
             spm.SentencePieceTrainer.train(
                 sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
                 model_type=model_type, pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
                 pad_piece="[PAD]", unk_piece="[UNK]",
                 control_symbols=["[CLS]", "[SEP]", "[MASK]"], character_coverage=0.9995,
-                num_threads=1, shuffle_input_sentence=False, input_sentence_size=0,
-                minloglevel=2, hard_vocab_limit=True,
+                num_threads=1, shuffle_input_sentence=sample_sentences > 0,
+                input_sentence_size=sample_sentences, minloglevel=2, hard_vocab_limit=True,
             )
         except RuntimeError as e:
             raise UserError(f"sentencepiece training failed ({str(e).splitlines()[0]}); lower "

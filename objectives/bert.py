@@ -7,6 +7,7 @@ sum(w * nll) / (sum(w) + 1e-5); NSP is a 2-way softmax on the pooled [CLS]; tota
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -84,10 +85,7 @@ def prepare_masked_lm(
     always uses fixed masks (drawn once with a fixed seed), so its numbers are comparable
     across runs; it is kept in memory, so a huge held-out split is capped."""
 
-    def build(documents, tokenizer, split_seed):
-        vocab = bert_examples.MaskingVocab.from_tokenizer(tokenizer)
-        return create_examples(documents, vocab, examples, split_seed)
-
+    build = functools.partial(build_with_vocab, create_examples, examples)
     train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
     vocab = bert_examples.MaskingVocab.from_tokenizer(tokenizer)
     eval_examples = held_out.examples(range(min(len(held_out), MAX_EVAL_EXAMPLES)))
@@ -103,6 +101,15 @@ def prepare_masked_lm(
         report={"majority_baseline_mlm_accuracy":
                 bert_examples.majority_baseline_accuracy(eval_examples)},
     )
+
+
+def build_with_vocab(create_examples: Callable[..., Iterable[dict[str, np.ndarray]]],
+                     examples: Any, documents: Any, tokenizer: Any, seed: int
+                     ) -> Iterable[dict[str, np.ndarray]]:
+    """A `prepare_text` builder (picklable as a `functools.partial` of this):
+    `create_examples(documents, masking vocab, examples, seed)`."""
+    return create_examples(documents, bert_examples.MaskingVocab.from_tokenizer(tokenizer),
+                           examples, seed)
 
 
 def mask_records(

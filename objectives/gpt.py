@@ -11,9 +11,13 @@ the next-token top-1 accuracy.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import jax
+import numpy as np
 from flax import nnx
 
 from input_pipeline import gpt_examples
@@ -36,13 +40,18 @@ def build_gpt(config: GPTConfig, seed: int) -> GPT:
     return GPT(config, rngs=nnx.Rngs(seed))
 
 
+def build_blocks(examples: gpt_examples.GPTExampleConfig, documents: Any, tokenizer: Any,
+                 seed: int) -> Iterable[dict[str, np.ndarray]]:
+    """`prepare_text`'s builder: blocks of the documents in their order (nothing is random)."""
+    del seed
+    return gpt_examples.create_training_examples(documents, tokenizer, examples)
+
+
 def prepare_gpt(data: DataConfig, examples: gpt_examples.GPTExampleConfig, cache_dir: Path,
                 seed: int) -> PreparedData:
-    """Corpus -> tokenizer -> one stream with end-of-text between documents -> blocks."""
-
-    def build(documents, tokenizer, split_seed):
-        return gpt_examples.create_training_examples(documents, tokenizer, examples)
-
+    """Corpus -> tokenizer -> one stream with end-of-text between documents -> blocks (one
+    stream per input shard)."""
+    build = functools.partial(build_blocks, examples)
     train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
     eval_examples = held_out.examples(range(min(len(held_out), MAX_EVAL_EXAMPLES)))
     return PreparedData(

@@ -9,6 +9,7 @@ record is a full block, so every row predicts exactly b tokens.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jax
@@ -21,7 +22,12 @@ from input_pipeline.bert_examples import MaskingVocab
 from input_pipeline.errors import UserError
 from input_pipeline.prepare import DataConfig, prepare_text
 from models.mpnet import MPNet, MPNetConfig
-from objectives.bert import MAX_EVAL_EXAMPLES, mask_records, weighted_cross_entropy
+from objectives.bert import (
+    MAX_EVAL_EXAMPLES,
+    build_with_vocab,
+    mask_records,
+    weighted_cross_entropy,
+)
 from objectives.registry import Batch, Method, Metrics, PreparedData, register
 from objectives.xlnet import unigram_baselines
 
@@ -47,10 +53,8 @@ def prepare_mpnet(data: DataConfig, examples: mpnet_examples.MPNetExampleConfig,
     """Corpus -> tokenizer -> full blocks -> ArrayRecord; permutations, predicted parts and
     80/10/10 corruption drawn while loading (fixed once, with a fixed seed, for held-out)."""
 
-    def build(documents, tokenizer, split_seed):
-        vocab = MaskingVocab.from_tokenizer(tokenizer)
-        return mpnet_examples.create_training_examples(documents, vocab, examples, split_seed)
-
+    build = functools.partial(build_with_vocab, mpnet_examples.create_training_examples,
+                              examples)
     train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
     sampling = mpnet_examples.MaskedPermutation(MaskingVocab.from_tokenizer(tokenizer),
                                                 examples)

@@ -10,10 +10,14 @@ exact sums).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from input_pipeline import seq2seq_examples
@@ -40,15 +44,20 @@ def build_t5(config: T5Config, seed: int) -> T5:
     return T5(config, rngs=nnx.Rngs(seed))
 
 
+def build_raw_pieces(examples: seq2seq_examples.Seq2SeqExampleConfig, documents: Any,
+                     tokenizer: Any, seed: int) -> Iterable[dict[str, np.ndarray]]:
+    """`prepare_text`'s builder: T5's raw pieces (the tokenizer is not needed)."""
+    del tokenizer
+    return seq2seq_examples.create_training_examples(documents, examples, seed)
+
+
 def prepare_seq2seq(data: DataConfig, examples: seq2seq_examples.Seq2SeqExampleConfig,
                     cache_dir: Path, seed: int) -> PreparedData:
     """Corpus -> tokenizer -> T5's concatenated raw pieces -> ArrayRecord; the noise is drawn
     while loading. Held-out records get one fixed draw. The model's vocabulary is the
     tokenizer's plus `examples.extra_ids` sentinels; its EOS is the tokenizer's [SEP]."""
 
-    def build(documents, tokenizer, split_seed):
-        return seq2seq_examples.create_training_examples(documents, examples, split_seed)
-
+    build = functools.partial(build_raw_pieces, examples)
     train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
     vocab = seq2seq_examples.Seq2SeqVocab.from_tokenizer(tokenizer, examples.extra_ids)
     noising = seq2seq_examples.Seq2SeqNoising(vocab, examples)

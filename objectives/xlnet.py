@@ -11,6 +11,7 @@ evaluation runs without memory.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jax
@@ -23,7 +24,12 @@ from input_pipeline.bert_examples import MaskingVocab
 from input_pipeline.errors import UserError
 from input_pipeline.prepare import DataConfig, prepare_text
 from models.xlnet import XLNet, XLNetConfig
-from objectives.bert import MAX_EVAL_EXAMPLES, mask_records, weighted_cross_entropy
+from objectives.bert import (
+    MAX_EVAL_EXAMPLES,
+    build_with_vocab,
+    mask_records,
+    weighted_cross_entropy,
+)
 from objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 
@@ -72,10 +78,8 @@ def prepare_xlnet(data: DataConfig, examples: xlnet_examples.XLNetExampleConfig,
     records have the same layout (so bi_data halves line up in evaluation batches) and get one
     fixed draw of orders."""
 
-    def build(documents, tokenizer, split_seed):
-        vocab = MaskingVocab.from_tokenizer(tokenizer)
-        return xlnet_examples.create_training_examples(documents, vocab, examples, split_seed)
-
+    build = functools.partial(build_with_vocab, xlnet_examples.create_training_examples,
+                              examples)
     train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed,
                                               ordered=True)
     sampling = xlnet_examples.PermutationSampling(MaskingVocab.from_tokenizer(tokenizer),

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from input_pipeline import glue
+from input_pipeline import glue, prepare
 from input_pipeline.errors import UserError
 from models.classifier import classifier_config
 from objectives.classification import load_encoder
@@ -71,7 +71,7 @@ def tokenizer_of(init: str) -> str:
         if saved.get("tokenizer"):
             return saved["tokenizer"]
         cache = Path(saved.get("cache_dir") or path / "data")
-        trained = sorted(cache.glob("*/tokenizer.model"))
+        trained = prepare.trained_tokenizers(cache)
         if trained:
             return str(trained[0])
     raise UserError(f"no tokenizer found for {init}; pass one with data.tokenizer=...")

@@ -23,6 +23,7 @@ import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from input_pipeline import prepare
 from input_pipeline.errors import UserError
 from input_pipeline.records import make_loader
 from objectives import registry
@@ -66,6 +67,19 @@ def _config_difference(saved: dict[str, Any], wanted: dict[str, Any]) -> str | N
     return None
 
 
+def data_cache(config: Config, workdir: str | Path) -> Path:
+    """Where prepared records live: `data.cache_dir`, else `<workdir>/data`."""
+    return Path(config.data.cache_dir) if config.data.cache_dir else Path(workdir) / "data"
+
+
+def prepare_data(config: Config, workdir: str | Path) -> registry.PreparedData:
+    """The method's data preparation alone (`run.py prepare`): the records that `pretrain` with
+    the same config and workdir (or `data.cache_dir`) then reuses; nothing else is written."""
+    method = registry.get(config.method)
+    return method.prepare(config.data, config.example_config(), data_cache(config, workdir),
+                          config.train.seed)
+
+
 class Trainer:
     """Builds everything for `config` in `workdir`; `run()` trains (resuming if possible).
 
@@ -85,15 +99,19 @@ class Trainer:
         self._check_batch_layout()
         self._check_existing_workdir()
         self.example_config = config.example_config()
-        cache = Path(config.data.cache_dir) if config.data.cache_dir else self.workdir / "data"
+        cache = data_cache(config, self.workdir)
         created = [p for p in (self.workdir, cache) if not p.exists()]
+        prepared = data is not None
         try:
             self.data = data or self._prepare(cache)
+            prepared = True
             self._check_data_layout()
             self.model_config = self._resolve_model_config()
         except BaseException:
-            for path in created:  # leave the file system as it was
-                shutil.rmtree(path, ignore_errors=True)
+            # A preparation that stopped part-way keeps its finished shards for the rerun.
+            if prepared or not prepare.has_finished_shards(cache):
+                for path in created:  # leave the file system as it was
+                    shutil.rmtree(path, ignore_errors=True)
             raise
         self.is_writer = jax.process_index() == 0
         # Many fake CPU devices on few cores can time out XLA's collectives when steps are
@@ -102,19 +120,11 @@ class Trainer:
         self._build()
 
     def _prepare(self, cache: Path) -> registry.PreparedData:
-        """The method's data preparation; with several processes, process 0 first and the
-        others after it (they then find its cache, or build the same one on their own disk)."""
-        def prepare() -> registry.PreparedData:
-            return self.method.prepare(self.config.data, self.example_config, cache,
-                                       self.config.train.seed)
-
-        if jax.process_count() == 1:
-            return prepare()
-        from jax.experimental import multihost_utils
-
-        data = prepare() if jax.process_index() == 0 else None
-        multihost_utils.sync_global_devices("pretext: data prepared by process 0")
-        return data or prepare()
+        """The method's data preparation, called by every process at once: text corpora are
+        prepared in shards spread over the processes (`prepare.prepare_text`), and records
+        written by several processes at once are renamed atomically (`records.write_records`)."""
+        return self.method.prepare(self.config.data, self.example_config, cache,
+                                   self.config.train.seed)
 
     # ----------------------------------------------------------------------- validation
     def _check_batch_layout(self) -> None:
