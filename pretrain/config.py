@@ -34,8 +34,11 @@ class OptimConfig:
     global-norm clip 1.0, linear warmup then linear decay to 0. `optimizer` is adamw, lamb,
     lars (SimCLR, BYOL: `momentum` 0.9, `trust_coefficient` 0.001, neither decay nor adaptation
     on normalisation parameters and biases), sgd (MoCo: torch's SGD with `momentum`, decay on
-    every parameter) or adafactor (T5; `pretrain.optim.adafactor`). `schedule` is linear,
-    cosine, constant or inverse_sqrt (T5: lr * sqrt(warmup / max(step, warmup))).
+    every parameter) or adafactor (T5; `pretrain.optim.adafactor`). `schedule` is linear
+    (BERT: lr * step / warmup during warmup, then lr * (1 - step / steps)), electra_linear
+    (ELECTRA's optimization.py: lr * (1 - step / steps) * min(1, step / warmup), the ramp
+    multiplying the decayed value), cosine, constant or inverse_sqrt (T5: lr * sqrt(warmup /
+    max(step, warmup))); `end_learning_rate` is where linear, electra_linear and cosine end.
     `layerwise_lr_decay` < 1 scales each Transformer
     layer's learning rate by decay^(depth from the top) (ELECTRA fine-tuning: 0.8)."""
 
@@ -140,14 +143,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train": {"steps": 1000000, "batch_size": 256},
     },
     # ELECTRA (configure_pretraining.py): a generator of 1/4 (Small) or 1/3 (Base) of the
-    # discriminator's hidden size, embeddings shared; AdamWeightDecay, warmup 10k, linear decay.
+    # discriminator's hidden size, embeddings shared; AdamWeightDecay, warmup 10k, linear decay
+    # multiplied by the warmup ramp (optimization.py, `electra_linear`).
     "electra_tiny": {
         "method": "electra",
         "model": {**_TINY_MODEL, "embedding_size": 32, "vocab_size": 0, "hidden_dropout": 0.0,
                   "attention_dropout": 0.0},
         "examples": {"max_seq_length": 64, "max_predictions_per_seq": 9},
         "data": {"vocab_size": 4000},
-        "optim": {"learning_rate": 2e-3, "warmup_steps": 30, "bias_correction": True},
+        "optim": {"learning_rate": 2e-3, "schedule": "electra_linear", "warmup_steps": 30,
+                  "bias_correction": True},
         "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
                   "checkpoint_every": 200},
     },
@@ -157,7 +162,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "intermediate_size": 1024, "generator_hidden_size": 0.25, "vocab_size": 0},
         "examples": {"max_seq_length": 128, "max_predictions_per_seq": 19},
         "data": {"vocab_size": 30522},
-        "optim": {"learning_rate": 5e-4, "warmup_steps": 10000},
+        "optim": {"learning_rate": 5e-4, "schedule": "electra_linear", "warmup_steps": 10000},
         "train": {"steps": 1000000, "batch_size": 128},
     },
     "electra_base": {
@@ -166,7 +171,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "intermediate_size": 3072, "generator_hidden_size": 1 / 3, "vocab_size": 0},
         "examples": {"max_seq_length": 128, "max_predictions_per_seq": 19},
         "data": {"vocab_size": 30522},
-        "optim": {"learning_rate": 2e-4, "warmup_steps": 10000},
+        "optim": {"learning_rate": 2e-4, "schedule": "electra_linear",
+                  "warmup_steps": 10000},
         "train": {"steps": 766000, "batch_size": 256},
     },
     # XLNet (Yang et al. 2019, Table 7; train_gpu.py / data_utils.py): seq 512 of which 256 are

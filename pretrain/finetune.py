@@ -9,7 +9,9 @@ recipe for the starting point's family:
   google-research/bert README gives for them (2e-5 barely moves a 2-layer, 64-wide model).
 - ELECTRA (Clark et al. 2020, Table 7): batch 32, lr 3e-4 (Small) / 1e-4 (Base) / 5e-5
   (Large), layer-wise lr decay 0.8 (0.9 Large), warmup 10%, no weight decay, 3 epochs, 10 for
-  RTE and STS-B.
+  RTE and STS-B; the schedule is ELECTRA's own (`optim.schedule=electra_linear`: the linear
+  decay over the run multiplied by the warmup ramp, model/optimization.py, which its
+  run_finetuning.py uses), not BERT's.
 - XLNet (Yang et al. 2019, Appendix A.3, Table 8, whose GLUE column is MNLI): sequence length
   128, lr 2e-5 with linear decay, no weight decay, Adam epsilon 1e-6 (run_classifier.py's flag
   default is 1e-8), layer-wise lr decay 1.0; Table 8's batch 128 for 10K steps is ~3 epochs of
@@ -104,7 +106,8 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
               "train.batch_size": 32, "optim.learning_rate": chosen["learning_rate"],
               "optim.weight_decay": chosen["weight_decay"],
               "optim.layerwise_lr_decay": chosen["layerwise_lr_decay"],
-              "optim.schedule": "linear", "optim.bias_correction": True, "optim.eps": 1e-6,
+              "optim.schedule": "electra_linear" if model["head"] == "electra" else "linear",
+              "optim.bias_correction": True, "optim.eps": 1e-6,
               "train.eval_batches": 1}
     if not any(override.startswith("data.tokenizer=") for override in overrides):
         values["data.tokenizer"] = tokenizer_of(source)

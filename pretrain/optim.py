@@ -18,6 +18,7 @@ import optax
 from input_pipeline.errors import UserError
 
 NO_DECAY_NAMES = ("bias", "scale", "layer_norm", "mlm_bias")
+SCHEDULES = ("linear", "electra_linear", "cosine", "constant", "inverse_sqrt")
 
 
 class ScaleByAdamNoBiasCorrectionState(NamedTuple):
@@ -90,8 +91,13 @@ def scale_by_layer_depth(decay: float) -> optax.GradientTransformation:
 
 def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
     """`linear` (BERT: warmup, then peak * (1 - step/total) down to end_learning_rate),
-    `cosine` (warmup then cosine to end), or `constant` (warmup then flat)."""
+    `electra_linear` (ELECTRA: the linear decay times the warmup ramp, `electra_schedule`),
+    `cosine` (warmup then cosine to end), `constant` (warmup then flat) or `inverse_sqrt`
+    (T5). Steps count from 0: update n (the n-th, 0-based) uses schedule(n), the value of
+    the references' global step before it is incremented."""
     peak, warmup, end = config.learning_rate, config.warmup_steps, config.end_learning_rate
+    if config.schedule == "electra_linear":
+        return electra_schedule(peak, warmup, total_steps, end)
     warmup = min(warmup, total_steps)
     ramp = optax.linear_schedule(0.0, peak, max(warmup, 1))
     if config.schedule == "linear":
@@ -105,9 +111,30 @@ def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
     elif config.schedule == "inverse_sqrt":
         return inverse_sqrt_schedule(peak, warmup)
     else:
-        raise UserError(f"optim.schedule={config.schedule!r} is unknown; use linear, cosine, "
-                        "constant or inverse_sqrt")
+        raise UserError(f"optim.schedule={config.schedule!r} is unknown; use one of "
+                        f"{', '.join(SCHEDULES)}")
     return optax.join_schedules([ramp, after], [warmup])
+
+
+def electra_schedule(peak: float, warmup: int, total_steps: int,
+                     end: float = 0.0) -> optax.Schedule:
+    """ELECTRA's learning rate (google-research/electra model/optimization.py
+    `create_optimizer`): `polynomial_decay` with power 1 from `peak` to `end` over the whole
+    run, (peak - end) * (1 - min(n, total) / total) + end, *multiplied* by the warmup ramp
+    min(1, n / warmup), n being the global step before its increment. Unlike BERT's schedule
+    (which replaces the decayed value by peak * n / warmup during warmup), the ramp scales the
+    already decaying value, so the schedule is continuous and peaks below `peak` at n = warmup.
+    `warmup` 0: no ramp."""
+    total = float(max(total_steps, 1))
+
+    def schedule(step: Any) -> jax.Array:
+        n = jnp.asarray(step, jnp.float32)
+        decayed = (peak - end) * (1.0 - jnp.minimum(n, total) / total) + end
+        if warmup <= 0:
+            return decayed
+        return decayed * jnp.minimum(1.0, n / float(warmup))
+
+    return schedule
 
 
 def inverse_sqrt_schedule(peak: float, warmup: int) -> optax.Schedule:

@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from input_pipeline.errors import UserError
 from objectives.bert import weighted_cross_entropy
 from pretrain.config import OptimConfig
 from pretrain.optim import decay_mask, learning_rate_schedule, make_optimizer
@@ -21,6 +22,38 @@ def test_bert_linear_schedule_decays_over_the_whole_run():
     # After warmup: polynomial_decay(power=1) computed from step 0, not from the warmup's end.
     for step in (10, 40, 99, 100):
         assert float(schedule(step)) == pytest.approx(1e-3 * (1 - step / 100), abs=1e-9)
+
+
+def electra_reference_lr(step: int, peak: float, warmup: int, total: int) -> float:
+    """google-research/electra model/optimization.py `create_optimizer` in plain Python:
+    tf.train.polynomial_decay(peak, step, total, end_learning_rate=0, power=1, cycle=False),
+    then lr *= min(1, step / warmup), `step` being the global step before its increment."""
+    decayed = (peak - 0.0) * (1.0 - min(step, total) / total) ** 1.0 + 0.0
+    return decayed * min(1.0, step / warmup)
+
+
+def test_electra_schedule_multiplies_the_decay_by_the_warmup_ramp():
+    config = OptimConfig(learning_rate=1e-3, warmup_steps=10, schedule="electra_linear")
+    schedule = learning_rate_schedule(config, total_steps=100)
+    for step in range(0, 106):
+        assert float(schedule(step)) == pytest.approx(
+            electra_reference_lr(step, 1e-3, 10, 100), rel=1e-6, abs=1e-12)
+    # Not BERT's: during warmup the ramp scales the decayed value (5e-4 * 0.95 at step 5),
+    # and the peak, reached at the end of warmup, is 1e-3 * (1 - 10/100).
+    bert = learning_rate_schedule(OptimConfig(learning_rate=1e-3, warmup_steps=10), 100)
+    assert float(bert(5)) == pytest.approx(5e-4)
+    assert float(schedule(5)) == pytest.approx(5e-4 * 0.95)
+    assert float(schedule(10)) == pytest.approx(9e-4)
+    # Optimizer updates use schedule(count) with count = 0 at the first update, as the
+    # reference's pre-increment global step: the first update has learning rate 0.
+    tx = make_optimizer(OptimConfig(learning_rate=1e-3, warmup_steps=10,
+                                    schedule="electra_linear", clip_norm=0.0,
+                                    weight_decay=0.0), 100)
+    params = {"w": jnp.ones(3)}
+    updates, _ = tx.update({"w": jnp.ones(3)}, tx.init(params), params)
+    np.testing.assert_array_equal(updates["w"], 0.0)
+    with pytest.raises(UserError, match="electra_linear"):
+        learning_rate_schedule(OptimConfig(schedule="electra"), 100)
 
 
 def test_cosine_schedule_reaches_end():
