@@ -18,7 +18,37 @@ import optax
 from input_pipeline.errors import UserError
 
 NO_DECAY_NAMES = ("bias", "scale", "layer_norm", "mlm_bias")
-SCHEDULES = ("linear", "electra_linear", "cosine", "constant", "inverse_sqrt")
+SCHEDULES = ("linear", "electra_linear", "fairseq_linear", "cosine", "constant",
+             "inverse_sqrt")
+
+
+class ScaleByAdamEpsHatState(NamedTuple):
+    count: jax.Array
+    mu: Any
+    nu: Any
+
+
+def scale_by_adam_eps_hat(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+    """Adam in the form of Kingma & Ba §2's last paragraph, which fairseq's `Adam`
+    (fairseq/optim/adam.py) and `tf.train.AdamOptimizer` implement: sqrt(1 - b2^t) / (1 - b1^t)
+    x m / (sqrt(v) + eps), i.e. eps added to the root of the raw second moment, before its
+    bias correction (optax's `scale_by_adam` adds it after: eps / sqrt(1 - b2^t) there)."""
+
+    def init(params: Any) -> ScaleByAdamEpsHatState:
+        zeros = jax.tree.map(lambda p: jnp.zeros_like(p, jnp.float32), params)
+        return ScaleByAdamEpsHatState(count=jnp.zeros((), jnp.int32), mu=zeros, nu=zeros)
+
+    def update(updates: Any, state: ScaleByAdamEpsHatState, params: Any = None):
+        del params
+        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, updates)
+        count = state.count + 1
+        t = count.astype(jnp.float32)
+        step = jnp.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        updates = jax.tree.map(lambda m, v: step * m / (jnp.sqrt(v) + eps), mu, nu)
+        return updates, ScaleByAdamEpsHatState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init, update)
 
 
 class ScaleByAdamNoBiasCorrectionState(NamedTuple):
@@ -92,9 +122,11 @@ def scale_by_layer_depth(decay: float) -> optax.GradientTransformation:
 def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
     """`linear` (BERT: warmup, then peak * (1 - step/total) down to end_learning_rate),
     `electra_linear` (ELECTRA: the linear decay times the warmup ramp, `electra_schedule`),
-    `cosine` (warmup then cosine to end), `constant` (warmup then flat) or `inverse_sqrt`
-    (T5). Steps count from 0: update n (the n-th, 0-based) uses schedule(n), the value of
-    the references' global step before it is incremented."""
+    `fairseq_linear` (fairseq's `polynomial_decay`, power 1: warmup to the peak, then linear
+    from the peak to end_learning_rate over the remaining steps), `cosine` (warmup then cosine
+    to end), `constant` (warmup then flat) or `inverse_sqrt` (T5). Steps count from 0: update
+    n (the n-th, 0-based) uses schedule(n), the value of the references' global step (fairseq:
+    num_updates) before it is incremented."""
     peak, warmup, end = config.learning_rate, config.warmup_steps, config.end_learning_rate
     if config.schedule == "electra_linear":
         return electra_schedule(peak, warmup, total_steps, end)
@@ -104,6 +136,10 @@ def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
         after = optax.linear_schedule(
             peak * (1 - warmup / total_steps) + end * warmup / total_steps, end,
             max(total_steps - warmup, 1))
+    elif config.schedule == "fairseq_linear":
+        # polynomial_decay_schedule.py `step_update`: n <= warmup: peak * n / warmup; then
+        # (peak - end) * (1 - (n - warmup) / (total - warmup)) + end, and end from total on.
+        after = optax.linear_schedule(peak, end, max(total_steps - warmup, 1))
     elif config.schedule == "cosine":
         after = optax.cosine_decay_schedule(peak, max(total_steps - warmup, 1), end / peak)
     elif config.schedule == "constant":
@@ -186,18 +222,23 @@ def adafactor(schedule: optax.Schedule, weight_decay: float) -> optax.GradientTr
 def make_optimizer(config: Any, total_steps: int) -> optax.GradientTransformation:
     """The optax chain for `config` (OptimConfig): clip -> moments -> decoupled decay -> lr."""
     schedule = learning_rate_schedule(config, total_steps)
+    # fairseq's Adam decays every parameter; the TF references skip LayerNorm and biases.
+    decayed = None if config.decay_norms_and_biases else decay_mask
     if config.optimizer == "adamw":
-        moments = (optax.scale_by_adam(config.b1, config.b2, config.eps)
-                   if config.bias_correction
-                   else scale_by_adam_without_bias_correction(config.b1, config.b2, config.eps))
+        if not config.bias_correction:
+            moments = scale_by_adam_without_bias_correction(config.b1, config.b2, config.eps)
+        elif config.eps_before_bias_correction:
+            moments = scale_by_adam_eps_hat(config.b1, config.b2, config.eps)
+        else:
+            moments = optax.scale_by_adam(config.b1, config.b2, config.eps)
         core = optax.chain(
             moments,
-            optax.add_decayed_weights(config.weight_decay, mask=decay_mask),
+            optax.add_decayed_weights(config.weight_decay, mask=decayed),
             optax.scale_by_learning_rate(schedule),
         )
     elif config.optimizer == "lamb":
         core = optax.lamb(schedule, config.b1, config.b2, config.eps,
-                          weight_decay=config.weight_decay, mask=decay_mask)
+                          weight_decay=config.weight_decay, mask=decayed)
     elif config.optimizer == "lars":
         # optax.lars = decay -> trust ratio -> lr -> momentum trace, i.e. SimCLR's
         # lars_optimizer.py with classic momentum (v = m v + lr * trust * (g + wd w)).

@@ -56,6 +56,63 @@ def test_electra_schedule_multiplies_the_decay_by_the_warmup_ramp():
         learning_rate_schedule(OptimConfig(schedule="electra"), 100)
 
 
+def fairseq_reference_lr(num_updates: int, peak: float, warmup: int, total: int,
+                         end: float = 0.0) -> float:
+    """fairseq/optim/lr_scheduler/polynomial_decay_schedule.py `step_update` (power 1) in plain
+    Python; the trainer sets it with step_update(0) before the first update, so update n uses
+    num_updates = n."""
+    if warmup > 0 and num_updates <= warmup:
+        return num_updates / float(warmup) * peak
+    if num_updates >= total:
+        return end
+    return (peak - end) * (1 - (num_updates - warmup) / (total - warmup)) + end
+
+
+def test_fairseq_schedule_decays_from_the_peak_after_warmup():
+    config = OptimConfig(learning_rate=1e-3, warmup_steps=10, schedule="fairseq_linear",
+                         end_learning_rate=1e-5)
+    schedule = learning_rate_schedule(config, total_steps=100)
+    for step in range(0, 106):
+        assert float(schedule(step)) == pytest.approx(
+            fairseq_reference_lr(step, 1e-3, 10, 100, 1e-5), rel=3e-6, abs=1e-12)  # float32
+    assert float(schedule(10)) == pytest.approx(1e-3)  # BERT's `linear` is at 0.9e-3 there
+
+
+def test_fairseq_adam_matches_numpy():
+    """fairseq/optim/adam.py `Adam.step`, three steps: m, v moments, p -= wd lr p on every
+    parameter (biases and LayerNorm too), then p -= lr sqrt(1 - b2^t) / (1 - b1^t) m /
+    (sqrt(v) + eps)."""
+    config = OptimConfig(learning_rate=0.1, warmup_steps=0, schedule="constant",
+                         weight_decay=0.01, clip_norm=0.0, b2=0.98, eps=1e-6,
+                         bias_correction=True, eps_before_bias_correction=True,
+                         decay_norms_and_biases=True)
+    tx = make_optimizer(config, total_steps=10)
+    rng = np.random.default_rng(0)
+    params = {"dense": {"kernel": jnp.asarray(rng.normal(size=(2, 3)), jnp.float32),
+                        "bias": jnp.asarray(rng.normal(size=3), jnp.float32)},
+              "layer_norm": {"scale": jnp.ones(3)}}
+    expected = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+    m = jax.tree.map(np.zeros_like, expected)
+    v = jax.tree.map(np.zeros_like, expected)
+    state = tx.init(params)
+    for t in range(1, 4):
+        grads = jax.tree.map(lambda x, t=t: 1e-5 * t * np.sin(7 * x + t), expected)
+        m = jax.tree.map(lambda a, g: 0.9 * a + 0.1 * g, m, grads)
+        v = jax.tree.map(lambda a, g: 0.98 * a + 0.02 * g * g, v, grads)
+        step = 0.1 * np.sqrt(1 - 0.98 ** t) / (1 - 0.9 ** t)
+        expected = jax.tree.map(lambda p, a, b, s=step: p - 0.01 * 0.1 * p
+                                - s * a / (np.sqrt(b) + 1e-6), expected, m, v)
+        updates, state = tx.update(jax.tree.map(jnp.asarray, grads), state, params)
+        params = optax.apply_updates(params, updates)
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(expected), strict=True):
+            np.testing.assert_allclose(np.asarray(a), b, rtol=2e-6, atol=1e-7)
+    with pytest.raises(UserError, match="bias_correction"):
+        from pretrain.config import make_config
+
+        make_config("bert_tiny", ["optim.eps_before_bias_correction=true",
+                                  "optim.bias_correction=false"])
+
+
 def test_cosine_schedule_reaches_end():
     config = OptimConfig(learning_rate=1.0, warmup_steps=10, schedule="cosine",
                          end_learning_rate=0.1)

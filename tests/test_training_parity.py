@@ -18,6 +18,10 @@ assert the same number exceeds 1e-4, so the comparison can see that detail.
   ELECTRA's schedule (decay times warmup ramp), generator MLM + 50 x RTD with shared
   embeddings; the generator's samples use our step's Gumbel noise (`sampling_noise`).
   Control: BERT's schedule.
+- RoBERTa (fairseq optim/adam.py, lr_scheduler/polynomial_decay_schedule.py,
+  criterions/masked_lm.py): Adam with eps before the bias correction, decay on every
+  parameter, no clipping, warmup then linear decay from the peak; mean MLM loss. Controls:
+  torch's eps placement, no decay on LayerNorm/bias, BERT's schedule.
 - GPT (GPT-1 §4.1; torch.optim.AdamW): bias-corrected AdamW with decoupled decay not on biases
   and gains, torch's gradient clipping, warmup then cosine. Control: torch.optim.Adam's L2
   (coupled) decay.
@@ -47,7 +51,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from bench.throughput import synthetic_batch
+from bench.throughput import masked_lm_batch, synthetic_batch
 from objectives.registry import PreparedData
 from pretrain import hf
 from pretrain.config import Config, make_config
@@ -543,6 +547,136 @@ def test_gpt_negative_control_coupled_weight_decay(gpt_run):
     difference = max_relative_difference(gpt_run["ours"],
                                          gpt_reference(gpt_run, coupled_decay=True))
     print(f"gpt with L2 (coupled) decay: {difference:.2e}")
+    assert difference > CONTROL_MINIMUM
+
+
+# ------------------------------------------------------------------------------------ RoBERTa
+ROBERTA = [o for o in MASKED_LM if not o.startswith(("optim.bias_correction", "optim.clip"))] + [
+    "model.max_position_embeddings=32", "optim.schedule=fairseq_linear", "optim.b2=0.98",
+    "optim.bias_correction=true", "optim.eps_before_bias_correction=true",
+    "optim.decay_norms_and_biases=true", "optim.clip_norm=0.0"]
+
+
+def roberta_batches(config: Config) -> list[dict[str, np.ndarray]]:
+    """bench/throughput.py's masked-LM rows (one segment type), two of them padded. BERT's
+    masking may draw the padding id as a random token; fairseq's never draws a special token,
+    and both RoBERTas treat that id as padding (positions, zero gradient in fairseq), so such
+    draws become another word here."""
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(STEPS):
+        batch = padded(masked_lm_batch(config, config.train.batch_size, rng), {1: 15, 5: 9})
+        stray = (batch["input_ids"] == 0) & (batch["input_mask"] > 0)
+        batch["input_ids"][stray] = 5
+        batches.append(batch)
+    return batches
+
+
+@pytest.fixture(scope="module")
+def roberta_run(tmp_path_factory) -> dict[str, Any]:
+    return family_run("roberta_tiny", ROBERTA, tmp_path_factory.mktemp("roberta"),
+                      roberta_batches)
+
+
+def fairseq_learning_rate(step: int, peak: float, warmup: int, total: int) -> float:
+    """fairseq polynomial_decay_schedule.py `step_update(num_updates)` with power 1 and end 0;
+    the trainer calls step_update(0) before the first update, so update n uses n."""
+    if warmup > 0 and step <= warmup:
+        return step / warmup * peak
+    if step >= total:
+        return 0.0
+    return peak * (1 - (step - warmup) / (total - warmup))
+
+
+@dataclasses.dataclass(frozen=True)
+class FairseqAdamReference:
+    """fairseq/optim/adam.py `Adam.step`: m, v moments, p -= weight_decay lr p on every
+    parameter the trainer gives it (all of them), p -= lr sqrt(1 - b2^t) / (1 - b1^t) m /
+    (sqrt(v) + eps); no gradient clipping (--clip-norm 0). Negative controls: torch's AdamW
+    eps (after the bias correction), or BERT's exclusion of LayerNorm and biases from decay."""
+
+    weight_decay: float
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-6
+    torch_eps: bool = False
+    skip_norms_and_biases: bool = False
+
+    def run(self, named: list[tuple[str, Any]], loss_fn: Callable[[int], Any],
+            learning_rate: Callable[[int], float], steps: int) -> list[float]:
+        b1, b2 = self.betas
+        m = [torch.zeros_like(p) for _, p in named]
+        v = [torch.zeros_like(p) for _, p in named]
+        losses = []
+        for step in range(steps):
+            for _, p in named:
+                p.grad = None
+            loss = loss_fn(step)
+            loss.backward()
+            losses.append(float(loss.detach()))
+            lr, t = learning_rate(step), step + 1
+            with torch.no_grad():
+                for (name, p), m_i, v_i in zip(named, m, v, strict=True):
+                    m_i.mul_(b1).add_((1 - b1) * p.grad)
+                    v_i.mul_(b2).add_((1 - b2) * p.grad * p.grad)
+                    if self.torch_eps:
+                        step_size = lr / (1 - b1 ** t)
+                        denominator = torch.sqrt(v_i) / math.sqrt(1 - b2 ** t) + self.eps
+                    else:
+                        step_size = lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+                        denominator = torch.sqrt(v_i) + self.eps
+                    skip = self.skip_norms_and_biases and ("LayerNorm" in name
+                                                           or "bias" in name)
+                    if not skip:
+                        p.sub_(self.weight_decay * lr * p)
+                    p.sub_(step_size * m_i / denominator)
+        return losses
+
+
+def roberta_reference(run: dict[str, Any], optimizer: FairseqAdamReference,
+                      learning_rate: Callable[..., float] = fairseq_learning_rate
+                      ) -> dict[str, np.ndarray]:
+    """RobertaForMaskedLM (fairseq's RoBERTa in HF's layout, padding_idx kept as fairseq's
+    embeddings have it) on fairseq criterions/masked_lm.py's loss: the summed cross-entropy of
+    the masked tokens divided by their number (the trainer's sample_size normalisation)."""
+    model = transformers.RobertaForMaskedLM.from_pretrained(run["hf"]).eval()
+    config, batches = run["config"], run["batches"]
+
+    def loss_fn(step: int) -> Any:
+        b = batches[step]
+        logits = model(input_ids=long(b["input_ids"]),
+                       attention_mask=long(b["input_mask"])).logits
+        weights = torch.tensor(b["masked_lm_weights"])
+        nll = log_softmax_nll(gather(logits, b["masked_lm_positions"]), long(b["masked_lm_ids"]))
+        return torch.sum(weights * nll) / torch.sum(weights)
+
+    o = config.optim
+    losses = optimizer.run(unique_parameters(model), loss_fn,
+                           lambda step: learning_rate(step, o.learning_rate, o.warmup_steps,
+                                                      config.train.steps),
+                           len(batches))
+    return with_losses(losses, {k: v for k, v in torch_state(model).items() if k in run["ours"]})
+
+
+def test_roberta_trains_as_fairseq(roberta_run):
+    difference = max_relative_difference(roberta_run["ours"],
+                                         roberta_reference(roberta_run, FairseqAdamReference(0.1)))
+    print(f"roberta: {difference:.2e}")
+    assert difference <= TOLERANCE
+
+
+@pytest.mark.parametrize("control", ["torch_adamw_eps", "no_decay_on_norms_and_biases",
+                                     "bert_schedule"])
+def test_roberta_negative_controls(roberta_run, control):
+    optimizer, schedule = FairseqAdamReference(0.1), fairseq_learning_rate
+    if control == "torch_adamw_eps":
+        optimizer = dataclasses.replace(optimizer, torch_eps=True)
+    elif control == "no_decay_on_norms_and_biases":
+        optimizer = dataclasses.replace(optimizer, skip_norms_and_biases=True)
+    else:
+        schedule = bert_learning_rate
+    difference = max_relative_difference(roberta_run["ours"],
+                                         roberta_reference(roberta_run, optimizer, schedule))
+    print(f"roberta {control}: {difference:.2e}")
     assert difference > CONTROL_MINIMUM
 
 
