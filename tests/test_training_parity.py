@@ -185,8 +185,8 @@ class AdamWeightDecayReference:
     """AdamWeightDecayOptimizer of google-research/bert (and electra) optimization.py:
     m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, update = m / (sqrt(v) + eps), plus
     weight_decay * w unless the variable name matches LayerNorm / layer_norm / bias,
-    w -= lr * update; gradients clipped to global norm 1.0 first. The fields after `eps` are
-    the negative controls' departures."""
+    w -= lr * update; gradients clipped to global norm 1.0 first. `clip_norm` 0,
+    `bias_correction` and `decay_everything` are the negative controls' departures."""
 
     weight_decay: float
     b1: float = 0.9
@@ -318,6 +318,11 @@ def bert_reference(run: dict[str, Any], optimizer: AdamWeightDecayReference,
                                 if k in run["ours"]})
 
 
+def adam_weight_decay(config: Config) -> AdamWeightDecayReference:
+    return AdamWeightDecayReference(config.optim.weight_decay, config.optim.b1, config.optim.b2,
+                                    config.optim.eps, config.optim.clip_norm)
+
+
 def bert_schedule(config: Config, offset: int = 0) -> Callable[[int], float]:
     o = config.optim
     return lambda step: bert_learning_rate(step + offset, o.learning_rate, o.warmup_steps,
@@ -325,7 +330,7 @@ def bert_schedule(config: Config, offset: int = 0) -> Callable[[int], float]:
 
 
 def test_bert_trains_as_google_research_bert(bert_run):
-    reference = bert_reference(bert_run, AdamWeightDecayReference(0.1),
+    reference = bert_reference(bert_run, adam_weight_decay(bert_run["config"]),
                                bert_schedule(bert_run["config"]))
     difference = max_relative_difference(bert_run["ours"], reference)
     print(f"bert: {difference:.2e}")
@@ -335,7 +340,7 @@ def test_bert_trains_as_google_research_bert(bert_run):
 @pytest.mark.parametrize("control", ["bias_correction", "decay_layer_norm_and_bias",
                                      "schedule_one_step_late", "no_clipping"])
 def test_bert_negative_controls(bert_run, control):
-    optimizer = AdamWeightDecayReference(0.1)
+    optimizer = adam_weight_decay(bert_run["config"])
     schedule = bert_schedule(bert_run["config"])
     if control == "bias_correction":
         optimizer = dataclasses.replace(optimizer, bias_correction=True)
@@ -449,7 +454,7 @@ def electra_schedule(config: Config, learning_rate: Callable[..., float] = elect
 
 
 def test_electra_trains_as_google_research_electra(electra_run):
-    reference = electra_reference(electra_run, AdamWeightDecayReference(0.1),
+    reference = electra_reference(electra_run, adam_weight_decay(electra_run["config"]),
                                   electra_schedule(electra_run["config"]))
     difference = max_relative_difference(electra_run["ours"], reference)
     print(f"electra: {difference:.2e}")
@@ -458,7 +463,7 @@ def test_electra_trains_as_google_research_electra(electra_run):
 
 def test_electra_negative_control_bert_schedule(electra_run):
     """BERT's warmup (peak * step / warmup) instead of ELECTRA's ramp times the decay."""
-    reference = electra_reference(electra_run, AdamWeightDecayReference(0.1),
+    reference = electra_reference(electra_run, adam_weight_decay(electra_run["config"]),
                                   electra_schedule(electra_run["config"], bert_learning_rate))
     difference = max_relative_difference(electra_run["ours"], reference)
     print(f"electra with BERT's schedule: {difference:.2e}")
@@ -632,6 +637,11 @@ class FairseqAdamReference:
         return losses
 
 
+def fairseq_adam(config: Config) -> FairseqAdamReference:
+    o = config.optim
+    return FairseqAdamReference(o.weight_decay, (o.b1, o.b2), o.eps)
+
+
 def roberta_reference(run: dict[str, Any], optimizer: FairseqAdamReference,
                       learning_rate: Callable[..., float] = fairseq_learning_rate
                       ) -> dict[str, np.ndarray]:
@@ -658,8 +668,8 @@ def roberta_reference(run: dict[str, Any], optimizer: FairseqAdamReference,
 
 
 def test_roberta_trains_as_fairseq(roberta_run):
-    difference = max_relative_difference(roberta_run["ours"],
-                                         roberta_reference(roberta_run, FairseqAdamReference(0.1)))
+    reference = roberta_reference(roberta_run, fairseq_adam(roberta_run["config"]))
+    difference = max_relative_difference(roberta_run["ours"], reference)
     print(f"roberta: {difference:.2e}")
     assert difference <= TOLERANCE
 
@@ -667,7 +677,7 @@ def test_roberta_trains_as_fairseq(roberta_run):
 @pytest.mark.parametrize("control", ["torch_adamw_eps", "no_decay_on_norms_and_biases",
                                      "bert_schedule"])
 def test_roberta_negative_controls(roberta_run, control):
-    optimizer, schedule = FairseqAdamReference(0.1), fairseq_learning_rate
+    optimizer, schedule = fairseq_adam(roberta_run["config"]), fairseq_learning_rate
     if control == "torch_adamw_eps":
         optimizer = dataclasses.replace(optimizer, torch_eps=True)
     elif control == "no_decay_on_norms_and_biases":
