@@ -38,14 +38,15 @@ class OptimConfig:
     (BERT: lr * step / warmup during warmup, then lr * (1 - step / steps)), electra_linear
     (ELECTRA's optimization.py: lr * (1 - step / steps) * min(1, step / warmup), the ramp
     multiplying the decayed value), cosine, constant or inverse_sqrt (T5: lr * sqrt(warmup /
-    max(step, warmup))), fairseq_linear (fairseq's polynomial_decay: lr * step / warmup, then
-    linear from lr at the end of warmup to end_learning_rate at `steps`); `end_learning_rate`
-    is where linear, electra_linear, fairseq_linear and cosine end. `eps_before_bias_correction`
-    (with `bias_correction`): Adam's eps added to sqrt(v) before the bias correction, as
-    fairseq's Adam and tf.train.AdamOptimizer do. `decay_norms_and_biases` (adamw, lamb): weight
-    decay on every parameter, as fairseq's Adam, instead of skipping LayerNorm and biases.
-    `layerwise_lr_decay` < 1 scales each Transformer
-    layer's learning rate by decay^(depth from the top) (ELECTRA fine-tuning: 0.8)."""
+    max(step, warmup))), linear_from_peak (fairseq's polynomial_decay, XLNet's poly decay:
+    lr * step / warmup, then linear from lr at the end of warmup to end_learning_rate at
+    `steps`); `end_learning_rate` is where linear, electra_linear, linear_from_peak and cosine
+    end. `eps_before_bias_correction` (with `bias_correction`): Adam's eps added to sqrt(v)
+    before the bias correction, as fairseq's Adam and tf.train.AdamOptimizer do.
+    `decay_norms_and_biases` (adamw, lamb): weight decay on every parameter, as fairseq's
+    Adam, instead of skipping LayerNorm and biases. `layerwise_lr_decay` < 1 scales each
+    Transformer layer's learning rate by decay^(depth from the top) (ELECTRA fine-tuning:
+    0.8)."""
 
     optimizer: str = "adamw"
     learning_rate: float = 1e-4
@@ -230,7 +231,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": {"vocab_size": 0, "max_position_embeddings": 514},
         "examples": {"max_seq_length": 512, "pred_prob": 0.15, "whole_word_mask": True},
         "data": {"vocab_size": 30522},
-        "optim": {"learning_rate": 6e-4, "schedule": "fairseq_linear", "warmup_steps": 24000,
+        "optim": {"learning_rate": 6e-4, "schedule": "linear_from_peak", "warmup_steps": 24000,
                   "b2": 0.98, "eps": 1e-6, "weight_decay": 0.01, "bias_correction": True,
                   "eps_before_bias_correction": True, "decay_norms_and_biases": True,
                   "clip_norm": 0.0},
@@ -288,7 +289,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": {"vocab_size": 0, "max_position_embeddings": 514},
         "examples": {"max_seq_length": 512, "max_predictions_per_seq": 77},
         "data": {"vocab_size": 50265},
-        "optim": {"learning_rate": 6e-4, "schedule": "fairseq_linear", "warmup_steps": 24000,
+        "optim": {"learning_rate": 6e-4, "schedule": "linear_from_peak", "warmup_steps": 24000,
                   "b2": 0.98, "eps": 1e-6, "weight_decay": 0.01, "bias_correction": True,
                   "eps_before_bias_correction": True, "decay_norms_and_biases": True,
                   "clip_norm": 0.0},

@@ -18,7 +18,9 @@ recipe for the starting point's family:
   MNLI, so 3 epochs here, at batch 32 as the zihangdai/xlnet README's STS-B run (4 GPUs x 8;
   it uses lr 5e-5 for XLNet-Large), with warmup over 10% of the steps as there (120 of 1200
   steps). Adam with bias correction and gradient clipping at 1.0 (run_classifier.py: `clip`,
-  and `tf.train.AdamOptimizer` when weight_decay is 0).
+  and `tf.train.AdamOptimizer` when weight_decay is 0, whose epsilon is added before the bias
+  correction: `optim.eps_before_bias_correction`); model_utils.py `get_train_op` decays
+  linearly from the peak at the end of warmup (`optim.schedule=linear_from_peak`).
 `glue` runs every task over several seeds and reports the median, as the papers do.
 """
 
@@ -106,8 +108,10 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
               "train.batch_size": 32, "optim.learning_rate": chosen["learning_rate"],
               "optim.weight_decay": chosen["weight_decay"],
               "optim.layerwise_lr_decay": chosen["layerwise_lr_decay"],
-              "optim.schedule": "electra_linear" if model["head"] == "electra" else "linear",
-              "optim.bias_correction": True, "optim.eps": 1e-6,
+              "optim.schedule": {"electra": "electra_linear", "xlnet": "linear_from_peak"}.get(
+                  model["head"], "linear"),
+              "optim.bias_correction": True, "optim.eps_before_bias_correction": xlnet,
+              "optim.eps": 1e-6,
               "train.eval_batches": 1}
     if not any(override.startswith("data.tokenizer=") for override in overrides):
         values["data.tokenizer"] = tokenizer_of(source)

@@ -18,7 +18,7 @@ import optax
 from input_pipeline.errors import UserError
 
 NO_DECAY_NAMES = ("bias", "scale", "layer_norm", "mlm_bias")
-SCHEDULES = ("linear", "electra_linear", "fairseq_linear", "cosine", "constant",
+SCHEDULES = ("linear", "electra_linear", "linear_from_peak", "cosine", "constant",
              "inverse_sqrt")
 
 
@@ -122,8 +122,9 @@ def scale_by_layer_depth(decay: float) -> optax.GradientTransformation:
 def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
     """`linear` (BERT: warmup, then peak * (1 - step/total) down to end_learning_rate),
     `electra_linear` (ELECTRA: the linear decay times the warmup ramp, `electra_schedule`),
-    `fairseq_linear` (fairseq's `polynomial_decay`, power 1: warmup to the peak, then linear
-    from the peak to end_learning_rate over the remaining steps), `cosine` (warmup then cosine
+    `linear_from_peak` (warmup to the peak, then linear from the peak to end_learning_rate over
+    the remaining steps: fairseq's `polynomial_decay` with power 1, XLNet's `get_train_op`
+    with decay_method poly), `cosine` (warmup then cosine
     to end), `constant` (warmup then flat) or `inverse_sqrt` (T5). Steps count from 0: update
     n (the n-th, 0-based) uses schedule(n), the value of the references' global step (fairseq:
     num_updates) before it is incremented."""
@@ -136,7 +137,7 @@ def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
         after = optax.linear_schedule(
             peak * (1 - warmup / total_steps) + end * warmup / total_steps, end,
             max(total_steps - warmup, 1))
-    elif config.schedule == "fairseq_linear":
+    elif config.schedule == "linear_from_peak":
         # polynomial_decay_schedule.py `step_update`: n <= warmup: peak * n / warmup; then
         # (peak - end) * (1 - (n - warmup) / (total - warmup)) + end, and end from total on.
         after = optax.linear_schedule(peak, end, max(total_steps - warmup, 1))

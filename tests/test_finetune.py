@@ -142,6 +142,10 @@ def test_xlnet_from_a_hf_folder(tmp_path, glue_folder):
     # XLNet Table 8 (MNLI): lr 2e-5, no weight decay, no layer-wise decay, Adam epsilon 1e-6.
     assert (recipe.optim.learning_rate, recipe.optim.weight_decay,
             recipe.optim.layerwise_lr_decay, recipe.optim.eps) == (2e-5, 0.0, 1.0, 1e-6)
+    # model_utils.py get_train_op: tf.train.AdamOptimizer (eps before the bias correction),
+    # poly decay from the peak at the end of warmup.
+    assert recipe.optim.schedule == "linear_from_peak"
+    assert recipe.optim.bias_correction and recipe.optim.eps_before_bias_correction
     assert recipe.model["head"] == "xlnet" and recipe.examples["layout"] == "xlnet"
     assert recipe.data.tokenizer == str(folder) and recipe.train.steps == 3 * 12
     config = finetune_config("sst2", str(folder), glue_folder,

@@ -69,7 +69,7 @@ def fairseq_reference_lr(num_updates: int, peak: float, warmup: int, total: int,
 
 
 def test_fairseq_schedule_decays_from_the_peak_after_warmup():
-    config = OptimConfig(learning_rate=1e-3, warmup_steps=10, schedule="fairseq_linear",
+    config = OptimConfig(learning_rate=1e-3, warmup_steps=10, schedule="linear_from_peak",
                          end_learning_rate=1e-5)
     schedule = learning_rate_schedule(config, total_steps=100)
     for step in range(0, 106):

@@ -557,7 +557,7 @@ def test_gpt_negative_control_coupled_weight_decay(gpt_run):
 
 # ------------------------------------------------------------------------------------ RoBERTa
 ROBERTA = [o for o in MASKED_LM if not o.startswith(("optim.bias_correction", "optim.clip"))] + [
-    "model.max_position_embeddings=32", "optim.schedule=fairseq_linear", "optim.b2=0.98",
+    "model.max_position_embeddings=32", "optim.schedule=linear_from_peak", "optim.b2=0.98",
     "optim.bias_correction=true", "optim.eps_before_bias_correction=true",
     "optim.decay_norms_and_biases=true", "optim.clip_norm=0.0"]
 
