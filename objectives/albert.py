@@ -3,7 +3,8 @@
 Reference: google-research/albert run_pretraining.py (`get_masked_lm_output`,
 `get_sentence_order_output`): the MLM loss over gathered n-gram-masked positions,
 sum(w * nll) / (sum(w) + 1e-5); SOP is a 2-way softmax on the pooled first token (label 0 =
-original order, 1 = swapped); total = MLM + SOP.
+original order, 1 = swapped) with the plain mean over the batch as its loss
+(`tf.reduce_mean`); total = MLM + SOP.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def albert_loss(model: Albert, batch: Batch, rng: jax.Array | None
     mlm_loss, mlm = weighted_cross_entropy(out.mlm_logits, batch["masked_lm_ids"],
                                            batch["masked_lm_weights"])
     labels = batch["next_sentence_labels"]
-    sop_loss, sop = weighted_cross_entropy(out.sop_logits, labels, jnp.ones(labels.shape))
+    sop_loss, sop = weighted_cross_entropy(out.sop_logits, labels, jnp.ones(labels.shape),
+                                           epsilon=0.0)  # tf.reduce_mean(per_example_loss)
     total = mlm_loss + sop_loss
     return total, {"loss": (total, jnp.ones((), jnp.float32)), "mlm_loss": mlm["loss"],
                    "mlm_accuracy": mlm["accuracy"], "sop_loss": sop["loss"],

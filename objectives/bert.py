@@ -2,7 +2,8 @@
 
 Reference: google-research/bert run_pretraining.py (`get_masked_lm_output`,
 `get_next_sentence_output`): the MLM loss is over gathered masked positions, weighted,
-sum(w * nll) / (sum(w) + 1e-5); NSP is a 2-way softmax on the pooled [CLS]; total = MLM + NSP.
+sum(w * nll) / (sum(w) + 1e-5); NSP is a 2-way softmax on the pooled [CLS] whose loss is the
+plain mean over the batch (`tf.reduce_mean`, no epsilon); total = MLM + NSP.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def weighted_cross_entropy(
     logits: jax.Array, labels: jax.Array, weights: jax.Array, epsilon: float = 1e-5
 ) -> tuple[jax.Array, Metrics]:
     """sum(w * nll) / (sum(w) + epsilon) with float32 log-softmax, plus weighted accuracy
-    (BERT's epsilon is 1e-5, ELECTRA's 1e-6)."""
+    (BERT's epsilon is 1e-5, ELECTRA's 1e-6; with unit weights and epsilon 0 it is the plain
+    mean, as BERT's NSP loss)."""
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
     weights = weights.astype(jnp.float32)
@@ -51,7 +53,8 @@ def bert_loss(model: Bert, batch: Batch, rng: jax.Array | None) -> tuple[jax.Arr
     mlm_loss, mlm = weighted_cross_entropy(
         out.mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
     labels = batch["next_sentence_labels"]
-    nsp_loss, nsp = weighted_cross_entropy(out.nsp_logits, labels, jnp.ones(labels.shape))
+    nsp_loss, nsp = weighted_cross_entropy(out.nsp_logits, labels, jnp.ones(labels.shape),
+                                           epsilon=0.0)  # tf.reduce_mean(per_example_loss)
     total = mlm_loss + nsp_loss
     one = jnp.ones((), jnp.float32)
     return total, {

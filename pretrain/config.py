@@ -34,10 +34,19 @@ class OptimConfig:
     global-norm clip 1.0, linear warmup then linear decay to 0. `optimizer` is adamw, lamb,
     lars (SimCLR, BYOL: `momentum` 0.9, `trust_coefficient` 0.001, neither decay nor adaptation
     on normalisation parameters and biases), sgd (MoCo: torch's SGD with `momentum`, decay on
-    every parameter) or adafactor (T5; `pretrain.optim.adafactor`). `schedule` is linear,
-    cosine, constant or inverse_sqrt (T5: lr * sqrt(warmup / max(step, warmup))).
-    `layerwise_lr_decay` < 1 scales each Transformer
-    layer's learning rate by decay^(depth from the top) (ELECTRA fine-tuning: 0.8)."""
+    every parameter) or adafactor (T5; `pretrain.optim.adafactor`). `schedule` is linear
+    (BERT: lr * step / warmup during warmup, then lr * (1 - step / steps)), electra_linear
+    (ELECTRA's optimization.py: lr * (1 - step / steps) * min(1, step / warmup), the ramp
+    multiplying the decayed value), cosine, constant or inverse_sqrt (T5: lr * sqrt(warmup /
+    max(step, warmup))), linear_from_peak (fairseq's polynomial_decay, XLNet's poly decay:
+    lr * step / warmup, then linear from lr at the end of warmup to end_learning_rate at
+    `steps`); `end_learning_rate` is where linear, electra_linear, linear_from_peak and cosine
+    end. `eps_before_bias_correction` (with `bias_correction`): Adam's eps added to sqrt(v)
+    before the bias correction, as fairseq's Adam and tf.train.AdamOptimizer do.
+    `decay_norms_and_biases` (adamw, lamb): weight decay on every parameter, as fairseq's
+    Adam, instead of skipping LayerNorm and biases. `layerwise_lr_decay` < 1 scales each
+    Transformer layer's learning rate by decay^(depth from the top) (ELECTRA fine-tuning:
+    0.8)."""
 
     optimizer: str = "adamw"
     learning_rate: float = 1e-4
@@ -49,6 +58,8 @@ class OptimConfig:
     b2: float = 0.999
     eps: float = 1e-6
     bias_correction: bool = False
+    eps_before_bias_correction: bool = False
+    decay_norms_and_biases: bool = False
     clip_norm: float = 1.0
     grad_accum_steps: int = 1
     momentum: float = 0.9
@@ -140,14 +151,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train": {"steps": 1000000, "batch_size": 256},
     },
     # ELECTRA (configure_pretraining.py): a generator of 1/4 (Small) or 1/3 (Base) of the
-    # discriminator's hidden size, embeddings shared; AdamWeightDecay, warmup 10k, linear decay.
+    # discriminator's hidden size, embeddings shared; AdamWeightDecay, warmup 10k, linear decay
+    # multiplied by the warmup ramp (optimization.py, `electra_linear`).
     "electra_tiny": {
         "method": "electra",
         "model": {**_TINY_MODEL, "embedding_size": 32, "vocab_size": 0, "hidden_dropout": 0.0,
                   "attention_dropout": 0.0},
         "examples": {"max_seq_length": 64, "max_predictions_per_seq": 9},
         "data": {"vocab_size": 4000},
-        "optim": {"learning_rate": 2e-3, "warmup_steps": 30, "bias_correction": True},
+        "optim": {"learning_rate": 2e-3, "schedule": "electra_linear", "warmup_steps": 30,
+                  "bias_correction": True},
         "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
                   "checkpoint_every": 200},
     },
@@ -157,7 +170,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "intermediate_size": 1024, "generator_hidden_size": 0.25, "vocab_size": 0},
         "examples": {"max_seq_length": 128, "max_predictions_per_seq": 19},
         "data": {"vocab_size": 30522},
-        "optim": {"learning_rate": 5e-4, "warmup_steps": 10000},
+        "optim": {"learning_rate": 5e-4, "schedule": "electra_linear", "warmup_steps": 10000},
         "train": {"steps": 1000000, "batch_size": 128},
     },
     "electra_base": {
@@ -166,7 +179,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "intermediate_size": 3072, "generator_hidden_size": 1 / 3, "vocab_size": 0},
         "examples": {"max_seq_length": 128, "max_predictions_per_seq": 19},
         "data": {"vocab_size": 30522},
-        "optim": {"learning_rate": 2e-4, "warmup_steps": 10000},
+        "optim": {"learning_rate": 2e-4, "schedule": "electra_linear",
+                  "warmup_steps": 10000},
         "train": {"steps": 766000, "batch_size": 256},
     },
     # XLNet (Yang et al. 2019, Table 7; train_gpu.py / data_utils.py): seq 512 of which 256 are
@@ -198,7 +212,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # size with 512 positions (+2), relative position bias, whole-word permutations, 15%
     # predicted with 80/10/10 inputs; batch 8192, 500k steps, Adam (bias-corrected) b2 0.98,
     # eps 1e-6, lr 6e-4 with warmup (24k as RoBERTa-Base's Table 9 schedule, which MPNet
-    # follows) then linear decay, weight decay 0.01, no clipping (--clip-norm 0.0).
+    # follows) then linear decay, weight decay 0.01, no clipping (--clip-norm 0.0); fairseq's
+    # Adam (eps before the bias correction, decay on every parameter) and polynomial_decay
+    # (from the peak at the end of warmup), as roberta_base.
     "mpnet_tiny": {
         "method": "mpnet",
         "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 256,
@@ -215,8 +231,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": {"vocab_size": 0, "max_position_embeddings": 514},
         "examples": {"max_seq_length": 512, "pred_prob": 0.15, "whole_word_mask": True},
         "data": {"vocab_size": 30522},
-        "optim": {"learning_rate": 6e-4, "warmup_steps": 24000, "b2": 0.98, "eps": 1e-6,
-                  "weight_decay": 0.01, "bias_correction": True, "clip_norm": 0.0},
+        "optim": {"learning_rate": 6e-4, "schedule": "linear_from_peak", "warmup_steps": 24000,
+                  "b2": 0.98, "eps": 1e-6, "weight_decay": 0.01, "bias_correction": True,
+                  "eps_before_bias_correction": True, "decay_norms_and_biases": True,
+                  "clip_norm": 0.0},
         "train": {"steps": 500000, "batch_size": 8192},
     },
     # GPT at the demo/test size: no dropout, bias-corrected Adam, cosine decay (as gpt2_small).
@@ -251,6 +269,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 514 positions (512 + padding id + 1), one token type, FULL-SENTENCES inputs of 512 tokens,
     # dynamic masking, no NSP; batch 8k, 500k steps, Adam (bias-corrected) b2 0.98, eps 1e-6,
     # peak lr 6e-4 after 24k warmup steps then linear decay, weight decay 0.01, no clipping.
+    # roberta_base trains as fairseq-train does: its Adam (fairseq/optim/adam.py) adds eps to
+    # sqrt(v) before the bias correction and decays every parameter (LayerNorm and biases too),
+    # and polynomial_decay falls linearly from the peak at the end of warmup (BERT's `linear`
+    # decays from step 0 and so would start at 0.952 x peak after 24k of 500k steps).
     "roberta_tiny": {
         "method": "roberta",
         "model": {**_TINY_MODEL, "vocab_size": 0, "hidden_dropout": 0.0,
@@ -267,8 +289,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": {"vocab_size": 0, "max_position_embeddings": 514},
         "examples": {"max_seq_length": 512, "max_predictions_per_seq": 77},
         "data": {"vocab_size": 50265},
-        "optim": {"learning_rate": 6e-4, "warmup_steps": 24000, "b2": 0.98, "eps": 1e-6,
-                  "weight_decay": 0.01, "bias_correction": True, "clip_norm": 0.0},
+        "optim": {"learning_rate": 6e-4, "schedule": "linear_from_peak", "warmup_steps": 24000,
+                  "b2": 0.98, "eps": 1e-6, "weight_decay": 0.01, "bias_correction": True,
+                  "eps_before_bias_correction": True, "decay_norms_and_biases": True,
+                  "clip_norm": 0.0},
         "train": {"steps": 500000, "batch_size": 8192},
     },
     # ALBERT (Lan et al. 2020 §4.1; google-research/albert README's run_pretraining command):
@@ -560,6 +584,9 @@ def validate(config: Config) -> None:
             raise UserError(f"{name}={value} must be at least 1")
     if t.on_nonfinite not in ("stop", "skip"):
         raise UserError(f"train.on_nonfinite={t.on_nonfinite!r} must be 'stop' or 'skip'")
+    if o.eps_before_bias_correction and not o.bias_correction:
+        raise UserError("optim.eps_before_bias_correction=true places eps relative to Adam's "
+                        "bias correction; set optim.bias_correction=true as well")
     if t.batch_size % o.grad_accum_steps:
         raise UserError(f"train.batch_size={t.batch_size} is not divisible by "
                         f"optim.grad_accum_steps={o.grad_accum_steps}; change one of them")

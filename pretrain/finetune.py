@@ -9,14 +9,18 @@ recipe for the starting point's family:
   google-research/bert README gives for them (2e-5 barely moves a 2-layer, 64-wide model).
 - ELECTRA (Clark et al. 2020, Table 7): batch 32, lr 3e-4 (Small) / 1e-4 (Base) / 5e-5
   (Large), layer-wise lr decay 0.8 (0.9 Large), warmup 10%, no weight decay, 3 epochs, 10 for
-  RTE and STS-B.
+  RTE and STS-B; the schedule is ELECTRA's own (`optim.schedule=electra_linear`: the linear
+  decay over the run multiplied by the warmup ramp, model/optimization.py, which its
+  run_finetuning.py uses), not BERT's.
 - XLNet (Yang et al. 2019, Appendix A.3, Table 8, whose GLUE column is MNLI): sequence length
   128, lr 2e-5 with linear decay, no weight decay, Adam epsilon 1e-6 (run_classifier.py's flag
   default is 1e-8), layer-wise lr decay 1.0; Table 8's batch 128 for 10K steps is ~3 epochs of
   MNLI, so 3 epochs here, at batch 32 as the zihangdai/xlnet README's STS-B run (4 GPUs x 8;
   it uses lr 5e-5 for XLNet-Large), with warmup over 10% of the steps as there (120 of 1200
   steps). Adam with bias correction and gradient clipping at 1.0 (run_classifier.py: `clip`,
-  and `tf.train.AdamOptimizer` when weight_decay is 0).
+  and `tf.train.AdamOptimizer` when weight_decay is 0, whose epsilon is added before the bias
+  correction: `optim.eps_before_bias_correction`); model_utils.py `get_train_op` decays
+  linearly from the peak at the end of warmup (`optim.schedule=linear_from_peak`).
 `glue` runs every task over several seeds and reports the median, as the papers do.
 """
 
@@ -104,7 +108,10 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
               "train.batch_size": 32, "optim.learning_rate": chosen["learning_rate"],
               "optim.weight_decay": chosen["weight_decay"],
               "optim.layerwise_lr_decay": chosen["layerwise_lr_decay"],
-              "optim.schedule": "linear", "optim.bias_correction": True, "optim.eps": 1e-6,
+              "optim.schedule": {"electra": "electra_linear", "xlnet": "linear_from_peak"}.get(
+                  model["head"], "linear"),
+              "optim.bias_correction": True, "optim.eps_before_bias_correction": xlnet,
+              "optim.eps": 1e-6,
               "train.eval_batches": 1}
     if not any(override.startswith("data.tokenizer=") for override in overrides):
         values["data.tokenizer"] = tokenizer_of(source)

@@ -18,6 +18,37 @@ import optax
 from input_pipeline.errors import UserError
 
 NO_DECAY_NAMES = ("bias", "scale", "layer_norm", "mlm_bias")
+SCHEDULES = ("linear", "electra_linear", "linear_from_peak", "cosine", "constant",
+             "inverse_sqrt")
+
+
+class ScaleByAdamEpsHatState(NamedTuple):
+    count: jax.Array
+    mu: Any
+    nu: Any
+
+
+def scale_by_adam_eps_hat(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+    """Adam in the form of Kingma & Ba §2's last paragraph, which fairseq's `Adam`
+    (fairseq/optim/adam.py) and `tf.train.AdamOptimizer` implement: sqrt(1 - b2^t) / (1 - b1^t)
+    x m / (sqrt(v) + eps), i.e. eps added to the root of the raw second moment, before its
+    bias correction (optax's `scale_by_adam` adds it after: eps / sqrt(1 - b2^t) there)."""
+
+    def init(params: Any) -> ScaleByAdamEpsHatState:
+        zeros = jax.tree.map(lambda p: jnp.zeros_like(p, jnp.float32), params)
+        return ScaleByAdamEpsHatState(count=jnp.zeros((), jnp.int32), mu=zeros, nu=zeros)
+
+    def update(updates: Any, state: ScaleByAdamEpsHatState, params: Any = None):
+        del params
+        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, updates)
+        count = state.count + 1
+        t = count.astype(jnp.float32)
+        step = jnp.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        updates = jax.tree.map(lambda m, v: step * m / (jnp.sqrt(v) + eps), mu, nu)
+        return updates, ScaleByAdamEpsHatState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init, update)
 
 
 class ScaleByAdamNoBiasCorrectionState(NamedTuple):
@@ -90,14 +121,26 @@ def scale_by_layer_depth(decay: float) -> optax.GradientTransformation:
 
 def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
     """`linear` (BERT: warmup, then peak * (1 - step/total) down to end_learning_rate),
-    `cosine` (warmup then cosine to end), or `constant` (warmup then flat)."""
+    `electra_linear` (ELECTRA: the linear decay times the warmup ramp, `electra_schedule`),
+    `linear_from_peak` (warmup to the peak, then linear from the peak to end_learning_rate over
+    the remaining steps: fairseq's `polynomial_decay` with power 1, XLNet's `get_train_op`
+    with decay_method poly), `cosine` (warmup then cosine
+    to end), `constant` (warmup then flat) or `inverse_sqrt` (T5). Steps count from 0: update
+    n (the n-th, 0-based) uses schedule(n), the value of the references' global step (fairseq:
+    num_updates) before it is incremented."""
     peak, warmup, end = config.learning_rate, config.warmup_steps, config.end_learning_rate
+    if config.schedule == "electra_linear":
+        return electra_schedule(peak, warmup, total_steps, end)
     warmup = min(warmup, total_steps)
     ramp = optax.linear_schedule(0.0, peak, max(warmup, 1))
     if config.schedule == "linear":
         after = optax.linear_schedule(
             peak * (1 - warmup / total_steps) + end * warmup / total_steps, end,
             max(total_steps - warmup, 1))
+    elif config.schedule == "linear_from_peak":
+        # polynomial_decay_schedule.py `step_update`: n <= warmup: peak * n / warmup; then
+        # (peak - end) * (1 - (n - warmup) / (total - warmup)) + end, and end from total on.
+        after = optax.linear_schedule(peak, end, max(total_steps - warmup, 1))
     elif config.schedule == "cosine":
         after = optax.cosine_decay_schedule(peak, max(total_steps - warmup, 1), end / peak)
     elif config.schedule == "constant":
@@ -105,9 +148,30 @@ def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
     elif config.schedule == "inverse_sqrt":
         return inverse_sqrt_schedule(peak, warmup)
     else:
-        raise UserError(f"optim.schedule={config.schedule!r} is unknown; use linear, cosine, "
-                        "constant or inverse_sqrt")
+        raise UserError(f"optim.schedule={config.schedule!r} is unknown; use one of "
+                        f"{', '.join(SCHEDULES)}")
     return optax.join_schedules([ramp, after], [warmup])
+
+
+def electra_schedule(peak: float, warmup: int, total_steps: int,
+                     end: float = 0.0) -> optax.Schedule:
+    """ELECTRA's learning rate (google-research/electra model/optimization.py
+    `create_optimizer`): `polynomial_decay` with power 1 from `peak` to `end` over the whole
+    run, (peak - end) * (1 - min(n, total) / total) + end, *multiplied* by the warmup ramp
+    min(1, n / warmup), n being the global step before its increment. Unlike BERT's schedule
+    (which replaces the decayed value by peak * n / warmup during warmup), the ramp scales the
+    already decaying value, so the schedule is continuous and peaks below `peak` at n = warmup.
+    `warmup` 0: no ramp."""
+    total = float(max(total_steps, 1))
+
+    def schedule(step: Any) -> jax.Array:
+        n = jnp.asarray(step, jnp.float32)
+        decayed = (peak - end) * (1.0 - jnp.minimum(n, total) / total) + end
+        if warmup <= 0:
+            return decayed
+        return decayed * jnp.minimum(1.0, n / float(warmup))
+
+    return schedule
 
 
 def inverse_sqrt_schedule(peak: float, warmup: int) -> optax.Schedule:
@@ -159,18 +223,23 @@ def adafactor(schedule: optax.Schedule, weight_decay: float) -> optax.GradientTr
 def make_optimizer(config: Any, total_steps: int) -> optax.GradientTransformation:
     """The optax chain for `config` (OptimConfig): clip -> moments -> decoupled decay -> lr."""
     schedule = learning_rate_schedule(config, total_steps)
+    # fairseq's Adam decays every parameter; the TF references skip LayerNorm and biases.
+    decayed = None if config.decay_norms_and_biases else decay_mask
     if config.optimizer == "adamw":
-        moments = (optax.scale_by_adam(config.b1, config.b2, config.eps)
-                   if config.bias_correction
-                   else scale_by_adam_without_bias_correction(config.b1, config.b2, config.eps))
+        if not config.bias_correction:
+            moments = scale_by_adam_without_bias_correction(config.b1, config.b2, config.eps)
+        elif config.eps_before_bias_correction:
+            moments = scale_by_adam_eps_hat(config.b1, config.b2, config.eps)
+        else:
+            moments = optax.scale_by_adam(config.b1, config.b2, config.eps)
         core = optax.chain(
             moments,
-            optax.add_decayed_weights(config.weight_decay, mask=decay_mask),
+            optax.add_decayed_weights(config.weight_decay, mask=decayed),
             optax.scale_by_learning_rate(schedule),
         )
     elif config.optimizer == "lamb":
         core = optax.lamb(schedule, config.b1, config.b2, config.eps,
-                          weight_decay=config.weight_decay, mask=decay_mask)
+                          weight_decay=config.weight_decay, mask=decayed)
     elif config.optimizer == "lars":
         # optax.lars = decay -> trust ratio -> lr -> momentum trace, i.e. SimCLR's
         # lars_optimizer.py with classic momentum (v = m v + lr * trust * (g + wd w)).

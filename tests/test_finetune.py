@@ -92,6 +92,7 @@ def test_pretrained_encoder_is_the_starting_point_and_the_model_learns(tmp_path,
                              [*FAST, "optim.learning_rate=5e-3", "train.log_every=4"], epochs=4)
     assert config.train.steps == 4 * 12 and config.optim.warmup_steps == 5  # 10% of the steps
     assert config.optim.layerwise_lr_decay == 1.0 and config.optim.weight_decay == 0.01
+    assert config.optim.schedule == "linear"  # BERT's optimization.py
     trainer = Trainer(config, tmp_path / "run")
     params = nnx.to_pure_dict(trainer.init_state().params)
     reference = hf.load(bert_dir)
@@ -114,6 +115,7 @@ def test_electra_recipe_regression_and_random_init(tmp_path, bert_dir, glue_fold
             config.optim.weight_decay) == (3e-4, 0.8, 0.0)
     assert config.train.steps == 10 * 3 and config.model["num_labels"] == 1
     assert config.model["head"] == "electra"
+    assert config.optim.schedule == "electra_linear"  # optimization.py's, not BERT's
     result = finetune(finetune_config("stsb", electra_dir, glue_folder,
                                       [*FAST, "train.steps=2"]), tmp_path / "stsb")
     assert set(result["dev"]) == {"pearson", "spearman", "glue_score"}
@@ -140,6 +142,10 @@ def test_xlnet_from_a_hf_folder(tmp_path, glue_folder):
     # XLNet Table 8 (MNLI): lr 2e-5, no weight decay, no layer-wise decay, Adam epsilon 1e-6.
     assert (recipe.optim.learning_rate, recipe.optim.weight_decay,
             recipe.optim.layerwise_lr_decay, recipe.optim.eps) == (2e-5, 0.0, 1.0, 1e-6)
+    # model_utils.py get_train_op: tf.train.AdamOptimizer (eps before the bias correction),
+    # poly decay from the peak at the end of warmup.
+    assert recipe.optim.schedule == "linear_from_peak"
+    assert recipe.optim.bias_correction and recipe.optim.eps_before_bias_correction
     assert recipe.model["head"] == "xlnet" and recipe.examples["layout"] == "xlnet"
     assert recipe.data.tokenizer == str(folder) and recipe.train.steps == 3 * 12
     config = finetune_config("sst2", str(folder), glue_folder,

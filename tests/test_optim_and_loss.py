@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from input_pipeline.errors import UserError
 from objectives.bert import weighted_cross_entropy
 from pretrain.config import OptimConfig
 from pretrain.optim import decay_mask, learning_rate_schedule, make_optimizer
@@ -21,6 +22,95 @@ def test_bert_linear_schedule_decays_over_the_whole_run():
     # After warmup: polynomial_decay(power=1) computed from step 0, not from the warmup's end.
     for step in (10, 40, 99, 100):
         assert float(schedule(step)) == pytest.approx(1e-3 * (1 - step / 100), abs=1e-9)
+
+
+def electra_reference_lr(step: int, peak: float, warmup: int, total: int) -> float:
+    """google-research/electra model/optimization.py `create_optimizer` in plain Python:
+    tf.train.polynomial_decay(peak, step, total, end_learning_rate=0, power=1, cycle=False),
+    then lr *= min(1, step / warmup), `step` being the global step before its increment."""
+    decayed = (peak - 0.0) * (1.0 - min(step, total) / total) ** 1.0 + 0.0
+    return decayed * min(1.0, step / warmup)
+
+
+def test_electra_schedule_multiplies_the_decay_by_the_warmup_ramp():
+    config = OptimConfig(learning_rate=1e-3, warmup_steps=10, schedule="electra_linear")
+    schedule = learning_rate_schedule(config, total_steps=100)
+    for step in range(0, 106):
+        assert float(schedule(step)) == pytest.approx(
+            electra_reference_lr(step, 1e-3, 10, 100), rel=1e-6, abs=1e-12)
+    # Not BERT's: during warmup the ramp scales the decayed value (5e-4 * 0.95 at step 5),
+    # and the peak, reached at the end of warmup, is 1e-3 * (1 - 10/100).
+    bert = learning_rate_schedule(OptimConfig(learning_rate=1e-3, warmup_steps=10), 100)
+    assert float(bert(5)) == pytest.approx(5e-4)
+    assert float(schedule(5)) == pytest.approx(5e-4 * 0.95)
+    assert float(schedule(10)) == pytest.approx(9e-4)
+    # Optimizer updates use schedule(count) with count = 0 at the first update, as the
+    # reference's pre-increment global step: the first update has learning rate 0.
+    tx = make_optimizer(OptimConfig(learning_rate=1e-3, warmup_steps=10,
+                                    schedule="electra_linear", clip_norm=0.0,
+                                    weight_decay=0.0), 100)
+    params = {"w": jnp.ones(3)}
+    updates, _ = tx.update({"w": jnp.ones(3)}, tx.init(params), params)
+    np.testing.assert_array_equal(updates["w"], 0.0)
+    with pytest.raises(UserError, match="electra_linear"):
+        learning_rate_schedule(OptimConfig(schedule="electra"), 100)
+
+
+def fairseq_reference_lr(num_updates: int, peak: float, warmup: int, total: int,
+                         end: float = 0.0) -> float:
+    """fairseq/optim/lr_scheduler/polynomial_decay_schedule.py `step_update` (power 1) in plain
+    Python; the trainer sets it with step_update(0) before the first update, so update n uses
+    num_updates = n."""
+    if warmup > 0 and num_updates <= warmup:
+        return num_updates / float(warmup) * peak
+    if num_updates >= total:
+        return end
+    return (peak - end) * (1 - (num_updates - warmup) / (total - warmup)) + end
+
+
+def test_fairseq_schedule_decays_from_the_peak_after_warmup():
+    config = OptimConfig(learning_rate=1e-3, warmup_steps=10, schedule="linear_from_peak",
+                         end_learning_rate=1e-5)
+    schedule = learning_rate_schedule(config, total_steps=100)
+    for step in range(0, 106):
+        assert float(schedule(step)) == pytest.approx(
+            fairseq_reference_lr(step, 1e-3, 10, 100, 1e-5), rel=3e-6, abs=1e-12)  # float32
+    assert float(schedule(10)) == pytest.approx(1e-3)  # BERT's `linear` is at 0.9e-3 there
+
+
+def test_fairseq_adam_matches_numpy():
+    """fairseq/optim/adam.py `Adam.step`, three steps: m, v moments, p -= wd lr p on every
+    parameter (biases and LayerNorm too), then p -= lr sqrt(1 - b2^t) / (1 - b1^t) m /
+    (sqrt(v) + eps)."""
+    config = OptimConfig(learning_rate=0.1, warmup_steps=0, schedule="constant",
+                         weight_decay=0.01, clip_norm=0.0, b2=0.98, eps=1e-6,
+                         bias_correction=True, eps_before_bias_correction=True,
+                         decay_norms_and_biases=True)
+    tx = make_optimizer(config, total_steps=10)
+    rng = np.random.default_rng(0)
+    params = {"dense": {"kernel": jnp.asarray(rng.normal(size=(2, 3)), jnp.float32),
+                        "bias": jnp.asarray(rng.normal(size=3), jnp.float32)},
+              "layer_norm": {"scale": jnp.ones(3)}}
+    expected = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+    m = jax.tree.map(np.zeros_like, expected)
+    v = jax.tree.map(np.zeros_like, expected)
+    state = tx.init(params)
+    for t in range(1, 4):
+        grads = jax.tree.map(lambda x, t=t: 1e-5 * t * np.sin(7 * x + t), expected)
+        m = jax.tree.map(lambda a, g: 0.9 * a + 0.1 * g, m, grads)
+        v = jax.tree.map(lambda a, g: 0.98 * a + 0.02 * g * g, v, grads)
+        step = 0.1 * np.sqrt(1 - 0.98 ** t) / (1 - 0.9 ** t)
+        expected = jax.tree.map(lambda p, a, b, s=step: p - 0.01 * 0.1 * p
+                                - s * a / (np.sqrt(b) + 1e-6), expected, m, v)
+        updates, state = tx.update(jax.tree.map(jnp.asarray, grads), state, params)
+        params = optax.apply_updates(params, updates)
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(expected), strict=True):
+            np.testing.assert_allclose(np.asarray(a), b, rtol=2e-6, atol=1e-7)
+    with pytest.raises(UserError, match="bias_correction"):
+        from pretrain.config import make_config
+
+        make_config("bert_tiny", ["optim.eps_before_bias_correction=true",
+                                  "optim.bias_correction=false"])
 
 
 def test_cosine_schedule_reaches_end():
@@ -85,6 +175,43 @@ def test_weighted_cross_entropy_is_the_reference_formula():
     correct = (logits.argmax(-1) == labels) * weights
     numerator, denominator = metrics["accuracy"]
     assert float(numerator) == correct.sum() and float(denominator) == weights.sum()
+
+
+def test_bert_loss_is_mlm_plus_the_plain_mean_of_nsp():
+    """run_pretraining.py: MLM sum(w nll) / (sum(w) + 1e-5) plus NSP `tf.reduce_mean` of the
+    per-example losses (no epsilon in the NSP denominator)."""
+    from types import SimpleNamespace
+
+    from objectives.bert import bert_loss
+
+    rng = np.random.default_rng(1)
+    mlm_logits = rng.normal(size=(4, 3, 7)).astype(np.float32)
+    nsp_logits = rng.normal(size=(4, 2)).astype(np.float32)
+    batch = {"input_ids": np.zeros((4, 5), np.int32), "segment_ids": np.zeros((4, 5), np.int32),
+             "input_mask": np.ones((4, 5), np.int32),
+             "masked_lm_positions": np.zeros((4, 3), np.int32),
+             "masked_lm_ids": rng.integers(0, 7, (4, 3)).astype(np.int32),
+             "masked_lm_weights": np.array([[1, 1, 0]] * 4, np.float32),
+             "next_sentence_labels": np.array([0, 1, 1, 0], np.int32)}
+
+    def model(*args, **kwargs):
+        return SimpleNamespace(mlm_logits=jnp.asarray(mlm_logits),
+                               nsp_logits=jnp.asarray(nsp_logits))
+
+    def nll(logits, labels):
+        logits = logits.astype(np.float64)
+        log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        return -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+
+    weights = batch["masked_lm_weights"]
+    mlm = (weights * nll(mlm_logits, batch["masked_lm_ids"])).sum() / (weights.sum() + 1e-5)
+    nsp = nll(nsp_logits, batch["next_sentence_labels"]).mean()
+    total, _ = bert_loss(model, batch, None)
+    assert float(total) == pytest.approx(mlm + nsp, rel=3e-7)
+    # NSP alone (no MLM weight): sum / (B + 1e-5), the formula this replaced, is 2.5e-6 lower,
+    # 30 float32 ulps away, so only the plain mean passes.
+    nsp_only, _ = bert_loss(model, {**batch, "masked_lm_weights": 0 * weights}, None)
+    assert abs(float(nsp_only) - nsp) < 2e-7 < abs(float(nsp_only) - nsp * 4 / (4 + 1e-5))
 
 
 def test_lars_matches_simclr_lars_optimizer_by_hand():

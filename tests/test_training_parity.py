@@ -1,0 +1,1081 @@
+"""Training parity: the trainer's own compiled step (`Trainer._train_step`: sharded over 8 fake
+devices, the method's loss, the optax chain) run for four steps on fixed batches against an
+independent torch step written from the original repositories' optimizers and losses, on the
+HF transformers model holding the same initial weights (exported by `pretrain.hf`), in float32
+with dropout off.
+
+Each family compares the per-step losses and the final parameters with one helper,
+`max_relative_difference` (max |ours - reference| / (|reference| + 0.1) over every loss and
+parameter entry, i.e. `np.allclose` with rtol = the value and atol = value / 10), asserted
+<= 1e-5 for the faithful reference. Negative controls change one detail of the reference and
+assert the same number exceeds 1e-4, so the comparison can see that detail.
+
+- BERT (google-research/bert optimization.py, run_pretraining.py): AdamWeightDecay without
+  bias correction, decay not on LayerNorm/bias, eps 1e-6, global-norm clip 1.0, warmup then
+  linear decay from step 0; MLM + mean NSP loss. Controls: bias correction, decay on
+  LayerNorm/bias, the schedule one step late, no clipping.
+- ELECTRA (electra model/optimization.py, run_pretraining.py): the same optimizer with
+  ELECTRA's schedule (decay times warmup ramp), generator MLM + 50 x RTD with shared
+  embeddings; the generator's samples use our step's Gumbel noise (`sampling_noise`).
+  Control: BERT's schedule.
+- RoBERTa (fairseq optim/adam.py, lr_scheduler/polynomial_decay_schedule.py,
+  criterions/masked_lm.py): Adam with eps before the bias correction, decay on every
+  parameter, no clipping, warmup then linear decay from the peak; mean MLM loss. Controls:
+  torch's eps placement, no decay on LayerNorm/bias, BERT's schedule.
+- GPT (GPT-1 §4.1; torch.optim.AdamW): bias-corrected AdamW with decoupled decay not on biases
+  and gains, torch's gradient clipping, warmup then cosine. Control: torch.optim.Adam's L2
+  (coupled) decay.
+- T5 (Mesh TensorFlow optimize.py `AdafactorOptimizer`, learning_rate_schedules.py
+  `truncated_rsqrt`), per layer on stacked parameters. Control: HF transformers' Adafactor
+  with T5's settings, which factors every matrix. The loss is HF's mean over target tokens,
+  as pretext's objective; Mesh TF's adds a z-loss of 1e-4 and divides by the targets' size.
+- SimCLR (simclr tf2/lars_optimizer.py, objective.py, model.py): LARS with classic momentum,
+  no decay or adaptation on BatchNorm and biases, NT-Xent, warmup then cosine, BatchNorm
+  over the global batch (ours sharded over 8 devices, torch's over the whole batch). The
+  views are ours (`augmented_views`). Controls: LARS on BatchNorm too; BatchNorm per device.
+
+The torch models drop `padding_idx` from their embeddings (`tf_embeddings`): TF gives the
+padding row a gradient like any other, and ELECTRA's generator can sample the padding token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from bench.throughput import masked_lm_batch, synthetic_batch
+from objectives.registry import PreparedData
+from pretrain import hf
+from pretrain.config import Config, make_config
+from pretrain.trainer import Trainer
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.usefixtures("deterministic_torch")
+
+STEPS = 4
+TOLERANCE = 1e-5
+CONTROL_MINIMUM = 1e-4
+FLOOR = 0.1  # |a - b| <= 1e-5 (|b| + 0.1): rtol 1e-5, atol 1e-6
+
+
+# ------------------------------------------------------------------------------- comparison
+def max_relative_difference(ours: Mapping[str, np.ndarray],
+                            reference: Mapping[str, np.ndarray]) -> float:
+    """max |a - b| / (|b| + FLOOR) over every entry of every array `reference` names (`ours`
+    must hold the same names and shapes): <= r exactly when np.allclose(a, b, rtol=r,
+    atol=r * FLOOR) holds for all of them."""
+    assert set(ours) == set(reference), sorted(set(ours) ^ set(reference))
+    worst = 0.0
+    for name, expected in reference.items():
+        actual = np.asarray(ours[name], np.float64)
+        expected = np.asarray(expected, np.float64)
+        assert actual.shape == expected.shape, name
+        worst = max(worst, float(np.max(np.abs(actual - expected) / (np.abs(expected) + FLOOR))))
+    return worst
+
+
+def with_losses(losses: list[float], params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One flat dict of the per-step losses and the final parameters, for the comparison."""
+    return {**{f"loss/{i}": np.float64(v) for i, v in enumerate(losses)}, **params}
+
+
+# ----------------------------------------------------------------------------------- pretext
+def make_trainer(preset: str, overrides: list[str], workdir: Path) -> Trainer:
+    """The preset with `overrides`, a trainer without records (nothing is written; we feed the
+    compiled step ourselves, as bench/throughput.py does)."""
+    config = make_config(preset, [*overrides, "train.progress=false", "mesh.data=8"])
+    return Trainer(config, workdir / "unused", data=PreparedData(train=None, eval=None))
+
+
+def hf_state(model: nnx.Module) -> dict[str, np.ndarray]:
+    """`model`'s parameters under their HF names (copies: the trainer donates its state); a
+    joint model (ELECTRA) as `part/name`."""
+    parts = model.parts() if hasattr(model, "parts") else {"": model}
+    return {f"{part}/{name}" if part else name: np.array(value, copy=True)
+            for part, one in parts.items() for name, value in hf.to_hf(one)[1].items()}
+
+
+def run_ours(trainer: Trainer, batches: list[dict[str, np.ndarray]],
+             export: Callable[[nnx.Module], dict[str, np.ndarray]] = hf_state
+             ) -> tuple[nnx.Module, dict[str, np.ndarray]]:
+    """The initial model (for the reference) and our per-step losses + final parameters
+    (`export`ed), from the trainer's compiled step on `batches`."""
+    state = trainer.init_state()
+    initial = jax.tree.map(lambda x: np.array(x, copy=True), nnx.merge(
+        trainer.graphdef, jax.device_get(state.params), jax.device_get(state.model_state)))
+    losses = []
+    for batch in batches:
+        state, metrics = trainer._train_step(state, trainer.to_global(batch))
+        total, count = jax.device_get(metrics["loss"])
+        losses.append(float(total / count))
+    final = nnx.merge(trainer.graphdef, state.params, state.model_state)
+    return initial, with_losses(losses, export(final))
+
+
+def family_run(preset: str, overrides: list[str], workdir: Path,
+               make_batches: Callable[[Config], list[dict[str, np.ndarray]]],
+               export: Callable[[nnx.Module], dict[str, np.ndarray]] = hf_state,
+               exported_part: Callable[[nnx.Module], nnx.Module] = lambda model: model
+               ) -> dict[str, Any]:
+    """Our run of `preset` + `overrides` on `make_batches(config)`, with the initial weights
+    (of `exported_part(model)`) saved as a HF checkpoint in `workdir/hf` for the reference."""
+    trainer = make_trainer(preset, overrides, workdir)
+    batches = make_batches(trainer.config)
+    initial, ours = run_ours(trainer, batches, export)
+    hf.save(exported_part(initial), workdir / "hf")
+    return {"ours": ours, "batches": batches, "hf": workdir / "hf", "config": trainer.config,
+            "trainer": trainer, "initial": initial}
+
+
+def batches_for(config: Config, count: int | None = None) -> list[dict[str, np.ndarray]]:
+    """`count` (default STEPS) masked-LM batches of `config` (bench/throughput.py's, made by
+    the method's own masking code), seeds 0, 1, ..., with two rows cut short by padding."""
+    return [padded(synthetic_batch(config, seed), {1: 15, 5: 9})
+            for seed in range(count or STEPS)]
+
+
+def padded(batch: dict[str, np.ndarray], lengths: dict[int, int]) -> dict[str, np.ndarray]:
+    """Row r of a masked-LM batch cut to lengths[r] tokens: padding (id 0, mask 0, segment 0)
+    after it, and its predictions there turned into padding predictions (position 0, id 0,
+    weight 0), as the references' features pad."""
+    batch = {k: v.copy() for k, v in batch.items()}
+    for row, length in lengths.items():
+        for key in ("input_ids", "input_mask", "segment_ids"):
+            batch[key][row, length:] = 0
+        cut = batch["masked_lm_positions"][row] >= length
+        for key in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights"):
+            batch[key][row, cut] = 0
+    return batch
+
+
+# ------------------------------------------------------------------------- torch references
+def tf_clip_by_global_norm(grads: list[Any], clip_norm: float) -> None:
+    """tf.clip_by_global_norm: g * clip_norm / max(global_norm, clip_norm), in place."""
+    norm = torch.sqrt(sum(torch.sum(g * g) for g in grads))
+    scale = clip_norm / torch.maximum(norm, torch.tensor(clip_norm))
+    for g in grads:
+        g.mul_(scale)
+
+
+def bert_learning_rate(step: int, peak: float, warmup: int, total: int) -> float:
+    """google-research/bert optimization.py `create_optimizer`: polynomial_decay(power 1, end 0)
+    of the pre-increment global step, replaced by peak * step / warmup while step < warmup."""
+    decayed = peak * (1.0 - min(step, total) / total)
+    return peak * step / warmup if step < warmup else decayed
+
+
+def electra_learning_rate(step: int, peak: float, warmup: int, total: int) -> float:
+    """google-research/electra model/optimization.py `create_optimizer`: the same decay,
+    multiplied by min(1, step / warmup)."""
+    return peak * (1.0 - min(step, total) / total) * min(1.0, step / warmup)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdamWeightDecayReference:
+    """AdamWeightDecayOptimizer of google-research/bert (and electra) optimization.py:
+    m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, update = m / (sqrt(v) + eps), plus
+    weight_decay * w unless the variable name matches LayerNorm / layer_norm / bias,
+    w -= lr * update; gradients clipped to global norm 1.0 first. `clip_norm` 0,
+    `bias_correction` and `decay_everything` are the negative controls' departures."""
+
+    weight_decay: float
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-6
+    clip_norm: float = 1.0
+    bias_correction: bool = False
+    decay_everything: bool = False
+
+    def decays(self, name: str) -> bool:
+        excluded = ("LayerNorm", "layer_norm", "bias")
+        return self.decay_everything or not any(word in name for word in excluded)
+
+    def run(self, named: list[tuple[str, Any]], loss_fn: Callable[[int], Any],
+            learning_rate: Callable[[int], float], steps: int) -> list[float]:
+        """`steps` updates of the parameters `named` (name, tensor) on `loss_fn(step)`."""
+        params = [p for _, p in named]
+        m = [torch.zeros_like(p) for p in params]
+        v = [torch.zeros_like(p) for p in params]
+        losses = []
+        for step in range(steps):
+            for p in params:
+                p.grad = None
+            loss = loss_fn(step)
+            loss.backward()
+            losses.append(float(loss.detach()))
+            grads = [p.grad.detach().clone() for p in params]
+            if self.clip_norm:
+                tf_clip_by_global_norm(grads, self.clip_norm)
+            lr = learning_rate(step)
+            with torch.no_grad():
+                for (name, p), g, m_i, v_i in zip(named, grads, m, v, strict=True):
+                    m_i.mul_(self.b1).add_((1 - self.b1) * g)
+                    v_i.mul_(self.b2).add_((1 - self.b2) * g * g)
+                    if self.bias_correction:
+                        update = (m_i / (1 - self.b1 ** (step + 1))) / (
+                            torch.sqrt(v_i / (1 - self.b2 ** (step + 1))) + self.eps)
+                    else:
+                        update = m_i / (torch.sqrt(v_i) + self.eps)
+                    if self.weight_decay and self.decays(name):
+                        update = update + self.weight_decay * p
+                    p.sub_(lr * update)
+        return losses
+
+
+def tf_embeddings(model: Any) -> Any:
+    """`model` with torch's `padding_idx` taken off its embeddings: HF zeroes the gradient of
+    the padding row of a lookup, TF's embedding lookup (the references') does not, and
+    ELECTRA's generator may sample the padding token into the discriminator's input."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            module.padding_idx = None
+    return model
+
+
+def unique_parameters(*models: Any) -> list[tuple[str, Any]]:
+    """(name, parameter) of every distinct parameter of `models` (tied ones once)."""
+    seen, named = set(), []
+    for model in models:
+        for name, p in model.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                named.append((name, p))
+    return named
+
+
+def torch_state(model: Any, prefix: str = "") -> dict[str, np.ndarray]:
+    return {prefix + name: value.detach().numpy().copy()
+            for name, value in model.state_dict().items()}
+
+
+def long(x: np.ndarray) -> Any:
+    return torch.tensor(np.asarray(x), dtype=torch.long)
+
+
+def log_softmax_nll(logits: Any, labels: Any) -> Any:
+    """-log softmax(logits)[label] with the one-hot sum of the TF references."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    one_hot = torch.nn.functional.one_hot(labels, logits.shape[-1]).to(log_probs.dtype)
+    return -torch.sum(log_probs * one_hot, dim=-1)
+
+
+def gather(sequence: Any, positions: np.ndarray) -> Any:
+    """run_pretraining.py `gather_indexes`: [B, T, ...] at [B, P] positions."""
+    index = long(positions)
+    return sequence[torch.arange(sequence.shape[0])[:, None], index]
+
+
+# --------------------------------------------------------------------------------------- BERT
+# Learning rate 3e-3: larger rates make a tiny model's few steps chaotic enough that float32
+# rounding grows past 1e-5. Weight decay 0.1 instead of the references' 0.01 (the formula is
+# theirs): decaying the LayerNorm scales (1.0) then moves them by 0.1 lr per step, which the
+# comparison sees within four steps.
+MASKED_LM = ["model.vocab_size=120", "model.hidden_size=32", "model.num_heads=2",
+             "model.intermediate_size=64", "model.max_position_embeddings=32",
+             "examples.max_seq_length=24", "examples.max_predictions_per_seq=5",
+             "train.batch_size=8", "train.steps=10", "optim.warmup_steps=2",
+             "optim.learning_rate=3e-3", "optim.bias_correction=false",
+             "optim.weight_decay=0.1", "optim.eps=1e-6", "optim.clip_norm=1.0"]
+BERT = [*MASKED_LM, "optim.schedule=linear"]
+
+
+@pytest.fixture(scope="module")
+def bert_run(tmp_path_factory) -> dict[str, Any]:
+    return family_run("bert_tiny", BERT, tmp_path_factory.mktemp("bert"), batches_for)
+
+
+def bert_reference(run: dict[str, Any], optimizer: AdamWeightDecayReference,
+                   learning_rate: Callable[[int], float]) -> dict[str, np.ndarray]:
+    """BertForPreTraining trained by run_pretraining.py's loss: MLM sum(w nll) / (sum(w) +
+    1e-5) over the gathered positions plus the mean NSP loss."""
+    model = tf_embeddings(transformers.BertForPreTraining.from_pretrained(run["hf"]).eval())
+    batches = run["batches"]
+
+    def loss_fn(step: int) -> Any:
+        b = batches[step]
+        out = model(input_ids=long(b["input_ids"]), token_type_ids=long(b["segment_ids"]),
+                    attention_mask=long(b["input_mask"]))
+        logits = gather(out.prediction_logits, b["masked_lm_positions"])
+        weights = torch.tensor(b["masked_lm_weights"])
+        nll = log_softmax_nll(logits, long(b["masked_lm_ids"]))
+        mlm = torch.sum(weights * nll) / (torch.sum(weights) + 1e-5)
+        nsp = torch.mean(log_softmax_nll(out.seq_relationship_logits,
+                                         long(b["next_sentence_labels"]).reshape(-1)))
+        return mlm + nsp
+
+    losses = optimizer.run(unique_parameters(model), loss_fn, learning_rate, len(batches))
+    return with_losses(losses, {k: v for k, v in torch_state(model).items()
+                                if k in run["ours"]})
+
+
+def adam_weight_decay(config: Config) -> AdamWeightDecayReference:
+    return AdamWeightDecayReference(config.optim.weight_decay, config.optim.b1, config.optim.b2,
+                                    config.optim.eps, config.optim.clip_norm)
+
+
+def bert_schedule(config: Config, offset: int = 0) -> Callable[[int], float]:
+    o = config.optim
+    return lambda step: bert_learning_rate(step + offset, o.learning_rate, o.warmup_steps,
+                                           config.train.steps)
+
+
+def test_bert_trains_as_google_research_bert(bert_run):
+    reference = bert_reference(bert_run, adam_weight_decay(bert_run["config"]),
+                               bert_schedule(bert_run["config"]))
+    difference = max_relative_difference(bert_run["ours"], reference)
+    print(f"bert: {difference:.2e}")
+    assert difference <= TOLERANCE
+
+
+@pytest.mark.parametrize("control", ["bias_correction", "decay_layer_norm_and_bias",
+                                     "schedule_one_step_late", "no_clipping"])
+def test_bert_negative_controls(bert_run, control):
+    optimizer = adam_weight_decay(bert_run["config"])
+    schedule = bert_schedule(bert_run["config"])
+    if control == "bias_correction":
+        optimizer = dataclasses.replace(optimizer, bias_correction=True)
+    elif control == "decay_layer_norm_and_bias":
+        optimizer = dataclasses.replace(optimizer, decay_everything=True)
+    elif control == "schedule_one_step_late":
+        schedule = bert_schedule(bert_run["config"], offset=1)
+    else:
+        optimizer = dataclasses.replace(optimizer, clip_norm=0.0)
+    difference = max_relative_difference(bert_run["ours"],
+                                         bert_reference(bert_run, optimizer, schedule))
+    print(f"bert {control}: {difference:.2e}")
+    assert difference > CONTROL_MINIMUM
+
+
+# ------------------------------------------------------------------------------------ ELECTRA
+ELECTRA = [*MASKED_LM, "model.embedding_size=16", "model.generator_hidden_size=0.25",
+           "optim.schedule=electra_linear"]
+
+
+@pytest.fixture(scope="module")
+def electra_run(tmp_path_factory) -> dict[str, Any]:
+    run = family_run("electra_tiny", ELECTRA, tmp_path_factory.mktemp("electra"), batches_for)
+    vocab_size = run["initial"].config.vocab_size
+    run["noise"] = [sampling_noise(run["trainer"], step, vocab_size,
+                                   batch["masked_lm_positions"].shape)
+                    for step, batch in enumerate(run["batches"])]
+    return run
+
+
+def sampling_noise(trainer: Trainer, step: int, vocab_size: int,
+                   shape: tuple[int, ...]) -> np.ndarray:
+    """The Gumbel noise our step `step` draws for the generator's samples, recomputed on the
+    host from the same key: the trainer's step key fold_in(key(seed), step), split in three by
+    `electra_loss`, the third for sampling. Giving the reference the same noise makes its
+    Gumbel-max samples (argmax(logits / temperature + noise), pretrain_helpers.py
+    `sample_from_softmax`) the same tokens as ours, so both train on the same replaced tokens;
+    the noise's own distribution is tested in tests/test_electra.py."""
+    from models.encoder import split_rng
+    from objectives.electra import gumbel_noise
+
+    key = jax.random.fold_in(jax.random.key(trainer.config.train.seed), step)
+    return np.asarray(gumbel_noise(split_rng(key, 3)[2], (*shape, vocab_size)))
+
+
+def scatter_update(sequence: Any, updates: Any, positions: np.ndarray) -> tuple[Any, Any]:
+    """pretrain_helpers.py `scatter_update` on ids: `updates` [B, P] written at `positions`,
+    never at position 0 (where padding predictions point); returns (sequence, updated mask)."""
+    index = long(positions)
+    rows = torch.arange(sequence.shape[0])[:, None].expand_as(index)
+    mask = torch.zeros_like(sequence)
+    mask[rows, index] = 1
+    mask[:, 0] = 0
+    written = sequence.clone()
+    written[rows, index] = updates
+    return torch.where(mask > 0, written, sequence), mask
+
+
+def electra_reference(run: dict[str, Any], optimizer: AdamWeightDecayReference,
+                      learning_rate: Callable[[int], float]) -> dict[str, np.ndarray]:
+    """ElectraForMaskedLM (generator) + ElectraForPreTraining (discriminator) sharing one
+    embeddings module, trained by electra run_pretraining.py's loss: generator MLM
+    sum(w nll) / (sum(w) + 1e-6), Gumbel-max samples (no gradient) written into the unmasked
+    input, label = sampled != original, discriminator sigmoid cross-entropy averaged over
+    input_mask with epsilon 1e-6, total = 1 x MLM + 50 x RTD."""
+    config = run["config"].model_config()
+    generator = tf_embeddings(
+        transformers.ElectraForMaskedLM.from_pretrained(run["hf"] / "generator").eval())
+    discriminator = tf_embeddings(transformers.ElectraForPreTraining.from_pretrained(
+        run["hf"] / "discriminator").eval())
+    shared = discriminator.electra.embeddings
+    for name, value in generator.electra.embeddings.state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), shared.state_dict()[name].numpy())
+    generator.electra.embeddings = shared  # one set of embeddings, as the reference's scope
+    generator.generator_lm_head.weight = shared.word_embeddings.weight
+    batches = run["batches"]
+
+    def loss_fn(step: int) -> Any:
+        b = batches[step]
+        inputs = {"token_type_ids": long(b["segment_ids"]),
+                  "attention_mask": long(b["input_mask"])}
+        logits = gather(generator(input_ids=long(b["input_ids"]), **inputs).logits,
+                        b["masked_lm_positions"])
+        weights = torch.tensor(b["masked_lm_weights"])
+        nll = log_softmax_nll(logits, long(b["masked_lm_ids"]))
+        mlm = torch.sum(weights * nll) / (torch.sum(weights) + 1e-6)
+        noise = torch.tensor(run["noise"][step])
+        sampled = torch.argmax(logits.detach() / config.temperature + noise, dim=-1)
+        original, _ = scatter_update(long(b["input_ids"]), long(b["masked_lm_ids"]),
+                                     b["masked_lm_positions"])
+        fake, masked = scatter_update(original, sampled, b["masked_lm_positions"])
+        labels = (masked * (fake != original)).to(torch.float32)
+        rtd_logits = discriminator(input_ids=fake, **inputs).logits
+        mask = inputs["attention_mask"].to(torch.float32)
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(
+            rtd_logits, labels, reduction="none") * mask
+        rtd = torch.sum(bce) / (1e-6 + torch.sum(mask))
+        return config.generator_weight * mlm + config.discriminator_weight * rtd
+
+    losses = optimizer.run(unique_parameters(discriminator, generator), loss_fn, learning_rate,
+                           len(batches))
+    state = {**torch_state(discriminator, "discriminator/"),
+             **torch_state(generator, "generator/")}
+    return with_losses(losses, {k: v for k, v in state.items() if k in run["ours"]})
+
+
+def electra_schedule(config: Config, learning_rate: Callable[..., float] = electra_learning_rate
+                     ) -> Callable[[int], float]:
+    o = config.optim
+    return lambda step: learning_rate(step, o.learning_rate, o.warmup_steps, config.train.steps)
+
+
+def test_electra_trains_as_google_research_electra(electra_run):
+    reference = electra_reference(electra_run, adam_weight_decay(electra_run["config"]),
+                                  electra_schedule(electra_run["config"]))
+    difference = max_relative_difference(electra_run["ours"], reference)
+    print(f"electra: {difference:.2e}")
+    assert difference <= TOLERANCE
+
+
+def test_electra_negative_control_bert_schedule(electra_run):
+    """BERT's warmup (peak * step / warmup) instead of ELECTRA's ramp times the decay."""
+    reference = electra_reference(electra_run, adam_weight_decay(electra_run["config"]),
+                                  electra_schedule(electra_run["config"], bert_learning_rate))
+    difference = max_relative_difference(electra_run["ours"], reference)
+    print(f"electra with BERT's schedule: {difference:.2e}")
+    assert difference > CONTROL_MINIMUM
+
+
+# ---------------------------------------------------------------------------------------- GPT
+# eps 1e-6, not gpt_tiny's 1e-8: the attention key bias has a zero gradient up to rounding
+# (a softmax ignores a shift shared by all keys), and bias-corrected Adam with eps 1e-8 turns
+# that float32 noise (~1e-9) into steps of about lr in both implementations, independently.
+GPT = ["model.vocab_size=120", "model.hidden_size=32", "model.num_heads=2",
+       "model.intermediate_size=64", "model.max_position_embeddings=32", "model.eos_token_id=1",
+       "examples.max_seq_length=24", "train.batch_size=8", "train.steps=10",
+       "optim.warmup_steps=2", "optim.learning_rate=3e-3", "optim.schedule=cosine",
+       "optim.bias_correction=true", "optim.eps=1e-6", "optim.weight_decay=0.1",
+       "optim.clip_norm=1.0"]
+
+
+def gpt_batches(config: Config) -> list[dict[str, np.ndarray]]:
+    """Blocks of max_seq_length + 1 random tokens; two rows end in padding (mask 0, id 0)."""
+    rng = np.random.default_rng(0)
+    length = config.example_config().max_seq_length + 1
+    batches = []
+    for _ in range(STEPS):
+        tokens = rng.integers(1, config.model["vocab_size"], (config.train.batch_size, length))
+        mask = np.ones_like(tokens)
+        mask[1, 16:], mask[5, 9:] = 0, 0
+        batches.append({"tokens": (tokens * mask).astype(np.int32),
+                        "token_mask": mask.astype(np.int32)})
+    return batches
+
+
+@pytest.fixture(scope="module")
+def gpt_run(tmp_path_factory) -> dict[str, Any]:
+    return family_run("gpt_tiny", GPT, tmp_path_factory.mktemp("gpt"), gpt_batches)
+
+
+def cosine_learning_rate(step: int, peak: float, warmup: int, total: int) -> float:
+    """GPT-1 §4.1 (which GPT-2 keeps): linear warmup from 0, then cosine annealing to 0."""
+    if step < warmup:
+        return peak * step / warmup
+    return peak * 0.5 * (1.0 + math.cos(math.pi * min(step - warmup, total - warmup)
+                                        / (total - warmup)))
+
+
+def gpt_reference(run: dict[str, Any], coupled_decay: bool = False) -> dict[str, np.ndarray]:
+    """GPT2LMHeadModel trained with torch.optim.AdamW (bias-corrected, decoupled decay on
+    every weight but biases and LayerNorm gains: GPT-1 §4.1), torch's clip_grad_norm_ at 1.0,
+    on the mean next-token cross-entropy over non-padding targets. `coupled_decay` (the
+    negative control): torch.optim.Adam's L2 decay, added to the gradient."""
+    model = tf_embeddings(transformers.GPT2LMHeadModel.from_pretrained(run["hf"]).eval())
+    config, batches = run["config"], run["batches"]
+    o = config.optim
+    named = unique_parameters(model)
+    decayed = [p for n, p in named if not n.endswith("bias") and ".ln_" not in n]
+    others = [p for n, p in named if n.endswith("bias") or ".ln_" in n]
+    assert len(decayed) + len(others) == len(named) and others
+    groups = [{"params": decayed, "weight_decay": o.weight_decay},
+              {"params": others, "weight_decay": 0.0}]
+    optimizer = (torch.optim.Adam if coupled_decay else torch.optim.AdamW)(
+        groups, lr=o.learning_rate, betas=(o.b1, o.b2), eps=o.eps)
+    losses = []
+    for step, b in enumerate(batches):
+        optimizer.zero_grad()
+        tokens, mask = long(b["tokens"]), torch.tensor(b["token_mask"], dtype=torch.float32)
+        logits = model(input_ids=tokens[:, :-1], attention_mask=mask[:, :-1].long()).logits
+        nll = log_softmax_nll(logits, tokens[:, 1:])
+        loss = torch.sum(nll * mask[:, 1:]) / torch.sum(mask[:, 1:])
+        loss.backward()
+        losses.append(float(loss.detach()))
+        torch.nn.utils.clip_grad_norm_([p for _, p in named], o.clip_norm)
+        for group in optimizer.param_groups:
+            group["lr"] = cosine_learning_rate(step, o.learning_rate, o.warmup_steps,
+                                               config.train.steps)
+        optimizer.step()
+    return with_losses(losses, {k: v for k, v in torch_state(model).items() if k in run["ours"]})
+
+
+def test_gpt_trains_as_torch_adamw(gpt_run):
+    difference = max_relative_difference(gpt_run["ours"], gpt_reference(gpt_run))
+    print(f"gpt: {difference:.2e}")
+    assert difference <= TOLERANCE
+
+
+def test_gpt_negative_control_coupled_weight_decay(gpt_run):
+    difference = max_relative_difference(gpt_run["ours"],
+                                         gpt_reference(gpt_run, coupled_decay=True))
+    print(f"gpt with L2 (coupled) decay: {difference:.2e}")
+    assert difference > CONTROL_MINIMUM
+
+
+# ------------------------------------------------------------------------------------ RoBERTa
+ROBERTA = [o for o in MASKED_LM if not o.startswith(("optim.bias_correction", "optim.clip"))] + [
+    "model.max_position_embeddings=32", "optim.schedule=linear_from_peak", "optim.b2=0.98",
+    "optim.bias_correction=true", "optim.eps_before_bias_correction=true",
+    "optim.decay_norms_and_biases=true", "optim.clip_norm=0.0"]
+
+
+def roberta_batches(config: Config) -> list[dict[str, np.ndarray]]:
+    """bench/throughput.py's masked-LM rows (one segment type), two of them padded. BERT's
+    masking may draw the padding id as a random token; fairseq's never draws a special token,
+    and both RoBERTas treat that id as padding (positions, zero gradient in fairseq), so such
+    draws become another word here."""
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(STEPS):
+        batch = padded(masked_lm_batch(config, config.train.batch_size, rng), {1: 15, 5: 9})
+        stray = (batch["input_ids"] == 0) & (batch["input_mask"] > 0)
+        batch["input_ids"][stray] = 5
+        batches.append(batch)
+    return batches
+
+
+@pytest.fixture(scope="module")
+def roberta_run(tmp_path_factory) -> dict[str, Any]:
+    return family_run("roberta_tiny", ROBERTA, tmp_path_factory.mktemp("roberta"),
+                      roberta_batches)
+
+
+def fairseq_learning_rate(step: int, peak: float, warmup: int, total: int) -> float:
+    """fairseq polynomial_decay_schedule.py `step_update(num_updates)` with power 1 and end 0;
+    the trainer calls step_update(0) before the first update, so update n uses n."""
+    if warmup > 0 and step <= warmup:
+        return step / warmup * peak
+    if step >= total:
+        return 0.0
+    return peak * (1 - (step - warmup) / (total - warmup))
+
+
+@dataclasses.dataclass(frozen=True)
+class FairseqAdamReference:
+    """fairseq/optim/adam.py `Adam.step`: m, v moments, p -= weight_decay lr p on every
+    parameter the trainer gives it (all of them), p -= lr sqrt(1 - b2^t) / (1 - b1^t) m /
+    (sqrt(v) + eps); no gradient clipping (--clip-norm 0). Negative controls: torch's AdamW
+    eps (after the bias correction), or BERT's exclusion of LayerNorm and biases from decay."""
+
+    weight_decay: float
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-6
+    torch_eps: bool = False
+    skip_norms_and_biases: bool = False
+
+    def run(self, named: list[tuple[str, Any]], loss_fn: Callable[[int], Any],
+            learning_rate: Callable[[int], float], steps: int) -> list[float]:
+        b1, b2 = self.betas
+        m = [torch.zeros_like(p) for _, p in named]
+        v = [torch.zeros_like(p) for _, p in named]
+        losses = []
+        for step in range(steps):
+            for _, p in named:
+                p.grad = None
+            loss = loss_fn(step)
+            loss.backward()
+            losses.append(float(loss.detach()))
+            lr, t = learning_rate(step), step + 1
+            with torch.no_grad():
+                for (name, p), m_i, v_i in zip(named, m, v, strict=True):
+                    m_i.mul_(b1).add_((1 - b1) * p.grad)
+                    v_i.mul_(b2).add_((1 - b2) * p.grad * p.grad)
+                    if self.torch_eps:
+                        step_size = lr / (1 - b1 ** t)
+                        denominator = torch.sqrt(v_i) / math.sqrt(1 - b2 ** t) + self.eps
+                    else:
+                        step_size = lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+                        denominator = torch.sqrt(v_i) + self.eps
+                    skip = self.skip_norms_and_biases and ("LayerNorm" in name
+                                                           or "bias" in name)
+                    if not skip:
+                        p.sub_(self.weight_decay * lr * p)
+                    p.sub_(step_size * m_i / denominator)
+        return losses
+
+
+def fairseq_adam(config: Config) -> FairseqAdamReference:
+    o = config.optim
+    return FairseqAdamReference(o.weight_decay, (o.b1, o.b2), o.eps)
+
+
+def roberta_reference(run: dict[str, Any], optimizer: FairseqAdamReference,
+                      learning_rate: Callable[..., float] = fairseq_learning_rate
+                      ) -> dict[str, np.ndarray]:
+    """RobertaForMaskedLM (fairseq's RoBERTa in HF's layout, padding_idx kept as fairseq's
+    embeddings have it) on fairseq criterions/masked_lm.py's loss: the summed cross-entropy of
+    the masked tokens divided by their number (the trainer's sample_size normalisation)."""
+    model = transformers.RobertaForMaskedLM.from_pretrained(run["hf"]).eval()
+    config, batches = run["config"], run["batches"]
+
+    def loss_fn(step: int) -> Any:
+        b = batches[step]
+        logits = model(input_ids=long(b["input_ids"]),
+                       attention_mask=long(b["input_mask"])).logits
+        weights = torch.tensor(b["masked_lm_weights"])
+        nll = log_softmax_nll(gather(logits, b["masked_lm_positions"]), long(b["masked_lm_ids"]))
+        return torch.sum(weights * nll) / torch.sum(weights)
+
+    o = config.optim
+    losses = optimizer.run(unique_parameters(model), loss_fn,
+                           lambda step: learning_rate(step, o.learning_rate, o.warmup_steps,
+                                                      config.train.steps),
+                           len(batches))
+    return with_losses(losses, {k: v for k, v in torch_state(model).items() if k in run["ours"]})
+
+
+def test_roberta_trains_as_fairseq(roberta_run):
+    reference = roberta_reference(roberta_run, fairseq_adam(roberta_run["config"]))
+    difference = max_relative_difference(roberta_run["ours"], reference)
+    print(f"roberta: {difference:.2e}")
+    assert difference <= TOLERANCE
+
+
+@pytest.mark.parametrize("control", ["torch_adamw_eps", "no_decay_on_norms_and_biases",
+                                     "bert_schedule"])
+def test_roberta_negative_controls(roberta_run, control):
+    optimizer, schedule = fairseq_adam(roberta_run["config"]), fairseq_learning_rate
+    if control == "torch_adamw_eps":
+        optimizer = dataclasses.replace(optimizer, torch_eps=True)
+    elif control == "no_decay_on_norms_and_biases":
+        optimizer = dataclasses.replace(optimizer, skip_norms_and_biases=True)
+    else:
+        schedule = bert_learning_rate
+    difference = max_relative_difference(roberta_run["ours"],
+                                         roberta_reference(roberta_run, optimizer, schedule))
+    print(f"roberta {control}: {difference:.2e}")
+    assert difference > CONTROL_MINIMUM
+
+
+# ----------------------------------------------------------------------------------------- T5
+# d_model 128 with 4 x 32 heads and vocabulary 160: the embedding and attention matrices have
+# two dims >= 128 and get factored second moments, the 128 x 64 feed-forward matrices, the
+# relative position tables and the norms do not, so both of Adafactor's branches run.
+# warmup_steps 2: the inverse square root schedule decays from the third step on.
+T5 = ["model.vocab_size=160", "model.hidden_size=128", "model.num_heads=4", "model.head_size=32",
+      "model.intermediate_size=64", "model.eos_token_id=1", "train.batch_size=8",
+      "train.steps=10", "optim.warmup_steps=2", "optim.learning_rate=0.01"]
+
+
+def t5_batches(config: Config) -> list[dict[str, np.ndarray]]:
+    """Random inputs [8, 20] and targets [8, 8] (ids 2..159), padded (0) in some rows."""
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(STEPS):
+        inputs = rng.integers(2, 160, (config.train.batch_size, 20))
+        targets = rng.integers(2, 160, (config.train.batch_size, 8))
+        inputs[1, 12:], inputs[4, 7:], targets[1, 5:], targets[6, 3:] = 0, 0, 0, 0
+        batches.append({"inputs": inputs.astype(np.int32), "targets": targets.astype(np.int32)})
+    return batches
+
+
+@pytest.fixture(scope="module")
+def t5_run(tmp_path_factory) -> dict[str, Any]:
+    return family_run("t5_tiny", T5, tmp_path_factory.mktemp("t5"), t5_batches)
+
+
+def inverse_sqrt_learning_rate(step: int, peak: float, warmup: int) -> float:
+    """Mesh TensorFlow learning_rate_schedules.py `truncated_rsqrt`, rsqrt(max(step,
+    warmup)) of the pre-increment global step, scaled so that its value before `warmup` is
+    `peak` (T5: peak 0.01 = rsqrt(10^4))."""
+    return peak * math.sqrt(warmup) / math.sqrt(max(step, warmup))
+
+
+class MeshAdafactorReference:
+    """Mesh TensorFlow optimize.py `AdafactorOptimizer` as T5 trains with it (defaults:
+    multiply_by_parameter_scale, beta1 0, clipping_threshold 1, factored with
+    min_dim_size_to_factor 128, epsilon1 1e-30, epsilon2 1e-3, decay rate
+    1 - (step + 1)^-0.8), one variable per layer as Mesh TF holds them."""
+
+    min_dim_size_to_factor = 128
+
+    @staticmethod
+    def rms(x: Any) -> Any:
+        return torch.sqrt(torch.mean(x * x))
+
+    def factored_dims(self, shape: tuple[int, ...]) -> tuple[int, int] | None:
+        """The two largest dims (largest first), if the second is >= min_dim_size_to_factor."""
+        if len(shape) < 2:
+            return None
+        order = sorted(range(len(shape)), key=lambda d: -shape[d])
+        if shape[order[1]] < self.min_dim_size_to_factor:
+            return None
+        return order[0], order[1]
+
+    def run(self, named: list[tuple[str, Any]], loss_fn: Callable[[int], Any],
+            learning_rate: Callable[[int], float], steps: int) -> list[float]:
+        slots: dict[str, Any] = {}
+        losses = []
+        for step in range(steps):
+            for _, p in named:
+                p.grad = None
+            loss = loss_fn(step)
+            loss.backward()
+            losses.append(float(loss.detach()))
+            decay = 1.0 - (step + 1.0) ** -0.8
+            lr = learning_rate(step)
+            with torch.no_grad():
+                for name, p in named:
+                    grad = p.grad
+                    grad_squared = grad * grad + 1e-30
+                    update_scale = torch.clamp(self.rms(p), min=1e-3) * lr
+                    dims = self.factored_dims(tuple(p.shape))
+                    if dims:
+                        d0, d1 = dims
+                        vr = slots.get(name + "/vr", 0.0) * decay + (1 - decay) * torch.mean(
+                            grad_squared, dim=d0)
+                        vc = slots.get(name + "/vc", 0.0) * decay + (1 - decay) * torch.mean(
+                            grad_squared, dim=d1)
+                        slots[name + "/vr"], slots[name + "/vc"] = vr, vc
+                        long_term_mean = torch.mean(vr, dim=d1 - (d1 > d0), keepdim=True)
+                        r_factor = torch.rsqrt(vr / long_term_mean).unsqueeze(d0)
+                        c_factor = torch.rsqrt(vc).unsqueeze(d1)
+                        x = grad * r_factor * c_factor
+                    else:
+                        v = slots.get(name + "/v", 0.0) * decay + (1 - decay) * grad_squared
+                        slots[name + "/v"] = v
+                        x = grad * torch.rsqrt(v)
+                    x = x / torch.clamp(self.rms(x) / 1.0, min=1.0)
+                    p.sub_(x * update_scale)
+        return losses
+
+
+class HFAdafactorReference:
+    """transformers.optimization.Adafactor with Mesh TF's settings (scale_parameter,
+    relative_step False with the schedule's lr, warmup_init False, clip_threshold 1.0,
+    decay_rate -0.8, beta1 None, weight_decay 0): it factors the second moment of every
+    matrix, where Mesh TF (and optax) only factor those whose two largest dims are >= 128."""
+
+    def run(self, named: list[tuple[str, Any]], loss_fn: Callable[[int], Any],
+            learning_rate: Callable[[int], float], steps: int) -> list[float]:
+        from transformers.optimization import Adafactor
+
+        optimizer = Adafactor([p for _, p in named], lr=learning_rate(0), eps=(1e-30, 1e-3),
+                              clip_threshold=1.0, decay_rate=-0.8, beta1=None,
+                              weight_decay=0.0, scale_parameter=True, relative_step=False,
+                              warmup_init=False)
+        losses = []
+        for step in range(steps):
+            optimizer.zero_grad()
+            loss = loss_fn(step)
+            loss.backward()
+            losses.append(float(loss.detach()))
+            optimizer.param_groups[0]["lr"] = learning_rate(step)
+            optimizer.step()
+        return losses
+
+
+def t5_reference(run: dict[str, Any], optimizer: Any) -> dict[str, np.ndarray]:
+    """T5ForConditionalGeneration (v1.0, tied embeddings) on the teacher-forced cross-entropy
+    averaged over non-padding target tokens (HF's loss, which pretext's objective follows;
+    Mesh TF's adds a z-loss of 1e-4 and divides by the targets' size, see the module notes),
+    trained by `optimizer` with the inverse square root schedule."""
+    model = tf_embeddings(transformers.T5ForConditionalGeneration.from_pretrained(
+        run["hf"]).eval())
+    config, batches = run["config"], run["batches"]
+
+    def loss_fn(step: int) -> Any:
+        b = batches[step]
+        inputs, targets = long(b["inputs"]), long(b["targets"])
+        decoder_inputs = torch.cat([torch.zeros_like(targets[:, :1]), targets[:, :-1]], 1)
+        logits = model(input_ids=inputs, attention_mask=(inputs != 0).long(),
+                       decoder_input_ids=decoder_inputs).logits
+        labels = torch.where(targets != 0, targets, -100)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 labels.reshape(-1), ignore_index=-100)
+
+    o = config.optim
+    losses = optimizer.run(unique_parameters(model), loss_fn,
+                           lambda step: inverse_sqrt_learning_rate(step, o.learning_rate,
+                                                                   o.warmup_steps),
+                           len(batches))
+    return with_losses(losses, {k: v for k, v in torch_state(model).items() if k in run["ours"]})
+
+
+def test_t5_trains_as_mesh_tensorflow_adafactor(t5_run):
+    """Our per-layer Adafactor on stacked parameters against Mesh TF's, variable by
+    variable."""
+    difference = max_relative_difference(t5_run["ours"],
+                                         t5_reference(t5_run, MeshAdafactorReference()))
+    print(f"t5: {difference:.2e}")
+    assert difference <= TOLERANCE
+
+
+def test_t5_negative_control_factoring_every_matrix(t5_run):
+    difference = max_relative_difference(t5_run["ours"],
+                                         t5_reference(t5_run, HFAdafactorReference()))
+    print(f"t5 with HF's Adafactor (every matrix factored): {difference:.2e}")
+    assert difference > CONTROL_MINIMUM
+
+
+# ------------------------------------------------------------------------------------- SimCLR
+# A narrow ResNet-18 with the ImageNet stem (HF ResNetModel has no CIFAR stem) on 32 px images,
+# 16 images = 32 views over the 8 devices, LARS with warmup then cosine. The step sizes are
+# chosen for a well-conditioned comparison: the BatchNorm parameters take plain momentum-SGD
+# steps (lr x gradient, gradients ~3 at initialisation), and at lr >= 0.01 a few such steps
+# make this tiny network's gradients so sensitive that float32 rounding (3e-5 here in torch
+# alone, float32 against float64) grows past 1e-4 within four steps in either implementation.
+# At lr 0.003 the layer-wise steps are lr x trust_coefficient of each kernel's norm, so the
+# trust coefficient is 0.3 (SimCLR: 0.001) for them to show, and weight decay 0.03 (SimCLR:
+# 1e-4 or 1e-6) for the decay to matter against the gradients; the formulas are the reference's.
+SIMCLR = ["model.stem=imagenet", "model.base_width=4", "model.projection_dim=16",
+          "train.batch_size=16", "train.steps=10", "optim.warmup_steps=2",
+          "optim.learning_rate=0.003", "optim.weight_decay=0.03", "optim.momentum=0.9",
+          "optim.trust_coefficient=0.3"]
+
+
+def image_batches(config: Config) -> list[dict[str, np.ndarray]]:
+    """Images that differ in colour and in a smooth pattern, plus noise. (Pure noise images
+    all pool to nearly the same features, and the head's BatchNorm then divides by a tiny
+    spread: float32 itself is off by 3e-5 there, in torch as in JAX.)"""
+    rng = np.random.default_rng(0)
+    size, count = 32, config.train.batch_size
+    grid = np.linspace(0.0, 1.0, size)
+    batches = []
+    for _ in range(STEPS):
+        colour = rng.uniform(0, 255, (count, 1, 1, 3))
+        angle = rng.uniform(0, 2 * np.pi, (count, 1, 1, 1))
+        frequency = rng.uniform(1, 4, (count, 1, 1, 1))
+        wave = np.sin(2 * np.pi * frequency * (np.cos(angle) * grid[None, :, None, None]
+                                               + np.sin(angle) * grid[None, None, :, None]))
+        images = colour + 60 * wave + rng.normal(0, 20, (count, size, size, 3))
+        batches.append({"image": np.clip(images, 0, 255).astype(np.uint8),
+                         "label": np.zeros(count, np.int32)})
+    return batches
+
+
+@pytest.fixture(scope="module")
+def simclr_run(tmp_path_factory) -> dict[str, Any]:
+    run = family_run("simclr_tiny", SIMCLR, tmp_path_factory.mktemp("simclr"), image_batches,
+                     export=simclr_state, exported_part=lambda model: model.backbone)
+    run["views"] = [augmented_views(run["trainer"], step, batch["image"])
+                    for step, batch in enumerate(run["batches"])]
+    return run
+
+
+def simclr_state(model: nnx.Module) -> dict[str, np.ndarray]:
+    """The backbone's parameters under HF names (BatchNorm statistics left out: they are not
+    trained, and torch keeps an unbiased running variance) and the head's under the names of
+    `TorchSimCLR`'s."""
+    state = {k: np.array(v, copy=True) for k, v in hf.to_hf(model.backbone)[1].items()
+             if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
+    for i, layer in enumerate(model.head):
+        state[f"head.{i}.dense.weight"] = np.array(layer.dense.kernel[...]).T
+        state[f"head.{i}.normalization.weight"] = np.array(layer.normalization.scale[...])
+        if layer.normalization.bias is not None:
+            state[f"head.{i}.normalization.bias"] = np.array(layer.normalization.bias[...])
+    return state
+
+
+def augmented_views(trainer: Trainer, step: int, images: np.ndarray) -> np.ndarray:
+    """The two views our step `step` makes of `images` [2N, H, W, 3], recomputed on the host
+    with `objectives.simclr.two_views` and the step's key fold_in(key(seed), step): the
+    augmentations are ours, tested in tests/test_image_augment.py; here the reference trains
+    on the same pixels."""
+    from objectives.simclr import two_views
+
+    model_config = trainer.model_config
+    key = jax.random.fold_in(jax.random.key(trainer.config.train.seed), step)
+    first, second = jax.jit(lambda k, x: two_views(
+        k, x, lambda crop: (model_config.augment_config(crop),) * 2))(key, images)
+    return np.concatenate([np.asarray(first), np.asarray(second)])
+
+
+class ScaleOnlyBatchNorm(torch.nn.Module):
+    """BatchNorm with a scale and no offset (`center=False`), the projection head's last."""
+
+    def __init__(self, scale: np.ndarray, epsilon: float):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(len(scale), eps=epsilon, affine=False)
+        self.weight = torch.nn.Parameter(torch.tensor(scale))
+
+    def forward(self, x: Any) -> Any:
+        return self.norm(x) * self.weight
+
+
+class TorchSimCLR(torch.nn.Module):
+    """HF ResNetModel + SimCLR's projection head (tf2/model.py `ProjectionHead`: dense without
+    bias, BatchNorm, ReLU; the last BatchNorm without offset) holding `initial`'s head
+    weights, BatchNorm in training mode over the whole batch of 2N views."""
+
+    def __init__(self, backbone: Any, initial: nnx.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.head = torch.nn.ModuleList()
+        for layer in initial.head:
+            kernel = np.array(layer.dense.kernel[...])
+            scale = np.array(layer.normalization.scale[...])
+            epsilon = layer.normalization.epsilon
+            module = torch.nn.Module()
+            module.dense = torch.nn.Linear(*kernel.shape, bias=False)
+            module.dense.weight.data = torch.tensor(kernel.T.copy())
+            if layer.normalization.bias is None:
+                module.normalization = ScaleOnlyBatchNorm(scale, epsilon)
+            else:
+                module.normalization = torch.nn.BatchNorm1d(len(scale), eps=epsilon)
+                module.normalization.weight.data = torch.tensor(scale)
+                module.normalization.bias.data = torch.tensor(
+                    np.array(layer.normalization.bias[...]))
+            self.head.append(module)
+
+    def forward(self, views: Any) -> Any:
+        x = self.backbone(pixel_values=views.permute(0, 3, 1, 2)).pooler_output.flatten(1)
+        for i, module in enumerate(self.head):
+            x = module.normalization(module.dense(x))
+            if i < len(self.head) - 1:
+                x = torch.relu(x)
+        return x
+
+
+def nt_xent_reference(projections: Any, temperature: float) -> Any:
+    """simclr tf2/objective.py `add_contrastive_loss`: l2-normalised halves, logits against
+    the other view (positive on the diagonal) and the same view (self masked by 1e9), softmax
+    cross-entropy both ways, mean over images of the sum."""
+    hidden = projections * torch.rsqrt(torch.clamp(
+        torch.sum(projections * projections, -1, keepdim=True), min=1e-12))
+    first, second = torch.chunk(hidden, 2)
+    n = first.shape[0]
+    mask = torch.eye(n) * 1e9
+    aa = first @ first.T / temperature - mask
+    bb = second @ second.T / temperature - mask
+    ab = first @ second.T / temperature
+    ba = second @ first.T / temperature
+    labels = torch.arange(n)
+    loss_a = torch.nn.functional.cross_entropy(torch.cat([ab, aa], 1), labels, reduction="none")
+    loss_b = torch.nn.functional.cross_entropy(torch.cat([ba, bb], 1), labels, reduction="none")
+    return torch.mean(loss_a + loss_b)
+
+
+@dataclasses.dataclass(frozen=True)
+class LarsReference:
+    """google-research/simclr tf2/lars_optimizer.py `LARSOptimizer` with classic momentum:
+    g += wd w and trust = eeta ||w|| / ||g|| (1 if either norm is 0) except for variables
+    whose name has batch_normalization or bias (here: normalization, bias), v = m v + lr trust
+    g, w -= v. `adapt_everything`: the negative control, decay and trust ratio everywhere."""
+
+    weight_decay: float
+    momentum: float = 0.9
+    eeta: float = 0.001
+    adapt_everything: bool = False
+
+    def excluded(self, name: str) -> bool:
+        return not self.adapt_everything and ("normalization" in name or "bias" in name)
+
+    def run(self, named: list[tuple[str, Any]], loss_fn: Callable[[int], Any],
+            learning_rate: Callable[[int], float], steps: int) -> list[float]:
+        velocity = [torch.zeros_like(p) for _, p in named]
+        losses = []
+        for step in range(steps):
+            for _, p in named:
+                p.grad = None
+            loss = loss_fn(step)
+            loss.backward()
+            losses.append(float(loss.detach()))
+            lr = learning_rate(step)
+            with torch.no_grad():
+                for (name, p), v in zip(named, velocity, strict=True):
+                    grad, trust = p.grad.clone(), 1.0
+                    if not self.excluded(name):
+                        grad += self.weight_decay * p
+                        w_norm, g_norm = torch.linalg.norm(p), torch.linalg.norm(grad)
+                        if w_norm > 0 and g_norm > 0:
+                            trust = self.eeta * w_norm / g_norm
+                    v.mul_(self.momentum).add_(lr * trust * grad)
+                    p.sub_(v)
+        return losses
+
+
+def simclr_reference(run: dict[str, Any], optimizer: LarsReference,
+                     batch_norm_groups: int = 1) -> dict[str, np.ndarray]:
+    """TorchSimCLR on our views with NT-Xent at the run's temperature, trained by `optimizer`
+    with simclr tf2/model.py `WarmUpAndCosineDecay` (linear warmup from 0, then cosine to 0 of
+    the pre-increment step). `batch_norm_groups` > 1 (a negative control) normalises each of
+    that many slices of the views separately, as BatchNorm per device would."""
+    backbone = transformers.ResNetModel.from_pretrained(run["hf"])
+    model = TorchSimCLR(backbone, run["initial"]).train()
+    config = run["config"]
+    o, temperature = config.optim, config.model_config().temperature
+
+    def loss_fn(step: int) -> Any:
+        views = torch.tensor(run["views"][step])
+        projections = torch.cat([model(part) for part in torch.chunk(views, batch_norm_groups)])
+        return nt_xent_reference(projections, temperature)
+
+    losses = optimizer.run(unique_parameters(model), loss_fn,
+                           lambda step: cosine_learning_rate(step, o.learning_rate,
+                                                             o.warmup_steps, config.train.steps),
+                           len(run["batches"]))
+    state = {("resnet." + k if k.startswith(("embedder", "encoder")) else k): v
+             for k, v in torch_state(model).items()}
+    state = {k.replace("backbone.", "resnet."): v for k, v in state.items()}
+    return with_losses(losses, {k: v for k, v in state.items() if k in run["ours"]})
+
+
+def test_simclr_trains_as_google_research_simclr(simclr_run):
+    reference = simclr_reference(simclr_run, simclr_lars(simclr_run["config"]))
+    difference = max_relative_difference(simclr_run["ours"], reference)
+    print(f"simclr: {difference:.2e}")
+    assert difference <= TOLERANCE
+
+
+def simclr_lars(config: Config, **changes: Any) -> LarsReference:
+    o = config.optim
+    return LarsReference(o.weight_decay, o.momentum, o.trust_coefficient, **changes)
+
+
+@pytest.mark.parametrize("control", ["lars_on_batch_norm", "batch_norm_per_device"])
+def test_simclr_negative_controls(simclr_run, control):
+    """Decay and trust ratio on BatchNorm parameters too; BatchNorm statistics per device
+    (8 slices of 4 views) instead of over the global batch."""
+    if control == "lars_on_batch_norm":
+        reference = simclr_reference(simclr_run, simclr_lars(simclr_run["config"],
+                                                             adapt_everything=True))
+    else:
+        reference = simclr_reference(simclr_run, simclr_lars(simclr_run["config"]),
+                                     batch_norm_groups=8)
+    difference = max_relative_difference(simclr_run["ours"], reference)
+    print(f"simclr {control}: {difference:.2e}")
+    assert difference > CONTROL_MINIMUM
