@@ -10,6 +10,7 @@ pairs and masks them while loading, through the Grain transform `DynamicMasking`
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -32,6 +33,13 @@ class MaskingVocab:
     sep_id: int
     mask_id: int
     continuation: np.ndarray
+
+    @functools.cached_property
+    def never_masked(self) -> np.ndarray:
+        """A bool per id: [CLS], [SEP] and [PAD] are never masking candidates."""
+        table = np.zeros(max(self.vocab_size, self.cls_id, self.sep_id, self.pad_id) + 1, bool)
+        table[[self.cls_id, self.sep_id, self.pad_id]] = True
+        return table
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> MaskingVocab:
@@ -173,7 +181,7 @@ def create_instances_from_document(
 
 
 def _special(tokens: np.ndarray, vocab: MaskingVocab) -> np.ndarray:
-    return (tokens == vocab.cls_id) | (tokens == vocab.sep_id) | (tokens == vocab.pad_id)
+    return vocab.never_masked[tokens]
 
 
 def masking_candidates(tokens: np.ndarray, vocab: MaskingVocab,
@@ -203,13 +211,13 @@ def corrupt(output: np.ndarray, positions: np.ndarray, vocab: MaskingVocab, conf
     keep_or_random = 1.0 - config.mask_token_prob
     random_given_not_masked = (config.random_token_prob / keep_or_random
                                if keep_or_random > 0.0 else 0.0)
-    first, second = rng.random((2, count))
-    masked = first < config.mask_token_prob
-    replaced = ~masked & (second >= 1.0 - random_given_not_masked)
-    random_ids = rng.integers(0, vocab.vocab_size, count)
+    draws = rng.random(3 * count)  # mask?, random?, which random id
+    masked = draws[:count] < config.mask_token_prob
+    replaced = ~masked & (draws[count:2 * count] >= 1.0 - random_given_not_masked)
     positions = np.asarray(positions, np.int64)
     output[positions[masked]] = vocab.mask_id
-    output[positions[replaced]] = random_ids[replaced]
+    output[positions[replaced]] = (draws[2 * count:][replaced] * vocab.vocab_size).astype(
+        output.dtype)
 
 
 def masked_result(tokens: np.ndarray, output: np.ndarray, chosen: Sequence[int] | np.ndarray

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,10 +61,14 @@ class InputShard:
 
 
 def source_fingerprint(spec: str) -> Any:
-    """Paths with their sizes and mtimes (so edited files invalidate the cache); names as-is."""
+    """Paths with their sizes and mtimes (so edited files invalidate the cache): every file of a
+    file, folder (recursively) or glob; names (TFDS, the demo corpus) as they are."""
     if spec == DEMO_CORPUS or spec.startswith("tfds:"):
         return spec
-    return [_file_identity(p) for p in sources.expand_paths(spec)]
+    paths = ([Path(spec)] if Path(spec).exists() or not any(c in spec for c in "*?[")
+             else [Path(p) for p in sorted(glob.glob(spec, recursive=True))])
+    files = [q for p in paths for q in (sorted(p.rglob("*")) if p.is_dir() else [p])]
+    return [_file_identity(p) for p in files if p.is_file()]
 
 
 def _file_identity(path: Path) -> list[Any]:

@@ -336,8 +336,7 @@ def prepare_text(
     started = time.monotonic()
     settings = {k: v for k, v in dataclasses.asdict(data).items()
                 if k not in LOADER_ONLY_FIELDS + ("source", "eval_source")}
-    tokenizer_identity = (source_fingerprint(data.tokenizer) if data.tokenizer
-                          else "trained")
+    tokenizer_identity = source_fingerprint(data.tokenizer) if data.tokenizer else "trained"
     base = Path(cache_root) / fingerprint(settings, example_settings, seed, tokenizer_identity,
                                           ordered)
     corpus_key = fingerprint(source_fingerprint(data.source),

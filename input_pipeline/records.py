@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import os
 import shutil
@@ -27,6 +28,10 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from input_pipeline.errors import UserError
 
 SPEC_FILE = "features.json"
+# One record per chunk (random access for the shuffling loader), snappy-compressed: writing is
+# ~2.3x faster than ArrayRecord's default zstd:3 (9 vs 20 us per BERT record) for files ~1.5x
+# larger (760 vs 500 bytes per 128-token record; 1,870 uncompressed).
+SHARD_OPTIONS = "group_size:1,snappy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,11 +44,15 @@ class FeatureSpec:
     def of(cls, example: dict[str, np.ndarray]) -> FeatureSpec:
         return cls(tuple((k, np.asarray(v).dtype.str, np.shape(v)) for k, v in example.items()))
 
+    @functools.cached_property
+    def dtypes(self) -> tuple[np.dtype, ...]:
+        return tuple(np.dtype(dtype) for _, dtype, _ in self.features)
+
     def encode(self, example: dict[str, np.ndarray]) -> bytes:
         parts = []
-        for name, dtype, shape in self.features:
+        for (name, _, shape), dtype in zip(self.features, self.dtypes, strict=True):
             value = example[name]
-            if not (isinstance(value, np.ndarray) and value.dtype.str == dtype):
+            if not (isinstance(value, np.ndarray) and value.dtype == dtype):
                 value = np.asarray(value, dtype=dtype)
             if value.shape != shape:
                 raise ValueError(f"feature {name} has shape {value.shape}, spec says {shape}")
@@ -79,7 +88,7 @@ def write_shard(examples: Iterable[dict[str, np.ndarray]], path: str | Path
         for example in examples:
             if writer is None:
                 spec = FeatureSpec.of(example)
-                writer = ArrayRecordWriter(str(tmp), "group_size:1")
+                writer = ArrayRecordWriter(str(tmp), SHARD_OPTIONS)
             writer.write(spec.encode(example))
             count += 1
         if writer is not None:
