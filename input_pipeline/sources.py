@@ -17,8 +17,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from input_pipeline.errors import UserError
 
 Documents = list[list[str]]
@@ -228,16 +226,3 @@ def python_docs_documents() -> Documents:
     documents = [_prose_sentences(topics[name]) for name in sorted(topics)]
     documents.extend(_stdlib_docstrings())
     return [d for d in documents if d]
-
-
-def split_documents(documents: Documents, held_out_fraction: float, seed: int
-                    ) -> tuple[Documents, Documents]:
-    """Deterministic document-level split into (train, held out); both keep at least one."""
-    if len(documents) < 2:
-        raise UserError("the corpus has fewer than 2 documents, so none can be held out; give "
-                        "more documents or set data.eval_source")
-    order = np.random.default_rng(seed).permutation(len(documents))
-    count = min(max(1, round(len(documents) * held_out_fraction)), len(documents) - 1)
-    held = set(order[:count].tolist())
-    return ([d for i, d in enumerate(documents) if i not in held],
-            [d for i, d in enumerate(documents) if i in held])

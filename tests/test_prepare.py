@@ -112,6 +112,8 @@ def test_held_out_split_per_shard():
     assert held.sum() == 10
     assert split_held_out(2, 0.05, 3).sum() == 1 and split_held_out(1, 0.05, 3).sum() == 0
     assert np.array_equal(held, split_held_out(200, 0.05, seed=3))
+    assert not np.array_equal(held, split_held_out(200, 0.05, seed=4))
+    assert split_held_out(200, 0.0, seed=3).sum() == 0  # data.eval_source given
 
 
 # ------------------------------------------------------------------------- determinism

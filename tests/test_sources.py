@@ -73,17 +73,6 @@ def test_python_docs_corpus_is_prose():
     assert words > 200_000
 
 
-def test_split_documents_is_deterministic_and_disjoint():
-    docs = [[f"doc {i}"] for i in range(100)]
-    train, held = sources.split_documents(docs, 0.1, seed=4)
-    assert len(held) == 10 and len(train) == 90
-    assert {d[0] for d in train}.isdisjoint(d[0] for d in held)
-    assert sources.split_documents(docs, 0.1, seed=4) == (train, held)
-    assert sources.split_documents(docs, 0.1, seed=5)[1] != held
-    with pytest.raises(UserError, match="fewer than 2"):
-        sources.split_documents(docs[:1], 0.1, seed=0)
-
-
 def test_bad_sources(tmp_path):
     with pytest.raises(UserError, match="not found"):
         sources.read_documents(str(tmp_path / "missing.txt"))
