@@ -180,6 +180,16 @@ def electra_learning_rate(step: int, peak: float, warmup: int, total: int) -> fl
     return peak * (1.0 - min(step, total) / total) * min(1.0, step / warmup)
 
 
+def loss_and_gradients(named: list[tuple[str, Any]], loss_fn: Callable[[int], Any],
+                       step: int) -> float:
+    """Clears the gradients of `named`, runs the step's loss backward; returns the loss."""
+    for _, p in named:
+        p.grad = None
+    loss = loss_fn(step)
+    loss.backward()
+    return float(loss.detach())
+
+
 @dataclasses.dataclass(frozen=True)
 class AdamWeightDecayReference:
     """AdamWeightDecayOptimizer of google-research/bert (and electra) optimization.py:
@@ -208,11 +218,7 @@ class AdamWeightDecayReference:
         v = [torch.zeros_like(p) for p in params]
         losses = []
         for step in range(steps):
-            for p in params:
-                p.grad = None
-            loss = loss_fn(step)
-            loss.backward()
-            losses.append(float(loss.detach()))
+            losses.append(loss_and_gradients(named, loss_fn, step))
             grads = [p.grad.detach().clone() for p in params]
             if self.clip_norm:
                 tf_clip_by_global_norm(grads, self.clip_norm)
@@ -613,11 +619,7 @@ class FairseqAdamReference:
         v = [torch.zeros_like(p) for _, p in named]
         losses = []
         for step in range(steps):
-            for _, p in named:
-                p.grad = None
-            loss = loss_fn(step)
-            loss.backward()
-            losses.append(float(loss.detach()))
+            losses.append(loss_and_gradients(named, loss_fn, step))
             lr, t = learning_rate(step), step + 1
             with torch.no_grad():
                 for (name, p), m_i, v_i in zip(named, m, v, strict=True):
@@ -750,11 +752,7 @@ class MeshAdafactorReference:
         slots: dict[str, Any] = {}
         losses = []
         for step in range(steps):
-            for _, p in named:
-                p.grad = None
-            loss = loss_fn(step)
-            loss.backward()
-            losses.append(float(loss.detach()))
+            losses.append(loss_and_gradients(named, loss_fn, step))
             decay = 1.0 - (step + 1.0) ** -0.8
             lr = learning_rate(step)
             with torch.no_grad():
@@ -799,10 +797,7 @@ class HFAdafactorReference:
                               warmup_init=False)
         losses = []
         for step in range(steps):
-            optimizer.zero_grad()
-            loss = loss_fn(step)
-            loss.backward()
-            losses.append(float(loss.detach()))
+            losses.append(loss_and_gradients(named, loss_fn, step))
             optimizer.param_groups[0]["lr"] = learning_rate(step)
             optimizer.step()
         return losses
@@ -1009,11 +1004,7 @@ class LarsReference:
         velocity = [torch.zeros_like(p) for _, p in named]
         losses = []
         for step in range(steps):
-            for _, p in named:
-                p.grad = None
-            loss = loss_fn(step)
-            loss.backward()
-            losses.append(float(loss.detach()))
+            losses.append(loss_and_gradients(named, loss_fn, step))
             lr = learning_rate(step)
             with torch.no_grad():
                 for (name, p), v in zip(named, velocity, strict=True):
