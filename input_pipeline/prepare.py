@@ -70,7 +70,10 @@ class DataConfig:
     input shard of `source`. `input_shard_mb`: the size of the pieces the corpus is prepared in
     (one worker holds one at a time; examples never combine two). `prepare_workers`: worker
     processes of the preparation on this host (0 = one per core; 1 = in this process); the
-    records do not depend on it. `worker_count`: Grain's loader workers.
+    records do not depend on it. `worker_count`: Grain's loader workers. `lowercase`: force
+    the casing of a WordPiece vocab or XLNet spiece.model (true/false); unset = from the
+    tokenizer's folder (`do_lower_case`, a name such as `uncased_L-12_H-768_A-12`), else from
+    the vocab (no ASCII capitals = uncased).
     """
 
     source: str = DEMO_CORPUS
@@ -80,6 +83,7 @@ class DataConfig:
     tfds_data_dir: str = ""
     eval_source: str = ""
     tokenizer: str = ""
+    lowercase: bool | None = None
     vocab_size: int = 8000
     tokenizer_sentences: int = 1_000_000
     held_out_fraction: float = 0.05
@@ -174,19 +178,22 @@ def _count(name: str, amount: int) -> None:
             counter.value += amount
 
 
-_TOKENIZERS: dict[str, Any] = {}
+_TOKENIZERS: dict[tuple[str, bool | None], Any] = {}
 
 
-def _tokenizer(spec: str) -> Any:
-    if spec not in _TOKENIZERS:
-        _TOKENIZERS[spec] = tokenizers.load_tokenizer(spec)
-    return _TOKENIZERS[spec]
+def load_tokenizer(data: DataConfig, spec: str | Path | None = None) -> Any:
+    """`spec` (default `data.tokenizer`) with the casing `data.lowercase` forces; loaded once
+    per process."""
+    key = (str(spec or data.tokenizer), data.lowercase)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = tokenizers.load_tokenizer(key[0], data.lowercase)
+    return _TOKENIZERS[key]
 
 
 def prepare_shard(job: ShardJob) -> dict[str, Any]:
     """Reads, splits, tokenises and builds one shard; writes its record files, then its summary
     (the mark of a finished shard). Returns the summary."""
-    tokenizer = _tokenizer(job.tokenizer)
+    tokenizer = load_tokenizer(job.data, job.tokenizer)
     documents = list(corpus.read_shard(job.shard, job.data))
     if job.split == "train":
         fraction = 0.0 if job.data.eval_source else job.data.held_out_fraction
@@ -334,8 +341,9 @@ def prepare_text(
     is never seen by the tokenizer or the model.
     """
     started = time.monotonic()
+    # Unset optional fields stay out of the key, so caches made before they existed still match.
     settings = {k: v for k, v in dataclasses.asdict(data).items()
-                if k not in LOADER_ONLY_FIELDS + ("source", "eval_source")}
+                if k not in LOADER_ONLY_FIELDS + ("source", "eval_source") and v is not None}
     tokenizer_identity = source_fingerprint(data.tokenizer) if data.tokenizer else "trained"
     base = Path(cache_root) / fingerprint(settings, example_settings, seed, tokenizer_identity,
                                           ordered)
@@ -391,7 +399,7 @@ def _file_digest(path: str) -> str:
 
 
 def _tokenizer_at(data: DataConfig, base: Path, corpus_key: str) -> Any:
-    return tokenizers.load_tokenizer(data.tokenizer or base / f"tokenizer-{corpus_key}.model")
+    return load_tokenizer(data, data.tokenizer or base / f"tokenizer-{corpus_key}.model")
 
 
 def training_sentences(shards: list[corpus.InputShard], data: DataConfig, seed: int
@@ -411,14 +419,14 @@ def _ensure_tokenizer(data: DataConfig, base: Path, corpus_key: str,
     """The given tokenizer, or the one trained for this corpus (process 0 first; under a file
     lock so that two preparations of one cache train it once)."""
     if data.tokenizer:
-        return tokenizers.load_tokenizer(data.tokenizer)
+        return load_tokenizer(data)
     model = base / f"tokenizer-{corpus_key}.model"
     if process == 0:
         _train_tokenizer(data, base, model, shards, seed)
     _barrier("pretext: tokenizer trained")
     if not model.is_file():  # no shared file system: train the same one here
         _train_tokenizer(data, base, model, shards, seed)
-    return tokenizers.load_tokenizer(model)
+    return load_tokenizer(data, model)
 
 
 def _train_tokenizer(data: DataConfig, base: Path, model: Path,

@@ -439,43 +439,70 @@ class ByteLevelBPETokenizer:
 
 
 def _sentencepiece(path: Path, lowercase: bool | None = None) -> SentencePieceTokenizer:
-    """Ours (BERT's specials) or XLNet's (<cls>, <sep>, ...), by the pieces the model has."""
+    """Ours (BERT's specials) or XLNet's (<cls>, <sep>, ...), by the pieces the model has. Only
+    XLNet's text handling has a lowercasing step (prepro_utils.py `preprocess_text`)."""
     processor = spm.SentencePieceProcessor(model_file=str(path))
     if processor.id_to_piece(processor.piece_to_id("<cls>")) == "<cls>":
         return XLNetSentencePieceTokenizer(path, bool(lowercase))
+    if lowercase:
+        raise UserError(f"data.lowercase=true needs a WordPiece vocab.txt or XLNet's "
+                        f"spiece.model; {path.name} encodes text as it is (leave data.lowercase "
+                        "unset)")
     return SentencePieceTokenizer(path)
 
 
-def load_tokenizer(spec: str | Path
+def casing_from_folder_name(path: Path) -> bool | None:
+    """The casing a released model's folder name states: Google's `uncased_L-12_H-768_A-12`,
+    `wwm_cased_L-24_H-1024_A-16`, HF's `bert-base-uncased` (None when the name says neither)."""
+    words = set(re.split(r"[-_.]", path.name.lower()))
+    if "uncased" in words:
+        return True
+    if "cased" in words:
+        return False
+    return None
+
+
+def load_tokenizer(spec: str | Path, lowercase: bool | None = None
                    ) -> WordPieceTokenizer | SentencePieceTokenizer | ByteLevelBPETokenizer:
     """A sentencepiece `.model` (ours, or XLNet's `spiece.model`), a BERT `vocab.txt`, a
-    byte-level BPE `vocab.json` (with `merges.txt` beside it), or a folder holding one of those
-    (a HF folder's `tokenizer_config.json` decides `do_lower_case`)."""
+    byte-level BPE `vocab.json` (with `merges.txt` beside it), or a folder holding one of those.
+
+    Casing (`lowercase`, WordPiece and XLNet only), first that applies: the argument
+    (`data.lowercase`), a HF folder's `tokenizer_config.json` `do_lower_case`, the folder name
+    (`casing_from_folder_name`), then for a vocab.txt whether it has ASCII capitals."""
     path = Path(spec)
-    if path.is_dir():
-        lowercase = None
-        config = path / "tokenizer_config.json"
-        if config.is_file():
-            lowercase = json.loads(config.read_text()).get("do_lower_case")
-        vocab = path / "vocab.txt"
-        if vocab.is_file():
-            return WordPieceTokenizer.from_vocab_file(vocab, lowercase)
-        if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
-            return ByteLevelBPETokenizer.from_folder(path)
-        models = sorted(path.glob("*.model"))
-        if len(models) == 1:
-            return _sentencepiece(models[0], lowercase)
-        raise UserError(f"{path} holds no vocab.txt, vocab.json + merges.txt or single "
-                        "sentencepiece .model; point data.tokenizer at the file or folder")
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"tokenizer {path} not found; pass a sentencepiece .model, a BERT "
                         "vocab.txt or a HuggingFace BERT/XLNet/GPT-2/RoBERTa folder")
+    folder = path if path.is_dir() else path.parent
+    if lowercase is None and (folder / "tokenizer_config.json").is_file():
+        try:
+            lowercase = json.loads((folder / "tokenizer_config.json").read_text()).get(
+                "do_lower_case")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UserError(f"{folder / 'tokenizer_config.json'} is not JSON; fix or remove it"
+                            ) from None
+    if lowercase is None:
+        lowercase = casing_from_folder_name(folder)
+    if path.is_dir():
+        if (path / "vocab.txt").is_file():
+            path = path / "vocab.txt"
+        elif (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+            path = path / "vocab.json"
+        elif len(models := sorted(path.glob("*.model"))) == 1:
+            path = models[0]
+        else:
+            raise UserError(f"{path} holds no vocab.txt, vocab.json + merges.txt or single "
+                            "sentencepiece .model; point data.tokenizer at the file or folder")
     if path.name == "vocab.json":
+        if lowercase:
+            raise UserError("data.lowercase=true does not apply to byte-level BPE (GPT-2, "
+                            "RoBERTa encode text as it is); leave data.lowercase unset")
         return ByteLevelBPETokenizer.from_folder(path.parent)
     if path.suffix == ".model":
         try:
-            return _sentencepiece(path)
+            return _sentencepiece(path, lowercase)
         except (RuntimeError, OSError):
             raise UserError(f"{path} is not a sentencepiece model; retrain it or pass a "
                             "vocab.txt") from None
-    return WordPieceTokenizer.from_vocab_file(path)
+    return WordPieceTokenizer.from_vocab_file(path, lowercase)

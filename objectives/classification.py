@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from input_pipeline import glue, tokenizers
+from input_pipeline import glue, prepare, tokenizers
 from input_pipeline.errors import UserError
 from input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
 from input_pipeline.records import RecordDirectory, write_records
@@ -146,9 +146,10 @@ def prepare_glue(data: DataConfig, examples: GlueExampleConfig, cache_dir: Path,
     if not data.tokenizer:
         raise UserError("fine-tuning needs the starting point's tokenizer: set data.tokenizer "
                         "(run.py finetune sets it from --init)")
-    tokenizer = tokenizers.load_tokenizer(data.tokenizer)
+    tokenizer = prepare.load_tokenizer(data)
     key = fingerprint("glue", task.name, dataclasses.asdict(examples),
-                      source_fingerprint(data.source), source_fingerprint(data.tokenizer))
+                      source_fingerprint(data.source), source_fingerprint(data.tokenizer),
+                      data.lowercase)
     train_dir = Path(cache_dir) / key / "train"
     if not (train_dir / "features.json").is_file():
         train = _encode(data, examples, tokenizer, "train")

@@ -67,11 +67,10 @@ def tokenizer_of(init: str) -> str:
     (BERT's `vocab.txt`, XLNet's `spiece.model`), or the tokenizer a pretext workdir recorded
     (given, or trained into its data cache)."""
     path = Path(init)
-    config_file = path / "config.json"
     if any((path / name).is_file() for name in ("vocab.txt", "spiece.model", "tokenizer.json")):
         return str(path)
-    if config_file.is_file():
-        saved = json.loads(config_file.read_text()).get("data", {})
+    if (path / CONFIG_FILE).is_file():
+        saved = _pretraining_data(path)
         if saved.get("tokenizer"):
             return saved["tokenizer"]
         cache = Path(saved.get("cache_dir") or path / "data")
@@ -79,6 +78,12 @@ def tokenizer_of(init: str) -> str:
         if trained:
             return str(trained[0])
     raise UserError(f"no tokenizer found for {init}; pass one with data.tokenizer=...")
+
+
+def _pretraining_data(init: Path) -> dict[str, Any]:
+    """The `data` section a pretext workdir recorded (empty for other starting points)."""
+    config_file = init / CONFIG_FILE
+    return json.loads(config_file.read_text()).get("data", {}) if config_file.is_file() else {}
 
 
 def _as_overrides(values: dict[str, Any]) -> list[str]:
@@ -115,6 +120,9 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
               "train.eval_batches": 1}
     if not any(override.startswith("data.tokenizer=") for override in overrides):
         values["data.tokenizer"] = tokenizer_of(source)
+        casing = _pretraining_data(Path(source)).get("lowercase")
+        if casing is not None:  # the casing the pre-training forced
+            values["data.lowercase"] = casing
     draft = make_config(None, [*_as_overrides(values), *overrides])
     rows = len(glue.read_glue(data, spec.name, "train", draft.data.tfds_data_dir or None).labels)
     rows = min(rows, draft.examples.get("max_train_examples") or rows)

