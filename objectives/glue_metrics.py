@@ -95,3 +95,14 @@ def task_metrics(task: GlueTask, predictions: np.ndarray, labels: np.ndarray
     results = {name: _METRICS[name](predictions, labels) for name in task.metrics}
     results["glue_score"] = float(np.mean(list(results.values())))
     return results
+
+
+def constant_baseline(task: GlueTask, label_counts: dict[str, int], dev_labels: np.ndarray
+                      ) -> dict[str, float]:
+    """The task's metrics for the constant predictor a classifier can collapse to: the
+    majority class of the training labels (`label_counts`: id -> rows). A constant has no
+    correlation with STS-B's scores, so Pearson and Spearman count as 0 there (undefined)."""
+    if task.is_regression:
+        return {**{name: 0.0 for name in task.metrics}, "glue_score": 0.0}
+    majority = int(max(label_counts, key=lambda label: (label_counts[label], -int(label))))
+    return task_metrics(task, np.full(np.ravel(dev_labels).shape, majority), dev_labels)

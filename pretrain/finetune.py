@@ -139,6 +139,13 @@ def _glue_metrics(evaluation: dict[str, float], task: str) -> dict[str, float]:
     return {name: evaluation[name] for name in names if name in evaluation}
 
 
+def _against_baseline(dev: dict[str, float], baseline: dict[str, float]) -> dict[str, Any]:
+    """The majority-class baseline beside the dev metrics, and whether the run ended at it (its
+    GLUE score no better than the constant predictor's: it predicts one class, or as badly)."""
+    return {"majority_baseline": baseline,
+            "at_majority_baseline": bool(dev["glue_score"] <= baseline["glue_score"] + 1e-9)}
+
+
 def finetune(config: Config, workdir: str | Path) -> dict[str, Any]:
     """Trains `config` (a `classify` run) in `workdir`, resuming if it holds one (a finished
     one is only evaluated), and writes the final dev metrics to `<workdir>/results.json`."""
@@ -148,7 +155,8 @@ def finetune(config: Config, workdir: str | Path) -> dict[str, Any]:
     dev = (_glue_metrics(summary["eval"], task) if summary["eval"]
            else evaluate(workdir)["dev"])
     result = {"task": task, "init": config.model.get("init", ""), "seed": config.train.seed,
-              "steps": summary["step"], "dev": dev}
+              "steps": summary["step"], "dev": dev,
+              **_against_baseline(dev, summary["report"]["majority_baseline"])}
     (Path(workdir) / RESULTS_FILE).write_text(json.dumps(result, indent=2))
     return result
 
@@ -171,7 +179,9 @@ def evaluate(workdir: str | Path) -> dict[str, Any]:
     state, _ = trainer.restore(manager, step)
     manager.close()
     task = config.examples.get("task", "sst2")
-    return {"task": task, "step": step, "dev": _glue_metrics(trainer.evaluate(state), task)}
+    dev = _glue_metrics(trainer.evaluate(state), task)
+    return {"task": task, "step": step, "dev": dev,
+            **_against_baseline(dev, trainer.data.report["majority_baseline"])}
 
 
 def run_glue(init: str, data: str, workdir: str | Path, *, tasks: Sequence[str] = GLUE_ORDER,
@@ -191,12 +201,16 @@ def run_glue(init: str, data: str, workdir: str | Path, *, tasks: Sequence[str] 
         for rate in learning_rates or (None,):
             chosen = [] if rate is None else [f"optim.learning_rate={rate}"]
             folder = root / name if rate is None else root / name / f"lr{rate:g}"
-            runs = [finetune(finetune_config(task, init, data, [*overrides, *chosen], seed=seed,
-                                             epochs=epochs, architecture=architecture),
-                             folder / f"seed{seed}")["dev"]
-                    for seed in seeds]
+            outcomes = [finetune(finetune_config(task, init, data, [*overrides, *chosen],
+                                                 seed=seed, epochs=epochs,
+                                                 architecture=architecture),
+                                 folder / f"seed{seed}") for seed in seeds]
+            runs = [outcome["dev"] for outcome in outcomes]
             by_rate[rate] = {"median": {metric: float(np.median([r[metric] for r in runs]))
-                                        for metric in runs[0]}, "runs": runs}
+                                        for metric in runs[0]}, "runs": runs,
+                             "majority_baseline": outcomes[0]["majority_baseline"],
+                             "runs_at_majority_baseline": sum(
+                                 outcome["at_majority_baseline"] for outcome in outcomes)}
         best = max(by_rate, key=lambda rate: by_rate[rate]["median"]["glue_score"])
         results[task] = {**by_rate[best], **({"learning_rate": best,
                                               "by_learning_rate": {f"{r:g}": v["median"]
@@ -211,18 +225,37 @@ def run_glue(init: str, data: str, workdir: str | Path, *, tasks: Sequence[str] 
 
 
 def glue_table(columns: dict[str, dict[str, Any]]) -> str:
-    """A markdown table: one row per task metric (medians), one column per starting point,
-    and the GLUE average of the per-task scores."""
+    """A markdown table: one row per task metric (medians), one column per starting point, the
+    majority-class baseline beside them, and the GLUE average of the per-task scores; a cell
+    whose runs all ended at the baseline is marked `(b)`."""
     names = list(columns)
     tasks = [t for t in GLUE_ORDER if any(t in results for results in columns.values())]
-    lines = ["| task | metric | " + " | ".join(names) + " |",
-             "| --- | --- |" + " --- |" * len(names)]
+    baselines = {t: next((columns[n][t]["majority_baseline"] for n in names
+                          if "majority_baseline" in columns[n].get(t, {})), None) for t in tasks}
+
+    def stuck(results: dict[str, Any]) -> bool:
+        return results.get("runs_at_majority_baseline", 0) == len(results["runs"])
+
+    def cell(name: str, task: str, metric: str) -> str:
+        if task not in columns[name]:
+            return "-"
+        results = columns[name][task]
+        return f"{results['median'][metric]:.3f}" + (" (b)" if stuck(results) else "")
+
+    lines = ["| task | metric | " + " | ".join(names) + " | majority class |",
+             "| --- | --- |" + " --- |" * (len(names) + 1)]
     for task in tasks:
         for metric in glue.glue_task(task).metrics:
-            cells = [f"{columns[n][task]['median'][metric]:.3f}" if task in columns[n] else "-"
-                     for n in names]
-            lines.append(f"| {task} | {metric} | " + " | ".join(cells) + " |")
+            baseline = f"{baselines[task][metric]:.3f}" if baselines[task] else "-"
+            lines.append(f"| {task} | {metric} | " + " | ".join(
+                cell(n, task, metric) for n in names) + f" | {baseline} |")
     averages = [np.mean([columns[n][t]["median"]["glue_score"] for t in tasks if t in columns[n]])
                 for n in names]
-    lines.append("| average | glue_score | " + " | ".join(f"{a:.3f}" for a in averages) + " |")
+    known = [b["glue_score"] for b in baselines.values() if b]
+    baseline_average = f"{np.mean(known):.3f}" if len(known) == len(tasks) else "-"
+    lines.append("| average | glue_score | " + " | ".join(f"{a:.3f}" for a in averages)
+                 + f" | {baseline_average} |")
+    if any(stuck(columns[n][t]) for n in names for t in tasks if t in columns[n]):
+        lines.append("\n(b): every run of that cell ended at the majority-class baseline (it "
+                     "predicts one class); try another learning rate or more epochs.")
     return "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ ELECTRA's layer-wise learning-rate decay) are applied, seed sweeps report median
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -105,6 +106,14 @@ def test_pretrained_encoder_is_the_starting_point_and_the_model_learns(tmp_path,
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["dev"] == result["dev"] and saved["steps"] == config.train.steps
     assert evaluate(tmp_path / "run")["dev"] == pytest.approx(result["dev"])
+    # the majority class of the training labels, predicted for every dev row
+    train = np.loadtxt(f"{glue_folder}/SST-2/train.tsv", dtype=str, delimiter="\t", skiprows=1)
+    dev = np.loadtxt(f"{glue_folder}/SST-2/dev.tsv", dtype=str, delimiter="\t", skiprows=1)
+    labels, counts = np.unique(train[:, 1], return_counts=True)
+    majority_accuracy = float(np.mean(dev[:, 1] == labels[np.argmax(counts)]))
+    assert result["majority_baseline"] == {"accuracy": majority_accuracy,
+                                           "glue_score": majority_accuracy}
+    assert not result["at_majority_baseline"] and saved["majority_baseline"]["accuracy"] < 0.6
 
 
 def test_electra_recipe_regression_and_random_init(tmp_path, bert_dir, glue_folder):
@@ -119,6 +128,7 @@ def test_electra_recipe_regression_and_random_init(tmp_path, bert_dir, glue_fold
     result = finetune(finetune_config("stsb", electra_dir, glue_folder,
                                       [*FAST, "train.steps=2"]), tmp_path / "stsb")
     assert set(result["dev"]) == {"pearson", "spearman", "glue_score"}
+    assert result["majority_baseline"] == {"pearson": 0.0, "spearman": 0.0, "glue_score": 0.0}
     scratch = finetune_config("sst2", "", glue_folder, FAST, architecture=bert_dir)
     assert scratch.model["init"] == "" and scratch.model["hidden_size"] == 32
     trainer = Trainer(scratch, tmp_path / "scratch")
@@ -270,8 +280,10 @@ def test_cli_finetune_eval_and_bad_input(tmp_path, bert_dir, glue_folder, capsys
     workdir = tmp_path / "cli"
     assert run.main(["finetune", "--task", "sst2", "--init", bert_dir, "--data", glue_folder,
                      "--workdir", str(workdir), *FAST, "train.steps=2"]) == 0
-    trained = capsys.readouterr().out.splitlines()[-1]
-    assert trained.startswith("sst2 dev after 2 steps: accuracy ")
+    out = capsys.readouterr().out
+    trained = out[out.index("sst2 dev after 2 steps: "):].strip()
+    assert re.match(r"sst2 dev after 2 steps: accuracy [0-9.]+ \(majority class [0-9.]+\), "
+                    r"glue_score [0-9.]+ \(majority class [0-9.]+\)", trained), trained
     assert run.main(["eval", "--workdir", str(workdir)]) == 0
     assert capsys.readouterr().out.strip() == trained.replace("after 2 steps", "at step 2")
     before = sorted(p.name for p in workdir.rglob("*"))
@@ -310,3 +322,32 @@ def test_pretext_model_directory_needs_and_takes_a_tokenizer(tmp_path, bert_dir,
     config = finetune_config("sst2", str(model_dir), glue_folder,
                              [*FAST, f"data.tokenizer={bert_dir}"])
     assert config.data.tokenizer == bert_dir and config.model["init"] == str(model_dir)
+
+
+def test_majority_class_baseline_and_runs_that_end_at_it():
+    """The constant predictor's GLUE metrics (checked against scikit-learn), a run no better
+    than it is flagged, and the table marks cells whose every run ended there."""
+    from sklearn import metrics as sk
+
+    from input_pipeline.glue import glue_task
+    from objectives.glue_metrics import constant_baseline
+    from pretrain.finetune import _against_baseline, glue_table
+
+    dev = np.array([1, 1, 0, 1, 0, 1, 1])
+    mrpc = constant_baseline(glue_task("mrpc"), {"0": 3, "1": 9}, dev)
+    always_one = np.ones_like(dev)
+    assert mrpc["accuracy"] == sk.accuracy_score(dev, always_one)
+    assert mrpc["f1"] == pytest.approx(sk.f1_score(dev, always_one))
+    cola = constant_baseline(glue_task("cola"), {"0": 5, "1": 2}, dev)
+    assert cola == {"matthews_corrcoef": 0.0, "glue_score": 0.0}
+    assert constant_baseline(glue_task("sst2"), {"0": 4, "1": 4}, dev)["accuracy"] == 2 / 7
+    assert _against_baseline({"accuracy": 0.5, "glue_score": 0.5}, mrpc)["at_majority_baseline"]
+    assert not _against_baseline({"f1": 0.9, "glue_score": 0.9}, mrpc)["at_majority_baseline"]
+    stuck = {"median": {"matthews_corrcoef": 0.0, "glue_score": 0.0}, "runs": [{}, {}],
+             "majority_baseline": cola, "runs_at_majority_baseline": 2}
+    learned = {**stuck, "median": {"matthews_corrcoef": 0.3, "glue_score": 0.3},
+               "runs_at_majority_baseline": 1}
+    table = glue_table({"a": {"cola": stuck}, "b": {"cola": learned}})
+    assert "| cola | matthews_corrcoef | 0.000 (b) | 0.300 | 0.000 |" in table
+    assert "ended at the majority-class baseline" in table
+    assert "(b)" not in glue_table({"b": {"cola": learned}})
