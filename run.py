@@ -123,6 +123,10 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--tokenizer", help="tokenizer override (default: the run's own)")
 
     commands.add_parser("presets", help="list presets and registered methods")
+    show = commands.add_parser(
+        "config", help="every config key of a preset with its value, default and doc")
+    show.add_argument("--preset", default="bert_tiny", help="config preset, e.g. bert_base")
+    show.add_argument("overrides", nargs="*", help="section.key=value config overrides")
     return parser
 
 
@@ -309,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
             for text in generate_text(model, tokenizer, args.prompt,
                                       max_new_tokens=args.max_new_tokens, sampling=sampling):
                 print(text)
+        elif args.command == "config":
+            from pretrain.config import describe, make_config
+
+            print(describe(make_config(args.preset, args.overrides)))
         elif args.command == "presets":
             from objectives import registry
             from pretrain.config import PRESETS

@@ -7,8 +7,12 @@ config is written to the workdir and into every checkpoint.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
 import json
+import textwrap
 import types
 import typing
 from typing import Any
@@ -571,6 +575,60 @@ def config_from_dict(tree: dict[str, Any]) -> Config:
                             f"{sorted(_field_types(cls))}")
     validate(config)
     return config
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's one-line doc: the string literal written right after the field (PEP 257's
+    attribute docstrings, as Sphinx reads them), from the class and the dataclasses it
+    extends."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        except (OSError, TypeError, IndexError, AttributeError):
+            continue
+        for node, following in zip(body, body[1:], strict=False):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(following, ast.Expr)
+                    and isinstance(following.value, ast.Constant)
+                    and isinstance(following.value.value, str)):
+                docs[node.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+def _as_override(value: Any) -> str:
+    """A value as `section.key=VALUE` takes it back (`_parse_value`)."""
+    if isinstance(value, bool) or value is None:
+        return str(value).lower()
+    if isinstance(value, str):
+        return value if value else "''"
+    return str(value) if isinstance(value, int | float) else json.dumps(value)
+
+
+def describe(config: Config) -> str:
+    """Every key of `config` with its value, the class default where it differs, and its doc
+    (`run.py config`), section by section."""
+    method = registry.get(config.method)
+    lines = [f"method={config.method}  ({method.description})"]
+    sections = [(name, _field_types(Config)[name], dataclasses.asdict(getattr(config, name)))
+                for name in ("data", "optim", "mesh", "train")]
+    sections += [("model", method.model_config,
+                  dataclasses.asdict(method.model_config(**config.model))),
+                 ("examples", method.example_config,
+                  dataclasses.asdict(method.example_config(**config.examples)))]
+    for section, cls, values in sections:
+        lines.append(f"\n[{section}]  {cls.__module__}.{cls.__name__}")
+        docs = field_docs(cls)
+        defaults = dataclasses.asdict(cls())
+        for name, value in values.items():
+            default = ("" if value == defaults[name]
+                       else f"  (default {_as_override(defaults[name])})")
+            lines.append(f"  {section}.{name}={_as_override(value)}{default}")
+            lines.append(f"      {docs.get(name, 'undocumented')}")
+    return "\n".join(lines)
 
 
 def validate(config: Config) -> None:
