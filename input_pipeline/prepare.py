@@ -59,38 +59,40 @@ ExampleBuilder = Callable[[Documents, Any, int], Iterable[dict[str, np.ndarray]]
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Where the data comes from and how it is tokenised, prepared and loaded.
-
-    `source`: a text file, folder or glob (plain one-sentence-per-line or WikiText format),
-    `tfds:NAME[/CONFIG]` for any TFDS text dataset, or `python-docs` (the offline demo corpus that
-    ships with CPython). `tokenizer`: a sentencepiece `.model`, a BERT `vocab.txt` or a HF BERT
-    folder; empty = train a sentencepiece unigram model of `vocab_size` on a uniform sample of
-    at most `tokenizer_sentences` training sentences. `eval_source`: a separate held-out corpus
-    (e.g. WikiText's valid split); empty = hold out `held_out_fraction` of the documents of every
-    input shard of `source`. `input_shard_mb`: the size of the pieces the corpus is prepared in
-    (one worker holds one at a time; examples never combine two). `prepare_workers`: worker
-    processes of the preparation on this host (0 = one per core; 1 = in this process); the
-    records do not depend on it. `worker_count`: Grain's loader workers. `lowercase`: force
-    the casing of a WordPiece vocab or XLNet spiece.model (true/false); unset = from the
-    tokenizer's folder (`do_lower_case`, a name such as `uncased_L-12_H-768_A-12`), else from
-    the vocab (no ASCII capitals = uncased).
-    """
+    """Where the data comes from and how it is tokenised, prepared and loaded (one line per
+    field below; `run.py config` prints them). Records do not depend on the loader-only
+    fields (`LOADER_ONLY_FIELDS`)."""
 
     source: str = DEMO_CORPUS
+    """Corpus or dataset: file, folder or glob; tfds:NAME[/CONFIG]; python-docs/digits (demos)."""
     text_format: str = "auto"
+    """plain (one sentence per line, blank line between documents), wikitext, or auto."""
     tfds_split: str = "train"
+    """The TFDS split read for training (tfds: sources)."""
     tfds_text_key: str = ""
+    """The TFDS feature holding the text; empty = the records' only string feature."""
     tfds_data_dir: str = ""
+    """Where prepared TFDS datasets live; empty = TFDS's default (~/tensorflow_datasets)."""
     eval_source: str = ""
+    """A separate held-out corpus (e.g. WikiText's valid.txt); empty = hold out a fraction."""
     tokenizer: str = ""
+    """sentencepiece .model, BERT vocab.txt, HF tokenizer folder; empty = train sentencepiece."""
     lowercase: bool | None = None
+    """Force a WordPiece/XLNet tokenizer's casing; none = from its folder, else from the vocab."""
     vocab_size: int = 8000
+    """Pieces of the sentencepiece unigram model trained when data.tokenizer is empty."""
     tokenizer_sentences: int = 1_000_000
+    """At most this many training sentences (a seeded uniform sample) train the tokenizer."""
     held_out_fraction: float = 0.05
+    """Fraction of each input shard's documents held out for evaluation (no eval_source)."""
     input_shard_mb: float = 8.0
+    """Size of the corpus pieces prepared one per worker; examples never combine two."""
     cache_dir: str = ""
+    """Where prepared records are kept; empty = <workdir>/data (share it between runs)."""
     worker_count: int = 0
+    """Grain loader worker processes (0 = load in the training process)."""
     prepare_workers: int = 0
+    """Preparation worker processes on this host (0 = one per core, 1 = in process)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.held_out_fraction < 1.0:

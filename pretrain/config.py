@@ -27,8 +27,11 @@ class MeshConfig:
     """Device mesh axis sizes; -1 fills with the remaining devices (one axis at most)."""
 
     data: int = -1
+    """Devices on the data-parallel axis (-1 = the devices the other axes leave)."""
     fsdp: int = 1
+    """Devices over which parameters and optimizer state are sharded (ZeRO-3 style)."""
     tensor: int = 1
+    """Devices over which large matrices are split (Megatron-style tensor parallelism)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,22 +56,39 @@ class OptimConfig:
     0.8)."""
 
     optimizer: str = "adamw"
+    """adamw, lamb, lars (SimCLR, BYOL), sgd (MoCo) or adafactor (T5)."""
     learning_rate: float = 1e-4
+    """Peak learning rate (BERT 1e-4)."""
     schedule: str = "linear"
+    """linear, electra_linear, linear_from_peak, cosine, constant or inverse_sqrt."""
     warmup_steps: int = 10000
+    """Steps of the linear warmup (BERT 10,000)."""
     end_learning_rate: float = 0.0
+    """Where linear, electra_linear, linear_from_peak and cosine end."""
     weight_decay: float = 0.01
+    """Decoupled weight decay (BERT 0.01; not on LayerNorm or biases by default)."""
     b1: float = 0.9
+    """Adam/LAMB first-moment decay."""
     b2: float = 0.999
+    """Adam/LAMB second-moment decay (RoBERTa 0.98)."""
     eps: float = 1e-6
+    """Adam/LAMB epsilon (BERT 1e-6)."""
     bias_correction: bool = False
+    """Adam's bias correction (BERT's AdamWeightDecay has none; torch's AdamW has it)."""
     eps_before_bias_correction: bool = False
+    """Add eps to sqrt(v) before the bias correction (fairseq, tf.train.AdamOptimizer)."""
     decay_norms_and_biases: bool = False
+    """Weight decay on every parameter, as fairseq's Adam (adamw, lamb)."""
     clip_norm: float = 1.0
+    """Clip gradients to this global norm (0 = no clipping)."""
     grad_accum_steps: int = 1
+    """Micro-batches accumulated per step (train.batch_size is their total)."""
     momentum: float = 0.9
+    """Momentum of lars and sgd."""
     trust_coefficient: float = 0.001
+    """LARS trust coefficient (eta; SimCLR and BYOL 1e-3)."""
     layerwise_lr_decay: float = 1.0
+    """Each Transformer layer's lr x decay^(depth from the top) (ELECTRA fine-tuning 0.8)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,15 +98,25 @@ class TrainConfig:
     (leave the state unchanged for that step and go on; counted in the logged metrics)."""
 
     steps: int = 1000
+    """Optimizer steps to train (the schedule spans them)."""
     batch_size: int = 256
+    """Global batch: all processes, devices and accumulation steps together."""
     seed: int = 0
+    """Seed of the initialisation, the data order, masking and dropout."""
     log_every: int = 50
+    """Steps between training-metric lines (metrics.jsonl, TensorBoard, progress)."""
     eval_every: int = 500
+    """Steps between held-out evaluations."""
     eval_batches: int = 20
+    """Held-out batches per evaluation."""
     checkpoint_every: int = 1000
+    """Steps between checkpoints (one is also written at the end and on SIGTERM)."""
     keep_checkpoints: int = 3
+    """Checkpoints kept; older ones are deleted."""
     progress: bool = True
+    """Show a tqdm progress bar with the latest loss and throughput (process 0)."""
     on_nonfinite: str = "stop"
+    """stop at a non-finite loss or gradient, or skip that step and go on."""
 
 
 @dataclasses.dataclass(frozen=True)
