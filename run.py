@@ -18,9 +18,11 @@ Bad input prints one line naming the fix and exits with status 2 (no traceback u
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +30,15 @@ DEMO_WORKDIR = "runs/demo"
 IMAGE_DEMO_WORKDIR = "runs/demo_images"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with pretext's one-line errors (no usage block), exit status 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"error: {self.prog}: {message}; see {self.prog} --help\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="run.py", description="pretext: self-supervised pre-training in JAX/Flax NNX. "
         "Without a command, runs the offline demo (tiny BERT on the Python docs).")
     parser.add_argument("--traceback", action="store_true", help="show tracebacks for errors")
@@ -44,15 +53,18 @@ def _parser() -> argparse.ArgumentParser:
                          "(SLURM, TPU pod slice, Kubernetes, MPI)")
     cluster.add_argument("--coordinator",
                          help="host:port of process 0 (or JAX_COORDINATOR_ADDRESS)")
-    cluster.add_argument("--num-processes", type=int, help="process count (or JAX_NUM_PROCESSES)")
-    cluster.add_argument("--process-id", type=int, help="this process (or JAX_PROCESS_ID)")
+    cluster.add_argument("--num-processes", type=_bounded(int, 1),
+                         help="process count (or JAX_NUM_PROCESSES)")
+    cluster.add_argument("--process-id", type=_bounded(int, 0),
+                         help="this process (or JAX_PROCESS_ID)")
     commands = parser.add_subparsers(dest="command")
 
     demo = commands.add_parser("demo", help="pre-train a tiny BERT on the Python docs (offline)")
     demo.add_argument("--images", action="store_true",
                       help="SimCLR on scikit-learn's 8x8 digits instead (pip install "
                       "'pretext[demo]')")
-    demo.add_argument("--workdir", help=f"where checkpoints/logs go (default {DEMO_WORKDIR}, "
+    demo.add_argument("--workdir", type=_workdir,
+                      help=f"where checkpoints/logs go (default {DEMO_WORKDIR}, "
                       f"{IMAGE_DEMO_WORKDIR} with --images)")
     demo.add_argument("overrides", nargs="*", help="section.key=value config overrides")
 
@@ -60,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--preset", default="bert_tiny", help="config preset, e.g. bert_base")
     pretrain.add_argument("--data", help="corpus: file, folder, glob, tfds:NAME or python-docs")
     pretrain.add_argument("--tokenizer", help="sentencepiece .model, BERT vocab.txt or HF dir")
-    pretrain.add_argument("--workdir", required=True, help="run directory (resumes if present)")
+    pretrain.add_argument("--workdir", required=True, type=_workdir,
+                          help="run directory (resumes if present)")
     pretrain.add_argument("overrides", nargs="*", help="section.key=value config overrides")
 
     prepare = commands.add_parser(
@@ -68,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     prepare.add_argument("--preset", default="bert_tiny", help="config preset, e.g. bert_base")
     prepare.add_argument("--data", help="corpus: file, folder, glob, tfds:NAME or python-docs")
     prepare.add_argument("--tokenizer", help="sentencepiece .model, BERT vocab.txt or HF dir")
-    prepare.add_argument("--workdir", required=True,
+    prepare.add_argument("--workdir", required=True, type=_workdir,
                          help="the run directory `pretrain` will use (records go to "
                          "WORKDIR/data, or data.cache_dir)")
     prepare.add_argument("overrides", nargs="*", help="section.key=value config overrides")
@@ -87,20 +100,22 @@ def _parser() -> argparse.ArgumentParser:
                              "copies (the from-scratch baseline)")
         command.add_argument("--data", default="tfds",
                              help="GLUE folder (SST-2/, CoLA/, ...) or tfds (TFDS glue/*)")
-        command.add_argument("--workdir", required=True, help="run directory (resumes)")
-        command.add_argument("--epochs", type=float,
+        command.add_argument("--workdir", required=True, type=_workdir,
+                             help="run directory (resumes)")
+        command.add_argument("--epochs", type=_bounded(float, 0, open_low=True),
                              help="epochs (default: the paper's recipe for the family)")
         command.add_argument("overrides", nargs="*", help="section.key=value config overrides")
 
     finetune = commands.add_parser("finetune", help="fine-tune on one GLUE task")
     finetune.add_argument("--task", required=True, help="sst2, cola, mrpc, rte or stsb")
-    finetune.add_argument("--seed", type=int, default=0)
+    finetune.add_argument("--seed", type=_bounded(int, 0), default=0)
     add_glue_arguments(finetune)
     evaluate = commands.add_parser("eval", help="dev metrics of a fine-tuning workdir")
-    evaluate.add_argument("--workdir", required=True, help="a run.py finetune workdir")
+    evaluate.add_argument("--workdir", required=True, type=_workdir,
+                          help="a run.py finetune workdir")
     glue = commands.add_parser("glue", help="fine-tune all five GLUE tasks, print the table")
     glue.add_argument("--tasks", default="cola,sst2,mrpc,stsb,rte", help="comma-separated")
-    glue.add_argument("--seeds", type=int, default=1,
+    glue.add_argument("--seeds", type=_bounded(int, 1), default=1,
                       help="seeds per task; the table shows the median (papers: 5)")
     glue.add_argument("--learning-rates", type=_rates, default=(),
                       help="comma-separated rates to try; each task reports the best on dev "
@@ -114,12 +129,13 @@ def _parser() -> argparse.ArgumentParser:
                           "folder (with vocab.json + merges.txt)")
     generate.add_argument("--prompt", action="append", required=True,
                           help="text to continue; repeat for several (one batch)")
-    generate.add_argument("--max-new-tokens", type=int, default=50)
+    generate.add_argument("--max-new-tokens", type=_bounded(int, 1), default=50)
     generate.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
-    generate.add_argument("--temperature", type=float, default=1.0)
-    generate.add_argument("--top-k", type=int, default=0, help="0 = no top-k cut")
-    generate.add_argument("--top-p", type=float, default=1.0, help="1 = no nucleus cut")
-    generate.add_argument("--seed", type=int, default=0, help="sampling seed")
+    generate.add_argument("--temperature", type=_bounded(float, 0, open_low=True), default=1.0)
+    generate.add_argument("--top-k", type=_bounded(int, 0), default=0, help="0 = no top-k cut")
+    generate.add_argument("--top-p", type=_bounded(float, 0, 1, open_low=True), default=1.0,
+                          help="1 = no nucleus cut")
+    generate.add_argument("--seed", type=_bounded(int, 0), default=0, help="sampling seed")
     generate.add_argument("--tokenizer", help="tokenizer override (default: the run's own)")
 
     commands.add_parser("presets", help="list presets and registered methods")
@@ -217,12 +233,37 @@ def _import_plugin(name: str) -> None:
                         "PYTHONPATH") from None
 
 
+def _workdir(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path would write into the current "
+                                         "directory; name a run directory, e.g. runs/x")
+    return text
+
+
+def _bounded(kind: type, low: float, high: float = math.inf, *, open_low: bool = False
+             ) -> Any:
+    """An argparse type: a finite number of `kind` in [low, high] ((low, high] if
+    `open_low`), the range named in the error."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        inside = value is not None and math.isfinite(value) and value <= high and (
+            value > low if open_low else value >= low)
+        if not inside:
+            bounds = f"{'(' if open_low else '['}{low:g}, {high:g}{']' if high < math.inf else ')'}"
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite {kind.__name__} in "
+                                             f"{bounds}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
 def _rates(text: str) -> list[float]:
-    try:
-        return [float(rate) for rate in text.split(",") if rate]
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers, "
-                                         "e.g. 5e-5,3e-5,2e-5") from error
+    """Comma-separated learning rates, each finite and > 0."""
+    positive = _bounded(float, 0, open_low=True)
+    return [positive(rate) for rate in text.split(",") if rate]
 
 
 def _metrics(result: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import textwrap
 import types
 import typing
@@ -661,15 +662,55 @@ def describe(config: Config) -> str:
     return "\n".join(lines)
 
 
+# The valid range of every numeric key of the generic sections, in interval notation.
+RANGES = {
+    "optim.learning_rate": "[0, inf)", "optim.warmup_steps": "[0, inf)",
+    "optim.end_learning_rate": "[0, inf)", "optim.weight_decay": "[0, inf)",
+    "optim.b1": "[0, 1)", "optim.b2": "[0, 1)", "optim.eps": "[0, inf)",
+    "optim.clip_norm": "[0, inf)", "optim.grad_accum_steps": "[1, inf)",
+    "optim.momentum": "[0, 1)", "optim.trust_coefficient": "[0, inf)",
+    "optim.layerwise_lr_decay": "(0, 1]",
+    "train.steps": "[1, inf)", "train.batch_size": "[1, inf)", "train.seed": "[0, 4294967295]",
+    "train.log_every": "[1, inf)", "train.eval_every": "[1, inf)", "train.eval_batches": "[1, inf)",
+    "train.checkpoint_every": "[1, inf)", "train.keep_checkpoints": "[1, inf)",
+    "data.vocab_size": "[8, inf)", "mesh.data": "[-1, inf)", "mesh.fsdp": "[-1, inf)",
+    "mesh.tensor": "[-1, inf)",
+}
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _inside(value: float, interval: str) -> bool:
+    low, high = (float(bound) for bound in interval[1:-1].split(","))
+    return ((value >= low if interval[0] == "[" else value > low)
+            and (value <= high if interval[-1] == "]" else value < high))
+
+
+def check_numbers(config: Config) -> None:
+    """Every float of every section finite, every key of `RANGES` inside its range, mesh sizes
+    -1 or positive, and a model's compute `dtype` one of `COMPUTE_DTYPES`."""
+    sections = {name: dataclasses.asdict(getattr(config, name))
+                for name in ("data", "optim", "mesh", "train")}
+    sections.update(model=config.model, examples=config.examples)
+    for section, values in sections.items():
+        for name, value in values.items():
+            key = f"{section}.{name}"
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UserError(f"{key}={value} must be a finite number")
+            interval = RANGES.get(key)
+            if interval and isinstance(value, int | float) and not _inside(value, interval):
+                raise UserError(f"{key}={value} is outside its valid range {interval}")
+            if section == "mesh" and value == 0:
+                raise UserError(f"{key}=0: a mesh axis needs at least 1 device (-1 = the rest)")
+    dtype = config.model.get("dtype")
+    if dtype is not None and dtype not in COMPUTE_DTYPES:
+        raise UserError(f"model.dtype={dtype!r} is not a compute dtype; use one of "
+                        f"{', '.join(COMPUTE_DTYPES)}")
+
+
 def validate(config: Config) -> None:
-    """Cross-field checks that do not need devices or data."""
+    """Range checks (`check_numbers`) and cross-field checks that need no devices or data."""
     t, o = config.train, config.optim
-    for name, value in (("train.steps", t.steps), ("train.batch_size", t.batch_size),
-                        ("train.log_every", t.log_every), ("train.eval_every", t.eval_every),
-                        ("train.checkpoint_every", t.checkpoint_every),
-                        ("optim.grad_accum_steps", o.grad_accum_steps)):
-        if value < 1:
-            raise UserError(f"{name}={value} must be at least 1")
+    check_numbers(config)
     if t.on_nonfinite not in ("stop", "skip"):
         raise UserError(f"train.on_nonfinite={t.on_nonfinite!r} must be 'stop' or 'skip'")
     if o.eps_before_bias_correction and not o.bias_correction:

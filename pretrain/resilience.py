@@ -26,16 +26,28 @@ import numpy as np
 from input_pipeline.errors import UserError
 
 
+def _environment_count(name: str, minimum: int) -> int | None:
+    """An integer environment variable (None when unset), or a UserError naming it."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < minimum:
+        raise UserError(f"{name}={text!r} must be an integer >= {minimum}; fix or unset it")
+    return int(text)
+
+
 def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None, *, auto: bool = False) -> bool:
     """Starts JAX's multi-controller runtime when asked: explicit arguments, the JAX_*
     environment variables, or `auto` (JAX detects SLURM/TPU/Kubernetes/MPI). Returns whether
     it did. Must run before anything touches a JAX backend."""
     coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
-    if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
-        num_processes = int(os.environ["JAX_NUM_PROCESSES"])
-    if process_id is None and os.environ.get("JAX_PROCESS_ID"):
-        process_id = int(os.environ["JAX_PROCESS_ID"])
+    if num_processes is None:
+        num_processes = _environment_count("JAX_NUM_PROCESSES", 1)
+    if process_id is None:
+        process_id = _environment_count("JAX_PROCESS_ID", 0)
+    if num_processes is not None and num_processes < 1:
+        raise UserError(f"--num-processes {num_processes} must be at least 1")
     if not (coordinator or auto):
         return False
     if coordinator and (num_processes is None or process_id is None):
