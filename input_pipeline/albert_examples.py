@@ -31,6 +31,7 @@ class AlbertExampleConfig(bert_examples.BertExampleConfig):
     dupe_factor: int = 40
     whole_word_mask: bool = True
     max_ngram: int = 3
+    """Longest masked n-gram in words, p(n) proportional to 1/n (ALBERT `ngram` 3)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

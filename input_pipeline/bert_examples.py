@@ -54,14 +54,23 @@ class BertExampleConfig:
     each time an example is loaded."""
 
     max_seq_length: int = 128
+    """Tokens per example incl. [CLS] and [SEP], at least 5 (BERT 128, then 512)."""
     max_predictions_per_seq: int = 20
+    """Most masked positions per example (BERT 20 at 128 tokens, 80 at 512)."""
     masked_lm_prob: float = 0.15
+    """Fraction of tokens chosen for prediction, in (0, 1) (BERT §3.1 0.15)."""
     short_seq_prob: float = 0.1
+    """Probability that a pair aims at a random shorter length (BERT 0.1)."""
     dupe_factor: int = 10
+    """Passes over the corpus, each with new pairs and masks (BERT 10; 1 with dynamic_masking)."""
     whole_word_mask: bool = False
+    """Mask all pieces of a word together (BERT's whole-word-masking models)."""
     dynamic_masking: bool = False
+    """Store pairs unmasked and draw masks at every load (RoBERTa §4.1)."""
     mask_token_prob: float = 0.8
+    """Share of chosen tokens replaced by [MASK] (BERT 0.8)."""
     random_token_prob: float = 0.1
+    """Share of chosen tokens replaced by a random token (BERT 0.1; the rest stay)."""
 
     def __post_init__(self) -> None:
         if self.max_seq_length < 5:

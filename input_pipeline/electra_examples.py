@@ -24,13 +24,21 @@ class ElectraExampleConfig:
     0.05 (a random target length in [5, max_seq_length]). Masking is always dynamic."""
 
     max_seq_length: int = 128
+    """Tokens per example incl. [CLS] and [SEP], at least 5 (ELECTRA-Small 128)."""
     max_predictions_per_seq: int = 19
+    """Most masked positions: int((masked_lm_prob + 0.005) x max_seq_length), 19 for 128."""
     masked_lm_prob: float = 0.15
+    """Fraction of tokens masked, in (0, 1) (ELECTRA `mask_prob` 0.15)."""
     mask_token_prob: float = 0.85
+    """Share of masked positions given [MASK]; the rest keep their token (ELECTRA 0.85)."""
     random_token_prob: float = 0.0
+    """Share of masked positions given a random token (ELECTRA 0)."""
     whole_word_mask: bool = False
+    """Mask all pieces of a word together (ELECTRA: false)."""
     single_segment_prob: float = 0.1
+    """Probability that an example is one segment instead of two (ELECTRA 0.1)."""
     short_seq_prob: float = 0.05
+    """Probability of a random target length in [5, max_seq_length] (ELECTRA 0.05)."""
 
     def __post_init__(self) -> None:
         if self.max_seq_length < 5:

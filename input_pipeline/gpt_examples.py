@@ -26,6 +26,7 @@ class GPTExampleConfig:
     """`max_seq_length`: tokens the model sees per example (targets per full block)."""
 
     max_seq_length: int = 128
+    """Tokens the model sees per example, T; at most model.max_position_embeddings (GPT-2 1024)."""
 
     def __post_init__(self) -> None:
         if self.max_seq_length < 1:

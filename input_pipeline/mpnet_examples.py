@@ -34,10 +34,15 @@ class MPNetExampleConfig:
     `mask_whole_words` [whole_word_mask] (the paper's setting, §3.1)."""
 
     max_seq_length: int = 512
+    """Tokens per example incl. the leading [CLS] (MPNet `tokens_per_sample` 512)."""
     pred_prob: float = 0.15
+    """Fraction of tokens predicted, b = round(n x pred_prob) (MPNet 0.15)."""
     mask_token_prob: float = 0.8
+    """Share of predicted tokens given [MASK] in the input (MPNet 0.8)."""
     random_token_prob: float = 0.1
+    """Share of predicted tokens given a random token (MPNet `rand_prob` 0.1; the rest stay)."""
     whole_word_mask: bool = True
+    """Permute whole words, keeping a word's pieces together (MPNet `mask_whole_words`)."""
 
     def __post_init__(self) -> None:
         if self.max_seq_length < 3:

@@ -31,11 +31,17 @@ class RobertaExampleConfig:
     `max_predictions_per_seq` 77 = round(0.15 x 512) never binds at 512."""
 
     max_seq_length: int = 512
+    """Tokens per input incl. [CLS] and [SEP], at least 3 (RoBERTa 512)."""
     max_predictions_per_seq: int = 77
+    """Most masked positions per input (77 = round(0.15 x 512), never binding at 512)."""
     masked_lm_prob: float = 0.15
+    """Fraction of tokens chosen for prediction, in (0, 1) (RoBERTa 0.15)."""
     mask_token_prob: float = 0.8
+    """Share of chosen tokens replaced by [MASK] (RoBERTa 0.8)."""
     random_token_prob: float = 0.1
+    """Share of chosen tokens replaced by a random token (RoBERTa 0.1; the rest stay)."""
     whole_word_mask: bool = False
+    """Mask all pieces of a word together (RoBERTa: false)."""
 
     def __post_init__(self) -> None:
         if self.max_seq_length < 3:

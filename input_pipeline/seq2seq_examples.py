@@ -57,13 +57,21 @@ class Seq2SeqExampleConfig:
     the paper's text infilling: 0)."""
 
     noise: str = "span_corruption"
+    """Noise: span_corruption (T5 §3.1.4) or text_infilling (BART §2.2)."""
     inputs_length: int = 512
+    """Encoder input length in tokens incl. EOS, at least 8 (T5 512)."""
     noise_density: float = 0.15
+    """Span corruption: fraction of tokens dropped into noise spans (T5 0.15)."""
     mean_noise_span_length: float = 3.0
+    """Span corruption: mean length of a noise span in tokens (T5 3)."""
     extra_ids: int = 100
+    """Sentinel ids added above the tokenizer's vocabulary, whatever the noise (T5 100)."""
     mask_ratio: float = 0.3
+    """Text infilling: fraction of the words masked (BART 0.3)."""
     poisson_lambda: float = 3.0
+    """Text infilling: mean of the Poisson span length in words (BART 3)."""
     random_ratio: float = 0.0
+    """Text infilling: probability that a mask token is a random token instead (BART 0)."""
 
     def __post_init__(self) -> None:
         if self.noise not in NOISES:

@@ -34,14 +34,23 @@ class XLNetExampleConfig:
     laid out for (`train.batch_size` must equal it)."""
 
     max_seq_length: int = 512
+    """Tokens per example, reused part included (XLNet `seq_len` 512)."""
     reuse_len: int = 256
+    """Leading tokens continuing the row's previous example (XLNet 256); = model.reuse_len."""
     num_predict: int = 85
+    """Targets per example (XLNet 85)."""
     perm_size: int = 256
+    """Block length of the factorisation order; divides reuse_len and the rest (XLNet 256)."""
     mask_alpha: int = 6
+    """Span sampling: n-token spans sit in n x mask_alpha / mask_beta token contexts (XLNet 6)."""
     mask_beta: int = 1
+    """Span sampling: divisor of that context length (XLNet 1)."""
     max_span: int = 5
+    """Longest target span in tokens, p(n) proportional to 1/n (XLNet 5)."""
     num_streams: int = 32
+    """Parallel token streams: the global batch the records are laid out for (train.batch_size)."""
     bi_data: bool = False
+    """Second half of the streams = first half reversed (XLNet `bi_data`); = model.bi_data."""
 
     def __post_init__(self) -> None:
         new_len = self.max_seq_length - self.reuse_len

@@ -47,8 +47,11 @@ class HeadConfig(TransformerConfig):
 
     heads: ClassVar[tuple[str, ...]] = HEADS
     head: str = "bert"
+    """Head: bert (tanh pooler), electra (HF `ElectraClassificationHead`) or xlnet (last token)."""
     num_labels: int = 2
+    """Outputs of the head: classes, or 1 for regression (STS-B); must match the task."""
     classifier_dropout: float = -1.0
+    """Head dropout; < 0 = hidden_dropout (HF `classifier_dropout`, XLNet summary_last_dropout)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -33,7 +33,9 @@ class ElectraConfig(EncoderConfig):
 
     embedding_size: int = 128
     generator_hidden_size: float = 0.25
+    """Generator width as a fraction of the discriminator's, in (0, 1] (Small 0.25, Base 1/3)."""
     generator_layers: float = 1.0
+    """Generator depth as a fraction of the discriminator's, in (0, 1] (ELECTRA 1.0)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

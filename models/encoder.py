@@ -47,19 +47,33 @@ class TransformerConfig:
     """
 
     vocab_size: int = 30522
+    """Word-embedding rows (BERT uncased 30522); 0 = the tokenizer's, set when pre-training."""
     hidden_size: int = 768
+    """Width of the hidden states (BERT-Base 768; HF `hidden_size`, XLNet `d_model`)."""
     num_layers: int = 12
+    """Transformer layers (BERT-Base 12; ALBERT: applications of its one shared layer)."""
     num_heads: int = 12
+    """Attention heads; must divide hidden_size (BERT-Base 12)."""
     intermediate_size: int = 3072
+    """Inner width of the feed-forward block (BERT-Base 3072 = 4 x hidden)."""
     hidden_act: str = "gelu"
+    """Feed-forward activation: gelu (exact erf), gelu_tanh (HF `gelu_new`) or relu."""
     layer_norm_eps: float = 1e-12
+    """LayerNorm epsilon (BERT 1e-12; fairseq and GPT-2 1e-5; HF `layer_norm_eps`)."""
     hidden_dropout: float = 0.1
+    """Dropout on residual branches and (not GPT-2's) embeddings (HF `hidden_dropout_prob` 0.1)."""
     attention_dropout: float = 0.1
+    """Dropout on attention probabilities (BERT `attention_probs_dropout_prob` 0.1)."""
     initializer_range: float = 0.02
+    """Std of the random weight init (0.02 in BERT, GPT-2 and XLNet)."""
     dtype: str = "float32"
+    """Compute dtype: float32, bfloat16 or float16 (parameters stay float32)."""
     scan_layers: bool = True
+    """Run layers under `nnx.scan` (compiled once) or a Python loop; same parameters either way."""
     remat: str = "none"
+    """Backprop recompute per layer: none, full, dots (keep x @ W matmuls), dots_saveable (all)."""
     attention_implementation: str = "xla"
+    """Kernel of attention without dropout: xla or cudnn (GPU flash, bf16/fp16); unused by XLNet."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -107,9 +121,13 @@ class EncoderConfig(TransformerConfig):
     """
 
     embedding_size: int = 0
+    """Embedding width; 0 = hidden_size, else projected to it (ALBERT, ELECTRA-Small 128)."""
     max_position_embeddings: int = 512
+    """Rows of the learned position table (BERT 512; RoBERTa 514 = 512 + padding id + 1)."""
     type_vocab_size: int = 2
+    """Token-type (segment) ids in the embedding table (BERT 2, RoBERTa 1)."""
     position_padding_id: int = -1
+    """-1: positions 0..T-1 (BERT); p >= 0: padding id p, real tokens from p + 1 (RoBERTa)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -52,8 +52,11 @@ class GPTConfig(TransformerConfig):
     hidden_act: str = "gelu_tanh"
     layer_norm_eps: float = 1e-5
     max_position_embeddings: int = 1024
+    """Context length: rows of the learned position table (GPT-2 1024, HF `n_positions`)."""
     embedding_dropout: float = 0.1
+    """Dropout on the token + position embeddings (GPT-2 0.1, HF `embd_pdrop`)."""
     eos_token_id: int | None = None
+    """End-of-text id, HF `eos_token_id` (GPT-2 50256); None = the tokenizer's, set in training."""
 
     @property
     def head_size(self) -> int:

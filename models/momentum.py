@@ -56,8 +56,11 @@ class MoCoConfig(ResNetConfig):
     the key size (128), `queue_size` K (65536)."""
 
     projection_hidden_dim: int = 0
+    """Hidden width of the MLP head; 0 = the backbone's feature width (MoCo v2: 2048)."""
     projection_dim: int = 128
+    """Size of queries and keys: the MLP head's output (MoCo 128)."""
     queue_size: int = 65536
+    """Keys in the queue of negatives, K (MoCo 65536); at least the (micro-)batch."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -72,8 +75,11 @@ class BYOLConfig(ResNetConfig):
     predictor `predictor_hidden_dim` 4096 -> 256 (Grill et al. 2020 §3.3)."""
 
     projection_hidden_dim: int = 4096
+    """Hidden width of the projector MLP (BYOL 4096)."""
     projection_dim: int = 256
+    """Output width of the projector and the predictor (BYOL 256)."""
     predictor_hidden_dim: int = 4096
+    """Hidden width of the predictor MLP (BYOL 4096)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

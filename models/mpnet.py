@@ -55,7 +55,9 @@ class MPNetConfig(TransformerConfig):
     vocab_size: int = 30527
     layer_norm_eps: float = 1e-5
     max_position_embeddings: int = 514
+    """Position table rows incl. the 2 before the first position (mpnet-base 514 for 512 tokens)."""
     relative_attention_num_buckets: int = 32
+    """Buckets of the shared relative position bias; must be 32 (HF MPNet always uses 32)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

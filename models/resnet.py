@@ -30,13 +30,21 @@ class ResNetConfig:
     make test-sized models). `dtype` is the compute dtype (parameters stay float32)."""
 
     depth: int = 50
+    """ResNet depth: 18 or 34 (basic blocks), 50 or 101 (bottlenecks); SimCLR, MoCo, BYOL: 50."""
     stem: str = "imagenet"
+    """Stem: imagenet (7x7/2 conv + 3x3/2 max-pool) or cifar (3x3/1 conv, no pool; SimCLR B.9)."""
     width_multiplier: int = 1
+    """Multiplier of every channel count (SimCLR ResNet-50 1x, 2x, 4x)."""
     base_width: int = 64
+    """Stem channels at multiplier 1 (64 in every standard ResNet; less for test models)."""
     num_channels: int = 3
+    """Channels of the input images (3: RGB)."""
     batch_norm_momentum: float = 0.9
+    """BatchNorm running-average decay, Flax's convention (0.9 = torch momentum 0.1)."""
     batch_norm_epsilon: float = 1e-5
+    """BatchNorm epsilon (torch and SimCLR 1e-5)."""
     dtype: str = "float32"
+    """Compute dtype: float32, bfloat16 or float16 (parameters stay float32)."""
 
     def __post_init__(self) -> None:
         if self.depth not in DEPTHS:

@@ -20,7 +20,9 @@ from models.resnet import ResNet, ResNetConfig
 @dataclasses.dataclass(frozen=True)
 class SimCLRConfig(ResNetConfig):
     projection_dim: int = 128
+    """Output width of the projection head, the z of the loss (SimCLR 128)."""
     projection_layers: int = 3
+    """Dense + BatchNorm layers in the projection head (SimCLR tf2 `num_proj_layers` 3)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

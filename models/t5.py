@@ -57,25 +57,45 @@ class T5Config:
     `models.encoder.TransformerConfig`."""
 
     vocab_size: int = 32128
+    """Vocabulary incl. sentinels (T5 32128); 0 = the data's (tokenizer + extra_ids)."""
     hidden_size: int = 512
+    """Model width, HF `d_model` (T5-Small 512, Base 768)."""
     num_layers: int = 6
+    """Encoder layers, and decoder layers unless num_decoder_layers is set (T5-Small 6, Base 12)."""
     num_decoder_layers: int = 0
+    """Decoder layers; 0 = num_layers (HF `num_decoder_layers`)."""
     num_heads: int = 8
+    """Attention heads (T5-Small 8, Base 12)."""
     head_size: int = 64
+    """Width of each head, HF `d_kv` (T5 64); num_heads x head_size need not be hidden_size."""
     intermediate_size: int = 2048
+    """Inner width of the feed-forward block, HF `d_ff` (T5-Small 2048, Base 3072)."""
     feed_forward_proj: str = "relu"
+    """Feed-forward type: relu (T5 v1.0), gelu, gated-gelu (v1.1, tanh GELU) or gated-relu."""
     relative_attention_num_buckets: int = 32
+    """Buckets of the relative position bias (T5 32)."""
     relative_attention_max_distance: int = 128
+    """Offset from which all larger offsets share the last bucket (T5 128)."""
     layer_norm_eps: float = 1e-6
+    """Epsilon of T5's RMS LayerNorm (HF `layer_norm_epsilon` 1e-6)."""
     hidden_dropout: float = 0.1
+    """Dropout on embeddings, residual branches and FFN inner layer (HF `dropout_rate` 0.1)."""
     attention_dropout: float = 0.1
+    """Dropout on the attention probabilities (HF uses `dropout_rate` for both, 0.1)."""
     initializer_factor: float = 1.0
+    """Multiplier of every init std (HF `initializer_factor` 1.0)."""
     tie_word_embeddings: bool = True
+    """LM head = shared embedding on outputs x d_model**-0.5 (v1.0 true; v1.1 false)."""
     eos_token_id: int = 1
+    """End-of-sequence id, checked against the data's [SEP] (T5 1); 0 = take the data's."""
     dtype: str = "float32"
+    """Compute dtype: float32, bfloat16 or float16 (parameters stay float32)."""
     scan_layers: bool = True
+    """Run layers under `nnx.scan` (compiled once) or a Python loop; same parameters either way."""
     remat: str = "none"
+    """Backprop recompute per layer: none, full, dots (keep x @ W matmuls), dots_saveable (all)."""
     attention_implementation: str = "xla"
+    """Kernel of attention without dropout: xla or cudnn (GPU flash, bf16/fp16)."""
 
     def __post_init__(self) -> None:
         if self.feed_forward_proj not in FEED_FORWARD:

@@ -55,13 +55,21 @@ class XLNetConfig(TransformerConfig):
 
     vocab_size: int = 32000
     attn_type: str = "bi"
+    """Attention pattern: bi (XLNet pre-training, bidirectional) or uni (causal)."""
     bi_data: bool = False
+    """Reverse the relative positions of the batch's second half (XLNet); = examples.bi_data."""
     clamp_len: int = -1
+    """Clamp relative distances to +-clamp_len; <= 0 = no clamping (XLNet -1)."""
     same_length: bool = False
+    """With attn_type uni: every query attends over the same number of keys."""
     mem_len: int = 0
+    """Hidden states per layer kept as memory (XLNet 384); 0 = none carried between steps."""
     reuse_len: int = 0
+    """Leading tokens per segment cached into memory (XLNet 256, 0 = all); = examples.reuse_len."""
     untie_r: bool = True
+    """Each layer has its own r_w/r_r/r_s attention biases (true in the released models)."""
     memory_batch_size: int = 0
+    """Rows of the memory carried between steps; 0 = examples.num_streams, set when training."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -55,7 +55,9 @@ class BYOLObjectiveConfig(BYOLConfig, TwoViewAugmentation):
     second_blur_probability: float = 0.1
     second_solarize_probability: float = 0.2
     base_target_decay: float = 0.996
+    """tau_base of the target EMA's cosine schedule, in [0, 1] (BYOL 0.996)."""
     target_decay_steps: int = 0
+    """K, updates over which tau rises to 1; 0 = the whole run (train.steps x grad_accum_steps)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -46,6 +46,7 @@ class FinetuneModelConfig(ClassifierConfig, XLNetClassifierConfig):
     heads: ClassVar[tuple[str, ...]] = HEADS
     head: str = "bert"
     init: str = ""
+    """Start from: a pretext workdir/model dir or HF BERT/ELECTRA/XLNet folder; '' = random init."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,9 +56,13 @@ class GlueExampleConfig:
     (`input_pipeline.glue.LAYOUTS`: bert, or xlnet for the xlnet head)."""
 
     task: str = "sst2"
+    """GLUE task: sst2, cola, mrpc, rte or stsb (folder names such as SST-2 work too)."""
     max_seq_length: int = 128
+    """Tokens per example incl. special tokens (BERT and XLNet fine-tune with 128)."""
     max_train_examples: int = 0
+    """Train on the first n training rows only; 0 = all."""
     layout: str = "bert"
+    """Input layout: bert ([CLS] A [SEP] B [SEP]) or xlnet (A <sep> B <sep> <cls>, left-padded)."""
 
 
 def classification_loss(model: SequenceClassifier, batch: Batch, rng: jax.Array | None

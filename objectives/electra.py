@@ -46,8 +46,11 @@ class ElectraObjectiveConfig(ElectraConfig):
     (configure_pretraining.py: gen_weight 1.0, disc_weight 50.0, temperature 1.0)."""
 
     generator_weight: float = 1.0
+    """Weight of the generator's masked-LM loss in the total (ELECTRA `gen_weight` 1.0)."""
     discriminator_weight: float = 50.0
+    """Weight of the replaced-token-detection loss (ELECTRA `disc_weight` 50.0)."""
     temperature: float = 1.0
+    """Temperature of the generator's Gumbel-max sampling of replacements, > 0 (ELECTRA 1.0)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

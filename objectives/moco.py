@@ -59,16 +59,27 @@ class TwoViewAugmentation:
     `solarize_probability` / `second_solarize_probability` (BYOL)."""
 
     image_size: int = 224
+    """Side of the augmented views in pixels (ImageNet 224)."""
     crop_area_min: float = 0.2
+    """Smallest area fraction of the random resized crop, in (0, 1] (MoCo v2 0.2, BYOL 0.08)."""
     brightness: float = 0.4
+    """Colour-jitter brightness amount b (MoCo v2 and BYOL 0.4)."""
     contrast: float = 0.4
+    """Colour-jitter contrast amount (MoCo v2 and BYOL 0.4)."""
     saturation: float = 0.4
+    """Colour-jitter saturation amount (MoCo v2 0.4, BYOL 0.2)."""
     hue: float = 0.1
+    """Colour-jitter hue amount, in [0, 0.5] (MoCo v2 and BYOL 0.1)."""
     additive_brightness: bool = False
+    """Shift brightness by U(-b, b) instead of scaling it by U(1 - b, 1 + b) (BYOL true)."""
     blur_probability: float = 0.5
+    """Probability of Gaussian blur on the first view (MoCo v2 0.5, BYOL 1.0)."""
     second_blur_probability: float = 0.5
+    """Probability of Gaussian blur on the second view (MoCo v2 0.5, BYOL 0.1)."""
     solarize_probability: float = 0.0
+    """Probability of solarisation on the first view (MoCo 0, BYOL 0)."""
     second_solarize_probability: float = 0.0
+    """Probability of solarisation on the second view (MoCo 0, BYOL 0.2)."""
 
     def check_augmentation(self) -> None:
         if not 0.0 < self.crop_area_min <= 1.0:
@@ -101,8 +112,11 @@ class MoCoObjectiveConfig(MoCoConfig, TwoViewAugmentation):
     (0.999), `shuffle_bn_groups` (8: the reference's 8 GPUs)."""
 
     temperature: float = 0.2
+    """InfoNCE temperature T, > 0 (MoCo v2 0.2, v1 0.07)."""
     momentum: float = 0.999
+    """Key-encoder EMA momentum m, in [0, 1] (MoCo 0.999)."""
     shuffle_bn_groups: int = 8
+    """BatchNorm groups for shuffling BN, dividing the (micro-)batch (MoCo 8; 1 = global BN)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

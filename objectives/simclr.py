@@ -37,10 +37,15 @@ class SimCLRObjectiveConfig(SimCLRConfig):
     each is a `model.*` override; SimCLR treats the augmentations as part of the method)."""
 
     temperature: float = 0.1
+    """NT-Xent temperature, > 0 (SimCLR 0.1 ImageNet, 0.5 CIFAR-10)."""
     image_size: int = 224
+    """Side of the augmented views in pixels (ImageNet 224, CIFAR 32)."""
     crop_area_min: float = 0.08
+    """Smallest area fraction of the random resized crop, in (0, 1] (SimCLR 0.08)."""
     jitter_strength: float = 1.0
+    """Colour-jitter strength s (amounts 0.8 s, hue 0.2 s): SimCLR 1.0 ImageNet, 0.5 CIFAR."""
     blur_probability: float = 0.5
+    """Probability of Gaussian blur per view (SimCLR 0.5 on ImageNet; none on CIFAR)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -71,12 +76,19 @@ class ImageExampleConfig:
     """
 
     host_crop_size: int = 0
+    """Host-made crops: two per image, of this side (= model.image_size); 0 = whole images."""
     host_crop_area_min: float = 0.08
+    """Smallest area fraction of a host crop (SimCLR 0.08; MoCo/BYOL: = model.crop_area_min)."""
     eval_crop_proportion: float = 0.875
+    """Centre-crop fraction of held-out images cropped on the host (SimCLR 0.875)."""
     max_eval_examples: int = 10000
+    """Most held-out images kept for evaluation and the kNN monitor."""
     knn_bank_size: int = 10000
+    """Training images (the first n) in the kNN monitor's feature bank."""
     knn_k: int = 200
+    """Neighbours voting in the kNN monitor (solo-learn, lightly: 200)."""
     knn_temperature: float = 0.1
+    """Temperature of the kNN monitor's similarity-weighted vote (0.1)."""
 
     def host_crop(self) -> HostCrop:
         return HostCrop(size=self.host_crop_size,
