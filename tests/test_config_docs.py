@@ -1,5 +1,6 @@
-"""`run.py config` documents every key: each field of a method's model and examples config has
-an attribute docstring (`pretrain.config.field_docs`)."""
+"""`run.py config` documents every key: each field of the data, optim, mesh and train sections
+and of a method's model and examples config has an attribute docstring
+(`pretrain.config.field_docs`)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,17 @@ import run
 from objectives import registry
 from pretrain.config import PRESETS, Config, describe, make_config
 
-# The method-owned sections; data/optim/mesh/train are documented in pretrain/config.py and
-# input_pipeline/prepare.py.
-METHOD_SECTIONS = ("  model.", "  examples.")
+SECTIONS = tuple(f"  {name}." for name in ("data", "optim", "mesh", "train", "model",
+                                             "examples"))
 
 
 def undocumented(text: str) -> list[str]:
-    """The `model.*` / `examples.*` keys of a `describe` listing whose doc line (the line after
-    the key) says "undocumented" or is missing."""
+    """The keys of a `describe` listing whose doc line (the line after the key) says
+    "undocumented" or is missing."""
     lines = text.splitlines()
     missing = []
     for index, line in enumerate(lines):
-        if not line.startswith(METHOD_SECTIONS):
+        if not line.startswith(SECTIONS):
             continue
         doc = lines[index + 1] if index + 1 < len(lines) else ""
         if not doc.startswith("      ") or doc.strip() in ("", "undocumented"):
@@ -29,8 +29,8 @@ def undocumented(text: str) -> list[str]:
     return missing
 
 
-def method_keys(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith(METHOD_SECTIONS)]
+def listed_keys(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(SECTIONS)]
 
 
 @pytest.mark.parametrize("method", registry.names())
@@ -38,14 +38,15 @@ def test_every_method_field_is_documented(method):
     # The class defaults, without make_config's cross-field checks (`method=xlnet` alone is
     # refused: model.reuse_len 0 differs from examples.reuse_len 256).
     text = describe(Config(method=method))
-    assert method_keys(text), f"no model/examples keys listed for {method}"
+    assert {line.split(".")[0].strip() for line in listed_keys(text)} == {
+        "data", "optim", "mesh", "train", "model", "examples"}, method
     assert undocumented(text) == [], f"{method}: fields without an attribute docstring"
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_field_is_documented(preset):
     text = describe(make_config(preset))
-    assert method_keys(text)
+    assert listed_keys(text)
     assert undocumented(text) == [], f"preset {preset}: fields without an attribute docstring"
 
 
