@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +24,35 @@ def reduce_metrics(sums: dict[str, tuple[Any, Any]]) -> dict[str, float]:
     return {k: float(n) / max(float(d), 1e-12) for k, (n, d) in sums.items()}
 
 
+def read_rows(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The rows of a metrics file and the number of damaged lines skipped (a row a kill cut
+    short, bytes that are not UTF-8 or not a JSON object with a step)."""
+    rows, damaged = [], 0
+    for line in path.read_bytes().splitlines():
+        try:
+            row = json.loads(line.decode("utf-8"))
+            int(row["step"])
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+            damaged += bool(line.strip())
+            continue
+        rows.append(row)
+    return rows, damaged
+
+
 def truncate_after(path: Path, step: int) -> None:
     """Drops rows logged after `step` (they belong to a run that was interrupted and resumed)
-    and any row a kill left half-written."""
+    and damaged lines (with a warning naming how many); rewritten atomically."""
     if not path.is_file():
         return
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] <= step:
-                rows.append(line)
-        except (json.JSONDecodeError, KeyError, TypeError):  # cut short by a kill
-            continue
-    path.write_text("".join(row + "\n" for row in rows))
+    rows, damaged = read_rows(path)
+    if damaged:
+        print(f"warning: dropped {damaged} damaged line(s) of {path} (cut short or not JSON); "
+              "the other rows are kept", file=sys.stderr, flush=True)
+    kept = [row for row in rows if row["step"] <= step]
+    if damaged or len(kept) < len(rows):
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        os.replace(temporary, path)
 
 
 class MetricWriter:
@@ -103,7 +121,7 @@ def plot_curves(workdir: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows, _ = read_rows(path)
     names = sorted({k for r in rows for k in r if k.endswith(("loss", "accuracy"))})
     if not names:
         return None
