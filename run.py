@@ -371,6 +371,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # the file system refused: permissions, a full disk, a file
+        if show_traceback:   # where a folder belongs, ...
+            raise
+        where = f" ({error.filename})" if error.filename else ""
+        print(f"error: {error.strerror or error}{where}; check that path's permissions, free "
+              "space and type, or rerun with --traceback", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
