@@ -27,8 +27,8 @@ from input_pipeline import prepare
 from input_pipeline.errors import UserError
 from input_pipeline.records import make_loader
 from objectives import registry
+from pretrain import integrity, resilience
 from pretrain import mesh as mesh_lib
-from pretrain import resilience
 from pretrain.config import Config, config_from_dict
 from pretrain.export import write_model_json
 from pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
@@ -51,6 +51,16 @@ class TrainState:
     params: Any
     model_state: Any
     opt_state: Any
+
+
+class CorruptCheckpoint(Exception):
+    """A checkpoint whose files differ from their seal or whose values are not finite."""
+
+
+@jax.jit
+def _all_finite(tree: Any) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)
+                              if jnp.issubdtype(leaf.dtype, jnp.inexact)] or [jnp.bool_(True)]))
 
 
 def _config_difference(saved: dict[str, Any], wanted: dict[str, Any]) -> str | None:
@@ -114,6 +124,7 @@ class Trainer:
                     shutil.rmtree(path, ignore_errors=True)
             raise
         self.is_writer = jax.process_index() == 0
+        self._unsealed: list[int] = []  # steps saved by this trainer, not yet sealed
         # Many fake CPU devices on few cores can time out XLA's collectives when steps are
         # queued without waiting (ARCHITECTURE.md, "Facts"); CPU gains nothing from queueing.
         self.sync_every_step = jax.default_backend() == "cpu"
@@ -294,7 +305,13 @@ class Trainer:
         metrics = dict(metrics)
         one = jnp.ones((), jnp.float32)
         grad_norm = optax.tree.norm(grads)
-        loss_finite = jnp.isfinite(metrics["loss"][0])
+        # The updated state too: an update can overflow where loss and gradients did not, and
+        # no checkpoint may hold NaN/Inf.
+        updated_finite = jnp.all(jnp.stack([
+            jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves((params, opt_state,
+                                                                      model_state))
+            if jnp.issubdtype(leaf.dtype, jnp.inexact)]))
+        loss_finite = jnp.isfinite(metrics["loss"][0]) & updated_finite
         finite = loss_finite & jnp.isfinite(grad_norm)
         metrics["grad_norm"] = (grad_norm, one)
         metrics["nonfinite_steps"] = (1.0 - finite.astype(jnp.float32), one)
@@ -356,18 +373,38 @@ class Trainer:
 
     def save(self, manager: ocp.CheckpointManager, state: TrainState, data_state: bytes) -> None:
         """Writes a checkpoint collectively (every process calls it), with every process's
-        data position (`iterators`, in process order; `iterator` is process 0's)."""
+        data position (`iterators`, in process order; `iterator` is process 0's). Orbax
+        writes it in the background; the previous one is sealed first (`seal_saved`)."""
         step = int(jax.device_get(state.step))
         states = resilience.gather_strings(data_state.decode())
+        self.seal_saved(manager)
+        self._unsealed.append(step)
         manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=ocp.args.JsonSave({"iterator": states[0], "iterators": states}),
             config=ocp.args.JsonSave(self.config.to_dict()),
         ))
 
+    def seal_saved(self, manager: ocp.CheckpointManager) -> None:
+        """Waits for the checkpoints this trainer saved to be finished, then seals them
+        (`integrity.seal`: a CRC-32 per file, verified on restore)."""
+        if not self._unsealed:
+            return
+        manager.wait_until_finished()
+        if self.is_writer:
+            for step in self._unsealed:
+                directory = self.workdir / "checkpoints" / str(step)
+                if directory.is_dir():  # not yet removed by keep_checkpoints
+                    integrity.seal(directory)
+        self._unsealed = []
+
     def restore(self, manager: ocp.CheckpointManager, step: int) -> tuple[TrainState, list[str]]:
-        """Restores onto this trainer's mesh (the target tree carries the shardings); returns
-        the state and the data positions of the processes that wrote it."""
+        """Restores onto this trainer's mesh (the target tree carries the shardings) after
+        verifying the checkpoint's seal; returns the state and the data positions of the
+        processes that wrote it. A damaged checkpoint raises CorruptCheckpoint."""
+        problem = integrity.verify(self.workdir / "checkpoints" / str(step))
+        if problem:
+            raise CorruptCheckpoint(problem)
         target = jax.tree.map(
             lambda sharding, subtree: jax.tree.map(
                 lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), subtree),
@@ -377,6 +414,8 @@ class Trainer:
             state=ocp.args.StandardRestore(target),
             data=ocp.args.JsonRestore(),
         ))
+        if not bool(_all_finite(restored["state"])):
+            raise CorruptCheckpoint("it holds NaN or Inf values")
         data = restored["data"]
         return restored["state"], data.get("iterators") or [data["iterator"]]
 
@@ -506,6 +545,7 @@ class Trainer:
                     break
         finally:
             watch.close()
+            self.seal_saved(manager)
             manager.wait_until_finished()
             manager.close()
             writer.close()
@@ -528,8 +568,9 @@ class Trainer:
         step, batch = bad[0], self.config.train.batch_size
         last = manager.latest_step()
         raise resilience.NonFiniteStep(
-            f"non-finite loss or gradients at step {step} (examples {(step - 1) * batch}-"
-            f"{step * batch - 1} of the training stream); the last good checkpoint is "
+            f"non-finite loss, gradients or updated parameters at step {step} (examples "
+            f"{(step - 1) * batch}-{step * batch - 1} of the training stream); the last good "
+            "checkpoint is "
             f"{'step ' + str(last) if last is not None else 'none'} in "
             f"{self.workdir / 'checkpoints'}; lower optim.learning_rate, check that data, or "
             "set train.on_nonfinite=skip to skip such steps")
