@@ -16,6 +16,7 @@ import pytest
 from flax import nnx
 
 from input_pipeline.errors import UserError
+from pretrain import integrity
 from pretrain.config import make_config
 from pretrain.trainer import Trainer
 
@@ -186,6 +187,7 @@ def test_checkpoint_of_other_records_is_refused_with_a_clear_error(tmp_path, dat
     text = metadata.read_text()
     assert "hash_of_paths=" in text
     metadata.write_text(text.replace("hash_of_paths=", "hash_of_paths=0"))
+    integrity.seal(tmp_path / "w" / "checkpoints" / "2")  # as if written so, not damaged
     with pytest.raises(UserError, match="other data records.*new --workdir"):
         make_trainer(tmp_path / "w", data_cache, **{"train.steps": 3}).run()
 
