@@ -378,19 +378,49 @@ class Trainer:
         step = int(jax.device_get(state.step))
         states = resilience.gather_strings(data_state.decode())
         self.seal_saved(manager)
+        self._check_space(step, state)
         self._unsealed.append(step)
-        manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            data=ocp.args.JsonSave({"iterator": states[0], "iterators": states}),
-            config=ocp.args.JsonSave(self.config.to_dict()),
-        ))
+        try:
+            manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state),
+                data=ocp.args.JsonSave({"iterator": states[0], "iterators": states}),
+                config=ocp.args.JsonSave(self.config.to_dict()),
+            ))
+        except (OSError, ValueError) as error:  # tensorstore reports a full disk as ValueError
+            raise self._write_failed(step, error) from None
+
+    def _check_space(self, step: int, state: TrainState) -> None:
+        """Refuses to start a checkpoint that the file system has no room for (Orbax fails
+        part-way, from background threads, when it runs out): the state's bytes plus 10%."""
+        directory = self.workdir / "checkpoints"
+        needed = 1.1 * sum(leaf.nbytes for leaf in jax.tree.leaves(state)) + (1 << 20)
+        free = shutil.disk_usage(directory if directory.is_dir() else self.workdir).free
+        if free < needed:
+            raise UserError(f"not enough space for the checkpoint of step {step} in {directory}:"
+                            f" it needs about {needed / 1e6:.0f} MB, {free / 1e6:.0f} MB are "
+                            "free; free some space and rerun to resume (earlier checkpoints "
+                            "are intact)")
+
+    def _write_failed(self, step: int, error: BaseException) -> UserError:
+        """A one-line error for a checkpoint that could not be written; its partial files are
+        removed so a rerun does not trip on them."""
+        for partial in (self.workdir / "checkpoints").glob(f"{step}.orbax-checkpoint-tmp*"):
+            shutil.rmtree(partial, ignore_errors=True)
+        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        return UserError(f"the checkpoint of step {step} could not be written in "
+                         f"{self.workdir / 'checkpoints'} ({reason}); fix the file system (space,"
+                         " permissions) and rerun to resume from the previous checkpoint")
 
     def seal_saved(self, manager: ocp.CheckpointManager) -> None:
         """Waits for the checkpoints this trainer saved to be finished, then seals them
         (`integrity.seal`: a CRC-32 per file, verified on restore)."""
         if not self._unsealed:
             return
-        manager.wait_until_finished()
+        try:
+            manager.wait_until_finished()
+        except (OSError, ValueError) as error:  # the background write failed
+            step, self._unsealed = self._unsealed[-1], []
+            raise self._write_failed(step, error) from None
         if self.is_writer:
             for step in self._unsealed:
                 directory = self.workdir / "checkpoints" / str(step)
@@ -545,10 +575,13 @@ class Trainer:
                     break
         finally:
             watch.close()
-            self.seal_saved(manager)
-            manager.wait_until_finished()
-            manager.close()
-            writer.close()
+            try:
+                self.seal_saved(manager)
+            finally:  # a failed write was reported above; closing must not bury it
+                with contextlib.suppress(Exception) if sys.exc_info()[0] else \
+                        contextlib.nullcontext():
+                    manager.close()
+                    writer.close()
         curves = plot_curves(self.workdir) if self.is_writer else None
         return {"step": int(jax.device_get(state.step)), "train": last_train, "eval": last_eval,
                 "report": self.data.report, "workdir": str(self.workdir),
