@@ -159,7 +159,7 @@ def prepare_glue(data: DataConfig, examples: GlueExampleConfig, cache_dir: Path,
                       metadata={"task": task.name, "source": data.source})
     return PreparedData(train=RecordDirectory(train_dir),
                         eval=_encode(data, examples, tokenizer, "dev"),
-                        model_fields={"num_labels": task.num_labels})
+                        model_fields={"num_labels": task.num_labels}, tokenizer=tokenizer)
 
 
 def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig) -> None:
