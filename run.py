@@ -91,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("target", help="output directory (must not be an unrelated folder)")
     convert.add_argument("--to", choices=("hf", "pretext"), required=True,
                          help="hf: pretext -> HuggingFace; pretext: HuggingFace -> pretext")
+    convert.add_argument("--tokenizer", help="the model's tokenizer (sentencepiece .model, "
+                         "vocab.txt or folder) where the source records none")
 
     def add_glue_arguments(command: argparse.ArgumentParser) -> None:
         command.add_argument("--init", default="",
@@ -343,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "convert":
             from pretrain import export
 
-            out = export.convert(args.source, args.target, to=args.to)
+            out = export.convert(args.source, args.target, to=args.to,
+                                 tokenizer=args.tokenizer)
             print(f"wrote {out}")
         elif args.command == "generate":
             from models.generate import Sampling, generate_text

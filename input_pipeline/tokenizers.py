@@ -6,7 +6,8 @@ All expose the same small interface that example builders use (ids only): `vocab
 `pad_id`, `unk_id`, `cls_id`, `sep_id`, `mask_id`, `eos_id` (the end-of-text token put between
 documents by the causal LM; [SEP] where the vocabulary has no own one), `special_ids`,
 `continuation` (a bool per id: the piece continues the previous word, for whole-word masking),
-`encode`, `decode`, `id_to_token`.
+`encode`, `decode`, `id_to_token`, and `save(directory)`, which writes the files that
+`load_tokenizer(directory)` reads back as the same tokenizer (a workdir's `tokenizer/`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import shutil
 import sys
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -26,6 +28,9 @@ import sentencepiece as spm
 from input_pipeline.errors import UserError
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# A HF folder's tokenizer settings; `load_tokenizer` reads its `do_lower_case`.
+TOKENIZER_CONFIG = "tokenizer_config.json"
+SENTENCEPIECE_FILE = "spiece.model"
 
 
 class Tokenizer(Protocol):
@@ -44,6 +49,12 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def id_to_token(self, index: int) -> str: ...
+
+    def save(self, directory: Path) -> None: ...
+
+
+def _write_lowercase(directory: Path, lowercase: bool) -> None:
+    (directory / TOKENIZER_CONFIG).write_text(json.dumps({"do_lower_case": lowercase}) + "\n")
 
 
 def _is_whitespace(char: str) -> bool:
@@ -176,6 +187,12 @@ class WordPieceTokenizer:
         text = " ".join(self.tokens[i] for i in ids)
         return text.replace(" ##", "")
 
+    def save(self, directory: Path) -> None:
+        """`vocab.txt` (one token a line) and `tokenizer_config.json` with `do_lower_case`."""
+        (directory / "vocab.txt").write_text("".join(t + "\n" for t in self.tokens),
+                                             encoding="utf-8")
+        _write_lowercase(directory, self.lowercase)
+
 
 class SentencePieceTokenizer:
     """A sentencepiece model with BERT's specials at fixed ids: [PAD]=0, [UNK]=1, [CLS]=2,
@@ -236,6 +253,10 @@ class SentencePieceTokenizer:
     def id_to_token(self, index: int) -> str:
         return self.processor.id_to_piece(index)
 
+    def save(self, directory: Path) -> None:
+        """The model file as `spiece.model` (the name of HF's sentencepiece folders)."""
+        shutil.copyfile(self.model_file, directory / SENTENCEPIECE_FILE)
+
 
 # The specials of a released XLNet `spiece.model` in SPECIALS' order (zihangdai/xlnet
 # data_utils.py `special_symbols`: <unk> 0, <s> 1, </s> 2, <cls> 3, <sep> 4, <pad> 5, <mask> 6,
@@ -276,6 +297,11 @@ class XLNetSentencePieceTokenizer(SentencePieceTokenizer):
             else:
                 pieces.append(piece)
         return [self.processor.piece_to_id(piece) for piece in pieces]
+
+    def save(self, directory: Path) -> None:
+        """`spiece.model` and `tokenizer_config.json` with `do_lower_case`."""
+        super().save(directory)
+        _write_lowercase(directory, self.lowercase)
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -429,6 +455,14 @@ class ByteLevelBPETokenizer:
                 ids += self._bpe(word)
         return ids
 
+    def save(self, directory: Path) -> None:
+        """`vocab.json` and `merges.txt` (by rank, after GPT-2's `#version` line)."""
+        (directory / "vocab.json").write_text(json.dumps(self.vocab, ensure_ascii=False),
+                                              encoding="utf-8")
+        merges = sorted(self.ranks, key=self.ranks.__getitem__)
+        (directory / "merges.txt").write_text(
+            "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
+
     def decode(self, ids: Sequence[int]) -> str:
         text = "".join(self.tokens[int(i)] for i in ids)
         return bytes(self.byte_decoder.get(c, ord("?")) for c in text).decode(
@@ -475,13 +509,12 @@ def load_tokenizer(spec: str | Path, lowercase: bool | None = None
         raise UserError(f"tokenizer {path} not found; pass a sentencepiece .model, a BERT "
                         "vocab.txt or a HuggingFace BERT/XLNet/GPT-2/RoBERTa folder")
     folder = path if path.is_dir() else path.parent
-    if lowercase is None and (folder / "tokenizer_config.json").is_file():
+    if lowercase is None and (folder / TOKENIZER_CONFIG).is_file():
         try:
-            lowercase = json.loads((folder / "tokenizer_config.json").read_text()).get(
-                "do_lower_case")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise UserError(f"{folder / 'tokenizer_config.json'} is not JSON; fix or remove it"
-                            ) from None
+            lowercase = json.loads((folder / TOKENIZER_CONFIG).read_text()).get("do_lower_case")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            raise UserError(f"{folder / TOKENIZER_CONFIG} is not a JSON object; fix or remove "
+                            "it") from None
     if lowercase is None:
         lowercase = casing_from_folder_name(folder)
     if path.is_dir():

@@ -103,6 +103,7 @@ def prepare_masked_lm(
         model_fields={"vocab_size": tokenizer.vocab_size},
         report={"majority_baseline_mlm_accuracy":
                 bert_examples.majority_baseline_accuracy(eval_examples)},
+        tokenizer=tokenizer,
     )
 
 

@@ -170,7 +170,7 @@ def prepare_glue(data: DataConfig, examples: GlueExampleConfig, cache_dir: Path,
     dev = _encode(data, examples, tokenizer, "dev")
     baseline = constant_baseline(task, train.metadata["label_counts"], dev["label"])
     return PreparedData(train=train, eval=dev, model_fields={"num_labels": task.num_labels},
-                        report={"majority_baseline": baseline})
+                        report={"majority_baseline": baseline}, tokenizer=tokenizer)
 
 
 def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig) -> None:

@@ -58,6 +58,7 @@ def prepare_gpt(data: DataConfig, examples: gpt_examples.GPTExampleConfig, cache
         train=train, eval=eval_examples,
         model_fields={"vocab_size": tokenizer.vocab_size, "eos_token_id": tokenizer.eos_id},
         report={"train_blocks": len(train), "end_of_text_id": tokenizer.eos_id},
+        tokenizer=tokenizer,
     )
 
 

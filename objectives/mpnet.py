@@ -65,7 +65,8 @@ def prepare_mpnet(data: DataConfig, examples: mpnet_examples.MPNetExampleConfig,
         train=train, eval=eval_examples, transforms=(sampling,),
         model_fields={"vocab_size": tokenizer.vocab_size},
         report=unigram_baselines({"target_ids": eval_examples["target_ids"],
-                                  "target_weights": weights}))
+                                  "target_weights": weights}),
+        tokenizer=tokenizer)
 
 
 def check_mpnet(model: MPNetConfig, examples: mpnet_examples.MPNetExampleConfig) -> None:

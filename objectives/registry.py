@@ -31,7 +31,8 @@ class PreparedData:
     (e.g. the majority-token baseline). `batch_layout` > 0 means the training records are
     consecutive global batches of that many rows, to be read in order without shuffling (XLNet:
     row b of a batch continues row b of the previous one, which the recurrence memory needs);
-    `train.batch_size` must then equal it."""
+    `train.batch_size` must then equal it. `tokenizer`: the text methods' tokenizer
+    (`input_pipeline.tokenizers`), which the trainer records in the workdir; None for images."""
 
     train: Any
     eval: Any
@@ -39,6 +40,7 @@ class PreparedData:
     model_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
     report: dict[str, Any] = dataclasses.field(default_factory=dict)
     batch_layout: int = 0
+    tokenizer: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

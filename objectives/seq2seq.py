@@ -66,7 +66,8 @@ def prepare_seq2seq(data: DataConfig, examples: seq2seq_examples.Seq2SeqExampleC
                                  noising, seed + 2)
     return PreparedData(train=train, eval=eval_examples, transforms=(noising,),
                         model_fields={"vocab_size": vocab.vocab_size,
-                                      "eos_token_id": vocab.eos_id})
+                                      "eos_token_id": vocab.eos_id},
+                        tokenizer=tokenizer)
 
 
 register(Method(

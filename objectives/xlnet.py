@@ -90,7 +90,8 @@ def prepare_xlnet(data: DataConfig, examples: xlnet_examples.XLNetExampleConfig,
         train=train, eval=eval_examples, transforms=(sampling,),
         model_fields={"vocab_size": tokenizer.vocab_size,
                       "memory_batch_size": examples.num_streams},
-        report=unigram_baselines(eval_examples), batch_layout=examples.num_streams)
+        report=unigram_baselines(eval_examples), batch_layout=examples.num_streams,
+        tokenizer=tokenizer)
 
 
 def unigram_baselines(examples: dict[str, np.ndarray]) -> dict[str, float]:

@@ -1,16 +1,19 @@
 """Loading trained models back, and conversion between pretext and HuggingFace directories.
 
 A pretext *model directory* holds `model.json` (method + resolved model config), `params/`
-(an Orbax checkpoint of the parameters) and `state/` for models with other state (BatchNorm
-statistics). A pretext *workdir* holds the same `model.json` and
-training checkpoints; `load_model` takes either and returns the Flax NNX model.
+(an Orbax checkpoint of the parameters), `state/` for models with other state (BatchNorm
+statistics) and `tokenizer/` for text models (the files `load_tokenizer` reads). A pretext
+*workdir* holds the same `model.json` and `tokenizer/` and training checkpoints; `load_model`
+takes either and returns the Flax NNX model, `find_tokenizer` its tokenizer.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +22,60 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from input_pipeline import prepare
 from input_pipeline.errors import UserError
+from input_pipeline.tokenizers import Tokenizer, load_tokenizer
 from objectives import registry
 
 MODEL_FILE = "model.json"
+TOKENIZER_DIR = "tokenizer"
+CONFIG_FILE = "config.json"  # a workdir's run config (pretrain.trainer)
 
 
 def write_model_json(directory: Path, method: str, model_config: Any) -> None:
     (directory / MODEL_FILE).write_text(json.dumps(
         {"method": method, "model": dataclasses.asdict(model_config)}, indent=2))
+
+
+def make_readable(root: Path) -> None:
+    """Files 0644 and folders 0755 under `root` and itself (Orbax and tempfile make some 0600 /
+    0700), so that a model written for others can be read by them."""
+    for path in [root, *root.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def write_tokenizer(directory: Path, tokenizer: Tokenizer) -> None:
+    """Records `tokenizer` in `directory/tokenizer/` (the files `load_tokenizer` reads back as
+    it), unless one is recorded already; written under a temporary name, then renamed."""
+    target = directory / TOKENIZER_DIR
+    if target.exists():
+        return
+    stage = directory / f".{TOKENIZER_DIR}.{uuid.uuid4().hex[:12]}.tmp"
+    stage.mkdir()
+    try:
+        tokenizer.save(stage)
+        make_readable(stage)
+        os.replace(stage, target)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def find_tokenizer(path: str | Path) -> str | None:
+    """The tokenizer of a pretext workdir or model directory: its `tokenizer/` folder; for a
+    workdir from before tokenizers were recorded, its config's `data.tokenizer`, else the
+    sentencepiece model trained into its data cache if there is exactly one. None otherwise."""
+    path = Path(path)
+    if (path / TOKENIZER_DIR).is_dir():
+        return str(path / TOKENIZER_DIR)
+    if not (path / CONFIG_FILE).is_file():
+        return None
+    data = json.loads((path / CONFIG_FILE).read_text()).get("data", {})
+    if data.get("tokenizer"):
+        return data["tokenizer"]
+    trained = prepare.trained_tokenizers(Path(data.get("cache_dir") or path / "data"))
+    return str(trained[0]) if len(trained) == 1 else None
 
 
 def _strip_values(tree: Any) -> Any:
@@ -73,13 +121,19 @@ def _load_pretraining_model(path: Path) -> nnx.Module:
     if (path / "params").is_dir():
         rest = _restore_on_one_device(path / "state") if (path / "state").is_dir() else None
         return _model_from_state(path, _restore_on_one_device(path / "params"), rest)
-    manager = ocp.CheckpointManager((path / "checkpoints").resolve())
-    step = manager.latest_step()
-    manager.close()
+    step = checkpoint_step(path)
     if step is None:
         raise UserError(f"{path} has no checkpoint yet; train first or pass another workdir")
     restored = _restore_on_one_device(path / "checkpoints" / str(step) / "state")
     return _model_from_state(path, restored["params"], restored.get("model_state"))
+
+
+def checkpoint_step(workdir: Path) -> int | None:
+    """The step of a workdir's latest checkpoint (None: none yet)."""
+    manager = ocp.CheckpointManager((workdir / "checkpoints").resolve())
+    step = manager.latest_step()
+    manager.close()
+    return step
 
 
 def _restore_on_one_device(directory: Path) -> Any:
@@ -95,9 +149,11 @@ def _restore_on_one_device(directory: Path) -> Any:
     return checkpointer.restore(directory, target)
 
 
-def save_model(model: nnx.Module, method: str, path: str | Path) -> Path:
-    """Writes a pretext model directory: `model.json`, `params/` and, when the model has any,
-    `state/` (BatchNorm statistics, memory). Refuses to overwrite a non-empty folder."""
+def save_model(model: nnx.Module, method: str, path: str | Path,
+               tokenizer: Tokenizer | None = None) -> Path:
+    """Writes a pretext model directory: `model.json`, `params/`, when the model has any
+    `state/` (BatchNorm statistics, memory), and `tokenizer/` when one is given. Refuses to
+    overwrite a non-empty folder. Files are 0644 and folders 0755 (readable by others)."""
     path = Path(path)
     if path.exists() and any(path.iterdir()):
         raise UserError(f"{path} exists and is not empty; choose a new output directory")
@@ -112,19 +168,136 @@ def save_model(model: nnx.Module, method: str, path: str | Path) -> Path:
         checkpointer.wait_until_finished()
         checkpointer.save((tmp / "state").resolve(), rest)
     checkpointer.wait_until_finished()
+    if tokenizer is not None:
+        write_tokenizer(tmp, tokenizer)
+    make_readable(tmp)
     if path.exists():
         path.rmdir()
     tmp.rename(path)
     return path
 
 
-def convert(source: str | Path, target: str | Path, *, to: str) -> Path:
+def convert(source: str | Path, target: str | Path, *, to: str,
+            tokenizer: str | None = None) -> Path:
     """`to="hf"`: pretext workdir or model dir -> HuggingFace directory (ELECTRA: one folder per
-    part, `discriminator/` and `generator/`); `to="pretext"`: back."""
+    part, `discriminator/` and `generator/`) with the tokenizer's HF files (`find_tokenizer`'s,
+    or the `tokenizer` spec given) and a model card, `README.md`; `to="pretext"`: back, with
+    the HF folder's tokenizer when pretext reads it (or the `tokenizer` given)."""
     from pretrain import hf
 
+    source, target = Path(source), Path(target)
     if to == "hf":
-        hf.save(load_model(source), target)
-        return Path(target)
+        model = load_model(source)
+        found = _export_tokenizer(source, target, model, tokenizer)
+        hf.save(model, target, found)
+        card = target / hf.MODEL_CARD
+        card.write_text(model_card(source, target, model, found))
+        card.chmod(0o644)
+        return target
     model = hf.load(source)
-    return save_model(model, hf.method_name(model), target)
+    return save_model(model, hf.method_name(model), target,
+                      _hf_tokenizer(source, target, model, tokenizer))
+
+
+def _has_vocabulary(model: nnx.Module) -> bool:
+    """Text models have one (and a tokenizer); image models do not."""
+    return getattr(model.config, "vocab_size", None) is not None
+
+
+def _export_tokenizer(source: Path, target: Path, model: nnx.Module,
+                      spec: str | None) -> Tokenizer | None:
+    """The tokenizer to export with `model`: none for models without a vocabulary (images);
+    else `spec` or the recorded one, and when there is none a line saying so."""
+    if not _has_vocabulary(model):
+        return None
+    spec = spec or find_tokenizer(source)
+    if spec is None:
+        print(f"no tokenizer recorded in {source} (nor exactly one in its data cache), so "
+              f"{target} has none; rerun with --tokenizer PATH to add the run's tokenizer")
+        return None
+    return load_tokenizer(spec)
+
+
+def _hf_tokenizer(source: Path, target: Path, model: nnx.Module,
+                  spec: str | None) -> Tokenizer | None:
+    """The tokenizer of a HF folder's text model: `spec`, else the folder's (or its first part
+    folder's) when pretext reads it, else none and a line saying so."""
+    from pretrain import hf
+
+    if not _has_vocabulary(model):
+        return None
+    if spec:
+        return load_tokenizer(spec)
+    parts = [source / name for names in hf.JOINT_METHODS.values() for name in names]
+    for folder in (source, *parts):
+        try:
+            return load_tokenizer(folder)
+        except UserError:
+            continue
+    print(f"no tokenizer that pretext reads in {source}, so {target} has none; rerun with "
+          "--tokenizer PATH to add one")
+    return None
+
+
+# HF config entries that describe a model's size, in the order a model card lists them.
+SIZE_KEYS = ("hidden_size", "d_model", "n_embd", "embedding_size", "num_hidden_layers",
+             "num_layers", "n_layer", "num_attention_heads", "num_heads", "n_head",
+             "intermediate_size", "d_ff", "d_inner", "vocab_size", "max_position_embeddings",
+             "n_positions", "depths", "hidden_sizes")
+
+
+def model_card(source: Path, target: Path, model: nnx.Module,
+               tokenizer: Tokenizer | None) -> str:
+    """The `README.md` of a HF export: method, architecture and size, data, tokenizer, steps
+    trained and the latest held-out evaluation, all read from the workdir (a model directory
+    records no training details)."""
+    from pretrain import hf, hf_tokenizer
+    from pretrain.metrics import METRICS_FILE
+
+    method = json.loads((source / MODEL_FILE).read_text())["method"]
+    params = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    folders = ([target] if (target / hf.CONFIG_FILE).is_file()
+               else sorted(p.parent for p in target.glob(f"*/{hf.CONFIG_FILE}")))
+    lines = [f"# {target.name}", "", f"A `{method}` model trained with pretext, converted from "
+             f"`{source}` by `run.py convert --to hf`.", "", f"- Method: `{method}`"]
+    usage = ["", "```python", "import transformers", ""]
+    if tokenizer is not None:
+        usage.append(f'tokenizer = transformers.AutoTokenizer.from_pretrained("{folders[0]}")')
+    for folder in folders:
+        config = json.loads((folder / hf.CONFIG_FILE).read_text())
+        architecture = config["architectures"][0]
+        part = "" if folder == target else f"`{folder.name}/`: "
+        sizes = ", ".join(f"{key} {config[key]}" for key in SIZE_KEYS if key in config)
+        lines.append(f"- Model: {part}`{architecture}` ({sizes})")
+        usage.append(f"{'model' if folder == target else folder.name} = "
+                     f'transformers.{architecture}.from_pretrained("{folder}")')
+    lines.append(f"- Parameters: {params:,}")
+    run = (json.loads((source / CONFIG_FILE).read_text())
+           if (source / CONFIG_FILE).is_file() else None)
+    step = checkpoint_step(source) if (source / "checkpoints").is_dir() else None
+    if run is not None:
+        data = run["data"]
+        held_out = (f"held-out text `{data['eval_source']}`" if data.get("eval_source") else
+                    f"{data['held_out_fraction']:.0%} of its documents held out")
+        lines.append(f"- Data: `{data['source']}`, {held_out}")
+    lines.append("- Tokenizer: " + (hf_tokenizer.describe(tokenizer) if tokenizer else "none"))
+    if run is not None and step is not None:
+        train = run["train"]
+        lines.append(f"- Training: {step:,} steps (of {train['steps']:,} configured), batch "
+                     f"{train['batch_size']:,}, seed {train['seed']}")
+    else:
+        lines.append("- Training: not recorded (converted from a pretext model directory)")
+    rows = []
+    if (source / METRICS_FILE).is_file():
+        rows = [json.loads(line) for line in (source / METRICS_FILE).read_text().splitlines()
+                if line.strip()]
+    evaluations = [row for row in rows if row.get("split") == "eval"
+                   and (step is None or row["step"] <= step)]
+    if evaluations:
+        last = evaluations[-1]
+        values = ", ".join(f"{key} {value:.4g}" for key, value in last.items()
+                           if key not in ("step", "split"))
+        lines.append(f"- Held-out evaluation at step {last['step']:,}: {values}")
+    else:
+        lines.append("- Held-out evaluation: none recorded")
+    return "\n".join([*lines, *usage, "```", ""])

@@ -35,10 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from input_pipeline import glue, prepare
+from input_pipeline import glue
 from input_pipeline.errors import UserError
 from models.classifier import classifier_config
 from objectives.classification import load_encoder
+from pretrain import export
 from pretrain.config import Config, config_from_dict, make_config
 from pretrain.trainer import CONFIG_FILE, Trainer
 
@@ -64,20 +65,15 @@ def recipe(head: str, hidden_size: int, task: str) -> dict[str, Any]:
 
 def tokenizer_of(init: str) -> str:
     """The tokenizer a starting point was trained with: a HuggingFace folder's own vocab
-    (BERT's `vocab.txt`, XLNet's `spiece.model`), or the tokenizer a pretext workdir recorded
-    (given, or trained into its data cache)."""
+    (BERT's `vocab.txt`, XLNet's `spiece.model`), or the one a pretext workdir or model
+    directory recorded (`export.find_tokenizer`)."""
     path = Path(init)
     if any((path / name).is_file() for name in ("vocab.txt", "spiece.model", "tokenizer.json")):
         return str(path)
-    if (path / CONFIG_FILE).is_file():
-        saved = _pretraining_data(path)
-        if saved.get("tokenizer"):
-            return saved["tokenizer"]
-        cache = Path(saved.get("cache_dir") or path / "data")
-        trained = prepare.trained_tokenizers(cache)
-        if trained:
-            return str(trained[0])
-    raise UserError(f"no tokenizer found for {init}; pass one with data.tokenizer=...")
+    found = export.find_tokenizer(path)
+    if found is None:
+        raise UserError(f"no tokenizer found for {init}; pass one with data.tokenizer=...")
+    return found
 
 
 def _pretraining_data(init: Path) -> dict[str, Any]:

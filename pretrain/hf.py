@@ -6,8 +6,9 @@ Public API:
 - `load(path, **config_overrides)`: a HF folder (`config.json` + `model.safetensors`, a sharded
   `model.safetensors.index.json`, or `pytorch_model.bin`) -> our Flax NNX model; a folder of
   `discriminator/` + `generator/` -> the joint ELECTRA model.
-- `save(model, path)`: our model -> `config.json` + `model.safetensors` (float32); a joint
-  model -> one such folder per part.
+- `save(model, path, tokenizer)`: our model -> `config.json` + `model.safetensors` (float32)
+  and the tokenizer's HF files (`pretrain.hf_tokenizer`); a joint model -> one such folder per
+  part.
 - `from_hf(hf_config, state_dict, **config_overrides)` / `to_hf(model)`: the same conversions
   in memory, on a HF config dict and a flat HF state dict of numpy arrays.
 - `method_name(model)`: the `objectives.registry` method a converted model belongs to.
@@ -39,6 +40,7 @@ import numpy as np
 from flax import nnx
 
 from input_pipeline.errors import UserError
+from input_pipeline.tokenizers import Tokenizer
 from models.albert import Albert, AlbertConfig
 from models.bert import Bert
 from models.classifier import (
@@ -56,6 +58,8 @@ from models.roberta import Roberta, RobertaConfig
 from models.t5 import FEED_FORWARD, PAD_ID, T5, T5Config
 from models.xlnet import XLNet, XLNetConfig
 from objectives import registry
+from pretrain import hf_tokenizer
+from pretrain.export import make_readable
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -1167,14 +1171,18 @@ def _is_hf_checkpoint(path: Path) -> bool:
         return False
 
 
-# Files of a HF checkpoint that `save` supersedes; anything else there (tokenizer files) stays.
+# Files of a HF checkpoint that `save` supersedes; anything else there stays (the tokenizer's
+# files too, unless a tokenizer is saved).
 _WEIGHT_FILES = (CONFIG_FILE, SAFETENSORS_FILE, SAFETENSORS_INDEX, TORCH_FILE, TORCH_INDEX,
                  "tf_model.h5", "flax_model.msgpack")
+# The model card that `export.convert` writes beside the model (beside the parts of a joint one).
+MODEL_CARD = "README.md"
 
 
-def _superseded(name: str) -> bool:
-    return name in _WEIGHT_FILES or (name.startswith(("model-", "pytorch_model-"))
-                                     and name.endswith((".safetensors", ".bin")))
+def _superseded(name: str, tokenizer: bool) -> bool:
+    return (name in _WEIGHT_FILES or (tokenizer and name in hf_tokenizer.FILES)
+            or (name.startswith(("model-", "pytorch_model-"))
+                and name.endswith((".safetensors", ".bin"))))
 
 
 def _sibling(path: Path, kind: str) -> Path:
@@ -1182,16 +1190,19 @@ def _sibling(path: Path, kind: str) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.{kind}")
 
 
-def save(model: nnx.Module, path: str | Path) -> Path:
+def save(model: nnx.Module, path: str | Path, tokenizer: Tokenizer | None = None) -> Path:
     """Writes `config.json` + `model.safetensors` (float32) that transformers loads, e.g.
-    `BertForPreTraining.from_pretrained(path)`, with no missing or unexpected keys.
+    `BertForPreTraining.from_pretrained(path)`, with no missing or unexpected keys, and with a
+    `tokenizer` its HF files (`pretrain.hf_tokenizer`: `AutoTokenizer.from_pretrained(path)`
+    gives its ids).
 
     `path` may be new, empty, or an existing HF checkpoint (its weights and config are replaced,
-    other files such as the tokenizer's are kept). A joint model (ELECTRA) is written as one
-    checkpoint per part, `path/discriminator` and `path/generator`, which `load` reads back.
-    Any other non-empty folder is refused. The checkpoint is written into a temporary sibling
-    folder and renamed into place, so a crash leaves either the old folder or the new one, never
-    a half-written checkpoint.
+    other files such as the tokenizer's are kept unless a tokenizer is given). A joint model
+    (ELECTRA) is written as one checkpoint per part, `path/discriminator` and `path/generator`,
+    each with the tokenizer, which `load` reads back. Any other non-empty folder is refused. The
+    checkpoint is written into a temporary sibling folder and renamed into place, so a crash
+    leaves either the old folder or the new one, never a half-written checkpoint. Files are
+    0644 and folders 0755 (readable by others).
     """
     from safetensors.numpy import save_file
 
@@ -1200,12 +1211,14 @@ def save(model: nnx.Module, path: str | Path) -> Path:
         raise UserError(f"{path} is a file; pass a directory to write the checkpoint into")
     parts = _parts(model)
     if parts:
-        others = [p.name for p in path.glob("*") if p.name not in parts] if path.is_dir() else []
+        others = ([p.name for p in path.glob("*") if p.name not in (*parts, MODEL_CARD)]
+                  if path.is_dir() else [])
         if others:
             raise UserError(f"{path} holds {others[0]}, which is not one of the parts "
                             f"{sorted(parts)}; choose a new or empty output directory")
         for name, part in parts.items():
-            save(part, path / name)
+            save(part, path / name, tokenizer)
+        path.chmod(0o755)
         return path
     existing = path.is_dir() and any(path.iterdir())
     if existing and not _is_hf_checkpoint(path):
@@ -1218,13 +1231,20 @@ def save(model: nnx.Module, path: str | Path) -> Path:
     try:
         (stage / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
         save_file(state, stage / SAFETENSORS_FILE, metadata={"format": "pt"})
+        if tokenizer is not None:
+            if "vocab_size" not in hf_config:
+                raise UserError(f"a {hf_config['model_type']} model has no vocabulary, so no "
+                                "tokenizer; save it without one")
+            hf_tokenizer.save(tokenizer, stage, hf_config["model_type"],
+                              hf_config["vocab_size"])
+        make_readable(stage)
         if not existing:
             if path.is_dir():
                 path.rmdir()
             os.replace(stage, path)
             return path
         for item in path.iterdir():
-            if not _superseded(item.name):
+            if not _superseded(item.name, tokenizer is not None):
                 copy = shutil.copytree if item.is_dir() else shutil.copy2
                 copy(item, stage / item.name)
         old = _sibling(path, "old")

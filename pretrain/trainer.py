@@ -30,11 +30,10 @@ from objectives import registry
 from pretrain import integrity, resilience
 from pretrain import mesh as mesh_lib
 from pretrain.config import Config, config_from_dict
-from pretrain.export import write_model_json
+from pretrain.export import CONFIG_FILE, write_model_json, write_tokenizer
 from pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
 from pretrain.optim import learning_rate_schedule, make_optimizer
 
-CONFIG_FILE = "config.json"
 # Settings that may change when a run is resumed; everything else must match the saved run.
 RESUMABLE_KEYS = {"steps", "log_every", "eval_every", "eval_batches", "checkpoint_every",
                   "keep_checkpoints", "progress", "on_nonfinite"}
@@ -508,6 +507,8 @@ class Trainer:
         if self.is_writer:
             (self.workdir / CONFIG_FILE).write_text(self.config.to_json())
             write_model_json(self.workdir, self.method.name, self.model_config)
+            if self.data.tokenizer is not None:  # the text methods' (`export.find_tokenizer`)
+                write_tokenizer(self.workdir, self.data.tokenizer)
         manager = self.checkpoint_manager()
         iterator = self.data_iterator()
         restored = self.restore_latest_readable(manager)

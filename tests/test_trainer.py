@@ -265,6 +265,7 @@ def test_simclr_evaluation_reports_the_knn_monitor(tmp_path, data_cache):
                            **{"train.steps": 1, "train.eval_every": 1}).run()
     assert 0.0 <= summary["eval"]["knn_accuracy"] <= 1.0
     assert summary["eval"]["contrastive_loss"] > 0
+    assert not (tmp_path / "w" / "tokenizer").exists()  # images: no tokenizer to record
     trained = jax.tree.leaves(jax.device_get(summary["state"].model_state))
     model = load_model(tmp_path / "w")
     restored = jax.tree.leaves(nnx.state(model, nnx.BatchStat))
