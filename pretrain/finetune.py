@@ -76,12 +76,6 @@ def tokenizer_of(init: str) -> str:
     return found
 
 
-def _pretraining_data(init: Path) -> dict[str, Any]:
-    """The `data` section a pretext workdir recorded (empty for other starting points)."""
-    config_file = init / CONFIG_FILE
-    return json.loads(config_file.read_text()).get("data", {}) if config_file.is_file() else {}
-
-
 def _as_overrides(values: dict[str, Any]) -> list[str]:
     return [f"{key}={value}" for key, value in values.items()]
 
@@ -115,10 +109,7 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
               "optim.eps": 1e-6,
               "train.eval_batches": 1}
     if not any(override.startswith("data.tokenizer=") for override in overrides):
-        values["data.tokenizer"] = tokenizer_of(source)
-        casing = _pretraining_data(Path(source)).get("lowercase")
-        if casing is not None:  # the casing the pre-training forced
-            values["data.lowercase"] = casing
+        values["data.tokenizer"] = tokenizer_of(source)  # its casing travels in its folder
     draft = make_config(None, [*_as_overrides(values), *overrides])
     rows = len(glue.read_glue(data, spec.name, "train", draft.data.tfds_data_dir or None).labels)
     rows = min(rows, draft.examples.get("max_train_examples") or rows)
