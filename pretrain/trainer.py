@@ -167,22 +167,41 @@ class Trainer:
 
     def _check_existing_workdir(self) -> None:
         saved = self.workdir / CONFIG_FILE
+        if self.workdir.exists() and not self.workdir.is_dir():
+            raise UserError(f"--workdir {self.workdir} is a file; name a folder for the run")
         if not saved.is_file():
             return
         try:
             recorded = json.loads(saved.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise UserError(f"{saved} is not readable JSON ({error}); restore it (every "
+            if not isinstance(recorded, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, UnicodeDecodeError) as error:
+            raise UserError(f"{saved} is not a readable config ({error}); restore it (every "
                             "checkpoint holds a copy under config/) or use a new --workdir"
                             ) from None
-        # Through the config types, so fields added since it was saved take their defaults; a
-        # config that is not valid in this version is compared as written (so it differs).
-        with contextlib.suppress(UserError):
-            recorded = config_from_dict(recorded).to_dict()
-        difference = _config_difference(recorded, self.config.to_dict())
+        difference = self._difference_from(recorded)
         if difference:
             raise UserError(f"workdir {self.workdir} holds a run with another config "
                             f"({difference}); use a new --workdir or the saved settings")
+
+    def _difference_from(self, recorded: dict[str, Any]) -> str | None:
+        """The first setting in which a recorded config differs from this run's (settings that
+        may change on resume excepted). Read through the config types, so fields added since
+        it was saved take their defaults; a config not valid in this version is compared as
+        written (so it differs)."""
+        with contextlib.suppress(UserError, TypeError):
+            recorded = config_from_dict(recorded).to_dict()
+        return _config_difference(recorded, self.config.to_dict())
+
+    def _check_checkpoint_config(self, manager: ocp.CheckpointManager, step: int) -> None:
+        """The config saved inside the checkpoint must be this run's too (`config.json` can be
+        deleted or replaced; the checkpoint's copy cannot without breaking its seal)."""
+        restored = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
+        difference = self._difference_from(restored["config"])
+        if difference:
+            raise UserError(f"the checkpoint at step {step} in {self.workdir} was written by a "
+                            f"run with another config ({difference}); use a new --workdir or "
+                            "the saved settings")
 
     def _resolve_model_config(self) -> Any:
         model_config = self.config.model_config()
@@ -502,13 +521,24 @@ class Trainer:
         would; the schedule still spans `train.steps`. Returns a summary: final step, last
         train/eval metrics, and where things were written.
         """
-        t = self.config.train
         self.workdir.mkdir(parents=True, exist_ok=True)
-        if self.is_writer:
-            (self.workdir / CONFIG_FILE).write_text(self.config.to_json())
-            write_model_json(self.workdir, self.method.name, self.model_config)
-            if self.data.tokenizer is not None:  # the text methods' (`export.find_tokenizer`)
-                write_tokenizer(self.workdir, self.data.tokenizer)
+        lock = integrity.WorkdirLock(self.workdir)
+        if self.is_writer:  # one training job per workdir; its other processes write nothing
+            lock.acquire()
+        try:
+            return self._train(lock, stop_after)
+        finally:
+            lock.release()
+
+    def _train(self, lock: integrity.WorkdirLock, stop_after: int | None) -> dict[str, Any]:
+        """`run` under the workdir lock. Nothing is written to the workdir before the resume
+        checks (config, checkpoint, data position) have passed."""
+        t = self.config.train
+        self._check_existing_workdir()  # again: another run may have written it meanwhile
+        checkpoints = self.workdir / "checkpoints"
+        if checkpoints.exists() and not checkpoints.is_dir():
+            raise UserError(f"{checkpoints} is not a folder; move it away (a run keeps its "
+                            "checkpoints there) or use a new --workdir")
         manager = self.checkpoint_manager()
         iterator = self.data_iterator()
         restored = self.restore_latest_readable(manager)
@@ -516,6 +546,7 @@ class Trainer:
         if restored is not None:
             state, data_states = restored
             latest = int(jax.device_get(state.step))
+            self._check_checkpoint_config(manager, latest)
             try:
                 iterator.set_state(resilience.data_state_for_this_process(
                     data_states, iterator.get_state()))
@@ -525,6 +556,12 @@ class Trainer:
                                 "or example settings); use a new --workdir") from error
         else:
             state = self.init_state()
+        if self.is_writer:  # the checks passed: this run owns the workdir now
+            lock.record_owner()
+            (self.workdir / CONFIG_FILE).write_text(self.config.to_json())
+            write_model_json(self.workdir, self.method.name, self.model_config)
+            if self.data.tokenizer is not None:  # the text methods' (`export.find_tokenizer`)
+                write_tokenizer(self.workdir, self.data.tokenizer)
         start = int(jax.device_get(state.step))
         writer = MetricWriter(self.workdir, total_steps=t.steps, start_step=start,
                               enabled=self.is_writer, progress=t.progress)

@@ -1,16 +1,25 @@
-"""Integrity under faults (issue 19): damaged metric files, numbers out of range, CLI flags."""
+"""Integrity under faults (issue 19): damaged metric files, numbers out of range, CLI flags;
+sealed checkpoints, no non-finite checkpoint, the checkpoint's config compared on resume, one
+training process per workdir."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 
 import objectives  # noqa: F401  (registers the methods)
 import run
 from input_pipeline.errors import UserError
+from pretrain import integrity
 from pretrain.config import RANGES, make_config
 from pretrain.metrics import read_rows, truncate_after
+from pretrain.trainer import Trainer
 
 
 def test_damaged_metrics_tail_is_trimmed_with_a_warning(tmp_path, capsys):
@@ -71,3 +80,124 @@ def test_bad_process_environment_is_one_line(monkeypatch, capsys, tmp_path):
     assert run.main(["pretrain", "--workdir", str(tmp_path / "w")]) == 2
     assert not (tmp_path / "w").exists()
     assert "JAX_NUM_PROCESSES='two'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the trainer under faults
+STEPS = 8
+SMALL = {"model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,
+         "model.intermediate_size": 64, "model.max_position_embeddings": 64,
+         "examples.max_seq_length": 32, "examples.max_predictions_per_seq": 5,
+         "data.vocab_size": 60, "train.batch_size": 16, "train.steps": STEPS,
+         "train.log_every": 1, "train.eval_every": 1000, "train.eval_batches": 1,
+         "train.checkpoint_every": 3, "train.progress": False, "optim.warmup_steps": 2,
+         "optim.learning_rate": 1e-3}
+
+
+@pytest.fixture(scope="module")
+def corpus_and_cache(tmp_path_factory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("integrity")
+    sentences = [f"Sentence {i} talks about topic {i % 7} and then some more words." for i in
+                 range(400)]
+    (root / "corpus.txt").write_text("\n\n".join("\n".join(sentences[i:i + 8])
+                                                 for i in range(0, 400, 8)) + "\n")
+    return str(root / "corpus.txt"), str(root / "cache")
+
+
+def trainer_at(workdir: Path, corpus_and_cache: tuple[str, str], **changes) -> Trainer:
+    corpus, cache = corpus_and_cache
+    return Trainer(make_config("bert_tiny", {**SMALL, "data.source": corpus,
+                                             "data.cache_dir": cache, **changes}), workdir)
+
+
+def params_of(summary: dict) -> list[np.ndarray]:
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(summary["state"].params))]
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus_and_cache, tmp_path_factory) -> list[np.ndarray]:
+    return params_of(trainer_at(tmp_path_factory.mktemp("ref") / "w", corpus_and_cache).run())
+
+
+def test_byte_flipped_checkpoint_is_set_aside_and_the_run_ends_identical(
+        tmp_path, corpus_and_cache, uninterrupted, capfd):
+    workdir = tmp_path / "w"
+    trainer_at(workdir, corpus_and_cache).run(stop_after=6)
+    assert integrity.is_sealed(workdir / "checkpoints" / "6")
+    data = max((p for p in (workdir / "checkpoints" / "6" / "state").rglob("*") if p.is_file()),
+               key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    middle = len(raw) // 2
+    raw[middle:middle + 8] = bytes(b ^ 0xFF for b in raw[middle:middle + 8])  # same length
+    data.write_bytes(bytes(raw))
+    summary = trainer_at(workdir, corpus_and_cache).run()
+    err = capfd.readouterr().err
+    assert "warning: checkpoint 6" in err and data.name in err and "CRC-32" in err, err
+    assert "resuming from step 3" in err
+    assert [p.name.split("-")[0] for p in (workdir / "corrupt_checkpoints").iterdir()] == ["6"]
+    assert summary["step"] == STEPS
+    for ours, reference in zip(params_of(summary), uninterrupted, strict=True):
+        np.testing.assert_array_equal(ours, reference)
+
+
+def test_no_checkpoint_ever_holds_non_finite_values(tmp_path, corpus_and_cache):
+    """A learning rate so large that the first update overflows (loss and gradients finite;
+    BERT's Adam without bias correction moves by 3.16 x lr at step 1): `stop` ends before any
+    checkpoint, `skip` leaves the parameters as they were."""
+    huge = {"optim.learning_rate": 2e38, "optim.warmup_steps": 0,
+            "optim.bias_correction": False}
+    with pytest.raises(UserError, match="updated parameters at step 1"):
+        trainer_at(tmp_path / "stop", corpus_and_cache, **huge).run()
+    assert not list((tmp_path / "stop" / "checkpoints").glob("[0-9]*"))
+    trainer = trainer_at(tmp_path / "skip", corpus_and_cache, **huge,
+                         **{"train.on_nonfinite": "skip"})
+    initial = [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(
+        trainer.init_state().params))]
+    summary = trainer.run()
+    assert summary["skipped_nonfinite"] == STEPS
+    for ours, start in zip(params_of(summary), initial, strict=True):
+        np.testing.assert_array_equal(ours, start)
+
+
+def test_the_checkpoint_config_is_the_one_compared(tmp_path, corpus_and_cache):
+    workdir = tmp_path / "w"
+    trainer_at(workdir, corpus_and_cache).run(stop_after=3)
+    (workdir / "config.json").unlink()
+    before = snapshot(workdir)
+    with pytest.raises(UserError, match="checkpoint at step 3 .* another config .*learning_rate"):
+        trainer_at(workdir, corpus_and_cache, **{"optim.learning_rate": 5e-4}).run()
+    assert snapshot(workdir) == before  # nothing written by the refused run
+    summary = trainer_at(workdir, corpus_and_cache).run()  # the same settings resume
+    assert summary["step"] == STEPS and (workdir / "config.json").is_file()
+
+
+def test_checkpoints_that_are_not_a_folder_are_an_error(tmp_path, corpus_and_cache):
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / "checkpoints").write_text("not a folder")
+    with pytest.raises(UserError, match="checkpoints is not a folder"):
+        trainer_at(workdir, corpus_and_cache).run()
+    assert sorted(p.name for p in workdir.iterdir()) == ["checkpoints"]
+
+
+def test_a_second_training_process_is_refused_naming_the_first(tmp_path, corpus_and_cache):
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from pretrain.integrity import WorkdirLock; lock = WorkdirLock(Path(sys.argv[1])); "
+         "lock.acquire(); lock.record_owner(); print('locked', flush=True); time.sleep(60)",
+         str(workdir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(UserError, match=f"in use by process {holder.pid} on "):
+            trainer_at(workdir, corpus_and_cache).run()
+        assert not (workdir / "checkpoints").exists() and not (workdir / "config.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert trainer_at(workdir, corpus_and_cache, **{"train.steps": 1}).run()["step"] == 1
