@@ -5,6 +5,7 @@ training process per workdir."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -201,3 +202,59 @@ def test_a_second_training_process_is_refused_naming_the_first(tmp_path, corpus_
         holder.kill()
         holder.wait()
     assert trainer_at(workdir, corpus_and_cache, **{"train.steps": 1}).run()["step"] == 1
+
+
+def resumes_identically(workdir: Path, corpus_and_cache, uninterrupted) -> None:
+    assert integrity.verify(workdir / "checkpoints" / "3") is None  # intact
+    assert not list((workdir / "checkpoints").glob("*tmp*"))  # nothing left to trip on
+    summary = trainer_at(workdir, corpus_and_cache).run()
+    assert summary["step"] == STEPS
+    for ours, reference in zip(params_of(summary), uninterrupted, strict=True):
+        np.testing.assert_array_equal(ours, reference)
+
+
+def test_failed_checkpoint_write_is_one_error_and_leaves_nothing_behind(
+        tmp_path, corpus_and_cache, uninterrupted, monkeypatch):
+    """A write error from Orbax (tensorstore reports a full disk as a ValueError) after it
+    created its temporary folder."""
+    import orbax.checkpoint as ocp
+
+    workdir = tmp_path / "w"
+    trainer_at(workdir, corpus_and_cache).run(stop_after=3)
+    original = ocp.CheckpointManager.save
+
+    def full_disk(manager, step, *args, **kwargs):
+        (workdir / "checkpoints" / f"{step}.orbax-checkpoint-tmp-1" / "state").mkdir(
+            parents=True)
+        raise ValueError("RESOURCE_EXHAUSTED: Error writing \"params\" in OCDBT database: "
+                         "No space left on device")
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk)
+    with pytest.raises(UserError, match="checkpoint of step 6 could not be written .*"
+                                        "RESOURCE_EXHAUSTED.*rerun to resume"):
+        trainer_at(workdir, corpus_and_cache).run()
+    monkeypatch.setattr(ocp.CheckpointManager, "save", original)
+    resumes_identically(workdir, corpus_and_cache, uninterrupted)
+
+
+def test_full_file_system_stops_before_the_checkpoint(tmp_path, corpus_and_cache,
+                                                      uninterrupted):
+    """A real full disk: a small tmpfs (needs permission to mount one; skipped otherwise)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root); the injected error above "
+                    "covers the write path")
+    try:
+        workdir = mount / "w"
+        trainer_at(workdir, corpus_and_cache).run(stop_after=3)
+        filler = mount / "filler"
+        stats = os.statvfs(mount)
+        filler.write_bytes(bytes(stats.f_bavail * stats.f_frsize - (64 << 10)))
+        with pytest.raises(UserError, match="not enough space for the checkpoint of step 6"):
+            trainer_at(workdir, corpus_and_cache).run()
+        filler.unlink()
+        resumes_identically(workdir, corpus_and_cache, uninterrupted)
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
