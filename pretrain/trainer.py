@@ -193,15 +193,25 @@ class Trainer:
             recorded = config_from_dict(recorded).to_dict()
         return _config_difference(recorded, self.config.to_dict())
 
-    def _check_checkpoint_config(self, manager: ocp.CheckpointManager, step: int) -> None:
-        """The config saved inside the checkpoint must be this run's too (`config.json` can be
-        deleted or replaced; the checkpoint's copy cannot without breaking its seal)."""
-        restored = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
+    def _checked_log_window(self, manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
+        """Checks that the config saved inside the checkpoint is this run's too (`config.json`
+        can be deleted or replaced; the checkpoint's copy cannot without breaking its seal) and
+        returns the checkpoint's unlogged metrics window (empty for older checkpoints)."""
+        restored = manager.restore(step, args=ocp.args.Composite(
+            config=ocp.args.JsonRestore(), data=ocp.args.JsonRestore()))
         difference = self._difference_from(restored["config"])
         if difference:
             raise UserError(f"the checkpoint at step {step} in {self.workdir} was written by a "
                             f"run with another config ({difference}); use a new --workdir or "
                             "the saved settings")
+        return restored["data"].get("log_window") or {}
+
+    def _window_sums(self, saved: dict[str, list[float]]) -> Any:
+        """Metric sums of a saved log window as replicated float32 scalars on the mesh (the
+        float32 values survive JSON exactly, so the sums continue bit for bit)."""
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        return {name: tuple(jax.device_put(np.float32(v), replicated) for v in pair)
+                for name, pair in saved.items()}
 
     def _resolve_model_config(self) -> Any:
         model_config = self.config.model_config()
@@ -389,10 +399,13 @@ class Trainer:
             create=True)
         return ocp.CheckpointManager(self.workdir / "checkpoints", options=options)
 
-    def save(self, manager: ocp.CheckpointManager, state: TrainState, data_state: bytes) -> None:
+    def save(self, manager: ocp.CheckpointManager, state: TrainState, data_state: bytes,
+             log_window: dict[str, Any] | None = None) -> None:
         """Writes a checkpoint collectively (every process calls it), with every process's
-        data position (`iterators`, in process order; `iterator` is process 0's). Orbax
-        writes it in the background; the previous one is sealed first (`seal_saved`)."""
+        data position (`iterators`, in process order; `iterator` is process 0's) and the
+        unlogged part of the metrics window (`log_window`, so a resumed run logs the rows an
+        uninterrupted one does). Orbax writes it in the background; the previous one is
+        sealed first (`seal_saved`)."""
         step = int(jax.device_get(state.step))
         states = resilience.gather_strings(data_state.decode())
         self.seal_saved(manager)
@@ -401,7 +414,8 @@ class Trainer:
         try:
             manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state),
-                data=ocp.args.JsonSave({"iterator": states[0], "iterators": states}),
+                data=ocp.args.JsonSave({"iterator": states[0], "iterators": states,
+                                        "log_window": log_window or {}}),
                 config=ocp.args.JsonSave(self.config.to_dict()),
             ))
         except (OSError, ValueError) as error:  # tensorstore reports a full disk as ValueError
@@ -543,10 +557,11 @@ class Trainer:
         iterator = self.data_iterator()
         restored = self.restore_latest_readable(manager)
         latest = None
+        log_window: dict[str, Any] = {}
         if restored is not None:
             state, data_states = restored
             latest = int(jax.device_get(state.step))
-            self._check_checkpoint_config(manager, latest)
+            log_window = self._checked_log_window(manager, latest)
             try:
                 iterator.set_state(resilience.data_state_for_this_process(
                     data_states, iterator.get_state()))
@@ -570,11 +585,14 @@ class Trainer:
         units = self.method.units_per_example(self.example_config) * t.batch_size
         last_train: dict[str, float] = {}
         last_eval: dict[str, float] = {}
-        sums = None
-        timer, window = time.perf_counter(), 0
+        # The logging window: metric sums and steps since the last train row (continued from
+        # the checkpoint); `timed` steps since `timer` started, for throughput only.
+        sums = self._window_sums(log_window["sums"]) if log_window.get("sums") else None
+        window = log_window.get("steps", 0)
+        skipped = log_window.get("skipped", 0)
+        timer, timed = time.perf_counter(), 0
         watch = resilience.PreemptionWatch()
         flags: list[tuple[int, jax.Array]] = []  # (step, non-finite flag) not yet looked at
-        skipped = 0
         stopped_by = None
         try:
             end = t.steps if stop_after is None else min(stop_after, t.steps)
@@ -585,6 +603,7 @@ class Trainer:
                 flags.append((step, metrics["nonfinite_steps"][0]))
                 sums = metrics if sums is None else jax.tree.map(jnp.add, sums, metrics)
                 window += 1
+                timed += 1
                 preempted = watch.should_stop(step)
                 due = (step % t.log_every == 0 or step % t.eval_every == 0 or step == end
                        or step % t.checkpoint_every == 0 or preempted)
@@ -594,18 +613,21 @@ class Trainer:
                 if step % t.log_every == 0 or step == t.steps:
                     last_train = reduce_metrics(jax.device_get(sums))
                     elapsed = time.perf_counter() - timer
-                    last_train["steps_per_s"] = window / elapsed
-                    last_train[f"{self.method.unit}_per_s"] = window * units / elapsed
+                    last_train["steps_per_s"] = timed / elapsed
+                    last_train[f"{self.method.unit}_per_s"] = timed * units / elapsed
                     last_train["learning_rate"] = float(self.schedule(step - 1))
                     last_train["skipped_nonfinite_total"] = float(skipped)
                     writer.write(step, "train", last_train)
-                    sums, timer, window = None, time.perf_counter(), 0
+                    sums, window, timer, timed = None, 0, time.perf_counter(), 0
                 writer.advance(1)
                 if step % t.eval_every == 0 or step == t.steps:
                     last_eval = self.evaluate(state)
                     writer.write(step, "eval", last_eval)
                 if step % t.checkpoint_every == 0 or step == end or preempted:
-                    self.save(manager, state, iterator.get_state())
+                    self.save(manager, state, iterator.get_state(), {
+                        "steps": window, "skipped": skipped,
+                        "sums": {name: [float(v) for v in pair] for name, pair in
+                                 jax.device_get(sums).items()} if sums is not None else {}})
                 if preempted:
                     stopped_by = watch.received
                     writer.print(f"{stopped_by}: stopped after step {step} with a checkpoint; "

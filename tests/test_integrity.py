@@ -258,3 +258,22 @@ def test_full_file_system_stops_before_the_checkpoint(tmp_path, corpus_and_cache
         resumes_identically(workdir, corpus_and_cache, uninterrupted)
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+def logged_rows(workdir: Path) -> list[dict]:
+    rows, damaged = read_rows(workdir / "metrics.jsonl")
+    assert damaged == 0
+    return [{k: v for k, v in row.items() if not k.endswith("_per_s")} for row in rows]
+
+
+def test_metrics_after_a_stop_equal_an_uninterrupted_runs(tmp_path, corpus_and_cache):
+    """Logging every 4 steps, checkpoints every 3, stopped at 6: the window 5-8 is half
+    before the stop; its row must still be the uninterrupted run's."""
+    every = {"train.log_every": 4, "train.eval_every": 4}
+    reference = tmp_path / "reference"
+    trainer_at(reference, corpus_and_cache, **every).run()
+    workdir = tmp_path / "w"
+    trainer_at(workdir, corpus_and_cache, **every).run(stop_after=6)
+    trainer_at(workdir, corpus_and_cache, **every).run()
+    assert logged_rows(workdir) == logged_rows(reference)
+    assert [row["step"] for row in logged_rows(workdir) if row["split"] == "train"] == [4, 8]
