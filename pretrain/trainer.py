@@ -52,6 +52,24 @@ class TrainState:
     opt_state: Any
 
 
+def _quiet_failed_reads() -> None:
+    """After a failed Orbax restore, its abandoned read coroutines each print a traceback
+    ("Exception ignored in <coroutine ...>") when collected, hundreds of lines per unreadable
+    checkpoint, long after the one-line warning: drop those (Orbax's coroutines only) for the
+    rest of the process."""
+    previous = sys.unraisablehook
+    if getattr(previous, "quiet_orbax", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        code = getattr(unraisable.object, "cr_code", None)
+        if code is None or "orbax" not in code.co_filename:
+            previous(unraisable)
+
+    hook.quiet_orbax = True
+    sys.unraisablehook = hook
+
+
 class CorruptCheckpoint(Exception):
     """A checkpoint whose files differ from their seal or whose values are not finite."""
 
@@ -495,6 +513,7 @@ class Trainer:
             except Exception as error:  # noqa: BLE001  (any unreadable file: try the previous)
                 unreadable.append((step, f"{type(error).__name__}: "
                                          f"{str(error).split('. See ')[0].splitlines()[0]}"))
+                _quiet_failed_reads()
                 continue
             for bad, reason in unreadable:
                 print(f"warning: checkpoint {bad} in {self.workdir} cannot be restored "
