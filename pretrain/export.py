@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -141,7 +142,15 @@ def _restore_on_one_device(directory: Path) -> Any:
     trained on 8 devices loads in a shell that has one)."""
     checkpointer = ocp.StandardCheckpointer()
     directory = directory.resolve()
-    metadata = checkpointer.metadata(directory)
+    # An item folder (`<step>/state`) has no step-level `_CHECKPOINT_METADATA`; Orbax logs a
+    # warning about it on every load that says nothing wrong.
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        metadata = checkpointer.metadata(directory)
+    finally:
+        absl_logger.setLevel(level)
     metadata = getattr(metadata, "item_metadata", metadata)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(
