@@ -72,11 +72,24 @@ def find_tokenizer(path: str | Path) -> str | None:
         return str(path / TOKENIZER_DIR)
     if not (path / CONFIG_FILE).is_file():
         return None
-    data = json.loads((path / CONFIG_FILE).read_text()).get("data", {})
+    data = read_json_object(path / CONFIG_FILE).get("data", {})
     if data.get("tokenizer"):
         return data["tokenizer"]
     trained = prepare.trained_tokenizers(Path(data.get("cache_dir") or path / "data"))
     return str(trained[0]) if len(trained) == 1 else None
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A workdir's JSON file (config.json, model.json) as a dict, or a one-line UserError."""
+    try:
+        value = json.loads(path.read_text())
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as error:
+        raise UserError(f"{path} is not readable ({str(error)[:80]}); restore it (a "
+                        "checkpoint holds the config under config/) or use another "
+                        "workdir") from None
+    return value
 
 
 def _strip_values(tree: Any) -> Any:
@@ -92,7 +105,7 @@ def _model_from_state(directory: Path, pure_params: dict[str, Any],
                       pure_rest: dict[str, Any] | None) -> nnx.Module:
     """The model with these parameters and its other state (BatchNorm statistics, XLNet's
     memory); state that was not stored starts at zero."""
-    info = json.loads((directory / MODEL_FILE).read_text())
+    info = read_json_object(directory / MODEL_FILE)
     method = registry.get(info["method"])
     model = nnx.eval_shape(lambda: method.build_model(method.model_config(**info["model"]), 0))
     _, params, rest = nnx.split(model, nnx.Param, ...)
@@ -263,7 +276,7 @@ def model_card(source: Path, target: Path, model: nnx.Module,
     from pretrain import hf, hf_tokenizer
     from pretrain.metrics import METRICS_FILE
 
-    method = json.loads((source / MODEL_FILE).read_text())["method"]
+    method = read_json_object(source / MODEL_FILE)["method"]
     params = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))
     folders = ([target] if (target / hf.CONFIG_FILE).is_file()
                else sorted(p.parent for p in target.glob(f"*/{hf.CONFIG_FILE}")))
@@ -281,8 +294,7 @@ def model_card(source: Path, target: Path, model: nnx.Module,
         usage.append(f"{'model' if folder == target else folder.name} = "
                      f'transformers.{architecture}.from_pretrained("{folder}")')
     lines.append(f"- Parameters: {params:,}")
-    run = (json.loads((source / CONFIG_FILE).read_text())
-           if (source / CONFIG_FILE).is_file() else None)
+    run = read_json_object(source / CONFIG_FILE) if (source / CONFIG_FILE).is_file() else None
     step = checkpoint_step(source) if (source / "checkpoints").is_dir() else None
     if run is not None:
         data = run["data"]

@@ -154,7 +154,7 @@ def evaluate(workdir: str | Path) -> dict[str, Any]:
     if not (path / CONFIG_FILE).is_file():
         raise UserError(f"{workdir} is not a fine-tuning workdir ({CONFIG_FILE} missing); pass "
                         "the --workdir of run.py finetune")
-    config = config_from_dict(json.loads((path / CONFIG_FILE).read_text()))
+    config = config_from_dict(export.read_json_object(path / CONFIG_FILE))
     if config.method != "classify":
         raise UserError(f"{workdir} holds a {config.method} pre-training run; evaluate a "
                         "fine-tuning workdir (run.py finetune)")
