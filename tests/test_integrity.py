@@ -277,3 +277,21 @@ def test_metrics_after_a_stop_equal_an_uninterrupted_runs(tmp_path, corpus_and_c
     trainer_at(workdir, corpus_and_cache, **every).run()
     assert logged_rows(workdir) == logged_rows(reference)
     assert [row["step"] for row in logged_rows(workdir) if row["split"] == "train"] == [4, 8]
+
+
+def test_a_very_long_line_prepares_like_any_other(tmp_path):
+    """A 3 MB line (one 500,000-word sentence) inside a normal corpus: tokenised and cut to the
+    sequence length in linear time (`truncate_seq_pair` counts removals, then slices)."""
+    from pretrain.trainer import prepare_data
+
+    rng = np.random.default_rng(0)
+    words = [f"word{i}" for i in range(300)]
+    normal = "\n\n".join("\n".join(" ".join(rng.choice(words, 12)) + " ." for _ in range(6))
+                         for _ in range(40))
+    long_line = " ".join(rng.choice(words, 500_000)) + " ."
+    (tmp_path / "corpus.txt").write_text(normal + "\n\n" + long_line + "\n\n" + normal + "\n")
+    config = make_config("bert_tiny", {**SMALL, "data.source": str(tmp_path / "corpus.txt"),
+                                       "data.held_out_fraction": 0.1, "data.vocab_size": 40})
+    data = prepare_data(config, tmp_path / "w")
+    lengths = data.train.examples(range(len(data.train)))["input_ids"].shape
+    assert len(data.train) > 0 and lengths[1] == config.examples["max_seq_length"]
