@@ -118,6 +118,10 @@ class TrainConfig:
     """Show a tqdm progress bar with the latest loss and throughput (process 0)."""
     on_nonfinite: str = "stop"
     """stop at a non-finite loss or gradient, or skip that step and go on."""
+    profile_steps: str = ""
+    """FIRST:LAST steps to trace with jax.profiler into <workdir>/profile/; empty = none."""
+    prefetch: bool = True
+    """Read and send batch s+1 to the devices while step s runs (same results either way)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -707,10 +711,25 @@ def check_numbers(config: Config) -> None:
                         f"{', '.join(COMPUTE_DTYPES)}")
 
 
+def parse_profile_steps(text: str) -> tuple[int, int]:
+    """`a:b` -> (a, b), the first and last step to trace (1 <= a <= b); `a` alone is `a:a`."""
+    first, _, last = text.partition(":")
+    try:
+        bounds = int(first), int(last or first)
+    except ValueError:
+        bounds = (0, -1)
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise UserError(f"train.profile_steps={text!r} must be FIRST:LAST steps with "
+                        "1 <= FIRST <= LAST, e.g. train.profile_steps=10:12")
+    return bounds
+
+
 def validate(config: Config) -> None:
     """Range checks (`check_numbers`) and cross-field checks that need no devices or data."""
     t, o = config.train, config.optim
     check_numbers(config)
+    if t.profile_steps:
+        parse_profile_steps(t.profile_steps)
     if t.on_nonfinite not in ("stop", "skip"):
         raise UserError(f"train.on_nonfinite={t.on_nonfinite!r} must be 'stop' or 'skip'")
     if o.eps_before_bias_correction and not o.bias_correction:

@@ -29,14 +29,14 @@ from input_pipeline.records import make_loader
 from objectives import registry
 from pretrain import integrity, resilience
 from pretrain import mesh as mesh_lib
-from pretrain.config import Config, config_from_dict
+from pretrain.config import Config, config_from_dict, parse_profile_steps
 from pretrain.export import CONFIG_FILE, write_model_json, write_tokenizer
 from pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
 from pretrain.optim import learning_rate_schedule, make_optimizer
 
 # Settings that may change when a run is resumed; everything else must match the saved run.
 RESUMABLE_KEYS = {"steps", "log_every", "eval_every", "eval_batches", "checkpoint_every",
-                  "keep_checkpoints", "progress", "on_nonfinite"}
+                  "keep_checkpoints", "progress", "on_nonfinite", "profile_steps", "prefetch"}
 CORRUPT_DIR = "corrupt_checkpoints"
 
 
@@ -68,6 +68,35 @@ def _quiet_failed_reads() -> None:
 
     hook.quiet_orbax = True
     sys.unraisablehook = hook
+
+
+PROFILE_DIR = "profile"
+
+
+class Profile:
+    """A `jax.profiler` trace of the steps `train.profile_steps` names (`a:b`, inclusive) into
+    `<workdir>/profile/` (open it with TensorBoard's profile plugin or Perfetto); the device
+    work of step b is waited for before the trace stops."""
+
+    def __init__(self, steps: str, directory: Path, writer: MetricWriter):
+        self.first, self.last = parse_profile_steps(steps) if steps else (0, -1)
+        self.directory, self.writer, self.active = directory, writer, False
+
+    def before(self, step: int) -> None:
+        if step == self.first:
+            jax.profiler.start_trace(str(self.directory))
+            self.active = True
+
+    def after(self, step: int, metrics: Any) -> None:
+        if self.active and step >= self.last:
+            jax.block_until_ready(metrics)
+            self.close()
+            self.writer.print(f"profile of steps {self.first}-{self.last} in {self.directory}")
+
+    def close(self) -> None:
+        if self.active:
+            jax.profiler.stop_trace()
+            self.active = False
 
 
 class CorruptCheckpoint(Exception):
@@ -613,12 +642,26 @@ class Trainer:
         watch = resilience.PreemptionWatch()
         flags: list[tuple[int, jax.Array]] = []  # (step, non-finite flag) not yet looked at
         stopped_by = None
+        profile = Profile(t.profile_steps, self.workdir / PROFILE_DIR, writer)
         try:
             end = t.steps if stop_after is None else min(stop_after, t.steps)
+            # Batch s + 1 is read and sent to the devices while step s runs (`train.prefetch`);
+            # `trained_position` is the data position after the batches trained so far, which
+            # is what a checkpoint keeps.
+            trained_position = iterator.get_state()
+            if start < end:
+                batch, position = self.to_global(next(iterator)), iterator.get_state()
             for step in range(start + 1, end + 1):
-                state, metrics = self.train_step(state, next(iterator))
+                profile.before(step)
+                state, metrics = self._train_step(state, batch)
+                trained_position = position
+                if step < end:
+                    if not t.prefetch:
+                        jax.block_until_ready(metrics)
+                    batch, position = self.to_global(next(iterator)), iterator.get_state()
                 if self.sync_every_step:
                     jax.block_until_ready(metrics)
+                profile.after(step, metrics)
                 flags.append((step, metrics["nonfinite_steps"][0]))
                 sums = metrics if sums is None else jax.tree.map(jnp.add, sums, metrics)
                 window += 1
@@ -643,7 +686,7 @@ class Trainer:
                     last_eval = self.evaluate(state)
                     writer.write(step, "eval", last_eval)
                 if step % t.checkpoint_every == 0 or step == end or preempted:
-                    self.save(manager, state, iterator.get_state(), {
+                    self.save(manager, state, trained_position, {
                         "steps": window, "skipped": skipped,
                         "sums": {name: [float(v) for v in pair] for name, pair in
                                  jax.device_get(sums).items()} if sums is not None else {}})
@@ -654,6 +697,7 @@ class Trainer:
                     break
         finally:
             watch.close()
+            profile.close()
             try:
                 self.seal_saved(manager)
             finally:  # a failed write was reported above; closing must not bury it
