@@ -86,7 +86,11 @@ def _parser() -> argparse.ArgumentParser:
                              help="with no --init: a checkpoint whose shape a random encoder "
                              "copies (the from-scratch baseline)")
         command.add_argument("--data", default="tfds",
-                             help="GLUE folder (SST-2/, CoLA/, ...) or tfds (TFDS glue/*)")
+                             help="GLUE folder (SST-2/, CoLA/, ...) or tfds: TFDS glue/<task> "
+                             "prepared as ArrayRecord in data.tfds_data_dir (default "
+                             "~/tensorflow_datasets) by `tfds build glue/<task> "
+                             "--file_format=array_record`; never downloaded (default: "
+                             "%(default)s)")
         command.add_argument("--workdir", required=True, help="run directory (resumes)")
         command.add_argument("--epochs", type=float,
                              help="epochs (default: the paper's recipe for the family)")

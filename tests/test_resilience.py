@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -263,3 +264,43 @@ def test_data_state_of_an_older_loader_resumes_and_other_records_are_refused():
     with pytest.raises(ValueError):
         other.set_state(resilience.data_state_for_this_process([json.dumps(state)],
                                                                other.get_state()))
+
+
+def test_records_are_described_by_content_and_older_descriptions_still_resume(tmp_path):
+    """Prepared records are described by their fingerprinted directory and count, not by where
+    the cache lies; a data position saved under the description older versions stored (a digest
+    of the absolute file paths) resumes; one of other records is refused naming what differs."""
+    from input_pipeline.records import RecordDirectory, make_loader, write_records
+
+    def write(directory: Path, count: int) -> RecordDirectory:
+        write_records(({"id": np.int32(i)} for i in range(count)), directory,
+                      metadata={"source": "corpus.txt"})
+        return RecordDirectory(directory)
+
+    records = write(tmp_path / "cache" / "key1" / "train", 40)
+    assert json.loads(repr(records.source)) == {
+        "kind": "prepared records", "data.source": "corpus.txt", "records": "key1/train",
+        "count": 40}
+    shutil.copytree(tmp_path / "cache", tmp_path / "moved")
+    assert repr(RecordDirectory(tmp_path / "moved" / "key1" / "train").source) == repr(
+        records.source)
+    reference = iter(make_loader(records, batch_size=4, seed=1))
+    for _ in range(3):
+        next(reference)
+    state = json.loads(reference.get_state())
+    state["data_source"] = records.earlier_descriptions[0]  # as older checkpoints hold it
+    assert "hash_of_paths" in state["data_source"]
+    resumed = iter(make_loader(records, batch_size=4, seed=1))
+    fresh = resumed.get_state()
+    saved = resilience.data_state_for_this_process([json.dumps(state)], fresh,
+                                                   records.earlier_descriptions)
+    assert resilience.data_state_difference(saved, fresh) is None
+    resumed.set_state(saved)
+    np.testing.assert_array_equal(next(resumed)["id"], next(reference)["id"])
+    other = iter(make_loader(write(tmp_path / "cache" / "key2" / "train", 40), batch_size=4,
+                             seed=1))
+    assert resilience.data_state_difference(reference.get_state(), other.get_state()) == (
+        "records: 'key1/train' vs 'key2/train'")
+    assert resilience.data_state_difference(
+        reference.get_state(), iter(make_loader(records, batch_size=4, seed=2)).get_state()
+    ) == "sampler seed: 1 vs 2"
