@@ -10,7 +10,7 @@ sorted paths and sizes), never on the number of workers or hosts:
   line start instead (the document is split; say so in a corpus of huge documents).
 - Smaller files are grouped, in order, until a shard's size is reached.
 - A TFDS text dataset is cut into ranges of `TFDS_RECORDS_PER_SHARD` records (one record is a
-  document), read by random access (`tfds.data_source`, ArrayRecord, no TensorFlow).
+  document), read by random access (`sources.open_tfds`: prepared ArrayRecord, no TensorFlow).
 - The offline demo corpus into ranges of `DEMO_DOCUMENTS_PER_SHARD` documents.
 """
 

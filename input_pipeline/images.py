@@ -3,7 +3,7 @@
 - CIFAR-10 in its python-pickle layout (`cifar-10-batches-py`: `data_batch_1..5`, `test_batch`,
   `batches.meta`, in one folder or spread over sub-folders), stored once as ArrayRecord;
 - TFDS image datasets by name (`tfds:cifar10`, `tfds:imagenet2012`, ...) through
-  `tfds.data_source` (ArrayRecord, no TensorFlow);
+  `sources.open_tfds` (prepared as ArrayRecord, read without TensorFlow, never downloaded);
 - an image folder (`root/<class>/<image>`, the ImageNet / torchvision layout, optionally with
   `train/` and `val/` inside), decoded with Pillow;
 - `digits`: scikit-learn's 1,797 scanned 8x8 handwritten digits, the offline image demo.
