@@ -101,7 +101,11 @@ def _parser() -> argparse.ArgumentParser:
                              help="with no --init: a checkpoint whose shape a random encoder "
                              "copies (the from-scratch baseline)")
         command.add_argument("--data", default="tfds",
-                             help="GLUE folder (SST-2/, CoLA/, ...) or tfds (TFDS glue/*)")
+                             help="GLUE folder (SST-2/, CoLA/, ...) or tfds: TFDS glue/<task> "
+                             "prepared as ArrayRecord in data.tfds_data_dir (default "
+                             "~/tensorflow_datasets) by `tfds build glue/<task> "
+                             "--file_format=array_record`; never downloaded (default: "
+                             "%(default)s)")
         command.add_argument("--workdir", required=True, type=_workdir,
                              help="run directory (resumes)")
         command.add_argument("--epochs", type=_bounded(float, 0, open_low=True),

@@ -10,7 +10,7 @@ sorted paths and sizes), never on the number of workers or hosts:
   line start instead (the document is split; say so in a corpus of huge documents).
 - Smaller files are grouped, in order, until a shard's size is reached.
 - A TFDS text dataset is cut into ranges of `TFDS_RECORDS_PER_SHARD` records (one record is a
-  document), read by random access (`tfds.data_source`, ArrayRecord, no TensorFlow).
+  document), read by random access (`sources.open_tfds`: prepared ArrayRecord, no TensorFlow).
 - The offline demo corpus into ranges of `DEMO_DOCUMENTS_PER_SHARD` documents.
 """
 
@@ -60,11 +60,15 @@ class InputShard:
         return sum(p.stop - p.start for p in self.pieces)
 
 
-def source_fingerprint(spec: str) -> Any:
+def source_fingerprint(spec: str, tfds_data_dir: str = "") -> Any:
     """Paths with their sizes and mtimes (so edited files invalidate the cache): every file of a
-    file, folder (recursively) or glob; names (TFDS, the demo corpus) as they are."""
-    if spec == DEMO_CORPUS or spec.startswith("tfds:"):
+    file, folder (recursively) or glob; a TFDS dataset's name, version and `dataset_info.json`
+    digest (`sources.tfds_fingerprint`, read in `tfds_data_dir`); the demo corpus's name."""
+    if spec == DEMO_CORPUS:
         return spec
+    if spec.startswith("tfds:"):
+        return [spec, sources.tfds_fingerprint(sources.tfds_builder(spec[5:],
+                                                                    tfds_data_dir or None))]
     paths = ([Path(spec)] if Path(spec).exists() or not any(c in spec for c in "*?[")
              else [Path(p) for p in sorted(glob.glob(spec, recursive=True))])
     files = [q for p in paths for q in (sorted(p.rglob("*")) if p.is_dir() else [p])]
@@ -89,7 +93,7 @@ def plan_shards(spec: str, data: Any) -> list[InputShard]:
             raise UserError(f"TFDS {name} split {data.tfds_split} has no records; choose "
                             "another data.tfds_split")
         return _ranges("tfds", name, count, TFDS_RECORDS_PER_SHARD,
-                       f"{spec}:{data.tfds_split}:{data.tfds_data_dir}")
+                       f"{source!r}:{data.tfds_data_dir}")
     if data.text_format not in ("auto", "plain", "wikitext"):
         raise UserError(f"data.text_format={data.text_format!r} is unknown; use auto, plain or "
                         "wikitext")

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from input_pipeline.corpus import source_fingerprint
 from input_pipeline.errors import UserError
+from input_pipeline.sources import open_tfds, tfds_builder, tfds_fingerprint
 from input_pipeline.tokenizers import Tokenizer
 
 
@@ -210,22 +213,14 @@ def _text(value: object) -> str:
 
 def read_glue_tfds(task: str | GlueTask, split: str, data_dir: str | None = None,
                    name: str | None = None) -> GlueSplit:
-    """Reads TFDS `glue/<config>` (ArrayRecord, via `tfds.data_source`). `split` is a TFDS
-    split (`train`, `validation`, slices such as `train[:10%]`); `dev` means `validation`.
-    `name` overrides the dataset name (default `task.tfds_name`)."""
-    import tensorflow_datasets as tfds
-    import tensorflow_datasets.text.glue  # noqa: F401  (registers the GLUE builder)
-
+    """Reads a prepared TFDS `glue/<config>` (ArrayRecord, `sources.open_tfds`: from its files,
+    never downloaded). `split` is a TFDS split (`train`, `validation`, slices such as
+    `train[:10%]`); `dev` means `validation`. `name` overrides the dataset name (default
+    `task.tfds_name`)."""
     task = glue_task(task)
     name = name or task.tfds_name
     tfds_split = "validation" if split == "dev" else split
-    try:
-        source = tfds.data_source(name, split=tfds_split, data_dir=data_dir)
-    except Exception as e:  # tfds raises many types for missing/unprepared datasets
-        raise UserError(f"TFDS dataset {name} split {tfds_split} could not be opened "
-                        f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); prepare it with "
-                        "`tfds build --file_format=array_record` or set data.tfds_data_dir"
-                        ) from None
+    source = open_tfds(name, tfds_split, data_dir)
     texts_a: list[str] = []
     texts_b: list[str] | None = [] if task.is_pair else None
     labels: list[int | float] = []
@@ -245,22 +240,40 @@ def read_glue_tfds(task: str | GlueTask, split: str, data_dir: str | None = None
     return GlueSplit(texts_a, texts_b, np.asarray(labels, dtype))
 
 
+def _tfds_name(spec: str, task: GlueTask) -> str | None:
+    """The TFDS dataset `spec` names for `task` (`tfds`, `tfds:glue`: the task's config), or
+    None for a folder of TSV files."""
+    if spec != "tfds" and not spec.startswith("tfds:"):
+        return None
+    name = spec[5:] or task.tfds_name
+    if name == "glue":
+        return task.tfds_name
+    if name.startswith("glue/") and name != task.tfds_name:
+        raise UserError(f"{spec} is not the TFDS config of GLUE task {task.name}; use "
+                        f"tfds:{task.tfds_name} or just tfds")
+    return name
+
+
 def read_glue(spec: str | Path, task: str | GlueTask, split: str,
               data_dir: str | None = None) -> GlueSplit:
     """The one entry point: `tfds` or `tfds:glue` (the task's `glue/<config>`), `tfds:NAME` (a
     TFDS dataset with GLUE's features; a `glue/` config must be the task's), or a folder of GLUE
     TSV files (the GLUE root or the task folder)."""
-    text = str(spec)
-    if text != "tfds" and not text.startswith("tfds:"):
-        return read_glue_tsv(text, task, split)
     task = glue_task(task)
-    name = text[5:] or task.tfds_name
-    if name == "glue":
-        name = task.tfds_name
-    elif name.startswith("glue/") and name != task.tfds_name:
-        raise UserError(f"{text} is not the TFDS config of GLUE task {task.name}; use "
-                        f"tfds:{task.tfds_name} or just tfds")
+    name = _tfds_name(str(spec), task)
+    if name is None:
+        return read_glue_tsv(spec, task, split)
     return read_glue_tfds(task, split, data_dir, name=name)
+
+
+def glue_fingerprint(spec: str, task: str | GlueTask, data_dir: str | None = None) -> Any:
+    """What a task's records are read from, for cache keys: the TSV files' paths, sizes and
+    mtimes, or the TFDS dataset's name, version and info digest."""
+    task = glue_task(task)
+    name = _tfds_name(spec, task)
+    if name is None:
+        return source_fingerprint(spec)
+    return tfds_fingerprint(tfds_builder(name, data_dir))
 
 
 def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_length: int) -> None:

@@ -3,7 +3,7 @@
 - CIFAR-10 in its python-pickle layout (`cifar-10-batches-py`: `data_batch_1..5`, `test_batch`,
   `batches.meta`, in one folder or spread over sub-folders), stored once as ArrayRecord;
 - TFDS image datasets by name (`tfds:cifar10`, `tfds:imagenet2012`, ...) through
-  `tfds.data_source` (ArrayRecord, no TensorFlow);
+  `sources.open_tfds` (prepared as ArrayRecord, read without TensorFlow, never downloaded);
 - an image folder (`root/<class>/<image>`, the ImageNet / torchvision layout, optionally with
   `train/` and `val/` inside), decoded with Pillow;
 - `digits`: scikit-learn's 1,797 scanned 8x8 handwritten digits, the offline image demo.
@@ -18,21 +18,24 @@ crop (`center_crop`, crop_proportion 0.875).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import io
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grain
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from input_pipeline.descriptions import describe, files_fingerprint
 from input_pipeline.errors import UserError
 from input_pipeline.image_augment import CropConfig, window_from_uniforms
 from input_pipeline.prepare import DEMO_CORPUS, fingerprint
 from input_pipeline.records import RecordDirectory, write_records
-from input_pipeline.sources import open_tfds
+from input_pipeline.sources import TfdsSplit, open_tfds
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm", ".tif",
                             ".tiff"})
@@ -174,13 +177,22 @@ class _WholeImage(grain.transforms.Map):
         return {"image": image, "label": element["label"]}
 
 
+class ImageReader(Protocol):
+    """Image `index` as (encoded bytes or uint8 array, label), and which images these are."""
+
+    def __call__(self, index: int) -> tuple[Any, int]: ...
+
+    def identity(self) -> dict[str, Any]: ...
+
+
 class ImageSource:
     """Random-access labelled images for Grain: `read(i)` gives (encoded bytes or uint8 array,
     label); `load_transforms()` turns a record into the fixed-shape example the device gets
-    (whole image, or two host crops); `examples(indices)` gives stacked evaluation views."""
+    (whole image, or two host crops); `examples(indices)` gives stacked evaluation views.
+    `repr` is the stable description Grain keeps in checkpoints (`descriptions.describe`): the
+    reader's `identity()` (which images) and the image settings."""
 
-    def __init__(self, name: str, count: int, read: Callable[[int], tuple[Any, int]],
-                 crop: HostCrop):
+    def __init__(self, name: str, count: int, read: ImageReader, crop: HostCrop):
         if count == 0:
             raise UserError(f"{name} holds no images; point data.source at a folder of images "
                             "or a TFDS image dataset")
@@ -201,6 +213,18 @@ class ImageSource:
         if self.crop.size:
             return self.crop.evaluation_view(image)
         return _WholeImage(self.image_shape(), self.name).map(record)["image"]
+
+    @functools.cached_property
+    def description(self) -> str:
+        settings: dict[str, Any] = {"examples.host_crop_size": self.crop.size}
+        if self.crop.size:
+            settings["host_crop_area"] = list(self.crop.window.area)
+        else:
+            settings["image_shape"] = list(self.image_shape())
+        return describe(**self.read.identity(), **settings)
+
+    def __repr__(self) -> str:
+        return self.description
 
     def image_shape(self) -> tuple[int, ...]:
         if self._shape is None:
@@ -235,11 +259,18 @@ def _image_files(root: Path) -> tuple[list[Path], list[int], list[str]]:
 
 @dataclasses.dataclass(frozen=True)
 class _FileReader:
+    root: Path
     files: list[Path]
     labels: list[int]
 
     def __call__(self, index: int) -> tuple[bytes, int]:
         return self.files[index].read_bytes(), self.labels[index]
+
+    def identity(self) -> dict[str, Any]:
+        """The folder and a digest of its images' relative paths, sizes, mtimes and labels."""
+        return {"kind": "image folder", "data.source": str(self.root.resolve()),
+                "images": len(self.files),
+                "files": files_fingerprint(self.root, self.files, self.labels)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,19 +282,31 @@ class _ArrayReader:
     def __call__(self, index: int) -> tuple[np.ndarray, int]:
         return self.images[self.indices[index]], int(self.labels[self.indices[index]])
 
+    def identity(self) -> dict[str, Any]:
+        """A digest of the chosen images and labels, in order."""
+        digest = hashlib.sha1(np.ascontiguousarray(self.images[self.indices]).tobytes())
+        digest.update(np.asarray(self.labels[self.indices], np.int64).tobytes())
+        return {"kind": DIGITS_SOURCE, "images": len(self.indices),
+                "content": digest.hexdigest()[:16]}
+
 
 @dataclasses.dataclass(frozen=True)
 class _TfdsReader:
-    source: Any
+    source: TfdsSplit
 
     def __call__(self, index: int) -> tuple[np.ndarray, int]:
         record = self.source[index]
         return record["image"], int(record["label"])
 
+    def identity(self) -> dict[str, Any]:
+        """The TFDS split's description: dataset, version, split, count."""
+        return {"kind": "TFDS images", "data.source": f"tfds:{self.source.name}",
+                **self.source.fields}
 
-def _folder_source(name: str, files: list[Path], labels: list[int], crop: HostCrop
+
+def _folder_source(root: Path, files: list[Path], labels: list[int], crop: HostCrop
                    ) -> ImageSource:
-    return ImageSource(name, len(files), _FileReader(files, labels), crop)
+    return ImageSource(str(root), len(files), _FileReader(root, files, labels), crop)
 
 
 def image_folder_sources(root: Path, eval_root: Path | None, held_out_fraction: float,
@@ -292,8 +335,8 @@ def image_folder_sources(root: Path, eval_root: Path | None, held_out_fraction: 
         eval_labels = [y for i, y in enumerate(labels) if i in held]
         files = [f for i, f in enumerate(files) if i not in held]
         labels = [y for i, y in enumerate(labels) if i not in held]
-    return (_folder_source(str(root), files, labels, crop),
-            _folder_source(str(eval_root or root), eval_files, eval_labels, crop))
+    return (_folder_source(root, files, labels, crop),
+            _folder_source(eval_root or root, eval_files, eval_labels, crop))
 
 
 def tfds_image_sources(name: str, split: str, data_dir: str | None, crop: HostCrop
@@ -312,15 +355,15 @@ def tfds_image_sources(name: str, split: str, data_dir: str | None, crop: HostCr
         raise UserError(f"TFDS {name} has no test or validation split to evaluate on; prepare "
                         "one with tfds build")
 
-    def source(split_source: Any, split_name: str) -> ImageSource:
+    def source(split_source: TfdsSplit) -> ImageSource:
         first = split_source[0] if len(split_source) else {}
         if "image" not in first or "label" not in first:
             raise UserError(f"TFDS {name} records have {sorted(first)}, not image and label; "
                             "choose an image classification dataset")
-        return ImageSource(f"tfds:{name}[{split_name}]", len(split_source),
-                           _TfdsReader(split_source), crop)
+        return ImageSource(f"tfds:{name}[{split_source.fields['data.tfds_split']}]",
+                           len(split_source), _TfdsReader(split_source), crop)
 
-    return source(train, split), source(held_out, "test/validation")
+    return source(train), source(held_out)
 
 
 def digits_sources(held_out_fraction: float, seed: int, crop: HostCrop

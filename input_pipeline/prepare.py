@@ -114,9 +114,10 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def source_fingerprint(spec: str) -> Any:
-    """Paths with their sizes and mtimes (so edited files invalidate the cache); names as-is."""
-    return corpus.source_fingerprint(spec)
+def source_fingerprint(spec: str, tfds_data_dir: str = "") -> Any:
+    """Paths with their sizes and mtimes (so edited files invalidate the cache), a TFDS
+    dataset's name, version and info digest (`corpus.source_fingerprint`)."""
+    return corpus.source_fingerprint(spec, tfds_data_dir)
 
 
 def shard_seed(seed: int, split: str, index: int) -> int:
@@ -349,8 +350,9 @@ def prepare_text(
     tokenizer_identity = source_fingerprint(data.tokenizer) if data.tokenizer else "trained"
     base = Path(cache_root) / fingerprint(settings, example_settings, seed, tokenizer_identity,
                                           ordered)
-    corpus_key = fingerprint(source_fingerprint(data.source),
-                             source_fingerprint(data.eval_source) if data.eval_source else "")
+    corpus_key = fingerprint(source_fingerprint(data.source, data.tfds_data_dir),
+                             source_fingerprint(data.eval_source, data.tfds_data_dir)
+                             if data.eval_source else "")
     index_dir = base / corpus_key
     if all((index_dir / split / SPEC_FILE).is_file() for split in SPLITS):
         return (RecordDirectory(index_dir / "train"), RecordDirectory(index_dir / "eval"),

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from input_pipeline.descriptions import describe
 from input_pipeline.errors import UserError
 
 SPEC_FILE = "features.json"
@@ -160,8 +161,23 @@ def write_records(
     return count
 
 
+class _DescribedRecords(grain.sources.ArrayRecordDataSource):
+    """ArrayRecord files whose `repr`, which Grain keeps in checkpoints, is `description`."""
+
+    def __init__(self, paths: list[str], description: str):
+        super().__init__(paths)
+        self.description = description
+
+    def __repr__(self) -> str:
+        return self.description
+
+
 class RecordDirectory:
-    """A prepared directory: its ArrayRecord data source, feature spec and metadata."""
+    """A prepared directory: its ArrayRecord data source, feature spec and metadata. The source's
+    `repr` describes the records by content (`descriptions.describe`): the directory's name and
+    its parent's, which preparation derives from a fingerprint of the data and settings, and
+    the record count; `earlier_descriptions` holds what older versions stored for the same
+    records (a digest of the absolute file paths), so their checkpoints still resume."""
 
     def __init__(self, directory: str | Path):
         directory = Path(directory)
@@ -176,7 +192,10 @@ class RecordDirectory:
         # Shard files in their order (prepare.py's index), else every file of the folder.
         paths = ([str(directory / name) for name in info["files"]] if "files" in info
                  else sorted(str(p) for p in directory.glob("*.array_record")))
-        self.source = grain.sources.ArrayRecordDataSource(paths)
+        self.source = _DescribedRecords(paths, describe(
+            "prepared records", **{"data.source": self.metadata.get("source")},
+            records=f"{directory.parent.name}/{directory.name}", count=info["count"]))
+        self.earlier_descriptions = (grain.sources.ArrayRecordDataSource.__repr__(self.source),)
         if len(self.source) != info["count"]:
             raise UserError(f"{directory} is incomplete ({len(self.source)} of {info['count']} "
                             "records); delete it and prepare the data again")

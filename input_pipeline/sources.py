@@ -5,18 +5,21 @@
 - WikiText (the tokenized release): a document is an article, starting at a level-1 heading
   ` = Title = `; sub-headings are dropped; each paragraph line is split into sentences after
   ` . `, ` ? `, ` ! ` tokens. `@-@`, `<unk>` and the like are kept as they are.
-- Any TFDS text dataset through `tfds.data_source` (ArrayRecord, no TensorFlow).
+- Any TFDS text dataset prepared as ArrayRecord (`tfds build NAME --file_format=array_record`),
+  read from its files (no TensorFlow, never a download: `tfds_builder`).
 - The offline demo corpus: the English documentation in CPython's `pydoc_data`.
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from input_pipeline.descriptions import describe
 from input_pipeline.errors import UserError
 
 Documents = list[list[str]]
@@ -123,18 +126,78 @@ def looks_like_wikitext(path: Path) -> bool:
     return False
 
 
-def open_tfds(name: str, split: str, data_dir: str | None) -> Any:
-    """`tfds.data_source(name, split)`: random access to a prepared TFDS dataset (ArrayRecord,
-    no TensorFlow), or a UserError that says how to prepare it."""
-    import tensorflow_datasets as tfds
+def tfds_data_dir(data_dir: str | None) -> str:
+    """Where TFDS datasets are read from: `data_dir`, else $TFDS_DATA_DIR, else
+    ~/tensorflow_datasets."""
+    from tensorflow_datasets.core import constants
 
+    return str(Path(data_dir or constants.DATA_DIR).expanduser())
+
+
+def tfds_builder(name: str, data_dir: str | None) -> Any:
+    """The prepared TFDS dataset `NAME[/CONFIG][:VERSION]` in `data_dir` (`tfds_data_dir`),
+    opened from its files alone (`dataset_info.json`, `features.json`;
+    `read_only_builder.builder_from_files`), never through its builder code, so nothing is
+    downloaded or generated. A dataset that is not there is a UserError naming the command that
+    prepares it."""
+    from tensorflow_datasets.core import read_only_builder, registered
+
+    where = tfds_data_dir(data_dir)
     try:
-        return tfds.data_source(name, split=split, data_dir=data_dir)
-    except Exception as e:  # tfds raises many types for missing/unprepared datasets
-        raise UserError(f"TFDS dataset {name} split {split} could not be opened "
-                        f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); prepare it with "
-                        "`tfds build --file_format=array_record` or set data.tfds_data_dir"
+        return read_only_builder.builder_from_files(name, data_dir=where)
+    except registered.DatasetNotFoundError:
+        raise UserError(f"TFDS dataset {name} is not prepared in {where} (pretext never "
+                        f"downloads); prepare it once with `tfds build {name} "
+                        f"--file_format=array_record --data_dir={where}` or set "
+                        "data.tfds_data_dir to where it is") from None
+    except (ValueError, OSError) as e:  # a malformed name, or the dataset in two places
+        raise UserError(f"TFDS dataset {name} in {where} cannot be opened "
+                        f"({str(e).splitlines()[0][:160]}); check the name in data.source and "
+                        "data.tfds_data_dir") from None
+
+
+def tfds_fingerprint(builder: Any) -> dict[str, str]:
+    """What identifies a prepared TFDS dataset's records: its full name (with config and
+    version) and a digest of its `dataset_info.json` (splits, shard lengths, sizes)."""
+    info = (builder.data_path / "dataset_info.json").read_bytes()
+    return {"dataset": builder.info.full_name, "dataset_info": hashlib.sha1(info).hexdigest()[:16]}
+
+
+class TfdsSplit:
+    """One split of a prepared TFDS dataset: its records by index (ArrayRecord through
+    `as_data_source`, decoded to numpy without TensorFlow), and as `repr` a stable description
+    of them (`descriptions.describe`: dataset, version, split, count)."""
+
+    def __init__(self, name: str, records: Any, fields: dict[str, Any]):
+        self.name, self.records, self.fields = name, records, fields
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.records[index]
+
+    def __repr__(self) -> str:
+        return describe("TFDS split", **self.fields)
+
+
+def open_tfds(name: str, split: str, data_dir: str | None) -> TfdsSplit:
+    """Random access to a split of a prepared TFDS dataset (`tfds_builder`), or a one-line
+    UserError that says how to prepare it."""
+    builder = tfds_builder(name, data_dir)
+    try:
+        records = builder.as_data_source(split=split)
+    except NotImplementedError:
+        where = tfds_data_dir(data_dir)
+        raise UserError(f"TFDS dataset {name} in {where} is not stored as ArrayRecord (no "
+                        f"random access); prepare it again with `tfds build {name} "
+                        f"--file_format=array_record --data_dir={where}`") from None
+    except (ValueError, KeyError):
+        raise UserError(f"TFDS dataset {name} has no split {split!r} (it has "
+                        f"{', '.join(sorted(builder.info.splits))}); set data.tfds_split"
                         ) from None
+    return TfdsSplit(name, records, {**tfds_fingerprint(builder), "data.tfds_split": split,
+                                     "examples": len(records)})
 
 
 def tfds_text_key(record: dict[str, Any], name: str, text_key: str | None) -> str:
@@ -161,7 +224,7 @@ def tfds_document(record: dict[str, Any], key: str) -> list[str]:
 def read_tfds(name: str, *, split: str = "train", text_key: str | None = None,
               data_dir: str | None = None) -> Documents:
     """Each record's text feature becomes a document (`tfds_document`). Needs the dataset
-    prepared as ArrayRecord (`tfds build --file_format=array_record`)."""
+    prepared as ArrayRecord (`tfds build NAME --file_format=array_record`)."""
     source = open_tfds(name, split, data_dir)
     documents: Documents = []
     for index in range(len(source)):

@@ -153,8 +153,8 @@ def prepare_glue(data: DataConfig, examples: GlueExampleConfig, cache_dir: Path,
                         "(run.py finetune sets it from --init)")
     tokenizer = prepare.load_tokenizer(data)
     key = fingerprint("glue", task.name, dataclasses.asdict(examples),
-                      source_fingerprint(data.source), source_fingerprint(data.tokenizer),
-                      data.lowercase)
+                      glue.glue_fingerprint(data.source, task, data.tfds_data_dir or None),
+                      source_fingerprint(data.tokenizer), data.lowercase)
     train_dir = Path(cache_dir) / key / "train"
     if not (train_dir / "features.json").is_file():
         train = _encode(data, examples, tokenizer, "train")

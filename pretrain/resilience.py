@@ -8,7 +8,7 @@ signals, the data position across process counts, and non-finite steps.
   checkpoint). With several processes JAX's preemption sync point makes every process stop
   at the same step.
 - `data_state_for_this_process`: the saved Grain positions of every process, re-derived for
-  another process count.
+  another process count; `data_state_difference` says what makes one belong to other data.
 - `NonFiniteStep`: the error of a step whose loss or gradients were not finite.
 """
 
@@ -18,11 +18,13 @@ import json
 import os
 import re
 import signal
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from input_pipeline import descriptions
 from input_pipeline.errors import UserError
 
 
@@ -115,18 +117,20 @@ def gather_strings(text: str) -> list[str]:
     return [bytes(row[:n]).decode() for row, n in zip(rows, lengths, strict=True)]
 
 
-def data_state_for_this_process(saved: list[str], template: bytes) -> bytes:
+def data_state_for_this_process(saved: list[str], template: bytes,
+                                earlier_sources: Sequence[str] = ()) -> bytes:
     """This process's Grain iterator state from the states every process saved.
 
     Same process count: its own. Another count: each process reads its rows of every global
     batch (`input_pipeline.records.ProcessRowsSampler`), so after t global batches of B each
     of P processes has read t B / P records, and a process of the new count P' resumes after
     its t B / P'. That needs loaders without Grain workers on both sides (a worker's position
-    is not a single count); `template` is this process's fresh iterator state."""
+    is not a single count); `template` is this process's fresh iterator state.
+    `earlier_sources`: how older versions described the current records (`_in_current_terms`)."""
     count = jax.process_count()
     fresh = json.loads(template)
     if len(saved) == count:
-        return _with_sampler_of(json.loads(saved[jax.process_index()]), fresh)
+        return _in_current_terms(json.loads(saved[jax.process_index()]), fresh, earlier_sources)
     states = [json.loads(state) for state in saved]
     if any(state.get("worker_count", 0) for state in states) or fresh.get("worker_count", 0):
         raise UserError(f"the checkpoint's data position was written by {len(saved)} processes "
@@ -138,19 +142,46 @@ def data_state_for_this_process(saved: list[str], template: bytes) -> bytes:
                         f"resume with {len(saved)} processes")
     consumed = read_per_process.pop() * len(saved)
     state = {**states[0], "last_seen_indices": {"0": consumed // count - 1}}
-    return _with_sampler_of(state, fresh)
+    return _in_current_terms(state, fresh, earlier_sources)
 
 
-def _with_sampler_of(state: dict[str, Any], fresh: dict[str, Any]) -> bytes:
-    """`state` with the current loader's sampler description when the two differ only in
-    their shard options (checkpoints written before the loader stopped using Grain's
-    `ShardByJaxProcess`); Grain compares the descriptions and refuses other records."""
+def _settings(sampler: str) -> dict[str, str]:
+    """`name=value` pairs of a sampler description such as `IndexSampler(num_records=8, ...)`."""
+    return dict(re.findall(r"(\w+)=([^,()]*)", sampler))
+
+
+def _in_current_terms(state: dict[str, Any], fresh: dict[str, Any],
+                      earlier_sources: Sequence[str]) -> bytes:
+    """`state` with the current loader's descriptions where an older version described the same
+    thing otherwise: a sampler that differs only in its shard options (checkpoints written
+    before the loader stopped using Grain's `ShardByJaxProcess`), a data source described as
+    one of `earlier_sources` (checkpoints written before sources described their content).
+    Grain compares the descriptions and refuses other records."""
     def unsharded(sampler: str) -> str:
         return re.sub(r"shard_options=\w+\([^)]*\), ", "", sampler)
 
     if unsharded(state.get("sampler", "")) == unsharded(fresh.get("sampler", "")):
         state = {**state, "sampler": fresh["sampler"]}
+    if state.get("data_source") in earlier_sources:
+        state = {**state, "data_source": fresh["data_source"]}
     return json.dumps(state).encode()
+
+
+def data_state_difference(saved: bytes, fresh: bytes) -> str | None:
+    """What Grain would refuse in a saved data position, in words: the first fact in which the
+    saved source's description differs from the current one (`descriptions.difference`), a
+    sampler setting, or the worker count; None when the two agree."""
+    old, new = json.loads(saved), json.loads(fresh)
+    changed = descriptions.difference(old.get("data_source", ""), new.get("data_source", ""))
+    if changed:
+        return changed
+    before, now = _settings(old.get("sampler", "")), _settings(new.get("sampler", ""))
+    for key in dict.fromkeys([*now, *before]):
+        if before.get(key) != now.get(key):
+            return f"sampler {key}: {before.get(key)} vs {now.get(key)}"
+    if old.get("worker_count") != new.get("worker_count"):
+        return f"data.worker_count: {old.get('worker_count')} vs {new.get('worker_count')}"
+    return None
 
 
 class NonFiniteStep(UserError):

@@ -576,6 +576,23 @@ class Trainer:
             worker_count=self.config.data.worker_count)
         return iter(loader)
 
+    def _resume_data(self, iterator: Any, data_states: list[str], step: int) -> None:
+        """Puts the loader where the checkpoint's was; records that are not the checkpoint's
+        (other data, or the same files changed) are a UserError naming what differs."""
+        fresh = iterator.get_state()
+        saved = resilience.data_state_for_this_process(
+            data_states, fresh, getattr(self.data.train, "earlier_descriptions", ()))
+        changed = resilience.data_state_difference(saved, fresh)
+        try:
+            if changed is None:
+                iterator.set_state(saved)
+        except ValueError as error:  # Grain refuses for a reason not described above
+            changed = str(error).splitlines()[0]
+        if changed is not None:
+            raise UserError(f"the checkpoint at step {step} in {self.workdir} was written while "
+                            f"reading other data records ({changed}); restore that data or use "
+                            "a new --workdir")
+
     def run(self, stop_after: int | None = None) -> dict[str, Any]:
         """Trains to `train.steps`, resuming from the latest checkpoint in the workdir.
 
@@ -610,13 +627,7 @@ class Trainer:
             state, data_states = restored
             latest = int(jax.device_get(state.step))
             log_window = self._checked_log_window(manager, latest)
-            try:
-                iterator.set_state(resilience.data_state_for_this_process(
-                    data_states, iterator.get_state()))
-            except ValueError as error:  # Grain: the records are not the checkpoint's
-                raise UserError(f"the checkpoint at step {latest} in {self.workdir} was written "
-                                "while reading other data records (prepared with other data "
-                                "or example settings); use a new --workdir") from error
+            self._resume_data(iterator, data_states, latest)
         else:
             state = self.init_state()
         if self.is_writer:  # the checks passed: this run owns the workdir now

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tfds_utils import build_text_dataset
 
 import run
 
@@ -76,6 +77,9 @@ def bad_inputs(tmp: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
         "masking fractions over 1": (["--data", str(corpus), "examples.mask_token_prob=0.95"],
                                      "mask_token_prob"),
         "text that is not UTF-8": (["--data", str(not_utf8)], "not UTF-8"),
+        "TFDS dataset not prepared": (["--data", "tfds:tiny_wiki",
+                                       f"data.tfds_data_dir={tmp / 'tfds'}"],
+                                      "--file_format=array_record"),
         "images of the wrong shape": (["--preset", "simclr_tiny", "--data", str(cifar)],
                                       "3072 bytes"),
         "unknown non-finite policy": (["--data", str(corpus), "train.on_nonfinite=maybe"],
@@ -100,7 +104,8 @@ CASES = ["missing corpus", "empty corpus", "vocab that does not parse",
          "batch not divisible by data axes", "unknown config key", "value of the wrong type",
          "unknown preset", "override without a section", "mesh that does not fit",
          "workdir of another run", "generator larger than discriminator", "BERT key for ELECTRA",
-         "masking fractions over 1", "text that is not UTF-8", "images of the wrong shape",
+         "masking fractions over 1", "text that is not UTF-8", "TFDS dataset not prepared",
+         "images of the wrong shape",
          "unknown non-finite policy", "config.json that is not JSON",
          "every checkpoint unreadable", "coordinator without process count",
          "process id out of range"]
@@ -167,6 +172,26 @@ def test_cli_process_exit_code_and_no_traceback(tmp_path):
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0 and "missing.txt" in result.stderr
     assert not (tmp_path / "w").exists()
+
+
+def test_pretrain_on_a_prepared_tfds_dataset(tmp_path, capsys):
+    """`--data tfds:NAME` with data.tfds_data_dir: ELECTRA trains on a TFDS text dataset prepared
+    as ArrayRecord on disk (no TensorFlow, nothing downloaded)."""
+    rng = np.random.default_rng(0)
+    words = ["river", "city", "music", "season", "game", "film", "school", "team", "song",
+             "line", "world", "station", "church", "family", "album", "band", "series"]
+    texts = [" ".join(" ".join(rng.choice(words, 8)).capitalize() + "." for _ in range(6))
+             for _ in range(40)]
+    build_text_dataset(tmp_path / "tfds", "tiny_wiki", texts)
+    workdir = tmp_path / "run"
+    assert run.main(["pretrain", "--preset", "electra_tiny", "--data", "tfds:tiny_wiki",
+                     "--workdir", str(workdir), f"data.tfds_data_dir={tmp_path / 'tfds'}",
+                     "data.vocab_size=40", "data.held_out_fraction=0.2", "train.batch_size=8",
+                     "model.embedding_size=16",
+                     *SMALL]) == 0
+    assert "finished step 2" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(row["loss"]) for row in rows if "loss" in row)
 
 
 def test_help_everywhere(capsys):

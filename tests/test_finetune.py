@@ -14,6 +14,7 @@ import optax
 import pytest
 from flax import nnx
 from parity_utils import perturbed, xlnet_spiece
+from tfds_utils import build_glue_dataset
 
 import objectives  # noqa: F401  (registers the methods)
 import run
@@ -299,6 +300,35 @@ def test_cli_finetune_eval_and_bad_input(tmp_path, bert_dir, glue_folder, capsys
         err = capsys.readouterr().err.strip()
         assert code == 2 and err.count("\n") == 0 and fix in err, err
     assert sorted(p.name for p in workdir.rglob("*")) == before
+
+
+def test_cli_finetune_on_tfds_glue_by_default(tmp_path, bert_dir, capsys, monkeypatch):
+    """Without --data, `finetune` reads TFDS glue/<task> prepared as ArrayRecord (in
+    data.tfds_data_dir, else TFDS's default folder), as --help says; where it is not prepared,
+    one line names the command that prepares it, and nothing is downloaded."""
+    from tensorflow_datasets.core import constants
+
+    with pytest.raises(SystemExit):
+        run.main(["finetune", "--help"])
+    assert "(default: tfds)" in " ".join(capsys.readouterr().out.split())
+    rng = np.random.default_rng(0)
+    splits = {}
+    for split, count in (("train", 32), ("validation", 16)):
+        texts, labels = sentences(rng, count)
+        splits[split] = [{"sentence": t, "label": int(y)} for t, y in zip(texts, labels,
+                                                                           strict=True)]
+    build_glue_dataset(tmp_path / "tfds", "sst2", splits)
+    assert run.main(["finetune", "--task", "sst2", "--init", bert_dir, "--workdir",
+                     str(tmp_path / "w"), f"data.tfds_data_dir={tmp_path / 'tfds'}", *FAST,
+                     "train.steps=2"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("sst2 dev after 2 steps: ")
+    monkeypatch.setattr(constants, "DATA_DIR", str(tmp_path / "empty"))
+    assert run.main(["finetune", "--task", "sst2", "--init", bert_dir, "--workdir",
+                     str(tmp_path / "w2"), *FAST]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and (f"`tfds build glue/sst2 --file_format=array_record "
+                                     f"--data_dir={tmp_path / 'empty'}`") in err, err
+    assert not (tmp_path / "w2").exists() and not (tmp_path / "empty").exists()
 
 
 def test_glue_sweep_picks_the_best_learning_rate_on_dev(tmp_path, bert_dir, glue_folder):

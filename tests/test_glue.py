@@ -1,7 +1,7 @@
 """GLUE data and metrics: metrics equal scikit-learn / scipy, the encoding equals BERT's layout
 (checked against HF `BertTokenizer`) and XLNet's (against HF `XLNetTokenizer`), the real TSV
-files give GLUE's published counts, TFDS reading through `tfds.data_source`, and one-line errors
-for bad input."""
+files give GLUE's published counts, TFDS glue prepared as ArrayRecord on disk is read (never
+downloaded), and one-line errors for bad input."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 import pytest
 from parity_utils import xlnet_spiece
+from tfds_utils import build_glue_dataset
 
 from input_pipeline.errors import UserError
 from input_pipeline.glue import (
@@ -319,35 +320,65 @@ def test_real_glue_folder_forms(glue_root):
 # ------------------------------------------------------------------------------------- TFDS
 
 
+def glue_rows(task: str, count: int, seed: int = 0) -> list[dict]:
+    """`count` rows of random words with the task's TFDS features and labels."""
+    rng = np.random.default_rng(seed)
+    spec = glue_task(task)
+    rows = []
+    for _ in range(count):
+        row = {spec.tfds_text_a: " ".join(rng.choice(["good", "bad", "film", "plot"], 4))}
+        if spec.tfds_text_b:
+            row[spec.tfds_text_b] = " ".join(rng.choice(["the", "a", "story"], 3))
+        row["label"] = (float(rng.uniform(0, 5)) if spec.is_regression
+                        else int(rng.integers(spec.num_labels)))
+        rows.append(row)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def tfds_glue(tmp_path_factory):
+    """TFDS glue/{sst2,rte,stsb,cola} prepared as ArrayRecord on disk: 6 train and 4 validation
+    rows each; cola's test split has GLUE's hidden labels (-1)."""
+    root = tmp_path_factory.mktemp("tensorflow_datasets")
+    for task in ("sst2", "rte", "stsb", "cola"):
+        splits = {"train": glue_rows(task, 6), "validation": glue_rows(task, 4, seed=1)}
+        if task == "cola":
+            splits["test"] = [{**row, "label": -1} for row in glue_rows(task, 2)]
+        build_glue_dataset(root, task, splits)
+    return str(root)
+
+
 @pytest.mark.parametrize("spec,name,split,pair", [
     ("tfds", "sst2", "dev", False), ("tfds:glue", "RTE", "train", True),
     ("tfds:glue/stsb", "stsb", "validation", True), ("tfds", "cola", "train", False),
 ])
-def test_tfds_through_data_source(spec, name, split, pair):
-    tfds = pytest.importorskip("tensorflow_datasets")
-    with tfds.testing.mock_data(num_examples=6, policy=tfds.testing.MockPolicy.USE_CODE):
-        data = read_glue(spec, name, split)
-    assert len(data.texts_a) == len(data.labels) == 6
-    assert all(isinstance(t, str) for t in data.texts_a)
-    assert (data.texts_b is not None) == pair
+def test_tfds_glue_prepared_on_disk(spec, name, split, pair, tfds_glue):
+    data = read_glue(spec, name, split, tfds_glue)
+    tfds_split = "validation" if split == "dev" else split
+    rows = glue_rows(name.lower(), 6 if tfds_split == "train" else 4,
+                     seed=0 if tfds_split == "train" else 1)
     task = glue_task(name)
+    assert data.texts_a == [row[task.tfds_text_a] for row in rows]
+    assert (data.texts_b is not None) == pair
+    if pair:
+        assert data.texts_b == [row[task.tfds_text_b] for row in rows]
     if task.is_regression:
         assert data.labels.dtype == np.float32
+        np.testing.assert_allclose(data.labels, [row["label"] for row in rows], rtol=1e-6)
     else:
-        assert data.labels.dtype == np.int32 and set(data.labels) <= {0, 1}
+        assert data.labels.dtype == np.int32
+        assert data.labels.tolist() == [row["label"] for row in rows]
 
 
-def test_tfds_errors(tmp_path, monkeypatch):
-    tfds = pytest.importorskip("tensorflow_datasets")
-    with pytest.raises(UserError, match="glue/sst2 split train could not be opened") as error:
+def test_tfds_errors(tmp_path, tfds_glue):
+    with pytest.raises(UserError, match=r"glue/sst2 is not prepared in .*`tfds build glue/sst2 "
+                                        r"--file_format=array_record --data_dir=") as error:
         read_glue_tfds("sst2", "train", data_dir=str(tmp_path))
     assert "\n" not in str(error.value)
     with pytest.raises(UserError, match="not the TFDS config of GLUE task sst2"):
         read_glue("tfds:glue/cola", "sst2", "train")
-    monkeypatch.setattr(tfds, "data_source", lambda name, split, data_dir: [
-        {"idx": 0, "sentence1": b"a", "sentence2": b"b", "label": np.int64(-1)}])
     with pytest.raises(UserError, match=r"label -1 \(GLUE test labels are hidden\)"):
-        read_glue("tfds", "rte", "test")
+        read_glue("tfds", "cola", "test", tfds_glue)
 
 
 # ----------------------------------------------------------------------------------- errors

@@ -1,13 +1,19 @@
-"""CIFAR-10 pickles: the layout (channel-major rows -> NHWC), the real files when present,
-and clear errors for bad folders."""
+"""Image sources: CIFAR-10 pickles (channel-major rows -> NHWC, the real files when present),
+image folders, TFDS image datasets prepared on disk, the digits demo, host crops, their stable
+descriptions, and clear errors for bad folders."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import pickle
 
 import numpy as np
 import pytest
+from tfds_utils import build_image_dataset
 
+from input_pipeline.descriptions import difference
 from input_pipeline.errors import UserError
 from input_pipeline.images import cifar10_label_names, read_cifar10
 
@@ -141,22 +147,82 @@ def test_bad_image_folders_give_one_line_errors(tmp_path):
     assert decode_image((tmp_path / "a.png").read_bytes(), "a").shape == (5, 7, 3)
 
 
-@pytest.mark.parametrize("name, host_crop", [("cifar10", 0), ("imagenet2012", 16)])
-def test_tfds_image_datasets_by_name(name, host_crop, tmp_path):
-    """tfds.data_source records ({image, label, ...}): CIFAR-10's fixed 32x32 images go whole,
-    ImageNet's sizes vary and are cropped on the host."""
-    tfds = pytest.importorskip("tensorflow_datasets")
+@pytest.mark.parametrize("sizes, host_crop", [((12, 12), 0), ((10, 30), 16)])
+def test_tfds_image_datasets_prepared_on_disk(sizes, host_crop, tmp_path):
+    """TFDS image datasets prepared as ArrayRecord ({image, label}, PNG-encoded): images of one
+    size (CIFAR-10) go whole, images of many sizes (ImageNet) are cropped on the host; the
+    held-out split is `test`, else `validation`."""
     from input_pipeline.images import HostCrop, prepare_images
 
-    with tfds.testing.mock_data(num_examples=8, policy=tfds.testing.MockPolicy.USE_CODE):
-        train, held_out = prepare_images(f"tfds:{name}", "", tmp_path, 5,
-                                         crop=HostCrop(size=host_crop),
-                                         held_out_fraction=0.1, seed=0)
-        batch = first_batch(train, 4)
-    size = host_crop or 32
-    assert held_out["image"].shape == (5, size, size, 3)
+    held_out_split = "validation" if host_crop else "test"
+    build_image_dataset(tmp_path / "tfds", "tiny_images", {"train": 8, held_out_split: 6},
+                        sizes=sizes)
+    train, held_out = prepare_images("tfds:tiny_images", "", tmp_path, 5,
+                                     crop=HostCrop(size=host_crop), held_out_fraction=0.1,
+                                     seed=0, tfds_data_dir=str(tmp_path / "tfds"))
+    batch = first_batch(train, 4)
+    size = host_crop or 12
+    assert len(train) == 8 and held_out["image"].shape == (5, size, size, 3)
     views = (4, 2, size, size, 3) if host_crop else (4, size, size, 3)
     assert batch["image"].shape == views and batch["label"].dtype == np.int32
+
+
+def training_description(source: str, cache, crop=None, seed: int = 0, **kwargs) -> str:
+    """What Grain keeps in a checkpoint about the training images of `source`."""
+    from input_pipeline.images import HostCrop, prepare_images
+
+    train, _ = prepare_images(source, "", cache, 4, crop=crop or HostCrop(),
+                              held_out_fraction=0.25, seed=seed, **kwargs)
+    return repr(train.source)
+
+
+def test_image_sources_describe_their_content_stably(tmp_path):
+    """Every image source's description is the same when the same images are opened again (no
+    object ids) and names what changed when they change: an image folder's files and image
+    settings, a TFDS dataset's contents, the digits chosen, CIFAR-10's prepared records."""
+    from input_pipeline.images import HostCrop
+
+    image_folder(tmp_path / "folder", [(20, 20)])
+    source, cache = str(tmp_path / "folder"), tmp_path / "cache"
+    folder = training_description(source, cache)
+    assert folder == training_description(source, cache) and "0x" not in folder
+    assert json.loads(folder) == {
+        "kind": "image folder", "data.source": str((tmp_path / "folder" / "train").resolve()),
+        "images": 12, "files": json.loads(folder)["files"], "examples.host_crop_size": 0,
+        "image_shape": [20, 20, 3]}
+    assert difference(folder, training_description(source, cache, HostCrop(16))).startswith(
+        "examples.host_crop_size: 0 vs 16")
+    edited = tmp_path / "folder" / "train" / "dog" / "3.png"
+    write_image(edited, (20, 20), seed=99)
+    os.utime(edited, ns=(1, 1))
+    assert difference(folder, training_description(source, cache)).startswith("files: ")
+    write_image(tmp_path / "folder" / "train" / "dog" / "9.png", (20, 20), seed=9)
+    assert difference(folder, training_description(source, cache)) == "images: 12 vs 13"
+
+    for name, count in (("v1", 8), ("v2", 9)):
+        build_image_dataset(tmp_path / name, "tiny_images", {"train": count, "test": 2})
+    tfds = training_description("tfds:tiny_images", cache, tfds_data_dir=str(tmp_path / "v1"))
+    assert tfds == training_description("tfds:tiny_images", cache,
+                                        tfds_data_dir=str(tmp_path / "v1"))
+    fields = json.loads(tfds)
+    assert (fields["kind"], fields["dataset"], fields["data.tfds_split"], fields["examples"]) == (
+        "TFDS images", "tiny_images/1.0.0", "train", 8)
+    assert difference(tfds, training_description(
+        "tfds:tiny_images", cache, tfds_data_dir=str(tmp_path / "v2"))).startswith("dataset_info")
+
+    (tmp_path / "cifar").mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        write_batch(tmp_path / "cifar" / name, np.zeros((2, 32, 32, 3), np.uint8), [0, 1])
+    cifar = training_description(str(tmp_path / "cifar"), cache)
+    assert cifar == training_description(str(tmp_path / "cifar"), cache)
+    assert json.loads(cifar)["kind"] == "prepared records" and json.loads(cifar)["count"] == 10
+
+    if importlib.util.find_spec("sklearn"):  # the digits demo needs scikit-learn
+        digits = training_description("digits", cache)
+        assert digits == training_description("digits", cache)
+        assert json.loads(digits)["images"] == 1348
+        assert difference(digits, training_description("digits", cache, seed=1)).startswith(
+            "content: ")
 
 
 def test_tfds_errors_name_the_fix(tmp_path):

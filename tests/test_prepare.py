@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tfds_utils import build_text_dataset
 
 from input_pipeline import (
     albert_examples,
@@ -105,6 +106,28 @@ def test_shards_read_every_document_once_in_order(tmp_path, wikitext):
         assert [s.index for s in shards] == list(range(len(shards)))
     assert len(corpus.plan_shards(str(folder), DataConfig(source=str(folder),
                                                            input_shard_mb=0.004))) > 10
+
+
+def test_tfds_corpus_in_record_ranges_keyed_by_the_prepared_dataset(tmp_path, monkeypatch):
+    """A TFDS text dataset prepared on disk is cut into ranges of records that together read
+    every document once, in order; its records are cached under the dataset's identity, so a
+    dataset prepared again with other text is prepared again (not read from the cache)."""
+    monkeypatch.setattr(corpus, "TFDS_RECORDS_PER_SHARD", 8)
+    texts = [" ".join(f"Document {d} sentence {s} is here." for s in range(6))
+             for d in range(30)]
+    build_text_dataset(tmp_path / "v1", "tiny_corpus", texts)
+    data = DataConfig(source="tfds:tiny_corpus", tfds_data_dir=str(tmp_path / "v1"))
+    shards = corpus.plan_shards(data.source, data)
+    assert [s.pieces[0].stop - s.pieces[0].start for s in shards] == [8, 8, 8, 6]
+    documents = [d for shard in shards for d in corpus.read_shard(shard, data)]
+    assert documents == sources.read_documents("tfds:tiny_corpus", data_dir=str(tmp_path / "v1"))
+    first = prepared("tfds:tiny_corpus", tmp_path / "cache", tfds_data_dir=str(tmp_path / "v1"))
+    assert len(first[0]) > 30
+    build_text_dataset(tmp_path / "v2", "tiny_corpus", [t.replace("here", "there") for t in texts])
+    moved = json.dumps(corpus.source_fingerprint("tfds:tiny_corpus", str(tmp_path / "v2")))
+    assert moved != json.dumps(corpus.source_fingerprint("tfds:tiny_corpus", str(tmp_path / "v1")))
+    second = prepared("tfds:tiny_corpus", tmp_path / "cache", tfds_data_dir=str(tmp_path / "v2"))
+    assert second[0] != first[0]
 
 
 def test_held_out_split_per_shard():
@@ -404,7 +427,8 @@ def test_write_error_is_one_line_and_leaves_nothing_half_written(tmp_path, monke
 @pytest.mark.parametrize(("source", "message"), [
     ("{tmp}/nothing-*.txt", "no file matches"),
     ("{tmp}/blank.txt", "is empty"),
-    ("tfds:not_a_dataset_xyz", "could not be opened"),
+    ("tfds:not_a_dataset_xyz", "not prepared in .* `tfds build not_a_dataset_xyz "
+                               "--file_format=array_record"),
 ])
 def test_empty_or_missing_corpora_are_one_line_errors(tmp_path, source, message):
     (tmp_path / "blank.txt").write_text("\n\n   \n")

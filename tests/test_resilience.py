@@ -6,23 +6,30 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+import resilience_utils
+from resilience_utils import (
+    REPO,
+    assert_same_training,
+    interrupt,
+    run_in_process,
+    run_to_the_end,
+    train_losses,
+)
 
 from pretrain import resilience
 from pretrain.config import make_config
 from pretrain.trainer import Trainer
 
-REPO = Path(__file__).resolve().parent.parent
-WORKER = Path(__file__).resolve().parent / "resilience_worker.py"
 STEPS = 12
 OVERRIDES = {
     "model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,
@@ -52,80 +59,31 @@ def trainer_for(workdir: Path, cache: str, devices: list | None = None, **change
 
 
 def final_params(workdir: Path, cache: str) -> dict[str, np.ndarray]:
-    trainer = trainer_for(workdir, cache)
-    manager = trainer.checkpoint_manager()
-    state, _ = trainer.restore_latest_readable(manager)
-    manager.close()
-    return {jax.tree_util.keystr(k): np.asarray(v)
-            for k, v in jax.tree_util.tree_leaves_with_path(jax.device_get(state.params))}
-
-
-def train_losses(workdir: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return {row["step"]: row["loss"] for row in rows if row["split"] == "train"}
-
-
-def read_log(path: Path) -> list[tuple[int, str]]:
-    if not path.exists():
-        return []
-    lines = [line.split() for line in path.read_text().splitlines()]
-    return [(int(step), digest) for step, digest in lines]
-
-
-def launch(workdir: Path, log: Path, cache: str) -> subprocess.Popen:
-    spec = json.dumps({"preset": "bert_tiny", "overrides": settings(cache)})
-    return subprocess.Popen([sys.executable, str(WORKER), spec, str(workdir), str(log)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for_step(process: subprocess.Popen, log: Path, step: int) -> None:
-    deadline = time.monotonic() + 300
-    while not any(s >= step for s, _ in read_log(log)):
-        assert process.poll() is None, process.communicate()[1][-2000:]
-        assert time.monotonic() < deadline, "the worker did not reach the step in time"
-        time.sleep(0.02)
+    return resilience_utils.final_params("bert_tiny", settings(cache), workdir)
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, cache):
-    """The reference: one uninterrupted worker run."""
+    """The reference: one uninterrupted run (in this process, its compilation cache warm)."""
     directory = tmp_path_factory.mktemp("uninterrupted")
-    process = launch(directory / "w", directory / "log", cache)
-    _, err = process.communicate(timeout=600)
-    assert process.returncode == 0, err[-3000:]
-    return directory / "w", read_log(directory / "log")
+    run_in_process("bert_tiny", settings(cache), directory / "w", directory / "log")
+    return directory / "w", directory / "log"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_killed_and_restarted_run_equals_an_uninterrupted_one(sig, tmp_path, cache,
                                                               uninterrupted):
-    reference_dir, reference_log = uninterrupted
     kill_at = sorted(np.random.default_rng(int(sig)).choice(np.arange(2, STEPS), 3,
                                                             replace=False))
     workdir, log = tmp_path / "w", tmp_path / "log"
     for step in kill_at:
-        process = launch(workdir, log, cache)
-        wait_for_step(process, log, int(step))
-        process.send_signal(sig)
-        out, err = process.communicate(timeout=300)
-        if sig == signal.SIGTERM:  # finishes its step, checkpoints, exits cleanly
-            assert process.returncode == 0, err[-3000:]
-            assert json.loads(out.splitlines()[-1])["stopped_by"] == "SIGTERM"
-    process = launch(workdir, log, cache)
-    _, err = process.communicate(timeout=600)
-    assert process.returncode == 0, err[-3000:]
-
-    executed = read_log(log)
-    accepted = dict(executed)  # a step redone after a kill replaces the lost attempt
-    assert sorted(accepted) == list(range(1, STEPS + 1))
-    assert accepted == dict(reference_log)  # every step read the same examples
+        interrupt("bert_tiny", settings(cache), workdir, log, int(step), sig)
+    run_to_the_end("bert_tiny", settings(cache), workdir, log)
+    executed = assert_same_training("bert_tiny", settings(cache), (workdir, log), uninterrupted)
     if sig == signal.SIGTERM:
         assert len(executed) == STEPS  # nothing was lost or redone
     else:
         assert len(executed) > STEPS  # kills lost work that was redone
-    assert train_losses(workdir) == train_losses(reference_dir)
-    ours, theirs = final_params(workdir, cache), final_params(reference_dir, cache)
-    assert all(np.array_equal(ours[k], theirs[k]) for k in theirs)
 
 
 def test_unreadable_latest_checkpoint_falls_back_to_the_previous(tmp_path, cache, capfd,
@@ -263,3 +221,43 @@ def test_data_state_of_an_older_loader_resumes_and_other_records_are_refused():
     with pytest.raises(ValueError):
         other.set_state(resilience.data_state_for_this_process([json.dumps(state)],
                                                                other.get_state()))
+
+
+def test_records_are_described_by_content_and_older_descriptions_still_resume(tmp_path):
+    """Prepared records are described by their fingerprinted directory and count, not by where
+    the cache lies; a data position saved under the description older versions stored (a digest
+    of the absolute file paths) resumes; one of other records is refused naming what differs."""
+    from input_pipeline.records import RecordDirectory, make_loader, write_records
+
+    def write(directory: Path, count: int) -> RecordDirectory:
+        write_records(({"id": np.int32(i)} for i in range(count)), directory,
+                      metadata={"source": "corpus.txt"})
+        return RecordDirectory(directory)
+
+    records = write(tmp_path / "cache" / "key1" / "train", 40)
+    assert json.loads(repr(records.source)) == {
+        "kind": "prepared records", "data.source": "corpus.txt", "records": "key1/train",
+        "count": 40}
+    shutil.copytree(tmp_path / "cache", tmp_path / "moved")
+    assert repr(RecordDirectory(tmp_path / "moved" / "key1" / "train").source) == repr(
+        records.source)
+    reference = iter(make_loader(records, batch_size=4, seed=1))
+    for _ in range(3):
+        next(reference)
+    state = json.loads(reference.get_state())
+    state["data_source"] = records.earlier_descriptions[0]  # as older checkpoints hold it
+    assert "hash_of_paths" in state["data_source"]
+    resumed = iter(make_loader(records, batch_size=4, seed=1))
+    fresh = resumed.get_state()
+    saved = resilience.data_state_for_this_process([json.dumps(state)], fresh,
+                                                   records.earlier_descriptions)
+    assert resilience.data_state_difference(saved, fresh) is None
+    resumed.set_state(saved)
+    np.testing.assert_array_equal(next(resumed)["id"], next(reference)["id"])
+    other = iter(make_loader(write(tmp_path / "cache" / "key2" / "train", 40), batch_size=4,
+                             seed=1))
+    assert resilience.data_state_difference(reference.get_state(), other.get_state()) == (
+        "records: 'key1/train' vs 'key2/train'")
+    assert resilience.data_state_difference(
+        reference.get_state(), iter(make_loader(records, batch_size=4, seed=2)).get_state()
+    ) == "sampler seed: 1 vs 2"

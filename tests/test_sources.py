@@ -1,10 +1,13 @@
-"""Text sources: BERT's plain-text format, WikiText, TFDS by name, the demo corpus, errors."""
+"""Text sources: BERT's plain-text format, WikiText, TFDS datasets prepared on disk (never
+downloaded), the demo corpus, errors."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
+from tfds_utils import build_text_dataset
 
 from input_pipeline import sources
 from input_pipeline.errors import UserError
@@ -56,12 +59,55 @@ def test_real_wikitext_valid(shared_data):
     assert sum(len(doc) for doc in docs) > 5000
 
 
-def test_tfds_by_name_through_data_source(tmp_path):
+def test_tfds_dataset_prepared_on_disk_is_read_by_name(tmp_path):
+    """A TFDS text dataset prepared as ArrayRecord in data.tfds_data_dir: one document per
+    record, paragraphs at newlines, then sentences; its description names dataset, version,
+    split and size, the same for every opening."""
+    texts = ["First sentence here. Second one follows!\nA new paragraph.", "Only one."]
+    build_text_dataset(tmp_path, "tiny_corpus", texts)
+    docs = sources.read_documents("tfds:tiny_corpus", data_dir=str(tmp_path))
+    assert docs == [["First sentence here.", "Second one follows!", "A new paragraph."],
+                    ["Only one."]]
+    split = sources.open_tfds("tiny_corpus", "train", str(tmp_path))
+    fields = json.loads(repr(split))
+    assert fields["dataset"] == "tiny_corpus/1.0.0" and fields["data.tfds_split"] == "train"
+    assert fields["examples"] == 2 and "0x" not in repr(split)
+    assert repr(sources.open_tfds("tiny_corpus", "train", str(tmp_path))) == repr(split)
+    assert len(sources.read_documents("tfds:tiny_corpus", tfds_split="train[:1]",
+                                      data_dir=str(tmp_path))) == 1
+
+
+def test_unprepared_tfds_dataset_names_the_build_command_and_never_downloads(tmp_path,
+                                                                            monkeypatch):
+    """Nothing that downloads or prepares is called: TFDS's own preparation, its GCS look-ups
+    and `tfds.data_source` (which prepares what is missing) all fail here if they are."""
     tfds = pytest.importorskip("tensorflow_datasets")
-    with tfds.testing.mock_data(num_examples=7, policy=tfds.testing.MockPolicy.USE_CODE):
-        docs = sources.read_documents("tfds:imdb_reviews", tfds_split="train",
-                                      tfds_text_key="text")
-    assert len(docs) == 7 and all(isinstance(s, str) for doc in docs for s in doc)
+    from tensorflow_datasets.core.utils import gcs_utils
+
+    build_text_dataset(tmp_path, "tiny_corpus", ["One sentence."])
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("pretext tried to download or prepare a dataset")
+
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", no_download)
+    monkeypatch.setattr(tfds, "data_source", no_download)
+    monkeypatch.setattr(tfds, "load", no_download)
+    monkeypatch.setattr(gcs_utils, "gcs_dataset_info_files", no_download)
+    monkeypatch.setattr(gcs_utils, "is_dataset_on_gcs", no_download)
+    for name in ("mnist", "glue/sst2", "no_such_dataset_xyz"):  # registered ones too
+        with pytest.raises(UserError) as error:
+            sources.read_documents(f"tfds:{name}", data_dir=str(tmp_path))
+        message = str(error.value)
+        assert f"tfds build {name} --file_format=array_record --data_dir={tmp_path}`" in message
+        assert "not prepared" in message and "\n" not in message
+    with pytest.raises(UserError, match=r"no split 'validation' \(it has train\); set "
+                                        "data.tfds_split"):
+        sources.open_tfds("tiny_corpus", "validation", str(tmp_path))
+    # Prepared in another format (tfds build's default, TFRecord): no random access.
+    info = tmp_path / "tiny_corpus" / "1.0.0" / "dataset_info.json"
+    info.write_text(info.read_text().replace('"array_record"', '"tfrecord"'))
+    with pytest.raises(UserError, match="not stored as ArrayRecord.*--file_format=array_record"):
+        sources.open_tfds("tiny_corpus", "train", str(tmp_path))
 
 
 def test_python_docs_corpus_is_prose():
@@ -88,5 +134,5 @@ def test_bad_sources(tmp_path):
         sources.read_documents(str(tmp_path / "*.none"))
     with pytest.raises(UserError, match="text_format"):
         sources.read_documents(str(empty), text_format="xml")
-    with pytest.raises(UserError, match="could not be opened"):
+    with pytest.raises(UserError, match="not prepared"):
         sources.read_documents("tfds:no_such_dataset_xyz", data_dir=str(tmp_path))

@@ -182,13 +182,18 @@ def test_resume_is_exact(tmp_path, data_cache, preset):
 
 
 def test_checkpoint_of_other_records_is_refused_with_a_clear_error(tmp_path, data_cache):
-    make_trainer(tmp_path / "w", data_cache, **{"train.steps": 2}).run()
+    """The checkpoint's data position belongs to other records (here: its description of them
+    is edited): the error names the fact that differs."""
+    trainer = make_trainer(tmp_path / "w", data_cache, **{"train.steps": 2})
+    trainer.run()
+    records = f"{trainer.data.train.directory.parent.name}/train"
     (metadata,) = (tmp_path / "w" / "checkpoints" / "2" / "data").glob("metadata")
     text = metadata.read_text()
-    assert "hash_of_paths=" in text
-    metadata.write_text(text.replace("hash_of_paths=", "hash_of_paths=0"))
+    assert records in text
+    metadata.write_text(text.replace(records, "0" + records))
     integrity.seal(tmp_path / "w" / "checkpoints" / "2")  # as if written so, not damaged
-    with pytest.raises(UserError, match="other data records.*new --workdir"):
+    with pytest.raises(UserError, match=rf"other data records \(records: '0{records}' vs "
+                                        rf"'{records}'\); restore that data or use a new"):
         make_trainer(tmp_path / "w", data_cache, **{"train.steps": 3}).run()
 
 

@@ -1,0 +1,80 @@
+"""Kills and preemption signals change nothing about image runs either: SimCLR on an image
+folder (whole images) and on a TFDS image dataset prepared on disk (images of many sizes,
+cropped on the host), killed with SIGKILL, stopped with SIGTERM and rerun, ends with the
+losses and parameters of an uninterrupted run, bit for bit. The data position resumes because
+image sources describe their content, not their object ids; other images are refused with the
+fact that changed."""
+
+from __future__ import annotations
+
+import signal
+
+import numpy as np
+import pytest
+from resilience_utils import assert_same_training, interrupt, run_in_process
+from tfds_utils import build_image_dataset
+
+from input_pipeline.errors import UserError
+from pretrain.config import make_config
+from pretrain.trainer import Trainer
+
+STEPS = 10
+SIMCLR = {
+    "model.base_width": 4, "model.image_size": 16, "train.batch_size": 8, "train.steps": STEPS,
+    "train.log_every": 1, "train.eval_every": 1000, "train.eval_batches": 1,
+    "train.checkpoint_every": 3, "train.progress": False, "optim.warmup_steps": 2,
+    "data.held_out_fraction": 0.25,
+}
+
+
+def write_png_folder(root, count: int, seed: int = 0) -> None:
+    """root/<class>/<i>.png: `count` random 16x16 RGB images per class, two classes."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for label in ("cat", "dog"):
+        (root / label).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(
+                root / label / f"{i}.png")
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, dict]:
+    """The data settings of each image source."""
+    root = tmp_path_factory.mktemp("images")
+    write_png_folder(root / "folder", 16)
+    build_image_dataset(root / "tfds", "tiny_images", {"train": 32, "test": 8}, sizes=(12, 28))
+    return {"image folder": {"data.source": str(root / "folder")},
+            "TFDS images": {"data.source": "tfds:tiny_images",
+                            "data.tfds_data_dir": str(root / "tfds"),
+                            "examples.host_crop_size": 16}}
+
+
+@pytest.mark.parametrize("source", ["image folder", "TFDS images"])
+def test_killed_and_stopped_image_run_equals_an_uninterrupted_one(source, sources, tmp_path):
+    """Worker processes are killed (SIGKILL after step 5 began; the last checkpoint is step 3's)
+    and stopped (SIGTERM at step 8); the rerun that finishes, and the reference, run in this
+    process (its compilation cache is warm)."""
+    overrides = {**SIMCLR, **sources[source], "data.cache_dir": str(tmp_path / "cache")}
+    reference = tmp_path / "reference", tmp_path / "reference.log"
+    run_in_process("simclr_tiny", overrides, *reference)
+    ours = tmp_path / "w", tmp_path / "w.log"
+    interrupt("simclr_tiny", overrides, *ours, step=5, sig=signal.SIGKILL)
+    interrupt("simclr_tiny", overrides, *ours, step=8, sig=signal.SIGTERM)
+    run_in_process("simclr_tiny", overrides, *ours)
+    executed = assert_same_training("simclr_tiny", overrides, ours, reference)
+    assert len(executed) > STEPS  # the kill lost steps 4-5, which were redone
+
+
+def test_resuming_on_changed_images_names_what_changed(tmp_path):
+    """The same settings over a folder whose images changed since the checkpoint: one line
+    naming the fact that differs, nothing trained."""
+    write_png_folder(tmp_path / "folder", 16)
+    overrides = {**SIMCLR, "data.source": str(tmp_path / "folder"), "train.steps": 1,
+                 "data.cache_dir": str(tmp_path / "cache")}
+    Trainer(make_config("simclr_tiny", overrides), tmp_path / "w").run()
+    write_png_folder(tmp_path / "folder" / "extra", 1)  # a third class: another image
+    with pytest.raises(UserError, match=r"at step 1 .* other data records \(images: 24 vs 26\); "
+                                        "restore that data or use a new --workdir"):
+        Trainer(make_config("simclr_tiny", {**overrides, "train.steps": 2}), tmp_path / "w").run()
