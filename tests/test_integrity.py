@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -295,3 +296,17 @@ def test_a_very_long_line_prepares_like_any_other(tmp_path):
     data = prepare_data(config, tmp_path / "w")
     lengths = data.train.examples(range(len(data.train)))["input_ids"].shape
     assert len(data.train) > 0 and lengths[1] == config.examples["max_seq_length"]
+
+
+def test_a_moved_workdir_resumes_exactly(tmp_path, corpus_and_cache, uninterrupted):
+    """Records prepared inside the workdir (`<workdir>/data`), the workdir renamed and moved
+    to another folder between stop and resume: nothing in it names its old path."""
+    first = tmp_path / "here" / "run"
+    trainer_at(first, corpus_and_cache, **{"data.cache_dir": ""}).run(stop_after=3)
+    moved = tmp_path / "elsewhere" / "renamed"
+    moved.parent.mkdir()
+    shutil.move(first, moved)
+    summary = trainer_at(moved, corpus_and_cache, **{"data.cache_dir": ""}).run()
+    assert summary["step"] == STEPS and not (tmp_path / "here" / "run").exists()
+    for ours, reference in zip(params_of(summary), uninterrupted, strict=True):
+        np.testing.assert_array_equal(ours, reference)
