@@ -216,6 +216,10 @@ class Trainer:
         saved = self.workdir / CONFIG_FILE
         if self.workdir.exists() and not self.workdir.is_dir():
             raise UserError(f"--workdir {self.workdir} is a file; name a folder for the run")
+        checkpoints = self.workdir / "checkpoints"
+        if checkpoints.exists() and not checkpoints.is_dir():
+            raise UserError(f"{checkpoints} is not a folder; move it away (a run keeps its "
+                            "checkpoints there) or use a new --workdir")
         if not saved.is_file():
             return
         try:
@@ -614,10 +618,6 @@ class Trainer:
         checks (config, checkpoint, data position) have passed."""
         t = self.config.train
         self._check_existing_workdir()  # again: another run may have written it meanwhile
-        checkpoints = self.workdir / "checkpoints"
-        if checkpoints.exists() and not checkpoints.is_dir():
-            raise UserError(f"{checkpoints} is not a folder; move it away (a run keeps its "
-                            "checkpoints there) or use a new --workdir")
         manager = self.checkpoint_manager()
         iterator = self.data_iterator()
         restored = self.restore_latest_readable(manager)

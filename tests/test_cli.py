@@ -1,9 +1,11 @@
-"""run.py: bad input gives one line naming the fix, exit 2, and leaves the workdir untouched;
-the demo learns something (held-out MLM accuracy above the majority-token baseline)."""
+"""run.py: bad input gives one line naming the fix, exit 2, and leaves the workdir untouched
+(every case run as its own process, so tracebacks, stderr floods and hangs are seen); the demo
+learns something (held-out MLM accuracy above the majority-token baseline)."""
 
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
 import subprocess
@@ -23,6 +25,8 @@ TRAINED = ["data.vocab_size=40", "train.batch_size=8"]  # the module's finished 
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
+    if directory.is_file():  # a --workdir that names a file
+        return {"": directory.read_bytes()}
     return {str(p.relative_to(directory)): p.read_bytes()
             for p in sorted(directory.rglob("*")) if p.is_file()}
 
@@ -43,6 +47,10 @@ def bad_inputs(tmp: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
     small_vocab = tmp / "small_vocab.txt"
     words = sorted({w.strip(".").lower() for w in corpus.read_text().split()})
     small_vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *words]))
+    broken_hf = tmp / "hf_tokenizer"
+    broken_hf.mkdir(exist_ok=True)
+    shutil.copy(small_vocab, broken_hf / "vocab.txt")
+    (broken_hf / "tokenizer_config.json").write_text('{"do_lower_case": tru')
     not_utf8 = tmp / "latin1.txt"
     not_utf8.write_bytes("Caf\u00e9 au lait.\n".encode("latin-1") * 20)
     cifar = tmp / "cifar"
@@ -84,7 +92,32 @@ def bad_inputs(tmp: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
                                       "3072 bytes"),
         "unknown non-finite policy": (["--data", str(corpus), "train.on_nonfinite=maybe"],
                                       "on_nonfinite"),
-        "config.json that is not JSON": (["--data", str(corpus)], "not readable JSON"),
+        "config.json that is not JSON": (["--data", str(corpus)], "not a readable config"),
+        "config.json that is not an object": (["--data", str(corpus)], "not a JSON object"),
+        "workdir that is a file": (["--data", str(corpus)], "is a file"),
+        "checkpoints that are not a folder": (["--data", str(corpus)], "is not a folder"),
+        "HF folder with a broken tokenizer_config.json": (
+            ["--data", str(corpus), "--tokenizer", str(broken_hf)], "tokenizer_config.json"),
+        "no evaluation batches": (["--data", str(corpus), "train.eval_batches=0"],
+                                  "train.eval_batches=0 is outside its valid range [1, inf)"),
+        "unknown compute dtype": (["--data", str(corpus), "model.dtype=float8"], "bfloat16"),
+        "negative loader workers": (["--data", str(corpus), "data.worker_count=-1"],
+                                    "data.worker_count=-1"),
+        "negative learning rate": (["--data", str(corpus), "optim.learning_rate=-1"],
+                                   "[0, inf)"),
+        "non-finite learning rate": (["--data", str(corpus), "optim.learning_rate=nan"],
+                                     "finite"),
+        "negative warmup": (["--data", str(corpus), "optim.warmup_steps=-5"], "[0, inf)"),
+        "no checkpoints kept": (["--data", str(corpus), "train.keep_checkpoints=0"],
+                                "train.keep_checkpoints=0"),
+        "process count that is not a number": (["--data", str(corpus)], "JAX_NUM_PROCESSES"),
+        "empty workdir name": ([], "empty path"),
+        "fine-tuning for nan epochs": (["--task", "sst2", "--init", str(tmp), "--epochs", "nan"],
+                                       "--epochs"),
+        "GLUE sweep with no seeds": (["--init", str(tmp), "--seeds", "0"], "--seeds"),
+        "eval of a damaged config.json": ([], "config.json is not readable"),
+        "profile steps backwards": (["--data", str(corpus), "train.profile_steps=3:2"],
+                                    "FIRST:LAST"),
         "every checkpoint unreadable": ([], "can be restored"),  # the trained run's data
         "coordinator without process count": (["--data", str(corpus)], "--num-processes"),
         "process id out of range": (["--data", str(corpus)], "--process-id 5"),
@@ -96,7 +129,11 @@ COMMANDS = {
     "coordinator without process count": (["--coordinator", "localhost:1"], "pretrain"),
     "process id out of range": (["--coordinator", "localhost:1", "--num-processes", "2",
                                  "--process-id", "5"], "pretrain"),
+    "fine-tuning for nan epochs": ([], "finetune"),
+    "GLUE sweep with no seeds": ([], "glue"),
+    "eval of a damaged config.json": ([], "eval"),
 }
+ENVIRONMENT = {"process count that is not a number": {"JAX_NUM_PROCESSES": "two"}}
 
 
 CASES = ["missing corpus", "empty corpus", "vocab that does not parse",
@@ -108,7 +145,14 @@ CASES = ["missing corpus", "empty corpus", "vocab that does not parse",
          "images of the wrong shape",
          "unknown non-finite policy", "config.json that is not JSON",
          "every checkpoint unreadable", "coordinator without process count",
-         "process id out of range"]
+         "process id out of range", "config.json that is not an object",
+         "workdir that is a file", "checkpoints that are not a folder",
+         "HF folder with a broken tokenizer_config.json", "no evaluation batches",
+         "unknown compute dtype", "negative loader workers", "negative learning rate",
+         "non-finite learning rate", "negative warmup", "no checkpoints kept",
+         "process count that is not a number", "empty workdir name",
+         "fine-tuning for nan epochs", "GLUE sweep with no seeds",
+         "eval of a damaged config.json", "profile steps backwards"]
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +175,17 @@ def prepare_workdir(case: str, workdir: Path, trained: Path) -> None:
         for data_file in (workdir / "checkpoints").glob("*/state/ocdbt.process_0/d/*"):
             data_file.write_bytes(data_file.read_bytes()[:100])
         return
+    if case == "workdir that is a file":
+        workdir.write_text("keep me")
+        return
     workdir.mkdir()
     (workdir / "notes.txt").write_text("keep me")
+    if case == "checkpoints that are not a folder":
+        (workdir / "checkpoints").write_text("keep me too")
+    if case == "config.json that is not an object":
+        (workdir / "config.json").write_text("[1, 2]")
+    if case == "eval of a damaged config.json":
+        (workdir / "config.json").write_text('{"method": "classify", ')
     if case == "workdir of another run":
         (workdir / "config.json").write_text(json.dumps(
             {"method": "bert", "model": {"hidden_size": 32}, "train": {}}))
@@ -145,8 +198,9 @@ def test_every_case_is_listed(tmp_path, corpus):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_bad_input_is_one_line_and_leaves_workdir_alone(case, tmp_path, corpus, capsys,
-                                                        trained_workdir):
+def test_bad_input_is_one_line_and_leaves_workdir_alone(case, tmp_path, corpus, trained_workdir):
+    """Each case as its own `run.py` process: exit status 2, exactly one line on stderr naming
+    the fix (no traceback, no flood from background threads), the workdir unchanged."""
     workdir = tmp_path / "existing_workdir"
     prepare_workdir(case, workdir, trained_workdir)
     before = snapshot(workdir)
@@ -155,12 +209,19 @@ def test_bad_input_is_one_line_and_leaves_workdir_alone(case, tmp_path, corpus, 
         args = ["--data", str(trained_workdir.parent / "corpus.txt"), *TRAINED]
     prefix, command = COMMANDS.get(case, ([], "pretrain"))
     size = SMALL[-2:] if "simclr_tiny" in args else SMALL  # no Transformer keys for images
-    code = run.main([*prefix, command, "--workdir", str(workdir), *args, *size])
-    err = capsys.readouterr().err.strip()
-    assert code == 2
-    assert err.startswith("error: ") and "\n" not in err, err
+    if command != "pretrain":
+        size = []
+    where = "" if case == "empty workdir name" else str(workdir)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "run.py"), *prefix, command, "--workdir", where, *args,
+         *size], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        env={**os.environ, **ENVIRONMENT.get(case, {})})
+    err = result.stderr.strip()
+    assert result.returncode == 2, err[-2000:]
+    assert err.startswith("error: ") and "\n" not in err, err[-2000:]
     assert hint in err, err
     assert snapshot(workdir) == before
+    assert not list(tmp_path.glob("checkpoints")), "wrote into the current directory"
 
 
 def test_cli_process_exit_code_and_no_traceback(tmp_path):
