@@ -76,6 +76,13 @@ class TransformerConfig:
     """Kernel of attention without dropout: xla or cudnn (GPU flash, bf16/fp16); unused by XLNet."""
 
     def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        check_rates(self, ("hidden_dropout", "attention_dropout"))
+        if not (self.layer_norm_eps > 0 and self.initializer_range >= 0):
+            raise ValueError(f"layer_norm_eps={self.layer_norm_eps} must be > 0 and "
+                             f"initializer_range={self.initializer_range} >= 0")
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
@@ -92,6 +99,13 @@ class TransformerConfig:
     def embedding_width(self) -> int:
         """The word-embedding width (the hidden size unless a family factorises it)."""
         return self.hidden_size
+
+
+def check_rates(config: Any, names: tuple[str, ...]) -> None:
+    """Probabilities such as dropout rates must lie in [0, 1)."""
+    for name in names:
+        if not 0.0 <= getattr(config, name) < 1.0:
+            raise ValueError(f"{name}={getattr(config, name)} must be in [0, 1)")
 
 
 def check_execution_fields(config: Any) -> None:

@@ -29,6 +29,7 @@ from models.encoder import (
     ACTIVATIONS,
     attention,
     check_execution_fields,
+    check_rates,
     dropout,
     embed,
     relative_position_bucket,
@@ -107,6 +108,9 @@ class T5Config:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.num_decoder_layers < 0:
             raise ValueError("num_decoder_layers must be >= 0 (0 = num_layers)")
+        check_rates(self, ("hidden_dropout", "attention_dropout"))
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"layer_norm_eps={self.layer_norm_eps} must be > 0")
         check_execution_fields(self)
 
     @property

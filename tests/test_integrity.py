@@ -44,6 +44,8 @@ def test_damaged_metrics_tail_is_trimmed_with_a_warning(tmp_path, capsys):
     ("model.dtype=float8", "bfloat16"), ("mesh.data=0", "at least 1 device"),
     ("model.hidden_dropout=inf", "finite"), ("data.worker_count=-1", ">= 0"),
     ("optim.layerwise_lr_decay=0", "(0, 1]"),
+    ("model.hidden_size=-64", ">= 1"), ("model.num_heads=0", ">= 1"),
+    ("model.attention_dropout=1.5", "[0, 1)"), ("model.layer_norm_eps=-1", "> 0"),
 ])
 def test_numbers_out_of_range_are_refused_naming_the_range(override, message):
     with pytest.raises(UserError) as error:
