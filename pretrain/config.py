@@ -738,9 +738,11 @@ def validate(config: Config) -> None:
     if t.batch_size % o.grad_accum_steps:
         raise UserError(f"train.batch_size={t.batch_size} is not divisible by "
                         f"optim.grad_accum_steps={o.grad_accum_steps}; change one of them")
-    try:
-        model_config = config.model_config()
-        example_config = config.example_config()
-    except (TypeError, ValueError) as e:
-        raise UserError(f"invalid model/examples config: {e}") from None
+    configs = {}
+    for section, build in (("model", config.model_config), ("examples", config.example_config)):
+        try:
+            configs[section] = build()
+        except (TypeError, ValueError) as e:
+            raise UserError(f"invalid {section} config ({section}.*): {e}") from None
+    model_config, example_config = configs["model"], configs["examples"]
     registry.get(config.method).check(model_config, example_config)
