@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -314,3 +315,31 @@ def test_a_moved_workdir_resumes_exactly(tmp_path, corpus_and_cache, uninterrupt
     assert summary["step"] == STEPS and not (tmp_path / "here" / "run").exists()
     for ours, reference in zip(params_of(summary), uninterrupted, strict=True):
         np.testing.assert_array_equal(ours, reference)
+
+
+def test_two_pretrain_processes_on_one_workdir(tmp_path, corpus_and_cache):
+    """A second `run.py pretrain` on a workdir in use is refused with one line naming the
+    first, which finishes unharmed (every step logged once)."""
+    corpus, cache = corpus_and_cache
+    workdir = tmp_path / "w"
+    steps = 40
+    command = [sys.executable, str(Path(run.__file__)), "pretrain", "--workdir", str(workdir),
+               "--data", corpus, *(f"{k}={v}" for k, v in {
+                   **SMALL, "data.cache_dir": cache, "train.steps": steps,
+                   "train.checkpoint_every": 10}.items())]
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        for _ in range(600):  # the owner is recorded once the first run's checks passed
+            if (workdir / integrity.OWNER_FILE).is_file() or first.poll() is not None:
+                break
+            time.sleep(0.2)
+        second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    finally:
+        first_err = first.communicate(timeout=600)[1]
+    assert first.returncode == 0, first_err[-2000:]
+    assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr[-2000:]
+    assert f"in use by process {first.pid} on " in second.stderr
+    rows = [row["step"] for row in read_rows(workdir / "metrics.jsonl")[0]
+            if row["split"] == "train"]
+    assert rows == list(range(1, steps + 1))
