@@ -121,7 +121,7 @@ class TrainConfig:
     profile_steps: str = ""
     """FIRST:LAST steps to trace with jax.profiler into <workdir>/profile/; empty = none."""
     prefetch: bool = True
-    """Read and send batch s+1 to the devices while step s runs (same results either way)."""
+    """Read batch s+1 on the host while the devices run step s (same results either way)."""
 
 
 @dataclasses.dataclass(frozen=True)

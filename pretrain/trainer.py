@@ -656,20 +656,21 @@ class Trainer:
         profile = Profile(t.profile_steps, self.workdir / PROFILE_DIR, writer)
         try:
             end = t.steps if stop_after is None else min(stop_after, t.steps)
-            # Batch s + 1 is read and sent to the devices while step s runs (`train.prefetch`);
+            # Batch s + 1 is read (Grain: records, transforms, host crops) while the devices
+            # run step s, which is dispatched asynchronously (`train.prefetch`);
             # `trained_position` is the data position after the batches trained so far, which
             # is what a checkpoint keeps.
             trained_position = iterator.get_state()
             if start < end:
-                batch, position = self.to_global(next(iterator)), iterator.get_state()
+                batch, position = next(iterator), iterator.get_state()
             for step in range(start + 1, end + 1):
                 profile.before(step)
-                state, metrics = self._train_step(state, batch)
+                state, metrics = self.train_step(state, batch)
                 trained_position = position
                 if step < end:
                     if not t.prefetch:
                         jax.block_until_ready(metrics)
-                    batch, position = self.to_global(next(iterator)), iterator.get_state()
+                    batch, position = next(iterator), iterator.get_state()
                 if self.sync_every_step:
                     jax.block_until_ready(metrics)
                 profile.after(step, metrics)
