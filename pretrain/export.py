@@ -27,6 +27,7 @@ from input_pipeline import prepare
 from input_pipeline.errors import UserError
 from input_pipeline.tokenizers import Tokenizer, load_tokenizer
 from objectives import registry
+from pretrain import integrity
 
 MODEL_FILE = "model.json"
 TOKENIZER_DIR = "tokenizer"
@@ -138,6 +139,10 @@ def _load_pretraining_model(path: Path) -> nnx.Module:
     step = checkpoint_step(path)
     if step is None:
         raise UserError(f"{path} has no checkpoint yet; train first or pass another workdir")
+    problem = integrity.verify(path / "checkpoints" / str(step))
+    if problem:
+        raise UserError(f"the latest checkpoint of {path} (step {step}) is damaged ({problem}); "
+                        "resume the run (it sets damaged checkpoints aside) and load it again")
     restored = _restore_on_one_device(path / "checkpoints" / str(step) / "state")
     return _model_from_state(path, restored["params"], restored.get("model_state"))
 

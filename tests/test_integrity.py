@@ -343,3 +343,17 @@ def test_two_pretrain_processes_on_one_workdir(tmp_path, corpus_and_cache):
     rows = [row["step"] for row in read_rows(workdir / "metrics.jsonl")[0]
             if row["split"] == "train"]
     assert rows == list(range(1, steps + 1))
+
+
+def test_loading_a_workdir_verifies_its_latest_checkpoint(tmp_path, corpus_and_cache):
+    from pretrain.export import load_model
+
+    workdir = tmp_path / "w"
+    trainer_at(workdir, corpus_and_cache).run(stop_after=3)
+    assert load_model(workdir) is not None
+    (data,) = [p for p in (workdir / "checkpoints" / "3" / "state").rglob("*") if p.is_file()
+               and p.stat().st_size > 1000][:1]
+    raw = data.read_bytes()
+    data.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))  # one bit of the last byte
+    with pytest.raises(UserError, match="step 3\\) is damaged .*CRC-32"):
+        load_model(workdir)
