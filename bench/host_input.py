@@ -39,6 +39,7 @@ JSON line. Needs the shared data for the CIFAR JPEGs and the text; `--photos` ne
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -322,6 +323,25 @@ def time_batches(batches: Iterator[Any], batch_size: int, count: int, warmup: in
     return result
 
 
+def close_loader(iterator: Any) -> None:
+    """Stops a loader's worker processes before the next measurement (Grain: the wrapped
+    dataset iterator's `close`; torch: `_shutdown_workers`)."""
+    for target, method in ((iterator, "close"), (getattr(iterator, "_iterator", None), "close"),
+                           (iterator, "_shutdown_workers")):
+        if target is not None and callable(getattr(target, method, None)):
+            getattr(target, method)()
+            break
+    gc.collect()
+
+
+def measure_loader(iterator: Iterator[Any], batch_size: int, count: int) -> dict[str, Any]:
+    """`time_batches`, then the loader's workers stopped."""
+    try:
+        return time_batches(iterator, batch_size, count)
+    finally:
+        close_loader(iterator)
+
+
 def _shapes(batch: Any) -> Any:
     if isinstance(batch, dict):
         return {k: list(np.shape(v)) for k, v in batch.items()}
@@ -418,11 +438,12 @@ def main() -> None:
                  time_per_item(reference.__getitem__, count), "images")
         for w in workers:
             _row(rows, "images: ours, Grain loader", w,
-                 time_batches(our_loader(source, args.batch, w), args.batch, batches), "images")
+                 measure_loader(our_loader(source, args.batch, w), args.batch, batches),
+                 "images")
             if torch is not None and not args.skip_reference:
                 _row(rows, f"images: {name}, torch DataLoader", w,
-                     time_batches(reference_loader(reference, args.batch, w), args.batch,
-                                  batches), "images")
+                     measure_loader(reference_loader(reference, args.batch, w), args.batch,
+                                    batches), "images")
     methods = [m for m in args.text.split(",") if m.strip()]
     if methods:
         corpus = shared_data_dir() / "wikitext-2" / "train.txt"
@@ -432,8 +453,8 @@ def main() -> None:
     for method_name in methods:
         records, transforms, batch_size, shuffle = prepare_text(method_name, corpus, workdir)
         for w in workers:
-            result = time_batches(text_loader(records, transforms, batch_size, shuffle, w),
-                                  batch_size, args.text_batches)
+            result = measure_loader(text_loader(records, transforms, batch_size, shuffle, w),
+                                    batch_size, args.text_batches)
             _row(rows, f"{method_name}: batches of {batch_size}", w, result, "batches",
                  per=batch_size)
     best = max((r["per_core"] for r in rows if r["what"] == "images: ours, Grain loader"),
