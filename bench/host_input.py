@@ -29,9 +29,10 @@ static masks, batch 256) and `xlnet_base`'s layout (seq 512, reuse 256, 85 targe
 streams = batch 256, bi_data), then batches per second through `make_loader` as training reads
 them, for each worker count.
 
-Per core: images (or batches) per second divided by the worker count (1 for worker_count 0),
-and, where psutil is installed, per CPU-second of the whole process tree (main + workers),
-which is robust to other jobs on a shared host. SimCLR ResNet-50 at its target speed needs
+Per core: images (or batches) per second divided by the worker count (1 for worker_count 0 and
+for the bare rows), and per CPU-second: of this process for the bare rows, of the whole process
+tree (main + workers) for the loaders where psutil is installed; CPU-seconds are steadier than
+wall-clock rates when other jobs share the host. SimCLR ResNet-50 at its target speed needs
 about 430 images/s per core on a 16-core host (`TARGET_PER_CORE`). Prints a table and one
 JSON line. Needs the shared data for the CIFAR JPEGs and the text; `--photos` needs none.
 """
@@ -292,14 +293,18 @@ def _tree_cpu_seconds() -> float | None:
 
 def time_per_item(function: Callable[[int], Any], count: int, warmup: int = 10
                   ) -> dict[str, float]:
-    """`function(i)` for i in 0..count-1 in this process, after `warmup` calls: items/s."""
+    """`function(i)` for i in 0..count-1 in this process, after `warmup` calls: items per
+    second and per CPU-second of this process."""
     for i in range(min(warmup, count)):
         function(i)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for i in range(count):
         function(i)
-    seconds = time.perf_counter() - start
-    return {"items": count, "seconds": round(seconds, 3), "per_s": count / seconds}
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    result = {"items": count, "seconds": round(seconds, 3), "per_s": count / seconds}
+    if cpu_seconds > 0:
+        result["per_cpu_s"] = count / cpu_seconds
+    return result
 
 
 def time_batches(batches: Iterator[Any], batch_size: int, count: int, warmup: int = 3
