@@ -102,27 +102,53 @@ def _cifar10_records(root: Path, cache_root: Path) -> RecordDirectory:
 
 
 # ------------------------------------------------------------------------- decode and crop
-def decode_image(data: bytes | np.ndarray, name: str) -> np.ndarray:
-    """uint8 [H, W, 3] from encoded bytes (any format Pillow reads; grey, palette and alpha
-    images become RGB) or from an array that already is an image ([H, W] or [H, W, 1|3])."""
+def _as_rgb_array(data: Any) -> np.ndarray | None:
+    """An array that already is an image ([H, W] or [H, W, 1|3] uint8) as [H, W, 3] (no copy
+    when it has 3 channels), else None."""
     if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim in (2, 3) and (
             data.ndim == 2 or data.shape[2] in (1, 3)):
         return np.ascontiguousarray(np.broadcast_to(data.reshape(*data.shape[:2], -1),
                                                     (*data.shape[:2], 3)))
+    return None
+
+
+def load_image(data: bytes | np.ndarray, name: str) -> np.ndarray | Image.Image:
+    """An image array as uint8 [H, W, 3] (see `decode_image`), or encoded bytes decoded to an
+    RGB Pillow image (any format Pillow reads; grey, palette and alpha images become RGB; an
+    RGB image is used as decoded, without a copy)."""
+    array = _as_rgb_array(data)
+    if array is not None:
+        return array
     try:
-        with Image.open(io.BytesIO(bytes(data))) as image:
-            return np.asarray(image.convert("RGB"))
+        image = Image.open(io.BytesIO(bytes(data)))
+        image.load()
+        return image if image.mode == "RGB" else image.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise UserError(f"{name} is not a readable image ({e}); remove or re-encode it") from None
 
 
-def resize_crop(image: np.ndarray, window: Sequence[float], size: int) -> np.ndarray:
+def decode_image(data: bytes | np.ndarray, name: str) -> np.ndarray:
+    """uint8 [H, W, 3] from encoded bytes (any format Pillow reads; grey, palette and alpha
+    images become RGB) or from an array that already is an image ([H, W] or [H, W, 1|3])."""
+    return np.asarray(load_image(data, name))
+
+
+def resize_crop(image: np.ndarray | Image.Image, window: Sequence[float], size: int
+                ) -> np.ndarray:
     """The window (top, left, height, width) cut out, then resized to size x size, bicubic
     (data_util.py: crop_to_bounding_box, then tf.image.resize BICUBIC; Pillow's bicubic also
-    antialiases when it shrinks, TF's does not)."""
+    antialiases when it shrinks, TF's does not). `image` is uint8 [H, W, 3] or an RGB Pillow
+    image (cropped without a copy of the whole image; the same pixels)."""
     top, left, height, width = (int(v) for v in window)
-    crop = Image.fromarray(image[top:top + height, left:left + width])
+    if isinstance(image, Image.Image):
+        crop = image.crop((left, top, left + width, top + height))
+    else:
+        crop = Image.fromarray(image[top:top + height, left:left + width])
     return np.asarray(crop.resize((size, size), Image.Resampling.BICUBIC))
+
+
+def _height_width(image: np.ndarray | Image.Image) -> tuple[int, int]:
+    return (image.height, image.width) if isinstance(image, Image.Image) else image.shape[:2]
 
 
 def center_window(height: int, width: int, proportion: float) -> tuple[int, int, int, int]:
@@ -141,17 +167,17 @@ class HostCrop:
     window: CropConfig = CropConfig()
     eval_proportion: float = 0.875
 
-    def views(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def views(self, image: np.ndarray | Image.Image, rng: np.random.Generator) -> np.ndarray:
         """Two independent random crops, uint8 [2, size, size, 3]."""
-        height, width = image.shape[:2]
+        height, width = _height_width(image)
         return np.stack([
             resize_crop(image, window_from_uniforms(
                 np, rng.random((4, self.window.attempts), np.float32), height, width,
                 self.window), self.size)
             for _ in range(2)])
 
-    def evaluation_view(self, image: np.ndarray) -> np.ndarray:
-        return resize_crop(image, center_window(*image.shape[:2], self.eval_proportion),
+    def evaluation_view(self, image: np.ndarray | Image.Image) -> np.ndarray:
+        return resize_crop(image, center_window(*_height_width(image), self.eval_proportion),
                            self.size)
 
 
@@ -160,7 +186,7 @@ class _TwoViews(grain.transforms.RandomMap):
         self.crop, self.name = crop, name
 
     def random_map(self, element: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-        image = decode_image(element["image"], f"{self.name} record {element['index']}")
+        image = load_image(element["image"], f"{self.name} record {element['index']}")
         return {"image": self.crop.views(image, rng), "label": element["label"]}
 
 
@@ -209,9 +235,9 @@ class ImageSource:
 
     def _evaluation_view(self, index: int) -> np.ndarray:
         record = self[index]
-        image = decode_image(record["image"], f"{self.name} record {index}")
         if self.crop.size:
-            return self.crop.evaluation_view(image)
+            return self.crop.evaluation_view(load_image(record["image"],
+                                                        f"{self.name} record {index}"))
         return _WholeImage(self.image_shape(), self.name).map(record)["image"]
 
     @functools.cached_property

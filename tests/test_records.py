@@ -65,3 +65,30 @@ def test_worker_processes_give_the_same_stream(tmp_path):
     workers = make_loader(records, batch_size=4, seed=3, num_epochs=1, worker_count=1)
     expected = [b["ids"].tolist() for b in inline]
     assert [b["ids"].tolist() for b in workers] == expected and len(expected) == 6
+
+
+def test_shard_source_reads_what_array_record_data_source_reads(tmp_path):
+    """`ShardSource` (seek + read, constant cost per record) gives ArrayRecordDataSource's
+    record for every key, in any order and from threads, survives pickling (Grain workers) and
+    has its repr (Grain compares it when restoring a checkpointed loader)."""
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grain
+
+    from input_pipeline.records import ShardSource, write_shard
+
+    write_records(examples(50), tmp_path / "r", num_shards=3)
+    write_shard(examples(7), tmp_path / "r" / "extra.array_record")  # snappy, as prepare.py
+    paths = sorted(str(p) for p in (tmp_path / "r").glob("*.array_record"))
+    reference = grain.sources.ArrayRecordDataSource(paths)
+    source = ShardSource(paths)
+    assert len(source) == len(reference) == 57 and repr(source) == repr(reference)
+    order = np.random.default_rng(0).permutation(57).tolist()
+    assert [source[i] for i in order] == [reference[i] for i in order]
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(source.__getitem__, order * 4)) == [reference[i] for i in order] * 4
+    copy = pickle.loads(pickle.dumps(source))
+    assert [copy[i] for i in order] == [reference[i] for i in order]
+    with pytest.raises(IndexError):
+        source[57]
