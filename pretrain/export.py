@@ -87,9 +87,9 @@ def read_json_object(path: Path) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise ValueError("not a JSON object")
     except (ValueError, UnicodeDecodeError) as error:
-        raise UserError(f"{path} is not readable ({str(error)[:80]}); restore it (a "
-                        "checkpoint holds the config under config/) or use another "
-                        "workdir") from None
+        raise UserError(f"{path} is not readable ({str(error)[:80]}); restore it (every "
+                        "checkpoint holds a copy of the config under config/) or use a new "
+                        "--workdir") from None
     return value
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import shutil
 import sys
 import time
@@ -30,7 +29,7 @@ from objectives import registry
 from pretrain import integrity, resilience
 from pretrain import mesh as mesh_lib
 from pretrain.config import Config, config_from_dict, parse_profile_steps
-from pretrain.export import CONFIG_FILE, write_model_json, write_tokenizer
+from pretrain.export import CONFIG_FILE, read_json_object, write_model_json, write_tokenizer
 from pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
 from pretrain.optim import learning_rate_schedule, make_optimizer
 
@@ -222,15 +221,7 @@ class Trainer:
                             "checkpoints there) or use a new --workdir")
         if not saved.is_file():
             return
-        try:
-            recorded = json.loads(saved.read_text())
-            if not isinstance(recorded, dict):
-                raise ValueError("not a JSON object")
-        except (ValueError, UnicodeDecodeError) as error:
-            raise UserError(f"{saved} is not a readable config ({error}); restore it (every "
-                            "checkpoint holds a copy under config/) or use a new --workdir"
-                            ) from None
-        difference = self._difference_from(recorded)
+        difference = self._difference_from(read_json_object(saved))
         if difference:
             raise UserError(f"workdir {self.workdir} holds a run with another config "
                             f"({difference}); use a new --workdir or the saved settings")

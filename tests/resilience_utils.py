@@ -19,6 +19,24 @@ from pretrain.trainer import Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "resilience_worker.py"
+# A one-layer BERT on `small_corpus`: 8 steps, checkpoints every 3, a train row every step.
+TINY_BERT = {"model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,
+             "model.intermediate_size": 64, "model.max_position_embeddings": 64,
+             "examples.max_seq_length": 32, "examples.max_predictions_per_seq": 5,
+             "data.vocab_size": 60, "train.batch_size": 16, "train.steps": 8,
+             "train.log_every": 1, "train.eval_every": 1000, "train.eval_batches": 1,
+             "train.checkpoint_every": 3, "train.progress": False, "optim.warmup_steps": 2,
+             "optim.learning_rate": 1e-3}
+
+
+def small_corpus(root: Path) -> dict[str, str]:
+    """50 documents of 8 template sentences in `root/corpus.txt`; the data settings that read
+    it, with a cache in `root/cache` that runs share."""
+    sentences = [f"Sentence {i} talks about topic {i % 7} and then some more words." for i in
+                 range(400)]
+    (root / "corpus.txt").write_text("\n\n".join("\n".join(sentences[i:i + 8])
+                                                 for i in range(0, 400, 8)) + "\n")
+    return {"data.source": str(root / "corpus.txt"), "data.cache_dir": str(root / "cache")}
 
 
 def read_log(path: Path) -> list[tuple[int, str]]:

@@ -92,7 +92,7 @@ def bad_inputs(tmp: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
                                       "3072 bytes"),
         "unknown non-finite policy": (["--data", str(corpus), "train.on_nonfinite=maybe"],
                                       "on_nonfinite"),
-        "config.json that is not JSON": (["--data", str(corpus)], "not a readable config"),
+        "config.json that is not JSON": (["--data", str(corpus)], "config.json is not readable"),
         "config.json that is not an object": (["--data", str(corpus)], "not a JSON object"),
         "workdir that is a file": (["--data", str(corpus)], "is a file"),
         "checkpoints that are not a folder": (["--data", str(corpus)], "is not a folder"),

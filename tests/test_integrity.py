@@ -15,6 +15,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from resilience_utils import TINY_BERT, small_corpus
 
 import objectives  # noqa: F401  (registers the methods)
 import run
@@ -90,24 +91,14 @@ def test_bad_process_environment_is_one_line(monkeypatch, capsys, tmp_path):
 
 
 # ------------------------------------------------------------------ the trainer under faults
-STEPS = 8
-SMALL = {"model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,
-         "model.intermediate_size": 64, "model.max_position_embeddings": 64,
-         "examples.max_seq_length": 32, "examples.max_predictions_per_seq": 5,
-         "data.vocab_size": 60, "train.batch_size": 16, "train.steps": STEPS,
-         "train.log_every": 1, "train.eval_every": 1000, "train.eval_batches": 1,
-         "train.checkpoint_every": 3, "train.progress": False, "optim.warmup_steps": 2,
-         "optim.learning_rate": 1e-3}
+STEPS = TINY_BERT["train.steps"]
+SMALL = TINY_BERT
 
 
 @pytest.fixture(scope="module")
 def corpus_and_cache(tmp_path_factory) -> tuple[str, str]:
-    root = tmp_path_factory.mktemp("integrity")
-    sentences = [f"Sentence {i} talks about topic {i % 7} and then some more words." for i in
-                 range(400)]
-    (root / "corpus.txt").write_text("\n\n".join("\n".join(sentences[i:i + 8])
-                                                 for i in range(0, 400, 8)) + "\n")
-    return str(root / "corpus.txt"), str(root / "cache")
+    data = small_corpus(tmp_path_factory.mktemp("integrity"))
+    return data["data.source"], data["data.cache_dir"]
 
 
 def trainer_at(workdir: Path, corpus_and_cache: tuple[str, str], **changes) -> Trainer:

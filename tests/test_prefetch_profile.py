@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from resilience_utils import TINY_BERT, small_corpus
 
 import objectives  # noqa: F401  (registers the methods)
 from input_pipeline.errors import UserError
@@ -15,22 +16,12 @@ from pretrain.config import make_config
 from pretrain.metrics import read_rows
 from pretrain.trainer import Trainer
 
-SMALL = {"model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,
-         "model.intermediate_size": 64, "model.max_position_embeddings": 64,
-         "examples.max_seq_length": 32, "examples.max_predictions_per_seq": 5,
-         "data.vocab_size": 50, "train.batch_size": 16, "train.steps": 6,
-         "train.log_every": 1, "train.eval_every": 1000, "train.eval_batches": 1,
-         "train.checkpoint_every": 2, "train.progress": False, "optim.warmup_steps": 2,
-         "optim.learning_rate": 1e-3}
+SMALL = {**TINY_BERT, "train.steps": 6, "train.checkpoint_every": 2}
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("prefetch")
-    sentences = [f"Sentence {i} is about topic {i % 5} and some other words." for i in range(240)]
-    (root / "corpus.txt").write_text("\n\n".join("\n".join(sentences[i:i + 6])
-                                                 for i in range(0, 240, 6)) + "\n")
-    return {"data.source": str(root / "corpus.txt"), "data.cache_dir": str(root / "cache")}
+    return small_corpus(tmp_path_factory.mktemp("prefetch"))
 
 
 def run(workdir: Path, data: dict[str, str], **changes) -> dict:
