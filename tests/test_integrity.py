@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -310,14 +311,17 @@ def test_a_moved_workdir_resumes_exactly(tmp_path, corpus_and_cache, uninterrupt
 
 def test_two_pretrain_processes_on_one_workdir(tmp_path, corpus_and_cache):
     """A second `run.py pretrain` on a workdir in use is refused with one line naming the
-    first, which finishes unharmed (every step logged once)."""
+    first, which finishes unharmed (every row logged once); a reader loads the workdir beside
+    it."""
+    from pretrain.export import load_model
+
     corpus, cache = corpus_and_cache
     workdir = tmp_path / "w"
-    steps = 40
+    steps = 60
     command = [sys.executable, str(Path(run.__file__)), "pretrain", "--workdir", str(workdir),
                "--data", corpus, *(f"{k}={v}" for k, v in {
                    **SMALL, "data.cache_dir": cache, "train.steps": steps,
-                   "train.checkpoint_every": 10}.items())]
+                   "train.checkpoint_every": 10, "train.log_every": 10}.items())]
     first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True)
     try:
@@ -326,6 +330,10 @@ def test_two_pretrain_processes_on_one_workdir(tmp_path, corpus_and_cache):
                 break
             time.sleep(0.2)
         second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        while not (workdir / "checkpoints" / "20").is_dir() and first.poll() is None:
+            time.sleep(0.2)
+        # a reader (eval, convert, generate) beside the running job sees finished checkpoints
+        assert load_model(workdir) is not None and first.poll() is None
     finally:
         first_err = first.communicate(timeout=600)[1]
     assert first.returncode == 0, first_err[-2000:]
@@ -333,7 +341,7 @@ def test_two_pretrain_processes_on_one_workdir(tmp_path, corpus_and_cache):
     assert f"in use by process {first.pid} on " in second.stderr
     rows = [row["step"] for row in read_rows(workdir / "metrics.jsonl")[0]
             if row["split"] == "train"]
-    assert rows == list(range(1, steps + 1))
+    assert rows == list(range(10, steps + 1, 10))
 
 
 def test_loading_a_workdir_verifies_its_latest_checkpoint(tmp_path, corpus_and_cache):
@@ -348,3 +356,27 @@ def test_loading_a_workdir_verifies_its_latest_checkpoint(tmp_path, corpus_and_c
     data.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))  # one bit of the last byte
     with pytest.raises(UserError, match="step 3\\) is damaged .*CRC-32"):
         load_model(workdir)
+
+
+def test_ctrl_c_during_tokenizer_training_is_an_interruption(tmp_path):
+    """SIGINT while sentencepiece trains: exit 130 and "interrupted", never a bad-input
+    message, and no tokenizer left half-written."""
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 12)))
+             for _ in range(40_000)]
+    (tmp_path / "corpus.txt").write_text("\n\n".join(
+        "\n".join(" ".join(rng.choice(words, 15)) + " ." for _ in range(8))
+        for _ in range(4000)) + "\n")
+    process = subprocess.Popen(
+        [sys.executable, str(Path(run.__file__)), "prepare", "--workdir", str(tmp_path / "w"),
+         "--data", str(tmp_path / "corpus.txt"), "data.vocab_size=16000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if line.startswith("training a sentencepiece tokenizer"):
+            time.sleep(1.0)
+            process.send_signal(signal.SIGINT)
+            break
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 130 and err.strip().endswith("interrupted"), err[-2000:]
+    assert "sentencepiece training failed" not in err and "Traceback" not in err
+    assert not list((tmp_path / "w").rglob("tokenizer-*.model"))
