@@ -366,10 +366,10 @@ def test_ctrl_c_during_tokenizer_training_is_an_interruption(tmp_path):
              for _ in range(40_000)]
     (tmp_path / "corpus.txt").write_text("\n\n".join(
         "\n".join(" ".join(rng.choice(words, 15)) + " ." for _ in range(8))
-        for _ in range(4000)) + "\n")
+        for _ in range(1000)) + "\n")
     process = subprocess.Popen(
         [sys.executable, str(Path(run.__file__)), "prepare", "--workdir", str(tmp_path / "w"),
-         "--data", str(tmp_path / "corpus.txt"), "data.vocab_size=16000"],
+         "--data", str(tmp_path / "corpus.txt"), "data.vocab_size=8000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in process.stdout:
         if line.startswith("training a sentencepiece tokenizer"):
