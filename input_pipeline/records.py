@@ -21,6 +21,7 @@ import shutil
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,14 @@ class RecordDirectory:
         return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
 
+def _record_count(path: str) -> int:
+    reader = ArrayRecordReader(path, READER_OPTIONS)
+    try:
+        return reader.num_records()
+    finally:
+        reader.close()
+
+
 class ShardSource:
     """Random access to the records of ArrayRecord shards in order, for Grain: record k of the
     concatenated shards by `seek` + `read` on one reader per shard (a lock per reader, as Grain
@@ -230,11 +239,8 @@ class ShardSource:
             raise UserError("no ArrayRecord shards to read; prepare the data again")
         self.paths = [str(p) for p in paths]
         self.description = description
-        counts = []
-        for path in self.paths:
-            reader = ArrayRecordReader(path, READER_OPTIONS)
-            counts.append(reader.num_records())
-            reader.close()
+        with ThreadPoolExecutor(min(len(self.paths), 16)) as pool:  # ~17 ms per 200k records
+            counts = list(pool.map(_record_count, self.paths))
         self._ends = np.cumsum(counts).tolist()
         self._open()
 
