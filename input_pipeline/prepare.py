@@ -46,7 +46,7 @@ import numpy as np
 
 from input_pipeline import corpus, tokenizers
 from input_pipeline.errors import UserError
-from input_pipeline.records import SPEC_FILE, RecordDirectory, write_shard
+from input_pipeline.records import SPEC_FILE, RecordDirectory, temporary_path, write_shard
 
 DEMO_CORPUS = corpus.DEMO_CORPUS
 # DataConfig fields that change how records are made or loaded, not what they contain.
@@ -234,7 +234,7 @@ def _counted(examples: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp = temporary_path(path)
     try:
         tmp.write_text(text)
         os.replace(tmp, path)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
@@ -92,13 +93,35 @@ class FeatureSpec:
         return cls(tuple((n, d, tuple(s)) for n, d, s in json.loads(text)))
 
 
+def temporary_path(path: Path) -> Path:
+    """Where a file is written before it is renamed to `path`: a hidden name that says which
+    host and process writes it. Temporaries of `path` that a killed process of this host left
+    are removed first (those of live processes, or of other hosts, are left alone)."""
+    host = socket.gethostname()
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        writer_host, _, pid = stale.name[len(path.name) + 2:-4].rpartition("-")[0].rpartition("-")
+        if writer_host == host and pid.isdigit() and not _alive(int(pid)):
+            stale.unlink(missing_ok=True)
+    return path.with_name(f".{path.name}.{host}-{os.getpid()}-{uuid.uuid4().hex}.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def write_shard(examples: Iterable[dict[str, np.ndarray]], path: str | Path
                 ) -> tuple[int, FeatureSpec | None]:
     """Writes examples into one ArrayRecord file as they come, under a temporary name renamed at
     the end (a half-written file is never read). Returns (count, spec); nothing is written for
     no examples. A full disk or write error is a UserError naming the directory."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp = temporary_path(path)
     writer, spec, count = None, None, 0
     try:
         for example in examples:
