@@ -108,9 +108,20 @@ def check_rates(config: Any, names: tuple[str, ...]) -> None:
             raise ValueError(f"{name}={getattr(config, name)} must be in [0, 1)")
 
 
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_dtype(config: Any, allowed: tuple[str, ...] = COMPUTE_DTYPES) -> None:
+    """The compute `dtype` must be one of `allowed` (parameters stay float32)."""
+    if config.dtype not in allowed:
+        raise ValueError(f"dtype={config.dtype!r} is not a compute dtype; use one of "
+                         f"{', '.join(allowed)}")
+
+
 def check_execution_fields(config: Any) -> None:
     """Validates `remat`, `attention_implementation` and `dtype` (shared by every model
     config that has them, e.g. T5's, which is not a TransformerConfig)."""
+    check_dtype(config)
     if config.remat != "none" and config.remat not in REMAT_POLICIES:
         raise ValueError(f"remat must be 'none' or one of {sorted(REMAT_POLICIES)}")
     if config.attention_implementation not in ("xla", "cudnn"):

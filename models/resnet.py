@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models.encoder import COMPUTE_DTYPES, check_dtype
+
 # Blocks and stage depths of the standard sizes (torchvision / HF `ResNetConfig`).
 DEPTHS = {18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)),
           50: ("bottleneck", (3, 4, 6, 3)), 101: ("bottleneck", (3, 4, 23, 3))}
@@ -47,6 +49,7 @@ class ResNetConfig:
     """Compute dtype: float32, bfloat16 or float16 (parameters stay float32)."""
 
     def __post_init__(self) -> None:
+        check_dtype(self, (*COMPUTE_DTYPES, "float64"))  # float64: the HF parity test
         if self.depth not in DEPTHS:
             raise ValueError(f"depth {self.depth} must be one of {sorted(DEPTHS)}")
         if self.stem not in ("imagenet", "cifar"):
