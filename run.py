@@ -37,9 +37,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message}; see {self.prog} --help\n")
 
 
+def _program_name() -> str:
+    """How the user called us: the `pretext-jax` console command or `python run.py`."""
+    return "pretext-jax" if Path(sys.argv[0]).name == "pretext-jax" else "run.py"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="run.py", description="pretext: self-supervised pre-training in JAX/Flax NNX. "
+        prog=_program_name(), description="pretext: self-supervised pre-training in JAX/Flax NNX. "
         "Without a command, runs the offline demo (tiny BERT on the Python docs).")
     parser.add_argument("--traceback", action="store_true", help="show tracebacks for errors")
     parser.add_argument("--import", dest="imports", action="append", default=[],
@@ -153,8 +158,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _pretrain(preset: str, overrides: list[str], workdir: str) -> tuple[dict, Any]:
-    from pretrain.config import make_config
-    from pretrain.trainer import Trainer
+    from pretext_jax.pretrain.config import make_config
+    from pretext_jax.pretrain.trainer import Trainer
 
     trainer = Trainer(make_config(preset, overrides), workdir)
     return trainer.run(), trainer
@@ -194,10 +199,10 @@ def _print_summary(summary: dict, seconds: float, trainer: Any) -> None:
 def _generation_model(path: str, tokenizer_spec: str | None) -> tuple[Any, Any]:
     """The causal LM of a pretext workdir / model dir (its own tokenizer, found as fine-tuning
     finds it) or of a HuggingFace GPT-2 folder (its vocab.json + merges.txt)."""
-    from input_pipeline.errors import UserError
-    from input_pipeline.tokenizers import load_tokenizer
-    from pretrain import export, hf
-    from pretrain.finetune import tokenizer_of
+    from pretext_jax.input_pipeline.errors import UserError
+    from pretext_jax.input_pipeline.tokenizers import load_tokenizer
+    from pretext_jax.pretrain import export, hf
+    from pretext_jax.pretrain.finetune import tokenizer_of
 
     if hf._is_hf_checkpoint(Path(path)):
         model, tokenizer = hf.load(path), tokenizer_spec or path
@@ -218,7 +223,7 @@ def _import_plugin(name: str) -> None:
     import importlib
     import importlib.util
 
-    from input_pipeline.errors import UserError
+    from pretext_jax.input_pipeline.errors import UserError
 
     path = Path(name)
     if name.endswith(".py"):
@@ -286,14 +291,14 @@ def _metrics(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     show_traceback = args.traceback or os.environ.get("PRETEXT_TRACEBACK") == "1"
-    from input_pipeline.errors import UserError
+    from pretext_jax.input_pipeline.errors import UserError
 
     try:
-        from pretrain.resilience import initialize_distributed
+        from pretext_jax.pretrain.resilience import initialize_distributed
 
         initialize_distributed(args.coordinator, args.num_processes, args.process_id,
                                auto=args.distributed)
-        import objectives  # noqa: F401  (registers the methods)
+        from pretext_jax import objectives  # noqa: F401  (registers the methods)
 
         for plugin in args.imports:
             _import_plugin(plugin)
@@ -313,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.tokenizer:
                 overrides.append(f"data.tokenizer={args.tokenizer}")
             if args.command == "prepare":
-                from pretrain.config import make_config
-                from pretrain.trainer import data_cache, prepare_data
+                from pretext_jax.pretrain.config import make_config
+                from pretext_jax.pretrain.trainer import data_cache, prepare_data
 
                 config = make_config(args.preset, overrides)
                 prepare_data(config, args.workdir)
@@ -325,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                 summary, trainer = _pretrain(args.preset, overrides, args.workdir)
                 _print_summary(summary, time.perf_counter() - start, trainer)
         elif args.command == "finetune":
-            from pretrain import finetune
+            from pretext_jax.pretrain import finetune
 
             config = finetune.finetune_config(args.task, args.init, args.data, args.overrides,
                                               seed=args.seed, epochs=args.epochs,
@@ -333,12 +338,12 @@ def main(argv: list[str] | None = None) -> int:
             result = finetune.finetune(config, args.workdir)
             print(f"{result['task']} dev after {result['steps']} steps: {_metrics(result)}")
         elif args.command == "eval":
-            from pretrain import finetune
+            from pretext_jax.pretrain import finetune
 
             result = finetune.evaluate(args.workdir)
             print(f"{result['task']} dev at step {result['step']}: {_metrics(result)}")
         elif args.command == "glue":
-            from pretrain import finetune
+            from pretext_jax.pretrain import finetune
 
             finetune.run_glue(args.init, args.data, args.workdir,
                               tasks=args.tasks.split(","), seeds=range(args.seeds),
@@ -347,13 +352,13 @@ def main(argv: list[str] | None = None) -> int:
                               learning_rates=args.learning_rates)
             print((Path(args.workdir) / finetune.TABLE_FILE).read_text())
         elif args.command == "convert":
-            from pretrain import export
+            from pretext_jax.pretrain import export
 
             out = export.convert(args.source, args.target, to=args.to,
                                  tokenizer=args.tokenizer)
             print(f"wrote {out}")
         elif args.command == "generate":
-            from models.generate import Sampling, generate_text
+            from pretext_jax.models.generate import Sampling, generate_text
 
             sampling = Sampling(greedy=args.greedy, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -362,12 +367,12 @@ def main(argv: list[str] | None = None) -> int:
                                       max_new_tokens=args.max_new_tokens, sampling=sampling):
                 print(text)
         elif args.command == "config":
-            from pretrain.config import describe, make_config
+            from pretext_jax.pretrain.config import describe, make_config
 
             print(describe(make_config(args.preset, args.overrides)))
         elif args.command == "presets":
-            from objectives import registry
-            from pretrain.config import PRESETS
+            from pretext_jax.objectives import registry
+            from pretext_jax.pretrain.config import PRESETS
 
             for name, preset in sorted(PRESETS.items()):
                 print(f"{name:14s} method={preset['method']}")

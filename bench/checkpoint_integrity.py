@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import orbax.checkpoint as ocp
 
-from pretrain import integrity
+from pretext_jax.pretrain import integrity
 
 
 def main() -> None:

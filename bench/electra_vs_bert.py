@@ -29,13 +29,13 @@ import numpy as np
 import optax
 from flax import nnx
 
-import objectives  # noqa: F401  (registers the methods)
 from bench.pretrain_wikitext import shared_data_dir, wikitext_dir
-from input_pipeline import sources, tokenizers
-from objectives import registry
-from pretrain.config import make_config
-from pretrain.export import load_model
-from pretrain.trainer import Trainer
+from pretext_jax import objectives  # noqa: F401  (registers the methods)
+from pretext_jax.input_pipeline import sources, tokenizers
+from pretext_jax.objectives import registry
+from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.export import load_model
+from pretext_jax.pretrain.trainer import Trainer
 
 SEQ_LEN = 64  # SST-2 sentences are short; 64 pieces cover all but a handful
 

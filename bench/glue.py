@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-import objectives  # noqa: F401  (registers the methods)
 from bench.pretrain_wikitext import shared_data_dir
-from input_pipeline.glue import glue_task, read_glue
-from objectives.glue_metrics import constant_baseline
-from pretrain.finetune import GLUE_ORDER, glue_table, run_glue
-from pretrain.sentence_embeddings import minilm_path
+from pretext_jax import objectives  # noqa: F401  (registers the methods)
+from pretext_jax.input_pipeline.glue import glue_task, read_glue
+from pretext_jax.objectives.glue_metrics import constant_baseline
+from pretext_jax.pretrain.finetune import GLUE_ORDER, glue_table, run_glue
+from pretext_jax.pretrain.sentence_embeddings import minilm_path
 
 
 def majority_baselines(data: str, tasks: list[str], max_train: int) -> dict[str, dict]:

@@ -144,9 +144,9 @@ def jpeg_folder(workdir: Path, count: int, photos: bool) -> Path | None:
 def our_source(root: Path, crop_size: int = CROP_SIZE, seed: int = 0) -> Any:
     """The training images of `root` as SimCLR's preparation hands them to the trainer
     (`objectives.simclr.prepare_simclr` with `examples.host_crop_size`; one image held out)."""
-    import objectives  # noqa: F401  (registers the methods)
-    from objectives import registry
-    from pretrain.config import make_config
+    from pretext_jax import objectives  # noqa: F401  (registers the methods)
+    from pretext_jax.objectives import registry
+    from pretext_jax.pretrain.config import make_config
 
     count = sum(1 for _ in root.rglob("*.jpg"))
     config = make_config("simclr_imagenet", [
@@ -174,14 +174,14 @@ def our_views(source: Any) -> Callable[[int, np.random.Generator], dict[str, Any
 
 def our_decode(source: Any) -> Callable[[int], np.ndarray]:
     """Decode alone (file read + Pillow decode to RGB), to split the time."""
-    from input_pipeline.images import decode_image
+    from pretext_jax.input_pipeline.images import decode_image
 
     return lambda index: decode_image(source[index]["image"], "bench")
 
 
 def our_loader(source: Any, batch_size: int, workers: int, seed: int = 0) -> Iterator[Any]:
     """The training loader over `source` (`Trainer.data_iterator`'s call)."""
-    from input_pipeline.records import make_loader
+    from pretext_jax.input_pipeline.records import make_loader
 
     return iter(make_loader(source, batch_size=batch_size, seed=seed, worker_count=workers))
 
@@ -365,9 +365,9 @@ TEXT_PRESETS = {
 def prepare_text(method_name: str, corpus: Path, workdir: Path) -> tuple[Any, Any, int, bool]:
     """(records, per-record transforms, batch size, shuffle) of `method_name`'s preset
     prepared from `corpus` into `workdir` (cached there), as the trainer would read them."""
-    import objectives  # noqa: F401  (registers the methods)
-    from objectives import registry
-    from pretrain.config import make_config
+    from pretext_jax import objectives  # noqa: F401  (registers the methods)
+    from pretext_jax.objectives import registry
+    from pretext_jax.pretrain.config import make_config
 
     preset, overrides = TEXT_PRESETS[method_name]
     cache = workdir / f"text-{method_name}"
@@ -381,7 +381,7 @@ def prepare_text(method_name: str, corpus: Path, workdir: Path) -> tuple[Any, An
 
 def text_loader(records: Any, transforms: Sequence[Any], batch_size: int, shuffle: bool,
                 workers: int) -> Iterator[Any]:
-    from input_pipeline.records import make_loader
+    from pretext_jax.input_pipeline.records import make_loader
 
     return iter(make_loader(records, batch_size=batch_size, seed=0, shuffle=shuffle,
                             transforms=transforms, worker_count=workers))

@@ -68,7 +68,7 @@ def build_corpus(source: Path, size_mb: int, out: Path) -> Path:
 
 
 def train_tokenizer(source: Path, out: Path) -> Path:
-    from input_pipeline import sources, tokenizers
+    from pretext_jax.input_pipeline import sources, tokenizers
 
     model = out / "wikitext2-16k.model"
     if not model.is_file():

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import jax
 
-import objectives  # noqa: F401  (registers the methods)
-from pretrain.config import make_config
-from pretrain.trainer import Trainer
+from pretext_jax import objectives  # noqa: F401  (registers the methods)
+from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.trainer import Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 # Sequence-128 settings per method: BERT/ELECTRA's masking budget; XLNet's half-reused segments

@@ -40,11 +40,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from input_pipeline.bert_examples import MaskingVocab, mask_tokens, to_features
-from input_pipeline.xlnet_examples import PermutationSampling
-from objectives import registry
-from pretrain.config import Config, make_config
-from pretrain.trainer import Trainer
+from pretext_jax.input_pipeline.bert_examples import MaskingVocab, mask_tokens, to_features
+from pretext_jax.input_pipeline.xlnet_examples import PermutationSampling
+from pretext_jax.objectives import registry
+from pretext_jax.pretrain.config import Config, make_config
+from pretext_jax.pretrain.trainer import Trainer
 
 # Dense bf16 peak per device kind (vendor data sheets), for MFU.
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "TPU v4": 275.0, "TPU v5p": 459.0,

@@ -16,11 +16,11 @@ import json
 import time
 from pathlib import Path
 
-import objectives  # noqa: F401  (registers the methods)
 from bench.pretrain_wikitext import wikitext_dir
-from input_pipeline.records import make_loader
-from objectives import registry
-from pretrain.config import make_config
+from pretext_jax import objectives  # noqa: F401  (registers the methods)
+from pretext_jax.input_pipeline.records import make_loader
+from pretext_jax.objectives import registry
+from pretext_jax.pretrain.config import make_config
 
 
 def main() -> None:

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from input_pipeline.corpus import source_fingerprint
-from input_pipeline.errors import UserError
-from input_pipeline.sources import open_tfds, tfds_builder, tfds_fingerprint
-from input_pipeline.tokenizers import Tokenizer
+from pretext_jax.input_pipeline.corpus import source_fingerprint
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.sources import open_tfds, tfds_builder, tfds_fingerprint
+from pretext_jax.input_pipeline.tokenizers import Tokenizer
 
 
 @dataclass(frozen=True)

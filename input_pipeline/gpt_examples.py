@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from input_pipeline.prepare import Documents
-from input_pipeline.tokenizers import Tokenizer
+from pretext_jax.input_pipeline.prepare import Documents
+from pretext_jax.input_pipeline.tokenizers import Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)

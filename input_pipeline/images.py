@@ -32,12 +32,12 @@ import grain
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from input_pipeline.descriptions import describe, files_fingerprint
-from input_pipeline.errors import UserError
-from input_pipeline.image_augment import CropConfig, window_from_uniforms
-from input_pipeline.prepare import DEMO_CORPUS, fingerprint
-from input_pipeline.records import RecordDirectory, write_records
-from input_pipeline.sources import TfdsSplit, open_tfds
+from pretext_jax.input_pipeline.descriptions import describe, files_fingerprint
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.image_augment import CropConfig, window_from_uniforms
+from pretext_jax.input_pipeline.prepare import DEMO_CORPUS, fingerprint
+from pretext_jax.input_pipeline.records import RecordDirectory, write_records
+from pretext_jax.input_pipeline.sources import TfdsSplit, open_tfds
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm", ".tif",
                             ".tiff"})

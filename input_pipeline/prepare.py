@@ -44,9 +44,14 @@ from typing import Any
 
 import numpy as np
 
-from input_pipeline import corpus, tokenizers
-from input_pipeline.errors import UserError
-from input_pipeline.records import SPEC_FILE, RecordDirectory, temporary_path, write_shard
+from pretext_jax.input_pipeline import corpus, tokenizers
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.records import (
+    SPEC_FILE,
+    RecordDirectory,
+    temporary_path,
+    write_shard,
+)
 
 DEMO_CORPUS = corpus.DEMO_CORPUS
 # DataConfig fields that change how records are made or loaded, not what they contain.

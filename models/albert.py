@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.encoder import Encoder, EncoderConfig, MaskedLMHead, dense
+from pretext_jax.models.encoder import Encoder, EncoderConfig, MaskedLMHead, dense
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.encoder import ACTIVATIONS, Encoder, EncoderConfig, dense, layer_norm
+from pretext_jax.models.encoder import ACTIVATIONS, Encoder, EncoderConfig, dense, layer_norm
 
 
 @jax.tree_util.register_dataclass

@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.bert import Bert
-from models.electra import ElectraDiscriminator
-from models.encoder import (
+from pretext_jax.models.bert import Bert
+from pretext_jax.models.electra import ElectraDiscriminator
+from pretext_jax.models.encoder import (
     ACTIVATIONS,
     Encoder,
     EncoderConfig,
@@ -35,7 +35,7 @@ from models.encoder import (
     dropout,
     split_rng,
 )
-from models.xlnet import XLNet, XLNetConfig, XLNetModel
+from pretext_jax.models.xlnet import XLNet, XLNetConfig, XLNetModel
 
 HEADS = ("bert", "electra", "xlnet")
 

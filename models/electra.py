@@ -21,7 +21,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.encoder import ACTIVATIONS, Embeddings, Encoder, EncoderConfig, dense, layer_norm
+from pretext_jax.models.encoder import (
+    ACTIVATIONS,
+    Embeddings,
+    Encoder,
+    EncoderConfig,
+    dense,
+    layer_norm,
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.resnet import ResNet, ResNetConfig
-from models.simclr import SimCLROutput
+from pretext_jax.models.resnet import ResNet, ResNetConfig
+from pretext_jax.models.simclr import SimCLROutput
 
 
 class EMA(nnx.Variable):

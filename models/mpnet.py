@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.encoder import (
+from pretext_jax.models.encoder import (
     ACTIVATIONS,
     EncoderLayer,
     MaskedLMHead,

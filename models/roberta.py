@@ -14,8 +14,8 @@ import dataclasses
 import jax
 from flax import nnx
 
-from input_pipeline.errors import UserError
-from models.encoder import Encoder, EncoderConfig, MaskedLMHead
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.models.encoder import Encoder, EncoderConfig, MaskedLMHead
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.resnet import ResNet, ResNetConfig
+from pretext_jax.models.resnet import ResNet, ResNetConfig
 
 
 @dataclasses.dataclass(frozen=True)

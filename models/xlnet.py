@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.encoder import (
+from pretext_jax.models.encoder import (
     ACTIVATIONS,
     TransformerConfig,
     dense,

@@ -1,7 +1,7 @@
 """Pre-training objectives. Importing the package registers the built-in methods (one module per
 method family, one import per line)."""
 
-from objectives import (
+from pretext_jax.objectives import (
     albert,  # noqa: F401
     bert,  # noqa: F401
     byol,  # noqa: F401

@@ -19,12 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from input_pipeline import bert_examples
-from input_pipeline.errors import UserError
-from input_pipeline.prepare import DataConfig, prepare_text
-from models.bert import Bert
-from models.encoder import EncoderConfig
-from objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.input_pipeline import bert_examples
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
+from pretext_jax.models.bert import Bert
+from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 MAX_EVAL_EXAMPLES = 16384
 

@@ -33,11 +33,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.momentum import BYOL, BYOLConfig, ema_update
-from objectives.contrastive import l2_normalize
-from objectives.moco import TwoViewAugmentation, check_two_view_method
-from objectives.registry import Batch, Method, Metrics, register
-from objectives.simclr import ImageExampleConfig, knn_monitor, prepare_simclr, two_views
+from pretext_jax.models.momentum import BYOL, BYOLConfig, ema_update
+from pretext_jax.objectives.contrastive import l2_normalize
+from pretext_jax.objectives.moco import TwoViewAugmentation, check_two_view_method
+from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.simclr import ImageExampleConfig, knn_monitor, prepare_simclr, two_views
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from input_pipeline import glue, prepare, tokenizers
-from input_pipeline.errors import UserError
-from input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
-from input_pipeline.records import RecordDirectory, write_records
-from models.classifier import (
+from pretext_jax.input_pipeline import glue, prepare, tokenizers
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
+from pretext_jax.input_pipeline.records import RecordDirectory, write_records
+from pretext_jax.models.classifier import (
     HEADS,
     ClassifierConfig,
     Pretrained,
@@ -33,8 +33,8 @@ from models.classifier import (
     XLNetClassifierConfig,
     from_pretrained,
 )
-from objectives.glue_metrics import constant_baseline, task_metrics
-from objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.glue_metrics import constant_baseline, task_metrics
+from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +111,7 @@ def load_encoder(init: str) -> Pretrained:
     """The pre-trained model to start from: a pretext workdir/model directory or a
     HuggingFace folder holding BERT, an ELECTRA discriminator or XLNet (or a fine-tuned
     classifier, whose encoder is reused)."""
-    from pretrain import export, hf  # the checkpoint formats live with the trainer
+    from pretext_jax.pretrain import export, hf  # the checkpoint formats live with the trainer
 
     path = Path(init)
     if not path.is_dir():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from objectives.registry import Metrics
+from pretext_jax.objectives.registry import Metrics
 
 LARGE_NUM = 1e9  # objective.py: subtracted from self-similarities
 

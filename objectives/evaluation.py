@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from objectives.contrastive import l2_normalize
+from pretext_jax.objectives.contrastive import l2_normalize
 
 
 def extract_features(encode: Callable[[jax.Array], jax.Array], inputs: np.ndarray,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from input_pipeline.glue import GlueTask
+from pretext_jax.input_pipeline.glue import GlueTask
 
 
 def _pair(predictions: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

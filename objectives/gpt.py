@@ -20,11 +20,15 @@ import jax
 import numpy as np
 from flax import nnx
 
-from input_pipeline import gpt_examples
-from input_pipeline.prepare import DataConfig, prepare_text
-from models.gpt import GPT, GPTConfig
-from objectives.bert import MAX_EVAL_EXAMPLES, check_max_seq_length, weighted_cross_entropy
-from objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.input_pipeline import gpt_examples
+from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
+from pretext_jax.models.gpt import GPT, GPTConfig
+from pretext_jax.objectives.bert import (
+    MAX_EVAL_EXAMPLES,
+    check_max_seq_length,
+    weighted_cross_entropy,
+)
+from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 
 def causal_lm_loss(model: GPT, batch: Batch, rng: jax.Array | None

@@ -33,12 +33,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from input_pipeline import image_augment
-from input_pipeline.errors import UserError
-from models.momentum import MoCo, MoCoConfig, call_in_groups, ema_update
-from objectives.contrastive import l2_normalize
-from objectives.registry import Batch, Method, Metrics, register
-from objectives.simclr import (
+from pretext_jax.input_pipeline import image_augment
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.models.momentum import MoCo, MoCoConfig, call_in_groups, ema_update
+from pretext_jax.objectives.contrastive import l2_normalize
+from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.simclr import (
     ImageExampleConfig,
     check_simclr,
     knn_monitor,

@@ -17,19 +17,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from input_pipeline import mpnet_examples
-from input_pipeline.bert_examples import MaskingVocab
-from input_pipeline.errors import UserError
-from input_pipeline.prepare import DataConfig, prepare_text
-from models.mpnet import MPNet, MPNetConfig
-from objectives.bert import (
+from pretext_jax.input_pipeline import mpnet_examples
+from pretext_jax.input_pipeline.bert_examples import MaskingVocab
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
+from pretext_jax.models.mpnet import MPNet, MPNetConfig
+from pretext_jax.objectives.bert import (
     MAX_EVAL_EXAMPLES,
     build_with_vocab,
     mask_records,
     weighted_cross_entropy,
 )
-from objectives.registry import Batch, Method, Metrics, PreparedData, register
-from objectives.xlnet import unigram_baselines
+from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.xlnet import unigram_baselines
 
 
 def mpnet_loss(model: MPNet, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.errors import UserError
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, tuple[jax.Array, jax.Array]]
@@ -95,7 +95,7 @@ def register(method: Method) -> Method:
 def get(name: str) -> Method:
     if name not in _METHODS:
         raise UserError(f"unknown method {name!r}; choose one of {sorted(_METHODS)} or register "
-                        "yours with objectives.registry.register")
+                        "yours with pretext_jax.objectives.registry.register")
     return _METHODS[name]
 
 

@@ -15,12 +15,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from input_pipeline import roberta_examples
-from input_pipeline.errors import UserError
-from input_pipeline.prepare import DataConfig
-from models.roberta import Roberta, RobertaConfig
-from objectives.bert import prepare_masked_lm, weighted_cross_entropy
-from objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.input_pipeline import roberta_examples
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.prepare import DataConfig
+from pretext_jax.models.roberta import Roberta, RobertaConfig
+from pretext_jax.objectives.bert import prepare_masked_lm, weighted_cross_entropy
+from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 
 def roberta_loss(model: Roberta, batch: Batch, rng: jax.Array | None

@@ -17,14 +17,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from input_pipeline import image_augment
-from input_pipeline.errors import UserError
-from input_pipeline.images import HostCrop, prepare_images
-from input_pipeline.prepare import DataConfig
-from models.simclr import SimCLR, SimCLRConfig
-from objectives.contrastive import nt_xent
-from objectives.evaluation import extract_features, knn_accuracy
-from objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.input_pipeline import image_augment
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.images import HostCrop, prepare_images
+from pretext_jax.input_pipeline.prepare import DataConfig
+from pretext_jax.models.simclr import SimCLR, SimCLRConfig
+from pretext_jax.objectives.contrastive import nt_xent
+from pretext_jax.objectives.evaluation import extract_features, knn_accuracy
+from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 # Held-out evaluation has no step rng; its views come from this fixed key.
 EVAL_AUGMENT_SEED = 0

@@ -18,9 +18,9 @@ import types
 import typing
 from typing import Any
 
-from input_pipeline.errors import UserError
-from input_pipeline.prepare import DataConfig
-from objectives import registry
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.prepare import DataConfig
+from pretext_jax.objectives import registry
 
 
 @dataclasses.dataclass(frozen=True)

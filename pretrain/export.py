@@ -23,11 +23,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from input_pipeline import prepare
-from input_pipeline.errors import UserError
-from input_pipeline.tokenizers import Tokenizer, load_tokenizer
-from objectives import registry
-from pretrain import integrity
+from pretext_jax.input_pipeline import prepare
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.tokenizers import Tokenizer, load_tokenizer
+from pretext_jax.objectives import registry
+from pretext_jax.pretrain import integrity
 
 MODEL_FILE = "model.json"
 TOKENIZER_DIR = "tokenizer"
@@ -210,7 +210,7 @@ def convert(source: str | Path, target: str | Path, *, to: str,
     part, `discriminator/` and `generator/`) with the tokenizer's HF files (`find_tokenizer`'s,
     or the `tokenizer` spec given) and a model card, `README.md`; `to="pretext"`: back, with
     the HF folder's tokenizer when pretext reads it (or the `tokenizer` given)."""
-    from pretrain import hf
+    from pretext_jax.pretrain import hf
 
     source, target = Path(source), Path(target)
     if to == "hf":
@@ -249,7 +249,7 @@ def _hf_tokenizer(source: Path, target: Path, model: nnx.Module,
                   spec: str | None) -> Tokenizer | None:
     """The tokenizer of a HF folder's text model: `spec`, else the folder's (or its first part
     folder's) when pretext reads it, else none and a line saying so."""
-    from pretrain import hf
+    from pretext_jax.pretrain import hf
 
     if not _has_vocabulary(model):
         return None
@@ -278,8 +278,8 @@ def model_card(source: Path, target: Path, model: nnx.Module,
     """The `README.md` of a HF export: method, architecture and size, data, tokenizer, steps
     trained and the latest held-out evaluation, all read from the workdir (a model directory
     records no training details)."""
-    from pretrain import hf, hf_tokenizer
-    from pretrain.metrics import METRICS_FILE
+    from pretext_jax.pretrain import hf, hf_tokenizer
+    from pretext_jax.pretrain.metrics import METRICS_FILE
 
     method = read_json_object(source / MODEL_FILE)["method"]
     params = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))

@@ -35,13 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from input_pipeline import glue
-from input_pipeline.errors import UserError
-from models.classifier import classifier_config
-from objectives.classification import load_encoder
-from pretrain import export
-from pretrain.config import Config, config_from_dict, make_config
-from pretrain.trainer import CONFIG_FILE, Trainer
+from pretext_jax.input_pipeline import glue
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.models.classifier import classifier_config
+from pretext_jax.objectives.classification import load_encoder
+from pretext_jax.pretrain import export
+from pretext_jax.pretrain.config import Config, config_from_dict, make_config
+from pretext_jax.pretrain.trainer import CONFIG_FILE, Trainer
 
 RESULTS_FILE = "results.json"
 TABLE_FILE = "results.md"

@@ -39,27 +39,27 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from input_pipeline.errors import UserError
-from input_pipeline.tokenizers import Tokenizer
-from models.albert import Albert, AlbertConfig
-from models.bert import Bert
-from models.classifier import (
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.tokenizers import Tokenizer
+from pretext_jax.models.albert import Albert, AlbertConfig
+from pretext_jax.models.bert import Bert
+from pretext_jax.models.classifier import (
     ClassifierConfig,
     HeadConfig,
     SequenceClassifier,
     XLNetClassifierConfig,
 )
-from models.electra import ElectraDiscriminator, ElectraGenerator
-from models.encoder import EncoderConfig
-from models.gpt import GPT, GPTConfig
-from models.mpnet import MPNet, MPNetConfig
-from models.resnet import DEPTHS, ResNet, ResNetConfig
-from models.roberta import Roberta, RobertaConfig
-from models.t5 import FEED_FORWARD, PAD_ID, T5, T5Config
-from models.xlnet import XLNet, XLNetConfig
-from objectives import registry
-from pretrain import hf_tokenizer
-from pretrain.export import make_readable
+from pretext_jax.models.electra import ElectraDiscriminator, ElectraGenerator
+from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.models.gpt import GPT, GPTConfig
+from pretext_jax.models.mpnet import MPNet, MPNetConfig
+from pretext_jax.models.resnet import DEPTHS, ResNet, ResNetConfig
+from pretext_jax.models.roberta import Roberta, RobertaConfig
+from pretext_jax.models.t5 import FEED_FORWARD, PAD_ID, T5, T5Config
+from pretext_jax.models.xlnet import XLNet, XLNetConfig
+from pretext_jax.objectives import registry
+from pretext_jax.pretrain import hf_tokenizer
+from pretext_jax.pretrain.export import make_readable
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"

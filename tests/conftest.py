@@ -2,9 +2,15 @@
 
 import os
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
+# The 8 fake devices run one program each on the CPU's threads, meeting at every collective.
+# XLA aborts the process when one device's thread is 40 s late to a collective (its default
+# `xla_cpu_collective_call_terminate_timeout_seconds`), which a 2-core machine running two test
+# workers and their subprocesses can reach on a slow step: a crash, not a failure. Tests (and the
+# `run.py` processes they start, which inherit XLA_FLAGS) wait up to 20 minutes instead.
+os.environ["XLA_FLAGS"] = " ".join([
+    os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8",
+    "--xla_cpu_collective_call_warn_stuck_timeout_seconds=300",
+    "--xla_cpu_collective_call_terminate_timeout_seconds=1200"]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

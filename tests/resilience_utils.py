@@ -14,8 +14,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from pretrain.config import make_config
-from pretrain.trainer import Trainer
+from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.trainer import Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "resilience_worker.py"

@@ -20,9 +20,9 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 # truncated for the next process to load.
 import jax  # noqa: E402, F401
 
-import objectives  # noqa: E402, F401  (registers the methods)
-from pretrain.config import make_config  # noqa: E402
-from pretrain.trainer import Trainer  # noqa: E402
+from pretext_jax import objectives  # noqa: E402, F401  (registers the methods)
+from pretext_jax.pretrain.config import make_config  # noqa: E402
+from pretext_jax.pretrain.trainer import Trainer  # noqa: E402
 
 
 def main(spec: str, workdir: str, log_path: str) -> None:

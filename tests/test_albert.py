@@ -21,18 +21,18 @@ from parity_utils import (
     torch_forward,
 )
 
-from input_pipeline import bert_examples
-from input_pipeline.albert_examples import (
+from pretext_jax.input_pipeline import bert_examples
+from pretext_jax.input_pipeline.albert_examples import (
     AlbertExampleConfig,
     choose_ngram_spans,
     create_training_examples,
     ngram_mask_tokens,
     ngram_probabilities,
 )
-from input_pipeline.errors import UserError
-from models.albert import Albert, AlbertConfig
-from models.encoder import EncoderStack
-from pretrain import hf
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.models.albert import Albert, AlbertConfig
+from pretext_jax.models.encoder import EncoderStack
+from pretext_jax.pretrain import hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -279,8 +279,8 @@ def test_records_carry_sop_labels_and_ngram_masks():
 
 
 def test_tiny_albert_trains_through_the_trainer_on_a_mixed_mesh(tmp_path):
-    from pretrain.config import make_config
-    from pretrain.trainer import Trainer
+    from pretext_jax.pretrain.config import make_config
+    from pretext_jax.pretrain.trainer import Trainer
 
     overrides = {"model.hidden_size": 32, "model.num_heads": 2, "model.intermediate_size": 64,
                  "model.embedding_size": 16, "examples.max_seq_length": 32,

@@ -19,10 +19,10 @@ from parity_utils import (
 )
 from safetensors.numpy import load_file
 
-from input_pipeline.errors import UserError
-from models.bert import Bert
-from models.encoder import EncoderConfig
-from pretrain import hf
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.models.bert import Bert
+from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.pretrain import hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -14,18 +14,18 @@ import pytest
 from flax import nnx
 from parity_utils import assert_same_params, padded_inputs, perturbed, random_params, torch_forward
 
-from models.bert import Bert
-from models.classifier import (
+from pretext_jax.models.bert import Bert
+from pretext_jax.models.classifier import (
     ClassifierConfig,
     SequenceClassifier,
     XLNetClassifierConfig,
     classifier_config,
     from_pretrained,
 )
-from models.electra import ElectraDiscriminator
-from models.encoder import EncoderConfig
-from models.xlnet import XLNet, XLNetConfig
-from pretrain import hf
+from pretext_jax.models.electra import ElectraDiscriminator
+from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.models.xlnet import XLNet, XLNetConfig
+from pretext_jax.pretrain import hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

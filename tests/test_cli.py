@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from tfds_utils import build_text_dataset
 
-import run
+from pretext_jax import run
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-import objectives  # noqa: F401  (registers the methods)
-import run
-from objectives import registry
-from pretrain.config import PRESETS, Config, describe, make_config
+from pretext_jax import (
+    objectives,  # noqa: F401  (registers the methods)
+    run,
+)
+from pretext_jax.objectives import registry
+from pretext_jax.pretrain.config import PRESETS, Config, describe, make_config
 
 SECTIONS = tuple(f"  {name}." for name in ("data", "optim", "mesh", "train", "model",
                                              "examples"))

@@ -10,8 +10,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 from jax.test_util import check_grads
 
-from objectives.contrastive import nt_xent
-from pretrain.mesh import make_mesh
+from pretext_jax.objectives.contrastive import nt_xent
+from pretext_jax.pretrain.mesh import make_mesh
 
 
 def numpy_nt_xent(first: np.ndarray, second: np.ndarray, temperature: float) -> float:

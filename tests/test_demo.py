@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import run
+from pretext_jax import run
 
 
 def test_demo_beats_majority_baseline(tmp_path, capsys, monkeypatch):

@@ -14,18 +14,21 @@ import pytest
 from flax import nnx
 from parity_utils import assert_same_params, padded_inputs, perturbed, random_params, torch_forward
 
-from input_pipeline.bert_examples import DynamicMasking, MaskingVocab
-from input_pipeline.electra_examples import ElectraExampleConfig, create_training_examples
-from input_pipeline.errors import UserError
-from models.electra import Electra, ElectraDiscriminator, ElectraGenerator
-from models.encoder import EncoderConfig
-from objectives.electra import (
+from pretext_jax.input_pipeline.bert_examples import DynamicMasking, MaskingVocab
+from pretext_jax.input_pipeline.electra_examples import (
+    ElectraExampleConfig,
+    create_training_examples,
+)
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.models.electra import Electra, ElectraDiscriminator, ElectraGenerator
+from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.objectives.electra import (
     ElectraObjectiveConfig,
     electra_loss,
     gumbel_noise,
     replaced_token_batch,
 )
-from pretrain import hf
+from pretext_jax.pretrain import hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -316,10 +319,10 @@ def test_masking_statistics():
 
 
 def test_trained_workdir_gives_the_discriminator_in_one_call(tmp_path):
-    import run
-    from pretrain.config import make_config
-    from pretrain.export import load_model
-    from pretrain.trainer import Trainer
+    from pretext_jax import run
+    from pretext_jax.pretrain.config import make_config
+    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.trainer import Trainer
 
     overrides = {"model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,
                  "model.intermediate_size": 64, "model.embedding_size": 16,

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.resnet import ResNet, ResNetConfig
-from objectives.evaluation import extract_features, knn_accuracy, linear_probe_accuracy
+from pretext_jax.models.resnet import ResNet, ResNetConfig
+from pretext_jax.objectives.evaluation import extract_features, knn_accuracy, linear_probe_accuracy
 
 
 def numpy_knn(bank, bank_labels, queries, num_classes, k, temperature):

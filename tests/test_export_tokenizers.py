@@ -19,18 +19,18 @@ import pytest
 from flax import nnx
 from parity_utils import xlnet_spiece
 
-import objectives  # noqa: F401  (registers the methods)
-from input_pipeline.tokenizers import (
+from pretext_jax import objectives  # noqa: F401  (registers the methods)
+from pretext_jax.input_pipeline.tokenizers import (
     ByteLevelBPETokenizer,
     SentencePieceTokenizer,
     WordPieceTokenizer,
     XLNetSentencePieceTokenizer,
     load_tokenizer,
 )
-from models.resnet import ResNet
-from objectives import registry
-from pretrain import export, hf, hf_tokenizer
-from pretrain.config import make_config
+from pretext_jax.models.resnet import ResNet
+from pretext_jax.objectives import registry
+from pretext_jax.pretrain import export, hf, hf_tokenizer
+from pretext_jax.pretrain.config import make_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -84,7 +84,7 @@ def tokenizers(tmp_path_factory) -> dict[str, object]:
     lowercased), GPT-2's and RoBERTa's byte-level BPE (trained with `tokenizers`)."""
     from tokenizers import ByteLevelBPETokenizer as Trainer
 
-    from input_pipeline.sources import python_docs_documents
+    from pretext_jax.input_pipeline.sources import python_docs_documents
 
     folder = tmp_path_factory.mktemp("tokenizers")
     corpus = (wikitext_lines("train.txt", 3000)
@@ -246,9 +246,9 @@ def test_trained_workdir_converts_with_its_tokenizer_and_a_model_card(tmp_path, 
     """A BERT run on bert-base-uncased's vocab records it in `<workdir>/tokenizer/`;
     `run.py convert --to hf` exports it (AutoTokenizer gives pretext's ids) with a model card
     of the run's facts, and `--to pretext` carries it back into a model directory."""
-    import run
-    from pretrain.finetune import tokenizer_of
-    from pretrain.trainer import Trainer
+    from pretext_jax import run
+    from pretext_jax.pretrain.finetune import tokenizer_of
+    from pretext_jax.pretrain.trainer import Trainer
 
     workdir = tmp_path / "w"
     config = make_config("bert_tiny", {

@@ -16,16 +16,18 @@ from flax import nnx
 from parity_utils import perturbed, xlnet_spiece
 from tfds_utils import build_glue_dataset
 
-import objectives  # noqa: F401  (registers the methods)
-import run
-from input_pipeline.errors import UserError
-from input_pipeline.tokenizers import load_tokenizer
-from objectives.classification import classification_loss
-from pretrain import hf
-from pretrain.export import load_model
-from pretrain.finetune import evaluate, finetune, finetune_config, recipe, run_glue
-from pretrain.optim import layer_depth_factors, make_optimizer
-from pretrain.trainer import Trainer
+from pretext_jax import (
+    objectives,  # noqa: F401  (registers the methods)
+    run,
+)
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.tokenizers import load_tokenizer
+from pretext_jax.objectives.classification import classification_loss
+from pretext_jax.pretrain import hf
+from pretext_jax.pretrain.export import load_model
+from pretext_jax.pretrain.finetune import evaluate, finetune, finetune_config, recipe, run_glue
+from pretext_jax.pretrain.optim import layer_depth_factors, make_optimizer
+from pretext_jax.pretrain.trainer import Trainer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -249,7 +251,7 @@ def test_layerwise_learning_rate_decay_scales_updates_by_depth():
     np.testing.assert_allclose(np.ravel(factors["encoder"]["stack"]["layers"]["w"]),
                                [0.5 ** 3, 0.5 ** 2, 0.5])
     assert float(factors["head_output"]["w"]) == 1.0
-    from pretrain.config import OptimConfig
+    from pretext_jax.pretrain.config import OptimConfig
 
     sgd_like = OptimConfig(optimizer="lamb", learning_rate=0.1, warmup_steps=0,
                            schedule="constant", weight_decay=0.0, clip_norm=0.0)
@@ -347,7 +349,7 @@ def test_glue_sweep_picks_the_best_learning_rate_on_dev(tmp_path, bert_dir, glue
 def test_pretext_model_directory_needs_and_takes_a_tokenizer(tmp_path, bert_dir, glue_folder):
     """A model directory converted from HF carries the folder's tokenizer; one without a
     tokenizer needs data.tokenizer."""
-    from pretrain.export import TOKENIZER_DIR, convert
+    from pretext_jax.pretrain.export import TOKENIZER_DIR, convert
 
     model_dir = convert(bert_dir, tmp_path / "model", to="pretext")
     config = finetune_config("sst2", str(model_dir), glue_folder, FAST)
@@ -365,9 +367,9 @@ def test_majority_class_baseline_and_runs_that_end_at_it():
     than it is flagged, and the table marks cells whose every run ended there."""
     from sklearn import metrics as sk
 
-    from input_pipeline.glue import glue_task
-    from objectives.glue_metrics import constant_baseline
-    from pretrain.finetune import _against_baseline, glue_table
+    from pretext_jax.input_pipeline.glue import glue_task
+    from pretext_jax.objectives.glue_metrics import constant_baseline
+    from pretext_jax.pretrain.finetune import _against_baseline, glue_table
 
     dev = np.array([1, 1, 0, 1, 0, 1, 1])
     mrpc = constant_baseline(glue_task("mrpc"), {"0": 3, "1": 9}, dev)

@@ -13,8 +13,8 @@ import pytest
 from parity_utils import xlnet_spiece
 from tfds_utils import build_glue_dataset
 
-from input_pipeline.errors import UserError
-from input_pipeline.glue import (
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.glue import (
     GLUE_TASKS,
     GlueSplit,
     encode_glue,
@@ -24,8 +24,8 @@ from input_pipeline.glue import (
     read_glue_tsv,
     truncate_seq_pair,
 )
-from input_pipeline.tokenizers import SPECIALS, WordPieceTokenizer, load_tokenizer
-from objectives import glue_metrics
+from pretext_jax.input_pipeline.tokenizers import SPECIALS, WordPieceTokenizer, load_tokenizer
+from pretext_jax.objectives import glue_metrics
 
 # ---------------------------------------------------------------------------------- metrics
 

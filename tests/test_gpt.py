@@ -17,16 +17,16 @@ import pytest
 from flax import nnx
 from parity_utils import assert_same_params, perturbed, random_params
 
-import run
-from input_pipeline import gpt_examples
-from input_pipeline.errors import UserError
-from input_pipeline.tokenizers import ByteLevelBPETokenizer, load_tokenizer
-from models.generate import Sampling, filter_logits, generate, left_pad
-from models.gpt import GPT, GPTConfig
-from objectives.gpt import causal_lm_loss
-from pretrain import hf
-from pretrain.config import make_config
-from pretrain.trainer import Trainer
+from pretext_jax import run
+from pretext_jax.input_pipeline import gpt_examples
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.tokenizers import ByteLevelBPETokenizer, load_tokenizer
+from pretext_jax.models.generate import Sampling, filter_logits, generate, left_pad
+from pretext_jax.models.gpt import GPT, GPTConfig
+from pretext_jax.objectives.gpt import causal_lm_loss
+from pretext_jax.pretrain import hf
+from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.trainer import Trainer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -72,7 +72,7 @@ def test_cifar10_pickles_become_jpeg_inputs(tmp_path):
 
 
 def test_text_loader_gives_full_batches(tmp_path):
-    from input_pipeline.records import RecordDirectory, write_records
+    from pretext_jax.input_pipeline.records import RecordDirectory, write_records
 
     write_records(({"input_ids": np.full(16, i, np.int32), "label": np.int32(i)}
                    for i in range(40)), tmp_path / "records")

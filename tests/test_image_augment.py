@@ -10,7 +10,7 @@ import pytest
 from matplotlib.colors import hsv_to_rgb as reference_hsv_to_rgb
 from matplotlib.colors import rgb_to_hsv as reference_rgb_to_hsv
 
-from input_pipeline import image_augment as aug
+from pretext_jax.input_pipeline import image_augment as aug
 
 
 def image(seed: int = 0, size: int = 32) -> jax.Array:

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from tfds_utils import build_image_dataset
 
-from input_pipeline.descriptions import difference
-from input_pipeline.errors import UserError
-from input_pipeline.images import cifar10_label_names, read_cifar10
+from pretext_jax.input_pipeline.descriptions import difference
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.images import cifar10_label_names, read_cifar10
 
 
 def write_batch(path, images: np.ndarray, labels: list[int]) -> None:
@@ -75,7 +75,7 @@ def image_folder(root, sizes) -> None:
 
 
 def first_batch(train, batch_size: int, seed: int = 0) -> dict:
-    from input_pipeline.records import make_loader
+    from pretext_jax.input_pipeline.records import make_loader
 
     return next(iter(make_loader(train, batch_size=batch_size, seed=seed)))
 
@@ -85,7 +85,7 @@ def test_image_folder_with_host_crops(tmp_path):
     reproducible per seed; held-out images are data_util.py's centre crop."""
     from PIL import Image
 
-    from input_pipeline.images import HostCrop, center_window, prepare_images
+    from pretext_jax.input_pipeline.images import HostCrop, center_window, prepare_images
 
     image_folder(tmp_path, [(40, 60), (75, 50), (33, 33)])
     crop = HostCrop(size=24)
@@ -107,7 +107,7 @@ def test_image_folder_with_host_crops(tmp_path):
 
 
 def test_equal_size_folder_goes_whole_and_mixed_sizes_need_host_crop(tmp_path):
-    from input_pipeline.images import HostCrop, prepare_images
+    from pretext_jax.input_pipeline.images import HostCrop, prepare_images
 
     image_folder(tmp_path / "same", [(20, 20)])
     train, held_out = prepare_images(str(tmp_path / "same" / "train"), "", tmp_path / "c", 100,
@@ -122,7 +122,7 @@ def test_equal_size_folder_goes_whole_and_mixed_sizes_need_host_crop(tmp_path):
 
 
 def test_bad_image_folders_give_one_line_errors(tmp_path):
-    from input_pipeline.images import HostCrop, decode_image, prepare_images
+    from pretext_jax.input_pipeline.images import HostCrop, decode_image, prepare_images
 
     def prepare(source, eval_source=""):
         return prepare_images(str(source), eval_source, tmp_path / "c", 10, crop=HostCrop(8),
@@ -152,7 +152,7 @@ def test_tfds_image_datasets_prepared_on_disk(sizes, host_crop, tmp_path):
     """TFDS image datasets prepared as ArrayRecord ({image, label}, PNG-encoded): images of one
     size (CIFAR-10) go whole, images of many sizes (ImageNet) are cropped on the host; the
     held-out split is `test`, else `validation`."""
-    from input_pipeline.images import HostCrop, prepare_images
+    from pretext_jax.input_pipeline.images import HostCrop, prepare_images
 
     held_out_split = "validation" if host_crop else "test"
     build_image_dataset(tmp_path / "tfds", "tiny_images", {"train": 8, held_out_split: 6},
@@ -169,7 +169,7 @@ def test_tfds_image_datasets_prepared_on_disk(sizes, host_crop, tmp_path):
 
 def training_description(source: str, cache, crop=None, seed: int = 0, **kwargs) -> str:
     """What Grain keeps in a checkpoint about the training images of `source`."""
-    from input_pipeline.images import HostCrop, prepare_images
+    from pretext_jax.input_pipeline.images import HostCrop, prepare_images
 
     train, _ = prepare_images(source, "", cache, 4, crop=crop or HostCrop(),
                               held_out_fraction=0.25, seed=seed, **kwargs)
@@ -180,7 +180,7 @@ def test_image_sources_describe_their_content_stably(tmp_path):
     """Every image source's description is the same when the same images are opened again (no
     object ids) and names what changed when they change: an image folder's files and image
     settings, a TFDS dataset's contents, the digits chosen, CIFAR-10's prepared records."""
-    from input_pipeline.images import HostCrop
+    from pretext_jax.input_pipeline.images import HostCrop
 
     image_folder(tmp_path / "folder", [(20, 20)])
     source, cache = str(tmp_path / "folder"), tmp_path / "cache"
@@ -226,7 +226,7 @@ def test_image_sources_describe_their_content_stably(tmp_path):
 
 
 def test_tfds_errors_name_the_fix(tmp_path):
-    from input_pipeline.images import HostCrop, prepare_images
+    from pretext_jax.input_pipeline.images import HostCrop, prepare_images
 
     with pytest.raises(UserError, match="tfds build"):
         prepare_images("tfds:no_such_images_xyz", "", tmp_path, 5, crop=HostCrop(),
@@ -235,7 +235,7 @@ def test_tfds_errors_name_the_fix(tmp_path):
 
 def test_digits_demo_source(tmp_path):
     pytest.importorskip("sklearn", reason="the digits demo needs scikit-learn (demo extra)")
-    from input_pipeline.images import HostCrop, prepare_images
+    from pretext_jax.input_pipeline.images import HostCrop, prepare_images
 
     train, held_out = prepare_images("digits", "", tmp_path, 10000, crop=HostCrop(),
                                      held_out_fraction=0.2, seed=0)

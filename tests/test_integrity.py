@@ -18,13 +18,15 @@ import numpy as np
 import pytest
 from resilience_utils import TINY_BERT, small_corpus
 
-import objectives  # noqa: F401  (registers the methods)
-import run
-from input_pipeline.errors import UserError
-from pretrain import integrity
-from pretrain.config import RANGES, make_config
-from pretrain.metrics import read_rows, truncate_after
-from pretrain.trainer import Trainer
+from pretext_jax import (
+    objectives,  # noqa: F401  (registers the methods)
+    run,
+)
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.pretrain import integrity
+from pretext_jax.pretrain.config import RANGES, make_config
+from pretext_jax.pretrain.metrics import read_rows, truncate_after
+from pretext_jax.pretrain.trainer import Trainer
 
 
 def test_damaged_metrics_tail_is_trimmed_with_a_warning(tmp_path, capsys):
@@ -280,7 +282,7 @@ def test_metrics_after_a_stop_equal_an_uninterrupted_runs(tmp_path, corpus_and_c
 def test_a_very_long_line_prepares_like_any_other(tmp_path):
     """A 3 MB line (one 500,000-word sentence) inside a normal corpus: tokenised and cut to the
     sequence length in linear time (`truncate_seq_pair` counts removals, then slices)."""
-    from pretrain.trainer import prepare_data
+    from pretext_jax.pretrain.trainer import prepare_data
 
     rng = np.random.default_rng(0)
     words = [f"word{i}" for i in range(300)]
@@ -313,7 +315,7 @@ def test_two_pretrain_processes_on_one_workdir(tmp_path, corpus_and_cache):
     """A second `run.py pretrain` on a workdir in use is refused with one line naming the
     first, which finishes unharmed (every row logged once); a reader loads the workdir beside
     it."""
-    from pretrain.export import load_model
+    from pretext_jax.pretrain.export import load_model
 
     corpus, cache = corpus_and_cache
     workdir = tmp_path / "w"
@@ -345,7 +347,7 @@ def test_two_pretrain_processes_on_one_workdir(tmp_path, corpus_and_cache):
 
 
 def test_loading_a_workdir_verifies_its_latest_checkpoint(tmp_path, corpus_and_cache):
-    from pretrain.export import load_model
+    from pretext_jax.pretrain.export import load_model
 
     workdir = tmp_path / "w"
     trainer_at(workdir, corpus_and_cache).run(stop_after=3)

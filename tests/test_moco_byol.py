@@ -14,14 +14,14 @@ import optax
 import pytest
 from flax import nnx
 
-from input_pipeline import image_augment as aug
-from models.momentum import EMA, call_in_groups
-from objectives.byol import BYOLObjectiveConfig, build_byol, byol_loss, target_decay
-from objectives.moco import MoCoObjectiveConfig, build_moco, info_nce, moco_loss
-from objectives.simclr import two_views
-from pretrain.config import OptimConfig, make_config
-from pretrain.optim import make_optimizer
-from pretrain.trainer import Trainer
+from pretext_jax.input_pipeline import image_augment as aug
+from pretext_jax.models.momentum import EMA, call_in_groups
+from pretext_jax.objectives.byol import BYOLObjectiveConfig, build_byol, byol_loss, target_decay
+from pretext_jax.objectives.moco import MoCoObjectiveConfig, build_moco, info_nce, moco_loss
+from pretext_jax.objectives.simclr import two_views
+from pretext_jax.pretrain.config import OptimConfig, make_config
+from pretext_jax.pretrain.optim import make_optimizer
+from pretext_jax.pretrain.trainer import Trainer
 
 TINY_NET = dict(depth=18, stem="cifar", base_width=2, image_size=16)
 
@@ -348,7 +348,7 @@ def test_moco_trains_on_a_mixed_mesh_and_keeps_its_queue(tmp_path, colour_folder
     holds real keys, falls well below it; the kNN monitor runs at evaluation; the queue, its
     pointer and the key encoder come back from the checkpoint; linear evaluation gets the
     query backbone."""
-    from pretrain.export import load_model
+    from pretext_jax.pretrain.export import load_model
 
     summary, losses = train("moco_tiny", tmp_path / "moco", colour_folder, (2, 2, 2),
                             **{"model.queue_size": 64, "model.shuffle_bn_groups": 4,

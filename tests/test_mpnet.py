@@ -16,16 +16,16 @@ import pytest
 from flax import nnx
 from parity_utils import assert_same_params, perturbed, random_params
 
-from input_pipeline.bert_examples import MaskingVocab
-from input_pipeline.errors import UserError
-from input_pipeline.mpnet_examples import (
+from pretext_jax.input_pipeline.bert_examples import MaskingVocab
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.mpnet_examples import (
     MaskedPermutation,
     MPNetExampleConfig,
     create_training_examples,
 )
-from models.mpnet import MPNet, MPNetConfig, two_stream_visibility
-from objectives.mpnet import check_mpnet
-from pretrain import hf
+from pretext_jax.models.mpnet import MPNet, MPNetConfig, two_stream_visibility
+from pretext_jax.objectives.mpnet import check_mpnet
+from pretext_jax.pretrain import hf
 
 HF_CONFIG = dict(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=48, max_position_embeddings=64, layer_norm_eps=1e-5)
@@ -272,8 +272,8 @@ def test_bad_settings_are_user_errors():
 def test_tiny_model_trains_on_a_mixed_mesh(tmp_path):
     """120 steps of the two-stream loss (with dropout) through the Trainer on data=2, fsdp=2,
     tensor=2: from near-uniform to well below it."""
-    from pretrain.config import make_config
-    from pretrain.trainer import Trainer
+    from pretext_jax.pretrain.config import make_config
+    from pretext_jax.pretrain.trainer import Trainer
 
     overrides = {"model.intermediate_size": 128, "examples.max_seq_length": 32,
                  "data.vocab_size": 1000, "data.cache_dir": str(tmp_path / "cache"),
@@ -293,8 +293,8 @@ def test_tiny_model_trains_on_a_mixed_mesh(tmp_path):
     assert "unigram_baseline_plm_loss" in summary["report"]
     # The trained workdir converts to a HF checkpoint that computes the same logits.
     transformers = pytest.importorskip("transformers")
-    import run
-    from pretrain.export import load_model
+    from pretext_jax import run
+    from pretext_jax.pretrain.export import load_model
 
     assert run.main(["convert", str(tmp_path / "w"), str(tmp_path / "hf"), "--to", "hf"]) == 0
     reference = transformers.MPNetForMaskedLM.from_pretrained(tmp_path / "hf").eval()

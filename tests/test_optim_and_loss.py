@@ -8,10 +8,10 @@ import numpy as np
 import optax
 import pytest
 
-from input_pipeline.errors import UserError
-from objectives.bert import weighted_cross_entropy
-from pretrain.config import OptimConfig
-from pretrain.optim import decay_mask, learning_rate_schedule, make_optimizer
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.objectives.bert import weighted_cross_entropy
+from pretext_jax.pretrain.config import OptimConfig
+from pretext_jax.pretrain.optim import decay_mask, learning_rate_schedule, make_optimizer
 
 
 def test_bert_linear_schedule_decays_over_the_whole_run():
@@ -107,7 +107,7 @@ def test_fairseq_adam_matches_numpy():
         for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(expected), strict=True):
             np.testing.assert_allclose(np.asarray(a), b, rtol=2e-6, atol=1e-7)
     with pytest.raises(UserError, match="bias_correction"):
-        from pretrain.config import make_config
+        from pretext_jax.pretrain.config import make_config
 
         make_config("bert_tiny", ["optim.eps_before_bias_correction=true",
                                   "optim.bias_correction=false"])
@@ -182,7 +182,7 @@ def test_bert_loss_is_mlm_plus_the_plain_mean_of_nsp():
     per-example losses (no epsilon in the NSP denominator)."""
     from types import SimpleNamespace
 
-    from objectives.bert import bert_loss
+    from pretext_jax.objectives.bert import bert_loss
 
     rng = np.random.default_rng(1)
     mlm_logits = rng.normal(size=(4, 3, 7)).astype(np.float32)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import run
+from pretext_jax import run
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "docs" / "examples" / "smoothed_mlm.py"

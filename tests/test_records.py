@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from input_pipeline.errors import UserError
-from input_pipeline.records import RecordDirectory, make_loader, write_records
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.records import RecordDirectory, make_loader, write_records
 
 
 def examples(count: int):
@@ -76,7 +76,7 @@ def test_shard_source_reads_what_array_record_data_source_reads(tmp_path):
 
     import grain
 
-    from input_pipeline.records import ShardSource, write_shard
+    from pretext_jax.input_pipeline.records import ShardSource, write_shard
 
     write_records(examples(50), tmp_path / "r", num_shards=3)
     write_shard(examples(7), tmp_path / "r" / "extra.array_record")  # snappy, as prepare.py

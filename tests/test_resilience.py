@@ -26,9 +26,9 @@ from resilience_utils import (
     train_losses,
 )
 
-from pretrain import resilience
-from pretrain.config import make_config
-from pretrain.trainer import Trainer
+from pretext_jax.pretrain import resilience
+from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.trainer import Trainer
 
 STEPS = 12
 OVERRIDES = {
@@ -202,7 +202,7 @@ class _Records:
 def test_data_state_of_an_older_loader_resumes_and_other_records_are_refused():
     """A Grain state saved when the loader sharded with ShardByJaxProcess resumes at the same
     position; a state of another shuffle seed is still refused."""
-    from input_pipeline.records import make_loader
+    from pretext_jax.input_pipeline.records import make_loader
 
     reference = iter(make_loader(_Records(), batch_size=4, seed=0))
     for _ in range(3):
@@ -227,7 +227,7 @@ def test_records_are_described_by_content_and_older_descriptions_still_resume(tm
     """Prepared records are described by their fingerprinted directory and count, not by where
     the cache lies; a data position saved under the description older versions stored (a digest
     of the absolute file paths) resumes; one of other records is refused naming what differs."""
-    from input_pipeline.records import RecordDirectory, make_loader, write_records
+    from pretext_jax.input_pipeline.records import RecordDirectory, make_loader, write_records
 
     def write(directory: Path, count: int) -> RecordDirectory:
         write_records(({"id": np.int32(i)} for i in range(count)), directory,

@@ -13,17 +13,17 @@ import pytest
 from flax import nnx
 from parity_utils import assert_same_params, padded_inputs, perturbed, random_params
 
-from input_pipeline.bert_examples import MaskingVocab
-from input_pipeline.errors import UserError
-from input_pipeline.roberta_examples import (
+from pretext_jax.input_pipeline.bert_examples import MaskingVocab
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.roberta_examples import (
     RobertaExampleConfig,
     create_training_examples,
     pack_full_sentences,
 )
-from models.encoder import padded_position_ids
-from models.roberta import Roberta, RobertaConfig
-from objectives.roberta import prepare_roberta
-from pretrain import hf
+from pretext_jax.models.encoder import padded_position_ids
+from pretext_jax.models.roberta import Roberta, RobertaConfig
+from pretext_jax.objectives.roberta import prepare_roberta
+from pretext_jax.pretrain import hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -196,7 +196,7 @@ def test_records_are_single_segment_and_masked_anew_on_every_load(tmp_path):
         tokens += [t for t in ids[1:length - 1] if t != VOCAB.sep_id]
     assert sorted(tokens) == stream  # documents shuffled, every token still used once
     # Dynamic masking (§4.1): the same record gets other masks on other loads.
-    from input_pipeline.bert_examples import DynamicMasking
+    from pretext_jax.input_pipeline.bert_examples import DynamicMasking
 
     masking = DynamicMasking(VOCAB, config)
     record = max(records, key=lambda r: r["input_mask"].sum())
@@ -209,7 +209,7 @@ def test_records_are_single_segment_and_masked_anew_on_every_load(tmp_path):
 
 
 def test_config_errors():
-    from objectives.roberta import check_roberta
+    from pretext_jax.objectives.roberta import check_roberta
 
     with pytest.raises(UserError, match="max_position_embeddings >= 130"):
         check_roberta(RobertaConfig(max_position_embeddings=128), RobertaExampleConfig(
@@ -219,8 +219,8 @@ def test_config_errors():
 
 
 def test_tiny_roberta_trains_through_the_trainer_on_a_mixed_mesh(tmp_path):
-    from pretrain.config import make_config
-    from pretrain.trainer import Trainer
+    from pretext_jax.pretrain.config import make_config
+    from pretext_jax.pretrain.trainer import Trainer
 
     overrides = {"model.hidden_size": 32, "model.num_heads": 2, "model.intermediate_size": 64,
                  "examples.max_seq_length": 32, "examples.max_predictions_per_seq": 5,

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from parity_utils import perturbed
 
-from input_pipeline.errors import UserError
-from pretrain import sentence_embeddings
-from pretrain.sentence_embeddings import load_sentence_transformer, minilm_path
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.pretrain import sentence_embeddings
+from pretext_jax.pretrain.sentence_embeddings import load_sentence_transformer, minilm_path
 
 SENTENCES = [
     "Hi",

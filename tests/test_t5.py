@@ -17,14 +17,14 @@ import pytest
 from flax import nnx
 from parity_utils import assert_same_params, perturbed, random_params
 
-from input_pipeline import seq2seq_examples as s2s
-from input_pipeline.errors import UserError
-from models.encoder import attention
-from models.t5 import T5, T5Config, shift_right
-from objectives.seq2seq import seq2seq_loss
-from pretrain import hf, optim
-from pretrain.config import OptimConfig, make_config
-from pretrain.trainer import Trainer
+from pretext_jax.input_pipeline import seq2seq_examples as s2s
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.models.encoder import attention
+from pretext_jax.models.t5 import T5, T5Config, shift_right
+from pretext_jax.objectives.seq2seq import seq2seq_loss
+from pretext_jax.pretrain import hf, optim
+from pretext_jax.pretrain.config import OptimConfig, make_config
+from pretext_jax.pretrain.trainer import Trainer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bench import throughput
-from pretrain.trainer import Trainer
+from pretext_jax.pretrain.trainer import Trainer
 
 TINY_WORKLOADS = ["bert_tiny", "electra_tiny", "xlnet_tiny", "simclr_tiny"]
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from parity_utils import xlnet_spiece
 
-from input_pipeline.errors import UserError
-from input_pipeline.tokenizers import (
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.input_pipeline.tokenizers import (
     SPECIALS,
     SentencePieceTokenizer,
     WordPieceTokenizer,
@@ -121,7 +121,7 @@ def test_bad_vocab_files(content, hint, tmp_path):
 
 @pytest.fixture(scope="module")
 def sentences() -> list[str]:
-    from input_pipeline.sources import python_docs_documents
+    from pretext_jax.input_pipeline.sources import python_docs_documents
 
     return [s for doc in python_docs_documents()[:120] for s in doc]
 
@@ -194,8 +194,8 @@ def test_load_tokenizer_dispatch(tmp_path):
 def test_casing_decided_by_setting_config_folder_name_then_vocab(tmp_path):
     """data.lowercase > tokenizer_config.json `do_lower_case` > the folder's name (Google's
     `uncased_L-12_H-768_A-12`, HF's `bert-base-cased`) > ASCII capitals in the vocab."""
-    from input_pipeline.prepare import DataConfig
-    from input_pipeline.prepare import load_tokenizer as data_tokenizer
+    from pretext_jax.input_pipeline.prepare import DataConfig
+    from pretext_jax.input_pipeline.prepare import load_tokenizer as data_tokenizer
 
     cased_words = write_vocab(tmp_path / "vocab.txt", FALLBACK_TEXT, False).read_text()
     folders = {name: tmp_path / name for name in (

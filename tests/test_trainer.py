@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from input_pipeline.errors import UserError
-from pretrain import integrity
-from pretrain.config import make_config
-from pretrain.trainer import Trainer
+from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.pretrain import integrity
+from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.trainer import Trainer
 
 TINY = {
     "model.hidden_size": 64, "model.num_layers": 2, "model.num_heads": 8,
@@ -198,7 +198,7 @@ def test_checkpoint_of_other_records_is_refused_with_a_clear_error(tmp_path, dat
 
 
 def test_model_is_restored_from_workdir(tmp_path, data_cache):
-    from pretrain.export import load_model
+    from pretext_jax.pretrain.export import load_model
 
     summary = make_trainer(tmp_path / "w", data_cache, **{"train.steps": 2}).run()
     model = load_model(tmp_path / "w")
@@ -225,8 +225,8 @@ def test_convert_workdir_to_hf_and_back(tmp_path, data_cache):
     the same outputs -> pretext model directory with the same parameters."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    import run
-    from pretrain.export import load_model
+    from pretext_jax import run
+    from pretext_jax.pretrain.export import load_model
 
     make_trainer(tmp_path / "w", data_cache, **{"train.steps": 1}).run()
     assert run.main(["convert", str(tmp_path / "w"), str(tmp_path / "hf"), "--to", "hf"]) == 0
@@ -264,7 +264,7 @@ def test_dynamic_masking_stream_is_reproducible_and_trains(tmp_path, data_cache)
 def test_simclr_evaluation_reports_the_knn_monitor(tmp_path, data_cache):
     """The kNN monitor runs at evaluation; the workdir's model comes back with its trained
     BatchNorm statistics (model state, not parameters), also through a model directory."""
-    from pretrain.export import load_model, save_model
+    from pretext_jax.pretrain.export import load_model, save_model
 
     summary = make_trainer(tmp_path / "w", data_cache, preset="simclr_tiny",
                            **{"train.steps": 1, "train.eval_every": 1}).run()

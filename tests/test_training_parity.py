@@ -52,10 +52,10 @@ import pytest
 from flax import nnx
 
 from bench.throughput import masked_lm_batch, synthetic_batch
-from objectives.registry import PreparedData
-from pretrain import hf
-from pretrain.config import Config, make_config
-from pretrain.trainer import Trainer
+from pretext_jax.objectives.registry import PreparedData
+from pretext_jax.pretrain import hf
+from pretext_jax.pretrain.config import Config, make_config
+from pretext_jax.pretrain.trainer import Trainer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -385,8 +385,8 @@ def sampling_noise(trainer: Trainer, step: int, vocab_size: int,
     Gumbel-max samples (argmax(logits / temperature + noise), pretrain_helpers.py
     `sample_from_softmax`) the same tokens as ours, so both train on the same replaced tokens;
     the noise's own distribution is tested in tests/test_electra.py."""
-    from models.encoder import split_rng
-    from objectives.electra import gumbel_noise
+    from pretext_jax.models.encoder import split_rng
+    from pretext_jax.objectives.electra import gumbel_noise
 
     key = jax.random.fold_in(jax.random.key(trainer.config.train.seed), step)
     return np.asarray(gumbel_noise(split_rng(key, 3)[2], (*shape, vocab_size)))
@@ -910,7 +910,7 @@ def augmented_views(trainer: Trainer, step: int, images: np.ndarray) -> np.ndarr
     with `objectives.simclr.two_views` and the step's key fold_in(key(seed), step): the
     augmentations are ours, tested in tests/test_image_augment.py; here the reference trains
     on the same pixels."""
-    from objectives.simclr import two_views
+    from pretext_jax.objectives.simclr import two_views
 
     model_config = trainer.model_config
     key = jax.random.fold_in(jax.random.key(trainer.config.train.seed), step)

@@ -12,8 +12,8 @@ import pytest
 from flax import nnx
 from parity_utils import assert_same_params, perturbed, random_params
 
-from models.xlnet import XLNet, XLNetConfig
-from pretrain import hf
+from pretext_jax.models.xlnet import XLNet, XLNetConfig
+from pretext_jax.pretrain import hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

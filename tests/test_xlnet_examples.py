@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from input_pipeline.bert_examples import MaskingVocab
-from input_pipeline.xlnet_examples import (
+from pretext_jax.input_pipeline.bert_examples import MaskingVocab
+from pretext_jax.input_pipeline.xlnet_examples import (
     PermutationSampling,
     XLNetExampleConfig,
     batchify,
@@ -20,8 +20,8 @@ from input_pipeline.xlnet_examples import (
     sample_span_mask,
     token_stream,
 )
-from models.xlnet import XLNet, XLNetConfig
-from objectives.xlnet import permutation_mask, xlnet_loss
+from pretext_jax.models.xlnet import XLNet, XLNetConfig
+from pretext_jax.objectives.xlnet import permutation_mask, xlnet_loss
 
 CONTINUATION = np.zeros(500, bool)
 CONTINUATION[300:] = True  # ids >= 300 continue a word
@@ -186,8 +186,8 @@ def test_bi_data_rows_are_reversed_copies():
 def test_trained_workdir_loads_with_its_memory_and_converts_to_hf(tmp_path):
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    import run
-    from pretrain.export import load_model
+    from pretext_jax import run
+    from pretext_jax.pretrain.export import load_model
 
     overrides = ["model.hidden_size=16", "model.num_layers=1", "model.num_heads=2",
                  "model.intermediate_size=32", "model.mem_len=12", "model.reuse_len=8",

@@ -89,7 +89,7 @@ def build_glue_dataset(data_dir: Path, task: str, splits: dict[str, list[dict[st
     ids, or a float score for stsb); rows give the sentences and labels, `idx` is added."""
     import tensorflow_datasets as tfds
 
-    from input_pipeline.glue import glue_task
+    from pretext_jax.input_pipeline.glue import glue_task
 
     spec = glue_task(task)
     texts = [spec.tfds_text_a, *([spec.tfds_text_b] if spec.tfds_text_b else [])]

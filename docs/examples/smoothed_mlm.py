@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from input_pipeline.bert_examples import BertExampleConfig
-from models.bert import Bert
-from models.encoder import EncoderConfig
-from objectives.bert import check_max_seq_length, prepare_bert
-from objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.input_pipeline.bert_examples import BertExampleConfig
+from pretext_jax.models.bert import Bert
+from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.objectives.bert import check_max_seq_length, prepare_bert
+from pretext_jax.objectives.registry import Batch, Method, Metrics, register
 
 SMOOTHING = 0.1
 
