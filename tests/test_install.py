@@ -1,0 +1,79 @@
+"""The package as users install it: a wheel built from the checkout holds one top-level package
+(`pretext_jax`) and the licence, installs into a fresh virtual environment, and its console
+command runs the demo from outside the repository."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tracked_copy(destination: Path) -> Path:
+    """The checkout's tracked files (what a clean clone holds) copied to `destination`, so the
+    build writes nothing into the repository."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)
+    for name in files.stdout.decode().split("\0"):
+        if name and (REPO / name).is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, destination / name)
+    return destination
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    source = tracked_copy(tmp_path_factory.mktemp("source"))
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--wheel-dir", str(out), str(source)],
+                   check=True, capture_output=True, cwd=out)
+    (built,) = out.glob("pretext_jax-*.whl")
+    return built
+
+
+def test_wheel_installs_one_top_level_package_and_the_licence(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    top_level = {name.split("/")[0] for name in names}
+    assert top_level == {"pretext_jax", wheel.name.split("-py3")[0] + ".dist-info"}, top_level
+    assert "pretext_jax/run.py" in names and "pretext_jax/pretrain/trainer.py" in names
+    assert not any(part in name for name in names for part in ("/tests/", "/bench/", "/docs/"))
+    metadata = next(name for name in names if name.endswith(".dist-info/METADATA"))
+    text = zipfile.ZipFile(wheel).read(metadata).decode()
+    assert "Name: pretext-jax" in text and "License-Expression: Apache-2.0" in text
+    assert any(name.endswith("licenses/LICENSE") for name in names)
+    entry_points = next(name for name in names if name.endswith("entry_points.txt"))
+    assert "pretext-jax = pretext_jax.run:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_console_command_runs_the_demo_from_a_fresh_environment(wheel, tmp_path):
+    """`pip install` of the wheel (dependencies from this interpreter's site-packages, as the
+    index would give them) into a new venv, then `pretext-jax demo` run in an unrelated folder:
+    it imports the installed copy, not the checkout."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True)
+    python, command = venv / "bin" / "python", venv / "bin" / "pretext-jax"
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    str(wheel)], check=True, capture_output=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    where = subprocess.run([python, "-c", "import pretext_jax; print(pretext_jax.__file__)"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, check=True)
+    assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout
+    run = subprocess.run(
+        [command, "demo", "--workdir", "demo", "train.steps=20", "train.eval_every=20",
+         "train.checkpoint_every=20", "train.progress=false", "model.num_layers=1"],
+        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "held-out MLM accuracy" in run.stdout
+    assert any((elsewhere / "demo" / "checkpoints").iterdir())
