@@ -188,8 +188,8 @@ def test_writing_the_tokenizer_needs_neither_torch_nor_transformers(tokenizers, 
 
     script = (
         "import sys\n"
-        "from input_pipeline.tokenizers import load_tokenizer\n"
-        "from pretrain import hf_tokenizer\n"
+        "from pretext_jax.input_pipeline.tokenizers import load_tokenizer\n"
+        "from pretext_jax.pretrain import hf_tokenizer\n"
         f"tokenizer = load_tokenizer({tokenizers['sentencepiece'].model_file!r})\n"
         f"hf_tokenizer.save(tokenizer, __import__('pathlib').Path({str(tmp_path)!r}), 'albert', "
         "tokenizer.vocab_size)\n"
