@@ -51,7 +51,8 @@ def test_wheel_installs_one_top_level_package_and_the_licence(wheel):
     assert "Name: pretext-jax" in text and "License-Expression: Apache-2.0" in text
     assert any(name.endswith("licenses/LICENSE") for name in names)
     entry_points = next(name for name in names if name.endswith("entry_points.txt"))
-    assert "pretext-jax = pretext_jax.run:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    commands = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "pretext-jax = pretext_jax.run:main" in commands
 
 
 def test_console_command_runs_the_demo_from_a_fresh_environment(wheel, tmp_path):

@@ -190,7 +190,8 @@ def test_a_second_training_process_is_refused_naming_the_first(tmp_path, corpus_
     workdir.mkdir()
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from pretext_jax.pretrain.integrity import WorkdirLock; lock = WorkdirLock(Path(sys.argv[1])); "
+         "from pretext_jax.pretrain.integrity import WorkdirLock; "
+         "lock = WorkdirLock(Path(sys.argv[1])); "
          "lock.acquire(); lock.record_owner(); print('locked', flush=True); time.sleep(60)",
          str(workdir)], stdout=subprocess.PIPE, text=True)
     try:

@@ -209,7 +209,8 @@ def test_model_is_restored_from_workdir(tmp_path, data_cache):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
     # A process with one device (a plain shell) loads the workdir written on 8.
     script = ("import sys, jax, numpy as np; from flax import nnx; "
-              "from pretext_jax.pretrain.export import load_model; m = load_model(sys.argv[1]); print(len(jax.devices()), "
+              "from pretext_jax.pretrain.export import load_model; m = load_model(sys.argv[1]); "
+              "print(len(jax.devices()), "
               "sum(float(np.abs(np.asarray(v)).sum()) for v in "
               "jax.tree.leaves(nnx.state(m, nnx.Param))))")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
