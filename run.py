@@ -199,7 +199,7 @@ def _print_summary(summary: dict, seconds: float, trainer: Any) -> None:
 def _generation_model(path: str, tokenizer_spec: str | None) -> tuple[Any, Any]:
     """The causal LM of a pretext workdir / model dir (its own tokenizer, found as fine-tuning
     finds it) or of a HuggingFace GPT-2 folder (its vocab.json + merges.txt)."""
-    from pretext_jax.input_pipeline.errors import UserError
+    from pretext_jax.errors import UserError
     from pretext_jax.input_pipeline.tokenizers import load_tokenizer
     from pretext_jax.pretrain import export, hf
     from pretext_jax.pretrain.finetune import tokenizer_of
@@ -223,7 +223,7 @@ def _import_plugin(name: str) -> None:
     import importlib
     import importlib.util
 
-    from pretext_jax.input_pipeline.errors import UserError
+    from pretext_jax.errors import UserError
 
     path = Path(name)
     if name.endswith(".py"):
@@ -291,7 +291,7 @@ def _metrics(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     show_traceback = args.traceback or os.environ.get("PRETEXT_TRACEBACK") == "1"
-    from pretext_jax.input_pipeline.errors import UserError
+    from pretext_jax.errors import UserError
 
     try:
         from pretext_jax.pretrain.resilience import initialize_distributed

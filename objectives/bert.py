@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import bert_examples
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig

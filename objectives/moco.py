@@ -33,8 +33,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import image_augment
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.models.momentum import MoCo, MoCoConfig, call_in_groups, ema_update
 from pretext_jax.objectives.contrastive import l2_normalize
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register

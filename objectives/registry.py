@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, tuple[jax.Array, jax.Array]]

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import roberta_examples
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.roberta import Roberta, RobertaConfig
 from pretext_jax.objectives.bert import prepare_masked_lm, weighted_cross_entropy

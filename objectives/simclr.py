@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import image_augment
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.images import HostCrop, prepare_images
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.simclr import SimCLR, SimCLRConfig

@@ -18,7 +18,7 @@ import types
 import typing
 from typing import Any
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.objectives import registry
 

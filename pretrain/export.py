@@ -23,8 +23,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import prepare
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import Tokenizer, load_tokenizer
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain import integrity

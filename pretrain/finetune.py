@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import glue
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.models.classifier import classifier_config
 from pretext_jax.objectives.classification import load_encoder
 from pretext_jax.pretrain import export

@@ -22,8 +22,8 @@ import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import prepare
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.records import make_loader
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain import integrity, resilience

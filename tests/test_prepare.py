@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from tfds_utils import build_text_dataset
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import (
     albert_examples,
     bert_examples,
@@ -33,7 +34,6 @@ from pretext_jax.input_pipeline import (
     sources,
     xlnet_examples,
 )
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.prepare import (
     DataConfig,
     prepare_text,
