@@ -22,14 +22,14 @@ from pretext_jax.input_pipeline import mpnet_examples
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.mpnet import MPNet, MPNetConfig
-from pretext_jax.objectives.bert import (
+from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.text import (
     MAX_EVAL_EXAMPLES,
     build_with_vocab,
     mask_records,
+    unigram_baselines,
     weighted_cross_entropy,
 )
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
-from pretext_jax.objectives.xlnet import unigram_baselines
 
 
 def mpnet_loss(model: MPNet, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:

