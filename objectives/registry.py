@@ -60,10 +60,12 @@ class Method:
       depend on the run's settings filled in (BYOL: the target schedule spans
       train.steps x optim.grad_accum_steps loss calls), applied by the trainer after the
       data's `model_fields`.
-    - `pretrained(model_config, seed)`: optional; the model a fresh run starts from instead of
-      `build_model`'s random one (fine-tuning: the pre-trained encoder plus a new head). Its
-      parameters are placed on the mesh after the sharded init, so they never become
-      constants of a compiled function.
+    - `pretrained(model_config, seed, load)`: optional; the model a fresh run starts from
+      instead of `build_model`'s random one (fine-tuning: the pre-trained encoder plus a new
+      head). `load(path)` is the trainer's reader of a pretext workdir, model directory or
+      HuggingFace folder (`pretrain.export.load_pretrained`), passed in so that objectives
+      never import the trainer's layer. Its parameters are placed on the mesh after the
+      sharded init, so they never become constants of a compiled function.
     """
 
     name: str
@@ -76,7 +78,7 @@ class Method:
     check: Callable[[Any, Any], None] = lambda model_config, example_config: None
     monitor: Callable[[Any, PreparedData, Any], dict[str, float]] | None = None
     run_settings: Callable[[Any, Any], Any] | None = None
-    pretrained: Callable[[Any, int], Any] | None = None
+    pretrained: Callable[[Any, int, Callable[[str], Any]], Any] | None = None
     unit: str = "tokens"
     description: str = ""
 

@@ -129,6 +129,16 @@ def load_model(path: str | Path, *, downstream: bool = False) -> nnx.Module:
     return model
 
 
+def load_pretrained(path: str | Path) -> nnx.Module:
+    """What a run starts from (`objectives.registry.Method.pretrained`'s loader): the
+    downstream model of a pretext workdir or model directory (`load_model`), or the model of
+    a HuggingFace folder (`hf.load`)."""
+    from pretext_jax.pretrain import hf
+
+    path = Path(path)
+    return load_model(path, downstream=True) if (path / MODEL_FILE).is_file() else hf.load(path)
+
+
 def _load_pretraining_model(path: Path) -> nnx.Module:
     if not (path / MODEL_FILE).is_file():
         raise UserError(f"{path} is not a pretext workdir or model directory ({MODEL_FILE} "

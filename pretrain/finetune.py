@@ -90,7 +90,8 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
     if not source:
         raise UserError("give a starting point (--init) or, for a random encoder, the "
                         "checkpoint whose architecture to copy (--architecture)")
-    model = dataclasses.asdict(classifier_config(load_encoder(source), spec.num_labels))
+    model = dataclasses.asdict(classifier_config(load_encoder(source, export.load_pretrained),
+                                                  spec.num_labels))
     chosen = recipe(model["head"], model["hidden_size"], spec.name)
     xlnet = model["head"] == "xlnet"
     values = {"method": "classify", **{f"model.{k}": v for k, v in model.items()},
