@@ -177,23 +177,14 @@ def _print_summary(summary: dict, seconds: float, trainer: Any) -> None:
     print(f"  metrics     : {workdir / 'metrics.jsonl'} (TensorBoard: {workdir / 'tensorboard'})")
     if summary["curves"]:
         print(f"  curves      : {summary['curves']}")
-    for task in ("mlm", "plm"):  # a method's token-prediction accuracy beside its baseline
-        if f"{task}_accuracy" in evaluation:
-            line = f"  held-out {task.upper()} accuracy {evaluation[f'{task}_accuracy']:.3f}"
-            baseline = summary["report"].get(f"majority_baseline_{task}_accuracy")
-            if baseline is not None:
-                line += f" vs majority-token baseline {baseline:.3f}"
-            print(line)
-    for key in ("loss", "nsp_accuracy", "sop_accuracy", "rtd_accuracy", "contrastive_accuracy"):
-        if key in evaluation:
-            print(f"  held-out {key}: {evaluation[key]:.3f}")
-    if "knn_accuracy" in evaluation:  # beside the same network's at its random initialisation
-        method = trainer.method
-        untrained = method.monitor(method.build_model(trainer.model_config,
-                                                      trainer.config.train.seed),
-                                   trainer.data, trainer.example_config)
-        print(f"  held-out kNN accuracy of the backbone's features {evaluation['knn_accuracy']:.3f}"
-              f" vs {untrained['knn_accuracy']:.3f} for the same network untrained")
+    method = trainer.method
+
+    def untrained() -> dict[str, float]:  # the monitor of the same network, untrained
+        model = method.build_model(trainer.model_config, trainer.config.train.seed)
+        return method.monitor(model, trainer.data, trainer.example_config)
+
+    for line in method.summarize(evaluation, summary["report"], untrained):
+        print(line)
 
 
 def _generation_model(path: str, tokenizer_spec: str | None) -> tuple[Any, Any]:

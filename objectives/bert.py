@@ -18,7 +18,14 @@ from pretext_jax.input_pipeline import bert_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.registry import (
+    Batch,
+    Method,
+    Metrics,
+    PreparedData,
+    register,
+    summary_of,
+)
 from pretext_jax.objectives.text import (
     check_max_seq_length,
     prepare_masked_lm,
@@ -71,4 +78,5 @@ register(Method(
     units_per_example=lambda examples: examples.max_seq_length,
     check=check_max_seq_length,
     description="BERT: masked LM + next-sentence prediction (Devlin et al. 2019)",
+    summarize=summary_of(accuracy="mlm", metrics=("loss", "nsp_accuracy")),
 ))

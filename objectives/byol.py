@@ -41,6 +41,7 @@ from pretext_jax.objectives.two_view import (
     TwoViewAugmentation,
     check_two_view_method,
     knn_monitor,
+    knn_summary,
     prepare_two_view_images,
     two_views,
 )
@@ -143,4 +144,5 @@ register(Method(
     unit="views",
     description="BYOL: predict a momentum target's projection of the other view "
                 "(Grill et al. 2020)",
+    summarize=knn_summary(),
 ))

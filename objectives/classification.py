@@ -184,7 +184,7 @@ def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig) -> None:
                         f"max_position_embeddings={model.max_position_embeddings}; lower it")
 
 
-register(Method(
+METHOD = register(Method(
     name="classify",
     model_config=FinetuneModelConfig,
     example_config=GlueExampleConfig,

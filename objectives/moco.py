@@ -42,6 +42,7 @@ from pretext_jax.objectives.two_view import (
     TwoViewAugmentation,
     check_two_view_method,
     knn_monitor,
+    knn_summary,
     prepare_two_view_images,
     two_views,
 )
@@ -135,4 +136,5 @@ register(Method(
     monitor=knn_monitor,
     unit="views",
     description="MoCo v2: InfoNCE against a queue of momentum-encoded keys (He et al. 2020)",
+    summarize=knn_summary(("loss", "contrastive_accuracy")),
 ))

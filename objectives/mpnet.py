@@ -22,7 +22,14 @@ from pretext_jax.input_pipeline import mpnet_examples
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.mpnet import MPNet, MPNetConfig
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.registry import (
+    Batch,
+    Method,
+    Metrics,
+    PreparedData,
+    register,
+    summary_of,
+)
 from pretext_jax.objectives.text import (
     MAX_EVAL_EXAMPLES,
     build_with_vocab,
@@ -87,4 +94,5 @@ register(Method(
     units_per_example=lambda examples: examples.max_seq_length,
     check=check_mpnet,
     description="MPNet: masked and permuted LM with two-stream attention (Song et al. 2020)",
+    summarize=summary_of(accuracy="plm"),
 ))

@@ -21,6 +21,31 @@ from pretext_jax.errors import UserError
 Batch = dict[str, jax.Array]
 Metrics = dict[str, tuple[jax.Array, jax.Array]]
 LossFn = Callable[[Any, Batch, jax.Array | None], tuple[jax.Array, Metrics]]
+# (held-out metrics, PreparedData.report, the monitor's metrics of the untrained network) -> lines
+Summarize = Callable[[dict[str, float], dict[str, Any], Callable[[], dict[str, float]]],
+                     list[str]]
+
+
+def summary_of(*, accuracy: str = "", metrics: Sequence[str] = ("loss",)) -> Summarize:
+    """A `Method.summarize` that prints the held-out `{accuracy}_accuracy` beside the data's
+    `majority_baseline_{accuracy}_accuracy` (e.g. accuracy="mlm"), then each of `metrics`
+    that the evaluation has."""
+
+    def summarize(evaluation: dict[str, float], report: dict[str, Any],
+                  untrained: Callable[[], dict[str, float]]) -> list[str]:
+        del untrained
+        lines = []
+        if f"{accuracy}_accuracy" in evaluation:
+            value = evaluation[f"{accuracy}_accuracy"]
+            line = f"  held-out {accuracy.upper()} accuracy {value:.3f}"
+            baseline = report.get(f"majority_baseline_{accuracy}_accuracy")
+            if baseline is not None:
+                line += f" vs majority-token baseline {baseline:.3f}"
+            lines.append(line)
+        return lines + [f"  held-out {key}: {evaluation[key]:.3f}" for key in metrics
+                        if key in evaluation]
+
+    return summarize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +91,10 @@ class Method:
       HuggingFace folder (`pretrain.export.load_pretrained`), passed in so that objectives
       never import the trainer's layer. Its parameters are placed on the mesh after the
       sharded init, so they never become constants of a compiled function.
+    - `summarize(evaluation, report, untrained)`: the lines the CLI prints about the final
+      held-out metrics (`evaluation`), beside the data's baselines (`report`); `untrained()`
+      computes the `monitor` metrics of the same network at its random initialisation.
+      Default: the held-out loss (`summary_of`).
     """
 
     name: str
@@ -79,6 +108,7 @@ class Method:
     monitor: Callable[[Any, PreparedData, Any], dict[str, float]] | None = None
     run_settings: Callable[[Any, Any], Any] | None = None
     pretrained: Callable[[Any, int, Callable[[str], Any]], Any] | None = None
+    summarize: Summarize = dataclasses.field(default_factory=summary_of)
     unit: str = "tokens"
     description: str = ""
 

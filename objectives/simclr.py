@@ -23,6 +23,7 @@ from pretext_jax.objectives.two_view import (
     ImageExampleConfig,
     check_host_crops,
     knn_monitor,
+    knn_summary,
     prepare_two_view_images,
     two_views,
 )
@@ -89,4 +90,5 @@ register(Method(
     monitor=knn_monitor,
     unit="views",
     description="SimCLR: NT-Xent between two augmented views (Chen et al. 2020)",
+    summarize=knn_summary(("loss", "contrastive_accuracy")),
 ))

@@ -23,7 +23,7 @@ from pretext_jax.input_pipeline import image_augment
 from pretext_jax.input_pipeline.images import HostCrop, prepare_images
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.objectives.evaluation import extract_features, knn_accuracy
-from pretext_jax.objectives.registry import PreparedData
+from pretext_jax.objectives.registry import PreparedData, Summarize, summary_of
 
 # Held-out evaluation has no step rng; its views come from this fixed key.
 EVAL_AUGMENT_SEED = 0
@@ -199,3 +199,20 @@ def check_two_view_method(model: TwoViewAugmentation, examples: ImageExampleConf
     if examples.host_crop_size and examples.host_crop_area_min != model.crop_area_min:
         raise UserError(f"examples.host_crop_area_min={examples.host_crop_area_min} differs from "
                         f"model.crop_area_min={model.crop_area_min}; set both to the same value")
+
+
+def knn_summary(metrics: tuple[str, ...] = ("loss",)) -> Summarize:
+    """`summary_of(metrics=...)` and the kNN accuracy of the backbone's features beside the
+    same network's at its random initialisation."""
+    held_out = summary_of(metrics=metrics)
+
+    def summarize(evaluation: dict[str, float], report: dict[str, Any],
+                  untrained: Callable[[], dict[str, float]]) -> list[str]:
+        lines = held_out(evaluation, report, untrained)
+        if "knn_accuracy" in evaluation:
+            lines.append(f"  held-out kNN accuracy of the backbone's features "
+                         f"{evaluation['knn_accuracy']:.3f} vs {untrained()['knn_accuracy']:.3f} "
+                         "for the same network untrained")
+        return lines
+
+    return summarize

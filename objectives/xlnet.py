@@ -23,7 +23,14 @@ from pretext_jax.input_pipeline import xlnet_examples
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.xlnet import XLNet, XLNetConfig
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.registry import (
+    Batch,
+    Method,
+    Metrics,
+    PreparedData,
+    register,
+    summary_of,
+)
 from pretext_jax.objectives.text import (
     MAX_EVAL_EXAMPLES,
     build_with_vocab,
@@ -114,4 +121,5 @@ register(Method(
     units_per_example=lambda examples: examples.max_seq_length,
     check=check_xlnet,
     description="XLNet: permutation LM with two-stream attention and memory (Yang et al. 2019)",
+    summarize=summary_of(accuracy="plm"),
 ))
