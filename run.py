@@ -3,6 +3,7 @@
     python run.py                      # offline demo: tiny BERT on the Python docs, a few minutes
     python run.py demo --images        # offline image demo: SimCLR on scikit-learn's digits
     python run.py pretrain --preset bert_tiny --data corpus.txt --workdir runs/x train.steps=100
+    python run.py pretrain --config my_experiment.yaml --workdir runs/e train.steps=10
     python run.py convert runs/x hf_out --to hf      # pretext workdir -> HuggingFace directory
     python run.py convert hf_dir model_out --to pretext
     python run.py finetune --task rte --init runs/x --data glue_data --workdir runs/rte
@@ -26,6 +27,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+DEFAULT_PRESET = "bert_tiny"
 DEMO_WORKDIR = "runs/demo"
 IMAGE_DEMO_WORKDIR = "runs/demo_images"
 
@@ -64,6 +66,14 @@ def _parser() -> argparse.ArgumentParser:
                          help="this process (or JAX_PROCESS_ID)")
     commands = parser.add_subparsers(dest="command")
 
+    def add_config_arguments(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--preset", help=f"config preset, e.g. bert_base (default "
+                             f"{DEFAULT_PRESET}, or none with a --config file that names none)")
+        command.add_argument("--config", metavar="FILE",
+                             help="a YAML file of config sections, or a Python file whose "
+                             "get_config() returns them; layered over the preset, under the "
+                             "section.key=value overrides (README, Config files)")
+
     demo = commands.add_parser("demo", help="pre-train a tiny BERT on the Python docs (offline)")
     demo.add_argument("--images", action="store_true",
                       help="SimCLR on scikit-learn's 8x8 digits instead (pip install "
@@ -74,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("overrides", nargs="*", help="section.key=value config overrides")
 
     pretrain = commands.add_parser("pretrain", help="pre-train a model from a preset")
-    pretrain.add_argument("--preset", default="bert_tiny", help="config preset, e.g. bert_base")
+    add_config_arguments(pretrain)
     pretrain.add_argument("--data", help="corpus: file, folder, glob, tfds:NAME or python-docs")
     pretrain.add_argument("--tokenizer", help="sentencepiece .model, BERT vocab.txt or HF dir")
     pretrain.add_argument("--workdir", required=True, type=_workdir,
@@ -83,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
 
     prepare = commands.add_parser(
         "prepare", help="prepare a preset's data alone (e.g. on CPU hosts before the job)")
-    prepare.add_argument("--preset", default="bert_tiny", help="config preset, e.g. bert_base")
+    add_config_arguments(prepare)
     prepare.add_argument("--data", help="corpus: file, folder, glob, tfds:NAME or python-docs")
     prepare.add_argument("--tokenizer", help="sentencepiece .model, BERT vocab.txt or HF dir")
     prepare.add_argument("--workdir", required=True, type=_workdir,
@@ -152,16 +162,24 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("presets", help="list presets and registered methods")
     show = commands.add_parser(
         "config", help="every config key of a preset with its value, default and doc")
-    show.add_argument("--preset", default="bert_tiny", help="config preset, e.g. bert_base")
+    add_config_arguments(show)
     show.add_argument("overrides", nargs="*", help="section.key=value config overrides")
     return parser
 
 
-def _pretrain(preset: str, overrides: list[str], workdir: str) -> tuple[dict, Any]:
+def _config(args: argparse.Namespace, overrides: list[str]) -> Any:
+    """The command's config: --preset (default bert_tiny unless a --config file is given),
+    --config FILE, then the overrides."""
     from pretext_jax.pretrain.config import make_config
+
+    preset = args.preset or (None if args.config else DEFAULT_PRESET)
+    return make_config(preset, overrides, file=args.config)
+
+
+def _pretrain(config: Any, workdir: str) -> tuple[dict, Any]:
     from pretext_jax.pretrain.trainer import Trainer
 
-    trainer = Trainer(make_config(preset, overrides), workdir)
+    trainer = Trainer(config, workdir)
     return trainer.run(), trainer
 
 
@@ -177,29 +195,20 @@ def _print_summary(summary: dict, seconds: float, trainer: Any) -> None:
     print(f"  metrics     : {workdir / 'metrics.jsonl'} (TensorBoard: {workdir / 'tensorboard'})")
     if summary["curves"]:
         print(f"  curves      : {summary['curves']}")
-    for task in ("mlm", "plm"):  # a method's token-prediction accuracy beside its baseline
-        if f"{task}_accuracy" in evaluation:
-            line = f"  held-out {task.upper()} accuracy {evaluation[f'{task}_accuracy']:.3f}"
-            baseline = summary["report"].get(f"majority_baseline_{task}_accuracy")
-            if baseline is not None:
-                line += f" vs majority-token baseline {baseline:.3f}"
-            print(line)
-    for key in ("loss", "nsp_accuracy", "sop_accuracy", "rtd_accuracy", "contrastive_accuracy"):
-        if key in evaluation:
-            print(f"  held-out {key}: {evaluation[key]:.3f}")
-    if "knn_accuracy" in evaluation:  # beside the same network's at its random initialisation
-        method = trainer.method
-        untrained = method.monitor(method.build_model(trainer.model_config,
-                                                      trainer.config.train.seed),
-                                   trainer.data, trainer.example_config)
-        print(f"  held-out kNN accuracy of the backbone's features {evaluation['knn_accuracy']:.3f}"
-              f" vs {untrained['knn_accuracy']:.3f} for the same network untrained")
+    method = trainer.method
+
+    def untrained() -> dict[str, float]:  # the monitor of the same network, untrained
+        model = method.build_model(trainer.model_config, trainer.config.train.seed)
+        return method.monitor(model, trainer.data, trainer.example_config)
+
+    for line in method.summarize(evaluation, summary["report"], untrained):
+        print(line)
 
 
 def _generation_model(path: str, tokenizer_spec: str | None) -> tuple[Any, Any]:
     """The causal LM of a pretext workdir / model dir (its own tokenizer, found as fine-tuning
     finds it) or of a HuggingFace GPT-2 folder (its vocab.json + merges.txt)."""
-    from pretext_jax.input_pipeline.errors import UserError
+    from pretext_jax.errors import UserError
     from pretext_jax.input_pipeline.tokenizers import load_tokenizer
     from pretext_jax.pretrain import export, hf
     from pretext_jax.pretrain.finetune import tokenizer_of
@@ -223,7 +232,7 @@ def _import_plugin(name: str) -> None:
     import importlib
     import importlib.util
 
-    from pretext_jax.input_pipeline.errors import UserError
+    from pretext_jax.errors import UserError
 
     path = Path(name)
     if name.endswith(".py"):
@@ -291,7 +300,7 @@ def _metrics(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     show_traceback = args.traceback or os.environ.get("PRETEXT_TRACEBACK") == "1"
-    from pretext_jax.input_pipeline.errors import UserError
+    from pretext_jax.errors import UserError
 
     try:
         from pretext_jax.pretrain.resilience import initialize_distributed
@@ -308,8 +317,11 @@ def main(argv: list[str] | None = None) -> int:
             images = getattr(args, "images", False)
             workdir = getattr(args, "workdir", None) or (IMAGE_DEMO_WORKDIR if images
                                                          else DEMO_WORKDIR)
-            summary, trainer = _pretrain("simclr_digits" if images else "bert_tiny",
-                                         getattr(args, "overrides", []), workdir)
+            from pretext_jax.pretrain.config import make_config
+
+            summary, trainer = _pretrain(make_config("simclr_digits" if images else
+                                                     DEFAULT_PRESET,
+                                                     getattr(args, "overrides", [])), workdir)
             _print_summary(summary, time.perf_counter() - start, trainer)
         elif args.command in ("pretrain", "prepare"):
             overrides = list(args.overrides)
@@ -317,17 +329,16 @@ def main(argv: list[str] | None = None) -> int:
                 overrides.append(f"data.source={args.data}")
             if args.tokenizer:
                 overrides.append(f"data.tokenizer={args.tokenizer}")
+            config = _config(args, overrides)
             if args.command == "prepare":
-                from pretext_jax.pretrain.config import make_config
                 from pretext_jax.pretrain.trainer import data_cache, prepare_data
 
-                config = make_config(args.preset, overrides)
                 prepare_data(config, args.workdir)
                 print(f"records ready in {data_cache(config, args.workdir)}; "
                       f"`run.py pretrain --workdir {args.workdir}` with the same settings "
                       "reuses them")
             else:
-                summary, trainer = _pretrain(args.preset, overrides, args.workdir)
+                summary, trainer = _pretrain(config, args.workdir)
                 _print_summary(summary, time.perf_counter() - start, trainer)
         elif args.command == "finetune":
             from pretext_jax.pretrain import finetune
@@ -367,9 +378,9 @@ def main(argv: list[str] | None = None) -> int:
                                       max_new_tokens=args.max_new_tokens, sampling=sampling):
                 print(text)
         elif args.command == "config":
-            from pretext_jax.pretrain.config import describe, make_config
+            from pretext_jax.pretrain.config import describe
 
-            print(describe(make_config(args.preset, args.overrides)))
+            print(describe(_config(args, args.overrides)))
         elif args.command == "presets":
             from pretext_jax.objectives import registry
             from pretext_jax.pretrain.config import PRESETS

@@ -16,9 +16,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import bert_examples
 from pretext_jax.input_pipeline.bert_examples import Document, MaskingVocab
-from pretext_jax.input_pipeline.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 
 Document = Sequence[Sequence[int]]
 

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import sources
-from pretext_jax.input_pipeline.errors import UserError
 
 DEMO_CORPUS = "python-docs"
 TFDS_RECORDS_PER_SHARD = 4096

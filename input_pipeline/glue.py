@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.corpus import source_fingerprint
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.sources import open_tfds, tfds_builder, tfds_fingerprint
 from pretext_jax.input_pipeline.tokenizers import Tokenizer
 

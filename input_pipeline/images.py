@@ -32,8 +32,8 @@ import grain
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.descriptions import describe, files_fingerprint
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.image_augment import CropConfig, window_from_uniforms
 from pretext_jax.input_pipeline.prepare import DEMO_CORPUS, fingerprint
 from pretext_jax.input_pipeline.records import RecordDirectory, write_records

@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import corpus, tokenizers
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.records import (
     SPEC_FILE,
     RecordDirectory,

@@ -31,8 +31,8 @@ import jax
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.descriptions import describe
-from pretext_jax.input_pipeline.errors import UserError
 
 SPEC_FILE = "features.json"
 # One record per chunk (random access for the shuffling loader), snappy-compressed: writing is

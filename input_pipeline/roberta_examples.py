@@ -20,13 +20,13 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.bert_examples import (
     Document,
     MaskingVocab,
     check_masking,
     to_features,
 )
-from pretext_jax.input_pipeline.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,8 +38,8 @@ from typing import Any
 import grain
 import numpy as np
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.bert_examples import Document
-from pretext_jax.input_pipeline.errors import UserError
 
 NOISES = ("span_corruption", "text_infilling")
 MAX_CHUNK_TOKENS = 65536  # select_random_chunk's max_length in span_corruption

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.descriptions import describe
-from pretext_jax.input_pipeline.errors import UserError
 
 Documents = list[list[str]]
 

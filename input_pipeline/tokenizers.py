@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 import sentencepiece as spm
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # A HF folder's tokenizer settings; `load_tokenizer` reads its `do_lower_case`.

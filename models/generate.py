@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

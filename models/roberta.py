@@ -14,7 +14,7 @@ import dataclasses
 import jax
 from flax import nnx
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.models.encoder import Encoder, EncoderConfig, MaskedLMHead
 
 

@@ -18,12 +18,19 @@ from flax import nnx
 from pretext_jax.input_pipeline import albert_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.albert import Albert, AlbertConfig
-from pretext_jax.objectives.bert import (
+from pretext_jax.objectives.registry import (
+    Batch,
+    Method,
+    Metrics,
+    PreparedData,
+    register,
+    summary_of,
+)
+from pretext_jax.objectives.text import (
     check_max_seq_length,
     prepare_masked_lm,
     weighted_cross_entropy,
 )
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 
 def albert_loss(model: Albert, batch: Batch, rng: jax.Array | None
@@ -66,4 +73,5 @@ register(Method(
     check=check_max_seq_length,
     description="ALBERT: factorised embeddings, shared layers, n-gram MLM + sentence-order "
                 "prediction (Lan et al. 2020)",
+    summarize=summary_of(accuracy="mlm", metrics=("loss", "sop_accuracy")),
 ))

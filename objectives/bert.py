@@ -8,40 +8,29 @@ plain mean over the batch (`tf.reduce_mean`, no epsilon); total = MLM + NSP.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
-import grain
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from pretext_jax.input_pipeline import bert_examples
-from pretext_jax.input_pipeline.errors import UserError
-from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
+from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
-
-MAX_EVAL_EXAMPLES = 16384
-
-
-def weighted_cross_entropy(
-    logits: jax.Array, labels: jax.Array, weights: jax.Array, epsilon: float = 1e-5
-) -> tuple[jax.Array, Metrics]:
-    """sum(w * nll) / (sum(w) + epsilon) with float32 log-softmax, plus weighted accuracy
-    (BERT's epsilon is 1e-5, ELECTRA's 1e-6; with unit weights and epsilon 0 it is the plain
-    mean, as BERT's NSP loss)."""
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
-    weights = weights.astype(jnp.float32)
-    loss = jnp.sum(weights * nll) / (jnp.sum(weights) + epsilon)
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-    return loss, {"accuracy": (jnp.sum(weights * correct), jnp.sum(weights)),
-                  "loss": (jnp.sum(weights * nll), jnp.sum(weights))}
+from pretext_jax.objectives.registry import (
+    Batch,
+    Method,
+    Metrics,
+    PreparedData,
+    register,
+    summary_of,
+)
+from pretext_jax.objectives.text import (
+    check_max_seq_length,
+    prepare_masked_lm,
+    weighted_cross_entropy,
+)
 
 
 def bert_loss(model: Bert, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
@@ -79,62 +68,6 @@ def prepare_bert(
                              bert_examples.create_training_examples, examples.dynamic_masking)
 
 
-def prepare_masked_lm(
-    data: DataConfig, examples: Any, cache_dir: Path, seed: int,
-    create_examples: Callable[..., Iterable[dict[str, np.ndarray]]], dynamic_masking: bool,
-) -> PreparedData:
-    """Shared by the masked-LM methods: builds records with `create_examples(documents, vocab,
-    examples, seed)` and, with `dynamic_masking`, masks while loading. Held-out evaluation
-    always uses fixed masks (drawn once with a fixed seed), so its numbers are comparable
-    across runs; it is kept in memory, so a huge held-out split is capped."""
-
-    build = functools.partial(build_with_vocab, create_examples, examples)
-    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
-    vocab = bert_examples.MaskingVocab.from_tokenizer(tokenizer)
-    eval_examples = held_out.examples(range(min(len(held_out), MAX_EVAL_EXAMPLES)))
-    transforms = ()
-    if dynamic_masking:
-        transforms = (bert_examples.DynamicMasking(vocab, examples),)
-        eval_examples = mask_records(eval_examples, transforms[0], seed + 2)
-    return PreparedData(
-        train=train,
-        eval=eval_examples,
-        transforms=transforms,
-        model_fields={"vocab_size": tokenizer.vocab_size},
-        report={"majority_baseline_mlm_accuracy":
-                bert_examples.majority_baseline_accuracy(eval_examples)},
-        tokenizer=tokenizer,
-    )
-
-
-def build_with_vocab(create_examples: Callable[..., Iterable[dict[str, np.ndarray]]],
-                     examples: Any, documents: Any, tokenizer: Any, seed: int
-                     ) -> Iterable[dict[str, np.ndarray]]:
-    """A `prepare_text` builder (picklable as a `functools.partial` of this):
-    `create_examples(documents, masking vocab, examples, seed)`."""
-    return create_examples(documents, bert_examples.MaskingVocab.from_tokenizer(tokenizer),
-                           examples, seed)
-
-
-def mask_records(
-    records: dict[str, np.ndarray], masking: grain.transforms.RandomMap, seed: int
-) -> dict[str, np.ndarray]:
-    """Applies a per-record random transform (dynamic masking, XLNet's permutations) once, with
-    a fixed seed, to a stacked set of records."""
-    rng = np.random.default_rng(seed)
-    count = len(next(iter(records.values())))
-    rows = [masking.random_map({k: v[i] for k, v in records.items()}, rng) for i in range(count)]
-    return {k: np.stack([row[k] for row in rows]) for k in rows[0]}
-
-
-def check_max_seq_length(model: EncoderConfig, examples: Any) -> None:
-    if examples.max_seq_length > model.max_position_embeddings:
-        raise UserError(
-            f"examples.max_seq_length={examples.max_seq_length} exceeds "
-            f"model.max_position_embeddings={model.max_position_embeddings}; lower the first or "
-            "raise the second")
-
-
 register(Method(
     name="bert",
     model_config=EncoderConfig,
@@ -145,4 +78,5 @@ register(Method(
     units_per_example=lambda examples: examples.max_seq_length,
     check=check_max_seq_length,
     description="BERT: masked LM + next-sentence prediction (Devlin et al. 2019)",
+    summarize=summary_of(accuracy="mlm", metrics=("loss", "nsp_accuracy")),
 ))

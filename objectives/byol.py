@@ -35,9 +35,16 @@ from flax import nnx
 
 from pretext_jax.models.momentum import BYOL, BYOLConfig, ema_update
 from pretext_jax.objectives.contrastive import l2_normalize
-from pretext_jax.objectives.moco import TwoViewAugmentation, check_two_view_method
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register
-from pretext_jax.objectives.simclr import ImageExampleConfig, knn_monitor, prepare_simclr, two_views
+from pretext_jax.objectives.two_view import (
+    ImageExampleConfig,
+    TwoViewAugmentation,
+    check_two_view_method,
+    knn_monitor,
+    knn_summary,
+    prepare_two_view_images,
+    two_views,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +136,7 @@ register(Method(
     example_config=ImageExampleConfig,
     build_model=build_byol,
     loss=byol_loss,
-    prepare=prepare_simclr,
+    prepare=prepare_two_view_images,
     check=check_two_view_method,
     units_per_example=lambda examples: 2,
     monitor=knn_monitor,
@@ -137,4 +144,5 @@ register(Method(
     unit="views",
     description="BYOL: predict a momentum target's projection of the other view "
                 "(Grill et al. 2020)",
+    summarize=knn_summary(),
 ))

@@ -13,6 +13,7 @@ classifies from the final <cls> (zihangdai/xlnet run_classifier.py).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
@@ -21,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import glue, prepare, tokenizers
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
 from pretext_jax.input_pipeline.records import RecordDirectory, write_records
 from pretext_jax.models.classifier import (
@@ -107,29 +108,28 @@ def glue_monitor(model: SequenceClassifier, data: PreparedData, examples: GlueEx
                         data.eval["label"])
 
 
-def load_encoder(init: str) -> Pretrained:
+def load_encoder(init: str, load: Callable[[str], nnx.Module]) -> Pretrained:
     """The pre-trained model to start from: a pretext workdir/model directory or a
     HuggingFace folder holding BERT, an ELECTRA discriminator or XLNet (or a fine-tuned
-    classifier, whose encoder is reused)."""
-    from pretext_jax.pretrain import export, hf  # the checkpoint formats live with the trainer
-
-    path = Path(init)
-    if not path.is_dir():
+    classifier, whose encoder is reused), read by `load` (the trainer's checkpoint loader,
+    `pretrain.export.load_pretrained`: the checkpoint formats live with the trainer)."""
+    if not Path(init).is_dir():
         raise UserError(f"model.init={init} is not a directory; pass a pretext workdir, a "
                         "model directory or a HuggingFace BERT/ELECTRA/XLNet folder")
-    model = (export.load_model(path, downstream=True) if (path / export.MODEL_FILE).is_file()
-             else hf.load(path))
+    model = load(init)
     if not isinstance(model, Pretrained):
         raise UserError(f"{init} holds a {type(model).__name__}; fine-tuning starts from BERT, "
                         "an ELECTRA discriminator or XLNet")
     return model
 
 
-def pretrained_classifier(config: FinetuneModelConfig, seed: int) -> SequenceClassifier | None:
-    """The encoder of `config.init` under a freshly initialised head (None: random init)."""
+def pretrained_classifier(config: FinetuneModelConfig, seed: int,
+                          load: Callable[[str], nnx.Module]) -> SequenceClassifier | None:
+    """The encoder of `config.init` (read by `load`) under a freshly initialised head (None:
+    random init)."""
     if not config.init:
         return None
-    return from_pretrained(load_encoder(config.init), config, nnx.Rngs(seed))
+    return from_pretrained(load_encoder(config.init, load), config, nnx.Rngs(seed))
 
 
 def build_classifier(config: FinetuneModelConfig, seed: int) -> SequenceClassifier:
@@ -184,7 +184,7 @@ def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig) -> None:
                         f"max_position_embeddings={model.max_position_embeddings}; lower it")
 
 
-register(Method(
+METHOD = register(Method(
     name="classify",
     model_config=FinetuneModelConfig,
     example_config=GlueExampleConfig,

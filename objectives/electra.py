@@ -33,12 +33,19 @@ from pretext_jax.input_pipeline import electra_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.electra import Electra, ElectraConfig
 from pretext_jax.models.encoder import split_rng
-from pretext_jax.objectives.bert import (
+from pretext_jax.objectives.registry import (
+    Batch,
+    Method,
+    Metrics,
+    PreparedData,
+    register,
+    summary_of,
+)
+from pretext_jax.objectives.text import (
     check_max_seq_length,
     prepare_masked_lm,
     weighted_cross_entropy,
 )
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 # Held-out evaluation has no step rng; the generator's samples then come from this fixed key.
 EVAL_SAMPLING_SEED = 0
@@ -178,4 +185,5 @@ register(Method(
     units_per_example=lambda examples: examples.max_seq_length,
     check=check_max_seq_length,
     description="ELECTRA: generator MLM + replaced-token detection (Clark et al. 2020)",
+    summarize=summary_of(accuracy="mlm", metrics=("loss", "rtd_accuracy")),
 ))

@@ -23,12 +23,12 @@ from flax import nnx
 from pretext_jax.input_pipeline import gpt_examples
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.gpt import GPT, GPTConfig
-from pretext_jax.objectives.bert import (
+from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.text import (
     MAX_EVAL_EXAMPLES,
     check_max_seq_length,
     weighted_cross_entropy,
 )
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 
 def causal_lm_loss(model: GPT, batch: Batch, rng: jax.Array | None

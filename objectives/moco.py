@@ -33,76 +33,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pretext_jax.input_pipeline import image_augment
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.models.momentum import MoCo, MoCoConfig, call_in_groups, ema_update
 from pretext_jax.objectives.contrastive import l2_normalize
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register
-from pretext_jax.objectives.simclr import (
+from pretext_jax.objectives.two_view import (
     ImageExampleConfig,
-    check_simclr,
+    TwoViewAugmentation,
+    check_two_view_method,
     knn_monitor,
-    prepare_simclr,
+    knn_summary,
+    prepare_two_view_images,
     two_views,
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class TwoViewAugmentation:
-    """The two views' augmentations (`image_augment.AugmentConfig`), flattened so each is a
-    `model.*` override. Defaults are MoCo v2's (main_moco.py `--aug-plus`): random resized crop
-    of area `crop_area_min`..1 (TensorFlow's crop sampler, see `image_augment`; torchvision's
-    RandomResizedCrop(scale=(0.2, 1)) draws the aspect log-uniformly), colour jitter
-    (`brightness`, `contrast`, `saturation`, `hue`) = torchvision ColorJitter(0.4, 0.4, 0.4, 0.1)
-    with p 0.8, grayscale p 0.2, Gaussian blur (sigma 0.1-2) with p `blur_probability` for the
-    first view and `second_blur_probability` for the second, flip; solarisation with p
-    `solarize_probability` / `second_solarize_probability` (BYOL)."""
-
-    image_size: int = 224
-    """Side of the augmented views in pixels (ImageNet 224)."""
-    crop_area_min: float = 0.2
-    """Smallest area fraction of the random resized crop, in (0, 1] (MoCo v2 0.2, BYOL 0.08)."""
-    brightness: float = 0.4
-    """Colour-jitter brightness amount b (MoCo v2 and BYOL 0.4)."""
-    contrast: float = 0.4
-    """Colour-jitter contrast amount (MoCo v2 and BYOL 0.4)."""
-    saturation: float = 0.4
-    """Colour-jitter saturation amount (MoCo v2 0.4, BYOL 0.2)."""
-    hue: float = 0.1
-    """Colour-jitter hue amount, in [0, 0.5] (MoCo v2 and BYOL 0.1)."""
-    additive_brightness: bool = False
-    """Shift brightness by U(-b, b) instead of scaling it by U(1 - b, 1 + b) (BYOL true)."""
-    blur_probability: float = 0.5
-    """Probability of Gaussian blur on the first view (MoCo v2 0.5, BYOL 1.0)."""
-    second_blur_probability: float = 0.5
-    """Probability of Gaussian blur on the second view (MoCo v2 0.5, BYOL 0.1)."""
-    solarize_probability: float = 0.0
-    """Probability of solarisation on the first view (MoCo 0, BYOL 0)."""
-    second_solarize_probability: float = 0.0
-    """Probability of solarisation on the second view (MoCo 0, BYOL 0.2)."""
-
-    def check_augmentation(self) -> None:
-        if not 0.0 < self.crop_area_min <= 1.0:
-            raise ValueError(f"crop_area_min={self.crop_area_min} must be in (0, 1]")
-        for name in ("blur_probability", "second_blur_probability", "solarize_probability",
-                     "second_solarize_probability"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1]")
-        if min(self.brightness, self.contrast, self.saturation, self.hue) < 0 or self.hue > 0.5:
-            raise ValueError("brightness, contrast, saturation must be >= 0 and hue in [0, 0.5]")
-
-    def view_augmentations(self, crop: bool = True
-                           ) -> tuple[image_augment.AugmentConfig, image_augment.AugmentConfig]:
-        def view(blur: float, solarize: float) -> image_augment.AugmentConfig:
-            return image_augment.AugmentConfig(
-                image_size=self.image_size, crop=crop,
-                crop_window=image_augment.CropConfig(area=(self.crop_area_min, 1.0)),
-                jitter=(self.brightness, self.contrast, self.saturation, self.hue),
-                additive_brightness=self.additive_brightness, blur_probability=blur,
-                solarize_probability=solarize)
-
-        return (view(self.blur_probability, self.solarize_probability),
-                view(self.second_blur_probability, self.second_solarize_probability))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,24 +124,17 @@ def build_moco(config: MoCoObjectiveConfig, seed: int) -> MoCo:
         return MoCo(config, rngs=nnx.Rngs(seed))
 
 
-def check_two_view_method(model: TwoViewAugmentation, examples: ImageExampleConfig) -> None:
-    """SimCLR's checks, and host crops drawn from the same area range as the model's."""
-    check_simclr(model, examples)
-    if examples.host_crop_size and examples.host_crop_area_min != model.crop_area_min:
-        raise UserError(f"examples.host_crop_area_min={examples.host_crop_area_min} differs from "
-                        f"model.crop_area_min={model.crop_area_min}; set both to the same value")
-
-
 register(Method(
     name="moco",
     model_config=MoCoObjectiveConfig,
     example_config=ImageExampleConfig,
     build_model=build_moco,
     loss=moco_loss,
-    prepare=prepare_simclr,
+    prepare=prepare_two_view_images,
     check=check_two_view_method,
     units_per_example=lambda examples: 2,
     monitor=knn_monitor,
     unit="views",
     description="MoCo v2: InfoNCE against a queue of momentum-encoded keys (He et al. 2020)",
+    summarize=knn_summary(("loss", "contrastive_accuracy")),
 ))

@@ -17,19 +17,26 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import mpnet_examples
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.mpnet import MPNet, MPNetConfig
-from pretext_jax.objectives.bert import (
+from pretext_jax.objectives.registry import (
+    Batch,
+    Method,
+    Metrics,
+    PreparedData,
+    register,
+    summary_of,
+)
+from pretext_jax.objectives.text import (
     MAX_EVAL_EXAMPLES,
     build_with_vocab,
     mask_records,
+    unigram_baselines,
     weighted_cross_entropy,
 )
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
-from pretext_jax.objectives.xlnet import unigram_baselines
 
 
 def mpnet_loss(model: MPNet, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
@@ -87,4 +94,5 @@ register(Method(
     units_per_example=lambda examples: examples.max_seq_length,
     check=check_mpnet,
     description="MPNet: masked and permuted LM with two-stream attention (Song et al. 2020)",
+    summarize=summary_of(accuracy="plm"),
 ))

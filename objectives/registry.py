@@ -16,11 +16,36 @@ from typing import Any
 
 import jax
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, tuple[jax.Array, jax.Array]]
 LossFn = Callable[[Any, Batch, jax.Array | None], tuple[jax.Array, Metrics]]
+# (held-out metrics, PreparedData.report, the monitor's metrics of the untrained network) -> lines
+Summarize = Callable[[dict[str, float], dict[str, Any], Callable[[], dict[str, float]]],
+                     list[str]]
+
+
+def summary_of(*, accuracy: str = "", metrics: Sequence[str] = ("loss",)) -> Summarize:
+    """A `Method.summarize` that prints the held-out `{accuracy}_accuracy` beside the data's
+    `majority_baseline_{accuracy}_accuracy` (e.g. accuracy="mlm"), then each of `metrics`
+    that the evaluation has."""
+
+    def summarize(evaluation: dict[str, float], report: dict[str, Any],
+                  untrained: Callable[[], dict[str, float]]) -> list[str]:
+        del untrained
+        lines = []
+        if f"{accuracy}_accuracy" in evaluation:
+            value = evaluation[f"{accuracy}_accuracy"]
+            line = f"  held-out {accuracy.upper()} accuracy {value:.3f}"
+            baseline = report.get(f"majority_baseline_{accuracy}_accuracy")
+            if baseline is not None:
+                line += f" vs majority-token baseline {baseline:.3f}"
+            lines.append(line)
+        return lines + [f"  held-out {key}: {evaluation[key]:.3f}" for key in metrics
+                        if key in evaluation]
+
+    return summarize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +85,16 @@ class Method:
       depend on the run's settings filled in (BYOL: the target schedule spans
       train.steps x optim.grad_accum_steps loss calls), applied by the trainer after the
       data's `model_fields`.
-    - `pretrained(model_config, seed)`: optional; the model a fresh run starts from instead of
-      `build_model`'s random one (fine-tuning: the pre-trained encoder plus a new head). Its
-      parameters are placed on the mesh after the sharded init, so they never become
-      constants of a compiled function.
+    - `pretrained(model_config, seed, load)`: optional; the model a fresh run starts from
+      instead of `build_model`'s random one (fine-tuning: the pre-trained encoder plus a new
+      head). `load(path)` is the trainer's reader of a pretext workdir, model directory or
+      HuggingFace folder (`pretrain.export.load_pretrained`), passed in so that objectives
+      never import the trainer's layer. Its parameters are placed on the mesh after the
+      sharded init, so they never become constants of a compiled function.
+    - `summarize(evaluation, report, untrained)`: the lines the CLI prints about the final
+      held-out metrics (`evaluation`), beside the data's baselines (`report`); `untrained()`
+      computes the `monitor` metrics of the same network at its random initialisation.
+      Default: the held-out loss (`summary_of`).
     """
 
     name: str
@@ -76,7 +107,8 @@ class Method:
     check: Callable[[Any, Any], None] = lambda model_config, example_config: None
     monitor: Callable[[Any, PreparedData, Any], dict[str, float]] | None = None
     run_settings: Callable[[Any, Any], Any] | None = None
-    pretrained: Callable[[Any, int], Any] | None = None
+    pretrained: Callable[[Any, int, Callable[[str], Any]], Any] | None = None
+    summarize: Summarize = dataclasses.field(default_factory=summary_of)
     unit: str = "tokens"
     description: str = ""
 

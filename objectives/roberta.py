@@ -15,12 +15,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import roberta_examples
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.roberta import Roberta, RobertaConfig
-from pretext_jax.objectives.bert import prepare_masked_lm, weighted_cross_entropy
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.registry import (
+    Batch,
+    Method,
+    Metrics,
+    PreparedData,
+    register,
+    summary_of,
+)
+from pretext_jax.objectives.text import prepare_masked_lm, weighted_cross_entropy
 
 
 def roberta_loss(model: Roberta, batch: Batch, rng: jax.Array | None
@@ -73,4 +80,5 @@ register(Method(
     check=check_roberta,
     description="RoBERTa: masked LM on FULL-SENTENCES inputs with dynamic masking, no NSP "
                 "(Liu et al. 2019)",
+    summarize=summary_of(accuracy="mlm"),
 ))

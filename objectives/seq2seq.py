@@ -23,8 +23,8 @@ from flax import nnx
 from pretext_jax.input_pipeline import seq2seq_examples
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.t5 import PAD_ID, T5, T5Config, shift_right
-from pretext_jax.objectives.bert import MAX_EVAL_EXAMPLES, mask_records, weighted_cross_entropy
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.text import MAX_EVAL_EXAMPLES, mask_records, weighted_cross_entropy
 
 
 def seq2seq_loss(model: T5, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:

@@ -10,24 +10,23 @@ run here, inside the jitted step, one key per view.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from pretext_jax.input_pipeline import image_augment
-from pretext_jax.input_pipeline.errors import UserError
-from pretext_jax.input_pipeline.images import HostCrop, prepare_images
-from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.simclr import SimCLR, SimCLRConfig
 from pretext_jax.objectives.contrastive import nt_xent
-from pretext_jax.objectives.evaluation import extract_features, knn_accuracy
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
-
-# Held-out evaluation has no step rng; its views come from this fixed key.
-EVAL_AUGMENT_SEED = 0
+from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.two_view import (
+    ImageExampleConfig,
+    check_host_crops,
+    knn_monitor,
+    knn_summary,
+    prepare_two_view_images,
+    two_views,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,60 +60,6 @@ class SimCLRObjectiveConfig(SimCLRConfig):
             jitter_strength=self.jitter_strength, blur_probability=self.blur_probability)
 
 
-@dataclasses.dataclass(frozen=True)
-class ImageExampleConfig:
-    """How images reach the device and how they are evaluated.
-
-    `host_crop_size` > 0: decode on the host and deliver two random crops per image at that
-    size (area `host_crop_area_min`..1), as data_util.py's ImageNet pipeline crops before
-    anything else; must equal `model.image_size`. 0: images (all one size, e.g. CIFAR) go
-    whole and are cropped on device. Held-out images are centre crops
-    (`eval_crop_proportion`, 0.875 as data_util.py) when cropped on the host. The kNN monitor
-    uses a bank of the first `knn_bank_size` training images, `knn_k` neighbours and vote
-    temperature `knn_temperature` (solo-learn / lightly: k 200, temperature 0.1) against at
-    most `max_eval_examples` held-out images.
-    """
-
-    host_crop_size: int = 0
-    """Host-made crops: two per image, of this side (= model.image_size); 0 = whole images."""
-    host_crop_area_min: float = 0.08
-    """Smallest area fraction of a host crop (SimCLR 0.08; MoCo/BYOL: = model.crop_area_min)."""
-    eval_crop_proportion: float = 0.875
-    """Centre-crop fraction of held-out images cropped on the host (SimCLR 0.875)."""
-    max_eval_examples: int = 10000
-    """Most held-out images kept for evaluation and the kNN monitor."""
-    knn_bank_size: int = 10000
-    """Training images (the first n) in the kNN monitor's feature bank."""
-    knn_k: int = 200
-    """Neighbours voting in the kNN monitor (solo-learn, lightly: 200)."""
-    knn_temperature: float = 0.1
-    """Temperature of the kNN monitor's similarity-weighted vote (0.1)."""
-
-    def host_crop(self) -> HostCrop:
-        return HostCrop(size=self.host_crop_size,
-                        window=image_augment.CropConfig(area=(self.host_crop_area_min, 1.0)),
-                        eval_proportion=self.eval_crop_proportion)
-
-
-def two_views(rng: jax.Array | None, images: jax.Array,
-              augment: Callable[[bool], tuple[image_augment.AugmentConfig,
-                                              image_augment.AugmentConfig]]
-              ) -> tuple[jax.Array, jax.Array]:
-    """Two augmented views of every image (shared by the image methods): `images` are whole
-    [B, H, W, 3] uint8 images (cropped on device) or [B, 2, S, S, 3] host crops;
-    `augment(crop)` gives the two views' settings. `rng=None` (evaluation) uses fixed views."""
-    key = rng if rng is not None else jax.random.key(EVAL_AUGMENT_SEED)
-    first_key, second_key = jax.random.split(key)
-    if images.ndim == 5:  # [B, 2, S, S, 3]: two crops made on the host
-        first, second = augment(False)
-        firsts, seconds = images[:, 0], images[:, 1]
-    else:
-        first, second = augment(True)
-        firsts = seconds = images
-    return (image_augment.augment_batch(first_key, firsts, first),
-            image_augment.augment_batch(second_key, seconds, second))
-
-
 def simclr_loss(model: SimCLR, batch: Batch, rng: jax.Array | None
                 ) -> tuple[jax.Array, Metrics]:
     """NT-Xent of two views of every image; `rng=None` (evaluation) uses fixed views and the
@@ -128,59 +73,9 @@ def simclr_loss(model: SimCLR, batch: Batch, rng: jax.Array | None
     return loss, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
 
 
-def evaluation_view(images: jax.Array, size: int) -> jax.Array:
-    """The un-augmented input: [0, 1] floats at the training resolution."""
-    images = image_augment.to_float(images)
-    if images.shape[1:3] != (size, size):
-        images = jax.image.resize(images, (images.shape[0], size, size, 3), "linear")
-    return images
-
-
-@nnx.jit
-def backbone_features(model: nnx.Module, images: jax.Array) -> jax.Array:
-    """The backbone's evaluation-mode features of uint8 images (centre view); module-level so
-    every evaluation reuses the compiled function. Any image model with a `backbone` and
-    `config.image_size` (SimCLR, MoCo, BYOL)."""
-    return model.backbone(evaluation_view(images, model.config.image_size), train=False)
-
-
-def knn_monitor(model: nnx.Module, data: PreparedData, examples: ImageExampleConfig
-                ) -> dict[str, float]:
-    """Held-out kNN accuracy of the backbone's features against a labelled training bank."""
-    bank = data.train.examples(range(min(len(data.train), examples.knn_bank_size)))
-    if (bank["label"] < 0).any() or (data.eval["label"] < 0).any():
-        return {}  # unlabelled images: nothing to vote with
-    features = [extract_features(lambda x: backbone_features(model, x), images)
-                for images in (bank["image"], data.eval["image"])]
-    num_classes = int(max(bank["label"].max(), data.eval["label"].max())) + 1
-    return {"knn_accuracy": knn_accuracy(features[0], bank["label"], features[1],
-                                         data.eval["label"], num_classes, examples.knn_k,
-                                         examples.knn_temperature)}
-
-
 def build_simclr(config: SimCLRObjectiveConfig, seed: int) -> SimCLR:
     with nnx.use_eager_sharding(False):
         return SimCLR(config, rngs=nnx.Rngs(seed))
-
-
-def prepare_simclr(data: DataConfig, examples: ImageExampleConfig, cache_dir: Path,
-                   seed: int) -> PreparedData:
-    """Training images for the loader and the held-out images in memory
-    (`input_pipeline.images.prepare_images`)."""
-    train, held_out = prepare_images(
-        data.source, data.eval_source, cache_dir, examples.max_eval_examples,
-        crop=examples.host_crop(), held_out_fraction=data.held_out_fraction, seed=seed,
-        tfds_split=data.tfds_split, tfds_data_dir=data.tfds_data_dir or None)
-    return PreparedData(train=train, eval=held_out)
-
-
-def check_simclr(model: SimCLRObjectiveConfig, examples: ImageExampleConfig) -> None:
-    if examples.host_crop_size and examples.host_crop_size != model.image_size:
-        raise UserError(f"examples.host_crop_size={examples.host_crop_size} must equal "
-                        f"model.image_size={model.image_size}; set both to the same size")
-    if not 0.0 < examples.host_crop_area_min <= 1.0:
-        raise UserError(f"examples.host_crop_area_min={examples.host_crop_area_min} must be in "
-                        "(0, 1], e.g. 0.08")
 
 
 register(Method(
@@ -189,10 +84,11 @@ register(Method(
     example_config=ImageExampleConfig,
     build_model=build_simclr,
     loss=simclr_loss,
-    prepare=prepare_simclr,
-    check=check_simclr,
+    prepare=prepare_two_view_images,
+    check=check_host_crops,
     units_per_example=lambda examples: 2,
     monitor=knn_monitor,
     unit="views",
     description="SimCLR: NT-Xent between two augmented views (Chen et al. 2020)",
+    summarize=knn_summary(("loss", "contrastive_accuracy")),
 ))

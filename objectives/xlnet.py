@@ -16,21 +16,28 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import xlnet_examples
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.xlnet import XLNet, XLNetConfig
-from pretext_jax.objectives.bert import (
+from pretext_jax.objectives.registry import (
+    Batch,
+    Method,
+    Metrics,
+    PreparedData,
+    register,
+    summary_of,
+)
+from pretext_jax.objectives.text import (
     MAX_EVAL_EXAMPLES,
     build_with_vocab,
     mask_records,
+    unigram_baselines,
     weighted_cross_entropy,
 )
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 
 def permutation_mask(rank: jax.Array, is_target: jax.Array, hidden: jax.Array,
@@ -94,16 +101,6 @@ def prepare_xlnet(data: DataConfig, examples: xlnet_examples.XLNetExampleConfig,
         tokenizer=tokenizer)
 
 
-def unigram_baselines(examples: dict[str, np.ndarray]) -> dict[str, float]:
-    """Held-out PLM accuracy of always predicting the most frequent target, and the loss of
-    predicting the held-out targets' own unigram distribution (no context at all)."""
-    labels = examples["target_ids"][examples["target_weights"] > 0]
-    probabilities = np.bincount(labels) / max(len(labels), 1)
-    probabilities = probabilities[probabilities > 0]
-    return {"majority_baseline_plm_accuracy": float(probabilities.max()),
-            "unigram_baseline_plm_loss": float(-(probabilities * np.log(probabilities)).sum())}
-
-
 def check_xlnet(model: XLNetConfig, examples: xlnet_examples.XLNetExampleConfig) -> None:
     if model.reuse_len != examples.reuse_len:
         raise UserError(f"model.reuse_len={model.reuse_len} differs from examples.reuse_len="
@@ -124,4 +121,5 @@ register(Method(
     units_per_example=lambda examples: examples.max_seq_length,
     check=check_xlnet,
     description="XLNet: permutation LM with two-stream attention and memory (Yang et al. 2019)",
+    summarize=summary_of(accuracy="plm"),
 ))

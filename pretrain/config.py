@@ -16,9 +16,10 @@ import math
 import textwrap
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.objectives import registry
 
@@ -560,9 +561,12 @@ def _apply(tree: dict[str, Any], key: str, value: Any, method: str, parse: bool)
     tree[section][name] = _parse_value(value, kinds[name], key) if parse else value
 
 
-def make_config(preset: str | None = None, overrides: list[str] | dict[str, Any] = ()) -> Config:
-    """A validated Config from a preset name and `section.key=value` overrides (strings, parsed
-    by field type) or a `{"section.key": value}` dict (values used as given)."""
+def make_config(preset: str | None = None, overrides: list[str] | dict[str, Any] = (),
+                file: str | Path | None = None) -> Config:
+    """A validated Config from a preset name, a config `file` (`read_config_file`; its
+    `preset:` applies when `preset` is None) and `section.key=value` overrides (strings, parsed
+    by field type) or a `{"section.key": value}` dict (values used as given), in that order:
+    preset < file < overrides."""
     tree: dict[str, Any] = {"method": "bert", "model": {}, "examples": {}, "data": {},
                             "optim": {}, "mesh": {}, "train": {}}
     items = overrides.items() if isinstance(overrides, dict) else None
@@ -572,19 +576,120 @@ def make_config(preset: str | None = None, overrides: list[str] | dict[str, Any]
             if "=" not in text:
                 raise UserError(f"override {text!r} is not key=value; write e.g. train.steps=100")
             items.append(tuple(text.split("=", 1)))
+    settings = read_config_file(file) if file is not None else {}
+    preset = settings.pop("preset", None) if preset is None else preset
     method_override = [v for k, v in items if k == "method"]
     if preset is not None:
         if preset not in PRESETS:
             raise UserError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
         for section, values in PRESETS[preset].items():
             tree[section] = values if section == "method" else dict(values)
+    if "method" in settings:
+        tree["method"] = settings["method"]
     if method_override:
         tree["method"] = method_override[-1]
     registry.get(tree["method"])
+    if file is not None:
+        _apply_file(tree, settings, file)
     for key, value in items:
         if key != "method":
             _apply(tree, key, value, tree["method"], parse=not isinstance(overrides, dict))
     return config_from_dict(tree)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The settings of a config file, sections as in a workdir's config.json (`method`,
+    `model`, `examples`, `data`, `optim`, `mesh`, `train`) plus an optional `preset`: a YAML
+    file, or a Python file whose `get_config()` returns that dict (as big_vision's configs;
+    its docstring can hold the command that runs it)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--config {path}: no such file; give a .yaml or .py config file")
+    if path.suffix == ".py":
+        settings = _python_config(path)
+    else:
+        import yaml
+
+        try:
+            settings = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as error:
+            problem = " ".join(str(error).split())
+            raise UserError(f"--config {path} is not valid YAML ({problem}); fix the "
+                            "file") from None
+    if hasattr(settings, "to_dict"):  # an ml_collections.ConfigDict
+        settings = settings.to_dict()
+    if not isinstance(settings, dict):
+        raise UserError(f"--config {path} must hold a mapping of sections (method, model, "
+                        f"examples, data, optim, mesh, train, preset), not a "
+                        f"{type(settings).__name__}")
+    sections = [f.name for f in dataclasses.fields(Config)]
+    for key, value in settings.items():
+        if key not in (*sections, "preset"):
+            raise UserError(f"--config {path}: unknown section {key!r}; use {sections} or preset")
+        if key in ("method", "preset"):
+            if not isinstance(value, str):
+                raise UserError(f"--config {path}: {key} must be a name, not {value!r}")
+        elif not isinstance(value, dict):
+            raise UserError(f"--config {path}: section {key} must map keys to values, e.g. "
+                            f"{key}: {{...}}")
+    return dict(settings)
+
+
+def _python_config(path: Path) -> Any:
+    """`get_config()` of a Python config file."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"pretext_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        problem = " ".join(str(error).split())
+        raise UserError(f"--config {path} failed to run ({type(error).__name__}: {problem}); "
+                        "fix the file (--traceback shows where)") from error
+    if not callable(getattr(module, "get_config", None)):
+        raise UserError(f"--config {path} defines no get_config(); add one that returns a dict "
+                        "of sections, e.g. {'train': {'steps': 100}}")
+    try:
+        return module.get_config()
+    except Exception as error:
+        problem = " ".join(str(error).split())
+        raise UserError(f"--config {path}: get_config() raised {type(error).__name__}: "
+                        f"{problem}; fix the file (--traceback shows where)") from error
+
+
+def _apply_file(tree: dict[str, Any], settings: dict[str, Any], path: str | Path) -> None:
+    """The sections of a config file over `tree`, each value checked against its field's type
+    (YAML reads 1e-4 as a string and 3 as an int: those are converted)."""
+    for section, values in settings.items():
+        if section in ("method", "preset"):
+            continue
+        for name, value in values.items():
+            key = f"{section}.{name}"
+            try:
+                _apply(tree, key, value, tree["method"], parse=False)
+                kind = _field_types(_section_class(section, tree["method"]))[name]
+                tree[section][name] = _file_value(value, kind, key)
+            except UserError as error:
+                raise UserError(f"--config {path}: {error}") from None
+
+
+def _file_value(value: Any, kind: Any, key: str) -> Any:
+    """`value` as a field of type `kind`: strings parsed as overrides are, ints widened to
+    float, anything else of the wrong scalar type refused."""
+    if isinstance(value, str) and kind is not str:
+        return _parse_value(value, kind, key)
+    if value is None and isinstance(kind, types.UnionType) and type(None) in typing.get_args(kind):
+        return value
+    if isinstance(kind, types.UnionType):
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind in (bool, int, float, str) and (
+            not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+        raise UserError(f"{key}={value!r} is not a valid {kind.__name__}; give e.g. "
+                        f"{key}: {kind()!r}")
+    return value
 
 
 def config_from_dict(tree: dict[str, Any]) -> Config:

@@ -23,8 +23,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import prepare
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import Tokenizer, load_tokenizer
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain import integrity
@@ -127,6 +127,16 @@ def load_model(path: str | Path, *, downstream: bool = False) -> nnx.Module:
     if downstream and hasattr(model, "downstream_model"):
         return model.downstream_model()
     return model
+
+
+def load_pretrained(path: str | Path) -> nnx.Module:
+    """What a run starts from (`objectives.registry.Method.pretrained`'s loader): the
+    downstream model of a pretext workdir or model directory (`load_model`), or the model of
+    a HuggingFace folder (`hf.load`)."""
+    from pretext_jax.pretrain import hf
+
+    path = Path(path)
+    return load_model(path, downstream=True) if (path / MODEL_FILE).is_file() else hf.load(path)
 
 
 def _load_pretraining_model(path: Path) -> nnx.Module:

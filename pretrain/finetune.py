@@ -35,9 +35,10 @@ from typing import Any
 
 import numpy as np
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import glue
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.models.classifier import classifier_config
+from pretext_jax.objectives.classification import METHOD as CLASSIFY
 from pretext_jax.objectives.classification import load_encoder
 from pretext_jax.pretrain import export
 from pretext_jax.pretrain.config import Config, config_from_dict, make_config
@@ -90,10 +91,11 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
     if not source:
         raise UserError("give a starting point (--init) or, for a random encoder, the "
                         "checkpoint whose architecture to copy (--architecture)")
-    model = dataclasses.asdict(classifier_config(load_encoder(source), spec.num_labels))
+    model = dataclasses.asdict(classifier_config(load_encoder(source, export.load_pretrained),
+                                                  spec.num_labels))
     chosen = recipe(model["head"], model["hidden_size"], spec.name)
     xlnet = model["head"] == "xlnet"
-    values = {"method": "classify", **{f"model.{k}": v for k, v in model.items()},
+    values = {"method": CLASSIFY.name, **{f"model.{k}": v for k, v in model.items()},
               "model.init": init, "examples.task": spec.name, "data.source": data,
               # XLNet's relative positions have no length limit.
               "examples.max_seq_length": 128 if xlnet else min(
@@ -155,7 +157,7 @@ def evaluate(workdir: str | Path) -> dict[str, Any]:
         raise UserError(f"{workdir} is not a fine-tuning workdir ({CONFIG_FILE} missing); pass "
                         "the --workdir of run.py finetune")
     config = config_from_dict(export.read_json_object(path / CONFIG_FILE))
-    if config.method != "classify":
+    if config.method != CLASSIFY.name:
         raise UserError(f"{workdir} holds a {config.method} pre-training run; evaluate a "
                         "fine-tuning workdir (run.py finetune)")
     trainer = Trainer(config, path)

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import Tokenizer
 from pretext_jax.models.albert import Albert, AlbertConfig
 from pretext_jax.models.bert import Bert

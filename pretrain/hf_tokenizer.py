@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import (
     GPT2_EOT,
     TOKENIZER_CONFIG,

@@ -23,7 +23,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 
 CHECKSUM_FILE = "checksums.json"
 OWNER_FILE = "owner.json"

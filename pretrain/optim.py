@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 
 NO_DECAY_NAMES = ("bias", "scale", "layer_norm", "mlm_bias")
 SCHEDULES = ("linear", "electra_linear", "linear_from_peak", "cosine", "constant",

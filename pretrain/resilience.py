@@ -24,8 +24,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import descriptions
-from pretext_jax.input_pipeline.errors import UserError
 
 
 def _environment_count(name: str, minimum: int) -> int | None:

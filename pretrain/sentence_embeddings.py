@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import WordPieceTokenizer, load_tokenizer
 from pretext_jax.models.encoder import Encoder
 from pretext_jax.objectives.contrastive import l2_normalize

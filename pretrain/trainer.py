@@ -22,8 +22,8 @@ import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import prepare
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.records import make_loader
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain import integrity, resilience
@@ -31,6 +31,7 @@ from pretext_jax.pretrain import mesh as mesh_lib
 from pretext_jax.pretrain.config import Config, config_from_dict, parse_profile_steps
 from pretext_jax.pretrain.export import (
     CONFIG_FILE,
+    load_pretrained,
     read_json_object,
     write_model_json,
     write_tokenizer,
@@ -333,7 +334,8 @@ class Trainer:
         """Fresh, sharded train state (jit-compiled init: parameters are created in place),
         with the method's pre-trained parameters put in place of the random ones."""
         state = self._init()
-        model = (self.method.pretrained(self.model_config, self.config.train.seed)
+        model = (self.method.pretrained(self.model_config, self.config.train.seed,
+                                        load_pretrained)
                  if self.method.pretrained else None)
         if model is None:
             return state

@@ -21,6 +21,7 @@ from parity_utils import (
     torch_forward,
 )
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import bert_examples
 from pretext_jax.input_pipeline.albert_examples import (
     AlbertExampleConfig,
@@ -29,7 +30,6 @@ from pretext_jax.input_pipeline.albert_examples import (
     ngram_mask_tokens,
     ngram_probabilities,
 )
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.models.albert import Albert, AlbertConfig
 from pretext_jax.models.encoder import EncoderStack
 from pretext_jax.pretrain import hf

@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import bert_examples as be
-from pretext_jax.input_pipeline.errors import UserError
 
 VOCAB_SIZE = 1000
 PAD, UNK, CLS, SEP, MASK = range(5)

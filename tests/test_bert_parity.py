@@ -19,7 +19,7 @@ from parity_utils import (
 )
 from safetensors.numpy import load_file
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
 from pretext_jax.pretrain import hf

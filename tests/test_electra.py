@@ -14,12 +14,12 @@ import pytest
 from flax import nnx
 from parity_utils import assert_same_params, padded_inputs, perturbed, random_params, torch_forward
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.bert_examples import DynamicMasking, MaskingVocab
 from pretext_jax.input_pipeline.electra_examples import (
     ElectraExampleConfig,
     create_training_examples,
 )
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.models.electra import Electra, ElectraDiscriminator, ElectraGenerator
 from pretext_jax.models.encoder import EncoderConfig
 from pretext_jax.objectives.electra import (

@@ -20,7 +20,7 @@ from pretext_jax import (
     objectives,  # noqa: F401  (registers the methods)
     run,
 )
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import load_tokenizer
 from pretext_jax.objectives.classification import classification_loss
 from pretext_jax.pretrain import hf

@@ -13,7 +13,7 @@ import pytest
 from parity_utils import xlnet_spiece
 from tfds_utils import build_glue_dataset
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.glue import (
     GLUE_TASKS,
     GlueSplit,

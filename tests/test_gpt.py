@@ -18,8 +18,8 @@ from flax import nnx
 from parity_utils import assert_same_params, perturbed, random_params
 
 from pretext_jax import run
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import gpt_examples
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import ByteLevelBPETokenizer, load_tokenizer
 from pretext_jax.models.generate import Sampling, filter_logits, generate, left_pad
 from pretext_jax.models.gpt import GPT, GPTConfig

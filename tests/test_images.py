@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from tfds_utils import build_image_dataset
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.descriptions import difference
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.images import cifar10_label_names, read_cifar10
 
 

@@ -22,7 +22,7 @@ from pretext_jax import (
     objectives,  # noqa: F401  (registers the methods)
     run,
 )
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.pretrain import integrity
 from pretext_jax.pretrain.config import RANGES, make_config
 from pretext_jax.pretrain.metrics import read_rows, truncate_after

@@ -18,7 +18,7 @@ from pretext_jax.input_pipeline import image_augment as aug
 from pretext_jax.models.momentum import EMA, call_in_groups
 from pretext_jax.objectives.byol import BYOLObjectiveConfig, build_byol, byol_loss, target_decay
 from pretext_jax.objectives.moco import MoCoObjectiveConfig, build_moco, info_nce, moco_loss
-from pretext_jax.objectives.simclr import two_views
+from pretext_jax.objectives.two_view import two_views
 from pretext_jax.pretrain.config import OptimConfig, make_config
 from pretext_jax.pretrain.optim import make_optimizer
 from pretext_jax.pretrain.trainer import Trainer

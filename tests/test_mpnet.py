@@ -16,8 +16,8 @@ import pytest
 from flax import nnx
 from parity_utils import assert_same_params, perturbed, random_params
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.mpnet_examples import (
     MaskedPermutation,
     MPNetExampleConfig,

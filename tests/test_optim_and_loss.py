@@ -8,8 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from pretext_jax.input_pipeline.errors import UserError
-from pretext_jax.objectives.bert import weighted_cross_entropy
+from pretext_jax.errors import UserError
+from pretext_jax.objectives.text import weighted_cross_entropy
 from pretext_jax.pretrain.config import OptimConfig
 from pretext_jax.pretrain.optim import decay_mask, learning_rate_schedule, make_optimizer
 

@@ -39,3 +39,68 @@ def test_missing_plugin_is_a_one_line_error(tmp_path, capsys):
     assert code == 2 and "nope.py: no such file" in err and "\n" not in err
     assert run.main(["--import", "no_such_module_xyz", "presets"]) == 2
     assert "no_such_module_xyz" in capsys.readouterr().err
+
+
+NEW_METHOD = '''"""A method from one file: BERT's masked LM alone, from the shared text pieces."""
+
+from flax import nnx
+
+from pretext_jax.input_pipeline import bert_examples
+from pretext_jax.models.bert import Bert
+from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.objectives.registry import Method, register, summary_of
+from pretext_jax.objectives.text import (
+    check_max_seq_length,
+    prepare_masked_lm,
+    weighted_cross_entropy,
+)
+
+
+def mlm_only_loss(model, batch, rng):
+    out = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                masked_positions=batch["masked_lm_positions"], rng=rng)
+    loss, mlm = weighted_cross_entropy(out.mlm_logits, batch["masked_lm_ids"],
+                                       batch["masked_lm_weights"])
+    return loss, {"loss": mlm["loss"], "mlm_accuracy": mlm["accuracy"]}
+
+
+def prepare(data, examples, cache_dir, seed):
+    return prepare_masked_lm(data, examples, cache_dir, seed,
+                             bert_examples.create_training_examples, dynamic_masking=False)
+
+
+register(Method(name="mlm_only_from_test", model_config=EncoderConfig,
+                example_config=bert_examples.BertExampleConfig,
+                build_model=lambda config, seed: Bert(config, rngs=nnx.Rngs(seed)),
+                loss=mlm_only_loss, prepare=prepare,
+                units_per_example=lambda examples: examples.max_seq_length,
+                check=check_max_seq_length, summarize=summary_of(accuracy="mlm")))
+'''
+
+
+def tree_state() -> str:
+    """The checkout's changes as git sees them (empty output where it is no git checkout)."""
+    result = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
+                            cwd=REPO, capture_output=True, text=True)
+    return result.stdout if result.returncode == 0 else ""
+
+
+def test_a_new_method_is_one_file_with_one_registration_line(tmp_path, capsys):
+    plugin = tmp_path / "mlm_only_from_test.py"
+    plugin.write_text(NEW_METHOD)
+    assert NEW_METHOD.count("register(") == 1
+    corpus = tmp_path / "corpus.txt"
+    sentences = [f"Sentence {i} talks about topic {i % 7} and more words." for i in range(60)]
+    corpus.write_text("\n\n".join("\n".join(sentences[i:i + 6]) for i in range(0, 60, 6)))
+    before = tree_state()
+    code = run.main(["--import", str(plugin), "pretrain", "--data", str(corpus), "--workdir",
+                     str(tmp_path / "w"), "method=mlm_only_from_test", "model.hidden_size=32",
+                     "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
+                     "data.vocab_size=40", "train.batch_size=8", "train.steps=3",
+                     "train.eval_every=3", "train.checkpoint_every=3", "train.progress=false"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "finished step 3" in out and "held-out MLM accuracy" in out  # its own summary
+    assert json.loads((tmp_path / "w" / "config.json").read_text())["method"] == \
+        "mlm_only_from_test"
+    assert tree_state() == before  # nothing in the tree was edited for it

@@ -11,7 +11,7 @@ import pytest
 from resilience_utils import TINY_BERT, small_corpus
 
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.metrics import read_rows
 from pretext_jax.pretrain.trainer import Trainer

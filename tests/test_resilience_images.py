@@ -14,7 +14,7 @@ import pytest
 from resilience_utils import assert_same_training, interrupt, run_in_process
 from tfds_utils import build_image_dataset
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.trainer import Trainer
 

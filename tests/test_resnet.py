@@ -11,7 +11,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 from parity_utils import assert_same_params, random_params
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.models.resnet import ResNet, ResNetConfig
 from pretext_jax.pretrain import hf
 from pretext_jax.pretrain.mesh import make_mesh

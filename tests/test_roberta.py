@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 from parity_utils import assert_same_params, padded_inputs, perturbed, random_params
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.input_pipeline.roberta_examples import (
     RobertaExampleConfig,
     create_training_examples,

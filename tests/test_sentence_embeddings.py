@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from parity_utils import perturbed
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.pretrain import sentence_embeddings
 from pretext_jax.pretrain.sentence_embeddings import load_sentence_transformer, minilm_path
 

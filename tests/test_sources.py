@@ -9,8 +9,8 @@ import re
 import pytest
 from tfds_utils import build_text_dataset
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import sources
-from pretext_jax.input_pipeline.errors import UserError
 
 WIKITEXT_SAMPLE = """
  = Robert Boulter = 

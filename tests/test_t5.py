@@ -17,8 +17,8 @@ import pytest
 from flax import nnx
 from parity_utils import assert_same_params, perturbed, random_params
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import seq2seq_examples as s2s
-from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.models.encoder import attention
 from pretext_jax.models.t5 import T5, T5Config, shift_right
 from pretext_jax.objectives.seq2seq import seq2seq_loss

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from parity_utils import xlnet_spiece
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import (
     SPECIALS,
     SentencePieceTokenizer,

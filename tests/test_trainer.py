@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from pretext_jax.input_pipeline.errors import UserError
+from pretext_jax.errors import UserError
 from pretext_jax.pretrain import integrity
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.trainer import Trainer

@@ -17,8 +17,9 @@ from flax import nnx
 from pretext_jax.input_pipeline.bert_examples import BertExampleConfig
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
-from pretext_jax.objectives.bert import check_max_seq_length, prepare_bert
+from pretext_jax.objectives.bert import prepare_bert
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.text import check_max_seq_length
 
 SMOOTHING = 0.1
 

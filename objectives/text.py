@@ -1,0 +1,110 @@
+"""Pieces shared by the text methods: the weighted cross-entropy every token loss uses, the
+masked-LM data preparation (BERT, ALBERT, ELECTRA, RoBERTa), fixed draws of per-record
+transforms for held-out records (dynamic masking, XLNet's and MPNet's permutations, T5's
+noise), the permuted-LM baselines (XLNet, MPNet) and the sequence-length check.
+
+Reference: google-research/bert run_pretraining.py (`get_masked_lm_output`: the weighted
+loss) and create_pretraining_data.py (the records).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline import bert_examples
+from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
+from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.objectives.registry import Metrics, PreparedData
+
+MAX_EVAL_EXAMPLES = 16384
+
+
+def weighted_cross_entropy(
+    logits: jax.Array, labels: jax.Array, weights: jax.Array, epsilon: float = 1e-5
+) -> tuple[jax.Array, Metrics]:
+    """sum(w * nll) / (sum(w) + epsilon) with float32 log-softmax, plus weighted accuracy
+    (BERT's epsilon is 1e-5, ELECTRA's 1e-6; with unit weights and epsilon 0 it is the plain
+    mean, as BERT's NSP loss)."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    weights = weights.astype(jnp.float32)
+    loss = jnp.sum(weights * nll) / (jnp.sum(weights) + epsilon)
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return loss, {"accuracy": (jnp.sum(weights * correct), jnp.sum(weights)),
+                  "loss": (jnp.sum(weights * nll), jnp.sum(weights))}
+
+
+def prepare_masked_lm(
+    data: DataConfig, examples: Any, cache_dir: Path, seed: int,
+    create_examples: Callable[..., Iterable[dict[str, np.ndarray]]], dynamic_masking: bool,
+) -> PreparedData:
+    """Shared by the masked-LM methods: builds records with `create_examples(documents, vocab,
+    examples, seed)` and, with `dynamic_masking`, masks while loading. Held-out evaluation
+    always uses fixed masks (drawn once with a fixed seed), so its numbers are comparable
+    across runs; it is kept in memory, so a huge held-out split is capped."""
+
+    build = functools.partial(build_with_vocab, create_examples, examples)
+    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
+    vocab = bert_examples.MaskingVocab.from_tokenizer(tokenizer)
+    eval_examples = held_out.examples(range(min(len(held_out), MAX_EVAL_EXAMPLES)))
+    transforms = ()
+    if dynamic_masking:
+        transforms = (bert_examples.DynamicMasking(vocab, examples),)
+        eval_examples = mask_records(eval_examples, transforms[0], seed + 2)
+    return PreparedData(
+        train=train,
+        eval=eval_examples,
+        transforms=transforms,
+        model_fields={"vocab_size": tokenizer.vocab_size},
+        report={"majority_baseline_mlm_accuracy":
+                bert_examples.majority_baseline_accuracy(eval_examples)},
+        tokenizer=tokenizer,
+    )
+
+
+def build_with_vocab(create_examples: Callable[..., Iterable[dict[str, np.ndarray]]],
+                     examples: Any, documents: Any, tokenizer: Any, seed: int
+                     ) -> Iterable[dict[str, np.ndarray]]:
+    """A `prepare_text` builder (picklable as a `functools.partial` of this):
+    `create_examples(documents, masking vocab, examples, seed)`."""
+    return create_examples(documents, bert_examples.MaskingVocab.from_tokenizer(tokenizer),
+                           examples, seed)
+
+
+def mask_records(
+    records: dict[str, np.ndarray], masking: grain.transforms.RandomMap, seed: int
+) -> dict[str, np.ndarray]:
+    """Applies a per-record random transform (dynamic masking, XLNet's permutations) once, with
+    a fixed seed, to a stacked set of records."""
+    rng = np.random.default_rng(seed)
+    count = len(next(iter(records.values())))
+    rows = [masking.random_map({k: v[i] for k, v in records.items()}, rng) for i in range(count)]
+    return {k: np.stack([row[k] for row in rows]) for k in rows[0]}
+
+
+def unigram_baselines(examples: dict[str, np.ndarray]) -> dict[str, float]:
+    """Held-out PLM accuracy of always predicting the most frequent target, and the loss of
+    predicting the held-out targets' own unigram distribution (no context at all)."""
+    labels = examples["target_ids"][examples["target_weights"] > 0]
+    probabilities = np.bincount(labels) / max(len(labels), 1)
+    probabilities = probabilities[probabilities > 0]
+    return {"majority_baseline_plm_accuracy": float(probabilities.max()),
+            "unigram_baseline_plm_loss": float(-(probabilities * np.log(probabilities)).sum())}
+
+
+def check_max_seq_length(model: EncoderConfig, examples: Any) -> None:
+    """Every position of an example has a learned position embedding."""
+    if examples.max_seq_length > model.max_position_embeddings:
+        raise UserError(
+            f"examples.max_seq_length={examples.max_seq_length} exceeds "
+            f"model.max_position_embeddings={model.max_position_embeddings}; lower the first or "
+            "raise the second")
