@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pretext_jax.errors import UserError
+from pretext_jax.errors import UserError, require
 from pretext_jax.input_pipeline.descriptions import describe
 
 Documents = list[list[str]]
@@ -129,6 +129,7 @@ def looks_like_wikitext(path: Path) -> bool:
 def tfds_data_dir(data_dir: str | None) -> str:
     """Where TFDS datasets are read from: `data_dir`, else $TFDS_DATA_DIR, else
     ~/tensorflow_datasets."""
+    require("tensorflow_datasets", "tfds", "reading TFDS datasets")
     from tensorflow_datasets.core import constants
 
     return str(Path(data_dir or constants.DATA_DIR).expanduser())
@@ -140,9 +141,9 @@ def tfds_builder(name: str, data_dir: str | None) -> Any:
     `read_only_builder.builder_from_files`), never through its builder code, so nothing is
     downloaded or generated. A dataset that is not there is a UserError naming the command that
     prepares it."""
+    where = tfds_data_dir(data_dir)
     from tensorflow_datasets.core import read_only_builder, registered
 
-    where = tfds_data_dir(data_dir)
     try:
         return read_only_builder.builder_from_files(name, data_dir=where)
     except registered.DatasetNotFoundError:

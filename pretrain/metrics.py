@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from pretext_jax.errors import optional_import
+
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
 
@@ -68,9 +70,11 @@ class MetricWriter:
             return
         truncate_after(workdir / METRICS_FILE, start_step)
         self.jsonl = (workdir / METRICS_FILE).open("a")
-        from tensorboardX import SummaryWriter  # heavy import, only on the writing process
-
-        self.tensorboard = SummaryWriter(str(workdir / "tensorboard"), purge_step=start_step + 1)
+        tensorboard = optional_import(  # heavy import, only on the writing process
+            "tensorboardX", "tensorboard", "TensorBoard events are not written (JSONL only)")
+        if tensorboard is not None:
+            self.tensorboard = tensorboard.SummaryWriter(str(workdir / "tensorboard"),
+                                                         purge_step=start_step + 1)
         if progress:
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
@@ -81,7 +85,8 @@ class MetricWriter:
         self.jsonl.write(json.dumps(row) + "\n")
         self.jsonl.flush()
         for name, value in values.items():
-            self.tensorboard.add_scalar(f"{split}/{name}", value, step)
+            if self.tensorboard is not None:
+                self.tensorboard.add_scalar(f"{split}/{name}", value, step)
         shown = {k: f"{v:.4g}" for k, v in values.items()
                  if k in ("loss", "mlm_accuracy", "steps_per_s", "tokens_per_s", "images_per_s")}
         if self.bar is not None and split == "train":
@@ -107,17 +112,17 @@ class MetricWriter:
             return
         if self.bar is not None:
             self.bar.close()
-        self.tensorboard.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         self.jsonl.close()
 
 
 def plot_curves(workdir: Path) -> Path | None:
     """Loss and accuracy curves (train and eval) from metrics.jsonl into curves.png."""
     path = workdir / METRICS_FILE
-    if not path.is_file():
+    matplotlib = optional_import("matplotlib", "plots", "curves.png is not drawn")
+    if not path.is_file() or matplotlib is None:
         return None
-    import matplotlib
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
