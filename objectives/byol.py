@@ -36,6 +36,7 @@ from flax import nnx
 from pretext_jax.models.momentum import BYOL, BYOLConfig, ema_update
 from pretext_jax.objectives.contrastive import l2_normalize
 from pretext_jax.objectives.moco import TwoViewAugmentation, check_two_view_method
+from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register
 from pretext_jax.objectives.simclr import ImageExampleConfig, knn_monitor, prepare_simclr, two_views
 
@@ -123,6 +124,36 @@ def build_byol(config: BYOLObjectiveConfig, seed: int) -> BYOL:
         return BYOL(config, rngs=nnx.Rngs(seed))
 
 
+PRESETS = {
+    # BYOL at test size: a narrow ResNet-18 with the CIFAR stem, small MLPs, the paper's
+    # augmentations and target schedule (K = train.steps), LARS with 10 warmup steps.
+    "byol_tiny": {
+        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
+                  "projection_hidden_dim": 256, "projection_dim": 64,
+                  "predictor_hidden_dim": 256, "base_target_decay": 0.99},
+        "optim": {"optimizer": "lars", "learning_rate": 0.5, "schedule": "cosine",
+                  "warmup_steps": 10, "weight_decay": 1.5e-6, "clip_norm": 0.0},
+        "train": TINY_IMAGE_TRAIN,
+    },
+    # BYOL on ImageNet (Grill et al. 2020 §3.3 and Appendix J; configs/byol.py for 1000
+    # epochs): ResNet-50, projector and predictor 4096 -> 256, tau_base 0.996 with the cosine
+    # schedule over the whole run, LARS (trust 1e-3, momentum 0.9, neither decay nor adaptation
+    # on biases and BatchNorm) lr 0.2 x 4096/256 = 3.2, weight decay 1.5e-6, batch 4096, 1000
+    # epochs = 312,785 steps with 10 of warmup (3,127), cosine; crops of area 0.08-1.
+    "byol_imagenet": {
+        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "dtype": "bfloat16",
+                  "projection_hidden_dim": 4096, "projection_dim": 256,
+                  "predictor_hidden_dim": 4096, "base_target_decay": 0.996},
+        "examples": {"host_crop_size": 224, "host_crop_area_min": 0.08},
+        "data": {"source": "tfds:imagenet2012", "worker_count": 16},
+        "optim": {"optimizer": "lars", "learning_rate": 3.2, "schedule": "cosine",
+                  "warmup_steps": 3127, "weight_decay": 1.5e-6, "momentum": 0.9,
+                  "trust_coefficient": 1e-3, "clip_norm": 0.0},
+        "train": {"steps": 312785, "batch_size": 4096, "eval_every": 5000},
+    },
+}
+
+
 register(Method(
     name="byol",
     model_config=BYOLObjectiveConfig,
@@ -137,4 +168,5 @@ register(Method(
     unit="views",
     description="BYOL: predict a momentum target's projection of the other view "
                 "(Grill et al. 2020)",
+    presets=PRESETS,
 ))

@@ -38,6 +38,12 @@ from pretext_jax.objectives.bert import (
     prepare_masked_lm,
     weighted_cross_entropy,
 )
+from pretext_jax.objectives.preset_parts import (
+    NO_DROPOUT,
+    TINY_TEXT_MODEL,
+    TINY_TEXT_OPTIM,
+    TINY_TEXT_TRAIN,
+)
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 # Held-out evaluation has no step rng; the generator's samples then come from this fixed key.
@@ -168,6 +174,36 @@ def prepare_electra(
                              electra_examples.create_training_examples, dynamic_masking=True)
 
 
+# ELECTRA (configure_pretraining.py): a generator of 1/4 (Small) or 1/3 (Base) of the
+# discriminator's hidden size, embeddings shared; AdamWeightDecay, warmup 10k, linear decay
+# multiplied by the warmup ramp (optimization.py, `electra_linear`).
+PRESETS = {
+    "electra_tiny": {
+        "model": {**TINY_TEXT_MODEL, "embedding_size": 32, "vocab_size": 0, **NO_DROPOUT},
+        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 9},
+        "data": {"vocab_size": 4000},
+        "optim": {**TINY_TEXT_OPTIM, "schedule": "electra_linear"},
+        "train": TINY_TEXT_TRAIN,
+    },
+    "electra_small": {
+        "model": {"hidden_size": 256, "embedding_size": 128, "num_layers": 12, "num_heads": 4,
+                  "intermediate_size": 1024, "generator_hidden_size": 0.25, "vocab_size": 0},
+        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 19},
+        "data": {"vocab_size": 30522},
+        "optim": {"learning_rate": 5e-4, "schedule": "electra_linear", "warmup_steps": 10000},
+        "train": {"steps": 1000000, "batch_size": 128},
+    },
+    "electra_base": {
+        "model": {"hidden_size": 768, "embedding_size": 768, "num_layers": 12, "num_heads": 12,
+                  "intermediate_size": 3072, "generator_hidden_size": 1 / 3, "vocab_size": 0},
+        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 19},
+        "data": {"vocab_size": 30522},
+        "optim": {"learning_rate": 2e-4, "schedule": "electra_linear", "warmup_steps": 10000},
+        "train": {"steps": 766000, "batch_size": 256},
+    },
+}
+
+
 register(Method(
     name="electra",
     model_config=ElectraObjectiveConfig,
@@ -178,4 +214,5 @@ register(Method(
     units_per_example=lambda examples: examples.max_seq_length,
     check=check_max_seq_length,
     description="ELECTRA: generator MLM + replaced-token detection (Clark et al. 2020)",
+    presets=PRESETS,
 ))

@@ -37,6 +37,7 @@ from pretext_jax.input_pipeline import image_augment
 from pretext_jax.input_pipeline.errors import UserError
 from pretext_jax.models.momentum import MoCo, MoCoConfig, call_in_groups, ema_update
 from pretext_jax.objectives.contrastive import l2_normalize
+from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register
 from pretext_jax.objectives.simclr import (
     ImageExampleConfig,
@@ -189,6 +190,37 @@ def check_two_view_method(model: TwoViewAugmentation, examples: ImageExampleConf
                         f"model.crop_area_min={model.crop_area_min}; set both to the same value")
 
 
+PRESETS = {
+    # MoCo v2 at test size: the settings of facebookresearch/moco's CIFAR-10 demo notebook
+    # (K 4096, m 0.99, BatchNorm split 8 ways, SGD lr 0.06 x batch/512, weight decay 5e-4) with
+    # v2's temperature 0.2 and a narrow ResNet-18 with the CIFAR stem.
+    "moco_tiny": {
+        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
+                  "projection_dim": 64, "queue_size": 4096, "momentum": 0.99,
+                  "crop_area_min": 0.2, "blur_probability": 0.0,
+                  "second_blur_probability": 0.0},
+        "optim": {"optimizer": "sgd", "learning_rate": 0.0075, "schedule": "cosine",
+                  "warmup_steps": 0, "weight_decay": 5e-4, "clip_norm": 0.0},
+        "train": TINY_IMAGE_TRAIN,
+    },
+    # MoCo v2 on ImageNet (Chen et al. 2020 "Improved Baselines" §3 and Table 1; main_moco.py
+    # --mlp --aug-plus --cos): ResNet-50, 2048-wide MLP head to 128, K 65536, m 0.999, T 0.2,
+    # BatchNorm per 8 GPUs with shuffled keys, SGD lr 0.03 (x batch/256), momentum 0.9,
+    # weight decay 1e-4 on every parameter, cosine over 200 epochs of 5,004 steps (1,281,167
+    # images, batch 256, last partial batch dropped), no warmup; crops of area 0.2-1.
+    "moco_v2_imagenet": {
+        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "dtype": "bfloat16",
+                  "projection_dim": 128, "queue_size": 65536, "momentum": 0.999,
+                  "temperature": 0.2, "shuffle_bn_groups": 8, "crop_area_min": 0.2},
+        "examples": {"host_crop_size": 224, "host_crop_area_min": 0.2},
+        "data": {"source": "tfds:imagenet2012", "worker_count": 16},
+        "optim": {"optimizer": "sgd", "learning_rate": 0.03, "schedule": "cosine",
+                  "warmup_steps": 0, "weight_decay": 1e-4, "momentum": 0.9, "clip_norm": 0.0},
+        "train": {"steps": 1000800, "batch_size": 256, "eval_every": 25020},
+    },
+}
+
+
 register(Method(
     name="moco",
     model_config=MoCoObjectiveConfig,
@@ -201,4 +233,5 @@ register(Method(
     monitor=knn_monitor,
     unit="views",
     description="MoCo v2: InfoNCE against a queue of momentum-encoded keys (He et al. 2020)",
+    presets=PRESETS,
 ))

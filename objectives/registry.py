@@ -1,8 +1,8 @@
 """The registry of pre-training methods: what the trainer asks for by name.
 
 A method binds a model builder, a pure loss `(model, batch, rng) -> (loss, metrics)`, host-side
-data preparation, and its config types. The trainer never names a method; adding one is a file
-in `objectives/` that calls `register` (see README, "Add your own objective").
+data preparation, its config types and its presets. The trainer never names a method; adding one
+is a file in `objectives/` that calls `register` (see docs/add_your_own_objective.md).
 
 Metrics are `{name: (numerator, denominator)}` pairs of scalars, so that averages over devices,
 steps and evaluation batches are exact ratios of sums rather than means of means.
@@ -11,7 +11,7 @@ steps and evaluation batches are exact ratios of sums rather than means of means
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -64,6 +64,8 @@ class Method:
       `build_model`'s random one (fine-tuning: the pre-trained encoder plus a new head). Its
       parameters are placed on the mesh after the sharded init, so they never become
       constants of a compiled function.
+    - `presets`: named starting configs, `{name: {section: {key: value}}}` without `method`
+      (`make_config(name)`); a preset name is unique over all methods.
     """
 
     name: str
@@ -79,16 +81,25 @@ class Method:
     pretrained: Callable[[Any, int], Any] | None = None
     unit: str = "tokens"
     description: str = ""
+    presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(
+        default_factory=dict)
 
 
 _METHODS: dict[str, Method] = {}
+_PRESET_METHODS: dict[str, str] = {}  # preset name -> the method that declares it
 
 
 def register(method: Method) -> Method:
-    """Adds a method; registering a second one under the same name is an error."""
+    """Adds a method and its presets; a second method of the same name, or a preset name another
+    method already declares, is an error."""
     if method.name in _METHODS:
         raise ValueError(f"method {method.name!r} is already registered")
+    taken = sorted(set(method.presets) & set(_PRESET_METHODS))
+    if taken:
+        raise ValueError(f"presets {taken} of method {method.name!r} are already declared by "
+                         f"{sorted({_PRESET_METHODS[name] for name in taken})}")
     _METHODS[method.name] = method
+    _PRESET_METHODS.update(dict.fromkeys(method.presets, method.name))
     return method
 
 
@@ -102,3 +113,16 @@ def get(name: str) -> Method:
 def names() -> list[str]:
     return sorted(_METHODS)
 
+
+
+def preset_names() -> list[str]:
+    return sorted(_PRESET_METHODS)
+
+
+def preset(name: str) -> dict[str, Any]:
+    """The preset `name` as a config tree, `{"method": ..., section: {key: value}}` (a copy)."""
+    if name not in _PRESET_METHODS:
+        raise UserError(f"unknown preset {name!r}; choose one of {preset_names()}")
+    method = _METHODS[_PRESET_METHODS[name]]
+    return {"method": method.name,
+            **{section: dict(values) for section, values in method.presets[name].items()}}

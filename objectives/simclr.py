@@ -24,6 +24,7 @@ from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.simclr import SimCLR, SimCLRConfig
 from pretext_jax.objectives.contrastive import nt_xent
 from pretext_jax.objectives.evaluation import extract_features, knn_accuracy
+from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 # Held-out evaluation has no step rng; its views come from this fixed key.
@@ -183,6 +184,53 @@ def check_simclr(model: SimCLRObjectiveConfig, examples: ImageExampleConfig) -> 
                         "(0, 1], e.g. 0.08")
 
 
+_LARS_COSINE = {"optimizer": "lars", "schedule": "cosine", "clip_norm": 0.0}
+
+PRESETS = {
+    # SimCLR on CIFAR-10 (simclr tf2 README command): ResNet-18 with the CIFAR stem, batch 512,
+    # 1000 epochs (97,656 steps) with 10 of warmup, LARS lr 1.0 x 512/256, weight decay 1e-4,
+    # temperature 0.5, jitter strength 0.5, no blur.
+    "simclr_tiny": {
+        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
+                  "temperature": 0.5, "jitter_strength": 0.5, "blur_probability": 0.0},
+        "optim": {**_LARS_COSINE, "learning_rate": 0.5, "warmup_steps": 10, "weight_decay": 1e-4},
+        "train": TINY_IMAGE_TRAIN,
+    },
+    "simclr_cifar10": {
+        "model": {"depth": 18, "stem": "cifar", "image_size": 32, "temperature": 0.5,
+                  "jitter_strength": 0.5, "blur_probability": 0.0},
+        "data": {"source": ""},
+        "optim": {**_LARS_COSINE, "learning_rate": 2.0, "warmup_steps": 977,
+                  "weight_decay": 1e-4},
+        "train": {"steps": 97656, "batch_size": 512, "eval_every": 2000},
+    },
+    # The offline image demo: scikit-learn's 1,797 scanned 8x8 digits, upsampled to 16 px by the
+    # random resized crop, a narrow ResNet-18 with the CIFAR stem, CIFAR's augmentation settings.
+    "simclr_digits": {
+        "model": {"depth": 18, "stem": "cifar", "base_width": 16, "image_size": 16,
+                  "temperature": 0.5, "jitter_strength": 0.5, "blur_probability": 0.0},
+        "examples": {"knn_k": 20},
+        "data": {"source": "digits", "held_out_fraction": 0.2},
+        "optim": {**_LARS_COSINE, "learning_rate": 1.0, "warmup_steps": 20, "weight_decay": 1e-4},
+        "train": {"steps": 400, "batch_size": 256, "log_every": 25, "eval_every": 100,
+                  "checkpoint_every": 200, "eval_batches": 1},
+    },
+    # SimCLR on ImageNet (Chen et al. 2020, Appendix B.1): ResNet-50, batch 4096, 100 epochs of
+    # 1,281,167 images (31,278 steps) with 10 of warmup, LARS lr 4.8 (= 0.3 x 4096/256), weight
+    # decay 1e-6, temperature 0.1, jitter strength 1.0, blur p 0.5; two random crops per image
+    # made on the host, the rest of the augmentation on device.
+    "simclr_imagenet": {
+        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "temperature": 0.1,
+                  "dtype": "bfloat16", "jitter_strength": 1.0, "blur_probability": 0.5},
+        "examples": {"host_crop_size": 224},
+        "data": {"source": "tfds:imagenet2012", "worker_count": 16},
+        "optim": {**_LARS_COSINE, "learning_rate": 4.8, "warmup_steps": 3128,
+                  "weight_decay": 1e-6},
+        "train": {"steps": 31278, "batch_size": 4096, "eval_every": 5000},
+    },
+}
+
+
 register(Method(
     name="simclr",
     model_config=SimCLRObjectiveConfig,
@@ -195,4 +243,5 @@ register(Method(
     monitor=knn_monitor,
     unit="views",
     description="SimCLR: NT-Xent between two augmented views (Chen et al. 2020)",
+    presets=PRESETS,
 ))

@@ -11,7 +11,7 @@ from pretext_jax import (
     run,
 )
 from pretext_jax.objectives import registry
-from pretext_jax.pretrain.config import PRESETS, Config, describe, make_config
+from pretext_jax.pretrain.config import Config, describe, make_config
 
 SECTIONS = tuple(f"  {name}." for name in ("data", "optim", "mesh", "train", "model",
                                              "examples"))
@@ -45,7 +45,7 @@ def test_every_method_field_is_documented(method):
     assert undocumented(text) == [], f"{method}: fields without an attribute docstring"
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("preset", registry.preset_names())
 def test_every_preset_field_is_documented(preset):
     text = describe(make_config(preset))
     assert listed_keys(text)

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
-from pretext_jax.pretrain.config import PRESETS, make_config
+from pretext_jax.objectives import registry
+from pretext_jax.pretrain.config import make_config
 
 PINNED = Path(__file__).resolve().parent / "data" / "presets.json"
 
@@ -37,14 +38,23 @@ def pinned() -> dict[str, Any]:
 
 
 def test_the_presets_are_the_pinned_ones(pinned):
-    assert sorted(PRESETS) == sorted(pinned)
+    assert registry.preset_names() == sorted(pinned)
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("preset", registry.preset_names())
 def test_preset_resolves_to_its_pinned_config(preset, pinned):
     assert resolved(preset) == pinned[preset]
 
 
+def test_a_preset_name_belongs_to_one_method():
+    bert = registry.get("bert")
+    clash = dataclasses.replace(bert, name="bert_again", presets={"bert_tiny": {}})
+    with pytest.raises(ValueError, match="already declared by \\['bert'\\]"):
+        registry.register(clash)
+    assert "bert_again" not in registry.names()
+    assert registry.preset("bert_tiny")["method"] == "bert"
+
+
 if __name__ == "__main__":
-    PINNED.write_text(json.dumps({name: resolved(name) for name in sorted(PRESETS)}, indent=1,
-                                 sort_keys=True) + "\n")
+    every = {name: resolved(name) for name in registry.preset_names()}
+    PINNED.write_text(json.dumps(every, indent=1, sort_keys=True) + "\n")
