@@ -14,6 +14,8 @@ pretrain/pretrain_helpers.py (`sample_from_softmax`, `scatter_update`, `unmask`)
    tokens with epsilon 1e-6). Total = generator_weight (1) x MLM + discriminator_weight (50)
    x RTD. Gradients reach the shared embeddings from both terms.
 
+The weights and the temperature are the `objective` section (`ElectraLossSettings`).
+
 Masked positions are drawn without replacement on the host (`DynamicMasking`); the reference
 draws them with `tf.random.categorical`, i.e. with replacement, so a duplicate there masks one
 position fewer than intended.
@@ -51,9 +53,9 @@ EVAL_SAMPLING_SEED = 0
 
 
 @dataclasses.dataclass(frozen=True)
-class ElectraObjectiveConfig(ElectraConfig):
-    """The model (`ElectraConfig`) plus the objective's weights and sampling temperature
-    (configure_pretraining.py: gen_weight 1.0, disc_weight 50.0, temperature 1.0)."""
+class ElectraLossSettings:
+    """The objective's weights and sampling temperature (configure_pretraining.py: gen_weight
+    1.0, disc_weight 50.0, temperature 1.0)."""
 
     generator_weight: float = 1.0
     """Weight of the generator's masked-LM loss in the total (ELECTRA `gen_weight` 1.0)."""
@@ -63,7 +65,6 @@ class ElectraObjectiveConfig(ElectraConfig):
     """Temperature of the generator's Gumbel-max sampling of replacements, > 0 (ELECTRA 1.0)."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.temperature <= 0.0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (ELECTRA samples at "
                              "1.0)")
@@ -125,14 +126,16 @@ def replaced_token_detection_loss(
 
 
 def electra_loss(
-    model: Electra, batch: Batch, rng: jax.Array | None, noise: jax.Array | None = None
+    model: Electra, batch: Batch, rng: jax.Array | None, noise: jax.Array | None = None, *,
+    objective: ElectraLossSettings | None = None,
 ) -> tuple[jax.Array, Metrics]:
-    """Generator MLM + `discriminator_weight` x RTD on a batch of masked ELECTRA features.
+    """`generator_weight` x generator MLM + `discriminator_weight` x RTD on a batch of masked
+    ELECTRA features; `objective` None is ELECTRA's settings.
 
     `rng=None` (evaluation) disables dropout and samples with a fixed key. `noise` [B, P, V]
     replaces the Gumbel noise (tests use it to check the loss by hand).
     """
-    config: ElectraObjectiveConfig = model.config
+    objective = objective or ElectraLossSettings()
     generator_rng, discriminator_rng, sample_rng = split_rng(rng, 3)
     inputs = (batch["segment_ids"], batch["input_mask"])
     generated = model.generator(batch["input_ids"], *inputs,
@@ -142,12 +145,12 @@ def electra_loss(
     if noise is None:
         key = sample_rng if sample_rng is not None else jax.random.key(EVAL_SAMPLING_SEED)
         noise = gumbel_noise(key, generated.mlm_logits.shape)
-    sampled = sample_tokens(generated.mlm_logits, config.temperature, noise)
+    sampled = sample_tokens(generated.mlm_logits, objective.temperature, noise)
     corrupted, replaced = replaced_token_batch(batch, sampled)
     discriminated = model.discriminator(corrupted, *inputs, rng=discriminator_rng)
     rtd_loss, rtd = replaced_token_detection_loss(discriminated.rtd_logits, replaced,
                                                   batch["input_mask"])
-    total = config.generator_weight * mlm_loss + config.discriminator_weight * rtd_loss
+    total = objective.generator_weight * mlm_loss + objective.discriminator_weight * rtd_loss
     one = jnp.ones((), jnp.float32)
     return total, {
         "loss": (total, one),
@@ -161,7 +164,7 @@ def electra_loss(
     }
 
 
-def build_electra(config: ElectraObjectiveConfig, seed: int) -> Electra:
+def build_electra(config: ElectraConfig, seed: int) -> Electra:
     return Electra(config, rngs=nnx.Rngs(seed))
 
 
@@ -206,8 +209,9 @@ PRESETS = {
 
 register(Method(
     name="electra",
-    model_config=ElectraObjectiveConfig,
+    model_config=ElectraConfig,
     example_config=electra_examples.ElectraExampleConfig,
+    objective_config=ElectraLossSettings,
     build_model=build_electra,
     loss=electra_loss,
     prepare=prepare_electra,

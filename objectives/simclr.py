@@ -32,13 +32,24 @@ EVAL_AUGMENT_SEED = 0
 
 
 @dataclasses.dataclass(frozen=True)
-class SimCLRObjectiveConfig(SimCLRConfig):
-    """The network (`SimCLRConfig`) plus the objective: NT-Xent `temperature` (0.1 ImageNet,
-    0.5 CIFAR) and the augmentation settings (`image_augment.AugmentConfig`, flattened so
-    each is a `model.*` override; SimCLR treats the augmentations as part of the method)."""
+class SimCLRLossSettings:
+    """The `objective` section: NT-Xent's temperature (0.1 ImageNet, 0.5 CIFAR)."""
 
     temperature: float = 0.1
     """NT-Xent temperature, > 0 (SimCLR 0.1 ImageNet, 0.5 CIFAR-10)."""
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0.0:
+            raise ValueError(f"temperature={self.temperature} must be > 0 (SimCLR: 0.1 or 0.5)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SimCLRObjectiveConfig(SimCLRConfig):
+    """The network (`SimCLRConfig`) plus the views it is trained on: their size and the
+    augmentation settings (`image_augment.AugmentConfig`, flattened so each is a `model.*`
+    override; SimCLR treats the augmentations as part of the method, and the kNN monitor
+    evaluates at `image_size`)."""
+
     image_size: int = 224
     """Side of the augmented views in pixels (ImageNet 224, CIFAR 32)."""
     crop_area_min: float = 0.08
@@ -50,8 +61,6 @@ class SimCLRObjectiveConfig(SimCLRConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.temperature <= 0.0:
-            raise ValueError(f"temperature={self.temperature} must be > 0 (SimCLR: 0.1 or 0.5)")
         if not 0.0 < self.crop_area_min <= 1.0:
             raise ValueError(f"crop_area_min={self.crop_area_min} must be in (0, 1]")
 
@@ -116,16 +125,17 @@ def two_views(rng: jax.Array | None, images: jax.Array,
             image_augment.augment_batch(second_key, seconds, second))
 
 
-def simclr_loss(model: SimCLR, batch: Batch, rng: jax.Array | None
-                ) -> tuple[jax.Array, Metrics]:
-    """NT-Xent of two views of every image; `rng=None` (evaluation) uses fixed views and the
-    BatchNorm running statistics."""
+def simclr_loss(model: SimCLR, batch: Batch, rng: jax.Array | None, *,
+                objective: SimCLRLossSettings | None = None) -> tuple[jax.Array, Metrics]:
+    """NT-Xent of two views of every image (`objective` None: temperature 0.1); `rng=None`
+    (evaluation) uses fixed views and the BatchNorm running statistics."""
+    objective = objective or SimCLRLossSettings()
     config: SimCLRObjectiveConfig = model.config
     views = jnp.concatenate(two_views(rng, batch["image"],
                                       lambda crop: (config.augment_config(crop),) * 2))
     projections = model(views, train=rng is not None).projections
     first, second = jnp.split(projections, 2)
-    loss, metrics = nt_xent(first, second, config.temperature)
+    loss, metrics = nt_xent(first, second, objective.temperature)
     return loss, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
 
 
@@ -192,13 +202,15 @@ PRESETS = {
     # temperature 0.5, jitter strength 0.5, no blur.
     "simclr_tiny": {
         "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
-                  "temperature": 0.5, "jitter_strength": 0.5, "blur_probability": 0.0},
+                  "jitter_strength": 0.5, "blur_probability": 0.0},
+        "objective": {"temperature": 0.5},
         "optim": {**_LARS_COSINE, "learning_rate": 0.5, "warmup_steps": 10, "weight_decay": 1e-4},
         "train": TINY_IMAGE_TRAIN,
     },
     "simclr_cifar10": {
-        "model": {"depth": 18, "stem": "cifar", "image_size": 32, "temperature": 0.5,
-                  "jitter_strength": 0.5, "blur_probability": 0.0},
+        "model": {"depth": 18, "stem": "cifar", "image_size": 32, "jitter_strength": 0.5,
+                  "blur_probability": 0.0},
+        "objective": {"temperature": 0.5},
         "data": {"source": ""},
         "optim": {**_LARS_COSINE, "learning_rate": 2.0, "warmup_steps": 977,
                   "weight_decay": 1e-4},
@@ -208,7 +220,8 @@ PRESETS = {
     # random resized crop, a narrow ResNet-18 with the CIFAR stem, CIFAR's augmentation settings.
     "simclr_digits": {
         "model": {"depth": 18, "stem": "cifar", "base_width": 16, "image_size": 16,
-                  "temperature": 0.5, "jitter_strength": 0.5, "blur_probability": 0.0},
+                  "jitter_strength": 0.5, "blur_probability": 0.0},
+        "objective": {"temperature": 0.5},
         "examples": {"knn_k": 20},
         "data": {"source": "digits", "held_out_fraction": 0.2},
         "optim": {**_LARS_COSINE, "learning_rate": 1.0, "warmup_steps": 20, "weight_decay": 1e-4},
@@ -220,8 +233,9 @@ PRESETS = {
     # decay 1e-6, temperature 0.1, jitter strength 1.0, blur p 0.5; two random crops per image
     # made on the host, the rest of the augmentation on device.
     "simclr_imagenet": {
-        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "temperature": 0.1,
-                  "dtype": "bfloat16", "jitter_strength": 1.0, "blur_probability": 0.5},
+        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "dtype": "bfloat16",
+                  "jitter_strength": 1.0, "blur_probability": 0.5},
+        "objective": {"temperature": 0.1},
         "examples": {"host_crop_size": 224},
         "data": {"source": "tfds:imagenet2012", "worker_count": 16},
         "optim": {**_LARS_COSINE, "learning_rate": 4.8, "warmup_steps": 3128,
@@ -235,6 +249,7 @@ register(Method(
     name="simclr",
     model_config=SimCLRObjectiveConfig,
     example_config=ImageExampleConfig,
+    objective_config=SimCLRLossSettings,
     build_model=build_simclr,
     loss=simclr_loss,
     prepare=prepare_simclr,

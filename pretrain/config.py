@@ -1,9 +1,11 @@
 """Run configuration: `section.key=value` overrides of a preset (declared by its method, see
 `registry.Method.presets`), validation.
 
-A config has generic sections (`data`, `optim`, `mesh`, `train`) and two method-owned sections,
-`model` and `examples`, validated against the dataclasses the method registers. The resolved
-config is written to the workdir and into every checkpoint.
+A config has generic sections (`data`, `optim`, `mesh`, `train`) and three method-owned
+sections, `model`, `examples` and `objective` (the loss's settings), validated against the
+dataclasses the method registers. The resolved config is written to the workdir and into every
+checkpoint; configs written before the `objective` section existed are migrated when read
+(`config_from_dict`).
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ class Config:
     method: str = "bert"
     model: dict[str, Any] = dataclasses.field(default_factory=dict)
     examples: dict[str, Any] = dataclasses.field(default_factory=dict)
+    objective: dict[str, Any] = dataclasses.field(default_factory=dict)
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
     mesh: MeshConfig = MeshConfig()
@@ -140,6 +143,9 @@ class Config:
 
     def example_config(self) -> Any:
         return registry.get(self.method).example_config(**self.examples)
+
+    def objective_config(self) -> Any:
+        return registry.get(self.method).objective_config(**self.objective)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -171,11 +177,17 @@ def _parse_value(text: str, kind: Any, key: str) -> Any:
     return json.loads(text)
 
 
+METHOD_SECTIONS = ("model", "examples", "objective")
+
+
+def _method_section_class(section: str, method: registry.Method) -> type:
+    return {"model": method.model_config, "examples": method.example_config,
+            "objective": method.objective_config}[section]
+
+
 def _section_class(section: str, method: str) -> type:
-    if section == "model":
-        return registry.get(method).model_config
-    if section == "examples":
-        return registry.get(method).example_config
+    if section in METHOD_SECTIONS:
+        return _method_section_class(section, registry.get(method))
     return _field_types(Config)[section]
 
 
@@ -189,6 +201,9 @@ def _apply(tree: dict[str, Any], key: str, value: Any, method: str, parse: bool)
                         f"{[f.name for f in dataclasses.fields(Config) if f.name != 'method']}")
     kinds = _field_types(_section_class(section, method))
     if name not in kinds:
+        if section == "model" and registry.get(method).split_model_section({name: None})[1]:
+            raise UserError(f"{key} is a loss setting, now in the objective section; write "
+                            f"objective.{name}={value}")
         raise UserError(f"unknown config key {key!r}; valid keys in {section}: {sorted(kinds)}")
     tree[section][name] = _parse_value(value, kinds[name], key) if parse else value
 
@@ -196,8 +211,8 @@ def _apply(tree: dict[str, Any], key: str, value: Any, method: str, parse: bool)
 def make_config(preset: str | None = None, overrides: list[str] | dict[str, Any] = ()) -> Config:
     """A validated Config from a preset name and `section.key=value` overrides (strings, parsed
     by field type) or a `{"section.key": value}` dict (values used as given)."""
-    tree: dict[str, Any] = {"method": "bert", "model": {}, "examples": {}, "data": {},
-                            "optim": {}, "mesh": {}, "train": {}}
+    tree: dict[str, Any] = {"method": "bert", "model": {}, "examples": {}, "objective": {},
+                            "data": {}, "optim": {}, "mesh": {}, "train": {}}
     items = overrides.items() if isinstance(overrides, dict) else None
     if items is None:
         items = []
@@ -218,11 +233,15 @@ def make_config(preset: str | None = None, overrides: list[str] | dict[str, Any]
 
 
 def config_from_dict(tree: dict[str, Any]) -> Config:
-    """Builds and validates a Config from its dict form (as saved in a workdir)."""
+    """Builds and validates a Config from its dict form (as saved in a workdir and in
+    checkpoints). Loss settings that configs written before the `objective` section existed
+    keep under `model` (e.g. `model.temperature`) move to `objective`
+    (`registry.Method.split_model_section`)."""
     method = registry.get(tree.get("method", "bert"))
+    model, moved = method.split_model_section(tree.get("model", {}))
     sections = {}
     for f in dataclasses.fields(Config):
-        if f.name in ("method", "model", "examples"):
+        if f.name == "method" or f.name in METHOD_SECTIONS:
             continue
         cls = _field_types(Config)[f.name]
         values = tree.get(f.name, {})
@@ -231,9 +250,10 @@ def config_from_dict(tree: dict[str, Any]) -> Config:
             raise UserError(f"unknown config keys {sorted(unknown)} in {f.name}; valid: "
                             f"{sorted(_field_types(cls))}")
         sections[f.name] = cls(**values)
-    config = Config(method=method.name, model=dict(tree.get("model", {})),
-                    examples=dict(tree.get("examples", {})), **sections)
-    for section, cls in (("model", method.model_config), ("examples", method.example_config)):
+    config = Config(method=method.name, model=model, examples=dict(tree.get("examples", {})),
+                    objective={**moved, **tree.get("objective", {})}, **sections)
+    for section in METHOD_SECTIONS:
+        cls = _method_section_class(section, method)
         unknown = set(getattr(config, section)) - set(_field_types(cls))
         if unknown:
             raise UserError(f"unknown config keys {sorted(unknown)} in {section}; valid: "
@@ -280,10 +300,9 @@ def describe(config: Config) -> str:
     lines = [f"method={config.method}  ({method.description})"]
     sections = [(name, _field_types(Config)[name], dataclasses.asdict(getattr(config, name)))
                 for name in ("data", "optim", "mesh", "train")]
-    sections += [("model", method.model_config,
-                  dataclasses.asdict(method.model_config(**config.model))),
-                 ("examples", method.example_config,
-                  dataclasses.asdict(method.example_config(**config.examples)))]
+    for name in METHOD_SECTIONS:
+        cls = _method_section_class(name, method)
+        sections.append((name, cls, dataclasses.asdict(cls(**getattr(config, name)))))
     for section, cls, values in sections:
         lines.append(f"\n[{section}]  {cls.__module__}.{cls.__name__}")
         docs = field_docs(cls)
@@ -323,7 +342,7 @@ def check_numbers(config: Config) -> None:
     -1 or positive (the model configs check their own fields, e.g. `dtype`)."""
     sections = {name: dataclasses.asdict(getattr(config, name))
                 for name in ("data", "optim", "mesh", "train")}
-    sections.update(model=config.model, examples=config.examples)
+    sections.update({name: getattr(config, name) for name in METHOD_SECTIONS})
     for section, values in sections.items():
         for name, value in values.items():
             key = f"{section}.{name}"
@@ -364,7 +383,8 @@ def validate(config: Config) -> None:
         raise UserError(f"train.batch_size={t.batch_size} is not divisible by "
                         f"optim.grad_accum_steps={o.grad_accum_steps}; change one of them")
     configs = {}
-    for section, build in (("model", config.model_config), ("examples", config.example_config)):
+    for section, build in (("model", config.model_config), ("examples", config.example_config),
+                           ("objective", config.objective_config)):
         try:
             configs[section] = build()
         except (TypeError, ValueError) as e:

@@ -1,7 +1,8 @@
 """Every preset resolves to the config pinned in tests/data/presets.json, written from the tree
-before the presets moved into their methods' modules (issue 21). The file keeps the layout of
-that time (loss settings under `model`), so it also checks that configs saved then still load:
-read through `config_from_dict` it equals the preset resolved today.
+before the presets moved into their methods' modules and the loss settings into the `objective`
+section (issue 21). The file keeps the layout of that time (loss settings under `model`): the
+presets compare with it in that layout (`old_layout`), and the pinned configs, as workdirs of
+that time saved them, read through `config_from_dict` into today's presets.
 
 Regenerate only when a preset is meant to change: `python tests/test_presets.py`."""
 
@@ -16,20 +17,29 @@ import pytest
 
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.objectives import registry
-from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.config import config_from_dict, make_config
 
 PINNED = Path(__file__).resolve().parent / "data" / "presets.json"
 
 
 def resolved(preset: str) -> dict[str, Any]:
-    """The preset's config (as saved in a workdir) and its model and examples configs with every
-    field, as JSON values."""
+    """The preset's config (as saved in a workdir) and its model, examples and objective configs
+    with every field, as JSON values."""
     config = make_config(preset)
     return json.loads(json.dumps({
         "config": config.to_dict(),
         "model": dataclasses.asdict(config.model_config()),
         "examples": dataclasses.asdict(config.example_config()),
+        "objective": dataclasses.asdict(config.objective_config()),
     }))
+
+
+def old_layout(tree: dict[str, Any]) -> dict[str, Any]:
+    """`resolved`'s tree in the layout before the `objective` section: its keys under `model`."""
+    config = dict(tree["config"])
+    config["model"] = {**config["model"], **config.pop("objective")}
+    return {"config": config, "model": {**tree["model"], **tree["objective"]},
+            "examples": tree["examples"]}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +53,14 @@ def test_the_presets_are_the_pinned_ones(pinned):
 
 @pytest.mark.parametrize("preset", registry.preset_names())
 def test_preset_resolves_to_its_pinned_config(preset, pinned):
-    assert resolved(preset) == pinned[preset]
+    assert old_layout(resolved(preset)) == pinned[preset]
+
+
+@pytest.mark.parametrize("preset", registry.preset_names())
+def test_pinned_config_in_the_old_layout_loads_as_the_preset(preset, pinned):
+    config = config_from_dict(pinned[preset]["config"])
+    assert config == make_config(preset)
+    assert json.loads(json.dumps(config.to_dict())) == resolved(preset)["config"]
 
 
 def test_a_preset_name_belongs_to_one_method():
@@ -56,5 +73,5 @@ def test_a_preset_name_belongs_to_one_method():
 
 
 if __name__ == "__main__":
-    every = {name: resolved(name) for name in registry.preset_names()}
+    every = {name: old_layout(resolved(name)) for name in registry.preset_names()}
     PINNED.write_text(json.dumps(every, indent=1, sort_keys=True) + "\n")
