@@ -203,7 +203,7 @@ def test_workdir_of_the_old_config_layout_loads_and_resumes(tmp_path, data_cache
     assert old["model"]["discriminator_weight"] == 40.0 and "objective" not in old
     assert config_from_dict(old) == first.config  # config.json read in the new layout
     (workdir / "config.json").write_text(json.dumps(old))
-    (stored,) = (workdir / "checkpoints" / "1" / "config").glob("*.json")
+    stored = workdir / "checkpoints" / "1" / "config" / "metadata"  # Orbax's JSON item
     assert json.loads(stored.read_text()) == new
     stored.write_text(json.dumps(old))  # the checkpoint's own copy, in the old layout
     integrity.seal(workdir / "checkpoints" / "1")  # as if written so, not damaged
