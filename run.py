@@ -383,10 +383,9 @@ def main(argv: list[str] | None = None) -> int:
             print(describe(_config(args, args.overrides)))
         elif args.command == "presets":
             from pretext_jax.objectives import registry
-            from pretext_jax.pretrain.config import PRESETS
 
-            for name, preset in sorted(PRESETS.items()):
-                print(f"{name:14s} method={preset['method']}")
+            for name in registry.preset_names():
+                print(f"{name:14s} method={registry.preset(name)['method']}")
             for name in registry.names():
                 print(f"method {name}: {registry.get(name).description}")
     except UserError as error:

@@ -18,6 +18,11 @@ from flax import nnx
 from pretext_jax.input_pipeline import albert_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.albert import Albert, AlbertConfig
+from pretext_jax.objectives.preset_parts import (
+    TINY_TEXT_MODEL,
+    TINY_TEXT_OPTIM,
+    TINY_TEXT_TRAIN,
+)
 from pretext_jax.objectives.registry import (
     Batch,
     Method,
@@ -62,6 +67,30 @@ def prepare_albert(data: DataConfig, examples: albert_examples.AlbertExampleConf
                              albert_examples.create_training_examples, dynamic_masking=False)
 
 
+# ALBERT (Lan et al. 2020 §4.1; google-research/albert README's run_pretraining command):
+# E = 128, H = 768, 12 shared layers, gelu_new, no dropout (v2), seq 512 (10% shorter),
+# 20 predictions with n-gram masking (n <= 3), SOP; LAMB lr 0.00176, batch 4096, 125k
+# steps, 3125 warmup steps then linear decay, weight decay 0.01; sentencepiece 30k.
+PRESETS = {
+    "albert_tiny": {
+        "model": {**TINY_TEXT_MODEL, "embedding_size": 32, "vocab_size": 0},
+        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 10, "dupe_factor": 5},
+        "data": {"vocab_size": 4000},
+        "optim": TINY_TEXT_OPTIM,
+        "train": TINY_TEXT_TRAIN,
+    },
+    "albert_base": {
+        "model": {"vocab_size": 0, "embedding_size": 128, "hidden_size": 768, "num_layers": 12,
+                  "num_heads": 12, "intermediate_size": 3072},
+        "examples": {"max_seq_length": 512, "max_predictions_per_seq": 20},
+        "data": {"vocab_size": 30000},
+        "optim": {"optimizer": "lamb", "learning_rate": 0.00176, "warmup_steps": 3125,
+                  "weight_decay": 0.01, "eps": 1e-6},
+        "train": {"steps": 125000, "batch_size": 4096},
+    },
+}
+
+
 register(Method(
     name="albert",
     model_config=AlbertConfig,
@@ -74,4 +103,5 @@ register(Method(
     description="ALBERT: factorised embeddings, shared layers, n-gram MLM + sentence-order "
                 "prediction (Lan et al. 2020)",
     summarize=summary_of(accuracy="mlm", metrics=("loss", "sop_accuracy")),
+    presets=PRESETS,
 ))

@@ -18,6 +18,12 @@ from pretext_jax.input_pipeline import bert_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.objectives.preset_parts import (
+    NO_DROPOUT,
+    TINY_TEXT_MODEL,
+    TINY_TEXT_OPTIM,
+    TINY_TEXT_TRAIN,
+)
 from pretext_jax.objectives.registry import (
     Batch,
     Method,
@@ -68,7 +74,48 @@ def prepare_bert(
                              bert_examples.create_training_examples, examples.dynamic_masking)
 
 
-register(Method(
+
+
+
+
+
+
+
+
+_BERT_RECIPE = {  # Devlin et al. 2019 §A.2: 1M steps of 256 sequences, lr 1e-4, 10k warmup
+    "examples": {"max_seq_length": 128, "max_predictions_per_seq": 20},
+    "data": {"vocab_size": 30522},
+    "optim": {"learning_rate": 1e-4, "warmup_steps": 10000},
+    "train": {"steps": 1000000, "batch_size": 256},
+}
+
+PRESETS = {
+    # The demo/test size (`preset_parts`: no dropout, bias-corrected Adam).
+    "bert_tiny": {
+        "model": {**TINY_TEXT_MODEL, "vocab_size": 0, **NO_DROPOUT},
+        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 10, "dupe_factor": 5},
+        "data": {"vocab_size": 4000},
+        "optim": TINY_TEXT_OPTIM,
+        "train": TINY_TEXT_TRAIN,
+    },
+    "bert_small": {
+        "model": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 1024,
+                  "vocab_size": 0},
+        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 20},
+        "data": {"vocab_size": 16000},
+        "optim": {"learning_rate": 5e-4, "warmup_steps": 1000},
+        "train": {"steps": 20000, "batch_size": 128},
+    },
+    "bert_base": {"model": {"vocab_size": 30522}, **_BERT_RECIPE},
+    "bert_large": {
+        "model": {"vocab_size": 30522, "hidden_size": 1024, "num_layers": 24, "num_heads": 16,
+                  "intermediate_size": 4096},
+        **_BERT_RECIPE,
+    },
+}
+
+
+METHOD = register(Method(
     name="bert",
     model_config=EncoderConfig,
     example_config=bert_examples.BertExampleConfig,
@@ -79,4 +126,5 @@ register(Method(
     check=check_max_seq_length,
     description="BERT: masked LM + next-sentence prediction (Devlin et al. 2019)",
     summarize=summary_of(accuracy="mlm", metrics=("loss", "nsp_accuracy")),
+    presets=PRESETS,
 ))

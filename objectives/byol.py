@@ -13,9 +13,9 @@ sharded batch, the reference's cross-replica BatchNorm).
 The target is the EMA of the online ResNet + projector with the cosine schedule
 tau_k = 1 - (1 - tau_base) (cos(pi k / K) + 1) / 2 (tau_base 0.996). The loss has no step
 argument, so the model keeps the number of target updates k (a Variable, carried and
-checkpointed by the trainer) and the config holds K (`model.target_decay_steps`; 0, the
-default, is the whole run, filled in by the trainer: with `optim.grad_accum_steps` = A every
-micro-batch is one update, so K = train.steps x A).
+checkpointed by the trainer) and the objective settings hold K (`objective.target_decay_steps`;
+0, the default, is the whole run, filled in by the trainer: with `optim.grad_accum_steps` = A
+every micro-batch is one update, so K = train.steps x A).
 
 The update runs at the start of each training loss from the current online parameters. The
 reference updates after each optimizer step instead: target_{t+1} = tau_t target_t +
@@ -35,6 +35,7 @@ from flax import nnx
 
 from pretext_jax.models.momentum import BYOL, BYOLConfig, ema_update
 from pretext_jax.objectives.contrastive import l2_normalize
+from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register
 from pretext_jax.objectives.two_view import (
     ImageExampleConfig,
@@ -49,11 +50,8 @@ from pretext_jax.objectives.two_view import (
 
 @dataclasses.dataclass(frozen=True)
 class BYOLObjectiveConfig(BYOLConfig, TwoViewAugmentation):
-    """The network (`BYOLConfig`), BYOL's augmentations (`TwoViewAugmentation` with the
-    byol augmentations.py defaults below) and the target schedule: `base_target_decay`
-    tau_base (0.996 for 1000 epochs, configs/byol.py) over `target_decay_steps` K updates
-    (0, the default: the whole run, train.steps x optim.grad_accum_steps loss calls, filled in
-    by the trainer through `run_settings`)."""
+    """The network (`BYOLConfig`) and BYOL's augmentations (`TwoViewAugmentation` with the
+    byol augmentations.py defaults below)."""
 
     crop_area_min: float = 0.08
     saturation: float = 0.2
@@ -61,14 +59,25 @@ class BYOLObjectiveConfig(BYOLConfig, TwoViewAugmentation):
     blur_probability: float = 1.0
     second_blur_probability: float = 0.1
     second_solarize_probability: float = 0.2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_augmentation()
+
+
+@dataclasses.dataclass(frozen=True)
+class BYOLLossSettings:
+    """The `objective` section, the target schedule: `base_target_decay` tau_base (0.996 for
+    1000 epochs, configs/byol.py) over `target_decay_steps` K updates (0, the default: the whole
+    run, train.steps x optim.grad_accum_steps loss calls, filled in by the trainer through
+    `run_settings`)."""
+
     base_target_decay: float = 0.996
     """tau_base of the target EMA's cosine schedule, in [0, 1] (BYOL 0.996)."""
     target_decay_steps: int = 0
     """K, updates over which tau rises to 1; 0 = the whole run (train.steps x grad_accum_steps)."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        self.check_augmentation()
         if not 0.0 <= self.base_target_decay <= 1.0:
             raise ValueError(f"base_target_decay={self.base_target_decay} must be in [0, 1] "
                              "(BYOL: 0.996)")
@@ -91,10 +100,11 @@ def regression_loss(predictions: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.sum(difference * difference, axis=-1)
 
 
-def byol_loss(model: BYOL, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
-    """The symmetrised BYOL loss (module docstring); training first updates the target.
-    `rng=None` (evaluation) uses fixed views and BatchNorm running statistics and leaves the
-    target as it is."""
+def byol_loss(model: BYOL, batch: Batch, rng: jax.Array | None, *,
+              objective: BYOLLossSettings) -> tuple[jax.Array, Metrics]:
+    """The symmetrised BYOL loss (module docstring); training first updates the target on the
+    schedule of `objective` (its `target_decay_steps` resolved, > 0). `rng=None` (evaluation)
+    uses fixed views and BatchNorm running statistics and leaves the target as it is."""
     config: BYOLObjectiveConfig = model.config
     train = rng is not None
     views = two_views(rng, batch["image"], config.view_augmentations)
@@ -102,8 +112,8 @@ def byol_loss(model: BYOL, batch: Batch, rng: jax.Array | None) -> tuple[jax.Arr
     extra: Metrics = {}
     if train:
         updates = model.target_updates.get_value()
-        decay = jnp.where(updates == 0, 1.0, target_decay(updates - 1, config.base_target_decay,
-                                                          config.target_decay_steps))
+        decay = jnp.where(updates == 0, 1.0, target_decay(
+            updates - 1, objective.base_target_decay, objective.target_decay_steps))
         ema_update(model.target, model.online, decay)
         model.target_updates.set_value(updates + 1)
         extra["target_decay"] = (decay, one)
@@ -117,12 +127,12 @@ def byol_loss(model: BYOL, batch: Batch, rng: jax.Array | None) -> tuple[jax.Arr
     return loss, {"loss": (loss, one), "regression_loss": (jnp.sum(per_image), count), **extra}
 
 
-def whole_run_schedule(model: BYOLObjectiveConfig, config: Any) -> BYOLObjectiveConfig:
+def whole_run_schedule(objective: BYOLLossSettings, config: Any) -> BYOLLossSettings:
     """`target_decay_steps` 0 -> the run's number of loss calls (train.steps x accumulation)."""
-    if model.target_decay_steps:
-        return model
+    if objective.target_decay_steps:
+        return objective
     return dataclasses.replace(
-        model, target_decay_steps=config.train.steps * config.optim.grad_accum_steps)
+        objective, target_decay_steps=config.train.steps * config.optim.grad_accum_steps)
 
 
 def build_byol(config: BYOLObjectiveConfig, seed: int) -> BYOL:
@@ -130,10 +140,43 @@ def build_byol(config: BYOLObjectiveConfig, seed: int) -> BYOL:
         return BYOL(config, rngs=nnx.Rngs(seed))
 
 
+PRESETS = {
+    # BYOL at test size: a narrow ResNet-18 with the CIFAR stem, small MLPs, the paper's
+    # augmentations and target schedule (K = train.steps), LARS with 10 warmup steps.
+    "byol_tiny": {
+        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
+                  "projection_hidden_dim": 256, "projection_dim": 64,
+                  "predictor_hidden_dim": 256},
+        "objective": {"base_target_decay": 0.99},
+        "optim": {"optimizer": "lars", "learning_rate": 0.5, "schedule": "cosine",
+                  "warmup_steps": 10, "weight_decay": 1.5e-6, "clip_norm": 0.0},
+        "train": TINY_IMAGE_TRAIN,
+    },
+    # BYOL on ImageNet (Grill et al. 2020 §3.3 and Appendix J; configs/byol.py for 1000
+    # epochs): ResNet-50, projector and predictor 4096 -> 256, tau_base 0.996 with the cosine
+    # schedule over the whole run, LARS (trust 1e-3, momentum 0.9, neither decay nor adaptation
+    # on biases and BatchNorm) lr 0.2 x 4096/256 = 3.2, weight decay 1.5e-6, batch 4096, 1000
+    # epochs = 312,785 steps with 10 of warmup (3,127), cosine; crops of area 0.08-1.
+    "byol_imagenet": {
+        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "dtype": "bfloat16",
+                  "projection_hidden_dim": 4096, "projection_dim": 256,
+                  "predictor_hidden_dim": 4096},
+        "objective": {"base_target_decay": 0.996},
+        "examples": {"host_crop_size": 224, "host_crop_area_min": 0.08},
+        "data": {"source": "tfds:imagenet2012", "worker_count": 16},
+        "optim": {"optimizer": "lars", "learning_rate": 3.2, "schedule": "cosine",
+                  "warmup_steps": 3127, "weight_decay": 1.5e-6, "momentum": 0.9,
+                  "trust_coefficient": 1e-3, "clip_norm": 0.0},
+        "train": {"steps": 312785, "batch_size": 4096, "eval_every": 5000},
+    },
+}
+
+
 register(Method(
     name="byol",
     model_config=BYOLObjectiveConfig,
     example_config=ImageExampleConfig,
+    objective_config=BYOLLossSettings,
     build_model=build_byol,
     loss=byol_loss,
     prepare=prepare_two_view_images,
@@ -145,4 +188,5 @@ register(Method(
     description="BYOL: predict a momentum target's projection of the other view "
                 "(Grill et al. 2020)",
     summarize=knn_summary(),
+    presets=PRESETS,
 ))

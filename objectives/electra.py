@@ -14,6 +14,8 @@ pretrain/pretrain_helpers.py (`sample_from_softmax`, `scatter_update`, `unmask`)
    tokens with epsilon 1e-6). Total = generator_weight (1) x MLM + discriminator_weight (50)
    x RTD. Gradients reach the shared embeddings from both terms.
 
+The weights and the temperature are the `objective` section (`ElectraLossSettings`).
+
 Masked positions are drawn without replacement on the host (`DynamicMasking`); the reference
 draws them with `tf.random.categorical`, i.e. with replacement, so a duplicate there masks one
 position fewer than intended.
@@ -33,6 +35,12 @@ from pretext_jax.input_pipeline import electra_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.electra import Electra, ElectraConfig
 from pretext_jax.models.encoder import split_rng
+from pretext_jax.objectives.preset_parts import (
+    NO_DROPOUT,
+    TINY_TEXT_MODEL,
+    TINY_TEXT_OPTIM,
+    TINY_TEXT_TRAIN,
+)
 from pretext_jax.objectives.registry import (
     Batch,
     Method,
@@ -52,9 +60,9 @@ EVAL_SAMPLING_SEED = 0
 
 
 @dataclasses.dataclass(frozen=True)
-class ElectraObjectiveConfig(ElectraConfig):
-    """The model (`ElectraConfig`) plus the objective's weights and sampling temperature
-    (configure_pretraining.py: gen_weight 1.0, disc_weight 50.0, temperature 1.0)."""
+class ElectraLossSettings:
+    """The objective's weights and sampling temperature (configure_pretraining.py: gen_weight
+    1.0, disc_weight 50.0, temperature 1.0)."""
 
     generator_weight: float = 1.0
     """Weight of the generator's masked-LM loss in the total (ELECTRA `gen_weight` 1.0)."""
@@ -64,7 +72,6 @@ class ElectraObjectiveConfig(ElectraConfig):
     """Temperature of the generator's Gumbel-max sampling of replacements, > 0 (ELECTRA 1.0)."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.temperature <= 0.0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (ELECTRA samples at "
                              "1.0)")
@@ -126,14 +133,16 @@ def replaced_token_detection_loss(
 
 
 def electra_loss(
-    model: Electra, batch: Batch, rng: jax.Array | None, noise: jax.Array | None = None
+    model: Electra, batch: Batch, rng: jax.Array | None, noise: jax.Array | None = None, *,
+    objective: ElectraLossSettings | None = None,
 ) -> tuple[jax.Array, Metrics]:
-    """Generator MLM + `discriminator_weight` x RTD on a batch of masked ELECTRA features.
+    """`generator_weight` x generator MLM + `discriminator_weight` x RTD on a batch of masked
+    ELECTRA features; `objective` None is ELECTRA's settings.
 
     `rng=None` (evaluation) disables dropout and samples with a fixed key. `noise` [B, P, V]
     replaces the Gumbel noise (tests use it to check the loss by hand).
     """
-    config: ElectraObjectiveConfig = model.config
+    objective = objective or ElectraLossSettings()
     generator_rng, discriminator_rng, sample_rng = split_rng(rng, 3)
     inputs = (batch["segment_ids"], batch["input_mask"])
     generated = model.generator(batch["input_ids"], *inputs,
@@ -143,12 +152,12 @@ def electra_loss(
     if noise is None:
         key = sample_rng if sample_rng is not None else jax.random.key(EVAL_SAMPLING_SEED)
         noise = gumbel_noise(key, generated.mlm_logits.shape)
-    sampled = sample_tokens(generated.mlm_logits, config.temperature, noise)
+    sampled = sample_tokens(generated.mlm_logits, objective.temperature, noise)
     corrupted, replaced = replaced_token_batch(batch, sampled)
     discriminated = model.discriminator(corrupted, *inputs, rng=discriminator_rng)
     rtd_loss, rtd = replaced_token_detection_loss(discriminated.rtd_logits, replaced,
                                                   batch["input_mask"])
-    total = config.generator_weight * mlm_loss + config.discriminator_weight * rtd_loss
+    total = objective.generator_weight * mlm_loss + objective.discriminator_weight * rtd_loss
     one = jnp.ones((), jnp.float32)
     return total, {
         "loss": (total, one),
@@ -162,7 +171,7 @@ def electra_loss(
     }
 
 
-def build_electra(config: ElectraObjectiveConfig, seed: int) -> Electra:
+def build_electra(config: ElectraConfig, seed: int) -> Electra:
     return Electra(config, rngs=nnx.Rngs(seed))
 
 
@@ -175,10 +184,41 @@ def prepare_electra(
                              electra_examples.create_training_examples, dynamic_masking=True)
 
 
+# ELECTRA (configure_pretraining.py): a generator of 1/4 (Small) or 1/3 (Base) of the
+# discriminator's hidden size, embeddings shared; AdamWeightDecay, warmup 10k, linear decay
+# multiplied by the warmup ramp (optimization.py, `electra_linear`).
+PRESETS = {
+    "electra_tiny": {
+        "model": {**TINY_TEXT_MODEL, "embedding_size": 32, "vocab_size": 0, **NO_DROPOUT},
+        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 9},
+        "data": {"vocab_size": 4000},
+        "optim": {**TINY_TEXT_OPTIM, "schedule": "electra_linear"},
+        "train": TINY_TEXT_TRAIN,
+    },
+    "electra_small": {
+        "model": {"hidden_size": 256, "embedding_size": 128, "num_layers": 12, "num_heads": 4,
+                  "intermediate_size": 1024, "generator_hidden_size": 0.25, "vocab_size": 0},
+        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 19},
+        "data": {"vocab_size": 30522},
+        "optim": {"learning_rate": 5e-4, "schedule": "electra_linear", "warmup_steps": 10000},
+        "train": {"steps": 1000000, "batch_size": 128},
+    },
+    "electra_base": {
+        "model": {"hidden_size": 768, "embedding_size": 768, "num_layers": 12, "num_heads": 12,
+                  "intermediate_size": 3072, "generator_hidden_size": 1 / 3, "vocab_size": 0},
+        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 19},
+        "data": {"vocab_size": 30522},
+        "optim": {"learning_rate": 2e-4, "schedule": "electra_linear", "warmup_steps": 10000},
+        "train": {"steps": 766000, "batch_size": 256},
+    },
+}
+
+
 register(Method(
     name="electra",
-    model_config=ElectraObjectiveConfig,
+    model_config=ElectraConfig,
     example_config=electra_examples.ElectraExampleConfig,
+    objective_config=ElectraLossSettings,
     build_model=build_electra,
     loss=electra_loss,
     prepare=prepare_electra,
@@ -186,4 +226,5 @@ register(Method(
     check=check_max_seq_length,
     description="ELECTRA: generator MLM + replaced-token detection (Clark et al. 2020)",
     summarize=summary_of(accuracy="mlm", metrics=("loss", "rtd_accuracy")),
+    presets=PRESETS,
 ))

@@ -23,6 +23,12 @@ from flax import nnx
 from pretext_jax.input_pipeline import gpt_examples
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.gpt import GPT, GPTConfig
+from pretext_jax.objectives.preset_parts import (
+    NO_DROPOUT,
+    TINY_TEXT_MODEL,
+    TINY_TEXT_OPTIM,
+    TINY_TEXT_TRAIN,
+)
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 from pretext_jax.objectives.text import (
     MAX_EVAL_EXAMPLES,
@@ -66,6 +72,33 @@ def prepare_gpt(data: DataConfig, examples: gpt_examples.GPTExampleConfig, cache
     )
 
 
+PRESETS = {
+    # GPT at the demo/test size: no dropout, bias-corrected Adam, cosine decay (as gpt2_small).
+    "gpt_tiny": {
+        "model": {**TINY_TEXT_MODEL, "vocab_size": 0, **NO_DROPOUT, "embedding_dropout": 0.0},
+        "examples": {"max_seq_length": 64},
+        "data": {"vocab_size": 4000},
+        "optim": {**TINY_TEXT_OPTIM, "schedule": "cosine", "eps": 1e-8},
+        "train": {**TINY_TEXT_TRAIN, "batch_size": 32},
+    },
+    # GPT-2 small, 124M (Radford et al. 2019, Table 2 and §2.3: 12 layers, d_model 768, context
+    # 1024, batch 512, vocabulary 50,257 with GPT-2's BPE: pass --tokenizer <a GPT-2 folder>;
+    # without it a 50,257-piece sentencepiece model is trained). The paper gives no optimiser
+    # details; these are GPT-1's (Radford et al. 2018 §4.1): Adam, max lr 2.5e-4, linear warmup
+    # over 2,000 updates then cosine to 0, decoupled weight decay 0.01 on non-bias/gain
+    # weights, dropout 0.1. 100k steps (52B tokens) is our choice, not the paper's.
+    "gpt2_small": {
+        "model": {"vocab_size": 0, "hidden_size": 768, "num_layers": 12, "num_heads": 12,
+                  "intermediate_size": 3072, "max_position_embeddings": 1024},
+        "examples": {"max_seq_length": 1024},
+        "data": {"vocab_size": 50257},
+        "optim": {"learning_rate": 2.5e-4, "schedule": "cosine", "warmup_steps": 2000,
+                  "weight_decay": 0.01, "bias_correction": True, "eps": 1e-8},
+        "train": {"steps": 100000, "batch_size": 512},
+    },
+}
+
+
 register(Method(
     name="gpt",
     model_config=GPTConfig,
@@ -76,4 +109,5 @@ register(Method(
     units_per_example=lambda examples: examples.max_seq_length,
     check=check_max_seq_length,
     description="GPT-2: causal language model, next-token prediction (Radford et al. 2019)",
+    presets=PRESETS,
 ))

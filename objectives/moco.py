@@ -12,10 +12,10 @@ One training step, as builder.py's `forward`:
 
 Shuffling BN here: under `jit` our BatchNorm statistics span the whole global batch, which would
 make the shuffle pointless (the permuted batch has the same statistics). So both encoders
-compute BatchNorm statistics over `shuffle_bn_groups` groups of consecutive examples, as each
-of the reference's 8 GPUs does over its 32 (`models.momentum.call_in_groups`); the key batch is
-permuted across groups first, so a query and its positive key see statistics of different
-subsets. `shuffle_bn_groups=1` is global BatchNorm (the shuffle then changes nothing; §3.3
+compute BatchNorm statistics over `objective.shuffle_bn_groups` groups of consecutive examples,
+as each of the reference's 8 GPUs does over its 32 (`models.momentum.call_in_groups`); the key
+batch is permuted across groups first, so a query and its positive key see statistics of
+different subsets. `shuffle_bn_groups=1` is global BatchNorm (the shuffle then changes nothing; §3.3
 reports that the model then cheats the pretext task).
 
 The key encoder, its BatchNorm statistics, the queue and its pointer are model state: the loss
@@ -36,6 +36,7 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.models.momentum import MoCo, MoCoConfig, call_in_groups, ema_update
 from pretext_jax.objectives.contrastive import l2_normalize
+from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register
 from pretext_jax.objectives.two_view import (
     ImageExampleConfig,
@@ -50,9 +51,18 @@ from pretext_jax.objectives.two_view import (
 
 @dataclasses.dataclass(frozen=True)
 class MoCoObjectiveConfig(MoCoConfig, TwoViewAugmentation):
-    """The network (`MoCoConfig`), the augmentations (`TwoViewAugmentation`) and the
-    objective: InfoNCE `temperature` (0.2 in v2, 0.07 in v1), key-encoder `momentum` m
-    (0.999), `shuffle_bn_groups` (8: the reference's 8 GPUs)."""
+    """The network (`MoCoConfig`) and the augmentations of its two views
+    (`TwoViewAugmentation`)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_augmentation()
+
+
+@dataclasses.dataclass(frozen=True)
+class MoCoLossSettings:
+    """The `objective` section: InfoNCE `temperature` (0.2 in v2, 0.07 in v1), key-encoder
+    `momentum` m (0.999), `shuffle_bn_groups` (8: the reference's 8 GPUs)."""
 
     temperature: float = 0.2
     """InfoNCE temperature T, > 0 (MoCo v2 0.2, v1 0.07)."""
@@ -62,8 +72,6 @@ class MoCoObjectiveConfig(MoCoConfig, TwoViewAugmentation):
     """BatchNorm groups for shuffling BN, dividing the (micro-)batch (MoCo 8; 1 = global BN)."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        self.check_augmentation()
         if self.temperature <= 0.0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (MoCo v2: 0.2)")
         if not 0.0 <= self.momentum <= 1.0:
@@ -87,23 +95,26 @@ def info_nce(queries: jax.Array, keys: jax.Array, queue: jax.Array, temperature:
                                  "contrastive_accuracy": (correct, count)}
 
 
-def moco_loss(model: MoCo, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
-    """One MoCo step (module docstring); `rng=None` (evaluation) uses fixed views, BatchNorm
-    running statistics, no shuffle, and leaves the key encoder and the queue as they are."""
+def moco_loss(model: MoCo, batch: Batch, rng: jax.Array | None, *,
+              objective: MoCoLossSettings | None = None) -> tuple[jax.Array, Metrics]:
+    """One MoCo step (module docstring; `objective` None: MoCo v2's settings); `rng=None`
+    (evaluation) uses fixed views, BatchNorm running statistics, no shuffle, and leaves the key
+    encoder and the queue as they are."""
+    objective = objective or MoCoLossSettings()
     config: MoCoObjectiveConfig = model.config
     train = rng is not None
     view_rng, shuffle_rng = jax.random.split(rng) if train else (None, None)
     query_images, key_images = two_views(view_rng, batch["image"], config.view_augmentations)
     size = query_images.shape[0]
     if train:
-        groups = config.shuffle_bn_groups
+        groups = objective.shuffle_bn_groups
         if size % groups:
             raise UserError(f"the (micro-)batch of {size} images is not divisible by "
-                            f"model.shuffle_bn_groups={groups}; change either")
+                            f"objective.shuffle_bn_groups={groups}; change either")
         if size > config.queue_size:
             raise UserError(f"model.queue_size={config.queue_size} is smaller than the "
                             f"(micro-)batch of {size}; use a larger queue")
-        ema_update(model.target, model.online, config.momentum)
+        ema_update(model.target, model.online, objective.momentum)
         queries = call_in_groups(model.online, query_images, groups).projections
         order = jax.random.permutation(shuffle_rng, size)
         shuffled = call_in_groups(model.target, key_images[order], groups).projections
@@ -113,7 +124,7 @@ def moco_loss(model: MoCo, batch: Batch, rng: jax.Array | None) -> tuple[jax.Arr
         keys = model.target(key_images, train=False).projections
     queries = l2_normalize(queries.astype(jnp.float32))
     keys = jax.lax.stop_gradient(l2_normalize(keys.astype(jnp.float32)))
-    loss, metrics = info_nce(queries, keys, model.queue.get_value(), config.temperature)
+    loss, metrics = info_nce(queries, keys, model.queue.get_value(), objective.temperature)
     if train:
         model.enqueue(keys)
     return loss, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
@@ -124,10 +135,44 @@ def build_moco(config: MoCoObjectiveConfig, seed: int) -> MoCo:
         return MoCo(config, rngs=nnx.Rngs(seed))
 
 
+
+
+PRESETS = {
+    # MoCo v2 at test size: the settings of facebookresearch/moco's CIFAR-10 demo notebook
+    # (K 4096, m 0.99, BatchNorm split 8 ways, SGD lr 0.06 x batch/512, weight decay 5e-4) with
+    # v2's temperature 0.2 and a narrow ResNet-18 with the CIFAR stem.
+    "moco_tiny": {
+        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
+                  "projection_dim": 64, "queue_size": 4096, "crop_area_min": 0.2,
+                  "blur_probability": 0.0, "second_blur_probability": 0.0},
+        "objective": {"momentum": 0.99},
+        "optim": {"optimizer": "sgd", "learning_rate": 0.0075, "schedule": "cosine",
+                  "warmup_steps": 0, "weight_decay": 5e-4, "clip_norm": 0.0},
+        "train": TINY_IMAGE_TRAIN,
+    },
+    # MoCo v2 on ImageNet (Chen et al. 2020 "Improved Baselines" §3 and Table 1; main_moco.py
+    # --mlp --aug-plus --cos): ResNet-50, 2048-wide MLP head to 128, K 65536, m 0.999, T 0.2,
+    # BatchNorm per 8 GPUs with shuffled keys, SGD lr 0.03 (x batch/256), momentum 0.9,
+    # weight decay 1e-4 on every parameter, cosine over 200 epochs of 5,004 steps (1,281,167
+    # images, batch 256, last partial batch dropped), no warmup; crops of area 0.2-1.
+    "moco_v2_imagenet": {
+        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "dtype": "bfloat16",
+                  "projection_dim": 128, "queue_size": 65536, "crop_area_min": 0.2},
+        "objective": {"momentum": 0.999, "temperature": 0.2, "shuffle_bn_groups": 8},
+        "examples": {"host_crop_size": 224, "host_crop_area_min": 0.2},
+        "data": {"source": "tfds:imagenet2012", "worker_count": 16},
+        "optim": {"optimizer": "sgd", "learning_rate": 0.03, "schedule": "cosine",
+                  "warmup_steps": 0, "weight_decay": 1e-4, "momentum": 0.9, "clip_norm": 0.0},
+        "train": {"steps": 1000800, "batch_size": 256, "eval_every": 25020},
+    },
+}
+
+
 register(Method(
     name="moco",
     model_config=MoCoObjectiveConfig,
     example_config=ImageExampleConfig,
+    objective_config=MoCoLossSettings,
     build_model=build_moco,
     loss=moco_loss,
     prepare=prepare_two_view_images,
@@ -137,4 +182,5 @@ register(Method(
     unit="views",
     description="MoCo v2: InfoNCE against a queue of momentum-encoded keys (He et al. 2020)",
     summarize=knn_summary(("loss", "contrastive_accuracy")),
+    presets=PRESETS,
 ))

@@ -22,6 +22,13 @@ from pretext_jax.input_pipeline import mpnet_examples
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.mpnet import MPNet, MPNetConfig
+from pretext_jax.objectives.preset_parts import (
+    FAIRSEQ_ROBERTA_OPTIM,
+    NO_DROPOUT,
+    TINY_TEXT_MODEL,
+    TINY_TEXT_OPTIM,
+    TINY_TEXT_TRAIN,
+)
 from pretext_jax.objectives.registry import (
     Batch,
     Method,
@@ -84,6 +91,32 @@ def check_mpnet(model: MPNetConfig, examples: mpnet_examples.MPNetExampleConfig)
             f"at 2), not {model.max_position_embeddings}; lower the first or raise the second")
 
 
+# MPNet (Song et al. 2020, §3.1; microsoft/MPNet README's fairseq-train command): BERT-Base size
+# with 512 positions (+2), relative position bias, whole-word permutations, 15% predicted with
+# 80/10/10 inputs; batch 8192, 500k steps, Adam (bias-corrected) b2 0.98, eps 1e-6, lr 6e-4 with
+# warmup (24k as RoBERTa-Base's Table 9 schedule, which MPNet follows) then linear decay, weight
+# decay 0.01, no clipping (--clip-norm 0.0); fairseq's Adam (eps before the bias correction,
+# decay on every parameter) and polynomial_decay (from the peak at the end of warmup), as
+# roberta_base.
+PRESETS = {
+    "mpnet_tiny": {
+        "model": {**TINY_TEXT_MODEL, "max_position_embeddings": 130, "vocab_size": 0,
+                  **NO_DROPOUT},
+        "examples": {"max_seq_length": 64},
+        "data": {"vocab_size": 4000},
+        "optim": TINY_TEXT_OPTIM,
+        "train": TINY_TEXT_TRAIN,
+    },
+    "mpnet_base": {
+        "model": {"vocab_size": 0, "max_position_embeddings": 514},
+        "examples": {"max_seq_length": 512, "pred_prob": 0.15, "whole_word_mask": True},
+        "data": {"vocab_size": 30522},
+        "optim": FAIRSEQ_ROBERTA_OPTIM,
+        "train": {"steps": 500000, "batch_size": 8192},
+    },
+}
+
+
 register(Method(
     name="mpnet",
     model_config=MPNetConfig,
@@ -95,4 +128,5 @@ register(Method(
     check=check_mpnet,
     description="MPNet: masked and permuted LM with two-stream attention (Song et al. 2020)",
     summarize=summary_of(accuracy="plm"),
+    presets=PRESETS,
 ))

@@ -1,8 +1,9 @@
 """The registry of pre-training methods: what the trainer asks for by name.
 
-A method binds a model builder, a pure loss `(model, batch, rng) -> (loss, metrics)`, host-side
-data preparation, and its config types. The trainer never names a method; adding one is a file
-in `objectives/` that calls `register` (see README, "Add your own objective").
+A method binds a model builder, a pure loss `(model, batch, rng) -> (loss, metrics)` (with the
+method's objective settings bound, `Method.bind_loss`), host-side data preparation, its config
+types and its presets. The trainer never names a method; adding one
+is a file in `objectives/` that calls `register` (see docs/add_your_own_objective.md).
 
 Metrics are `{name: (numerator, denominator)}` pairs of scalars, so that averages over devices,
 steps and evaluation batches are exact ratios of sums rather than means of means.
@@ -11,7 +12,8 @@ steps and evaluation batches are exact ratios of sums rather than means of means
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -69,22 +71,31 @@ class PreparedData:
 
 
 @dataclasses.dataclass(frozen=True)
+class NoObjectiveSettings:
+    """The `objective` section of a method whose loss takes no settings."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Method:
     """One pre-training method.
 
     - `model_config` / `example_config`: dataclass types that `config.model` / `config.examples`
       are validated against.
+    - `objective_config`: the dataclass type of `config.objective`, the loss's settings (what
+      only the loss reads: loss weights, temperatures, momentum schedules; fields that shape the
+      network or its parameters belong to `model_config`).
     - `build_model(model_config, seed)`: a fresh Flax NNX module.
     - `loss(model, batch, rng)`: pure; `rng=None` means evaluation (no dropout, no sampling).
+      A method with an `objective_config` gets its settings as the keyword `objective`
+      (`bind_loss`).
     - `prepare(data_config, example_config, cache_dir, seed)`: builds the records on the host.
     - `units_per_example(example_config)`: tokens (or images) per example, for throughput.
     - `check(model_config, example_config)`: cross-field validation, raising UserError.
     - `monitor(model, prepared_data, example_config)`: optional held-out metrics beyond the
       loss's, computed at every evaluation (SimCLR: the kNN accuracy of the features).
-    - `run_settings(model_config, config)`: optional; the model config with the fields that
+    - `run_settings(objective, config)`: optional; the objective settings with the fields that
       depend on the run's settings filled in (BYOL: the target schedule spans
-      train.steps x optim.grad_accum_steps loss calls), applied by the trainer after the
-      data's `model_fields`.
+      train.steps x optim.grad_accum_steps loss calls), applied by the trainer.
     - `pretrained(model_config, seed, load)`: optional; the model a fresh run starts from
       instead of `build_model`'s random one (fine-tuning: the pre-trained encoder plus a new
       head). `load(path)` is the trainer's reader of a pretext workdir, model directory or
@@ -95,6 +106,8 @@ class Method:
       held-out metrics (`evaluation`), beside the data's baselines (`report`); `untrained()`
       computes the `monitor` metrics of the same network at its random initialisation.
       Default: the held-out loss (`summary_of`).
+    - `presets`: named starting configs, `{name: {section: {key: value}}}` without `method`
+      (`make_config(name)`); a preset name is unique over all methods.
     """
 
     name: str
@@ -111,16 +124,44 @@ class Method:
     summarize: Summarize = dataclasses.field(default_factory=summary_of)
     unit: str = "tokens"
     description: str = ""
+    presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(
+        default_factory=dict)
+    objective_config: type = NoObjectiveSettings
+
+    def bind_loss(self, objective: Any) -> LossFn:
+        """The loss as the trainer calls it, `(model, batch, rng)`: `loss` with `objective` (an
+        `objective_config`) bound as its keyword `objective`, or `loss` itself for a method
+        without objective settings."""
+        if self.objective_config is NoObjectiveSettings:
+            return self.loss
+        return functools.partial(self.loss, objective=objective)
+
+    def split_model_section(self, model: Mapping[str, Any]
+                            ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(model, objective) from a `model` section as configs written before the `objective`
+        section existed hold it: loss settings (fields of `objective_config` that are no
+        fields of `model_config`) move to `objective`; everything else stays."""
+        moved = ({f.name for f in dataclasses.fields(self.objective_config)}
+                 - {f.name for f in dataclasses.fields(self.model_config)})
+        return ({k: v for k, v in model.items() if k not in moved},
+                {k: v for k, v in model.items() if k in moved})
 
 
 _METHODS: dict[str, Method] = {}
+_PRESET_METHODS: dict[str, str] = {}  # preset name -> the method that declares it
 
 
 def register(method: Method) -> Method:
-    """Adds a method; registering a second one under the same name is an error."""
+    """Adds a method and its presets; a second method of the same name, or a preset name another
+    method already declares, is an error."""
     if method.name in _METHODS:
         raise ValueError(f"method {method.name!r} is already registered")
+    taken = sorted(set(method.presets) & set(_PRESET_METHODS))
+    if taken:
+        raise ValueError(f"presets {taken} of method {method.name!r} are already declared by "
+                         f"{sorted({_PRESET_METHODS[name] for name in taken})}")
     _METHODS[method.name] = method
+    _PRESET_METHODS.update(dict.fromkeys(method.presets, method.name))
     return method
 
 
@@ -134,3 +175,16 @@ def get(name: str) -> Method:
 def names() -> list[str]:
     return sorted(_METHODS)
 
+
+
+def preset_names() -> list[str]:
+    return sorted(_PRESET_METHODS)
+
+
+def preset(name: str) -> dict[str, Any]:
+    """The preset `name` as a config tree, `{"method": ..., section: {key: value}}` (a copy)."""
+    if name not in _PRESET_METHODS:
+        raise UserError(f"unknown preset {name!r}; choose one of {preset_names()}")
+    method = _METHODS[_PRESET_METHODS[name]]
+    return {"method": method.name,
+            **{section: dict(values) for section, values in method.presets[name].items()}}

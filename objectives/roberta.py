@@ -19,6 +19,13 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import roberta_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.roberta import Roberta, RobertaConfig
+from pretext_jax.objectives.preset_parts import (
+    FAIRSEQ_ROBERTA_OPTIM,
+    NO_DROPOUT,
+    TINY_TEXT_MODEL,
+    TINY_TEXT_OPTIM,
+    TINY_TEXT_TRAIN,
+)
 from pretext_jax.objectives.registry import (
     Batch,
     Method,
@@ -69,6 +76,28 @@ def check_roberta(model: RobertaConfig, examples: roberta_examples.RobertaExampl
             "sequences")
 
 
+# RoBERTa (Liu et al. 2019, Table 9 and §5; fairseq README.pretraining.md): BERT-Base size,
+# 514 positions (512 + padding id + 1), one token type, FULL-SENTENCES inputs of 512 tokens,
+# dynamic masking, no NSP; batch 8k, 500k steps, trained as fairseq-train does
+# (`preset_parts.FAIRSEQ_ROBERTA_OPTIM`).
+PRESETS = {
+    "roberta_tiny": {
+        "model": {**TINY_TEXT_MODEL, "vocab_size": 0, **NO_DROPOUT},
+        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 10},
+        "data": {"vocab_size": 4000},
+        "optim": {**TINY_TEXT_OPTIM, "b2": 0.98},
+        "train": TINY_TEXT_TRAIN,
+    },
+    "roberta_base": {
+        "model": {"vocab_size": 0, "max_position_embeddings": 514},
+        "examples": {"max_seq_length": 512, "max_predictions_per_seq": 77},
+        "data": {"vocab_size": 50265},
+        "optim": FAIRSEQ_ROBERTA_OPTIM,
+        "train": {"steps": 500000, "batch_size": 8192},
+    },
+}
+
+
 register(Method(
     name="roberta",
     model_config=RobertaConfig,
@@ -81,4 +110,5 @@ register(Method(
     description="RoBERTa: masked LM on FULL-SENTENCES inputs with dynamic masking, no NSP "
                 "(Liu et al. 2019)",
     summarize=summary_of(accuracy="mlm"),
+    presets=PRESETS,
 ))

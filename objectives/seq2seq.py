@@ -23,6 +23,7 @@ from flax import nnx
 from pretext_jax.input_pipeline import seq2seq_examples
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.t5 import PAD_ID, T5, T5Config, shift_right
+from pretext_jax.objectives.preset_parts import NO_DROPOUT, TINY_TEXT_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 from pretext_jax.objectives.text import MAX_EVAL_EXAMPLES, mask_records, weighted_cross_entropy
 
@@ -70,6 +71,50 @@ def prepare_seq2seq(data: DataConfig, examples: seq2seq_examples.Seq2SeqExampleC
                         tokenizer=tokenizer)
 
 
+_TINY_T5 = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "head_size": 16,
+            "intermediate_size": 256, "vocab_size": 0, "eos_token_id": 0, **NO_DROPOUT}
+_T5_OPTIM = {"optimizer": "adafactor", "schedule": "inverse_sqrt", "learning_rate": 0.01,
+             "weight_decay": 0.0, "clip_norm": 0.0}
+
+# T5 (Raffel et al. 2020): the v1.0 Base of §3.1.2 (12 + 12 blocks, d_model 768, d_ff 3072,
+# ReLU, 12 heads of d_kv 64, 32 relative-position buckets up to offset 128, dropout 0.1,
+# tied embeddings) pre-trained for 2^19 steps of 128 x 512 tokens with AdaFactor and the
+# inverse square root schedule 1/sqrt(max(n, 10^4)) (= 0.01 for the first 10^4 steps), on
+# span corruption (§3.3.4: 15% noise, mean span 3 -> 568 raw tokens, 114 targets); a
+# 32,000-piece sentencepiece vocabulary + 100 sentinels.
+PRESETS = {
+    "t5_tiny": {
+        "model": _TINY_T5,
+        "examples": {"inputs_length": 64},
+        "data": {"vocab_size": 4000},
+        "optim": {**_T5_OPTIM, "warmup_steps": 1000},
+        "train": TINY_TEXT_TRAIN,
+    },
+    "t5_base": {
+        "model": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "head_size": 64,
+                  "intermediate_size": 3072, "feed_forward_proj": "relu",
+                  "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+                  "hidden_dropout": 0.1, "attention_dropout": 0.1, "tie_word_embeddings": True,
+                  "vocab_size": 0, "eos_token_id": 0},
+        "examples": {"noise": "span_corruption", "inputs_length": 512, "noise_density": 0.15,
+                     "mean_noise_span_length": 3.0},
+        "data": {"vocab_size": 32000},
+        "optim": {**_T5_OPTIM, "warmup_steps": 10000},
+        "train": {"steps": 524288, "batch_size": 128},
+    },
+    # BART's text infilling (Lewis et al. 2020, §2.2: 30% of the words in Poisson(3)-long
+    # spans, one mask token per span, the whole text as target) on the tiny T5 above.
+    "bart_tiny": {
+        "model": _TINY_T5,
+        "examples": {"noise": "text_infilling", "inputs_length": 64, "mask_ratio": 0.3,
+                     "poisson_lambda": 3.0},
+        "data": {"vocab_size": 4000},
+        "optim": {**_T5_OPTIM, "warmup_steps": 1000},
+        "train": TINY_TEXT_TRAIN,
+    },
+}
+
+
 register(Method(
     name="t5",
     model_config=T5Config,
@@ -80,4 +125,5 @@ register(Method(
     units_per_example=lambda examples: examples.inputs_length,
     description="T5 span corruption / BART text infilling on an encoder-decoder (Raffel et al. "
                 "2020; Lewis et al. 2020)",
+    presets=PRESETS,
 ))

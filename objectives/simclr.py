@@ -18,6 +18,7 @@ from flax import nnx
 from pretext_jax.input_pipeline import image_augment
 from pretext_jax.models.simclr import SimCLR, SimCLRConfig
 from pretext_jax.objectives.contrastive import nt_xent
+from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register
 from pretext_jax.objectives.two_view import (
     ImageExampleConfig,
@@ -30,13 +31,24 @@ from pretext_jax.objectives.two_view import (
 
 
 @dataclasses.dataclass(frozen=True)
-class SimCLRObjectiveConfig(SimCLRConfig):
-    """The network (`SimCLRConfig`) plus the objective: NT-Xent `temperature` (0.1 ImageNet,
-    0.5 CIFAR) and the augmentation settings (`image_augment.AugmentConfig`, flattened so
-    each is a `model.*` override; SimCLR treats the augmentations as part of the method)."""
+class SimCLRLossSettings:
+    """The `objective` section: NT-Xent's temperature (0.1 ImageNet, 0.5 CIFAR)."""
 
     temperature: float = 0.1
     """NT-Xent temperature, > 0 (SimCLR 0.1 ImageNet, 0.5 CIFAR-10)."""
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0.0:
+            raise ValueError(f"temperature={self.temperature} must be > 0 (SimCLR: 0.1 or 0.5)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SimCLRObjectiveConfig(SimCLRConfig):
+    """The network (`SimCLRConfig`) plus the views it is trained on: their size and the
+    augmentation settings (`image_augment.AugmentConfig`, flattened so each is a `model.*`
+    override; SimCLR treats the augmentations as part of the method, and the kNN monitor
+    evaluates at `image_size`)."""
+
     image_size: int = 224
     """Side of the augmented views in pixels (ImageNet 224, CIFAR 32)."""
     crop_area_min: float = 0.08
@@ -48,8 +60,6 @@ class SimCLRObjectiveConfig(SimCLRConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.temperature <= 0.0:
-            raise ValueError(f"temperature={self.temperature} must be > 0 (SimCLR: 0.1 or 0.5)")
         if not 0.0 < self.crop_area_min <= 1.0:
             raise ValueError(f"crop_area_min={self.crop_area_min} must be in (0, 1]")
 
@@ -60,16 +70,17 @@ class SimCLRObjectiveConfig(SimCLRConfig):
             jitter_strength=self.jitter_strength, blur_probability=self.blur_probability)
 
 
-def simclr_loss(model: SimCLR, batch: Batch, rng: jax.Array | None
-                ) -> tuple[jax.Array, Metrics]:
-    """NT-Xent of two views of every image; `rng=None` (evaluation) uses fixed views and the
-    BatchNorm running statistics."""
+def simclr_loss(model: SimCLR, batch: Batch, rng: jax.Array | None, *,
+                objective: SimCLRLossSettings | None = None) -> tuple[jax.Array, Metrics]:
+    """NT-Xent of two views of every image (`objective` None: temperature 0.1); `rng=None`
+    (evaluation) uses fixed views and the BatchNorm running statistics."""
+    objective = objective or SimCLRLossSettings()
     config: SimCLRObjectiveConfig = model.config
     views = jnp.concatenate(two_views(rng, batch["image"],
                                       lambda crop: (config.augment_config(crop),) * 2))
     projections = model(views, train=rng is not None).projections
     first, second = jnp.split(projections, 2)
-    loss, metrics = nt_xent(first, second, config.temperature)
+    loss, metrics = nt_xent(first, second, objective.temperature)
     return loss, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
 
 
@@ -78,10 +89,62 @@ def build_simclr(config: SimCLRObjectiveConfig, seed: int) -> SimCLR:
         return SimCLR(config, rngs=nnx.Rngs(seed))
 
 
+_LARS_COSINE = {"optimizer": "lars", "schedule": "cosine", "clip_norm": 0.0}
+
+PRESETS = {
+    # SimCLR on CIFAR-10 (simclr tf2 README command): ResNet-18 with the CIFAR stem, batch 512,
+    # 1000 epochs (97,656 steps) with 10 of warmup, LARS lr 1.0 x 512/256, weight decay 1e-4,
+    # temperature 0.5, jitter strength 0.5, no blur.
+    "simclr_tiny": {
+        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
+                  "jitter_strength": 0.5, "blur_probability": 0.0},
+        "objective": {"temperature": 0.5},
+        "optim": {**_LARS_COSINE, "learning_rate": 0.5, "warmup_steps": 10, "weight_decay": 1e-4},
+        "train": TINY_IMAGE_TRAIN,
+    },
+    "simclr_cifar10": {
+        "model": {"depth": 18, "stem": "cifar", "image_size": 32, "jitter_strength": 0.5,
+                  "blur_probability": 0.0},
+        "objective": {"temperature": 0.5},
+        "data": {"source": ""},
+        "optim": {**_LARS_COSINE, "learning_rate": 2.0, "warmup_steps": 977,
+                  "weight_decay": 1e-4},
+        "train": {"steps": 97656, "batch_size": 512, "eval_every": 2000},
+    },
+    # The offline image demo: scikit-learn's 1,797 scanned 8x8 digits, upsampled to 16 px by the
+    # random resized crop, a narrow ResNet-18 with the CIFAR stem, CIFAR's augmentation settings.
+    "simclr_digits": {
+        "model": {"depth": 18, "stem": "cifar", "base_width": 16, "image_size": 16,
+                  "jitter_strength": 0.5, "blur_probability": 0.0},
+        "objective": {"temperature": 0.5},
+        "examples": {"knn_k": 20},
+        "data": {"source": "digits", "held_out_fraction": 0.2},
+        "optim": {**_LARS_COSINE, "learning_rate": 1.0, "warmup_steps": 20, "weight_decay": 1e-4},
+        "train": {"steps": 400, "batch_size": 256, "log_every": 25, "eval_every": 100,
+                  "checkpoint_every": 200, "eval_batches": 1},
+    },
+    # SimCLR on ImageNet (Chen et al. 2020, Appendix B.1): ResNet-50, batch 4096, 100 epochs of
+    # 1,281,167 images (31,278 steps) with 10 of warmup, LARS lr 4.8 (= 0.3 x 4096/256), weight
+    # decay 1e-6, temperature 0.1, jitter strength 1.0, blur p 0.5; two random crops per image
+    # made on the host, the rest of the augmentation on device.
+    "simclr_imagenet": {
+        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "dtype": "bfloat16",
+                  "jitter_strength": 1.0, "blur_probability": 0.5},
+        "objective": {"temperature": 0.1},
+        "examples": {"host_crop_size": 224},
+        "data": {"source": "tfds:imagenet2012", "worker_count": 16},
+        "optim": {**_LARS_COSINE, "learning_rate": 4.8, "warmup_steps": 3128,
+                  "weight_decay": 1e-6},
+        "train": {"steps": 31278, "batch_size": 4096, "eval_every": 5000},
+    },
+}
+
+
 register(Method(
     name="simclr",
     model_config=SimCLRObjectiveConfig,
     example_config=ImageExampleConfig,
+    objective_config=SimCLRLossSettings,
     build_model=build_simclr,
     loss=simclr_loss,
     prepare=prepare_two_view_images,
@@ -91,4 +154,5 @@ register(Method(
     unit="views",
     description="SimCLR: NT-Xent between two augmented views (Chen et al. 2020)",
     summarize=knn_summary(("loss", "contrastive_accuracy")),
+    presets=PRESETS,
 ))

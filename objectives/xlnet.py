@@ -23,6 +23,7 @@ from pretext_jax.input_pipeline import xlnet_examples
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.xlnet import XLNet, XLNetConfig
+from pretext_jax.objectives.preset_parts import NO_DROPOUT, TINY_TEXT_OPTIM, TINY_TEXT_TRAIN
 from pretext_jax.objectives.registry import (
     Batch,
     Method,
@@ -111,6 +112,31 @@ def check_xlnet(model: XLNetConfig, examples: xlnet_examples.XLNetExampleConfig)
                         f"{examples.bi_data}; set both")
 
 
+# XLNet (Yang et al. 2019, Table 7; train_gpu.py / data_utils.py): seq 512 of which 256 are
+# reused, memory 384, 85 targets (K = 6), bi_data, AdamWeightDecay, warmup, linear decay.
+PRESETS = {
+    "xlnet_tiny": {
+        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 256,
+                  "vocab_size": 0, "mem_len": 48, "reuse_len": 32, **NO_DROPOUT},
+        "examples": {"max_seq_length": 64, "reuse_len": 32, "perm_size": 32, "num_predict": 11,
+                     "num_streams": 32},
+        "data": {"vocab_size": 4000},
+        "optim": TINY_TEXT_OPTIM,
+        "train": {**TINY_TEXT_TRAIN, "batch_size": 32},
+    },
+    "xlnet_base": {
+        "model": {"hidden_size": 768, "num_layers": 12, "num_heads": 12,
+                  "intermediate_size": 3072, "vocab_size": 0, "mem_len": 384, "reuse_len": 256,
+                  "bi_data": True},
+        "examples": {"max_seq_length": 512, "reuse_len": 256, "perm_size": 256,
+                     "num_predict": 85, "num_streams": 256, "bi_data": True},
+        "data": {"vocab_size": 32000},
+        "optim": {"learning_rate": 4e-4, "warmup_steps": 40000},
+        "train": {"steps": 500000, "batch_size": 256},
+    },
+}
+
+
 register(Method(
     name="xlnet",
     model_config=XLNetConfig,
@@ -122,4 +148,5 @@ register(Method(
     check=check_xlnet,
     description="XLNet: permutation LM with two-stream attention and memory (Yang et al. 2019)",
     summarize=summary_of(accuracy="plm"),
+    presets=PRESETS,
 ))

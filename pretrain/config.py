@@ -1,8 +1,11 @@
-"""Run configuration: presets per method and size, `section.key=value` overrides, validation.
+"""Run configuration: `section.key=value` overrides of a preset (declared by its method, see
+`registry.Method.presets`), validation.
 
-A config has generic sections (`data`, `optim`, `mesh`, `train`) and two method-owned sections,
-`model` and `examples`, validated against the dataclasses the method registers. The resolved
-config is written to the workdir and into every checkpoint.
+A config has generic sections (`data`, `optim`, `mesh`, `train`) and three method-owned
+sections, `model`, `examples` and `objective` (the loss's settings), validated against the
+dataclasses the method registers. The resolved config is written to the workdir and into every
+checkpoint; configs written before the `objective` section existed are migrated when read
+(`config_from_dict`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from pretext_jax import objectives
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.objectives import registry
@@ -127,9 +131,10 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    method: str = "bert"
+    method: str = objectives.DEFAULT_METHOD
     model: dict[str, Any] = dataclasses.field(default_factory=dict)
     examples: dict[str, Any] = dataclasses.field(default_factory=dict)
+    objective: dict[str, Any] = dataclasses.field(default_factory=dict)
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
     mesh: MeshConfig = MeshConfig()
@@ -141,379 +146,14 @@ class Config:
     def example_config(self) -> Any:
         return registry.get(self.method).example_config(**self.examples)
 
+    def objective_config(self) -> Any:
+        return registry.get(self.method).objective_config(**self.objective)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-
-_TINY_MODEL = dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256,
-                   max_position_embeddings=128)
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # The demo/test size. It departs from BERT where a few hundred steps demand it: no dropout
-    # and bias-corrected Adam (with them a 2-layer model stays at the unigram plateau longer).
-    "bert_tiny": {
-        "method": "bert",
-        "model": {**_TINY_MODEL, "vocab_size": 0, "hidden_dropout": 0.0,
-                  "attention_dropout": 0.0},
-        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 10, "dupe_factor": 5},
-        "data": {"vocab_size": 4000},
-        "optim": {"learning_rate": 2e-3, "warmup_steps": 30, "bias_correction": True},
-        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
-                  "checkpoint_every": 200},
-    },
-    "bert_small": {
-        "method": "bert",
-        "model": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 1024,
-                  "vocab_size": 0},
-        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 20},
-        "data": {"vocab_size": 16000},
-        "optim": {"learning_rate": 5e-4, "warmup_steps": 1000},
-        "train": {"steps": 20000, "batch_size": 128},
-    },
-    "bert_base": {
-        "method": "bert",
-        "model": {"vocab_size": 30522},
-        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 20},
-        "data": {"vocab_size": 30522},
-        "optim": {"learning_rate": 1e-4, "warmup_steps": 10000},
-        "train": {"steps": 1000000, "batch_size": 256},
-    },
-    "bert_large": {
-        "method": "bert",
-        "model": {"vocab_size": 30522, "hidden_size": 1024, "num_layers": 24, "num_heads": 16,
-                  "intermediate_size": 4096},
-        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 20},
-        "data": {"vocab_size": 30522},
-        "optim": {"learning_rate": 1e-4, "warmup_steps": 10000},
-        "train": {"steps": 1000000, "batch_size": 256},
-    },
-    # ELECTRA (configure_pretraining.py): a generator of 1/4 (Small) or 1/3 (Base) of the
-    # discriminator's hidden size, embeddings shared; AdamWeightDecay, warmup 10k, linear decay
-    # multiplied by the warmup ramp (optimization.py, `electra_linear`).
-    "electra_tiny": {
-        "method": "electra",
-        "model": {**_TINY_MODEL, "embedding_size": 32, "vocab_size": 0, "hidden_dropout": 0.0,
-                  "attention_dropout": 0.0},
-        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 9},
-        "data": {"vocab_size": 4000},
-        "optim": {"learning_rate": 2e-3, "schedule": "electra_linear", "warmup_steps": 30,
-                  "bias_correction": True},
-        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
-                  "checkpoint_every": 200},
-    },
-    "electra_small": {
-        "method": "electra",
-        "model": {"hidden_size": 256, "embedding_size": 128, "num_layers": 12, "num_heads": 4,
-                  "intermediate_size": 1024, "generator_hidden_size": 0.25, "vocab_size": 0},
-        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 19},
-        "data": {"vocab_size": 30522},
-        "optim": {"learning_rate": 5e-4, "schedule": "electra_linear", "warmup_steps": 10000},
-        "train": {"steps": 1000000, "batch_size": 128},
-    },
-    "electra_base": {
-        "method": "electra",
-        "model": {"hidden_size": 768, "embedding_size": 768, "num_layers": 12, "num_heads": 12,
-                  "intermediate_size": 3072, "generator_hidden_size": 1 / 3, "vocab_size": 0},
-        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 19},
-        "data": {"vocab_size": 30522},
-        "optim": {"learning_rate": 2e-4, "schedule": "electra_linear",
-                  "warmup_steps": 10000},
-        "train": {"steps": 766000, "batch_size": 256},
-    },
-    # XLNet (Yang et al. 2019, Table 7; train_gpu.py / data_utils.py): seq 512 of which 256 are
-    # reused, memory 384, 85 targets (K = 6), bi_data, AdamWeightDecay, warmup, linear decay.
-    "xlnet_tiny": {
-        "method": "xlnet",
-        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 256,
-                  "vocab_size": 0, "mem_len": 48, "reuse_len": 32, "hidden_dropout": 0.0,
-                  "attention_dropout": 0.0},
-        "examples": {"max_seq_length": 64, "reuse_len": 32, "perm_size": 32, "num_predict": 11,
-                     "num_streams": 32},
-        "data": {"vocab_size": 4000},
-        "optim": {"learning_rate": 2e-3, "warmup_steps": 30, "bias_correction": True},
-        "train": {"steps": 600, "batch_size": 32, "log_every": 25, "eval_every": 200,
-                  "checkpoint_every": 200},
-    },
-    "xlnet_base": {
-        "method": "xlnet",
-        "model": {"hidden_size": 768, "num_layers": 12, "num_heads": 12,
-                  "intermediate_size": 3072, "vocab_size": 0, "mem_len": 384, "reuse_len": 256,
-                  "bi_data": True},
-        "examples": {"max_seq_length": 512, "reuse_len": 256, "perm_size": 256,
-                     "num_predict": 85, "num_streams": 256, "bi_data": True},
-        "data": {"vocab_size": 32000},
-        "optim": {"learning_rate": 4e-4, "warmup_steps": 40000},
-        "train": {"steps": 500000, "batch_size": 256},
-    },
-    # MPNet (Song et al. 2020, §3.1; microsoft/MPNet README's fairseq-train command): BERT-Base
-    # size with 512 positions (+2), relative position bias, whole-word permutations, 15%
-    # predicted with 80/10/10 inputs; batch 8192, 500k steps, Adam (bias-corrected) b2 0.98,
-    # eps 1e-6, lr 6e-4 with warmup (24k as RoBERTa-Base's Table 9 schedule, which MPNet
-    # follows) then linear decay, weight decay 0.01, no clipping (--clip-norm 0.0); fairseq's
-    # Adam (eps before the bias correction, decay on every parameter) and polynomial_decay
-    # (from the peak at the end of warmup), as roberta_base.
-    "mpnet_tiny": {
-        "method": "mpnet",
-        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 256,
-                  "max_position_embeddings": 130, "vocab_size": 0, "hidden_dropout": 0.0,
-                  "attention_dropout": 0.0},
-        "examples": {"max_seq_length": 64},
-        "data": {"vocab_size": 4000},
-        "optim": {"learning_rate": 2e-3, "warmup_steps": 30, "bias_correction": True},
-        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
-                  "checkpoint_every": 200},
-    },
-    "mpnet_base": {
-        "method": "mpnet",
-        "model": {"vocab_size": 0, "max_position_embeddings": 514},
-        "examples": {"max_seq_length": 512, "pred_prob": 0.15, "whole_word_mask": True},
-        "data": {"vocab_size": 30522},
-        "optim": {"learning_rate": 6e-4, "schedule": "linear_from_peak", "warmup_steps": 24000,
-                  "b2": 0.98, "eps": 1e-6, "weight_decay": 0.01, "bias_correction": True,
-                  "eps_before_bias_correction": True, "decay_norms_and_biases": True,
-                  "clip_norm": 0.0},
-        "train": {"steps": 500000, "batch_size": 8192},
-    },
-    # GPT at the demo/test size: no dropout, bias-corrected Adam, cosine decay (as gpt2_small).
-    "gpt_tiny": {
-        "method": "gpt",
-        "model": {**_TINY_MODEL, "vocab_size": 0, "hidden_dropout": 0.0,
-                  "attention_dropout": 0.0, "embedding_dropout": 0.0},
-        "examples": {"max_seq_length": 64},
-        "data": {"vocab_size": 4000},
-        "optim": {"learning_rate": 2e-3, "schedule": "cosine", "warmup_steps": 30,
-                  "bias_correction": True, "eps": 1e-8},
-        "train": {"steps": 600, "batch_size": 32, "log_every": 25, "eval_every": 200,
-                  "checkpoint_every": 200},
-    },
-    # GPT-2 small, 124M (Radford et al. 2019, Table 2 and §2.3: 12 layers, d_model 768, context
-    # 1024, batch 512, vocabulary 50,257 with GPT-2's BPE: pass --tokenizer <a GPT-2 folder>;
-    # without it a 50,257-piece sentencepiece model is trained). The paper gives no optimiser
-    # details; these are GPT-1's (Radford et al. 2018 §4.1): Adam, max lr 2.5e-4, linear warmup
-    # over 2,000 updates then cosine to 0, decoupled weight decay 0.01 on non-bias/gain
-    # weights, dropout 0.1. 100k steps (52B tokens) is our choice, not the paper's.
-    "gpt2_small": {
-        "method": "gpt",
-        "model": {"vocab_size": 0, "hidden_size": 768, "num_layers": 12, "num_heads": 12,
-                  "intermediate_size": 3072, "max_position_embeddings": 1024},
-        "examples": {"max_seq_length": 1024},
-        "data": {"vocab_size": 50257},
-        "optim": {"learning_rate": 2.5e-4, "schedule": "cosine", "warmup_steps": 2000,
-                  "weight_decay": 0.01, "bias_correction": True, "eps": 1e-8},
-        "train": {"steps": 100000, "batch_size": 512},
-    },
-    # RoBERTa (Liu et al. 2019, Table 9 and §5; fairseq README.pretraining.md): BERT-Base size,
-    # 514 positions (512 + padding id + 1), one token type, FULL-SENTENCES inputs of 512 tokens,
-    # dynamic masking, no NSP; batch 8k, 500k steps, Adam (bias-corrected) b2 0.98, eps 1e-6,
-    # peak lr 6e-4 after 24k warmup steps then linear decay, weight decay 0.01, no clipping.
-    # roberta_base trains as fairseq-train does: its Adam (fairseq/optim/adam.py) adds eps to
-    # sqrt(v) before the bias correction and decays every parameter (LayerNorm and biases too),
-    # and polynomial_decay falls linearly from the peak at the end of warmup (BERT's `linear`
-    # decays from step 0 and so would start at 0.952 x peak after 24k of 500k steps).
-    "roberta_tiny": {
-        "method": "roberta",
-        "model": {**_TINY_MODEL, "vocab_size": 0, "hidden_dropout": 0.0,
-                  "attention_dropout": 0.0},
-        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 10},
-        "data": {"vocab_size": 4000},
-        "optim": {"learning_rate": 2e-3, "warmup_steps": 30, "bias_correction": True,
-                  "b2": 0.98},
-        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
-                  "checkpoint_every": 200},
-    },
-    "roberta_base": {
-        "method": "roberta",
-        "model": {"vocab_size": 0, "max_position_embeddings": 514},
-        "examples": {"max_seq_length": 512, "max_predictions_per_seq": 77},
-        "data": {"vocab_size": 50265},
-        "optim": {"learning_rate": 6e-4, "schedule": "linear_from_peak", "warmup_steps": 24000,
-                  "b2": 0.98, "eps": 1e-6, "weight_decay": 0.01, "bias_correction": True,
-                  "eps_before_bias_correction": True, "decay_norms_and_biases": True,
-                  "clip_norm": 0.0},
-        "train": {"steps": 500000, "batch_size": 8192},
-    },
-    # ALBERT (Lan et al. 2020 §4.1; google-research/albert README's run_pretraining command):
-    # E = 128, H = 768, 12 shared layers, gelu_new, no dropout (v2), seq 512 (10% shorter),
-    # 20 predictions with n-gram masking (n <= 3), SOP; LAMB lr 0.00176, batch 4096, 125k
-    # steps, 3125 warmup steps then linear decay, weight decay 0.01; sentencepiece 30k.
-    "albert_tiny": {
-        "method": "albert",
-        "model": {**_TINY_MODEL, "embedding_size": 32, "vocab_size": 0},
-        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 10, "dupe_factor": 5},
-        "data": {"vocab_size": 4000},
-        "optim": {"learning_rate": 2e-3, "warmup_steps": 30, "bias_correction": True},
-        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
-                  "checkpoint_every": 200},
-    },
-    "albert_base": {
-        "method": "albert",
-        "model": {"vocab_size": 0, "embedding_size": 128, "hidden_size": 768, "num_layers": 12,
-                  "num_heads": 12, "intermediate_size": 3072},
-        "examples": {"max_seq_length": 512, "max_predictions_per_seq": 20},
-        "data": {"vocab_size": 30000},
-        "optim": {"optimizer": "lamb", "learning_rate": 0.00176, "warmup_steps": 3125,
-                  "weight_decay": 0.01, "eps": 1e-6},
-        "train": {"steps": 125000, "batch_size": 4096},
-    },
-    # T5 (Raffel et al. 2020): the v1.0 Base of §3.1.2 (12 + 12 blocks, d_model 768, d_ff 3072,
-    # ReLU, 12 heads of d_kv 64, 32 relative-position buckets up to offset 128, dropout 0.1,
-    # tied embeddings) pre-trained for 2^19 steps of 128 x 512 tokens with AdaFactor and the
-    # inverse square root schedule 1/sqrt(max(n, 10^4)) (= 0.01 for the first 10^4 steps), on
-    # span corruption (§3.3.4: 15% noise, mean span 3 -> 568 raw tokens, 114 targets); a
-    # 32,000-piece sentencepiece vocabulary + 100 sentinels.
-    "t5_tiny": {
-        "method": "t5",
-        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "head_size": 16,
-                  "intermediate_size": 256, "vocab_size": 0, "eos_token_id": 0,
-                  "hidden_dropout": 0.0, "attention_dropout": 0.0},
-        "examples": {"inputs_length": 64},
-        "data": {"vocab_size": 4000},
-        "optim": {"optimizer": "adafactor", "schedule": "inverse_sqrt", "learning_rate": 0.01,
-                  "warmup_steps": 1000, "weight_decay": 0.0, "clip_norm": 0.0},
-        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
-                  "checkpoint_every": 200},
-    },
-    "t5_base": {
-        "method": "t5",
-        "model": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "head_size": 64,
-                  "intermediate_size": 3072, "feed_forward_proj": "relu",
-                  "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
-                  "hidden_dropout": 0.1, "attention_dropout": 0.1, "tie_word_embeddings": True,
-                  "vocab_size": 0, "eos_token_id": 0},
-        "examples": {"noise": "span_corruption", "inputs_length": 512, "noise_density": 0.15,
-                     "mean_noise_span_length": 3.0},
-        "data": {"vocab_size": 32000},
-        "optim": {"optimizer": "adafactor", "schedule": "inverse_sqrt", "learning_rate": 0.01,
-                  "warmup_steps": 10000, "weight_decay": 0.0, "clip_norm": 0.0},
-        "train": {"steps": 524288, "batch_size": 128},
-    },
-    # BART's text infilling (Lewis et al. 2020, §2.2: 30% of the words in Poisson(3)-long
-    # spans, one mask token per span, the whole text as target) on the tiny T5 above.
-    "bart_tiny": {
-        "method": "t5",
-        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "head_size": 16,
-                  "intermediate_size": 256, "vocab_size": 0, "eos_token_id": 0,
-                  "hidden_dropout": 0.0, "attention_dropout": 0.0},
-        "examples": {"noise": "text_infilling", "inputs_length": 64, "mask_ratio": 0.3,
-                     "poisson_lambda": 3.0},
-        "data": {"vocab_size": 4000},
-        "optim": {"optimizer": "adafactor", "schedule": "inverse_sqrt", "learning_rate": 0.01,
-                  "warmup_steps": 1000, "weight_decay": 0.0, "clip_norm": 0.0},
-        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
-                  "checkpoint_every": 200},
-    },
-    # SimCLR on CIFAR-10 (simclr tf2 README command): ResNet-18 with the CIFAR stem, batch 512,
-    # 1000 epochs (97,656 steps) with 10 of warmup, LARS lr 1.0 x 512/256, weight decay 1e-4,
-    # temperature 0.5, jitter strength 0.5, no blur.
-    "simclr_tiny": {
-        "method": "simclr",
-        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
-                  "temperature": 0.5, "jitter_strength": 0.5, "blur_probability": 0.0},
-        "optim": {"optimizer": "lars", "learning_rate": 0.5, "schedule": "cosine",
-                  "warmup_steps": 10, "weight_decay": 1e-4, "clip_norm": 0.0},
-        "train": {"steps": 200, "batch_size": 64, "log_every": 25, "eval_every": 100,
-                  "checkpoint_every": 100},
-    },
-    "simclr_cifar10": {
-        "method": "simclr",
-        "model": {"depth": 18, "stem": "cifar", "image_size": 32, "temperature": 0.5,
-                  "jitter_strength": 0.5, "blur_probability": 0.0},
-        "data": {"source": ""},
-        "optim": {"optimizer": "lars", "learning_rate": 2.0, "schedule": "cosine",
-                  "warmup_steps": 977, "weight_decay": 1e-4, "clip_norm": 0.0},
-        "train": {"steps": 97656, "batch_size": 512, "eval_every": 2000},
-    },
-    # The offline image demo: scikit-learn's 1,797 scanned 8x8 digits, upsampled to 16 px by the
-    # random resized crop, a narrow ResNet-18 with the CIFAR stem, CIFAR's augmentation settings.
-    "simclr_digits": {
-        "method": "simclr",
-        "model": {"depth": 18, "stem": "cifar", "base_width": 16, "image_size": 16,
-                  "temperature": 0.5, "jitter_strength": 0.5, "blur_probability": 0.0},
-        "examples": {"knn_k": 20},
-        "data": {"source": "digits", "held_out_fraction": 0.2},
-        "optim": {"optimizer": "lars", "learning_rate": 1.0, "schedule": "cosine",
-                  "warmup_steps": 20, "weight_decay": 1e-4, "clip_norm": 0.0},
-        "train": {"steps": 400, "batch_size": 256, "log_every": 25, "eval_every": 100,
-                  "checkpoint_every": 200, "eval_batches": 1},
-    },
-    # SimCLR on ImageNet (Chen et al. 2020, Appendix B.1): ResNet-50, batch 4096, 100 epochs of
-    # 1,281,167 images (31,278 steps) with 10 of warmup, LARS lr 4.8 (= 0.3 x 4096/256), weight
-    # decay 1e-6, temperature 0.1, jitter strength 1.0, blur p 0.5; two random crops per image
-    # made on the host, the rest of the augmentation on device.
-    "simclr_imagenet": {
-        "method": "simclr",
-        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "temperature": 0.1,
-                  "dtype": "bfloat16",
-                  "jitter_strength": 1.0, "blur_probability": 0.5},
-        "examples": {"host_crop_size": 224},
-        "data": {"source": "tfds:imagenet2012", "worker_count": 16},
-        "optim": {"optimizer": "lars", "learning_rate": 4.8, "schedule": "cosine",
-                  "warmup_steps": 3128, "weight_decay": 1e-6, "clip_norm": 0.0},
-        "train": {"steps": 31278, "batch_size": 4096, "eval_every": 5000},
-    },
-    # MoCo v2 at test size: the settings of facebookresearch/moco's CIFAR-10 demo notebook
-    # (K 4096, m 0.99, BatchNorm split 8 ways, SGD lr 0.06 x batch/512, weight decay 5e-4) with
-    # v2's temperature 0.2 and a narrow ResNet-18 with the CIFAR stem.
-    "moco_tiny": {
-        "method": "moco",
-        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
-                  "projection_dim": 64, "queue_size": 4096, "momentum": 0.99,
-                  "crop_area_min": 0.2, "blur_probability": 0.0,
-                  "second_blur_probability": 0.0},
-        "optim": {"optimizer": "sgd", "learning_rate": 0.0075, "schedule": "cosine",
-                  "warmup_steps": 0, "weight_decay": 5e-4, "clip_norm": 0.0},
-        "train": {"steps": 200, "batch_size": 64, "log_every": 25, "eval_every": 100,
-                  "checkpoint_every": 100},
-    },
-    # MoCo v2 on ImageNet (Chen et al. 2020 "Improved Baselines" §3 and Table 1; main_moco.py
-    # --mlp --aug-plus --cos): ResNet-50, 2048-wide MLP head to 128, K 65536, m 0.999, T 0.2,
-    # BatchNorm per 8 GPUs with shuffled keys, SGD lr 0.03 (x batch/256), momentum 0.9,
-    # weight decay 1e-4 on every parameter, cosine over 200 epochs of 5,004 steps (1,281,167
-    # images, batch 256, last partial batch dropped), no warmup; crops of area 0.2-1.
-    "moco_v2_imagenet": {
-        "method": "moco",
-        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "dtype": "bfloat16",
-                  "projection_dim": 128, "queue_size": 65536, "momentum": 0.999,
-                  "temperature": 0.2, "shuffle_bn_groups": 8, "crop_area_min": 0.2},
-        "examples": {"host_crop_size": 224, "host_crop_area_min": 0.2},
-        "data": {"source": "tfds:imagenet2012", "worker_count": 16},
-        "optim": {"optimizer": "sgd", "learning_rate": 0.03, "schedule": "cosine",
-                  "warmup_steps": 0, "weight_decay": 1e-4, "momentum": 0.9, "clip_norm": 0.0},
-        "train": {"steps": 1000800, "batch_size": 256, "eval_every": 25020},
-    },
-    # BYOL at test size: a narrow ResNet-18 with the CIFAR stem, small MLPs, the paper's
-    # augmentations and target schedule (K = train.steps), LARS with 10 warmup steps.
-    "byol_tiny": {
-        "method": "byol",
-        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
-                  "projection_hidden_dim": 256, "projection_dim": 64,
-                  "predictor_hidden_dim": 256, "base_target_decay": 0.99},
-        "optim": {"optimizer": "lars", "learning_rate": 0.5, "schedule": "cosine",
-                  "warmup_steps": 10, "weight_decay": 1.5e-6, "clip_norm": 0.0},
-        "train": {"steps": 200, "batch_size": 64, "log_every": 25, "eval_every": 100,
-                  "checkpoint_every": 100},
-    },
-    # BYOL on ImageNet (Grill et al. 2020 §3.3 and Appendix J; configs/byol.py for 1000
-    # epochs): ResNet-50, projector and predictor 4096 -> 256, tau_base 0.996 with the cosine
-    # schedule over the whole run, LARS (trust 1e-3, momentum 0.9, neither decay nor adaptation
-    # on biases and BatchNorm) lr 0.2 x 4096/256 = 3.2, weight decay 1.5e-6, batch 4096, 1000
-    # epochs = 312,785 steps with 10 of warmup (3,127), cosine; crops of area 0.08-1.
-    "byol_imagenet": {
-        "method": "byol",
-        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "dtype": "bfloat16",
-                  "projection_hidden_dim": 4096, "projection_dim": 256,
-                  "predictor_hidden_dim": 4096, "base_target_decay": 0.996},
-        "examples": {"host_crop_size": 224, "host_crop_area_min": 0.08},
-        "data": {"source": "tfds:imagenet2012", "worker_count": 16},
-        "optim": {"optimizer": "lars", "learning_rate": 3.2, "schedule": "cosine",
-                  "warmup_steps": 3127, "weight_decay": 1.5e-6, "momentum": 0.9,
-                  "trust_coefficient": 1e-3, "clip_norm": 0.0},
-        "train": {"steps": 312785, "batch_size": 4096, "eval_every": 5000},
-    },
-}
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -539,11 +179,17 @@ def _parse_value(text: str, kind: Any, key: str) -> Any:
     return json.loads(text)
 
 
+METHOD_SECTIONS = ("model", "examples", "objective")
+
+
+def _method_section_class(section: str, method: registry.Method) -> type:
+    return {"model": method.model_config, "examples": method.example_config,
+            "objective": method.objective_config}[section]
+
+
 def _section_class(section: str, method: str) -> type:
-    if section == "model":
-        return registry.get(method).model_config
-    if section == "examples":
-        return registry.get(method).example_config
+    if section in METHOD_SECTIONS:
+        return _method_section_class(section, registry.get(method))
     return _field_types(Config)[section]
 
 
@@ -557,6 +203,9 @@ def _apply(tree: dict[str, Any], key: str, value: Any, method: str, parse: bool)
                         f"{[f.name for f in dataclasses.fields(Config) if f.name != 'method']}")
     kinds = _field_types(_section_class(section, method))
     if name not in kinds:
+        if section == "model" and registry.get(method).split_model_section({name: None})[1]:
+            raise UserError(f"{key} is a loss setting, now in the objective section; write "
+                            f"objective.{name}={value}")
         raise UserError(f"unknown config key {key!r}; valid keys in {section}: {sorted(kinds)}")
     tree[section][name] = _parse_value(value, kinds[name], key) if parse else value
 
@@ -567,8 +216,8 @@ def make_config(preset: str | None = None, overrides: list[str] | dict[str, Any]
     `preset:` applies when `preset` is None) and `section.key=value` overrides (strings, parsed
     by field type) or a `{"section.key": value}` dict (values used as given), in that order:
     preset < file < overrides."""
-    tree: dict[str, Any] = {"method": "bert", "model": {}, "examples": {}, "data": {},
-                            "optim": {}, "mesh": {}, "train": {}}
+    tree: dict[str, Any] = {"method": objectives.DEFAULT_METHOD, "model": {}, "examples": {},
+                            "objective": {}, "data": {}, "optim": {}, "mesh": {}, "train": {}}
     items = overrides.items() if isinstance(overrides, dict) else None
     if items is None:
         items = []
@@ -580,10 +229,7 @@ def make_config(preset: str | None = None, overrides: list[str] | dict[str, Any]
     preset = settings.pop("preset", None) if preset is None else preset
     method_override = [v for k, v in items if k == "method"]
     if preset is not None:
-        if preset not in PRESETS:
-            raise UserError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-        for section, values in PRESETS[preset].items():
-            tree[section] = values if section == "method" else dict(values)
+        tree.update(registry.preset(preset))
     if "method" in settings:
         tree["method"] = settings["method"]
     if method_override:
@@ -599,9 +245,9 @@ def make_config(preset: str | None = None, overrides: list[str] | dict[str, Any]
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """The settings of a config file, sections as in a workdir's config.json (`method`,
-    `model`, `examples`, `data`, `optim`, `mesh`, `train`) plus an optional `preset`: a YAML
-    file, or a Python file whose `get_config()` returns that dict (as big_vision's configs;
-    its docstring can hold the command that runs it)."""
+    `model`, `objective`, `examples`, `data`, `optim`, `mesh`, `train`) plus an optional
+    `preset`: a YAML file, or a Python file whose `get_config()` returns that dict (as
+    big_vision's configs; its docstring can hold the command that runs it)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--config {path}: no such file; give a .yaml or .py config file")
@@ -620,7 +266,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         settings = settings.to_dict()
     if not isinstance(settings, dict):
         raise UserError(f"--config {path} must hold a mapping of sections (method, model, "
-                        f"examples, data, optim, mesh, train, preset), not a "
+                        f"objective, examples, data, optim, mesh, train, preset), not a "
                         f"{type(settings).__name__}")
     sections = [f.name for f in dataclasses.fields(Config)]
     for key, value in settings.items():
@@ -693,11 +339,15 @@ def _file_value(value: Any, kind: Any, key: str) -> Any:
 
 
 def config_from_dict(tree: dict[str, Any]) -> Config:
-    """Builds and validates a Config from its dict form (as saved in a workdir)."""
-    method = registry.get(tree.get("method", "bert"))
+    """Builds and validates a Config from its dict form (as saved in a workdir and in
+    checkpoints). Loss settings that configs written before the `objective` section existed
+    keep under `model` (e.g. `model.temperature`) move to `objective`
+    (`registry.Method.split_model_section`)."""
+    method = registry.get(tree.get("method", objectives.DEFAULT_METHOD))
+    model, moved = method.split_model_section(tree.get("model", {}))
     sections = {}
     for f in dataclasses.fields(Config):
-        if f.name in ("method", "model", "examples"):
+        if f.name == "method" or f.name in METHOD_SECTIONS:
             continue
         cls = _field_types(Config)[f.name]
         values = tree.get(f.name, {})
@@ -706,9 +356,10 @@ def config_from_dict(tree: dict[str, Any]) -> Config:
             raise UserError(f"unknown config keys {sorted(unknown)} in {f.name}; valid: "
                             f"{sorted(_field_types(cls))}")
         sections[f.name] = cls(**values)
-    config = Config(method=method.name, model=dict(tree.get("model", {})),
-                    examples=dict(tree.get("examples", {})), **sections)
-    for section, cls in (("model", method.model_config), ("examples", method.example_config)):
+    config = Config(method=method.name, model=model, examples=dict(tree.get("examples", {})),
+                    objective={**moved, **tree.get("objective", {})}, **sections)
+    for section in METHOD_SECTIONS:
+        cls = _method_section_class(section, method)
         unknown = set(getattr(config, section)) - set(_field_types(cls))
         if unknown:
             raise UserError(f"unknown config keys {sorted(unknown)} in {section}; valid: "
@@ -755,10 +406,9 @@ def describe(config: Config) -> str:
     lines = [f"method={config.method}  ({method.description})"]
     sections = [(name, _field_types(Config)[name], dataclasses.asdict(getattr(config, name)))
                 for name in ("data", "optim", "mesh", "train")]
-    sections += [("model", method.model_config,
-                  dataclasses.asdict(method.model_config(**config.model))),
-                 ("examples", method.example_config,
-                  dataclasses.asdict(method.example_config(**config.examples)))]
+    for name in METHOD_SECTIONS:
+        cls = _method_section_class(name, method)
+        sections.append((name, cls, dataclasses.asdict(cls(**getattr(config, name)))))
     for section, cls, values in sections:
         lines.append(f"\n[{section}]  {cls.__module__}.{cls.__name__}")
         docs = field_docs(cls)
@@ -798,7 +448,7 @@ def check_numbers(config: Config) -> None:
     -1 or positive (the model configs check their own fields, e.g. `dtype`)."""
     sections = {name: dataclasses.asdict(getattr(config, name))
                 for name in ("data", "optim", "mesh", "train")}
-    sections.update(model=config.model, examples=config.examples)
+    sections.update({name: getattr(config, name) for name in METHOD_SECTIONS})
     for section, values in sections.items():
         for name, value in values.items():
             key = f"{section}.{name}"
@@ -839,7 +489,8 @@ def validate(config: Config) -> None:
         raise UserError(f"train.batch_size={t.batch_size} is not divisible by "
                         f"optim.grad_accum_steps={o.grad_accum_steps}; change one of them")
     configs = {}
-    for section, build in (("model", config.model_config), ("examples", config.example_config)):
+    for section, build in (("model", config.model_config), ("examples", config.example_config),
+                           ("objective", config.objective_config)):
         try:
             configs[section] = build()
         except (TypeError, ValueError) as e:

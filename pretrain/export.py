@@ -1,6 +1,7 @@
 """Loading trained models back, and conversion between pretext and HuggingFace directories.
 
-A pretext *model directory* holds `model.json` (method + resolved model config), `params/`
+A pretext *model directory* holds `model.json` (method + resolved model config; a workdir's also
+the resolved objective settings, for the record), `params/`
 (an Orbax checkpoint of the parameters), `state/` for models with other state (BatchNorm
 statistics) and `tokenizer/` for text models (the files `load_tokenizer` reads). A pretext
 *workdir* holds the same `model.json` and `tokenizer/` and training checkpoints; `load_model`
@@ -34,9 +35,12 @@ TOKENIZER_DIR = "tokenizer"
 CONFIG_FILE = "config.json"  # a workdir's run config (pretrain.trainer)
 
 
-def write_model_json(directory: Path, method: str, model_config: Any) -> None:
-    (directory / MODEL_FILE).write_text(json.dumps(
-        {"method": method, "model": dataclasses.asdict(model_config)}, indent=2))
+def write_model_json(directory: Path, method: str, model_config: Any,
+                     objective: Any = None) -> None:
+    info = {"method": method, "model": dataclasses.asdict(model_config)}
+    if objective is not None and dataclasses.fields(objective):
+        info["objective"] = dataclasses.asdict(objective)
+    (directory / MODEL_FILE).write_text(json.dumps(info, indent=2))
 
 
 def make_readable(root: Path) -> None:
@@ -108,7 +112,9 @@ def _model_from_state(directory: Path, pure_params: dict[str, Any],
     memory); state that was not stored starts at zero."""
     info = read_json_object(directory / MODEL_FILE)
     method = registry.get(info["method"])
-    model = nnx.eval_shape(lambda: method.build_model(method.model_config(**info["model"]), 0))
+    # Written before the objective section existed, `model` may hold loss settings too.
+    model_config = method.model_config(**method.split_model_section(info["model"])[0])
+    model = nnx.eval_shape(lambda: method.build_model(model_config, 0))
     _, params, rest = nnx.split(model, nnx.Param, ...)
     nnx.replace_by_pure_dict(params, jax.tree.map(np.asarray, _strip_values(pure_params)))
     rest = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), rest)

@@ -168,6 +168,7 @@ class Trainer:
             prepared = True
             self._check_data_layout()
             self.model_config = self._resolve_model_config()
+            self.objective = self._resolve_objective()
         except BaseException:
             # A preparation that stopped part-way keeps its finished shards for the rerun.
             if prepared or not prepare.has_finished_shards(cache):
@@ -273,13 +274,19 @@ class Trainer:
                     f"model.{name}={current} does not match the data ({name}={value}, e.g. the "
                     f"tokenizer's vocabulary); set model.{name}=0 to take it from the data or "
                     "use a matching tokenizer")
-        model_config = dataclasses.replace(model_config, **updates)
+        return dataclasses.replace(model_config, **updates)
+
+    def _resolve_objective(self) -> Any:
+        """The loss's settings (`config.objective`), with what the method derives from the run's
+        settings filled in (`Method.run_settings`)."""
+        objective = self.config.objective_config()
         if self.method.run_settings is not None:
-            model_config = self.method.run_settings(model_config, self.config)
-        return model_config
+            objective = self.method.run_settings(objective, self.config)
+        return objective
 
     # ------------------------------------------------------------------------ building
     def _build(self) -> None:
+        self.loss_fn = self.method.bind_loss(self.objective)
         total_steps = self.config.train.steps
         self.tx = make_optimizer(self.config.optim, total_steps)
         self.schedule = learning_rate_schedule(self.config.optim, total_steps)
@@ -345,7 +352,7 @@ class Trainer:
     # --------------------------------------------------------------------------- steps
     def _loss(self, params: Any, model_state: Any, batch: Any, rng: jax.Array | None):
         model = nnx.merge(self.graphdef, params, model_state, copy=True)
-        loss, metrics = self.method.loss(model, batch, rng)
+        loss, metrics = self.loss_fn(model, batch, rng)
         return loss, (metrics, nnx.state(model, nnx.Not(nnx.Param)))
 
     def _step(self, state: TrainState, batch: Any) -> tuple[TrainState, Any]:
@@ -631,7 +638,7 @@ class Trainer:
         if self.is_writer:  # the checks passed: this run owns the workdir now
             lock.record_owner()
             (self.workdir / CONFIG_FILE).write_text(self.config.to_json())
-            write_model_json(self.workdir, self.method.name, self.model_config)
+            write_model_json(self.workdir, self.method.name, self.model_config, self.objective)
             if self.data.tokenizer is not None:  # the text methods' (`export.find_tokenizer`)
                 write_tokenizer(self.workdir, self.data.tokenizer)
         start = int(jax.device_get(state.step))

@@ -1,8 +1,10 @@
 """`run.py config` documents every key: each field of the data, optim, mesh and train sections
-and of a method's model and examples config has an attribute docstring
+and of a method's model, examples and objective config has an attribute docstring
 (`pretrain.config.field_docs`)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -11,10 +13,10 @@ from pretext_jax import (
     run,
 )
 from pretext_jax.objectives import registry
-from pretext_jax.pretrain.config import PRESETS, Config, describe, make_config
+from pretext_jax.pretrain.config import Config, describe, make_config
 
 SECTIONS = tuple(f"  {name}." for name in ("data", "optim", "mesh", "train", "model",
-                                             "examples"))
+                                             "examples", "objective"))
 
 
 def undocumented(text: str) -> list[str]:
@@ -40,12 +42,14 @@ def test_every_method_field_is_documented(method):
     # The class defaults, without make_config's cross-field checks (`method=xlnet` alone is
     # refused: model.reuse_len 0 differs from examples.reuse_len 256).
     text = describe(Config(method=method))
+    loss_settings = dataclasses.fields(registry.get(method).objective_config)
     assert {line.split(".")[0].strip() for line in listed_keys(text)} == {
-        "data", "optim", "mesh", "train", "model", "examples"}, method
+        "data", "optim", "mesh", "train", "model", "examples",
+        *(["objective"] if loss_settings else [])}, method
     assert undocumented(text) == [], f"{method}: fields without an attribute docstring"
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("preset", registry.preset_names())
 def test_every_preset_field_is_documented(preset):
     text = describe(make_config(preset))
     assert listed_keys(text)
@@ -64,3 +68,12 @@ def test_run_config_prints_value_and_default(capsys):
     assert "  train.steps=5  (default 1000)" in out.splitlines()
     assert "  model.hidden_size=64  (default 768)" in out.splitlines()
     assert undocumented(out) == []
+
+
+def test_run_config_shows_the_objective_section(capsys):
+    assert run.main(["config", "--preset", "electra_tiny", "objective.temperature=2.0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "[objective]  pretext_jax.objectives.electra.ElectraLossSettings" in lines
+    assert "  objective.temperature=2.0  (default 1.0)" in lines
+    assert "  objective.discriminator_weight=50.0" in lines
+    assert not any(line.startswith("  model.temperature") for line in lines)

@@ -12,7 +12,8 @@ from pretext_jax import (
     run,
 )
 from pretext_jax.errors import UserError
-from pretext_jax.pretrain.config import PRESETS, make_config
+from pretext_jax.objectives import registry
+from pretext_jax.pretrain.config import make_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
 YAML = """\
@@ -46,7 +47,7 @@ def test_file_is_layered_over_its_preset_and_under_overrides(config_file):
     assert config.optim.learning_rate == 1e-4 and isinstance(config.optim.learning_rate, float)
     assert config.optim.warmup_steps == 7 and config.train.batch_size == 16
     assert config.train.steps == 5  # the override wins over the file
-    tiny = PRESETS["bert_tiny"]
+    tiny = registry.preset("bert_tiny")
     assert config.model["hidden_size"] == tiny["model"]["hidden_size"]  # from the preset
     assert config.train.log_every == tiny["train"]["log_every"]
 

@@ -20,10 +20,15 @@ from pretext_jax.input_pipeline.electra_examples import (
     ElectraExampleConfig,
     create_training_examples,
 )
-from pretext_jax.models.electra import Electra, ElectraDiscriminator, ElectraGenerator
+from pretext_jax.models.electra import (
+    Electra,
+    ElectraConfig,
+    ElectraDiscriminator,
+    ElectraGenerator,
+)
 from pretext_jax.models.encoder import EncoderConfig
 from pretext_jax.objectives.electra import (
-    ElectraObjectiveConfig,
+    ElectraLossSettings,
     electra_loss,
     gumbel_noise,
     replaced_token_batch,
@@ -44,10 +49,10 @@ CONFIGS = [
 ]
 HF_CLASSES = {"discriminator": "ElectraForPreTraining", "generator": "ElectraForMaskedLM"}
 OUR_CLASSES = {"discriminator": ElectraDiscriminator, "generator": ElectraGenerator}
-TINY = ElectraObjectiveConfig(vocab_size=60, hidden_size=32, embedding_size=24, num_layers=2,
-                              num_heads=2, intermediate_size=48, max_position_embeddings=32,
-                              generator_hidden_size=0.5, hidden_dropout=0.0,
-                              attention_dropout=0.0)
+TINY = ElectraConfig(vocab_size=60, hidden_size=32, embedding_size=24, num_layers=2,
+                     num_heads=2, intermediate_size=48, max_position_embeddings=32,
+                     generator_hidden_size=0.5, hidden_dropout=0.0, attention_dropout=0.0)
+PAPER_LOSS = ElectraLossSettings()  # gen_weight 1, disc_weight 50, temperature 1
 
 
 pytestmark = pytest.mark.usefixtures("deterministic_torch")
@@ -131,10 +136,10 @@ def test_embeddings_exist_once_and_learn_from_both_losses():
     rng = jax.random.key(3)
 
     def embedding_grads(generator_weight, discriminator_weight):
-        config = dataclasses.replace(TINY, generator_weight=generator_weight,
-                                     discriminator_weight=discriminator_weight)
-        one_term = Electra(config, rngs=nnx.Rngs(0))
-        grads = nnx.grad(lambda m: electra_loss(m, batch, rng)[0])(one_term)
+        settings = ElectraLossSettings(generator_weight=generator_weight,
+                                       discriminator_weight=discriminator_weight)
+        one_term = Electra(TINY, rngs=nnx.Rngs(0))
+        grads = nnx.grad(lambda m: electra_loss(m, batch, rng, objective=settings)[0])(one_term)
         return {name: np.asarray(g[...]) for name, g in nnx.to_flat_state(
             grads["discriminator"]["encoder"]["embeddings"])}
 
@@ -185,7 +190,8 @@ def test_loss_equals_a_hand_computed_reference(tmp_path):
     batch = masked_batch(TINY.vocab_size)
     np_batch = {k: np.asarray(v) for k, v in batch.items()}
     noise = np.asarray(gumbel_noise(jax.random.key(5), (2, 3, TINY.vocab_size)))
-    loss, metrics = electra_loss(model, batch, None, noise=jnp.asarray(noise))
+    loss, metrics = electra_loss(model, batch, None, noise=jnp.asarray(noise),
+                                 objective=PAPER_LOSS)
 
     def run(hf_model, ids):
         with torch.no_grad():
@@ -202,7 +208,7 @@ def test_loss_equals_a_hand_computed_reference(tmp_path):
     nll = -np.take_along_axis(log_probs, np_batch["masked_lm_ids"][..., None], -1)[..., 0]
     weights = np_batch["masked_lm_weights"]
     mlm_loss = (weights * nll).sum() / (weights.sum() + 1e-6)
-    sampled = np.argmax(gathered / TINY.temperature + noise, -1)
+    sampled = np.argmax(gathered / PAPER_LOSS.temperature + noise, -1)
     original, corrupted = np_batch["input_ids"].copy(), None
     replaced = np.zeros_like(original)
     for row in range(2):
@@ -222,7 +228,8 @@ def test_loss_equals_a_hand_computed_reference(tmp_path):
     bce = -(replaced * np.log(probs) + (1 - replaced) * np.log(1 - probs))
     mask = np_batch["input_mask"]
     rtd_loss = (bce * mask).sum() / (mask.sum() + 1e-6)
-    expected = TINY.generator_weight * mlm_loss + TINY.discriminator_weight * rtd_loss
+    expected = (PAPER_LOSS.generator_weight * mlm_loss
+                + PAPER_LOSS.discriminator_weight * rtd_loss)
     assert float(loss) == pytest.approx(expected, rel=1e-5)
     assert float(metrics["mlm_loss"][0] / metrics["mlm_loss"][1]) == pytest.approx(
         mlm_loss, rel=1e-5)

@@ -4,6 +4,7 @@ both methods trained through the Trainer on a sharded mesh with the kNN monitor.
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 
@@ -16,8 +17,20 @@ from flax import nnx
 
 from pretext_jax.input_pipeline import image_augment as aug
 from pretext_jax.models.momentum import EMA, call_in_groups
-from pretext_jax.objectives.byol import BYOLObjectiveConfig, build_byol, byol_loss, target_decay
-from pretext_jax.objectives.moco import MoCoObjectiveConfig, build_moco, info_nce, moco_loss
+from pretext_jax.objectives.byol import (
+    BYOLLossSettings,
+    BYOLObjectiveConfig,
+    build_byol,
+    byol_loss,
+    target_decay,
+)
+from pretext_jax.objectives.moco import (
+    MoCoLossSettings,
+    MoCoObjectiveConfig,
+    build_moco,
+    info_nce,
+    moco_loss,
+)
 from pretext_jax.objectives.two_view import two_views
 from pretext_jax.pretrain.config import OptimConfig, make_config
 from pretext_jax.pretrain.optim import make_optimizer
@@ -94,9 +107,9 @@ def test_moco_steps_against_numpy_queue_ema_loss_and_gradients():
     function of its own image and a wrong un-shuffle would misplace keys. The gradients equal
     those of InfoNCE with the keys held constant: nothing flows through the key encoder or
     its momentum update."""
-    config = MoCoObjectiveConfig(**TINY_NET, projection_dim=8, queue_size=20, momentum=0.9,
-                                 shuffle_bn_groups=8, blur_probability=0.0,
-                                 second_blur_probability=0.0)
+    config = MoCoObjectiveConfig(**TINY_NET, projection_dim=8, queue_size=20,
+                                 blur_probability=0.0, second_blur_probability=0.0)
+    settings = MoCoLossSettings(momentum=0.9, shuffle_bn_groups=8)
     model = nnx.jit(lambda: build_moco(config, 0))()
     assert not any("target" in str(path) for path in flat(nnx.state(model, nnx.Param)))
     assert flat(nnx.state(model.target, EMA)).keys() == flat(nnx.state(model.online,
@@ -105,7 +118,8 @@ def test_moco_steps_against_numpy_queue_ema_loss_and_gradients():
     np.testing.assert_allclose(np.linalg.norm(queue, axis=1), 1.0, rtol=1e-5)
     target = flat(nnx.state(model.online, nnx.Param))  # initialised equal (builder.py)
     batch = {"image": images(8)}
-    run = jax.jit(lambda m, key: step(m, moco_loss, batch, key))
+    run = jax.jit(lambda m, key: step(m, functools.partial(moco_loss, objective=settings),
+                                      batch, key))
 
     @nnx.jit
     def reference(model, rng):
@@ -208,14 +222,15 @@ def test_byol_steps_against_numpy_ema_loss_and_stop_gradient():
     each, computed in numpy from the networks' outputs; the gradients are those of that
     loss with the target's projections held constant."""
     config = BYOLObjectiveConfig(**TINY_NET, projection_hidden_dim=16, projection_dim=8,
-                                 predictor_hidden_dim=16, base_target_decay=0.9,
-                                 target_decay_steps=4)
+                                 predictor_hidden_dim=16)
+    settings = BYOLLossSettings(base_target_decay=0.9, target_decay_steps=4)
     model = nnx.jit(lambda: build_byol(config, 0))()
     online0 = flat(nnx.state(model.online, nnx.Param))
     target = flat(nnx.state(model.target, EMA))
     assert any(not np.allclose(target[p], online0[p]) for p in target)  # independent init
     batch = {"image": images(8, seed=1)}
-    run = jax.jit(lambda m, key: step(m, byol_loss, batch, key))
+    run = jax.jit(lambda m, key: step(m, functools.partial(byol_loss, objective=settings),
+                                      batch, key))
 
     @nnx.jit
     def reference(model, rng):
@@ -277,7 +292,7 @@ def test_solarize_additive_brightness_and_asymmetric_views():
     assert np.allclose(delta, delta.flat[0]) and 0 < abs(delta.flat[0]) <= 0.4
     scaled = np.asarray(aug.color_jitter(jax.random.key(3), mid * 0, (0.4, 0, 0, 0)))
     np.testing.assert_array_equal(scaled, 0.0)  # multiplicative: black stays black
-    first, second = BYOLObjectiveConfig(target_decay_steps=1).view_augmentations()
+    first, second = BYOLObjectiveConfig().view_augmentations()
     assert (first.blur_probability, first.solarize_probability) == (1.0, 0.0)
     assert (second.blur_probability, second.solarize_probability) == (0.1, 0.2)
     assert first.jitter == (0.4, 0.4, 0.2, 0.1) and first.additive_brightness
@@ -351,8 +366,8 @@ def test_moco_trains_on_a_mixed_mesh_and_keeps_its_queue(tmp_path, colour_folder
     from pretext_jax.pretrain.export import load_model
 
     summary, losses = train("moco_tiny", tmp_path / "moco", colour_folder, (2, 2, 2),
-                            **{"model.queue_size": 64, "model.shuffle_bn_groups": 4,
-                               "model.momentum": 0.9, "optim.optimizer": "adamw",
+                            **{"model.queue_size": 64, "objective.shuffle_bn_groups": 4,
+                               "objective.momentum": 0.9, "optim.optimizer": "adamw",
                                "optim.bias_correction": True, "optim.learning_rate": 3e-3,
                                "optim.weight_decay": 1e-4, "train.steps": 60})
     assert losses[-1] < min(losses[1:-1]) and losses[-1] < np.log(65) - 0.5, losses
@@ -378,6 +393,6 @@ def test_byol_trains_on_a_mixed_mesh(tmp_path, colour_folder):
     assert losses[-1] < 0.6 * losses[0], losses
     assert 0.0 <= summary["eval"]["knn_accuracy"] <= 1.0
     assert 0.99 < summary["train"]["target_decay"] <= 1.0
-    saved = json.loads((tmp_path / "byol" / "model.json").read_text())["model"]
+    saved = json.loads((tmp_path / "byol" / "model.json").read_text())["objective"]
     assert saved["target_decay_steps"] == 40
     assert int(jax.device_get(summary["state"].model_state["target_updates"].get_value())) == 40

@@ -17,7 +17,7 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.pretrain import integrity
-from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.config import config_from_dict, make_config
 from pretext_jax.pretrain.trainer import Trainer
 
 TINY = {
@@ -181,6 +181,44 @@ def test_resume_is_exact(tmp_path, data_cache, preset):
         np.testing.assert_array_equal(got[key], expected[key])
 
 
+def old_layout(config: dict) -> dict:
+    """A config dict as written before the `objective` section: its keys under `model`."""
+    config = dict(config)
+    config["model"] = {**config["model"], **config.pop("objective")}
+    return config
+
+
+def test_workdir_of_the_old_config_layout_loads_and_resumes(tmp_path, data_cache):
+    """A workdir whose config.json and checkpoint hold the loss settings under `model` (written
+    before the `objective` section existed) reads into today's layout and resumes; a
+    checkpoint of other loss settings in that layout is still refused, naming the key."""
+    settings = {"train.steps": 2, "train.checkpoint_every": 1,
+                "objective.discriminator_weight": 40.0}
+    workdir = tmp_path / "w"
+    first = make_trainer(workdir, data_cache, preset="electra_tiny", **settings)
+    first.run(stop_after=1)
+    new = json.loads((workdir / "config.json").read_text())
+    assert new["objective"] == {"discriminator_weight": 40.0}
+    old = old_layout(new)
+    assert old["model"]["discriminator_weight"] == 40.0 and "objective" not in old
+    assert config_from_dict(old) == first.config  # config.json read in the new layout
+    (workdir / "config.json").write_text(json.dumps(old))
+    stored = workdir / "checkpoints" / "1" / "config" / "metadata"  # Orbax's JSON item
+    assert json.loads(stored.read_text()) == new
+    stored.write_text(json.dumps(old))  # the checkpoint's own copy, in the old layout
+    integrity.seal(workdir / "checkpoints" / "1")  # as if written so, not damaged
+    resumed = make_trainer(workdir, data_cache, preset="electra_tiny", **settings)
+    manager = resumed.checkpoint_manager()
+    resumed._checked_log_window(manager, 1)  # the checkpoint's config is this run's
+    manager.close()
+    assert resumed.run()["step"] == 2
+    other = {**settings, "objective.discriminator_weight": 50.0, "train.steps": 3}
+    (workdir / "config.json").write_text(json.dumps(old))
+    with pytest.raises(UserError, match=r"another config \(objective.discriminator_weight: "
+                                        r"40.0 vs 50.0\)"):
+        make_trainer(workdir, data_cache, preset="electra_tiny", **other)
+
+
 def test_checkpoint_of_other_records_is_refused_with_a_clear_error(tmp_path, data_cache):
     """The checkpoint's data position belongs to other records (here: its description of them
     is edited): the error names the fact that differs."""
@@ -308,7 +346,7 @@ def test_simclr_on_an_image_folder_with_host_crops(tmp_path, data_cache):
 
 def test_simclr_imagenet_preset_is_the_papers_recipe():
     config = make_config("simclr_imagenet", [])
-    assert (config.model["depth"], config.train.batch_size, config.model["temperature"]) == (
+    assert (config.model["depth"], config.train.batch_size, config.objective["temperature"]) == (
         50, 4096, 0.1)
     assert config.optim.learning_rate == 0.3 * 4096 / 256
     with pytest.raises(Exception, match="host_crop_size"):

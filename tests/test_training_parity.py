@@ -412,7 +412,7 @@ def electra_reference(run: dict[str, Any], optimizer: AdamWeightDecayReference,
     sum(w nll) / (sum(w) + 1e-6), Gumbel-max samples (no gradient) written into the unmasked
     input, label = sampled != original, discriminator sigmoid cross-entropy averaged over
     input_mask with epsilon 1e-6, total = 1 x MLM + 50 x RTD."""
-    config = run["config"].model_config()
+    objective = run["config"].objective_config()
     generator = tf_embeddings(
         transformers.ElectraForMaskedLM.from_pretrained(run["hf"] / "generator").eval())
     discriminator = tf_embeddings(transformers.ElectraForPreTraining.from_pretrained(
@@ -434,7 +434,7 @@ def electra_reference(run: dict[str, Any], optimizer: AdamWeightDecayReference,
         nll = log_softmax_nll(logits, long(b["masked_lm_ids"]))
         mlm = torch.sum(weights * nll) / (torch.sum(weights) + 1e-6)
         noise = torch.tensor(run["noise"][step])
-        sampled = torch.argmax(logits.detach() / config.temperature + noise, dim=-1)
+        sampled = torch.argmax(logits.detach() / objective.temperature + noise, dim=-1)
         original, _ = scatter_update(long(b["input_ids"]), long(b["masked_lm_ids"]),
                                      b["masked_lm_positions"])
         fake, masked = scatter_update(original, sampled, b["masked_lm_positions"])
@@ -444,7 +444,7 @@ def electra_reference(run: dict[str, Any], optimizer: AdamWeightDecayReference,
         bce = torch.nn.functional.binary_cross_entropy_with_logits(
             rtd_logits, labels, reduction="none") * mask
         rtd = torch.sum(bce) / (1e-6 + torch.sum(mask))
-        return config.generator_weight * mlm + config.discriminator_weight * rtd
+        return objective.generator_weight * mlm + objective.discriminator_weight * rtd
 
     losses = optimizer.run(unique_parameters(discriminator, generator), loss_fn, learning_rate,
                            len(batches))
@@ -1028,7 +1028,7 @@ def simclr_reference(run: dict[str, Any], optimizer: LarsReference,
     backbone = transformers.ResNetModel.from_pretrained(run["hf"])
     model = TorchSimCLR(backbone, run["initial"]).train()
     config = run["config"]
-    o, temperature = config.optim, config.model_config().temperature
+    o, temperature = config.optim, config.objective_config().temperature
 
     def loss_fn(step: int) -> Any:
         views = torch.tensor(run["views"][step])

@@ -4,10 +4,13 @@ next-sentence loss (Szegedy et al. 2016, §7; RoBERTa drops NSP too).
     python run.py --import docs/examples/smoothed_mlm.py pretrain --preset bert_tiny \
         --workdir runs/smoothed method=smoothed_mlm
 
-It reuses BERT's model, example builder and data preparation, and changes only the loss.
+It reuses BERT's model, example builder and data preparation, and changes only the loss, whose
+setting is the `objective` section (`objective.label_smoothing=0.2` on the command line).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -21,17 +24,27 @@ from pretext_jax.objectives.bert import prepare_bert
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register
 from pretext_jax.objectives.text import check_max_seq_length
 
-SMOOTHING = 0.1
+
+@dataclasses.dataclass(frozen=True)
+class SmoothedMLMSettings:
+    """The `objective` section: what only the loss reads."""
+
+    label_smoothing: float = 0.1
+    """Probability mass spread uniformly over the vocabulary, in [0, 1) (Szegedy et al. 0.1)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
 
 
-def smoothed_mlm_loss(model: Bert, batch: Batch, rng: jax.Array | None
-                      ) -> tuple[jax.Array, Metrics]:
+def smoothed_mlm_loss(model: Bert, batch: Batch, rng: jax.Array | None, *,
+                      objective: SmoothedMLMSettings) -> tuple[jax.Array, Metrics]:
     """Label-smoothed cross-entropy at the masked positions, weighted as BERT's MLM loss."""
     out = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                 masked_positions=batch["masked_lm_positions"], rng=rng)
     logits = out.mlm_logits.astype(jnp.float32)
     targets = optax.smooth_labels(jax.nn.one_hot(batch["masked_lm_ids"], logits.shape[-1]),
-                                  SMOOTHING)
+                                  objective.label_smoothing)
     weights = batch["masked_lm_weights"].astype(jnp.float32)
     per_token = optax.softmax_cross_entropy(logits, targets)
     loss = jnp.sum(weights * per_token) / (jnp.sum(weights) + 1e-5)
@@ -45,6 +58,7 @@ register(Method(
     name="smoothed_mlm",
     model_config=EncoderConfig,
     example_config=BertExampleConfig,
+    objective_config=SmoothedMLMSettings,
     build_model=lambda config, seed: Bert(config, rngs=nnx.Rngs(seed)),
     loss=smoothed_mlm_loss,
     prepare=prepare_bert,

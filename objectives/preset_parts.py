@@ -1,0 +1,28 @@
+"""Pieces the built-in presets share. Each method's module declares its presets next to its loss
+and registers them with its `Method` (`registry.Method.presets`)."""
+
+from __future__ import annotations
+
+# The text methods' demo/test size: 2 layers of 64 (4 heads, FFN 256), 128 positions.
+TINY_TEXT_MODEL = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 256,
+                   "max_position_embeddings": 128}
+NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
+# At the tiny size the text presets depart from their papers where a few hundred steps demand it:
+# no dropout and bias-corrected Adam (with them a 2-layer model stays at the unigram plateau
+# longer), a large learning rate and a short warmup.
+TINY_TEXT_OPTIM = {"learning_rate": 2e-3, "warmup_steps": 30, "bias_correction": True}
+TINY_TEXT_TRAIN = {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
+                   "checkpoint_every": 200}
+TINY_IMAGE_TRAIN = {"steps": 200, "batch_size": 64, "log_every": 25, "eval_every": 100,
+                    "checkpoint_every": 100}
+# RoBERTa-Base as fairseq-train runs it (Liu et al. 2019, Table 9; fairseq
+# README.pretraining.md), which MPNet follows: Adam (bias-corrected) b2 0.98, eps 1e-6, peak lr
+# 6e-4 after 24k warmup steps then linear decay, weight decay 0.01, no clipping. fairseq's Adam
+# (fairseq/optim/adam.py) adds eps to sqrt(v) before the bias correction and decays every
+# parameter (LayerNorm and biases too), and polynomial_decay falls linearly from the peak at the
+# end of warmup (BERT's `linear` decays from step 0 and so would start at 0.952 x peak after 24k
+# of 500k steps).
+FAIRSEQ_ROBERTA_OPTIM = {"learning_rate": 6e-4, "schedule": "linear_from_peak",
+                         "warmup_steps": 24000, "b2": 0.98, "eps": 1e-6, "weight_decay": 0.01,
+                         "bias_correction": True, "eps_before_bias_correction": True,
+                         "decay_norms_and_biases": True, "clip_norm": 0.0}
