@@ -78,3 +78,38 @@ def test_console_command_runs_the_demo_from_a_fresh_environment(wheel, tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "held-out MLM accuracy" in run.stdout
     assert any((elsewhere / "demo" / "checkpoints").iterdir())
+
+
+# A run in a process where the optional extras' packages cannot be imported (`None` in
+# sys.modules makes `import` raise ModuleNotFoundError naming the package, as when it is absent).
+WITHOUT_EXTRAS = """
+import sys
+for name in ("tensorflow_datasets", "tensorboardX", "matplotlib"):
+    sys.modules[name] = None
+from pretext_jax import run
+sys.exit(run.main(sys.argv[1:]))
+"""
+
+
+def test_default_install_trains_without_the_extras_and_names_them(tmp_path):
+    """Without tensorboardX and matplotlib a run still trains and writes metrics.jsonl, saying
+    once which extra adds TensorBoard events and curves; a TFDS source without
+    tensorflow-datasets is the one-line error naming the `tfds` extra, exit 2."""
+    from resilience_utils import TINY_BERT, small_corpus
+
+    settings = {**TINY_BERT, **small_corpus(tmp_path), "train.steps": 2}
+    overrides = [f"{key}={value}" for key, value in settings.items()]
+    command = [sys.executable, "-c", WITHOUT_EXTRAS, "pretrain", "--preset", "bert_tiny"]
+    run = subprocess.run([*command, "--workdir", str(tmp_path / "w"), *overrides],
+                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "pip install 'pretext-jax[tensorboard]'" in run.stdout
+    assert "pip install 'pretext-jax[plots]'" in run.stdout
+    assert (tmp_path / "w" / "metrics.jsonl").stat().st_size > 0
+    assert not (tmp_path / "w" / "tensorboard").exists()
+    assert not (tmp_path / "w" / "curves.png").exists()
+    tfds = subprocess.run([*command, "--workdir", str(tmp_path / "t"), *overrides,
+                           "data.source=tfds:wikipedia"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert tfds.returncode == 2 and len(tfds.stderr.strip().splitlines()) == 1, tfds.stderr
+    assert "pip install 'pretext-jax[tfds]'" in tfds.stderr
