@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pretext_jax.models.encoder import ACTIVATIONS, Encoder, EncoderConfig, dense, layer_norm
+from pretext_jax.models.encoder import Encoder, EncoderConfig
+from pretext_jax.models.layers import ACTIVATIONS, dense, layer_norm
 
 
 @jax.tree_util.register_dataclass

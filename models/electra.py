@@ -21,14 +21,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pretext_jax.models.encoder import (
-    ACTIVATIONS,
-    Embeddings,
-    Encoder,
-    EncoderConfig,
-    dense,
-    layer_norm,
-)
+from pretext_jax.models.encoder import Embeddings, Encoder, EncoderConfig
+from pretext_jax.models.layers import ACTIVATIONS, dense, layer_norm
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ from parity_utils import assert_same_params, perturbed, random_params
 
 from pretext_jax.input_pipeline import seq2seq_examples as s2s
 from pretext_jax.input_pipeline.errors import UserError
-from pretext_jax.models.encoder import attention
+from pretext_jax.models.layers import attention
 from pretext_jax.models.t5 import T5, T5Config, shift_right
 from pretext_jax.objectives.seq2seq import seq2seq_loss
 from pretext_jax.pretrain import hf, optim
