@@ -278,9 +278,11 @@ def run_stacked(layers: nnx.Module, apply: Callable[..., tuple[Any, Any]], carry
 
 
 class MaskedLMHead(nnx.Module):
-    """A masked-LM head: dense(hidden -> embedding width), activation, LayerNorm, then the tied
-    word-embedding matrix plus a bias (HF `RobertaLMHead`, `AlbertMLMHead`; BERT's
-    `cls.predictions` at embedding width = hidden). `activation` defaults to `hidden_act`."""
+    """The masked-LM head of every model here that has one: dense(hidden -> embedding width),
+    activation, LayerNorm, then the tied word-embedding matrix plus a bias (run_pretraining.py
+    `get_masked_lm_output`; HF `BertLMPredictionHead` (`cls.predictions`), ELECTRA's
+    `generator_predictions` + `generator_lm_head`, `RobertaLMHead`, `AlbertMLMHead`,
+    `MPNetLMHead`). `activation` defaults to `hidden_act` (RoBERTa and MPNet: exact GELU)."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs,
                  activation: str | None = None):

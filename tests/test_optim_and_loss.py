@@ -158,10 +158,11 @@ def test_adam_without_bias_correction_and_decay_mask_match_numpy():
 
 
 def test_decay_mask_skips_norms_and_biases():
-    params = {"mlm_bias": 1, "nsp": {"kernel": 1, "bias": 1}, "mlm_layer_norm": {"scale": 1},
+    params = {"lm_head": {"bias": 1}, "nsp": {"kernel": 1, "bias": 1},
+              "mlm_layer_norm": {"scale": 1},
               "encoder": {"embeddings": {"word_embeddings": {"embedding": 1}}}}
     mask = decay_mask(params)
-    assert mask == {"mlm_bias": False, "nsp": {"kernel": True, "bias": False},
+    assert mask == {"lm_head": {"bias": False}, "nsp": {"kernel": True, "bias": False},
                     "mlm_layer_norm": {"scale": False},
                     "encoder": {"embeddings": {"word_embeddings": {"embedding": True}}}}
 
