@@ -9,6 +9,7 @@ Parameters carry logical axis names in their `out_sharding` metadata (`vocab`, `
 `mlp`, `layers`, `norm`); `pretrain.mesh` maps those to mesh axes. Layers are stored stacked
 (leading `layers` axis) whether they run under `nnx.scan` or a Python loop, so checkpoints and
 conversions do not depend on that flag; a shared layer is stored once, without that axis.
+Shape comments use the letters of `Encoder`'s legend.
 """
 
 from __future__ import annotations
@@ -82,19 +83,21 @@ class Embeddings(nnx.Module):
     def __call__(
         self, input_ids: jax.Array, token_type_ids: jax.Array, rng: jax.Array | None
     ) -> jax.Array:
+        """`input_ids`, `token_type_ids` [B, T] -> embeddings [B, T, E]."""
         padding_id = self.config.position_padding_id
         if padding_id < 0:
             seq_len = input_ids.shape[1]
             positions = self.position_embeddings.embedding[:seq_len][None].astype(
-                self.config.compute_dtype)
+                self.config.compute_dtype)  # [1, T, E]
         else:
-            positions = self.position_embeddings(padded_position_ids(input_ids, padding_id))
+            positions = self.position_embeddings(
+                padded_position_ids(input_ids, padding_id))  # [B, T, E]
         x = (
-            self.word_embeddings(input_ids)
+            self.word_embeddings(input_ids)  # [B, T, E]
             + positions
-            + self.token_type_embeddings(token_type_ids)
+            + self.token_type_embeddings(token_type_ids)  # [B, T, E]
         )
-        return dropout(self.layer_norm(x), self.config.hidden_dropout, rng)
+        return dropout(self.layer_norm(x), self.config.hidden_dropout, rng)  # [B, T, E]
 
 
 def padded_position_ids(input_ids: jax.Array, padding_id: int) -> jax.Array:
@@ -120,16 +123,19 @@ class EncoderLayer(nnx.Module):
         self.output_layer_norm = layer_norm(config, h, rngs)
 
     def __call__(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None) -> jax.Array:
+        """`x` [B, T, H], `mask` [B, 1, 1, T] (True = key may be attended) -> [B, T, H]."""
         c = self.config
         attn_rng, attn_out_rng, mlp_rng = split_rng(rng, 3)
-        heads = (*x.shape[:2], c.num_heads, c.hidden_size // c.num_heads)
-        q, k, v = (proj(x).reshape(heads) for proj in (self.query, self.key, self.value))
+        heads = (*x.shape[:2], c.num_heads, c.hidden_size // c.num_heads)  # (B, T, N, D)
+        q, k, v = (proj(x).reshape(heads)  # [B, T, N, D] each
+                   for proj in (self.query, self.key, self.value))
         context = attention(q, k, v, mask, c.attention_dropout, attn_rng,
-                            c.attention_implementation).reshape(x.shape)
-        attn = dropout(self.attention_output(context), c.hidden_dropout, attn_out_rng)
-        x = self.attention_layer_norm(x + attn)
-        y = self.output(ACTIVATIONS[c.hidden_act](self.intermediate(x)))
-        return self.output_layer_norm(x + dropout(y, c.hidden_dropout, mlp_rng))
+                            c.attention_implementation).reshape(x.shape)  # [B, T, H]
+        attn = dropout(self.attention_output(context), c.hidden_dropout,
+                       attn_out_rng)  # [B, T, H]
+        x = self.attention_layer_norm(x + attn)  # [B, T, H]
+        y = self.output(ACTIVATIONS[c.hidden_act](self.intermediate(x)))  # [B, T, F] -> [B, T, H]
+        return self.output_layer_norm(x + dropout(y, c.hidden_dropout, mlp_rng))  # [B, T, H]
 
 
 class EncoderStack(nnx.Module):
@@ -146,7 +152,8 @@ class EncoderStack(nnx.Module):
                                          config.num_layers, rngs)
 
     def __call__(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None) -> jax.Array:
-        keys = None if rng is None else jax.random.split(rng, self.config.num_layers)
+        """`x` [B, T, H] through the L layers -> [B, T, H]; `mask` [B, 1, 1, T]."""
+        keys = None if rng is None else jax.random.split(rng, self.config.num_layers)  # [L, 2]
 
         def apply(layer: EncoderLayer, h: jax.Array, key: jax.Array | None):
             return layer(h, mask, key), None
@@ -157,7 +164,12 @@ class EncoderStack(nnx.Module):
 
 class Encoder(nnx.Module):
     """Embeddings (+ projection when `embedding_size` != `hidden_size`) + encoder stack; returns
-    the last hidden states [batch, seq, hidden].
+    the last hidden states [B, T, H].
+
+    Shapes in this module (letters as google-research/bert modeling.py `transformer_model`):
+    B batch size, T sequence length (queries and keys alike), E embedding width
+    (`embedding_width`), H hidden size, N attention heads, D head size (H / N), F intermediate
+    (feed-forward) size, L layers.
 
     `embeddings` lets two encoders share one `Embeddings` module (ELECTRA's generator and
     discriminator): NNX keeps a single copy of its parameters, which receives the gradients of
@@ -184,14 +196,15 @@ class Encoder(nnx.Module):
         attention_mask: jax.Array | None = None,
         rng: jax.Array | None = None,
     ) -> jax.Array:
+        """`input_ids`, `token_type_ids`, `attention_mask` (1 = token) [B, T] -> [B, T, H]."""
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
         embed_rng, stack_rng = split_rng(rng, 2)
-        x = self.embeddings(input_ids, token_type_ids, embed_rng)
+        x = self.embeddings(input_ids, token_type_ids, embed_rng)  # [B, T, E]
         if self.embeddings_project is not None:
-            x = self.embeddings_project(x)
-        key_mask = attention_mask.astype(bool)[:, None, None, :]
-        return self.stack(x, key_mask, stack_rng)
+            x = self.embeddings_project(x)  # [B, T, H]
+        key_mask = attention_mask.astype(bool)[:, None, None, :]  # [B, 1, 1, T]
+        return self.stack(x, key_mask, stack_rng)  # [B, T, H]
 
