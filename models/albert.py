@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pretext_jax.models.encoder import Encoder, EncoderConfig, MaskedLMHead, dense
+from pretext_jax.models.encoder import Encoder, EncoderConfig
+from pretext_jax.models.layers import MaskedLMHead, dense
 
 
 @dataclasses.dataclass(frozen=True)

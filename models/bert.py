@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pretext_jax.models.encoder import ACTIVATIONS, Encoder, EncoderConfig, dense, layer_norm
+from pretext_jax.models.encoder import Encoder, EncoderConfig
+from pretext_jax.models.layers import MaskedLMHead, dense
 
 
 @jax.tree_util.register_dataclass
@@ -29,7 +30,9 @@ class BertOutput:
 
 
 class Bert(nnx.Module):
-    """BERT with both pre-training heads (HF `BertForPreTraining`)."""
+    """BERT with both pre-training heads (HF `BertForPreTraining`): the tanh pooler, the
+    masked-LM head (`MaskedLMHead` at `lm_head`: run_pretraining.py `get_masked_lm_output`'s
+    transform, then the tied word embedding + bias) and the next-sentence head `nsp`."""
 
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
         h = config.hidden_size
@@ -37,9 +40,7 @@ class Bert(nnx.Module):
         with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
             self.encoder = Encoder(config, rngs=rngs)
             self.pooler = dense(config, h, h, ("embed", "mlp"), rngs)
-            self.mlm_transform = dense(config, h, h, ("embed", "mlp"), rngs)
-            self.mlm_layer_norm = layer_norm(config, h, rngs)
-            self.mlm_bias = nnx.Param(jnp.zeros((config.vocab_size,)), out_sharding=("vocab",))
+            self.lm_head = MaskedLMHead(config, rngs=rngs)
             self.nsp = dense(config, h, 2, ("embed", None), rngs)
 
     def __call__(
@@ -56,19 +57,10 @@ class Bert(nnx.Module):
         dropout (None = deterministic)."""
         hidden = self.encoder(input_ids, token_type_ids, attention_mask, rng)
         pooled = jnp.tanh(self.pooler(hidden[:, 0]))
-        mlm_input = hidden
-        if masked_positions is not None:
-            mlm_input = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
         return BertOutput(
             hidden_states=hidden,
             pooled_output=pooled,
-            mlm_logits=self.mlm_logits(mlm_input),
+            mlm_logits=self.lm_head(hidden, self.encoder.embeddings.word_embeddings,
+                                    masked_positions),
             nsp_logits=self.nsp(pooled),
         )
-
-    def mlm_logits(self, hidden: jax.Array) -> jax.Array:
-        """Transform (dense + activation + LayerNorm), then the tied word embedding + bias."""
-        act = ACTIVATIONS[self.config.hidden_act]
-        x = self.mlm_layer_norm(act(self.mlm_transform(hidden)))
-        logits = self.encoder.embeddings.word_embeddings.attend(x)
-        return logits + self.mlm_bias[...].astype(logits.dtype)

@@ -26,15 +26,8 @@ from flax import nnx
 
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.electra import ElectraDiscriminator
-from pretext_jax.models.encoder import (
-    ACTIVATIONS,
-    Encoder,
-    EncoderConfig,
-    TransformerConfig,
-    dense,
-    dropout,
-    split_rng,
-)
+from pretext_jax.models.encoder import Encoder, EncoderConfig
+from pretext_jax.models.layers import ACTIVATIONS, TransformerConfig, dense, dropout, split_rng
 from pretext_jax.models.xlnet import XLNet, XLNetConfig, XLNetModel
 
 HEADS = ("bert", "electra", "xlnet")

@@ -21,14 +21,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pretext_jax.models.encoder import (
-    ACTIVATIONS,
-    Embeddings,
-    Encoder,
-    EncoderConfig,
-    dense,
-    layer_norm,
-)
+from pretext_jax.models.encoder import Embeddings, Encoder, EncoderConfig
+from pretext_jax.models.layers import ACTIVATIONS, MaskedLMHead, dense
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,18 +126,16 @@ class ElectraDiscriminator(nnx.Module):
 
 
 class ElectraGenerator(nnx.Module):
-    """Encoder + masked-LM head: dense(H_gen -> E, act), LayerNorm, tied word embedding + bias
-    (HF `ElectraForMaskedLM`; run_pretraining.py `_get_masked_lm_output`)."""
+    """Encoder + masked-LM head (`MaskedLMHead` at `lm_head`): dense(H_gen -> E, act),
+    LayerNorm, tied word embedding + bias (HF `ElectraForMaskedLM`; run_pretraining.py
+    `_get_masked_lm_output`)."""
 
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs,
                  embeddings: Embeddings | None = None):
-        e = config.embedding_width
         self.config = config
         with nnx.use_eager_sharding(False):
             self.encoder = Encoder(config, rngs=rngs, embeddings=embeddings)
-            self.mlm_transform = dense(config, config.hidden_size, e, ("mlp", "embed"), rngs)
-            self.mlm_layer_norm = layer_norm(config, e, rngs)
-            self.mlm_bias = nnx.Param(jnp.zeros((config.vocab_size,)), out_sharding=("vocab",))
+            self.lm_head = MaskedLMHead(config, rngs=rngs)
 
     def __call__(
         self,
@@ -156,14 +148,10 @@ class ElectraGenerator(nnx.Module):
     ) -> GeneratorOutput:
         """`masked_positions` [B, P] gathers those positions before the vocabulary projection."""
         hidden = self.encoder(input_ids, token_type_ids, attention_mask, rng)
-        mlm_input = hidden
-        if masked_positions is not None:
-            mlm_input = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
-        act = ACTIVATIONS[self.config.hidden_act]
-        x = self.mlm_layer_norm(act(self.mlm_transform(mlm_input)))
-        logits = self.encoder.embeddings.word_embeddings.attend(x)
-        return GeneratorOutput(hidden_states=hidden,
-                               mlm_logits=logits + self.mlm_bias[...].astype(logits.dtype))
+        return GeneratorOutput(
+            hidden_states=hidden,
+            mlm_logits=self.lm_head(hidden, self.encoder.embeddings.word_embeddings,
+                                    masked_positions))
 
 
 class Electra(nnx.Module):

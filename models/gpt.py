@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pretext_jax.models.encoder import (
+from pretext_jax.models.layers import (
     ACTIVATIONS,
     TransformerConfig,
     attention,

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from pretext_jax.models.encoder import (
+from pretext_jax.models.encoder import EncoderLayer
+from pretext_jax.models.layers import (
     ACTIVATIONS,
-    EncoderLayer,
     MaskedLMHead,
     TransformerConfig,
     attention,

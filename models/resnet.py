@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pretext_jax.models.encoder import COMPUTE_DTYPES, check_dtype
+from pretext_jax.models.layers import COMPUTE_DTYPES, check_dtype
 
 # Blocks and stage depths of the standard sizes (torchvision / HF `ResNetConfig`).
 DEPTHS = {18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)),

@@ -15,7 +15,8 @@ import jax
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.models.encoder import Encoder, EncoderConfig, MaskedLMHead
+from pretext_jax.models.encoder import Encoder, EncoderConfig
+from pretext_jax.models.layers import MaskedLMHead
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ What makes it T5 rather than BERT: pre-norm residual blocks whose LayerNorm only
 (RMS over the features in float32, no mean subtraction, no bias), no biases anywhere, no
 1/sqrt(d) scaling of attention scores (the initialisation absorbs it), and a scalar relative
 position bias per head instead of position embeddings: key-query offsets are bucketed
-(`models.encoder.relative_position_bucket`: bidirectional in the encoder, causal in the
+(`models.layers.relative_position_bucket`: bidirectional in the encoder, causal in the
 decoder), each stack holds one [buckets, heads] table (HF keeps it in the first block) that
 every layer of the stack adds to its self-attention scores, and cross-attention has none. The
 feed-forward is `relu` (T5 v1.0) or a gated GELU (`gated-gelu`, v1.1: gelu_new(x wi_0) * x wi_1).
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pretext_jax.models.encoder import (
+from pretext_jax.models.layers import (
     ACTIVATIONS,
     attention,
     check_execution_fields,
@@ -55,7 +55,7 @@ class T5Config:
     initializer_factor, tie_word_embeddings. `vocab_size` 0 and `eos_token_id` 0 mean "take
     them from the data" (pre-training fills them in). `dtype` is the compute dtype (parameters
     are float32); `scan_layers`, `remat` and `attention_implementation` as in
-    `models.encoder.TransformerConfig`."""
+    `models.layers.TransformerConfig`."""
 
     vocab_size: int = 32128
     """Vocabulary incl. sentinels (T5 32128); 0 = the data's (tokenizer + extra_ids)."""

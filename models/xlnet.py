@@ -11,7 +11,7 @@ is at position j. With `target_mapping` both streams run: the content stream h (
 and the query stream g (starts from `mask_emb`, never sees its own content); the outputs and
 logits are then the query stream's at the targets. `XLNetModel` is the transformer alone (HF
 `XLNetModel`), which `XLNet` (the LM head) and the sequence classifier (`models.classifier`) build
-on.
+on. Shape comments use the letters of `XLNetModel`'s legend.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pretext_jax.models.encoder import (
+from pretext_jax.models.layers import (
     ACTIVATIONS,
     TransformerConfig,
     dense,
@@ -228,16 +228,21 @@ class XLNetLayer(nnx.Module):
     def __call__(self, h: jax.Array, g: jax.Array | None, mem: jax.Array | None,
                  biases: dict[str, jax.Array], inputs: AttentionInputs,
                  rng: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
+        """One layer on the content stream `h` [B, T, H] and, if given, the query stream `g`
+        [B, P, H] (or [B, T, H] without targets), attending over [memory `mem` [B, M, H]; h]
+        (shapes: `XLNetModel`'s legend)."""
         keys = split_rng(rng, 6)
-        context_in = h if mem is None else jnp.concatenate([mem.astype(h.dtype), h], axis=1)
-        k, v = self.project(context_in, "k"), self.project(context_in, "v")
-        k_r = self.project(inputs.positions.astype(h.dtype), "r")
+        context_in = h if mem is None else jnp.concatenate([mem.astype(h.dtype), h],
+                                                           axis=1)  # [B, K, H]
+        k, v = self.project(context_in, "k"), self.project(context_in, "v")  # [B, K, N, D]
+        k_r = self.project(inputs.positions.astype(h.dtype), "r")  # [B, R, N, D]
         attended = self.attend(self.project(h, "q"), k, v, k_r, biases, inputs,
-                               inputs.content_mask, keys[0])
-        new_h = self.feed_forward(self.post_attention(h, attended, keys[1]), keys[2])
+                               inputs.content_mask, keys[0])  # [B, T, N, D]
+        new_h = self.feed_forward(self.post_attention(h, attended, keys[1]),
+                                  keys[2])  # [B, T, H]
         if g is None:
             return new_h, None
-        q_g = self.project(g, "q")
+        q_g = self.project(g, "q")  # [B, P, N, D]
         if inputs.target_positions is not None:
             attended_g = self.attend(q_g, k, v, k_r, biases, inputs,
                                      query_rows(inputs.query_mask, inputs.target_positions),
@@ -261,7 +266,14 @@ class Memory(nnx.Variable):
 
 class XLNetModel(nnx.Module):
     """The XLNet transformer (HF `XLNetModel`): word embedding, `mask_emb` for the query stream,
-    the r-biases and stacked layers; `encode` returns the last hidden states."""
+    the r-biases and stacked layers; `encode` returns the last hidden states.
+
+    Shapes in this module (modeling.py `transformer_xl`'s names in brackets): B batch size,
+    T segment length [qlen], M memory length [mlen], K = M + T keys [klen], R relative
+    positions (K + T for `bi`, K for `uni`), P predicted positions [num_predict], H hidden size
+    [d_model], N attention heads [n_head], D head size [d_head], F inner size [d_inner],
+    L layers, V vocabulary.
+    """
 
     def __init__(self, config: XLNetConfig, *, rngs: nnx.Rngs):
         n, d = config.num_heads, config.head_size
@@ -357,36 +369,39 @@ class XLNetModel(nnx.Module):
         if target_mapping is not None and target_positions is not None:
             raise ValueError("give target_mapping or target_positions, not both")
         c = self.config
-        batch, query_len = input_ids.shape
-        mem_len = 0 if mems is None else mems.shape[2]
+        batch, query_len = input_ids.shape  # B, T
+        mem_len = 0 if mems is None else mems.shape[2]  # M; mems [L, B, M, H]
         content_mask, query_mask = self._masks(batch, query_len, mem_len, attention_mask,
-                                               perm_mask)
+                                               perm_mask)  # [B, T, K] each, or None
         embed_rng, query_rng, position_rng, layers_rng, out_rng = split_rng(rng, 5)
-        h = dropout(self.word_embedding(input_ids), c.hidden_dropout, embed_rng)
+        h = dropout(self.word_embedding(input_ids), c.hidden_dropout, embed_rng)  # [B, T, H]
         g = None
         targets = target_mapping if target_mapping is not None else target_positions
-        if targets is not None:
+        if targets is not None:  # [B, P, T] or [B, P]
             g = jnp.broadcast_to(self.mask_emb[...].astype(c.compute_dtype),
-                                 (batch, targets.shape[1], c.hidden_size))
+                                 (batch, targets.shape[1], c.hidden_size))  # [B, P, H]
             g = dropout(g, c.hidden_dropout, query_rng)
-        positions = relative_positions(c, query_len, query_len + mem_len, batch)
+        positions = relative_positions(c, query_len, query_len + mem_len, batch)  # [B, R, H]
         inputs = AttentionInputs(
             positions=dropout(positions, c.hidden_dropout, position_rng),
-            segments=self._segments(token_type_ids, mem_len),
+            segments=self._segments(token_type_ids, mem_len),  # [B, T, K, 2] or None
             content_mask=content_mask, query_mask=query_mask, target_mapping=target_mapping,
             target_positions=target_positions)
-        biases = {name: getattr(self, name)[...].astype(c.compute_dtype) for name in BIAS_NAMES}
+        biases = {name: getattr(self, name)[...].astype(c.compute_dtype)  # [L, N, D] (or [N, D])
+                  for name in BIAS_NAMES}
         if not c.untie_r:
-            biases = {k: jnp.broadcast_to(v, (c.num_layers, *v.shape)) for k, v in biases.items()}
+            biases = {k: jnp.broadcast_to(v, (c.num_layers, *v.shape))  # [L, N, D]
+                      for k, v in biases.items()}
         keys = None if layers_rng is None else jax.random.split(layers_rng, c.num_layers)
 
         def apply(layer: XLNetLayer, carry, per_layer):
-            h, g = carry
-            mem, layer_biases, key = per_layer
-            new_mem = self._cache(h, mem) if use_mems else None
+            h, g = carry  # [B, T, H], [B, P, H] or None
+            mem, layer_biases, key = per_layer  # [B, M, H] or None, {name: [N, D]}, key
+            new_mem = self._cache(h, mem) if use_mems else None  # [B, M', H]
             return layer(h, g, mem, layer_biases, inputs, key), new_mem
 
-        (h, g), new_mems = run_stacked(self.layers, apply, (h, g), (mems, biases, keys), c)
+        (h, g), new_mems = run_stacked(self.layers, apply, (h, g), (mems, biases, keys),
+                                       c)  # new_mems [L, B, M', H] or None
         return dropout(h if g is None else g, c.hidden_dropout, out_rng), new_mems
 
 
@@ -407,8 +422,9 @@ class XLNet(XLNetModel):
         **kwargs: Any,
     ) -> XLNetOutput:
         """`XLNetModel.encode` (same arguments) and the LM logits of its hidden states."""
-        hidden, new_mems = self.encode(input_ids, token_type_ids, attention_mask, **kwargs)
-        logits = self.word_embedding.attend(hidden)
+        hidden, new_mems = self.encode(input_ids, token_type_ids, attention_mask,
+                                       **kwargs)  # [B, T or P, H]
+        logits = self.word_embedding.attend(hidden)  # [B, T or P, V]
         return XLNetOutput(hidden_states=hidden,
                            lm_logits=logits + self.lm_bias[...].astype(logits.dtype),
                            new_mems=new_mems)

@@ -34,7 +34,7 @@ from flax import nnx
 from pretext_jax.input_pipeline import electra_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.electra import Electra, ElectraConfig
-from pretext_jax.models.encoder import split_rng
+from pretext_jax.models.layers import split_rng
 from pretext_jax.objectives.preset_parts import (
     NO_DROPOUT,
     TINY_TEXT_MODEL,

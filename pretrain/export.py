@@ -27,6 +27,7 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import prepare
 from pretext_jax.input_pipeline.tokenizers import Tokenizer, load_tokenizer
+from pretext_jax.models import migration
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain import integrity
 
@@ -109,14 +110,16 @@ def _strip_values(tree: Any) -> Any:
 def _model_from_state(directory: Path, pure_params: dict[str, Any],
                       pure_rest: dict[str, Any] | None) -> nnx.Module:
     """The model with these parameters and its other state (BatchNorm statistics, XLNet's
-    memory); state that was not stored starts at zero."""
+    memory); state that was not stored starts at zero. Parameters stored under the names of an
+    earlier version are renamed (`models.migration`)."""
     info = read_json_object(directory / MODEL_FILE)
     method = registry.get(info["method"])
     # Written before the objective section existed, `model` may hold loss settings too.
     model_config = method.model_config(**method.split_model_section(info["model"])[0])
     model = nnx.eval_shape(lambda: method.build_model(model_config, 0))
     _, params, rest = nnx.split(model, nnx.Param, ...)
-    nnx.replace_by_pure_dict(params, jax.tree.map(np.asarray, _strip_values(pure_params)))
+    pure_params = migration.migrate(_strip_values(pure_params))
+    nnx.replace_by_pure_dict(params, jax.tree.map(np.asarray, pure_params))
     rest = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), rest)
     if pure_rest:
         nnx.replace_by_pure_dict(rest, jax.tree.map(np.asarray, _strip_values(pure_rest)))
@@ -174,22 +177,27 @@ def checkpoint_step(workdir: Path) -> int | None:
 def _restore_on_one_device(directory: Path) -> Any:
     """An Orbax checkpoint onto this process's first device, whatever mesh wrote it (a model
     trained on 8 devices loads in a shell that has one)."""
-    checkpointer = ocp.StandardCheckpointer()
-    directory = directory.resolve()
-    # An item folder (`<step>/state`) has no step-level `_CHECKPOINT_METADATA`; Orbax logs a
-    # warning about it on every load that says nothing wrong.
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device),
+        saved_layout(directory))
+    return ocp.StandardCheckpointer().restore(directory.resolve(), target)
+
+
+def saved_layout(directory: Path) -> Any:
+    """The tree an Orbax item folder (e.g. `<step>/state`) holds, as nested dicts and lists of
+    array metadata (shape, dtype), read without loading any array."""
+    # An item folder has no step-level `_CHECKPOINT_METADATA`; Orbax logs a warning about it on
+    # every load that says nothing wrong.
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)
     try:
-        metadata = checkpointer.metadata(directory)
+        metadata = ocp.StandardCheckpointer().metadata(directory.resolve())
     finally:
         absl_logger.setLevel(level)
     metadata = getattr(metadata, "item_metadata", metadata)
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = jax.tree.map(
-        lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), metadata)
-    return checkpointer.restore(directory, target)
+    return getattr(metadata, "tree", metadata)
 
 
 def save_model(model: nnx.Module, method: str, path: str | Path,

@@ -1,6 +1,6 @@
 """Device mesh over ('data', 'fsdp', 'tensor') and the logical-axis rules for parameters.
 
-Parameters carry logical axis names (models/encoder.py); `LOGICAL_RULES` maps them to mesh axes,
+Parameters carry logical axis names (models/layers.py); `LOGICAL_RULES` maps them to mesh axes,
 so data parallelism, FSDP (ZeRO-3 style parameter sharding) and tensor parallelism are mesh
 sizes in the config, not code. The batch is sharded over ('data', 'fsdp'). The mesh uses Auto
 axis types, so XLA's sharding propagation places intermediates (ARCHITECTURE.md, "Facts").

@@ -17,7 +17,11 @@ import optax
 
 from pretext_jax.errors import UserError
 
-NO_DECAY_NAMES = ("bias", "scale", "layer_norm", "mlm_bias")
+# Parameters that weight decay skips, by their own name (the last component of their path):
+# biases and the scales of LayerNorm, RMSNorm and BatchNorm. optimization.py excludes
+# "LayerNorm", "layer_norm" and "bias" by name; a normalisation layer's parameters here are its
+# `scale` and `bias`, so the two rules pick the same ones.
+NO_DECAY_PARAMETERS = ("bias", "scale")
 SCHEDULES = ("linear", "electra_linear", "linear_from_peak", "cosine", "constant",
              "inverse_sqrt")
 
@@ -76,16 +80,26 @@ def scale_by_adam_without_bias_correction(
 
 
 def decay_mask(params: Any) -> Any:
-    """True where weight decay applies: not on LayerNorm scales/biases nor any bias."""
+    """True where weight decay applies: on every parameter but biases and normalisation scales
+    (`NO_DECAY_PARAMETERS`, matched against the parameter's own name)."""
 
     def keep(path: tuple[Any, ...], _: Any) -> bool:
-        return not any(n in NO_DECAY_NAMES for n in _names(path))
+        return _parameter_name(path) not in NO_DECAY_PARAMETERS
 
     return jax.tree_util.tree_map_with_path(keep, params)
 
 
 def _names(path: tuple[Any, ...]) -> list[str]:
     return [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+
+
+def _parameter_name(path: tuple[Any, ...]) -> str:
+    """The parameter's own name: the last component of its path that is not the `value` of
+    an nnx Variable."""
+    names = _names(path)
+    while names and names[-1] == "value":
+        names.pop()
+    return names[-1] if names else ""
 
 
 def layer_depth_factors(params: Any, decay: float) -> Any:

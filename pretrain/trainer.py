@@ -25,6 +25,7 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import prepare
 from pretext_jax.input_pipeline.records import make_loader
+from pretext_jax.models import migration
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain import integrity, resilience
 from pretext_jax.pretrain import mesh as mesh_lib
@@ -33,6 +34,7 @@ from pretext_jax.pretrain.export import (
     CONFIG_FILE,
     load_pretrained,
     read_json_object,
+    saved_layout,
     write_model_json,
     write_tokenizer,
 )
@@ -112,6 +114,22 @@ class CorruptCheckpoint(Exception):
 def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)
                               if jnp.issubdtype(leaf.dtype, jnp.inexact)] or [jnp.bool_(True)]))
+
+
+def _checkpoint_path(path: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A pytree path as a checkpoint's tree names it (dict keys, field names, list indices),
+    with the parameter names of earlier versions replaced (`models.migration`)."""
+    return migration.migrate_path(tuple(
+        getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path))
+
+
+def _in_layout(source: Any, layout: Any) -> Any:
+    """`layout`'s tree with each leaf replaced by `source`'s leaf of the same path: a restore
+    target in a checkpoint's own layout, or restored values in ours."""
+    leaves = {_checkpoint_path(path): leaf
+              for path, leaf in jax.tree_util.tree_leaves_with_path(source)}
+    return jax.tree_util.tree_map_with_path(lambda path, _: leaves[_checkpoint_path(path)],
+                                            layout)
 
 
 def _config_difference(saved: dict[str, Any], wanted: dict[str, Any]) -> str | None:
@@ -528,14 +546,19 @@ class Trainer:
                 lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), subtree),
             self.state_sharding, self.abstract_state,
             is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+        # A checkpoint of an earlier version may name parameters differently: it is restored in
+        # its own layout and its leaves put where `models.migration` says they now are.
+        layout = saved_layout(self.workdir / "checkpoints" / str(step) / "state")
+        renamed = migration.has_old_names(layout)
         restored = manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target),
+            state=ocp.args.StandardRestore(_in_layout(target, layout) if renamed else target),
             data=ocp.args.JsonRestore(),
         ))
-        if not bool(_all_finite(restored["state"])):
+        state = _in_layout(restored["state"], target) if renamed else restored["state"]
+        if not bool(_all_finite(state)):
             raise CorruptCheckpoint("it holds NaN or Inf values")
         data = restored["data"]
-        return restored["state"], data.get("iterators") or [data["iterator"]]
+        return state, data.get("iterators") or [data["iterator"]]
 
     def restore_latest_readable(self, manager: ocp.CheckpointManager
                                 ) -> tuple[TrainState, list[str]] | None:

@@ -180,7 +180,7 @@ def test_bare_and_legacy_checkpoints(tmp_path):
     with pytest.warns(UserWarning, match="has no cls.predictions, cls.seq_relationship;"):
         bare = hf.load(tmp_path / "bare")
     np.testing.assert_allclose(our_outputs(bare, *inputs)[0], expected[0], atol=1e-5, rtol=0)
-    np.testing.assert_array_equal(bare.mlm_bias.get_value(), np.zeros(config["vocab_size"]))
+    np.testing.assert_array_equal(bare.lm_head.bias.get_value(), np.zeros(config["vocab_size"]))
     # An old-style checkpoint: TF LayerNorm names, explicit tied decoder tensors (no
     # cls.predictions.bias), the position_ids buffer, and a classifier we have no place for.
     state = {k.replace("LayerNorm.weight", "LayerNorm.gamma")

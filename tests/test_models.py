@@ -10,7 +10,8 @@ import pytest
 from flax import nnx
 
 from pretext_jax.models.bert import Bert
-from pretext_jax.models.encoder import EncoderConfig, attention
+from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.models.layers import attention
 
 SMALL = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
              max_position_embeddings=32)

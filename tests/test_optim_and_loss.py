@@ -7,8 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
+from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.errors import UserError
+from pretext_jax.models.classifier import XLNetClassifierConfig
+from pretext_jax.models.t5 import T5Config
+from pretext_jax.objectives import registry
 from pretext_jax.objectives.text import weighted_cross_entropy
 from pretext_jax.pretrain.config import OptimConfig
 from pretext_jax.pretrain.optim import decay_mask, learning_rate_schedule, make_optimizer
@@ -153,12 +158,42 @@ def test_adam_without_bias_correction_and_decay_mask_match_numpy():
 
 
 def test_decay_mask_skips_norms_and_biases():
-    params = {"mlm_bias": 1, "nsp": {"kernel": 1, "bias": 1}, "mlm_layer_norm": {"scale": 1},
+    params = {"lm_head": {"bias": 1}, "nsp": {"kernel": 1, "bias": 1},
+              "mlm_layer_norm": {"scale": 1},
               "encoder": {"embeddings": {"word_embeddings": {"embedding": 1}}}}
     mask = decay_mask(params)
-    assert mask == {"mlm_bias": False, "nsp": {"kernel": True, "bias": False},
+    assert mask == {"lm_head": {"bias": False}, "nsp": {"kernel": True, "bias": False},
                     "mlm_layer_norm": {"scale": False},
                     "encoder": {"embeddings": {"word_embeddings": {"embedding": True}}}}
+
+
+# The weight-decay exclusions as a list of names (what `decay_mask` applied before it looked at a
+# parameter's own name only): no decay where any component of the path is one of these.
+NAME_LIST_EXCLUSIONS = ("bias", "scale", "layer_norm", "mlm_bias")
+
+# Every registered method's default model, plus the model variants whose parameters differ.
+DECAY_MASK_MODELS = [(name, None) for name in registry.names()] + [
+    ("classify", XLNetClassifierConfig()), ("t5", T5Config(tie_word_embeddings=False))]
+
+
+@pytest.mark.parametrize(("method", "model_config"), DECAY_MASK_MODELS,
+                         ids=[f"{m}-{type(c).__name__}" if c else m for m, c in DECAY_MASK_MODELS])
+def test_decay_mask_of_every_model_is_the_name_list_one(method, model_config):
+    """Each model decays exactly the parameters that the name list decayed: the same set before
+    and after the rule became generic. The MLM head's parameters of BERT and ELECTRA's
+    generator, once `mlm_transform`, `mlm_layer_norm`, `mlm_bias` and now `lm_head.dense`,
+    `lm_head.layer_norm`, `lm_head.bias`, get the same verdict from the list under either name
+    (kernel decayed; LayerNorm and biases not)."""
+    m = registry.get(method)
+    model = nnx.eval_shape(lambda: m.build_model(model_config or m.model_config(), 0))
+    params = nnx.state(model, nnx.Param)
+    names = lambda path: [str(getattr(k, "key", getattr(k, "name", k))) for k in path]  # noqa: E731
+    expected = {tuple(names(path)): not any(n in NAME_LIST_EXCLUSIONS for n in names(path))
+                for path, _ in jax.tree_util.tree_leaves_with_path(params)}
+    actual = {tuple(names(path)): bool(decays)
+              for path, decays in jax.tree_util.tree_leaves_with_path(decay_mask(params))}
+    assert actual == expected
+    assert any(actual.values()) and not all(actual.values())
 
 
 def test_weighted_cross_entropy_is_the_reference_formula():

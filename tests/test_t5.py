@@ -19,7 +19,8 @@ from parity_utils import assert_same_params, perturbed, random_params
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import seq2seq_examples as s2s
-from pretext_jax.models.encoder import attention
+from pretext_jax.models import t5_hf
+from pretext_jax.models.layers import attention
 from pretext_jax.models.t5 import T5, T5Config, shift_right
 from pretext_jax.objectives.seq2seq import seq2seq_loss
 from pretext_jax.pretrain import hf, optim
@@ -119,7 +120,7 @@ def test_parity_with_hf_t5_for_conditional_generation(name, tmp_path):
 @pytest.mark.usefixtures("deterministic_torch")
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_our_t5_round_trips_through_transformers(name, tmp_path):
-    hf_config = hf._t5_config_from_hf(CONFIGS[name] | {"dropout_rate": 0.2})
+    hf_config = t5_hf.config_from_hf(CONFIGS[name] | {"dropout_rate": 0.2})
     ours = random_params(nnx.eval_shape(lambda: T5(hf_config, rngs=nnx.Rngs(0))), seed=5)
     hf.save(ours, tmp_path / "exported")
     reloaded, info = transformers.T5ForConditionalGeneration.from_pretrained(

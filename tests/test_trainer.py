@@ -6,17 +6,20 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.pretrain import integrity
+from pretext_jax.models import migration
+from pretext_jax.pretrain import export, integrity
 from pretext_jax.pretrain.config import config_from_dict, make_config
 from pretext_jax.pretrain.trainer import Trainer
 
@@ -257,6 +260,68 @@ def test_model_is_restored_from_workdir(tmp_path, data_cache):
                          check=True).stdout.split()
     expected = sum(float(np.abs(np.asarray(v)).sum()) for v in jax.tree.leaves(restored))
     assert out[0] == "1" and float(out[1]) == pytest.approx(expected, rel=1e-6)
+
+
+def with_old_names(tree):
+    """A restored tree (nested dicts and lists) in the layout of before `models.migration`'s
+    renames: `lm_head.dense` -> `mlm_transform`, ... (for BERT and ELECTRA's generator, the
+    models that had those names)."""
+    if isinstance(tree, list | tuple):
+        return [with_old_names(value) for value in tree]
+    if not isinstance(tree, dict):
+        return tree
+    renamed = {key: with_old_names(value) for key, value in tree.items()}
+    for old, (parent, name) in migration.RENAMED.items():
+        if isinstance(renamed.get(parent), dict) and name in renamed[parent]:
+            renamed[old] = renamed[parent].pop(name)
+            if not renamed[parent]:
+                del renamed[parent]
+    return renamed
+
+
+@pytest.mark.parametrize("preset", ["bert_tiny", "electra_tiny"])
+def test_workdir_with_old_parameter_names_restores_and_resumes(tmp_path, data_cache, preset):
+    """A workdir whose checkpoint names the MLM head's parameters as before (`mlm_transform`,
+    `mlm_layer_norm`, `mlm_bias`, in the parameters and the optimizer moments) loads as the same
+    model, restores to the same train state and resumes to the same losses and parameters."""
+    settings = {"train.steps": 4, "train.checkpoint_every": 2}
+    new, old = tmp_path / "new", tmp_path / "old"
+    make_trainer(new, data_cache, preset=preset, **settings).run(stop_after=2)
+    shutil.copytree(new, old)
+    state_dir = old / "checkpoints" / "2" / "state"
+    old_layout = with_old_names(export._restore_on_one_device(state_dir))
+    assert migration.has_old_names(old_layout)
+    shutil.rmtree(state_dir)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(state_dir.resolve(), old_layout)
+    checkpointer.wait_until_finished()
+    integrity.seal(old / "checkpoints" / "2")
+    assert migration.has_old_names(export.saved_layout(state_dir))
+
+    loaded = [nnx.to_pure_dict(nnx.state(export.load_model(w), nnx.Param)) for w in (new, old)]
+    jax.tree.map(np.testing.assert_array_equal, loaded[0], loaded[1])
+    trainers = [make_trainer(w, data_cache, preset=preset, **settings) for w in (new, old)]
+    restored = []
+    for trainer in trainers:
+        manager = trainer.checkpoint_manager()
+        restored.append(flat_opt_and_params(trainer.restore(manager, 2)[0]))
+        manager.close()
+    assert restored[0].keys() == restored[1].keys()
+    for key in restored[0]:
+        np.testing.assert_array_equal(restored[0][key], restored[1][key], err_msg=key)
+
+    finished = [trainer.run() for trainer in trainers]
+    assert finished[1]["step"] == 4
+    assert read_losses(old) == read_losses(new)
+    a, b = (flat_opt_and_params(f["state"]) for f in finished)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def flat_opt_and_params(state):
+    """Every leaf of a train state (step, parameters, model state, optimizer state) by path."""
+    return {jax.tree_util.keystr(k): np.asarray(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(jax.device_get(state))}
 
 
 def test_convert_workdir_to_hf_and_back(tmp_path, data_cache):

@@ -1,0 +1,303 @@
+"""The building blocks that the Transformers here share, in Flax NNX: their common config
+fields (`TransformerConfig`) and checks, Linear / LayerNorm / Embed layers with BERT's
+initialisation and logical sharding names, dropout, scaled dot-product attention, T5's relative
+position buckets, stacked layers run by `nnx.scan` or a loop (`stacked_layers`, `run_stacked`),
+and the masked-LM head of BERT, ELECTRA's generator, RoBERTa, ALBERT and MPNet (`MaskedLMHead`).
+
+Reference: google-research/bert modeling.py (`dense_layer_*`, `layer_norm`,
+`create_initializer`, `attention_layer`) and HF transformers modeling_bert.py.
+
+Parameters carry logical axis names in their `out_sharding` metadata (`vocab`, `embed`, `heads`,
+`mlp`, `layers`, `norm`); `pretrain.mesh` maps those to mesh axes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
+    "full": None,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots_saveable": jax.checkpoint_policies.checkpoint_dots,
+}
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """The hyper-parameters every Transformer here shares; names follow BERT's
+    `bert_config.json` where possible.
+
+    `hidden_act='gelu'` is the exact erf GELU (HF transformers); the TF reference used the tanh
+    approximation, available as `gelu_tanh`. `remat` is `none`, `full`, `dots` or `dots_saveable`.
+    Parameters are float32; `dtype` is the compute dtype. `attention_implementation` is what
+    `jax.nn.dot_product_attention` runs where attention has no dropout: `xla` (any backend) or
+    `cudnn` (GPU flash attention; needs a bfloat16/float16 `dtype`).
+    """
+
+    vocab_size: int = 30522
+    """Word-embedding rows (BERT uncased 30522); 0 = the tokenizer's, set when pre-training."""
+    hidden_size: int = 768
+    """Width of the hidden states (BERT-Base 768; HF `hidden_size`, XLNet `d_model`)."""
+    num_layers: int = 12
+    """Transformer layers (BERT-Base 12; ALBERT: applications of its one shared layer)."""
+    num_heads: int = 12
+    """Attention heads; must divide hidden_size (BERT-Base 12)."""
+    intermediate_size: int = 3072
+    """Inner width of the feed-forward block (BERT-Base 3072 = 4 x hidden)."""
+    hidden_act: str = "gelu"
+    """Feed-forward activation: gelu (exact erf), gelu_tanh (HF `gelu_new`) or relu."""
+    layer_norm_eps: float = 1e-12
+    """LayerNorm epsilon (BERT 1e-12; fairseq and GPT-2 1e-5; HF `layer_norm_eps`)."""
+    hidden_dropout: float = 0.1
+    """Dropout on residual branches and (not GPT-2's) embeddings (HF `hidden_dropout_prob` 0.1)."""
+    attention_dropout: float = 0.1
+    """Dropout on attention probabilities (BERT `attention_probs_dropout_prob` 0.1)."""
+    initializer_range: float = 0.02
+    """Std of the random weight init (0.02 in BERT, GPT-2 and XLNet)."""
+    dtype: str = "float32"
+    """Compute dtype: float32, bfloat16 or float16 (parameters stay float32)."""
+    scan_layers: bool = True
+    """Run layers under `nnx.scan` (compiled once) or a Python loop; same parameters either way."""
+    remat: str = "none"
+    """Backprop recompute per layer: none, full, dots (keep x @ W matmuls), dots_saveable (all)."""
+    attention_implementation: str = "xla"
+    """Kernel of attention without dropout: xla or cudnn (GPU flash, bf16/fp16); unused by XLNet."""
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        check_rates(self, ("hidden_dropout", "attention_dropout"))
+        if not (self.layer_norm_eps > 0 and self.initializer_range >= 0):
+            raise ValueError(f"layer_norm_eps={self.layer_norm_eps} must be > 0 and "
+                             f"initializer_range={self.initializer_range} >= 0")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)}")
+        check_execution_fields(self)
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def embedding_width(self) -> int:
+        """The word-embedding width (the hidden size unless a family factorises it)."""
+        return self.hidden_size
+
+
+def check_rates(config: Any, names: tuple[str, ...]) -> None:
+    """Probabilities such as dropout rates must lie in [0, 1)."""
+    for name in names:
+        if not 0.0 <= getattr(config, name) < 1.0:
+            raise ValueError(f"{name}={getattr(config, name)} must be in [0, 1)")
+
+
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_dtype(config: Any, allowed: tuple[str, ...] = COMPUTE_DTYPES) -> None:
+    """The compute `dtype` must be one of `allowed` (parameters stay float32)."""
+    if config.dtype not in allowed:
+        raise ValueError(f"dtype={config.dtype!r} is not a compute dtype; use one of "
+                         f"{', '.join(allowed)}")
+
+
+def check_execution_fields(config: Any) -> None:
+    """Validates `remat`, `attention_implementation` and `dtype` (shared by every model
+    config that has them, e.g. T5's, which is not a TransformerConfig)."""
+    check_dtype(config)
+    if config.remat != "none" and config.remat not in REMAT_POLICIES:
+        raise ValueError(f"remat must be 'none' or one of {sorted(REMAT_POLICIES)}")
+    if config.attention_implementation not in ("xla", "cudnn"):
+        raise ValueError("attention_implementation must be 'xla' or 'cudnn'")
+    if config.attention_implementation == "cudnn" and config.dtype not in ("bfloat16",
+                                                                          "float16"):
+        raise ValueError("attention_implementation='cudnn' needs dtype bfloat16 or "
+                         "float16; set model.dtype=bfloat16")
+
+
+def dense(
+    config: TransformerConfig, in_features: int, out_features: int,
+    axes: tuple[str | None, str | None], rngs: nnx.Rngs,
+    kernel_init: nnx.Initializer | None = None,
+) -> nnx.Linear:
+    """A Linear layer with BERT's truncated-normal(0.02) init (or `kernel_init`) and logical
+    sharding names."""
+    return nnx.Linear(
+        in_features,
+        out_features,
+        dtype=config.compute_dtype,
+        kernel_init=nnx.with_partitioning(
+            kernel_init or nnx.initializers.truncated_normal(config.initializer_range), axes
+        ),
+        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (axes[1],)),
+        rngs=rngs,
+    )
+
+
+def layer_norm(config: TransformerConfig, features: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    """LayerNorm with BERT's epsilon; statistics are computed in float32 by Flax."""
+    return nnx.LayerNorm(
+        features,
+        epsilon=config.layer_norm_eps,
+        dtype=config.compute_dtype,
+        scale_init=nnx.with_partitioning(nnx.initializers.ones_init(), ("norm",)),
+        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("norm",)),
+        rngs=rngs,
+    )
+
+
+def embed(
+    config: TransformerConfig, num: int, features: int, axes: tuple[str | None, str | None],
+    rngs: nnx.Rngs, embedding_init: nnx.Initializer | None = None,
+) -> nnx.Embed:
+    """An embedding table with BERT's truncated-normal(0.02) init (or `embedding_init`)."""
+    return nnx.Embed(
+        num,
+        features,
+        dtype=config.compute_dtype,
+        embedding_init=nnx.with_partitioning(
+            embedding_init or nnx.initializers.truncated_normal(config.initializer_range), axes
+        ),
+        rngs=rngs,
+    )
+
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
+    """Inverted dropout; `rng=None` means deterministic (evaluation)."""
+    if rng is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x)).astype(x.dtype)
+
+
+def split_rng(rng: jax.Array | None, num: int) -> list[jax.Array | None]:
+    return [None] * num if rng is None else list(jax.random.split(rng, num))
+
+
+def relative_position_bucket(relative_position: jax.Array, bidirectional: bool = True,
+                             num_buckets: int = 32, max_distance: int = 128) -> jax.Array:
+    """T5's bucketing of `key - query` offsets (Raffel et al. 2020 §2.1; transformers
+    modeling_t5.py `_relative_position_bucket`, which MPNet's `relative_position_bucket` equals):
+    half the buckets (bidirectional) hold keys after the query; within a half, offsets below
+    num_buckets / 4 get a bucket each, larger ones share log-spaced buckets up to
+    `max_distance`. Unidirectional (a decoder) keeps only keys at or before the query."""
+    buckets = jnp.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).astype(relative_position.dtype) * num_buckets
+        distance = jnp.abs(relative_position)
+    else:
+        distance = -jnp.minimum(relative_position, 0)
+    max_exact = num_buckets // 2
+    scaled = (jnp.log(distance.astype(jnp.float32) / max_exact) / jnp.log(max_distance / max_exact)
+              * (num_buckets - max_exact))
+    large = jnp.minimum(max_exact + scaled.astype(relative_position.dtype), num_buckets - 1)
+    return buckets + jnp.where(distance < max_exact, distance, large)
+
+
+def attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dropout_rate: float,
+    rng: jax.Array | None, implementation: str = "xla", *, bias: jax.Array | None = None,
+    scale: float | None = None,
+) -> jax.Array:
+    """Scaled dot-product attention over [batch, seq, heads, head_dim].
+
+    `bias` [batch or 1, heads, q, k] is added to the scaled scores (T5's relative position
+    bias); `scale` replaces 1/sqrt(head_dim) (T5: 1.0, no scaling).
+
+    Without attention-probability dropout it goes through `jax.nn.dot_product_attention` with
+    `implementation` (`cudnn`: flash attention on GPU). BERT's reference applies dropout to the
+    probabilities
+    (attention_probs_dropout_prob 0.1), which no fused kernel offers, so that case takes the
+    explicit einsum path with a float32 softmax. Masked keys get the dtype's lowest value, as HF.
+    """
+    if rng is None or dropout_rate == 0.0:
+        return jax.nn.dot_product_attention(
+            q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
+            scale=scale, implementation=implementation)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    probs = dropout(jax.nn.softmax(logits, axis=-1), dropout_rate, rng).astype(v.dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+def stacked_layers(make_layer: Callable[[nnx.Rngs], nnx.Module], num_layers: int,
+                   rngs: nnx.Rngs) -> nnx.Module:
+    """`num_layers` copies of a layer with their parameters stacked on a leading `layers` axis
+    (one module whose Variables are [num_layers, ...]), each initialised with its own key."""
+
+    @nnx.split_rngs(splits=num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def create(layer_rngs: nnx.Rngs) -> nnx.Module:
+        return make_layer(layer_rngs)
+
+    return create(rngs)
+
+
+def run_stacked(layers: nnx.Module, apply: Callable[..., tuple[Any, Any]], carry: Any,
+                per_layer: Any, config: Any, shared: bool = False) -> tuple[Any, Any]:
+    """Runs `apply(layer, carry, per_layer[i]) -> (carry, output)` over stacked layers by
+    `nnx.scan` (`config.scan_layers`) or a Python loop, under `config.remat`. `per_layer` is a
+    pytree (or None) with a leading layer axis; the outputs come back stacked the same way.
+    `shared`: `layers` is ONE layer applied `config.num_layers` times (ALBERT's cross-layer
+    sharing, Lan et al. 2020 §3.1); its gradient sums over the applications."""
+    if config.remat != "none":
+        apply = nnx.remat(apply, policy=REMAT_POLICIES[config.remat])
+    if config.scan_layers:
+        scan = nnx.scan(apply, in_axes=(None if shared else 0, nnx.Carry, 0),
+                        out_axes=(nnx.Carry, 0), length=config.num_layers if shared else None)
+        return scan(layers, carry, per_layer)
+    graphdef, state = nnx.split(layers)
+    outputs = []
+    for i in range(config.num_layers):
+        layer = (layers if shared
+                 else nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state)))
+        carry, output = apply(layer, carry, jax.tree.map(lambda a, i=i: a[i], per_layer))
+        outputs.append(output)
+    return carry, jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
+
+
+class MaskedLMHead(nnx.Module):
+    """The masked-LM head of every model here that has one: dense(hidden -> embedding width),
+    activation, LayerNorm, then the tied word-embedding matrix plus a bias (run_pretraining.py
+    `get_masked_lm_output`; HF `BertLMPredictionHead` (`cls.predictions`), ELECTRA's
+    `generator_predictions` + `generator_lm_head`, `RobertaLMHead`, `AlbertMLMHead`,
+    `MPNetLMHead`). `activation` defaults to `hidden_act` (RoBERTa and MPNet: exact GELU)."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs,
+                 activation: str | None = None):
+        e = config.embedding_width
+        self.activation = activation or config.hidden_act
+        self.dense = dense(config, config.hidden_size, e, ("embed", "mlp"), rngs)
+        self.layer_norm = layer_norm(config, e, rngs)
+        self.bias = nnx.Param(jnp.zeros((config.vocab_size,)), out_sharding=("vocab",))
+
+    def __call__(self, hidden: jax.Array, word_embeddings: nnx.Embed,
+                 masked_positions: jax.Array | None = None) -> jax.Array:
+        """Logits [B, T, V], or [B, P, V] at `masked_positions` [B, P] (gathered before the
+        vocabulary projection, as run_pretraining.py `gather_indexes`)."""
+        if masked_positions is not None:
+            hidden = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
+        x = self.layer_norm(ACTIVATIONS[self.activation](self.dense(hidden)))
+        logits = word_embeddings.attend(x)
+        return logits + self.bias[...].astype(logits.dtype)
