@@ -192,7 +192,9 @@ def _print_summary(summary: dict, seconds: float, trainer: Any) -> None:
         return
     print(f"\nfinished step {summary['step']} in {seconds:.0f} s")
     print(f"  checkpoints : {workdir / 'checkpoints'}")
-    print(f"  metrics     : {workdir / 'metrics.jsonl'} (TensorBoard: {workdir / 'tensorboard'})")
+    events = workdir / "tensorboard"
+    print(f"  metrics     : {workdir / 'metrics.jsonl'}"
+          + (f" (TensorBoard: {events})" if events.is_dir() else ""))
     if summary["curves"]:
         print(f"  curves      : {summary['curves']}")
     method = trainer.method
