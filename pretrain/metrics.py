@@ -87,8 +87,8 @@ class MetricWriter:
         for name, value in values.items():
             if self.tensorboard is not None:
                 self.tensorboard.add_scalar(f"{split}/{name}", value, step)
-        shown = {k: f"{v:.4g}" for k, v in values.items()
-                 if k in ("loss", "mlm_accuracy", "steps_per_s", "tokens_per_s", "images_per_s")}
+        shown = {k: f"{v:.4g}" for k, v in values.items()  # the loss, accuracies, throughput
+                 if k == "loss" or k.endswith(("_accuracy", "_per_s"))}
         if self.bar is not None and split == "train":
             self.bar.set_postfix(shown, refresh=False)
         elif split != "train":
