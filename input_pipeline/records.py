@@ -1,7 +1,9 @@
 """Prepared examples on disk (ArrayRecord) and their Grain loader, sharded per JAX process.
 
 Every example of a method has the same fixed-shape numpy features, so a record is the raw bytes
-of those arrays back to back, described once by a `features.json` spec beside the shards. That is
+of those arrays back to back, described once by a `features.json` spec beside the shards; one
+feature may vary in its first dimension (an audio waveform), stored last so that its length
+is what the record's other bytes leave (no per-record header; fixed specs are unchanged). That is
 decoded with `np.frombuffer` (no protobuf, no TensorFlow) and is the layout `tfds.data_source`
 users know: ArrayRecord files, read here by `ShardSource` (random access like
 `grain.sources.ArrayRecordDataSource`, at a constant cost per record).
@@ -35,6 +37,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.descriptions import describe
 
 SPEC_FILE = "features.json"
+VARIABLE = -1  # a first dimension that varies between records (FeatureSpec)
 # One record per chunk (random access for the shuffling loader), snappy-compressed: writing is
 # ~2.3x faster than ArrayRecord's default zstd:3 (9 vs 20 us per BERT record) for files ~1.5x
 # larger (760 vs 500 bytes per 128-token record; 1,870 uncompressed).
@@ -53,13 +56,21 @@ LOADER_READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
 
 @dataclasses.dataclass(frozen=True)
 class FeatureSpec:
-    """Name, dtype and shape of every feature in a record, in storage order."""
+    """Name, dtype and shape of every feature in a record, in storage order. A first dimension
+    of -1 (`VARIABLE`, only in the last feature) takes whatever length each record has."""
 
     features: tuple[tuple[str, str, tuple[int, ...]], ...]
 
     @classmethod
-    def of(cls, example: dict[str, np.ndarray]) -> FeatureSpec:
-        return cls(tuple((k, np.asarray(v).dtype.str, np.shape(v)) for k, v in example.items()))
+    def of(cls, example: dict[str, np.ndarray], variable: str | None = None) -> FeatureSpec:
+        """The spec of `example`'s features; `variable` names one whose first dimension varies
+        between records (stored last)."""
+        names = [k for k in example if k != variable] + ([variable] if variable else [])
+        if variable is not None and (variable not in example or np.ndim(example[variable]) < 1):
+            raise ValueError(f"variable-length feature {variable} must be an array in the example")
+        return cls(tuple((k, np.asarray(example[k]).dtype.str,
+                          (VARIABLE, *np.shape(example[k])[1:]) if k == variable
+                          else np.shape(example[k])) for k in names))
 
     @functools.cached_property
     def dtypes(self) -> tuple[np.dtype, ...]:
@@ -71,7 +82,8 @@ class FeatureSpec:
             value = example[name]
             if not (isinstance(value, np.ndarray) and value.dtype == dtype):
                 value = np.asarray(value, dtype=dtype)
-            if value.shape != shape:
+            if value.shape != shape and not (shape[:1] == (VARIABLE,) and value.ndim == len(shape)
+                                              and value.shape[1:] == shape[1:]):
                 raise ValueError(f"feature {name} has shape {value.shape}, spec says {shape}")
             parts.append(value.tobytes())
         return b"".join(parts)
@@ -80,6 +92,9 @@ class FeatureSpec:
         out, offset = {}, 0
         for name, dtype, shape in self.features:
             dt = np.dtype(dtype)
+            if shape[:1] == (VARIABLE,):  # the last feature: the rest of the record
+                out[name] = np.frombuffer(record, dt, -1, offset).reshape(shape)
+                break
             count = int(np.prod(shape, dtype=np.int64))
             out[name] = np.frombuffer(record, dt, count, offset).reshape(shape)
             offset += count * dt.itemsize
@@ -154,9 +169,10 @@ def _reason(error: BaseException) -> str:
 
 def write_records(
     examples: Iterable[dict[str, np.ndarray]], directory: str | Path, *, num_shards: int = 4,
-    metadata: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None, variable: str | None = None,
 ) -> int:
-    """Writes examples round-robin into `num_shards` ArrayRecord files plus `features.json`.
+    """Writes examples round-robin into `num_shards` ArrayRecord files plus `features.json`;
+    `variable` names a feature whose first dimension varies (`FeatureSpec.of`).
 
     Written to a temporary sibling of a unique name and renamed at the end, so an interrupted
     preparation never leaves a directory that looks complete, and two processes writing the same
@@ -168,16 +184,24 @@ def write_records(
     writers: list[ArrayRecordWriter] = []
     spec = None
     count = 0
-    for example in examples:
-        if spec is None:
-            spec = FeatureSpec.of(example)
-            writers = [
-                ArrayRecordWriter(str(tmp / f"records-{i:05d}-of-{num_shards:05d}.array_record"),
-                                  "group_size:1")
-                for i in range(num_shards)
-            ]
-        writers[count % num_shards].write(spec.encode(example))
-        count += 1
+    try:
+        for example in examples:
+            if spec is None:
+                spec = FeatureSpec.of(example, variable)
+                writers = [
+                    ArrayRecordWriter(
+                        str(tmp / f"records-{i:05d}-of-{num_shards:05d}.array_record"),
+                        "group_size:1")
+                    for i in range(num_shards)
+                ]
+            writers[count % num_shards].write(spec.encode(example))
+            count += 1
+    except BaseException:  # the examples' source failed (e.g. a bad file): leave nothing
+        for writer in writers:
+            with contextlib.suppress(Exception):
+                writer.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     for writer in writers:
         writer.close()
     if spec is None:

@@ -18,9 +18,10 @@ import numpy as np
 
 def build_tfds(data_dir: Path, name: str, features: dict[str, Any],
                splits: dict[str, list[dict[str, Any]]], *, config: str | None = None,
-               version: str = "1.0.0") -> Path:
+               version: str = "1.0.0", metadata: dict[str, Any] | None = None) -> Path:
     """Prepares `splits` (rows of `features`, TFDS feature connectors) as dataset `name`
-    (config `config`) in `data_dir`, records in the order given; returns its version folder."""
+    (config `config`) in `data_dir`, records in the order given, with the dataset-level
+    `metadata` (`DatasetInfo.metadata`, metadata.json) if given; returns its version folder."""
     import tensorflow_datasets as tfds
 
     dataset_name = name
@@ -31,8 +32,10 @@ def build_tfds(data_dir: Path, name: str, features: dict[str, Any],
         BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=config)] if config else []
 
         def _info(self) -> Any:
-            return tfds.core.DatasetInfo(builder=self, disable_shuffling=True,
-                                         features=tfds.features.FeaturesDict(features))
+            return tfds.core.DatasetInfo(
+                builder=self, disable_shuffling=True,
+                features=tfds.features.FeaturesDict(features),
+                metadata=tfds.core.MetadataDict(metadata) if metadata else None)
 
         def _split_generators(self, dl_manager: Any) -> dict[str, Any]:
             return {split: self._generate_examples(rows) for split, rows in splits.items()}
@@ -100,3 +103,19 @@ def build_glue_dataset(data_dir: Path, task: str, splits: dict[str, list[dict[st
     return build_tfds(data_dir, "glue", features,
                       {split: [{"idx": i, **row} for i, row in enumerate(rows)]
                        for split, rows in splits.items()}, config=spec.name)
+
+
+def build_audio_dataset(data_dir: Path, name: str, splits: dict[str, list[np.ndarray]], *,
+                        sample_rate: int, classes: int = 10) -> Path:
+    """An audio dataset like TFDS's `spoken_digit`: `audio` (int16 samples, mono) and `label`
+    (record i of a split: class i % classes). TFDS's `Audio` feature needs TensorFlow even to
+    be constructed, so `audio` is a `Tensor` and the rate is `metadata["sample_rate"]`."""
+    import tensorflow_datasets as tfds
+
+    rows = {split: [{"audio": np.asarray(waveform, np.int16), "label": i % classes}
+                    for i, waveform in enumerate(waveforms)]
+            for split, waveforms in splits.items()}
+    return build_tfds(data_dir, name, {
+        "audio": tfds.features.Tensor(shape=(None,), dtype=np.int16),
+        "label": tfds.features.ClassLabel(num_classes=classes)}, rows,
+        metadata={"sample_rate": sample_rate})
