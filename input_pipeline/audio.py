@@ -140,6 +140,8 @@ def held_out_rule(rule: str) -> tuple[str, str, str]:
 
 
 def _satisfies(value: str, operator: str, bound: str) -> bool:
+    """Whether a label's text satisfies `operator bound`: integers compare as numbers, other
+    text only with == and != (`held_out_rule` checks that)."""
     if _INTEGER.fullmatch(value) and _INTEGER.fullmatch(bound):
         left, right = int(value), int(bound)
         return {"<": left < right, "<=": left <= right, ">": left > right, ">=": left >= right,
@@ -176,7 +178,8 @@ def read_audio(path: Path, downmix: bool = False) -> tuple[np.ndarray, int]:
             samples = audio.read(dtype="float32", always_2d=True)
             rate, frames = audio.samplerate, audio.frames
     except (RuntimeError, ValueError, OSError) as e:  # soundfile.LibsndfileError is a RuntimeError
-        reason = str(e).replace(f"'{path}'", "").strip(": ") or "libsndfile cannot decode it"
+        reason = (getattr(e, "error_string", "") or str(e).replace(f" '{path}'", "")
+                  or "libsndfile cannot decode it").strip().removeprefix("Error : ")
         raise UserError(f"{path} is not readable audio ({reason}); remove or re-encode it"
                         ) from None
     if len(samples) == 0:
@@ -329,6 +332,10 @@ def _folder_plan(source: str, eval_source: str, examples: AudioExampleConfig,
     if not eval_files:
         if examples.held_out_rule:
             field, operator, bound = held_out_rule(examples.held_out_rule)
+            if operator not in ("==", "!=") and field in vocabularies:
+                raise UserError(f"examples.held_out_rule={examples.held_out_rule!r} compares "
+                                f"integers, and {field} has values like "
+                                f"{vocabularies[field][0]!r}; use == or !=")
             held = [_satisfies(v[field], operator, bound) for v in values]
         else:
             order = np.random.default_rng(seed).permutation(len(files))
@@ -464,7 +471,8 @@ def _write_split(split: AudioSplit, directory: Path, plan: AudioPlan,
                       directory, variable="audio", metadata={
                           "source": split.name, "sample_rate": examples.sample_rate,
                           "label_fields": list(plan.label_fields),
-                          "vocabularies": plan.vocabularies, **totals})
+                          "vocabularies": plan.vocabularies,
+                          "totals": totals})  # filled as the records stream; stored at the end
     return totals
 
 
