@@ -309,6 +309,7 @@ def _encode_labels(values: list[dict[str, str]]) -> tuple[list[dict[str, int]],
 
 def _folder_plan(source: str, eval_source: str, examples: AudioExampleConfig,
                  held_out_fraction: float, seed: int) -> AudioPlan:
+    """Files, labels and the held-out split of a folder or glob (module docstring)."""
     root = Path(source)
     splits = {d.name: d for d in root.iterdir() if d.is_dir()} if root.is_dir() else {}
     eval_spec = eval_source
@@ -323,8 +324,10 @@ def _folder_plan(source: str, eval_source: str, examples: AudioExampleConfig,
                         "folder the same class folders")
     values = (_label_values(root, files, examples, by_folder)
               + _label_values(eval_root, eval_files, examples, by_folder))
-    if examples.held_out_rule and "label" not in (values[0] if values else {}) and \
-            not examples.label_pattern:
+    if examples.held_out_rule and eval_files:
+        raise UserError(f"{eval_root} already holds the held-out files; drop "
+                        f"examples.held_out_rule={examples.held_out_rule!r} or that folder")
+    if examples.held_out_rule and not (examples.label_pattern or by_folder):
         raise UserError(f"examples.held_out_rule={examples.held_out_rule!r} needs labels: set "
                         "examples.label_pattern or use class folders")
     labels, vocabularies = _encode_labels(values)
@@ -379,6 +382,8 @@ class _TfdsReader:
 
 def _tfds_plan(name: str, split: str, data_dir: str | None, examples: AudioExampleConfig,
                held_out_fraction: float, seed: int) -> AudioPlan:
+    """A TFDS dataset's training split and its test/validation split (else a seeded fraction
+    of the training records); the sample rate from its features info or metadata."""
     if examples.label_pattern or examples.held_out_rule:
         raise UserError("examples.label_pattern and examples.held_out_rule apply to file names; "
                         "a tfds: source gives its label feature and its test split")
@@ -540,9 +545,13 @@ class _Window(grain.transforms.RandomMap):
 
     def random_map(self, element: dict[str, np.ndarray], rng: np.random.Generator
                    ) -> dict[str, np.ndarray]:
-        audio = element["audio"]
-        start = random_start(len(audio), self.max_samples, rng) if self.random_crop else 0
-        window, mask = audio_window(audio, self.max_samples, start, self.normalize)
+        start = (random_start(len(element["audio"]), self.max_samples, rng) if self.random_crop
+                 else 0)
+        return self.example(element, start)
+
+    def example(self, element: dict[str, np.ndarray], start: int) -> dict[str, np.ndarray]:
+        """The example of a decoded record whose window starts at `start`."""
+        window, mask = audio_window(element["audio"], self.max_samples, start, self.normalize)
         return {"audio": window, "attention_mask": mask,
                 **{field: np.int32(element[field]) for field in self.fields}}
 
@@ -570,16 +579,14 @@ class AudioRecords(RecordDirectory):
                                  if k != "kind"},
             **{"examples.max_samples": examples.max_samples,
                "examples.normalize": examples.normalize, "random_crop": random_crop})
-        self.earlier_descriptions = ()
+        self.earlier_descriptions = ()  # no checkpoint predates audio records' descriptions
 
     def load_transforms(self) -> list[grain.transforms.Map | grain.transforms.RandomMap]:
         return [*super().load_transforms(), self.window]
 
     def examples(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
         """Stacked fixed windows (the first `max_samples` of each utterance) at `indices`."""
-        fixed = _Window(self.label_fields, self.window.max_samples, self.window.normalize,
-                        random_crop=False)
-        rows = [fixed.random_map(self.spec.decode(self.source[int(i)]), None) for i in indices]
+        rows = [self.window.example(self.spec.decode(self.source[int(i)]), 0) for i in indices]
         return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
 
     def evaluation_examples(self, limit: int) -> dict[str, np.ndarray]:

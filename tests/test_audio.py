@@ -180,6 +180,12 @@ def test_sources_folders_globs_eval_source_and_class_folders(tmp_path):
     with pytest.raises(UserError, match="takes no file"):
         audio.plan_audio(str(tmp_path / "train"), "", audio.AudioExampleConfig(
             held_out_rule="label==maybe"), held_out_fraction=0.5, seed=0)
+    with pytest.raises(UserError, match="already holds the held-out files"):
+        audio.plan_audio(str(tmp_path), "", audio.AudioExampleConfig(
+            held_out_rule="label==no"), held_out_fraction=0.5, seed=0)
+    with pytest.raises(UserError, match="needs labels"):
+        audio.plan_audio(str(tmp_path / "train" / "yes"), "", audio.AudioExampleConfig(
+            held_out_rule="label==no"), held_out_fraction=0.5, seed=0)
     with pytest.raises(UserError, match="compares integers"):
         audio.plan_audio(str(tmp_path / "train"), "", audio.AudioExampleConfig(
             held_out_rule="label>5"), held_out_fraction=0.5, seed=0)
