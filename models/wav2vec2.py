@@ -22,6 +22,7 @@ Shape comments use the letters of `Wav2Vec2`'s legend.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -194,19 +195,20 @@ def symmetric_uniform(bound: float) -> nnx.Initializer:
     return init
 
 
-@jax.custom_vjp
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def scale_gradient(x: jax.Array, scale: float) -> jax.Array:
     """The identity whose gradient is multiplied by `scale` (fairseq `GradMultiply`, used with
     `feature_grad_mult` 0.1 on the feature encoder's output)."""
     return x
 
 
-def _scale_gradient_forward(x: jax.Array, scale: float) -> tuple[jax.Array, float]:
-    return x, scale
+def _scale_gradient_forward(x: jax.Array, scale: float) -> tuple[jax.Array, None]:
+    return x, None
 
 
-def _scale_gradient_backward(scale: float, gradient: jax.Array) -> tuple[jax.Array, None]:
-    return (gradient * jnp.asarray(scale, gradient.dtype), None)
+def _scale_gradient_backward(scale: float, _: None, gradient: jax.Array
+                             ) -> tuple[jax.Array]:
+    return (gradient * jnp.asarray(scale, gradient.dtype),)
 
 
 scale_gradient.defvjp(_scale_gradient_forward, _scale_gradient_backward)

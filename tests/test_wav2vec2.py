@@ -124,6 +124,10 @@ def test_parity_with_hf_on_a_padded_batch(deterministic_torch, reference_folder,
         np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-5, rtol=0)
     np.testing.assert_allclose(out.codevector_perplexity, expected.codevector_perplexity,
                                rtol=1e-6)
+    looped = hf.load(reference_folder[layout], scan_layers=False, remat="full")
+    np.testing.assert_allclose(
+        looped(jnp.asarray(waveforms), jnp.asarray(attention_mask),
+               jnp.asarray(mask)).projected_states, out.projected_states, atol=1e-6, rtol=0)
     # The loss pieces on our outputs, with HF's distractors as indices within the utterance.
     negatives = hf_negatives - (np.arange(len(mask)) * num_frames)[:, None, None]
     contrastive, _ = contrastive_loss(out.projected_states, out.projected_quantized_states,
