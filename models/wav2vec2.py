@@ -298,7 +298,8 @@ class Wav2Vec2Layer(nnx.Module):
         self.output = dense(config, i, h, ("mlp", "embed"), rngs)
         self.output_layer_norm = layer_norm(config, h, rngs)
 
-    def _attend(self, x: jax.Array, mask: jax.Array, rngs: list) -> jax.Array:
+    def _attend(self, x: jax.Array, mask: jax.Array, rngs: list[jax.Array | None]
+                ) -> jax.Array:
         c = self.config
         heads = (*x.shape[:2], c.num_heads, c.hidden_size // c.num_heads)  # (B, T, N, D)
         q, k, v = (proj(x).reshape(heads) for proj in (self.query, self.key, self.value))
@@ -306,7 +307,7 @@ class Wav2Vec2Layer(nnx.Module):
                             c.attention_implementation).reshape(x.shape)  # [B, T, H]
         return dropout(self.attention_output(context), c.hidden_dropout, rngs[1])  # [B, T, H]
 
-    def _feed_forward(self, x: jax.Array, rngs: list) -> jax.Array:
+    def _feed_forward(self, x: jax.Array, rngs: list[jax.Array | None]) -> jax.Array:
         c = self.config
         y = dropout(ACTIVATIONS[c.hidden_act](self.intermediate(x)), c.activation_dropout,
                     rngs[2])  # [B, T, F]
