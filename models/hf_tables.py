@@ -11,5 +11,6 @@ from pretext_jax.models import (
     resnet_hf,  # noqa: F401
     roberta_hf,  # noqa: F401
     t5_hf,  # noqa: F401
+    wav2vec2_hf,  # noqa: F401
     xlnet_hf,  # noqa: F401
 )

@@ -1,0 +1,236 @@
+"""The pieces of wav2vec 2.0's pre-training objective (Baevski et al. 2020 §3.1-3.2, §4.2):
+host-side span masks and distractor indices, and the on-device loss.
+
+Reference: fairseq `data/data_utils.py` (`compute_mask_indices`),
+`models/wav2vec/wav2vec2.py` (`sample_negatives`, `compute_preds`, the Gumbel temperature
+schedule, `feature_grad_mult`, `features_pen`) and `criterions/wav2vec_criterion.py`; HF
+transformers modeling_wav2vec2.py (`_compute_mask_indices`, `_sample_negative_indices`,
+`Wav2Vec2ForPreTraining.forward`), the parity oracle (tests/test_wav2vec2.py).
+
+- Masking (§3.1): a fraction p = 0.065 of the frames of each utterance start a span of M = 10
+  masked frames (spans may overlap, so about half the frames end up masked), at least
+  `min_spans` spans per utterance. One uniform draw per batch rounds the span count
+  probabilistically, as both references do.
+- Distractors (§3.2): K = 100 frames drawn uniformly (with replacement) from the other masked
+  frames of the same utterance.
+- Loss per masked frame: the contrastive loss -log softmax over [positive, K distractors] of
+  cosine similarity / 0.1 between the projected context vector and the projected quantised
+  targets (distractors equal to the positive get -inf, as HF), plus 0.1 x the diversity loss
+  (G V - perplexity) / (G V), plus 10 x the mean square of the feature encoder's output
+  (fairseq `features_pen`); the gradient reaching the feature encoder is scaled by 0.1
+  (`feature_grad_mult`), and the Gumbel-softmax temperature anneals as
+  max(2 x 0.999995^step, 0.5).
+
+HF sums the contrastive and diversity terms over the masked frames; fairseq divides the sum by
+that count (its `sample_size`) before the update, which is what `wav2vec2_loss` returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
+from pretext_jax.objectives.registry import Batch, Metrics
+
+COSINE_EPS = 1e-8  # torch.cosine_similarity's
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingSettings:
+    """Host-side masking and distractor sampling (fairseq BASE: mask_prob 0.65 over spans of
+    10, i.e. 0.065 of the frames start a span; 100 negatives)."""
+
+    mask_start_fraction: float = 0.065
+    """p, the fraction of an utterance's frames that start a masked span (paper §4.2 0.065;
+    HF `mask_time_prob` / fairseq `mask_prob` = p x mask_span = 0.65)."""
+    mask_span: int = 10
+    """M, frames masked from each start (paper 10; HF `mask_time_length`)."""
+    min_spans: int = 2
+    """Fewest spans per utterance that has room for them (HF `mask_time_min_masks` 2)."""
+    num_negatives: int = 100
+    """K, distractors per masked frame, from the same utterance's masked frames (paper 100)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mask_start_fraction < 1.0:
+            raise ValueError(f"mask_start_fraction={self.mask_start_fraction} must be in (0, 1) "
+                             "(wav2vec 2.0: 0.065)")
+        for name in ("mask_span", "num_negatives"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.min_spans < 0:
+            raise ValueError(f"min_spans={self.min_spans} must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Wav2Vec2LossSettings:
+    """The loss's settings (fairseq `wav2vec2_base_librispeech`)."""
+
+    contrastive_temperature: float = 0.1
+    """kappa, dividing the cosine similarities (paper 0.1; HF `contrastive_logits_temperature`)."""
+    diversity_weight: float = 0.1
+    """alpha, weight of the codebook diversity loss (paper 0.1)."""
+    feature_penalty_weight: float = 10.0
+    """Weight of the mean square of the feature encoder's output (fairseq `loss_weights`
+    [0.1, 10]: 10)."""
+    feature_grad_mult: float = 0.1
+    """Scale of the gradient reaching the feature encoder (fairseq 0.1; 1.0 = unscaled)."""
+    gumbel_start_temperature: float = 2.0
+    """Gumbel-softmax temperature at step 0 (fairseq `latent_temp` (2, 0.5, 0.999995))."""
+    gumbel_end_temperature: float = 0.5
+    """The temperature's floor."""
+    gumbel_decay: float = 0.999995
+    """Factor applied to the temperature per update, in (0, 1]."""
+
+    def __post_init__(self) -> None:
+        for name in ("contrastive_temperature", "gumbel_end_temperature"):
+            if getattr(self, name) <= 0.0:
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+        for name in ("diversity_weight", "feature_penalty_weight", "feature_grad_mult"):
+            if getattr(self, name) < 0.0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        if self.gumbel_start_temperature < self.gumbel_end_temperature:
+            raise ValueError("gumbel_start_temperature must be >= gumbel_end_temperature "
+                             "(wav2vec 2.0: 2.0 and 0.5)")
+        if not 0.0 < self.gumbel_decay <= 1.0:
+            raise ValueError(f"gumbel_decay={self.gumbel_decay} must be in (0, 1]")
+
+
+# --- Host side (numpy) ---------------------------------------------------------------------
+
+def span_mask(frame_lengths: np.ndarray, num_frames: int, settings: MaskingSettings,
+              rng: np.random.Generator) -> np.ndarray:
+    """[B, T] bool, True = masked, for utterances of `frame_lengths` real frames (right-padded
+    to `num_frames`), with HF `_compute_mask_indices` semantics: per utterance of length n,
+    int(p n + u) spans (u ~ U[0, 1), one draw per batch), at least `min_spans`, at most
+    num_frames // M and n - M + 1; distinct starts drawn uniformly from [0, n - M], each masking
+    M frames (spans may overlap). Unlike HF, an utterance too short for one span gets no mask
+    (HF masks a padding frame there to keep its arrays rectangular)."""
+    frame_lengths = np.asarray(frame_lengths, np.int64)
+    span = settings.mask_span
+    mask = np.zeros((len(frame_lengths), num_frames), bool)
+    rounding = rng.random()
+    for row, length in enumerate(frame_lengths):
+        starts_available = max(int(length) - span + 1, 0)
+        count = max(int(settings.mask_start_fraction * length + rounding), settings.min_spans)
+        count = min(count, num_frames // span, starts_available)
+        starts = rng.choice(starts_available, count, replace=False)
+        mask[row, (starts[:, None] + np.arange(span)).ravel()] = True
+    return mask
+
+
+def sample_negatives(mask: np.ndarray, num_negatives: int, rng: np.random.Generator
+                     ) -> np.ndarray:
+    """[B, T, K] int32 distractor frames (indices within the utterance) for a [B, T] mask, with
+    HF `_sample_negative_indices` semantics: each masked frame gets K draws, uniform with
+    replacement over the utterance's other masked frames (never itself). Unmasked frames get 0
+    (the loss ignores them); a lone masked frame gets itself, which the loss masks out."""
+    batch_size, num_frames = mask.shape
+    negatives = np.zeros((batch_size, num_frames, num_negatives), np.int32)
+    for row in range(batch_size):
+        masked = np.flatnonzero(mask[row])
+        if len(masked) < 2:
+            negatives[row, masked] = masked[:, None]
+            continue
+        draws = rng.integers(0, len(masked) - 1, size=(len(masked), num_negatives))
+        draws += draws >= np.arange(len(masked))[:, None]  # skip the positive, stay uniform
+        negatives[row, masked] = masked[draws]
+    return negatives
+
+
+def mask_batch(config: Wav2Vec2Config, attention_mask: np.ndarray, settings: MaskingSettings,
+               rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The batch entries the loss reads beside the waveforms, for a [B, S] sample mask (1 =
+    real sample): `mask_time_indices` [B, T] and `sampled_negative_indices` [B, T, K]."""
+    attention_mask = np.asarray(attention_mask)
+    num_frames = int(feature_lengths(config, attention_mask.shape[1]))
+    lengths = feature_lengths(config, attention_mask.astype(np.int64).sum(-1))
+    mask = span_mask(np.maximum(lengths, 0), num_frames, settings, rng)
+    return {"mask_time_indices": mask,
+            "sampled_negative_indices": sample_negatives(mask, settings.num_negatives, rng)}
+
+
+# --- Device side ----------------------------------------------------------------------------
+
+def gumbel_temperature(step: int | jax.Array, settings: Wav2Vec2LossSettings
+                       ) -> jax.Array:
+    """max(start x decay^step, end): fairseq's annealing (2 -> 0.5 with decay 0.999995).
+    Computed as exp(step x log(decay)) with the logarithm in float64: 0.999995 itself is not
+    exact enough in float32 (2 x 0.999995^100000 would be off by 1e-3)."""
+    decayed = settings.gumbel_start_temperature * jnp.exp(
+        jnp.asarray(step, jnp.float32) * math.log(settings.gumbel_decay))
+    return jnp.maximum(decayed, settings.gumbel_end_temperature)
+
+
+def cosine_similarity(a: jax.Array, b: jax.Array) -> jax.Array:
+    """Cosine similarity over the last axis (broadcasting), as torch.cosine_similarity."""
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    norms = jnp.sum(a * a, axis=-1) * jnp.sum(b * b, axis=-1)
+    return jnp.sum(a * b, axis=-1) * jax.lax.rsqrt(jnp.maximum(norms, COSINE_EPS ** 2))
+
+
+def contrastive_loss(projected_states: jax.Array, projected_quantized_states: jax.Array,
+                     negative_indices: jax.Array, mask: jax.Array, temperature: float
+                     ) -> tuple[jax.Array, jax.Array]:
+    """Summed over the masked frames of `mask` [B, T]: the cross-entropy of the positive among
+    [positive, K distractors] with logits cos(c_t, q) / temperature (`projected_states` c and
+    `projected_quantized_states` q [B, T, P], `negative_indices` [B, T, K] frames of the same
+    utterance). Distractors equal to the positive get -inf (HF). Returns (loss sum, count of
+    masked frames whose positive beats every distractor)."""
+    batch_size, num_frames, num_negatives = negative_indices.shape
+    negatives = jnp.take_along_axis(
+        projected_quantized_states, negative_indices.reshape(batch_size, -1)[..., None],
+        axis=1).reshape(batch_size, num_frames, num_negatives, -1)  # [B, T, K, P]
+    targets = jnp.concatenate([projected_quantized_states[:, :, None], negatives],
+                              axis=2)  # [B, T, 1 + K, P]
+    logits = cosine_similarity(projected_states[:, :, None], targets) / temperature
+    same_as_positive = jnp.all(negatives == projected_quantized_states[:, :, None], axis=-1)
+    logits = logits.at[..., 1:].set(jnp.where(same_as_positive, -jnp.inf,
+                                              logits[..., 1:]))  # [B, T, 1 + K]
+    per_frame = jax.nn.logsumexp(logits, axis=-1) - logits[..., 0]  # [B, T]
+    mask = mask.astype(bool)
+    correct = logits[..., 0] > jnp.max(logits[..., 1:], axis=-1)
+    return (jnp.sum(jnp.where(mask, per_frame, 0.0)),
+            jnp.sum(mask & correct).astype(jnp.float32))
+
+
+def diversity_loss(perplexity: jax.Array, num_codevectors: int) -> jax.Array:
+    """(G V - perplexity) / (G V) (§3.2 L_d), per masked frame."""
+    return (num_codevectors - perplexity) / num_codevectors
+
+
+def feature_penalty(conv_features: jax.Array) -> jax.Array:
+    """The mean square of the feature encoder's output (fairseq `features_pen`)."""
+    return jnp.mean(jnp.square(conv_features.astype(jnp.float32)))
+
+
+def wav2vec2_loss(model: Wav2Vec2, batch: Batch, rng: jax.Array | None, *,
+                  objective: Wav2Vec2LossSettings | None = None, step: int | jax.Array = 0
+                  ) -> tuple[jax.Array, Metrics]:
+    """The pre-training loss per masked frame (module docstring) of a batch with
+    `input_values` [B, S], optionally `attention_mask` [B, S], and `mask_batch`'s
+    `mask_time_indices` [B, T] and `sampled_negative_indices` [B, T, K]. `step` is the update
+    number the Gumbel temperature anneals with; `rng=None` (evaluation) quantises by argmax
+    without dropout."""
+    objective = objective or Wav2Vec2LossSettings()
+    mask = batch["mask_time_indices"].astype(bool)
+    out = model(batch["input_values"], batch.get("attention_mask"), mask, rng,
+                gumbel_temperature=gumbel_temperature(step, objective),
+                feature_gradient_scale=objective.feature_grad_mult)
+    contrastive_sum, correct = contrastive_loss(
+        out.projected_states, out.projected_quantized_states,
+        batch["sampled_negative_indices"], mask, objective.contrastive_temperature)
+    count = jnp.sum(mask).astype(jnp.float32)
+    diversity = diversity_loss(out.codevector_perplexity, model.config.num_codevectors)
+    penalty = feature_penalty(out.conv_features)
+    loss = (contrastive_sum / jnp.maximum(count, 1.0) + objective.diversity_weight * diversity
+            + objective.feature_penalty_weight * penalty)
+    one = jnp.ones((), jnp.float32)
+    return loss, {"loss": (loss, one), "contrastive_loss": (contrastive_sum, count),
+                  "contrastive_accuracy": (correct, count), "diversity_loss": (diversity, one),
+                  "codevector_perplexity": (out.codevector_perplexity, one),
+                  "feature_penalty": (penalty, one)}
