@@ -401,7 +401,7 @@ def test_simclr_on_an_image_folder_with_host_crops(tmp_path, data_cache):
                 Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(
                     folder / f"{i}.jpg")
     trainer = make_trainer(tmp_path / "w", data_cache, preset="simclr_tiny", mesh=(4, 2, 1),
-                           **{"data.source": str(tmp_path / "images"), "model.image_size": 16,
+                           **{"data.source": str(tmp_path / "images"), "objective.image_size": 16,
                               "examples.host_crop_size": 16, "train.steps": 2,
                               "train.eval_every": 2, "train.batch_size": 8})
     assert first_batch(trainer)["image"].shape == (8, 2, 16, 16, 3)
