@@ -201,7 +201,7 @@ def _print_summary(summary: dict, seconds: float, trainer: Any) -> None:
 
     def untrained() -> dict[str, float]:  # the monitor of the same network, untrained
         model = method.build_model(trainer.model_config, trainer.config.train.seed)
-        return method.monitor(model, trainer.data, trainer.example_config)
+        return method.monitor(model, trainer.data, trainer.example_config, trainer.objective)
 
     for line in method.summarize(evaluation, summary["report"], untrained):
         print(line)

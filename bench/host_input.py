@@ -152,7 +152,7 @@ def our_source(root: Path, crop_size: int = CROP_SIZE, seed: int = 0) -> Any:
     count = sum(1 for _ in root.rglob("*.jpg"))
     config = make_config("simclr_imagenet", [
         f"data.source={root}", f"data.held_out_fraction={0.5 / count}",
-        f"examples.host_crop_size={crop_size}", f"model.image_size={crop_size}",
+        f"examples.host_crop_size={crop_size}", f"objective.image_size={crop_size}",
         "examples.max_eval_examples=1"])
     method = registry.get(config.method)
     return method.prepare(config.data, config.example_config(), root / ".cache", seed).train

@@ -52,10 +52,12 @@ def main() -> None:
     seconds = time.perf_counter() - start
     train_images, train_labels = read_cifar10(data, "train")
     test_images, test_labels = read_cifar10(data, "test")
+    view_size = config.objective_config().image_size
 
     def evaluate(model: nnx.Module) -> dict[str, float]:
         train_features, test_features = (
-            extract_features(lambda x: backbone_features(model, x), images)
+            extract_features(
+                lambda x: backbone_features(model, x, view_size), images)
             for images in (train_images, test_images))
         return {"knn_accuracy_k200": knn_accuracy(train_features, train_labels, test_features,
                                                   test_labels, 10),

@@ -150,9 +150,9 @@ def permutation_lm_batch(config: Config, batch_size: int, rng: np.random.Generat
 def image_batch(config: Config, batch_size: int, rng: np.random.Generator
                 ) -> dict[str, np.ndarray]:
     """Random uint8 images as the loader delivers them: two host crops per image when
-    `examples.host_crop_size` is set, else whole images at the model's resolution."""
+    `examples.host_crop_size` is set, else whole images at the views' size."""
     crop = config.example_config().host_crop_size
-    size = config.model_config().image_size
+    size = config.objective_config().image_size
     shape = (batch_size, 2, crop, crop, 3) if crop else (batch_size, size, size, 3)
     return {"image": rng.integers(0, 256, shape, dtype=np.uint8),
             "label": rng.integers(0, 10, batch_size).astype(np.int32)}
@@ -224,7 +224,7 @@ def model_flops(config: Config, batch: dict[str, np.ndarray], trainer: Trainer) 
         return 3.0 * batch_size * forward
     if config.method == "simclr":
         views = 2 * batch_size
-        size = model.image_size
+        size = trainer.objective.image_size
         network = nnx_forward_flops(trainer, (views, size, size, 3))
         return 3.0 * (network + 2 * views * views * model.projection_dim)
     raise SystemExit(f"no FLOP formula for method {config.method!r}")

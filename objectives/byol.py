@@ -49,9 +49,12 @@ from pretext_jax.objectives.two_view import (
 
 
 @dataclasses.dataclass(frozen=True)
-class BYOLObjectiveConfig(BYOLConfig, TwoViewAugmentation):
-    """The network (`BYOLConfig`) and BYOL's augmentations (`TwoViewAugmentation` with the
-    byol augmentations.py defaults below)."""
+class BYOLLossSettings(TwoViewAugmentation):
+    """The `objective` section: the target schedule, `base_target_decay` tau_base (0.996 for
+    1000 epochs, configs/byol.py) over `target_decay_steps` K updates (0, the default: the whole
+    run, train.steps x optim.grad_accum_steps loss calls, filled in by the trainer through
+    `run_settings`), and BYOL's augmentations (`TwoViewAugmentation` with the byol
+    augmentations.py defaults below)."""
 
     crop_area_min: float = 0.08
     saturation: float = 0.2
@@ -59,25 +62,13 @@ class BYOLObjectiveConfig(BYOLConfig, TwoViewAugmentation):
     blur_probability: float = 1.0
     second_blur_probability: float = 0.1
     second_solarize_probability: float = 0.2
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.check_augmentation()
-
-
-@dataclasses.dataclass(frozen=True)
-class BYOLLossSettings:
-    """The `objective` section, the target schedule: `base_target_decay` tau_base (0.996 for
-    1000 epochs, configs/byol.py) over `target_decay_steps` K updates (0, the default: the whole
-    run, train.steps x optim.grad_accum_steps loss calls, filled in by the trainer through
-    `run_settings`)."""
-
     base_target_decay: float = 0.996
     """tau_base of the target EMA's cosine schedule, in [0, 1] (BYOL 0.996)."""
     target_decay_steps: int = 0
     """K, updates over which tau rises to 1; 0 = the whole run (train.steps x grad_accum_steps)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0.0 <= self.base_target_decay <= 1.0:
             raise ValueError(f"base_target_decay={self.base_target_decay} must be in [0, 1] "
                              "(BYOL: 0.996)")
@@ -105,9 +96,8 @@ def byol_loss(model: BYOL, batch: Batch, rng: jax.Array | None, *,
     """The symmetrised BYOL loss (module docstring); training first updates the target on the
     schedule of `objective` (its `target_decay_steps` resolved, > 0). `rng=None` (evaluation)
     uses fixed views and BatchNorm running statistics and leaves the target as it is."""
-    config: BYOLObjectiveConfig = model.config
     train = rng is not None
-    views = two_views(rng, batch["image"], config.view_augmentations)
+    views = two_views(rng, batch["image"], objective.view_augmentations)
     one = jnp.ones((), jnp.float32)
     extra: Metrics = {}
     if train:
@@ -135,7 +125,7 @@ def whole_run_schedule(objective: BYOLLossSettings, config: Any) -> BYOLLossSett
         objective, target_decay_steps=config.train.steps * config.optim.grad_accum_steps)
 
 
-def build_byol(config: BYOLObjectiveConfig, seed: int) -> BYOL:
+def build_byol(config: BYOLConfig, seed: int) -> BYOL:
     with nnx.use_eager_sharding(False):
         return BYOL(config, rngs=nnx.Rngs(seed))
 
@@ -144,10 +134,9 @@ PRESETS = {
     # BYOL at test size: a narrow ResNet-18 with the CIFAR stem, small MLPs, the paper's
     # augmentations and target schedule (K = train.steps), LARS with 10 warmup steps.
     "byol_tiny": {
-        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
-                  "projection_hidden_dim": 256, "projection_dim": 64,
-                  "predictor_hidden_dim": 256},
-        "objective": {"base_target_decay": 0.99},
+        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "projection_hidden_dim": 256,
+                  "projection_dim": 64, "predictor_hidden_dim": 256},
+        "objective": {"base_target_decay": 0.99, "image_size": 32},
         "optim": {"optimizer": "lars", "learning_rate": 0.5, "schedule": "cosine",
                   "warmup_steps": 10, "weight_decay": 1.5e-6, "clip_norm": 0.0},
         "train": TINY_IMAGE_TRAIN,
@@ -158,10 +147,10 @@ PRESETS = {
     # on biases and BatchNorm) lr 0.2 x 4096/256 = 3.2, weight decay 1.5e-6, batch 4096, 1000
     # epochs = 312,785 steps with 10 of warmup (3,127), cosine; crops of area 0.08-1.
     "byol_imagenet": {
-        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "dtype": "bfloat16",
+        "model": {"depth": 50, "stem": "imagenet", "dtype": "bfloat16",
                   "projection_hidden_dim": 4096, "projection_dim": 256,
                   "predictor_hidden_dim": 4096},
-        "objective": {"base_target_decay": 0.996},
+        "objective": {"base_target_decay": 0.996, "image_size": 224},
         "examples": {"host_crop_size": 224, "host_crop_area_min": 0.08},
         "data": {"source": "tfds:imagenet2012", "worker_count": 16},
         "optim": {"optimizer": "lars", "learning_rate": 3.2, "schedule": "cosine",
@@ -174,7 +163,7 @@ PRESETS = {
 
 register(Method(
     name="byol",
-    model_config=BYOLObjectiveConfig,
+    model_config=BYOLConfig,
     example_config=ImageExampleConfig,
     objective_config=BYOLLossSettings,
     build_model=build_byol,

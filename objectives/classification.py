@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -101,9 +101,10 @@ def predict(model: SequenceClassifier, features: dict[str, np.ndarray],
     return np.concatenate(outputs)
 
 
-def glue_monitor(model: SequenceClassifier, data: PreparedData, examples: GlueExampleConfig
-                 ) -> dict[str, float]:
-    """GLUE's metrics for the task on the whole dev set."""
+def glue_monitor(model: SequenceClassifier, data: PreparedData, examples: GlueExampleConfig,
+                 objective: Any = None) -> dict[str, float]:
+    """GLUE's metrics for the task on the whole dev set (no `objective` setting bears on
+    them)."""
     return task_metrics(glue.glue_task(examples.task), predict(model, data.eval),
                         data.eval["label"])
 
@@ -173,7 +174,9 @@ def prepare_glue(data: DataConfig, examples: GlueExampleConfig, cache_dir: Path,
                         report={"majority_baseline": baseline}, tokenizer=tokenizer)
 
 
-def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig) -> None:
+def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig,
+               objective: Any = None) -> None:
+    """The task exists and suits the head; examples fit the positions (no `objective`)."""
     glue.glue_task(examples.task)
     wanted = "xlnet" if model.head == "xlnet" else "bert"
     if examples.layout != wanted:

@@ -50,19 +50,10 @@ from pretext_jax.objectives.two_view import (
 
 
 @dataclasses.dataclass(frozen=True)
-class MoCoObjectiveConfig(MoCoConfig, TwoViewAugmentation):
-    """The network (`MoCoConfig`) and the augmentations of its two views
-    (`TwoViewAugmentation`)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.check_augmentation()
-
-
-@dataclasses.dataclass(frozen=True)
-class MoCoLossSettings:
+class MoCoLossSettings(TwoViewAugmentation):
     """The `objective` section: InfoNCE `temperature` (0.2 in v2, 0.07 in v1), key-encoder
-    `momentum` m (0.999), `shuffle_bn_groups` (8: the reference's 8 GPUs)."""
+    `momentum` m (0.999), `shuffle_bn_groups` (8: the reference's 8 GPUs), and the
+    augmentations of the two views (`TwoViewAugmentation`: MoCo v2's `--aug-plus`)."""
 
     temperature: float = 0.2
     """InfoNCE temperature T, > 0 (MoCo v2 0.2, v1 0.07)."""
@@ -72,6 +63,7 @@ class MoCoLossSettings:
     """BatchNorm groups for shuffling BN, dividing the (micro-)batch (MoCo 8; 1 = global BN)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.temperature <= 0.0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (MoCo v2: 0.2)")
         if not 0.0 <= self.momentum <= 1.0:
@@ -101,18 +93,18 @@ def moco_loss(model: MoCo, batch: Batch, rng: jax.Array | None, *,
     (evaluation) uses fixed views, BatchNorm running statistics, no shuffle, and leaves the key
     encoder and the queue as they are."""
     objective = objective or MoCoLossSettings()
-    config: MoCoObjectiveConfig = model.config
     train = rng is not None
     view_rng, shuffle_rng = jax.random.split(rng) if train else (None, None)
-    query_images, key_images = two_views(view_rng, batch["image"], config.view_augmentations)
+    query_images, key_images = two_views(view_rng, batch["image"],
+                                         objective.view_augmentations)
     size = query_images.shape[0]
     if train:
         groups = objective.shuffle_bn_groups
         if size % groups:
             raise UserError(f"the (micro-)batch of {size} images is not divisible by "
                             f"objective.shuffle_bn_groups={groups}; change either")
-        if size > config.queue_size:
-            raise UserError(f"model.queue_size={config.queue_size} is smaller than the "
+        if size > model.config.queue_size:
+            raise UserError(f"model.queue_size={model.config.queue_size} is smaller than the "
                             f"(micro-)batch of {size}; use a larger queue")
         ema_update(model.target, model.online, objective.momentum)
         queries = call_in_groups(model.online, query_images, groups).projections
@@ -130,7 +122,7 @@ def moco_loss(model: MoCo, batch: Batch, rng: jax.Array | None, *,
     return loss, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
 
 
-def build_moco(config: MoCoObjectiveConfig, seed: int) -> MoCo:
+def build_moco(config: MoCoConfig, seed: int) -> MoCo:
     with nnx.use_eager_sharding(False):
         return MoCo(config, rngs=nnx.Rngs(seed))
 
@@ -142,10 +134,10 @@ PRESETS = {
     # (K 4096, m 0.99, BatchNorm split 8 ways, SGD lr 0.06 x batch/512, weight decay 5e-4) with
     # v2's temperature 0.2 and a narrow ResNet-18 with the CIFAR stem.
     "moco_tiny": {
-        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
-                  "projection_dim": 64, "queue_size": 4096, "crop_area_min": 0.2,
-                  "blur_probability": 0.0, "second_blur_probability": 0.0},
-        "objective": {"momentum": 0.99},
+        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "projection_dim": 64,
+                  "queue_size": 4096},
+        "objective": {"momentum": 0.99, "image_size": 32, "crop_area_min": 0.2,
+                      "blur_probability": 0.0, "second_blur_probability": 0.0},
         "optim": {"optimizer": "sgd", "learning_rate": 0.0075, "schedule": "cosine",
                   "warmup_steps": 0, "weight_decay": 5e-4, "clip_norm": 0.0},
         "train": TINY_IMAGE_TRAIN,
@@ -156,9 +148,10 @@ PRESETS = {
     # weight decay 1e-4 on every parameter, cosine over 200 epochs of 5,004 steps (1,281,167
     # images, batch 256, last partial batch dropped), no warmup; crops of area 0.2-1.
     "moco_v2_imagenet": {
-        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "dtype": "bfloat16",
-                  "projection_dim": 128, "queue_size": 65536, "crop_area_min": 0.2},
-        "objective": {"momentum": 0.999, "temperature": 0.2, "shuffle_bn_groups": 8},
+        "model": {"depth": 50, "stem": "imagenet", "dtype": "bfloat16", "projection_dim": 128,
+                  "queue_size": 65536},
+        "objective": {"momentum": 0.999, "temperature": 0.2, "shuffle_bn_groups": 8,
+                      "image_size": 224, "crop_area_min": 0.2},
         "examples": {"host_crop_size": 224, "host_crop_area_min": 0.2},
         "data": {"source": "tfds:imagenet2012", "worker_count": 16},
         "optim": {"optimizer": "sgd", "learning_rate": 0.03, "schedule": "cosine",
@@ -170,7 +163,7 @@ PRESETS = {
 
 register(Method(
     name="moco",
-    model_config=MoCoObjectiveConfig,
+    model_config=MoCoConfig,
     example_config=ImageExampleConfig,
     objective_config=MoCoLossSettings,
     build_model=build_moco,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -83,7 +84,9 @@ def prepare_mpnet(data: DataConfig, examples: mpnet_examples.MPNetExampleConfig,
         tokenizer=tokenizer)
 
 
-def check_mpnet(model: MPNetConfig, examples: mpnet_examples.MPNetExampleConfig) -> None:
+def check_mpnet(model: MPNetConfig, examples: mpnet_examples.MPNetExampleConfig,
+                objective: Any = None) -> None:
+    """Every position (from 2) has a learned embedding (no `objective` setting bears on it)."""
     if examples.max_seq_length > model.max_length:
         raise UserError(
             f"examples.max_seq_length={examples.max_seq_length} needs "

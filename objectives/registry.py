@@ -82,17 +82,20 @@ class Method:
     - `model_config` / `example_config`: dataclass types that `config.model` / `config.examples`
       are validated against.
     - `objective_config`: the dataclass type of `config.objective`, the loss's settings (what
-      only the loss reads: loss weights, temperatures, momentum schedules; fields that shape the
-      network or its parameters belong to `model_config`).
+      only the loss reads: loss weights, temperatures, momentum schedules, the image methods'
+      view augmentations; fields that shape the network or its parameters belong to
+      `model_config`).
     - `build_model(model_config, seed)`: a fresh Flax NNX module.
     - `loss(model, batch, rng)`: pure; `rng=None` means evaluation (no dropout, no sampling).
       A method with an `objective_config` gets its settings as the keyword `objective`
       (`bind_loss`).
     - `prepare(data_config, example_config, cache_dir, seed)`: builds the records on the host.
     - `units_per_example(example_config)`: tokens (or images) per example, for throughput.
-    - `check(model_config, example_config)`: cross-field validation, raising UserError.
-    - `monitor(model, prepared_data, example_config)`: optional held-out metrics beyond the
-      loss's, computed at every evaluation (SimCLR: the kNN accuracy of the features).
+    - `check(model_config, example_config, objective)`: cross-field validation, raising
+      UserError; `objective` is the `objective_config` (SimCLR: host crops of the views' size).
+    - `monitor(model, prepared_data, example_config, objective)`: optional held-out metrics
+      beyond the loss's, computed at every evaluation (SimCLR: the kNN accuracy of the features
+      at the views' size, `objective.image_size`).
     - `run_settings(objective, config)`: optional; the objective settings with the fields that
       depend on the run's settings filled in (BYOL: the target schedule spans
       train.steps x optim.grad_accum_steps loss calls), applied by the trainer.
@@ -117,8 +120,9 @@ class Method:
     loss: LossFn
     prepare: Callable[[Any, Any, Any, int], PreparedData]
     units_per_example: Callable[[Any], int]
-    check: Callable[[Any, Any], None] = lambda model_config, example_config: None
-    monitor: Callable[[Any, PreparedData, Any], dict[str, float]] | None = None
+    check: Callable[[Any, Any, Any], None] = (
+        lambda model_config, example_config, objective: None)
+    monitor: Callable[[Any, PreparedData, Any, Any], dict[str, float]] | None = None
     run_settings: Callable[[Any, Any], Any] | None = None
     pretrained: Callable[[Any, int, Callable[[str], Any]], Any] | None = None
     summarize: Summarize = dataclasses.field(default_factory=summary_of)
@@ -139,8 +143,9 @@ class Method:
     def split_model_section(self, model: Mapping[str, Any]
                             ) -> tuple[dict[str, Any], dict[str, Any]]:
         """(model, objective) from a `model` section as configs written before the `objective`
-        section existed hold it: loss settings (fields of `objective_config` that are no
-        fields of `model_config`) move to `objective`; everything else stays."""
+        section existed hold it: objective settings (fields of `objective_config` that are no
+        fields of `model_config`: loss weights, temperatures, the image methods' view
+        augmentations) move to `objective`; everything else stays."""
         moved = ({f.name for f in dataclasses.fields(self.objective_config)}
                  - {f.name for f in dataclasses.fields(self.model_config)})
         return ({k: v for k, v in model.items() if k not in moved},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -63,10 +64,11 @@ def prepare_roberta(data: DataConfig, examples: roberta_examples.RobertaExampleC
         prepared, model_fields={**prepared.model_fields, "position_padding_id": pad_id})
 
 
-def check_roberta(model: RobertaConfig, examples: roberta_examples.RobertaExampleConfig
-                  ) -> None:
+def check_roberta(model: RobertaConfig, examples: roberta_examples.RobertaExampleConfig,
+                  objective: Any = None) -> None:
     """Positions reach max_seq_length + padding id; the padding id may still come from the
-    tokenizer (0 = ours), so at least 1 is assumed (HF's byte-level BPE pads with 1)."""
+    tokenizer (0 = ours), so at least 1 is assumed (HF's byte-level BPE pads with 1). No
+    `objective` setting bears on it."""
     needed = examples.max_seq_length + max(model.position_padding_id, 1) + 1
     if needed > model.max_position_embeddings:
         raise UserError(

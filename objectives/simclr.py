@@ -22,6 +22,7 @@ from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register
 from pretext_jax.objectives.two_view import (
     ImageExampleConfig,
+    ViewSettings,
     check_host_crops,
     knn_monitor,
     knn_summary,
@@ -31,28 +32,14 @@ from pretext_jax.objectives.two_view import (
 
 
 @dataclasses.dataclass(frozen=True)
-class SimCLRLossSettings:
-    """The `objective` section: NT-Xent's temperature (0.1 ImageNet, 0.5 CIFAR)."""
+class SimCLRLossSettings(ViewSettings):
+    """The `objective` section: NT-Xent's temperature (0.1 ImageNet, 0.5 CIFAR) and the views
+    it is computed on (`ViewSettings` and data_util.py's augmentation, both views alike:
+    `image_augment.AugmentConfig` with the colour-jitter strength and blur probability here;
+    SimCLR treats the augmentations as part of the method)."""
 
     temperature: float = 0.1
     """NT-Xent temperature, > 0 (SimCLR 0.1 ImageNet, 0.5 CIFAR-10)."""
-
-    def __post_init__(self) -> None:
-        if self.temperature <= 0.0:
-            raise ValueError(f"temperature={self.temperature} must be > 0 (SimCLR: 0.1 or 0.5)")
-
-
-@dataclasses.dataclass(frozen=True)
-class SimCLRObjectiveConfig(SimCLRConfig):
-    """The network (`SimCLRConfig`) plus the views it is trained on: their size and the
-    augmentation settings (`image_augment.AugmentConfig`, flattened so each is a `model.*`
-    override; SimCLR treats the augmentations as part of the method, and the kNN monitor
-    evaluates at `image_size`)."""
-
-    image_size: int = 224
-    """Side of the augmented views in pixels (ImageNet 224, CIFAR 32)."""
-    crop_area_min: float = 0.08
-    """Smallest area fraction of the random resized crop, in (0, 1] (SimCLR 0.08)."""
     jitter_strength: float = 1.0
     """Colour-jitter strength s (amounts 0.8 s, hue 0.2 s): SimCLR 1.0 ImageNet, 0.5 CIFAR."""
     blur_probability: float = 0.5
@@ -60,31 +47,33 @@ class SimCLRObjectiveConfig(SimCLRConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 < self.crop_area_min <= 1.0:
-            raise ValueError(f"crop_area_min={self.crop_area_min} must be in (0, 1]")
+        if self.temperature <= 0.0:
+            raise ValueError(f"temperature={self.temperature} must be > 0 (SimCLR: 0.1 or 0.5)")
 
     def augment_config(self, crop: bool = True) -> image_augment.AugmentConfig:
+        """The augmentation of either view (`crop=False`: the host cropped)."""
         return image_augment.AugmentConfig(
-            image_size=self.image_size, crop=crop,
-            crop_window=image_augment.CropConfig(area=(self.crop_area_min, 1.0)),
+            image_size=self.image_size, crop=crop, crop_window=self.crop_window(),
             jitter_strength=self.jitter_strength, blur_probability=self.blur_probability)
+
+    def view_augmentations(self, crop: bool = True
+                           ) -> tuple[image_augment.AugmentConfig, image_augment.AugmentConfig]:
+        return (self.augment_config(crop),) * 2
 
 
 def simclr_loss(model: SimCLR, batch: Batch, rng: jax.Array | None, *,
                 objective: SimCLRLossSettings | None = None) -> tuple[jax.Array, Metrics]:
-    """NT-Xent of two views of every image (`objective` None: temperature 0.1); `rng=None`
+    """NT-Xent of two views of every image (`objective` None: ImageNet's settings); `rng=None`
     (evaluation) uses fixed views and the BatchNorm running statistics."""
     objective = objective or SimCLRLossSettings()
-    config: SimCLRObjectiveConfig = model.config
-    views = jnp.concatenate(two_views(rng, batch["image"],
-                                      lambda crop: (config.augment_config(crop),) * 2))
+    views = jnp.concatenate(two_views(rng, batch["image"], objective.view_augmentations))
     projections = model(views, train=rng is not None).projections
     first, second = jnp.split(projections, 2)
     loss, metrics = nt_xent(first, second, objective.temperature)
     return loss, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
 
 
-def build_simclr(config: SimCLRObjectiveConfig, seed: int) -> SimCLR:
+def build_simclr(config: SimCLRConfig, seed: int) -> SimCLR:
     with nnx.use_eager_sharding(False):
         return SimCLR(config, rngs=nnx.Rngs(seed))
 
@@ -96,16 +85,16 @@ PRESETS = {
     # 1000 epochs (97,656 steps) with 10 of warmup, LARS lr 1.0 x 512/256, weight decay 1e-4,
     # temperature 0.5, jitter strength 0.5, no blur.
     "simclr_tiny": {
-        "model": {"depth": 18, "stem": "cifar", "base_width": 8, "image_size": 32,
-                  "jitter_strength": 0.5, "blur_probability": 0.0},
-        "objective": {"temperature": 0.5},
+        "model": {"depth": 18, "stem": "cifar", "base_width": 8},
+        "objective": {"temperature": 0.5, "image_size": 32, "jitter_strength": 0.5,
+                      "blur_probability": 0.0},
         "optim": {**_LARS_COSINE, "learning_rate": 0.5, "warmup_steps": 10, "weight_decay": 1e-4},
         "train": TINY_IMAGE_TRAIN,
     },
     "simclr_cifar10": {
-        "model": {"depth": 18, "stem": "cifar", "image_size": 32, "jitter_strength": 0.5,
-                  "blur_probability": 0.0},
-        "objective": {"temperature": 0.5},
+        "model": {"depth": 18, "stem": "cifar"},
+        "objective": {"temperature": 0.5, "image_size": 32, "jitter_strength": 0.5,
+                      "blur_probability": 0.0},
         "data": {"source": ""},
         "optim": {**_LARS_COSINE, "learning_rate": 2.0, "warmup_steps": 977,
                   "weight_decay": 1e-4},
@@ -114,9 +103,9 @@ PRESETS = {
     # The offline image demo: scikit-learn's 1,797 scanned 8x8 digits, upsampled to 16 px by the
     # random resized crop, a narrow ResNet-18 with the CIFAR stem, CIFAR's augmentation settings.
     "simclr_digits": {
-        "model": {"depth": 18, "stem": "cifar", "base_width": 16, "image_size": 16,
-                  "jitter_strength": 0.5, "blur_probability": 0.0},
-        "objective": {"temperature": 0.5},
+        "model": {"depth": 18, "stem": "cifar", "base_width": 16},
+        "objective": {"temperature": 0.5, "image_size": 16, "jitter_strength": 0.5,
+                      "blur_probability": 0.0},
         "examples": {"knn_k": 20},
         "data": {"source": "digits", "held_out_fraction": 0.2},
         "optim": {**_LARS_COSINE, "learning_rate": 1.0, "warmup_steps": 20, "weight_decay": 1e-4},
@@ -128,9 +117,9 @@ PRESETS = {
     # decay 1e-6, temperature 0.1, jitter strength 1.0, blur p 0.5; two random crops per image
     # made on the host, the rest of the augmentation on device.
     "simclr_imagenet": {
-        "model": {"depth": 50, "stem": "imagenet", "image_size": 224, "dtype": "bfloat16",
-                  "jitter_strength": 1.0, "blur_probability": 0.5},
-        "objective": {"temperature": 0.1},
+        "model": {"depth": 50, "stem": "imagenet", "dtype": "bfloat16"},
+        "objective": {"temperature": 0.1, "image_size": 224, "jitter_strength": 1.0,
+                      "blur_probability": 0.5},
         "examples": {"host_crop_size": 224},
         "data": {"source": "tfds:imagenet2012", "worker_count": 16},
         "optim": {**_LARS_COSINE, "learning_rate": 4.8, "warmup_steps": 3128,
@@ -142,7 +131,7 @@ PRESETS = {
 
 register(Method(
     name="simclr",
-    model_config=SimCLRObjectiveConfig,
+    model_config=SimCLRConfig,
     example_config=ImageExampleConfig,
     objective_config=SimCLRLossSettings,
     build_model=build_simclr,

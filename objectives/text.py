@@ -101,8 +101,9 @@ def unigram_baselines(examples: dict[str, np.ndarray]) -> dict[str, float]:
             "unigram_baseline_plm_loss": float(-(probabilities * np.log(probabilities)).sum())}
 
 
-def check_max_seq_length(model: EncoderConfig, examples: Any) -> None:
-    """Every position of an example has a learned position embedding."""
+def check_max_seq_length(model: EncoderConfig, examples: Any, objective: Any = None) -> None:
+    """Every position of an example has a learned position embedding (no `objective` setting
+    bears on it)."""
     if examples.max_seq_length > model.max_position_embeddings:
         raise UserError(
             f"examples.max_seq_length={examples.max_seq_length} exceeds "

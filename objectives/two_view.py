@@ -1,7 +1,8 @@
 """Pieces shared by the two-view image methods (SimCLR, MoCo, BYOL): how images reach the device
 (`ImageExampleConfig`, `prepare_two_view_images`), two augmented views of every image inside
-the step (`two_views`; MoCo's and BYOL's per-view settings in `TwoViewAugmentation`), the
-checks of host crops against the model's views, and the kNN monitor of the backbone's features.
+the step (`two_views`; the `objective` settings of the views in `ViewSettings`, MoCo's and
+BYOL's per-view ones in `TwoViewAugmentation`), the checks of host crops against the views, and
+the kNN monitor of the backbone's features.
 
 Reference: google-research/simclr tf2/data_util.py (views and crops), facebookresearch/moco
 main_moco.py (`--aug-plus`), deepmind byol utils/augmentations.py; the kNN monitor as
@@ -11,6 +12,7 @@ solo-learn's and lightly's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ class ImageExampleConfig:
 
     `host_crop_size` > 0: decode on the host and deliver two random crops per image at that
     size (area `host_crop_area_min`..1), as data_util.py's ImageNet pipeline crops before
-    anything else; must equal `model.image_size`. 0: images (all one size, e.g. CIFAR) go
+    anything else; must equal `objective.image_size`. 0: images (all one size, e.g. CIFAR) go
     whole and are cropped on device. Held-out images are centre crops
     (`eval_crop_proportion`, 0.875 as data_util.py) when cropped on the host. The kNN monitor
     uses a bank of the first `knn_bank_size` training images, `knn_k` neighbours and vote
@@ -44,9 +46,9 @@ class ImageExampleConfig:
     """
 
     host_crop_size: int = 0
-    """Host-made crops: two per image, of this side (= model.image_size); 0 = whole images."""
+    """Host-made crops: two per image, of this side (= objective.image_size); 0 = whole."""
     host_crop_area_min: float = 0.08
-    """Smallest area fraction of a host crop (SimCLR 0.08; MoCo/BYOL: = model.crop_area_min)."""
+    """Smallest area fraction of a host crop (SimCLR 0.08; MoCo/BYOL = objective.crop_area_min)."""
     eval_crop_proportion: float = 0.875
     """Centre-crop fraction of held-out images cropped on the host (SimCLR 0.875)."""
     max_eval_examples: int = 10000
@@ -65,18 +67,41 @@ class ImageExampleConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TwoViewAugmentation:
-    """The two views' augmentations (`image_augment.AugmentConfig`), flattened so each is a
-    `model.*` override. Defaults are MoCo v2's (main_moco.py `--aug-plus`): random resized crop
-    of area `crop_area_min`..1 (TensorFlow's crop sampler, see `image_augment`; torchvision's
-    RandomResizedCrop(scale=(0.2, 1)) draws the aspect log-uniformly), colour jitter
-    (`brightness`, `contrast`, `saturation`, `hue`) = torchvision ColorJitter(0.4, 0.4, 0.4, 0.1)
-    with p 0.8, grayscale p 0.2, Gaussian blur (sigma 0.1-2) with p `blur_probability` for the
-    first view and `second_blur_probability` for the second, flip; solarisation with p
-    `solarize_probability` / `second_solarize_probability` (BYOL)."""
+class ViewSettings:
+    """What every two-view method's `objective` section says about its views: their side
+    `image_size` (host crops must match it; the kNN monitor evaluates at it) and the random
+    resized crop's smallest area `crop_area_min` (TensorFlow's crop sampler, see
+    `image_augment`). A method's settings extend it with its augmentations, flat so that each is
+    an `objective.*` override, and say in `view_augmentations` how they make the two views."""
 
     image_size: int = 224
-    """Side of the augmented views in pixels (ImageNet 224)."""
+    """Side of the augmented views in pixels (ImageNet 224, CIFAR 32)."""
+    crop_area_min: float = 0.08
+    """Smallest area fraction of the random resized crop, in (0, 1] (SimCLR, BYOL 0.08)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.crop_area_min <= 1.0:
+            raise ValueError(f"crop_area_min={self.crop_area_min} must be in (0, 1]")
+
+    def crop_window(self) -> image_augment.CropConfig:
+        return image_augment.CropConfig(area=(self.crop_area_min, 1.0))
+
+    def view_augmentations(self, crop: bool = True
+                           ) -> tuple[image_augment.AugmentConfig, image_augment.AugmentConfig]:
+        """The first and second view's augmentations (`crop=False`: the host cropped)."""
+        raise NotImplementedError(f"{type(self).__name__} defines no view_augmentations")
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoViewAugmentation(ViewSettings):
+    """Views with their own blur and solarisation probabilities (MoCo, BYOL). Defaults are
+    MoCo v2's (main_moco.py `--aug-plus`): random resized crop of area `crop_area_min`..1
+    (torchvision's RandomResizedCrop(scale=(0.2, 1)) draws the aspect log-uniformly), colour
+    jitter (`brightness`, `contrast`, `saturation`, `hue`) = torchvision ColorJitter(0.4, 0.4,
+    0.4, 0.1) with p 0.8, grayscale p 0.2, Gaussian blur (sigma 0.1-2) with p
+    `blur_probability` for the first view and `second_blur_probability` for the second, flip;
+    solarisation with p `solarize_probability` / `second_solarize_probability` (BYOL)."""
+
     crop_area_min: float = 0.2
     """Smallest area fraction of the random resized crop, in (0, 1] (MoCo v2 0.2, BYOL 0.08)."""
     brightness: float = 0.4
@@ -98,9 +123,8 @@ class TwoViewAugmentation:
     second_solarize_probability: float = 0.0
     """Probability of solarisation on the second view (MoCo 0, BYOL 0.2)."""
 
-    def check_augmentation(self) -> None:
-        if not 0.0 < self.crop_area_min <= 1.0:
-            raise ValueError(f"crop_area_min={self.crop_area_min} must be in (0, 1]")
+    def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("blur_probability", "second_blur_probability", "solarize_probability",
                      "second_solarize_probability"):
             if not 0.0 <= getattr(self, name) <= 1.0:
@@ -112,8 +136,7 @@ class TwoViewAugmentation:
                            ) -> tuple[image_augment.AugmentConfig, image_augment.AugmentConfig]:
         def view(blur: float, solarize: float) -> image_augment.AugmentConfig:
             return image_augment.AugmentConfig(
-                image_size=self.image_size, crop=crop,
-                crop_window=image_augment.CropConfig(area=(self.crop_area_min, 1.0)),
+                image_size=self.image_size, crop=crop, crop_window=self.crop_window(),
                 jitter=(self.brightness, self.contrast, self.saturation, self.hue),
                 additive_brightness=self.additive_brightness, blur_probability=blur,
                 solarize_probability=solarize)
@@ -149,21 +172,23 @@ def evaluation_view(images: jax.Array, size: int) -> jax.Array:
     return images
 
 
-@nnx.jit
-def backbone_features(model: nnx.Module, images: jax.Array) -> jax.Array:
-    """The backbone's evaluation-mode features of uint8 images (centre view); module-level so
-    every evaluation reuses the compiled function. Any image model with a `backbone` and
-    `config.image_size` (SimCLR, MoCo, BYOL)."""
-    return model.backbone(evaluation_view(images, model.config.image_size), train=False)
+@functools.partial(nnx.jit, static_argnames="size")
+def backbone_features(model: nnx.Module, images: jax.Array, size: int) -> jax.Array:
+    """The backbone's evaluation-mode features of uint8 images (centre view) at the views' side
+    `size` (`objective.image_size`); module-level so every evaluation reuses the compiled
+    function. Any image model with a `backbone` (SimCLR, MoCo, BYOL)."""
+    return model.backbone(evaluation_view(images, size), train=False)
 
 
-def knn_monitor(model: nnx.Module, data: PreparedData, examples: ImageExampleConfig
-                ) -> dict[str, float]:
-    """Held-out kNN accuracy of the backbone's features against a labelled training bank."""
+def knn_monitor(model: nnx.Module, data: PreparedData, examples: ImageExampleConfig,
+                objective: ViewSettings) -> dict[str, float]:
+    """Held-out kNN accuracy of the backbone's features (at `objective.image_size`) against a
+    labelled training bank."""
     bank = data.train.examples(range(min(len(data.train), examples.knn_bank_size)))
     if (bank["label"] < 0).any() or (data.eval["label"] < 0).any():
         return {}  # unlabelled images: nothing to vote with
-    features = [extract_features(lambda x: backbone_features(model, x), images)
+    features = [extract_features(
+        lambda x: backbone_features(model, x, objective.image_size), images)
                 for images in (bank["image"], data.eval["image"])]
     num_classes = int(max(bank["label"].max(), data.eval["label"].max())) + 1
     return {"knn_accuracy": knn_accuracy(features[0], bank["label"], features[1],
@@ -182,23 +207,28 @@ def prepare_two_view_images(data: DataConfig, examples: ImageExampleConfig, cach
     return PreparedData(train=train, eval=held_out)
 
 
-def check_host_crops(model: Any, examples: ImageExampleConfig) -> None:
-    """Host crops of the model's view size (`model.image_size`) and a valid area range."""
-    if examples.host_crop_size and examples.host_crop_size != model.image_size:
+def check_host_crops(model: Any, examples: ImageExampleConfig, objective: ViewSettings
+                     ) -> None:
+    """Host crops of the views' size (`objective.image_size`) and a valid area range."""
+    del model  # the views' settings are the objective's
+    if examples.host_crop_size and examples.host_crop_size != objective.image_size:
         raise UserError(f"examples.host_crop_size={examples.host_crop_size} must equal "
-                        f"model.image_size={model.image_size}; set both to the same size")
+                        f"objective.image_size={objective.image_size}; set both to the same "
+                        "size")
     if not 0.0 < examples.host_crop_area_min <= 1.0:
         raise UserError(f"examples.host_crop_area_min={examples.host_crop_area_min} must be in "
                         "(0, 1], e.g. 0.08")
 
 
-def check_two_view_method(model: TwoViewAugmentation, examples: ImageExampleConfig) -> None:
-    """`check_host_crops`, and host crops drawn from the same area range as the model's
+def check_two_view_method(model: Any, examples: ImageExampleConfig, objective: ViewSettings
+                          ) -> None:
+    """`check_host_crops`, and host crops drawn from the same area range as the views'
     augmentation (MoCo, BYOL)."""
-    check_host_crops(model, examples)
-    if examples.host_crop_size and examples.host_crop_area_min != model.crop_area_min:
+    check_host_crops(model, examples, objective)
+    if examples.host_crop_size and examples.host_crop_area_min != objective.crop_area_min:
         raise UserError(f"examples.host_crop_area_min={examples.host_crop_area_min} differs from "
-                        f"model.crop_area_min={model.crop_area_min}; set both to the same value")
+                        f"objective.crop_area_min={objective.crop_area_min}; set both to the "
+                        "same value")
 
 
 def knn_summary(metrics: tuple[str, ...] = ("loss",)) -> Summarize:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -102,7 +103,10 @@ def prepare_xlnet(data: DataConfig, examples: xlnet_examples.XLNetExampleConfig,
         tokenizer=tokenizer)
 
 
-def check_xlnet(model: XLNetConfig, examples: xlnet_examples.XLNetExampleConfig) -> None:
+def check_xlnet(model: XLNetConfig, examples: xlnet_examples.XLNetExampleConfig,
+                objective: Any = None) -> None:
+    """The memory's reuse length and bidirectional data agree between model and examples (no
+    `objective` setting bears on it)."""
     if model.reuse_len != examples.reuse_len:
         raise UserError(f"model.reuse_len={model.reuse_len} differs from examples.reuse_len="
                         f"{examples.reuse_len}; the memory caches the reused part, so set both "

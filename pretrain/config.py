@@ -204,7 +204,7 @@ def _apply(tree: dict[str, Any], key: str, value: Any, method: str, parse: bool)
     kinds = _field_types(_section_class(section, method))
     if name not in kinds:
         if section == "model" and registry.get(method).split_model_section({name: None})[1]:
-            raise UserError(f"{key} is a loss setting, now in the objective section; write "
+            raise UserError(f"{key} moved to the objective section; write "
                             f"objective.{name}={value}")
         raise UserError(f"unknown config key {key!r}; valid keys in {section}: {sorted(kinds)}")
     tree[section][name] = _parse_value(value, kinds[name], key) if parse else value
@@ -495,5 +495,5 @@ def validate(config: Config) -> None:
             configs[section] = build()
         except (TypeError, ValueError) as e:
             raise UserError(f"invalid {section} config ({section}.*): {e}") from None
-    model_config, example_config = configs["model"], configs["examples"]
-    registry.get(config.method).check(model_config, example_config)
+    registry.get(config.method).check(configs["model"], configs["examples"],
+                                      configs["objective"])

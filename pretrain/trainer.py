@@ -463,7 +463,8 @@ class Trainer:
         results = reduce_metrics(jax.device_get(sums))
         if self.method.monitor is not None:
             model = nnx.merge(self.graphdef, state.params, state.model_state, copy=True)
-            results.update(self.method.monitor(model, self.data, self.example_config))
+            results.update(self.method.monitor(model, self.data, self.example_config,
+                                               self.objective))
         return results
 
     # --------------------------------------------------------------------- checkpoints

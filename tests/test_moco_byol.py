@@ -16,17 +16,15 @@ import pytest
 from flax import nnx
 
 from pretext_jax.input_pipeline import image_augment as aug
-from pretext_jax.models.momentum import EMA, call_in_groups
+from pretext_jax.models.momentum import EMA, BYOLConfig, MoCoConfig, call_in_groups
 from pretext_jax.objectives.byol import (
     BYOLLossSettings,
-    BYOLObjectiveConfig,
     build_byol,
     byol_loss,
     target_decay,
 )
 from pretext_jax.objectives.moco import (
     MoCoLossSettings,
-    MoCoObjectiveConfig,
     build_moco,
     info_nce,
     moco_loss,
@@ -36,7 +34,8 @@ from pretext_jax.pretrain.config import OptimConfig, make_config
 from pretext_jax.pretrain.optim import make_optimizer
 from pretext_jax.pretrain.trainer import Trainer
 
-TINY_NET = dict(depth=18, stem="cifar", base_width=2, image_size=16)
+TINY_NET = dict(depth=18, stem="cifar", base_width=2)
+VIEW_SIZE = 16
 
 
 def normalize(x: np.ndarray) -> np.ndarray:
@@ -107,9 +106,9 @@ def test_moco_steps_against_numpy_queue_ema_loss_and_gradients():
     function of its own image and a wrong un-shuffle would misplace keys. The gradients equal
     those of InfoNCE with the keys held constant: nothing flows through the key encoder or
     its momentum update."""
-    config = MoCoObjectiveConfig(**TINY_NET, projection_dim=8, queue_size=20,
-                                 blur_probability=0.0, second_blur_probability=0.0)
-    settings = MoCoLossSettings(momentum=0.9, shuffle_bn_groups=8)
+    config = MoCoConfig(**TINY_NET, projection_dim=8, queue_size=20)
+    settings = MoCoLossSettings(momentum=0.9, shuffle_bn_groups=8, image_size=VIEW_SIZE,
+                                blur_probability=0.0, second_blur_probability=0.0)
     model = nnx.jit(lambda: build_moco(config, 0))()
     assert not any("target" in str(path) for path in flat(nnx.state(model, nnx.Param)))
     assert flat(nnx.state(model.target, EMA)).keys() == flat(nnx.state(model.online,
@@ -126,7 +125,7 @@ def test_moco_steps_against_numpy_queue_ema_loss_and_gradients():
         """Queries, keys and the constant-key gradients, from a model whose key encoder
         already holds the expected average."""
         query_images, key_images = two_views(jax.random.split(rng)[0], batch["image"],
-                                             config.view_augmentations)
+                                             settings.view_augmentations)
         keys = call_in_groups(model.target, key_images, 8).projections
         keys = keys / jnp.linalg.norm(keys, axis=1, keepdims=True)
         graphdef, params, rest = nnx.split(model.online, nnx.Param, ...)
@@ -221,9 +220,10 @@ def test_byol_steps_against_numpy_ema_loss_and_stop_gradient():
     online_t; loss = mean of ||p1/|p1| - z2/|z2|||^2 + ||p2/|p2| - z1/|z1|||^2 = 2 - 2 cos
     each, computed in numpy from the networks' outputs; the gradients are those of that
     loss with the target's projections held constant."""
-    config = BYOLObjectiveConfig(**TINY_NET, projection_hidden_dim=16, projection_dim=8,
-                                 predictor_hidden_dim=16)
-    settings = BYOLLossSettings(base_target_decay=0.9, target_decay_steps=4)
+    config = BYOLConfig(**TINY_NET, projection_hidden_dim=16, projection_dim=8,
+                        predictor_hidden_dim=16)
+    settings = BYOLLossSettings(base_target_decay=0.9, target_decay_steps=4,
+                                image_size=VIEW_SIZE)
     model = nnx.jit(lambda: build_byol(config, 0))()
     online0 = flat(nnx.state(model.online, nnx.Param))
     target = flat(nnx.state(model.target, EMA))
@@ -234,7 +234,7 @@ def test_byol_steps_against_numpy_ema_loss_and_stop_gradient():
 
     @nnx.jit
     def reference(model, rng):
-        views = two_views(rng, batch["image"], config.view_augmentations)
+        views = two_views(rng, batch["image"], settings.view_augmentations)
         z = [model.target(v, train=True).projections for v in views]
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
@@ -292,7 +292,7 @@ def test_solarize_additive_brightness_and_asymmetric_views():
     assert np.allclose(delta, delta.flat[0]) and 0 < abs(delta.flat[0]) <= 0.4
     scaled = np.asarray(aug.color_jitter(jax.random.key(3), mid * 0, (0.4, 0, 0, 0)))
     np.testing.assert_array_equal(scaled, 0.0)  # multiplicative: black stays black
-    first, second = BYOLObjectiveConfig().view_augmentations()
+    first, second = BYOLLossSettings().view_augmentations()
     assert (first.blur_probability, first.solarize_probability) == (1.0, 0.0)
     assert (second.blur_probability, second.solarize_probability) == (0.1, 0.2)
     assert first.jitter == (0.4, 0.4, 0.2, 0.1) and first.additive_brightness
@@ -345,8 +345,8 @@ def colour_folder(tmp_path_factory):
 
 def train(preset: str, workdir, data: str, mesh: tuple[int, int, int], **overrides):
     values = {"data.source": data, "data.cache_dir": str(workdir.parent / "cache"),
-              "model.base_width": 4, "model.image_size": 16, "model.brightness": 0.0,
-              "model.contrast": 0.0, "model.saturation": 0.0, "model.hue": 0.0,
+              "model.base_width": 4, "objective.image_size": 16, "objective.brightness": 0.0,
+              "objective.contrast": 0.0, "objective.saturation": 0.0, "objective.hue": 0.0,
               "train.batch_size": 32, "train.steps": 40, "train.log_every": 10,
               "train.eval_every": 40, "train.eval_batches": 1, "train.progress": False,
               "train.checkpoint_every": 40, "mesh.data": mesh[0], "mesh.fsdp": mesh[1],

@@ -1,8 +1,9 @@
 """Every preset resolves to the config pinned in tests/data/presets.json, written from the tree
-before the presets moved into their methods' modules and the loss settings into the `objective`
-section (issue 21). The file keeps the layout of that time (loss settings under `model`): the
-presets compare with it in that layout (`old_layout`), and the pinned configs, as workdirs of
-that time saved them, read through `config_from_dict` into today's presets.
+before the presets moved into their methods' modules and the loss settings (the image methods'
+view augmentations included) into the `objective` section (issue 21). The file keeps the layout
+of that time (those settings under `model`): the presets compare with it in that layout
+(`old_layout`), and the pinned configs, as workdirs of that time saved them, read through
+`config_from_dict` into today's presets.
 
 Regenerate only when a preset is meant to change: `python tests/test_presets.py`."""
 
@@ -61,6 +62,13 @@ def test_pinned_config_in_the_old_layout_loads_as_the_preset(preset, pinned):
     config = config_from_dict(pinned[preset]["config"])
     assert config == make_config(preset)
     assert json.loads(json.dumps(config.to_dict())) == resolved(preset)["config"]
+
+
+@pytest.mark.parametrize("preset", registry.preset_names())
+def test_preset_keeps_no_objective_setting_under_model(preset):
+    """As declared, not as `config_from_dict` reads it (which moves such settings)."""
+    tree = registry.preset(preset)
+    assert registry.get(tree["method"]).split_model_section(tree.get("model", {}))[1] == {}
 
 
 def test_a_preset_name_belongs_to_one_method():

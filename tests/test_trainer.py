@@ -222,6 +222,51 @@ def test_workdir_of_the_old_config_layout_loads_and_resumes(tmp_path, data_cache
         make_trainer(workdir, data_cache, preset="electra_tiny", **other)
 
 
+VIEW_KEYS = ("image_size", "crop_area_min", "jitter_strength", "blur_probability")
+
+
+def test_simclr_workdir_with_view_settings_under_model_loads_and_resumes(tmp_path, data_cache):
+    """A SimCLR workdir written while the views' augmentation settings were model settings
+    (`model.image_size`, `model.jitter_strength`, ... in config.json, the checkpoint's config
+    and model.json; the temperature already under `objective`) reads into today's layout, its
+    model loads, and it resumes; so does the layout with every loss setting under `model`."""
+    from pretext_jax.pretrain.export import load_model
+
+    settings = {"train.steps": 2, "train.checkpoint_every": 1,
+                "objective.jitter_strength": 0.25}
+    workdir = tmp_path / "w"
+    first = make_trainer(workdir, data_cache, preset="simclr_tiny", **settings)
+    first.run(stop_after=1)
+    new = json.loads((workdir / "config.json").read_text())
+    assert (new["objective"]["image_size"], new["objective"]["jitter_strength"]) == (32, 0.25)
+    assert not set(VIEW_KEYS) & set(new["model"])
+    views = {k: v for k, v in new["objective"].items() if k in VIEW_KEYS}
+    old = {**new, "model": {**new["model"], **views},
+           "objective": {k: v for k, v in new["objective"].items() if k not in VIEW_KEYS}}
+    assert (old["model"]["image_size"], old["model"]["jitter_strength"]) == (32, 0.25)
+    assert old["objective"] == {"temperature": 0.5}
+    assert config_from_dict(old) == config_from_dict(old_layout(new)) == first.config
+    (workdir / "config.json").write_text(json.dumps(old))
+    stored = workdir / "checkpoints" / "1" / "config" / "metadata"  # Orbax's JSON item
+    assert json.loads(stored.read_text()) == new
+    stored.write_text(json.dumps(old))  # the checkpoint's own copy, in the old layout
+    integrity.seal(workdir / "checkpoints" / "1")  # as if written so, not damaged
+    model_json = workdir / "model.json"
+    info = json.loads(model_json.read_text())
+    assert info["objective"]["image_size"] == 32 and "image_size" not in info["model"]
+    model_json.write_text(json.dumps({"method": "simclr",
+                                      "model": {**info["model"], **info["objective"]}}))
+    assert type(load_model(workdir)).__name__ == "SimCLR"
+    resumed = make_trainer(workdir, data_cache, preset="simclr_tiny", **settings)
+    manager = resumed.checkpoint_manager()
+    resumed._checked_log_window(manager, 1)  # the checkpoint's config is this run's
+    manager.close()
+    assert resumed.run()["step"] == 2
+    with pytest.raises(UserError, match="model.image_size moved to the objective section; "
+                                        "write objective.image_size=16"):
+        make_config("simclr_tiny", ["model.image_size=16"])
+
+
 def test_checkpoint_of_other_records_is_refused_with_a_clear_error(tmp_path, data_cache):
     """The checkpoint's data position belongs to other records (here: its description of them
     is edited): the error names the fact that differs."""
@@ -401,7 +446,7 @@ def test_simclr_on_an_image_folder_with_host_crops(tmp_path, data_cache):
                 Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(
                     folder / f"{i}.jpg")
     trainer = make_trainer(tmp_path / "w", data_cache, preset="simclr_tiny", mesh=(4, 2, 1),
-                           **{"data.source": str(tmp_path / "images"), "model.image_size": 16,
+                           **{"data.source": str(tmp_path / "images"), "objective.image_size": 16,
                               "examples.host_crop_size": 16, "train.steps": 2,
                               "train.eval_every": 2, "train.batch_size": 8})
     assert first_batch(trainer)["image"].shape == (8, 2, 16, 16, 3)

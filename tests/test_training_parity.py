@@ -912,10 +912,9 @@ def augmented_views(trainer: Trainer, step: int, images: np.ndarray) -> np.ndarr
     on the same pixels."""
     from pretext_jax.objectives.two_view import two_views
 
-    model_config = trainer.model_config
+    views = trainer.objective.view_augmentations
     key = jax.random.fold_in(jax.random.key(trainer.config.train.seed), step)
-    first, second = jax.jit(lambda k, x: two_views(
-        k, x, lambda crop: (model_config.augment_config(crop),) * 2))(key, images)
+    first, second = jax.jit(lambda k, x: two_views(k, x, views))(key, images)
     return np.concatenate([np.asarray(first), np.asarray(second)])
 
 
