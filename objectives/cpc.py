@@ -1,18 +1,20 @@
-"""Contrastive Predictive Coding on raw audio (van den Oord, Li and Vinyals 2018, §2.3-2.4 and
+"""Contrastive Predictive Coding on raw audio (van den Oord, Li and Vinyals 2018, §2.2-2.3 and
 §3.1): the InfoNCE loss of predicting the latents z_{t+k}, k = 1..K, from the context c_t.
 
 For every real target frame z_u of the batch and every step k with a real context frame
-t = u - k >= 0, the score of a candidate z is f_k = z^T W_k c_t (eq. 3); the loss is the
+t = u - k >= 0, a candidate z scores z^T W_k c_t (the log of eq. 3's f_k); the loss is the
 cross-entropy of the true z_u among [z_u, N negatives] (eq. 4), averaged over the (b, t) of
-each k, then over k. Negatives (§3.1: "negative samples from the same and other sequences in
-the mini-batch"): `num_negatives` frames per target frame, drawn uniformly with replacement
-from every real frame of the (global) batch except the target itself, so from its own sequence
-with probability about 1/B; all K predictions of the same target share them. The paper gives
-no count; CPC_audio's 128 is the default. Evaluation (`rng=None`) draws them with a fixed key.
+each k, then over k. Negatives (the paper: "negative samples from the same and other sequences
+in the mini-batch"; §3.1: each GPU's minibatch of 8 "from which the negative samples ... are
+drawn"): `num_negatives` frames per target frame, drawn uniformly with replacement from every
+real frame of its pool (`pool_sequences` consecutive rows, or the whole global batch) except
+the target itself, so from its own sequence with probability about 1/P; all K predictions of
+the same target share them. The paper gives no count; CPC_audio's 128 is the default.
+Evaluation (`rng=None`) draws them with a fixed key.
 Padding-aware: only real frames (`models.cpc.frame_mask`) are targets, contexts or negatives.
 
 Metrics: the loss, the accuracy of picking the positive (its score above every negative's,
-the paper's Fig. 2 quantity) over all (b, t, k), and that accuracy per step k.
+what the paper plots per step for speech) over all (b, t, k), and that accuracy per step k.
 """
 
 from __future__ import annotations
@@ -45,28 +47,43 @@ class CPCLossSettings:
     """The `objective` section: how many negatives each prediction is scored against."""
 
     num_negatives: int = 128
-    """N, negatives per target frame, uniform over the batch's real frames other than the
-    target (own and other sequences); not given in the paper, CPC_audio 128."""
+    """N, negatives per target frame, uniform over the real frames of its pool other than the
+    target (its own and the pool's other sequences); not given in the paper, CPC_audio 128."""
+    pool_sequences: int = 0
+    """P, the consecutive rows of the batch whose frames are a target's negatives: 0 = the
+    whole global batch; 8 = each GPU's 8 windows, as the paper draws them (§3.1)."""
 
     def __post_init__(self) -> None:
         if self.num_negatives < 1:
             raise ValueError(f"num_negatives={self.num_negatives} must be >= 1 (CPC_audio: 128)")
+        if self.pool_sequences < 0:
+            raise ValueError(f"pool_sequences={self.pool_sequences} must be >= 0 (0 = the whole "
+                             "batch; the paper 8)")
 
 
-def sample_negatives(rng: jax.Array, frames: jax.Array, num_negatives: int) -> jax.Array:
+def sample_negatives(rng: jax.Array, frames: jax.Array, num_negatives: int,
+                     pool_sequences: int = 0) -> jax.Array:
     """[B, T, N] int32 indices into the flattened [B x T] frames: for each target frame (b, u),
-    N draws uniform with replacement over the batch's real frames (`frames` [B, T] bool) other
-    than (b, u) itself (a padding target's draws may include anything real; it is never
-    scored). A draw r among the R - 1 others is the real frame of rank r + [r >= rank(b, u)]."""
+    N draws uniform with replacement over the real frames (`frames` [B, T] bool) of its pool,
+    rows [g P, (g + 1) P) for g = b // P (`pool_sequences` P; 0 = the whole batch), other than
+    (b, u) itself. Real frames are numbered in row-major order; a pool's are a contiguous
+    range of those numbers, so a draw is a number in the range, one past the target's own
+    number skipped, mapped back to its frame. A padding target's draws are never scored."""
+    batch_size, num_frames = frames.shape
     real = frames.reshape(-1).astype(jnp.int32)  # [B T]
-    ranks = jnp.cumsum(real)  # inclusive: real frame i has rank ranks[i] - 1
-    total = ranks[-1]
-    draws = jax.random.randint(rng, (real.shape[0], num_negatives), 0,
-                               jnp.maximum(total - 1, 1))  # [B T, N]
-    draws = draws + (real[:, None] * (draws >= ranks[:, None] - 1))
-    indices = jnp.searchsorted(ranks, jnp.minimum(draws, total - 1), side="right")
+    ranks = jnp.cumsum(real)  # inclusive: the real frame i is number ranks[i] - 1
+    bounds = jnp.concatenate([jnp.zeros((1,), jnp.int32), ranks])  # real frames before i
+    pool_rows = pool_sequences or batch_size
+    rows = jnp.arange(batch_size * num_frames) // num_frames
+    first = rows // pool_rows * pool_rows * num_frames
+    last = jnp.minimum(first + pool_rows * num_frames, batch_size * num_frames)
+    others = bounds[last] - bounds[first] - real  # [B T]
+    draws = bounds[first][:, None] + jax.random.randint(
+        rng, (real.shape[0], num_negatives), 0, jnp.maximum(others, 1)[:, None])
+    draws = draws + real[:, None] * (draws >= ranks[:, None] - 1)  # [B T, N]
+    indices = jnp.searchsorted(ranks, jnp.minimum(draws, ranks[-1] - 1), side="right")
     return jnp.minimum(indices, real.shape[0] - 1).astype(jnp.int32).reshape(
-        *frames.shape, num_negatives)
+        batch_size, num_frames, num_negatives)
 
 
 def aligned_predictions(predictions: jax.Array) -> jax.Array:
@@ -108,7 +125,8 @@ def cpc_loss(model: CPC, batch: Batch, rng: jax.Array | None, *,
     objective = objective or CPCLossSettings()
     out = model(batch["audio"], batch.get("attention_mask"))
     key = jax.random.key(EVALUATION_SEED) if rng is None else rng
-    negatives = sample_negatives(key, out.frames, objective.num_negatives)
+    negatives = sample_negatives(key, out.frames, objective.num_negatives,
+                                 objective.pool_sequences)
     loss_sums, counts, correct = info_nce(out.features, model.predictions(out.context),
                                           out.frames, negatives)
     loss = jnp.mean(loss_sums / jnp.maximum(counts, 1.0))
@@ -159,12 +177,14 @@ PRESETS = {
                   "checkpoint_every": 100, "eval_batches": 2},
     },
     # van den Oord et al. 2018 §3.1: LibriSpeech train-clean-100 (100 h, 16 kHz), windows of
-    # 20480 samples (128 frames), K = 12, Adam lr 2e-4, 8 GPUs x 8 windows = 64. Not in the
+    # 20480 samples (128 frames), K = 12, Adam lr 2e-4, 8 GPUs x 8 windows = 64, negatives from
+    # each GPU's 8 windows (pool_sequences 8: one device's rows of the batch). Not in the
     # paper: the step count (100,000, about 220 passes of one window per utterance), Adam's
     # other settings (torch's: bias correction, eps 1e-8, no weight decay, no clipping, a
     # constant rate), the negatives (CPC_audio's 128) and dropping utterances shorter than a
     # window (min_samples).
     "cpc_audio": {
+        "objective": {"pool_sequences": 8},
         "examples": {"sample_rate": 16000, "max_samples": 20480, "min_samples": 20480},
         "data": {"source": "tfds:librispeech", "tfds_split": "train_clean100",
                  "held_out_fraction": 0.01},

@@ -82,20 +82,25 @@ def frames_of(lengths: list[int], num_frames: int) -> jnp.ndarray:
     return jnp.arange(num_frames)[None, :] < jnp.asarray(lengths)[:, None]
 
 
-def test_negatives_are_real_frames_of_any_sequence_but_never_the_positive():
-    frames = frames_of([7, 4, 1], 7)
-    negatives = np.asarray(sample_negatives(jax.random.key(3), frames, 400))  # [3, 7, 400]
-    real = np.flatnonzero(np.asarray(frames).reshape(-1))
-    own = np.arange(21).reshape(3, 7)
-    for b, length in enumerate([7, 4, 1]):
+@pytest.mark.parametrize("pool_sequences", [0, 2])
+def test_negatives_are_real_frames_of_the_pool_but_never_the_positive(pool_sequences):
+    """Rows of 7, 4, 1 and 5 real frames of 7: each target's draws cover every other real frame
+    of its pool (the whole batch, or rows {0, 1} and {2, 3}), own sequence included, and
+    nothing else; the positive is never drawn, and draws are uniform."""
+    lengths = [7, 4, 1, 5]
+    frames = frames_of(lengths, 7)
+    negatives = np.asarray(sample_negatives(jax.random.key(3), frames, 600, pool_sequences))
+    own = np.arange(28).reshape(4, 7)
+    real = own[np.asarray(frames)]
+    for b, length in enumerate(lengths):
+        pool = real if not pool_sequences else real[real // 7 // 2 == b // 2]
         for u in range(length):
             drawn = negatives[b, u]
             assert not np.any(drawn == own[b, u]), (b, u)
-            assert np.isin(drawn, real).all()
-            # every other real frame, from this sequence and the others, is drawn
-            assert set(drawn.tolist()) == set(real.tolist()) - {own[b, u]}
-    counts = np.bincount(negatives[0, 0], minlength=21)[real]
-    assert counts[0] == 0 and counts[1:].min() > 10  # uniform over the 11 others: ~36 each
+            assert set(drawn.tolist()) == set(pool.tolist()) - {own[b, u]}, (b, u)
+    counts = np.bincount(negatives[0, 0], minlength=28)[real]
+    others = (16 if not pool_sequences else 10)  # real frames in the pool but the target
+    assert counts[0] == 0 and counts[1:others + 1].min() > 600 / others / 2
 
 
 def numpy_info_nce(z: np.ndarray, context: np.ndarray, kernel: np.ndarray, lengths: list[int],
