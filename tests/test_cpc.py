@@ -17,9 +17,10 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.audio import AudioExampleConfig
-from pretext_jax.models.cpc import GRU, CPCConfig, frame_lengths, frame_mask
+from pretext_jax.models.cpc import CPC, GRU, CPCConfig, frame_lengths, frame_mask
 from pretext_jax.objectives.cpc import build_cpc, check_windows, info_nce, sample_negatives
 from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.export import load_model
 from pretext_jax.pretrain.trainer import Trainer
 
 TINY = CPCConfig(conv_channels=8, context_size=6, prediction_steps=3)
@@ -176,7 +177,7 @@ def test_frame_mask_and_window_check():
 def test_tiny_preset_trains_on_the_mesh(tmp_path):
     """cpc_tiny through the Trainer on 8 devices: 16 training utterances of exactly one window
     (so every step sees the same 16 windows) of tones sweeping in frequency; the loss stays
-    finite and falls from its start near log(N + 1)."""
+    finite and falls from its start near log(N + 1); the workdir loads back as the model."""
     soundfile = pytest.importorskip("soundfile")
     pytest.importorskip("soxr")
     rng = np.random.default_rng(0)
@@ -199,3 +200,7 @@ def test_tiny_preset_trains_on_the_mesh(tmp_path):
     assert np.isfinite(losses).all() and len(losses) == 6
     assert losses[-1] < losses[0] - 0.3 and losses[-1] < min(losses[:-1]), losses
     assert np.isfinite(summary["eval"]["loss"]) and 0.0 <= summary["eval"]["accuracy"] <= 1.0
+    restored = load_model(tmp_path / "w")
+    assert isinstance(restored, CPC) and restored.config == config.model_config()
+    trained = jax.device_get(summary["state"].params["prediction_kernel"].get_value())
+    np.testing.assert_array_equal(np.asarray(restored.prediction_kernel[...]), trained)
