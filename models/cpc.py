@@ -10,7 +10,8 @@ K = 12 steps. The paper gives neither padding nor normalisation: `conv_paddings`
 make a window of 160 n samples exactly n frames (as the widely used reimplementation,
 facebookresearch/CPC_audio, pads); `conv_norm` "none" is the paper's plain conv + ReLU,
 "layer" adds a LayerNorm over the channels of every frame after each convolution (CPC_audio's
-`ChannelNorm`; per frame, so padded frames never reach real ones).
+`ChannelNorm`: statistics per frame, none over time, so a batch's padding cannot shift them).
+Real frames of a right-padded row (`frame_mask`) are those equal to the utterance's own.
 
 Shape legend: B batch, S samples, T frames (S / 160), C conv channels (z), H context units
 (c), K prediction steps.
