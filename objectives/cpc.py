@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -152,7 +153,8 @@ def prepare_cpc(data: DataConfig, examples: AudioExampleConfig, cache_dir: Path,
     return PreparedData(train=train, eval=held_out.evaluation_examples(examples.max_eval_examples))
 
 
-def check_windows(model: CPCConfig, examples: AudioExampleConfig) -> None:
+def check_windows(model: CPCConfig, examples: AudioExampleConfig, objective: Any = None
+                  ) -> None:
     """A window must give more frames than the K steps predicted from each context."""
     frames = frame_lengths(model, examples.max_samples)
     if frames <= model.prediction_steps:
