@@ -329,9 +329,9 @@ def build(converter: Converter, config: Any, state: Mapping[str, np.ndarray],
     model = nnx.eval_shape(init)  # shapes and sharding metadata, no initialisation
     # State outside the table (wav2vec 2.0's update counter) takes its initial value; under
     # jit, XLA drops the unused random initialisation of the parameters.
-    rest = jax.jit(lambda: nnx.state(init(), nnx.Not((nnx.Param, nnx.BatchStat))))()
-    if jax.tree.leaves(rest):
-        nnx.update(model, rest)
+    untabled = nnx.Not((nnx.Param, nnx.BatchStat))
+    if jax.tree.leaves(nnx.state(model, untabled)):
+        nnx.update(model, jax.jit(lambda: nnx.state(init(), untabled))())
     missing = converter.params_from_hf(model, state, source)
     if missing:
         tensors = converter.tensors(config)
