@@ -23,6 +23,10 @@ transformers modeling_wav2vec2.py (`_compute_mask_indices`, `_sample_negative_in
 
 HF sums the contrastive and diversity terms over the masked frames; fairseq divides the sum by
 that count (its `sample_size`) before the update, which is what `wav2vec2_loss` returns.
+
+Registered as the method `wav2vec2` on audio records (`input_pipeline.audio`): masks and
+distractors are drawn per record while loading (`SpanMasking`), and the model's update counter
+(`Wav2Vec2.updates`, checkpointed model state) gives the Gumbel temperature's step.
 """
 
 from __future__ import annotations
