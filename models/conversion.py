@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -326,6 +327,11 @@ def build(converter: Converter, config: Any, state: Mapping[str, np.ndarray],
         return converter.model_class(config, rngs=nnx.Rngs(0))
 
     model = nnx.eval_shape(init)  # shapes and sharding metadata, no initialisation
+    # State outside the table (wav2vec 2.0's update counter) takes its initial value; under
+    # jit, XLA drops the unused random initialisation of the parameters.
+    untabled = nnx.Not((nnx.Param, nnx.BatchStat))
+    if jax.tree.leaves(nnx.state(model, untabled)):
+        nnx.update(model, jax.jit(lambda: nnx.state(init(), untabled))())
     missing = converter.params_from_hf(model, state, source)
     if missing:
         tensors = converter.tensors(config)

@@ -101,6 +101,12 @@ class TransformerConfig:
         return self.hidden_size
 
 
+class UpdateCount(nnx.Variable):
+    """A count of training updates that a schedule reads, kept in the model's state (not a
+    parameter: the optimizer never sees it; checkpointed and resumed with the model). BYOL: the
+    target's EMA updates k; wav2vec 2.0: the updates the Gumbel temperature anneals over."""
+
+
 def check_rates(config: Any, names: tuple[str, ...]) -> None:
     """Probabilities such as dropout rates must lie in [0, 1)."""
     for name in names:

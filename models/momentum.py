@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from pretext_jax.models.layers import UpdateCount
 from pretext_jax.models.resnet import ResNet, ResNetConfig
 from pretext_jax.models.simclr import SimCLROutput
 
@@ -39,10 +40,6 @@ class EMA(nnx.Variable):
 
 class Queue(nnx.Variable):
     """MoCo's queue of keys and its write pointer."""
-
-
-class UpdateCount(nnx.Variable):
-    """How many EMA updates the target has had (BYOL's schedule position k)."""
 
 
 def _backbone_config(config: ResNetConfig) -> ResNetConfig:

@@ -32,6 +32,7 @@ from flax import nnx
 
 from pretext_jax.models.layers import (
     ACTIVATIONS,
+    UpdateCount,
     attention,
     check_execution_fields,
     check_rates,
@@ -406,7 +407,10 @@ class GumbelQuantizer(nnx.Module):
         else:
             soft = jax.nn.softmax((logits + jax.random.gumbel(rng, logits.shape)) / temperature)
             hard = jax.nn.one_hot(jnp.argmax(soft, axis=-1), v, dtype=jnp.float32)
-            probs = hard + soft - jax.lax.stop_gradient(soft)  # straight-through
+            # Straight-through: the forward value is exactly `hard` (soft - soft is exactly 0;
+            # torch's hard - soft + soft is not), so frames with the same codes get identical
+            # quantised vectors, which the loss's distractor check compares exactly.
+            probs = hard + (soft - jax.lax.stop_gradient(soft))
             perplexity = codebook_perplexity(jax.nn.softmax(logits), mask)
         codebooks = self.codevectors[...].reshape(g, v, -1)  # [G, V, Q/G]
         quantized = jnp.einsum("btgv,gvq->btgq", probs.astype(c.compute_dtype),
@@ -463,6 +467,9 @@ class Wav2Vec2(nnx.Module):
             self.project_hid = dense(config, h, config.projection_dim, ("embed", None), rngs)
             self.project_q = dense(config, config.codevector_dim, config.projection_dim,
                                    (None, None), rngs)
+            # Training updates so far, which the Gumbel temperature anneals over (fairseq
+            # `num_updates`); the pre-training loss advances it (objectives/wav2vec2.py).
+            self.updates = UpdateCount(jnp.zeros((), jnp.int32))
 
     def extract_features(self, input_values: jax.Array) -> jax.Array:
         """The feature encoder: waveform [B, S] -> conv features [B, T, C]."""

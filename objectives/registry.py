@@ -99,6 +99,10 @@ class Method:
     - `run_settings(objective, config)`: optional; the objective settings with the fields that
       depend on the run's settings filled in (BYOL: the target schedule spans
       train.steps x optim.grad_accum_steps loss calls), applied by the trainer.
+    - `complete_data(prepared_data, model_config, objective)`: optional; the prepared data
+      with what depends on the network and the loss's settings added, applied by the trainer
+      once both are resolved (wav2vec 2.0: span masks and distractors are drawn per record on
+      the host over the feature encoder's frames, with the objective's masking settings).
     - `pretrained(model_config, seed, load)`: optional; the model a fresh run starts from
       instead of `build_model`'s random one (fine-tuning: the pre-trained encoder plus a new
       head). `load(path)` is the trainer's reader of a pretext workdir, model directory or
@@ -124,6 +128,7 @@ class Method:
         lambda model_config, example_config, objective: None)
     monitor: Callable[[Any, PreparedData, Any, Any], dict[str, float]] | None = None
     run_settings: Callable[[Any, Any], Any] | None = None
+    complete_data: Callable[[PreparedData, Any, Any], PreparedData] | None = None
     pretrained: Callable[[Any, int, Callable[[str], Any]], Any] | None = None
     summarize: Summarize = dataclasses.field(default_factory=summary_of)
     unit: str = "tokens"

@@ -23,21 +23,42 @@ transformers modeling_wav2vec2.py (`_compute_mask_indices`, `_sample_negative_in
 
 HF sums the contrastive and diversity terms over the masked frames; fairseq divides the sum by
 that count (its `sample_size`) before the update, which is what `wav2vec2_loss` returns.
+
+Registered as the method `wav2vec2` on audio records (`input_pipeline.audio`): masks and
+distractors are drawn per record while loading (`SpanMasking`), and the model's update counter
+(`Wav2Vec2.updates`, checkpointed model state) gives the Gumbel temperature's step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
+from typing import Any
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline.audio import AudioExampleConfig, prepare_audio
+from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
-from pretext_jax.objectives.registry import Batch, Metrics
+from pretext_jax.objectives.preset_parts import FAIRSEQ_ROBERTA_OPTIM
+from pretext_jax.objectives.registry import (
+    Batch,
+    Method,
+    Metrics,
+    PreparedData,
+    register,
+    summary_of,
+)
+from pretext_jax.objectives.text import mask_records
 
 COSINE_EPS = 1e-8  # torch.cosine_similarity's
+HELD_OUT_MASK_SEED = 0  # held-out masks and distractors: drawn once, the same in every run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,3 +255,160 @@ def wav2vec2_loss(model: Wav2Vec2, batch: Batch, rng: jax.Array | None, *,
                   "contrastive_accuracy": (correct, count), "diversity_loss": (diversity, one),
                   "codevector_perplexity": (out.codevector_perplexity, one),
                   "feature_penalty": (penalty, one)}
+
+
+# --- The registered method ----------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Wav2Vec2ObjectiveConfig(Wav2Vec2LossSettings, MaskingSettings):
+    """The `objective` section: the loss's settings (`Wav2Vec2LossSettings`) and the host-side
+    masking and distractor sampling (`MaskingSettings`), fairseq `wav2vec2_base_librispeech`'s
+    by default."""
+
+    def __post_init__(self) -> None:
+        Wav2Vec2LossSettings.__post_init__(self)
+        MaskingSettings.__post_init__(self)
+
+
+class SpanMasking(grain.transforms.RandomMap):
+    """An audio example -> the same plus `mask_time_indices` [T] (bool) and
+    `sampled_negative_indices` [T, K] (int32) over its T = `feature_lengths(max_samples)`
+    frames, drawn from its real samples' frame count with Grain's per-record rng (derived from
+    the loader seed and the record's position, so reruns and resumes draw the same masks, as
+    BERT's dynamic masking). The span count's rounding is drawn per utterance, not per batch
+    as in fairseq and HF."""
+
+    def __init__(self, config: Wav2Vec2Config, settings: MaskingSettings):
+        self.config, self.settings = config, settings
+
+    def random_map(self, element: dict[str, np.ndarray], rng: np.random.Generator
+                   ) -> dict[str, np.ndarray]:
+        drawn = mask_batch(self.config, element["attention_mask"][None], self.settings, rng)
+        return {**element, **{name: value[0] for name, value in drawn.items()}}
+
+
+def pretraining_loss(model: Wav2Vec2, batch: Batch, rng: jax.Array | None, *,
+                     objective: Wav2Vec2ObjectiveConfig) -> tuple[jax.Array, Metrics]:
+    """`wav2vec2_loss` of an audio batch (`audio`, `attention_mask` and `SpanMasking`'s
+    fields) at the Gumbel temperature of `model.updates` training updates; training advances
+    that count by one (evaluation, `rng=None`, quantises by argmax and leaves it)."""
+    updates = model.updates.get_value()
+    inputs = {"input_values": batch["audio"], "attention_mask": batch["attention_mask"],
+              "mask_time_indices": batch["mask_time_indices"],
+              "sampled_negative_indices": batch["sampled_negative_indices"]}
+    loss, metrics = wav2vec2_loss(model, inputs, rng, objective=objective, step=updates)
+    if rng is not None:
+        model.updates.set_value(updates + 1)
+        metrics["gumbel_temperature"] = (gumbel_temperature(updates, objective),
+                                         jnp.ones((), jnp.float32))
+    return loss, metrics
+
+
+def per_loss_call_decay(objective: Wav2Vec2ObjectiveConfig, config: Any
+                        ) -> Wav2Vec2ObjectiveConfig:
+    """`gumbel_decay` is per optimizer update (fairseq `num_updates`); the loss advances the
+    count once per call, which is optim.grad_accum_steps = A times an update, so each call
+    decays by gumbel_decay^(1/A): after every update the temperature is fairseq's (within one
+    update the micro-batches' temperatures differ by that fraction of a step)."""
+    accumulation = config.optim.grad_accum_steps
+    if accumulation == 1:
+        return objective
+    return dataclasses.replace(objective, gumbel_decay=objective.gumbel_decay ** (1 / accumulation))
+
+
+def build_wav2vec2(config: Wav2Vec2Config, seed: int) -> Wav2Vec2:
+    return Wav2Vec2(config, rngs=nnx.Rngs(seed))
+
+
+def prepare_wav2vec2(data: DataConfig, examples: AudioExampleConfig, cache_dir: Path,
+                     seed: int) -> PreparedData:
+    """Audio records (`input_pipeline.audio.prepare_audio`): random `max_samples` crops for
+    training, the first window of each held-out utterance for evaluation. The masks come with
+    `mask_audio`, once the network's frame count is known."""
+    train, held_out = prepare_audio(data.source, data.eval_source, cache_dir, examples,
+                                    held_out_fraction=data.held_out_fraction, seed=seed,
+                                    tfds_split=data.tfds_split,
+                                    tfds_data_dir=data.tfds_data_dir or None)
+    return PreparedData(train=train, eval=held_out.evaluation_examples(examples.max_eval_examples))
+
+
+def mask_audio(data: PreparedData, model_config: Wav2Vec2Config,
+               objective: Wav2Vec2ObjectiveConfig) -> PreparedData:
+    """`SpanMasking` while loading the training records; held-out examples masked once with a
+    fixed seed, so held-out numbers compare across runs."""
+    masking = SpanMasking(model_config, objective)
+    return dataclasses.replace(data, transforms=(*data.transforms, masking),
+                               eval=mask_records(data.eval, masking, HELD_OUT_MASK_SEED))
+
+
+def check_frames(model: Wav2Vec2Config, examples: AudioExampleConfig, objective: Any = None
+                 ) -> None:
+    """A `max_samples` window makes at least one frame through the feature encoder."""
+    if feature_lengths(model, examples.max_samples) < 1:
+        raise UserError(f"examples.max_samples={examples.max_samples} is shorter than the "
+                        "feature encoder's receptive field (no frame); raise it (wav2vec 2.0: "
+                        "250000)")
+
+
+PRESETS = {
+    # Test/demo size: a 3-convolution feature encoder of 80 samples a frame (5 ms at 16 kHz),
+    # 2 Transformer blocks of 64, small codebooks and 20 distractors, no dropout; one-second
+    # crops (e.g. FSDD's spoken digits). Lists, as config.json holds them.
+    "wav2vec2_tiny": {
+        "model": {"conv_channels": [32, 32, 32], "conv_kernel_sizes": [10, 4, 4],
+                  "conv_strides": [5, 4, 4], "hidden_size": 64, "num_layers": 2,
+                  "num_heads": 4, "intermediate_size": 128, "position_conv_kernel": 16,
+                  "position_conv_groups": 4, "codevectors_per_group": 32,
+                  "codevector_dim": 32, "projection_dim": 32, "hidden_dropout": 0.0,
+                  "attention_dropout": 0.0, "feature_projection_dropout": 0.0,
+                  "quantizer_input_dropout": 0.0, "layerdrop": 0.0},
+        "objective": {"num_negatives": 20},
+        "examples": {"max_samples": 16000, "max_eval_examples": 256},
+        "data": {"source": "", "held_out_fraction": 0.1},
+        "optim": {**FAIRSEQ_ROBERTA_OPTIM, "learning_rate": 1e-3, "warmup_steps": 20},
+        "train": {"steps": 200, "batch_size": 16, "log_every": 25, "eval_every": 100,
+                  "checkpoint_every": 100, "eval_batches": 4},
+    },
+    # BASE on LibriSpeech 960 h (Baevski et al. 2020 §4.2; fairseq
+    # examples/wav2vec/config/pretraining/wav2vec2_base_librispeech.yaml): the model's and the
+    # objective's defaults are that recipe (conv (512,)*7, group norm, 12 x 768, FFN 3072, 12
+    # heads, position conv 128/16, G=2 V=320, codevectors 256, final dim 256, dropout 0.1,
+    # layerdrop 0.05, feature dropouts 0.1, feature gradient x 0.1; mask p 0.065 x span 10, 100
+    # distractors, kappa 0.1, diversity 0.1, feature penalty 10, Gumbel 2 -> 0.5 by 0.999995).
+    # fairseq's Adam (0.9, 0.98), eps 1e-6, decoupled weight decay 0.01, lr 5e-4 after 32k
+    # warmup updates then linear decay to 400k (polynomial_decay), no clipping; crops of at
+    # most 250,000 samples, utterances under 32,000 dropped, no normalisation.
+    # Where this departs: fairseq batches by total samples (max_tokens 1.4 M per GPU x 64 GPUs
+    # = 89.6 M samples an update, utterances of similar length batched together and cropped to
+    # the shortest); here every example is one padded 250,000-sample crop, so the batch is the
+    # closest count of such crops, 89.6 M / 250k = 358.4 -> 360 (a multiple of 8 devices).
+    # Mixed precision is bfloat16 compute (fairseq: fp16 with loss scaling), and the span
+    # count's rounding is drawn per utterance (fairseq: per batch).
+    "wav2vec2_base": {
+        "model": {"dtype": "bfloat16"},
+        "examples": {"max_samples": 250000, "min_samples": 32000},
+        "data": {"source": "", "worker_count": 16},
+        "optim": {**FAIRSEQ_ROBERTA_OPTIM, "learning_rate": 5e-4, "warmup_steps": 32000},
+        "train": {"steps": 400000, "batch_size": 360, "eval_every": 10000},
+    },
+}
+
+
+register(Method(
+    name="wav2vec2",
+    model_config=Wav2Vec2Config,
+    example_config=AudioExampleConfig,
+    objective_config=Wav2Vec2ObjectiveConfig,
+    build_model=build_wav2vec2,
+    loss=pretraining_loss,
+    prepare=prepare_wav2vec2,
+    complete_data=mask_audio,
+    check=check_frames,
+    units_per_example=lambda examples: examples.max_samples,
+    run_settings=per_loss_call_decay,
+    unit="samples",
+    description="wav2vec 2.0: contrastive prediction of quantised speech features at masked "
+                "frames (Baevski et al. 2020)",
+    summarize=summary_of(metrics=("loss", "contrastive_accuracy", "codevector_perplexity")),
+    presets=PRESETS,
+))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import shutil
 import sys
 import time
@@ -187,6 +188,9 @@ class Trainer:
             self._check_data_layout()
             self.model_config = self._resolve_model_config()
             self.objective = self._resolve_objective()
+            if self.method.complete_data is not None:
+                self.data = self.method.complete_data(self.data, self.model_config,
+                                                      self.objective)
         except BaseException:
             # A preparation that stopped part-way keeps its finished shards for the rerun.
             if prepared or not prepare.has_finished_shards(cache):
@@ -255,10 +259,12 @@ class Trainer:
         """The first setting in which a recorded config differs from this run's (settings that
         may change on resume excepted). Read through the config types, so fields added since
         it was saved take their defaults; a config not valid in this version is compared as
-        written (so it differs)."""
+        written (so it differs). Both sides as JSON values: a tuple in a preset is the list
+        that config.json holds."""
         with contextlib.suppress(UserError, TypeError):
             recorded = config_from_dict(recorded).to_dict()
-        return _config_difference(recorded, self.config.to_dict())
+        return _config_difference(json.loads(json.dumps(recorded)),
+                                  json.loads(self.config.to_json()))
 
     def _checked_log_window(self, manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
         """Checks that the config saved inside the checkpoint is this run's too (`config.json`
