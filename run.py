@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="pre-train a tiny BERT on the Python docs (offline)")
     demo.add_argument("--images", action="store_true",
                       help="SimCLR on scikit-learn's 8x8 digits instead (pip install "
-                      "'pretext[demo]')")
+                      "'pretext-jax[demo]')")
     demo.add_argument("--workdir", type=_workdir,
                       help=f"where checkpoints/logs go (default {DEMO_WORKDIR}, "
                       f"{IMAGE_DEMO_WORKDIR} with --images)")
@@ -130,6 +130,9 @@ def _parser() -> argparse.ArgumentParser:
     finetune = commands.add_parser("finetune", help="fine-tune on one GLUE task")
     finetune.add_argument("--task", required=True, help="sst2, cola, mrpc, rte or stsb")
     finetune.add_argument("--seed", type=_bounded(int, 0), default=0)
+    finetune.add_argument("--config", metavar="FILE",
+                          help="a YAML or Python (get_config()) file of config sections, layered "
+                          "over the task's recipe and under the section.key=value overrides")
     add_glue_arguments(finetune)
     evaluate = commands.add_parser("eval", help="dev metrics of a fine-tuning workdir")
     evaluate.add_argument("--workdir", required=True, type=_workdir,
@@ -347,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
 
             config = finetune.finetune_config(args.task, args.init, args.data, args.overrides,
                                               seed=args.seed, epochs=args.epochs,
-                                              architecture=args.architecture)
+                                              architecture=args.architecture,
+                                              config_file=args.config)
             result = finetune.finetune(config, args.workdir)
             print(f"{result['task']} dev after {result['steps']} steps: {_metrics(result)}")
         elif args.command == "eval":

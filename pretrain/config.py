@@ -390,7 +390,7 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _as_override(value: Any) -> str:
+def as_override(value: Any) -> str:
     """A value as `section.key=VALUE` takes it back (`_parse_value`)."""
     if isinstance(value, bool) or value is None:
         return str(value).lower()
@@ -415,8 +415,8 @@ def describe(config: Config) -> str:
         defaults = dataclasses.asdict(cls())
         for name, value in values.items():
             default = ("" if value == defaults[name]
-                       else f"  (default {_as_override(defaults[name])})")
-            lines.append(f"  {section}.{name}={_as_override(value)}{default}")
+                       else f"  (default {as_override(defaults[name])})")
+            lines.append(f"  {section}.{name}={as_override(value)}{default}")
             lines.append(f"      {docs.get(name, 'undocumented')}")
     return "\n".join(lines)
 

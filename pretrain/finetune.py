@@ -41,7 +41,13 @@ from pretext_jax.models.classifier import classifier_config
 from pretext_jax.objectives.classification import METHOD as CLASSIFY
 from pretext_jax.objectives.classification import load_encoder
 from pretext_jax.pretrain import export
-from pretext_jax.pretrain.config import Config, config_from_dict, make_config
+from pretext_jax.pretrain.config import (
+    Config,
+    as_override,
+    config_from_dict,
+    make_config,
+    read_config_file,
+)
 from pretext_jax.pretrain.trainer import CONFIG_FILE, Trainer
 
 RESULTS_FILE = "results.json"
@@ -81,11 +87,27 @@ def _as_overrides(values: dict[str, Any]) -> list[str]:
     return [f"{key}={value}" for key, value in values.items()]
 
 
+def file_overrides(path: str | Path | None) -> list[str]:
+    """A `--config FILE`'s settings as `section.key=value` overrides for fine-tuning, whose
+    method and recipe come from the task and the starting point (so no `preset`/`method`)."""
+    if path is None:
+        return []
+    settings = read_config_file(path)
+    if {"preset", "method"} & set(settings):
+        raise UserError(f"--config {path}: fine-tuning takes its method and recipe from --task "
+                        "and --init; remove preset/method from the file")
+    return _as_overrides({f"{section}.{key}": as_override(value)
+                          for section, values in settings.items() for key, value in values.items()})
+
+
 def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = (), *,
-                    seed: int = 0, epochs: float | None = None, architecture: str = "") -> Config:
+                    seed: int = 0, epochs: float | None = None, architecture: str = "",
+                    config_file: str | Path | None = None) -> Config:
     """The `classify` config for `task` from `init` (empty: a random encoder shaped like the
-    `architecture` checkpoint), data from a GLUE folder or `tfds`. `overrides` (key=value)
-    win over the recipe; `epochs` (default: the recipe's) sets `train.steps`."""
+    `architecture` checkpoint), data from a GLUE folder or `tfds`. A `config_file`'s settings
+    win over the recipe and `overrides` (key=value) over both; `epochs` (default: the
+    recipe's) sets `train.steps`."""
+    overrides = [*file_overrides(config_file), *overrides]
     spec = glue.glue_task(task)
     source = init or architecture
     if not source:

@@ -389,3 +389,21 @@ def test_majority_class_baseline_and_runs_that_end_at_it():
     assert "| cola | matthews_corrcoef | 0.000 (b) | 0.300 | 0.000 |" in table
     assert "ended at the majority-class baseline" in table
     assert "(b)" not in glue_table({"b": {"cola": learned}})
+
+
+def test_config_file_layers_between_the_recipe_and_the_overrides(tmp_path, bert_dir, glue_folder):
+    """`finetune --config FILE`: the file's settings win over the task's recipe, the command
+    line's over both; a file naming a preset or method is refused (the task decides those)."""
+    path = tmp_path / "experiment.yaml"
+    path.write_text("optim:\n  learning_rate: 1.0e-5\n  weight_decay: 0.0\ntrain:\n"
+                    "  batch_size: 8\n")
+    recipe_only = finetune_config("sst2", bert_dir, glue_folder, FAST)
+    config = finetune_config("sst2", bert_dir, glue_folder, [*FAST, "optim.weight_decay=0.02"],
+                             config_file=path)
+    assert recipe_only.optim.learning_rate != 1e-5 and config.optim.learning_rate == 1e-5
+    assert config.optim.weight_decay == 0.02  # the command line over the file
+    assert recipe_only.train.batch_size == 16 and config.train.batch_size == 16  # FAST wins
+    assert config.optim.schedule == recipe_only.optim.schedule  # the rest is the recipe's
+    path.write_text("preset: bert_tiny\n")
+    with pytest.raises(UserError, match="remove preset/method"):
+        finetune_config("sst2", bert_dir, glue_folder, FAST, config_file=path)
