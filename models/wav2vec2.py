@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from pretext_jax.models.encoder import EncoderLayer
 from pretext_jax.models.layers import (
     ACTIVATIONS,
     UpdateCount,
@@ -283,21 +284,10 @@ class PositionConv(nnx.Module):
         return ACTIVATIONS[c.hidden_act](y[:, :x.shape[1]])
 
 
-class Wav2Vec2Layer(nnx.Module):
-    """One Transformer block: post-LN (BASE, LARGE) or pre-LN (`pre_layer_norm`), dropout after
-    the feed-forward activation too (HF `Wav2Vec2EncoderLayer[StableLayerNorm]`)."""
-
-    def __init__(self, config: Wav2Vec2Config, *, rngs: nnx.Rngs):
-        h, i = config.hidden_size, config.intermediate_size
-        self.config = config
-        self.query = dense(config, h, h, ("embed", "heads"), rngs)
-        self.key = dense(config, h, h, ("embed", "heads"), rngs)
-        self.value = dense(config, h, h, ("embed", "heads"), rngs)
-        self.attention_output = dense(config, h, h, ("heads", "embed"), rngs)
-        self.attention_layer_norm = layer_norm(config, h, rngs)
-        self.intermediate = dense(config, h, i, ("embed", "mlp"), rngs)
-        self.output = dense(config, i, h, ("mlp", "embed"), rngs)
-        self.output_layer_norm = layer_norm(config, h, rngs)
+class Wav2Vec2Layer(EncoderLayer):
+    """One Transformer block with the shared encoder block's parameters (`EncoderLayer`):
+    post-LN (BASE, LARGE) or pre-LN (`pre_layer_norm`), dropout after the feed-forward
+    activation too (HF `Wav2Vec2EncoderLayer[StableLayerNorm]`)."""
 
     def _attend(self, x: jax.Array, mask: jax.Array, rngs: list[jax.Array | None]
                 ) -> jax.Array:
