@@ -422,11 +422,11 @@ def tfds_image_sources(name: str, split: str, data_dir: str | None, crop: HostCr
 def digits_sources(held_out_fraction: float, seed: int, crop: HostCrop
                    ) -> tuple[ImageSource, ImageSource]:
     """scikit-learn's digits (UCI optical recognition of handwritten digits: 1,797 real 8x8
-    scans, 16 grey levels), ships with scikit-learn (`pip install pretext[demo]`)."""
+    scans, 16 grey levels), ships with scikit-learn (`pip install 'pretext-jax[demo]'`)."""
     try:
         from sklearn.datasets import load_digits
     except ImportError:
-        raise UserError("the digits demo needs scikit-learn; pip install 'pretext[demo]' or "
+        raise UserError("the digits demo needs scikit-learn; pip install 'pretext-jax[demo]' or "
                         "scikit-learn") from None
     digits = load_digits()
     images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
