@@ -20,7 +20,6 @@ what the paper plots per step for speech) over all (b, t, k), and that accuracy 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -28,17 +27,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline.audio import AudioExampleConfig, prepare_audio
-from pretext_jax.input_pipeline.prepare import DataConfig
+from pretext_jax.input_pipeline.audio import AudioExampleConfig
 from pretext_jax.models.cpc import CPC, CPCConfig, frame_lengths
 from pretext_jax.objectives.registry import (
     Batch,
     Method,
     Metrics,
-    PreparedData,
     register,
     summary_of,
 )
+from pretext_jax.objectives.speech import prepare_speech
 
 EVALUATION_SEED = 0  # the negatives' key when the loss gets no rng (evaluation)
 
@@ -142,17 +140,6 @@ def build_cpc(config: CPCConfig, seed: int) -> CPC:
         return CPC(config, rngs=nnx.Rngs(seed))
 
 
-def prepare_cpc(data: DataConfig, examples: AudioExampleConfig, cache_dir: Path,
-                seed: int) -> PreparedData:
-    """Audio records (`input_pipeline.audio.prepare_audio`): random `max_samples` windows for
-    training, the first window of at most `max_eval_examples` held-out utterances."""
-    train, held_out = prepare_audio(data.source, data.eval_source, cache_dir, examples,
-                                    held_out_fraction=data.held_out_fraction, seed=seed,
-                                    tfds_split=data.tfds_split,
-                                    tfds_data_dir=data.tfds_data_dir or None)
-    return PreparedData(train=train, eval=held_out.evaluation_examples(examples.max_eval_examples))
-
-
 def check_windows(model: CPCConfig, examples: AudioExampleConfig, objective: Any = None
                   ) -> None:
     """A window must give more frames than the K steps predicted from each context."""
@@ -204,7 +191,7 @@ METHOD = register(Method(
     objective_config=CPCLossSettings,
     build_model=build_cpc,
     loss=cpc_loss,
-    prepare=prepare_cpc,
+    prepare=prepare_speech,
     check=check_windows,
     units_per_example=lambda examples: examples.max_samples,
     unit="samples",

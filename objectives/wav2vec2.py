@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 from typing import Any
 
 import grain
@@ -43,8 +42,7 @@ import numpy as np
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline.audio import AudioExampleConfig, prepare_audio
-from pretext_jax.input_pipeline.prepare import DataConfig
+from pretext_jax.input_pipeline.audio import AudioExampleConfig
 from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
 from pretext_jax.objectives.preset_parts import FAIRSEQ_ROBERTA_OPTIM
 from pretext_jax.objectives.registry import (
@@ -55,6 +53,7 @@ from pretext_jax.objectives.registry import (
     register,
     summary_of,
 )
+from pretext_jax.objectives.speech import prepare_speech
 from pretext_jax.objectives.text import mask_records
 
 COSINE_EPS = 1e-8  # torch.cosine_similarity's
@@ -320,18 +319,6 @@ def build_wav2vec2(config: Wav2Vec2Config, seed: int) -> Wav2Vec2:
     return Wav2Vec2(config, rngs=nnx.Rngs(seed))
 
 
-def prepare_wav2vec2(data: DataConfig, examples: AudioExampleConfig, cache_dir: Path,
-                     seed: int) -> PreparedData:
-    """Audio records (`input_pipeline.audio.prepare_audio`): random `max_samples` crops for
-    training, the first window of each held-out utterance for evaluation. The masks come with
-    `mask_audio`, once the network's frame count is known."""
-    train, held_out = prepare_audio(data.source, data.eval_source, cache_dir, examples,
-                                    held_out_fraction=data.held_out_fraction, seed=seed,
-                                    tfds_split=data.tfds_split,
-                                    tfds_data_dir=data.tfds_data_dir or None)
-    return PreparedData(train=train, eval=held_out.evaluation_examples(examples.max_eval_examples))
-
-
 def mask_audio(data: PreparedData, model_config: Wav2Vec2Config,
                objective: Wav2Vec2ObjectiveConfig) -> PreparedData:
     """`SpanMasking` while loading the training records; held-out examples masked once with a
@@ -401,7 +388,7 @@ register(Method(
     objective_config=Wav2Vec2ObjectiveConfig,
     build_model=build_wav2vec2,
     loss=pretraining_loss,
-    prepare=prepare_wav2vec2,
+    prepare=prepare_speech,
     complete_data=mask_audio,
     check=check_frames,
     units_per_example=lambda examples: examples.max_samples,
