@@ -326,8 +326,12 @@ class Wav2Vec2Encoder(nnx.Module):
         self.layers = stacked_layers(lambda r: Wav2Vec2Layer(config, rngs=r), config.num_layers,
                                      rngs)
 
-    def __call__(self, x: jax.Array, frames: jax.Array, rng: jax.Array | None) -> jax.Array:
-        """`x` [B, T, H], `frames` [B, T] (True = real frame) -> [B, T, H]."""
+    def __call__(self, x: jax.Array, frames: jax.Array, rng: jax.Array | None, *,
+                 all_hidden_states: bool = False) -> tuple[jax.Array, jax.Array | None]:
+        """`x` [B, T, H], `frames` [B, T] (True = real frame) -> the output [B, T, H] and, with
+        `all_hidden_states`, the first block's input and every block's output stacked
+        [L+1, B, T, H] (else None; see `Wav2Vec2.hidden_states`). Pre-LN's final LayerNorm is in
+        the output only."""
         c = self.config
         dropout_rng, layer_rng, skip_rng = split_rng(rng, 3)
         x = jnp.where(frames[..., None], x, jnp.zeros_like(x))
@@ -344,12 +348,16 @@ class Wav2Vec2Encoder(nnx.Module):
 
         def apply(layer: Wav2Vec2Layer, h: jax.Array, layer_input):
             if layer_input is None:
-                return layer(h, key_mask, None), None
-            key, skip = layer_input
-            return jnp.where(skip, h, layer(h, key_mask, key)), None
+                h = layer(h, key_mask, None)
+            else:
+                key, skip = layer_input
+                h = jnp.where(skip, h, layer(h, key_mask, key))
+            return h, h if all_hidden_states else None
 
-        x = run_stacked(self.layers, apply, x, per_layer, c)[0]
-        return self.layer_norm(x) if c.pre_layer_norm else x
+        first = x
+        x, outputs = run_stacked(self.layers, apply, x, per_layer, c)  # outputs [L, B, T, H]
+        hidden_states = jnp.concatenate([first[None], outputs]) if all_hidden_states else None
+        return (self.layer_norm(x) if c.pre_layer_norm else x), hidden_states
 
 
 def codebook_perplexity(probs: jax.Array, mask: jax.Array | None) -> jax.Array:
@@ -468,6 +476,40 @@ class Wav2Vec2(nnx.Module):
             x = conv_layer(x)
         return x  # [B, T, C]
 
+    def _encoder_inputs(
+        self, input_values: jax.Array, attention_mask: jax.Array | None,
+        rng: jax.Array | None, feature_gradient_scale: float = 1.0,
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """The feature encoder, its LayerNorm and the projection with its dropout (HF
+        `Wav2Vec2FeatureProjection`): conv features [B, T, C] (after the gradient scaling),
+        frames [B, T] (True = real), normed features [B, T, C], projected features [B, T, H]."""
+        c = self.config
+        features = self.extract_features(input_values)  # [B, T, C]
+        if feature_gradient_scale != 1.0:
+            features = scale_gradient(features, feature_gradient_scale)
+        frames = (jnp.ones(features.shape[:2], bool) if attention_mask is None
+                  else frame_mask(c, attention_mask, features.shape[1]))  # [B, T]
+        normed = self.feature_layer_norm(features)  # [B, T, C]
+        hidden = dropout(self.feature_projection(normed), c.feature_projection_dropout,
+                         rng)  # [B, T, H]
+        return features, frames, normed, hidden
+
+    def hidden_states(self, input_values: jax.Array, attention_mask: jax.Array | None = None
+                      ) -> tuple[jax.Array, jax.Array]:
+        """Every layer's hidden states for frozen-feature probes, in evaluation mode (no
+        dropout, LayerDrop or masking), as HF `Wav2Vec2Model(..., output_hidden_states=True)
+        .hidden_states` (transformers 5 modeling_wav2vec2.py): `input_values` [B, S] and
+        `attention_mask` [B, S] as in `__call__` -> (hidden states [L+1, B, T, H], frames
+        [B, T], True = real frame). Entry 0 is the first block's input: projected features with
+        padded frames zeroed plus the position convolution, then the encoder's LayerNorm when
+        post-LN (BASE) and none when pre-LN; entry i the i-th block's output, so the last is
+        `last_hidden_state` when post-LN and the last block's output before the final LayerNorm
+        when pre-LN (transformers 5 records the blocks' outputs, `capture_outputs(
+        tie_last_hidden_states=False)`; transformers 4 appended the final LayerNorm's output
+        instead). Padded frames hold no meaningful values."""
+        _, frames, _, hidden = self._encoder_inputs(input_values, attention_mask, None)
+        return self.encoder(hidden, frames, None, all_hidden_states=True)[1], frames
+
     def __call__(
         self,
         input_values: jax.Array,
@@ -486,20 +528,13 @@ class Wav2Vec2(nnx.Module):
         `feature_grad_mult`)."""
         c = self.config
         projection_rng, quantizer_dropout_rng, gumbel_rng, encoder_rng = split_rng(rng, 4)
-        features = self.extract_features(input_values)  # [B, T, C]
-        if feature_gradient_scale != 1.0:
-            features = scale_gradient(features, feature_gradient_scale)
-        num_frames = features.shape[1]
-        frames = (jnp.ones(features.shape[:2], bool) if attention_mask is None
-                  else frame_mask(c, attention_mask, num_frames))  # [B, T]
-        normed = self.feature_layer_norm(features)  # [B, T, C]
-        hidden = dropout(self.feature_projection(normed), c.feature_projection_dropout,
-                         projection_rng)  # [B, T, H]
+        features, frames, normed, hidden = self._encoder_inputs(
+            input_values, attention_mask, projection_rng, feature_gradient_scale)
         if mask_time_indices is not None:
             mask_time_indices = mask_time_indices.astype(bool)
             hidden = jnp.where(mask_time_indices[..., None],
                                self.masked_spec_embed[...].astype(hidden.dtype), hidden)
-        last_hidden_state = self.encoder(hidden, frames, encoder_rng)  # [B, T, H]
+        last_hidden_state = self.encoder(hidden, frames, encoder_rng)[0]  # [B, T, H]
         quantized, perplexity = self.quantizer(
             dropout(normed, c.quantizer_input_dropout, quantizer_dropout_rng),
             mask_time_indices, gumbel_rng, gumbel_temperature)  # [B, T, Q]

@@ -1,6 +1,7 @@
 """wav2vec 2.0: parity with HF `Wav2Vec2ForPreTraining` (states, quantiser, losses; BASE- and
-LV-60-style layouts, padded batches), the HF round trip, the span masks and distractors
-against HF's samplers, the feature-encoder gradient scale and the Gumbel temperature schedule."""
+LV-60-style layouts, padded batches) and with HF's `output_hidden_states`, the HF round trip,
+the span masks and distractors against HF's samplers, the feature-encoder gradient scale and the
+Gumbel temperature schedule."""
 
 from __future__ import annotations
 
@@ -144,6 +145,48 @@ def test_parity_with_hf_on_a_padded_batch(deterministic_torch, reference_folder,
     np.testing.assert_allclose((loss - 10.0 * penalty) * mask.sum(), expected.loss, rtol=1e-5)
     assert metrics["contrastive_loss"][1] == mask.sum()
     assert 0 < metrics["contrastive_accuracy"][0] <= mask.sum()
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+@pytest.mark.parametrize("layout", ["base", "lv60"])
+def test_hidden_states_match_hf_output_hidden_states(deterministic_torch, reference_folder,
+                                                     layout, scan_layers):
+    """`Wav2Vec2.hidden_states` against HF `Wav2Vec2Model(..., output_hidden_states=True)` (the
+    model inside `Wav2Vec2ForPreTraining`) on a padded batch: every entry on the real frames,
+    entry 0 with the encoder's LayerNorm for post-LN (BASE) and without for pre-LN (LV-60), the
+    last before pre-LN's final LayerNorm, which only `last_hidden_state` has."""
+    transformers = pytest.importorskip("transformers")
+    torch = deterministic_torch
+    reference = transformers.Wav2Vec2ForPreTraining.from_pretrained(
+        reference_folder[layout]).eval()
+    model = hf.load(reference_folder[layout], scan_layers=scan_layers)
+    assert model.config.scan_layers == scan_layers
+    waveforms, attention_mask = padded_waveforms(4)
+    with torch.no_grad():
+        expected = reference.wav2vec2(torch.tensor(waveforms),
+                                      attention_mask=torch.tensor(attention_mask),
+                                      output_hidden_states=True)
+    hidden_states, frames = model.hidden_states(jnp.asarray(waveforms),
+                                                jnp.asarray(attention_mask))
+    num_frames = int(feature_lengths(model.config, NUM_SAMPLES))
+    assert hidden_states.shape == (model.config.num_layers + 1, 3, num_frames, 32)
+    assert len(expected.hidden_states) == len(hidden_states)
+    real = np.asarray(reference._get_feature_vector_attention_mask(
+        num_frames, torch.tensor(attention_mask)))
+    np.testing.assert_array_equal(frames, real)
+    assert not real.all()
+    for i, (ours, theirs) in enumerate(zip(hidden_states, expected.hidden_states, strict=True)):
+        np.testing.assert_allclose(np.asarray(ours)[real], theirs.numpy()[real], atol=1e-5,
+                                   rtol=0, err_msg=f"hidden state {i}")
+    last = model(jnp.asarray(waveforms), jnp.asarray(attention_mask)).last_hidden_state
+    np.testing.assert_allclose(last, expected.last_hidden_state.numpy(), atol=1e-5, rtol=0)
+    if layout == "lv60":
+        last_entry = model.encoder.layer_norm(hidden_states[-1])
+        assert np.abs(np.asarray(hidden_states[-1] - last)[real]).max() > 0.1
+    else:
+        last_entry = hidden_states[-1]
+    np.testing.assert_allclose(np.asarray(last_entry)[real], np.asarray(last)[real], atol=1e-6,
+                               rtol=0)
 
 
 def test_training_quantiser_matches_hf_with_the_same_gumbel_noise(deterministic_torch,
