@@ -1,20 +1,26 @@
 """CPC on raw audio (models/cpc.py, objectives/cpc.py). No reference implementation is an oracle
 here: the GRU is checked against a step-by-step numpy loop with the same weights, the encoder's
 frame count against the convolution length formula, InfoNCE and its gradient against numpy
-(a hand-derived gradient) with the same negatives, the negatives' sampling rules directly, and
-the tiny preset trains through the Trainer on the 8-device mesh on wav files written here."""
+(a hand-derived gradient) with the same negatives, the negatives' sampling rules directly; on
+wav files written here the tiny preset trains through the Trainer on the 8-device mesh, a
+sharded step equals the single-device one, a killed run resumes bit for bit, and the CLI runs
+the preset."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from resilience_utils import assert_same_training, interrupt, run_in_process
 
+from pretext_jax import run
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.audio import AudioExampleConfig
 from pretext_jax.models.cpc import CPC, GRU, CPCConfig, frame_lengths, frame_mask
@@ -24,6 +30,11 @@ from pretext_jax.pretrain.export import load_model
 from pretext_jax.pretrain.trainer import Trainer
 
 TINY = CPCConfig(conv_channels=8, context_size=6, prediction_steps=3)
+RATE = 16000
+WINDOW = 3200  # cpc_tiny's examples.max_samples: 20 frames
+# Short cpc_tiny runs: a train row every step, checkpoints every 3 steps, no eval on the way.
+SHORT = {"train.steps": 8, "train.log_every": 1, "train.eval_every": 1000,
+         "train.eval_batches": 1, "train.checkpoint_every": 3, "train.progress": False}
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -174,33 +185,119 @@ def test_frame_mask_and_window_check():
         check_windows(TINY, AudioExampleConfig(max_samples=480))
 
 
-def test_tiny_preset_trains_on_the_mesh(tmp_path):
-    """cpc_tiny through the Trainer on 8 devices: 16 training utterances of exactly one window
-    (so every step sees the same 16 windows) of tones sweeping in frequency; the loss stays
-    finite and falls from its start near log(N + 1); the workdir loads back as the model."""
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory) -> dict[str, str | float]:
+    """24 tones sweeping in frequency, 0.15-0.2 s each (at most one window, so a batch holds
+    whole utterances, some padded), in a folder; the data settings that read it, 16 of them
+    for training, with a record cache the module's runs share."""
     soundfile = pytest.importorskip("soundfile")
     pytest.importorskip("soxr")
+    root = tmp_path_factory.mktemp("sweeps")
     rng = np.random.default_rng(0)
-    data = tmp_path / "audio"
-    data.mkdir()
-    times = np.arange(3200) / 16000
     for i in range(24):
+        times = np.arange(int(rng.integers(2400, WINDOW + 1))) / RATE
         start, end = rng.uniform(200, 2000, 2)
         phase = 2 * np.pi * (start * times + (end - start) * times ** 2 / (2 * times[-1]))
-        soundfile.write(str(data / f"{i}.wav"), (0.5 * np.sin(phase)).astype(np.float32),
-                        16000, subtype="PCM_16")
-    config = make_config("cpc_tiny", {
-        "data.source": str(data), "data.cache_dir": str(tmp_path / "cache"),
-        "data.held_out_fraction": 1 / 3, "train.steps": 30, "train.log_every": 5,
-        "train.eval_every": 30, "train.checkpoint_every": 30, "train.progress": False})
-    summary = Trainer(config, tmp_path / "w").run()
-    lines = [json.loads(line) for line in (tmp_path / "w" / "metrics.jsonl").read_text()
-             .splitlines()]
+        soundfile.write(str(root / f"{i}.wav"), (0.5 * np.sin(phase)).astype(np.float32), RATE,
+                        subtype="PCM_16")
+    return {"data.source": str(root), "data.cache_dir": str(root / "cache"),
+            "data.held_out_fraction": 1 / 3}
+
+
+def tiny_trainer(workdir: Path, sweeps: dict, mesh: tuple[int, int, int] = (-1, 1, 1),
+                 devices: list | None = None, **overrides) -> Trainer:
+    """A cpc_tiny Trainer on `sweeps` with the mesh (data, fsdp, tensor) of `devices`."""
+    values = {**SHORT, **sweeps, "mesh.data": mesh[0], "mesh.fsdp": mesh[1],
+              "mesh.tensor": mesh[2], **overrides}
+    return Trainer(make_config("cpc_tiny", values), workdir, devices=devices)
+
+
+def metric_rows(workdir: Path) -> list[dict]:
+    """The rows of a run's metrics.jsonl."""
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tiny_preset_trains_on_the_mesh(tmp_path, sweeps):
+    """cpc_tiny through the Trainer on 8 devices: the 16 training utterances fit a window, so
+    every step sees the same 16 windows; the loss stays finite and falls from its start near
+    log(N + 1); the workdir loads back as the model."""
+    trainer = tiny_trainer(tmp_path / "w", sweeps, **{
+        "train.steps": 30, "train.log_every": 5, "train.eval_every": 30,
+        "train.checkpoint_every": 30, "train.eval_batches": 2})
+    summary = trainer.run()
+    lines = metric_rows(tmp_path / "w")
     losses = [row["loss"] for row in lines if row.get("split") == "train"]
     assert np.isfinite(losses).all() and len(losses) == 6
+    assert losses[0] == pytest.approx(np.log(17), abs=0.3)  # N = 16 negatives
     assert losses[-1] < losses[0] - 0.3 and losses[-1] < min(losses[:-1]), losses
     assert np.isfinite(summary["eval"]["loss"]) and 0.0 <= summary["eval"]["accuracy"] <= 1.0
     restored = load_model(tmp_path / "w")
-    assert isinstance(restored, CPC) and restored.config == config.model_config()
+    assert isinstance(restored, CPC) and restored.config == trainer.config.model_config()
     trained = jax.device_get(summary["state"].params["prediction_kernel"].get_value())
     np.testing.assert_array_equal(np.asarray(restored.prediction_kernel[...]), trained)
+
+
+def flat_tree(tree: object) -> dict[str, np.ndarray]:
+    """The leaves of a (device) pytree as numpy arrays, by path."""
+    return {jax.tree_util.keystr(k): np.asarray(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(jax.device_get(tree))}
+
+
+# Plain gradient descent: new parameters = initial - gradient. The preset's Adam would keep only
+# the gradient's signs after one step (m / sqrt(v) = g / |g|), hiding a gradient scaled on some
+# mesh and amplifying float32 noise in gradients near 0 into visible differences.
+GRADIENT_STEP = {"optim.optimizer": "sgd", "optim.momentum": 0.0, "optim.learning_rate": 1.0}
+
+
+@pytest.mark.parametrize("pool_sequences", [0, 8])
+def test_same_step_on_every_mesh(tmp_path, sweeps, pool_sequences):
+    """One step (random negatives on, drawn over the global batch or over pools of 8 rows that
+    span devices) gives the same loss and parameters, hence gradients, on one device and on
+    meshes of 8; the batch has padded rows, and the step moves every parameter tensor."""
+    layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "dp": ((8, 1, 1), None),
+               "mixed": ((2, 2, 2), None)}
+    results, batch, initial = {}, None, None
+    for name, (mesh, devices) in layouts.items():
+        trainer = tiny_trainer(tmp_path / name, sweeps, mesh=mesh, devices=devices,
+                               **GRADIENT_STEP, **{"objective.pool_sequences": pool_sequences})
+        batch = next(trainer.data_iterator()) if batch is None else batch
+        state = trainer.init_state()
+        initial = flat_tree(state.params) if initial is None else initial
+        state, metrics = trainer.train_step(state, batch)
+        results[name] = float(metrics["loss"][0]), flat_tree(state.params)
+    assert (batch["attention_mask"].sum(1) < WINDOW).any()
+    loss0, params0 = results["single"]
+    assert loss0 == pytest.approx(np.log(17), abs=0.5)  # N = 16 negatives
+    assert params0.keys() == initial.keys()
+    for key, value in params0.items():
+        assert np.abs(value - initial[key]).max() > 1e-3, key
+    for name, (loss, params) in results.items():
+        assert loss == pytest.approx(loss0, rel=1e-6, abs=1e-5), name
+        assert params.keys() == params0.keys()
+        for key, value in params0.items():
+            np.testing.assert_allclose(params[key], value, atol=2e-6, rtol=1e-5,
+                                       err_msg=f"{name} {key}")
+
+
+def test_killed_run_resumes_bit_for_bit(tmp_path, sweeps):
+    """SIGKILL during step 5 (after the step-3 checkpoint), then a rerun: the same batches,
+    losses and final parameters as a run never interrupted."""
+    overrides = {**SHORT, **sweeps}
+    reference = tmp_path / "reference", tmp_path / "reference.log"
+    run_in_process("cpc_tiny", overrides, *reference)
+    ours = tmp_path / "w", tmp_path / "w.log"
+    interrupt("cpc_tiny", overrides, *ours, step=5, sig=signal.SIGKILL)
+    run_in_process("cpc_tiny", overrides, *ours)
+    executed = assert_same_training("cpc_tiny", overrides, ours, reference)
+    assert len(executed) > 8  # the kill lost steps after the step-3 checkpoint, which were redone
+
+
+def test_cli_pretrains_the_tiny_preset(tmp_path, sweeps):
+    """`run.py pretrain --preset cpc_tiny --data FOLDER` trains, logs and evaluates."""
+    settings = [f"{key}={value}" for key, value in sweeps.items() if key != "data.source"]
+    assert run.main(["pretrain", "--preset", "cpc_tiny", "--data", sweeps["data.source"],
+                     "--workdir", str(tmp_path / "run"), "train.steps=2",
+                     "train.progress=false", *settings]) == 0
+    rows = metric_rows(tmp_path / "run")
+    assert [row["step"] for row in rows if row["split"] == "train"] == [2]
+    assert any(row["split"] == "eval" and np.isfinite(row["accuracy"]) for row in rows)
