@@ -28,6 +28,13 @@ TINY_BERT = {"model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 
              "train.checkpoint_every": 3, "train.progress": False, "optim.warmup_steps": 2,
              "optim.learning_rate": 1e-3}
 
+# For comparing one step on different meshes: plain gradient descent at a constant rate 1, so
+# new parameters = initial - gradient (a warmup would start at rate 0). Adam would keep only the
+# gradient's signs after one step (m / sqrt(v) = g / |g|), hiding a gradient scaled on some
+# mesh and amplifying float32 noise in gradients near 0 into visible differences.
+GRADIENT_STEP = {"optim.optimizer": "sgd", "optim.momentum": 0.0, "optim.learning_rate": 1.0,
+                 "optim.schedule": "constant", "optim.warmup_steps": 0}
+
 
 def small_corpus(root: Path) -> dict[str, str]:
     """50 documents of 8 template sentences in `root/corpus.txt`; the data settings that read

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from resilience_utils import assert_same_training, interrupt, run_in_process
+from resilience_utils import GRADIENT_STEP, assert_same_training, interrupt, run_in_process
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
@@ -241,12 +241,6 @@ def flat_tree(tree: object) -> dict[str, np.ndarray]:
     """The leaves of a (device) pytree as numpy arrays, by path."""
     return {jax.tree_util.keystr(k): np.asarray(v)
             for k, v in jax.tree_util.tree_leaves_with_path(jax.device_get(tree))}
-
-
-# Plain gradient descent: new parameters = initial - gradient. The preset's Adam would keep only
-# the gradient's signs after one step (m / sqrt(v) = g / |g|), hiding a gradient scaled on some
-# mesh and amplifying float32 noise in gradients near 0 into visible differences.
-GRADIENT_STEP = {"optim.optimizer": "sgd", "optim.momentum": 0.0, "optim.learning_rate": 1.0}
 
 
 @pytest.mark.parametrize("pool_sequences", [0, 8])

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from resilience_utils import assert_same_training, interrupt, run_in_process
+from resilience_utils import GRADIENT_STEP, assert_same_training, interrupt, run_in_process
 
 from pretext_jax import run
 from pretext_jax.models import hf_tables  # noqa: F401  (registers the HF tables)
@@ -83,20 +83,26 @@ def test_tiny_preset_trains_and_its_loss_falls_on_a_repeated_batch(tmp_path, cli
 
 
 def test_same_step_on_every_mesh(tmp_path, clips):
-    """One step (Gumbel sampling on) gives the same loss, parameters and update count on one
-    device and on meshes of 8."""
+    """One gradient step (Gumbel sampling on) gives the same loss, parameters (so gradients)
+    and update count on one device and on meshes of 8, and it moves the parameters."""
     results = {}
     layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "dp": ((8, 1, 1), None),
                "mixed": ((2, 2, 2), None)}
-    batch = None
+    batch = initial = None
     for name, (mesh, devices) in layouts.items():
-        trainer = tiny_trainer(tmp_path / name, clips, mesh=mesh, devices=devices)
+        trainer = tiny_trainer(tmp_path / name, clips, mesh=mesh, devices=devices,
+                               **GRADIENT_STEP)
         batch = next(trainer.data_iterator()) if batch is None else batch
-        state, metrics = trainer.train_step(trainer.init_state(), batch)
+        state = trainer.init_state()
+        initial = jax.device_get(state.params) if initial is None else initial
+        state, metrics = trainer.train_step(state, batch)
+        moved = jax.tree.map(lambda a, b: np.abs(np.asarray(a) - np.asarray(b)).max(),
+                             jax.device_get(state.params), initial)
         tree = jax.device_get({"params": state.params, "model_state": state.model_state})
         results[name] = (float(metrics["loss"][0]),
                          {jax.tree_util.keystr(k): np.asarray(v)
                           for k, v in jax.tree_util.tree_leaves_with_path(tree)})
+    assert max(jax.tree.leaves(moved)) > 1e-2  # a real step (the preset's first lr is 0)
     loss0, params0 = results["single"]
     assert np.isfinite(loss0)
     assert int(params0["['model_state']['updates'].value"]) == 1
