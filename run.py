@@ -2,6 +2,7 @@
 
     python run.py                      # offline demo: tiny BERT on the Python docs, a few minutes
     python run.py demo --images        # offline image demo: SimCLR on scikit-learn's digits
+    python run.py demo --speech --data free-spoken-digit-dataset/recordings  # CPC on FSDD
     python run.py pretrain --preset bert_tiny --data corpus.txt --workdir runs/x train.steps=100
     python run.py pretrain --config my_experiment.yaml --workdir runs/e train.steps=10
     python run.py convert runs/x hf_out --to hf      # pretext workdir -> HuggingFace directory
@@ -30,6 +31,9 @@ from typing import Any
 DEFAULT_PRESET = "bert_tiny"
 DEMO_WORKDIR = "runs/demo"
 IMAGE_DEMO_WORKDIR = "runs/demo_images"
+SPEECH_DEMO_WORKDIR = "runs/demo_speech"
+SPEECH_DEMO_PRESET = "cpc_digits"
+FSDD_URL = "https://github.com/Jakobovski/free-spoken-digit-dataset"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,13 +78,18 @@ def _parser() -> argparse.ArgumentParser:
                              "get_config() returns them; layered over the preset, under the "
                              "section.key=value overrides (README, Config files)")
 
-    demo = commands.add_parser("demo", help="pre-train a tiny BERT on the Python docs (offline)")
+    demo = commands.add_parser("demo", help="pre-train a tiny BERT on the Python docs (offline), "
+                               "or SimCLR on digits (--images), or CPC on spoken digits (--speech)")
     demo.add_argument("--images", action="store_true",
                       help="SimCLR on scikit-learn's 8x8 digits instead (pip install "
                       "'pretext-jax[demo]')")
+    demo.add_argument("--speech", action="store_true",
+                      help="CPC on the Free Spoken Digit Dataset instead, with linear probes "
+                      "for digit and speaker (--data; pip install 'pretext-jax[audio]')")
+    demo.add_argument("--data", help=f"with --speech: FSDD's recordings/ folder ({FSDD_URL})")
     demo.add_argument("--workdir", type=_workdir,
                       help=f"where checkpoints/logs go (default {DEMO_WORKDIR}, "
-                      f"{IMAGE_DEMO_WORKDIR} with --images)")
+                      f"{IMAGE_DEMO_WORKDIR} with --images, {SPEECH_DEMO_WORKDIR} with --speech)")
     demo.add_argument("overrides", nargs="*", help="section.key=value config overrides")
 
     pretrain = commands.add_parser("pretrain", help="pre-train a model from a preset")
@@ -177,6 +186,29 @@ def _config(args: argparse.Namespace, overrides: list[str]) -> Any:
 
     preset = args.preset or (None if args.config else DEFAULT_PRESET)
     return make_config(preset, overrides, file=args.config)
+
+
+def _demo(args: argparse.Namespace) -> tuple[str, str, list[str]]:
+    """(preset, workdir, overrides) of the demo the arguments ask for."""
+    from pretext_jax.errors import UserError
+
+    images, speech = getattr(args, "images", False), getattr(args, "speech", False)
+    data, overrides = getattr(args, "data", None), list(getattr(args, "overrides", []))
+    if images and speech:
+        raise UserError("demo takes --images or --speech, not both; pick one")
+    if speech:
+        if not data:
+            raise UserError(f"demo --speech reads the Free Spoken Digit Dataset, which does not "
+                            f"ship with pretext: git clone {FSDD_URL} and pass --data "
+                            "free-spoken-digit-dataset/recordings")
+        overrides.insert(0, f"data.source={data}")
+    elif data:
+        raise UserError("demo --data is for --speech (the text and image demos bring their own "
+                        "data); drop it or add --speech")
+    preset, default_workdir = ((SPEECH_DEMO_PRESET, SPEECH_DEMO_WORKDIR) if speech
+                               else ("simclr_digits", IMAGE_DEMO_WORKDIR) if images
+                               else (DEFAULT_PRESET, DEMO_WORKDIR))
+    return preset, getattr(args, "workdir", None) or default_workdir, overrides
 
 
 def _pretrain(config: Any, workdir: str) -> tuple[dict, Any]:
@@ -319,14 +351,10 @@ def main(argv: list[str] | None = None) -> int:
 
         start = time.perf_counter()
         if args.command in (None, "demo"):
-            images = getattr(args, "images", False)
-            workdir = getattr(args, "workdir", None) or (IMAGE_DEMO_WORKDIR if images
-                                                         else DEMO_WORKDIR)
+            preset, workdir, overrides = _demo(args)
             from pretext_jax.pretrain.config import make_config
 
-            summary, trainer = _pretrain(make_config("simclr_digits" if images else
-                                                     DEFAULT_PRESET,
-                                                     getattr(args, "overrides", [])), workdir)
+            summary, trainer = _pretrain(make_config(preset, overrides), workdir)
             _print_summary(summary, time.perf_counter() - start, trainer)
         elif args.command in ("pretrain", "prepare"):
             overrides = list(args.overrides)

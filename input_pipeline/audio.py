@@ -88,6 +88,16 @@ class AudioExampleConfig:
     """Average the channels of multi-channel files; false = such a file is an error."""
     max_eval_examples: int = 1000
     """Most held-out utterances evaluated (evenly spaced; each max_samples floats in memory)."""
+    probe_labels: str = ""
+    """Comma-separated label fields that the linear probes classify from frozen features
+    (`objectives.speech`), e.g. digit,speaker; empty = every label but `held_out_rule`'s."""
+    probe_layer: int = -1
+    """Which layer's output the probes pool, indexed as the method's `probe_layers` (wav2vec
+    2.0: 0 = the Transformer's input .. L = its last block; CPC: 0 = z, 1 = c); -1 = last."""
+    probe_samples: int = 0
+    """The probes' window: the first this many samples of each utterance (0 = max_samples)."""
+    probe_examples: int = 5000
+    """Most utterances of each split (evenly spaced) that the probes fit on and classify."""
 
     def __post_init__(self) -> None:
         if self.sample_rate < 1000:
@@ -101,6 +111,11 @@ class AudioExampleConfig:
                             "every utterance)")
         if self.max_eval_examples < 1:
             raise UserError(f"examples.max_eval_examples={self.max_eval_examples} must be >= 1")
+        if self.probe_samples < 0:
+            raise UserError(f"examples.probe_samples={self.probe_samples} must be >= 0 (0 = "
+                            "examples.max_samples)")
+        if self.probe_examples < 1:
+            raise UserError(f"examples.probe_examples={self.probe_examples} must be >= 1")
         groups = self.label_groups()
         if self.held_out_rule:
             field = held_out_rule(self.held_out_rule)[0]
@@ -584,12 +599,37 @@ class AudioRecords(RecordDirectory):
     def load_transforms(self) -> list[grain.transforms.Map | grain.transforms.RandomMap]:
         return [*super().load_transforms(), self.window]
 
-    def examples(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
-        """Stacked fixed windows (the first `max_samples` of each utterance) at `indices`."""
-        rows = [self.window.example(self.spec.decode(self.source[int(i)]), 0) for i in indices]
+    def examples(self, indices: Sequence[int], max_samples: int = 0) -> dict[str, np.ndarray]:
+        """Stacked fixed windows at `indices`: the first `max_samples` of each utterance (0 =
+        `examples.max_samples`), normalised as for training."""
+        window = self.window if not max_samples else _Window(
+            self.label_fields, max_samples, self.window.normalize, random_crop=False)
+        rows = [window.example(self.spec.decode(self.source[int(i)]), 0) for i in indices]
         return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
+
+    def spaced_indices(self, limit: int) -> list[int]:
+        """At most `limit` record indices, evenly spaced over the records."""
+        count = min(limit, len(self))
+        return np.linspace(0, len(self) - 1, count).round().astype(int).tolist()
 
     def evaluation_examples(self, limit: int) -> dict[str, np.ndarray]:
         """At most `limit` utterances, evenly spaced over the records, as fixed windows."""
-        count = min(limit, len(self))
-        return self.examples(np.linspace(0, len(self) - 1, count).round().astype(int).tolist())
+        return self.examples(self.spaced_indices(limit))
+
+
+def mfcc_means(audio: np.ndarray, attention_mask: np.ndarray, sample_rate: int,
+               num_coefficients: int = 13) -> np.ndarray:
+    """[B, num_coefficients] float32: each waveform's MFCCs (librosa: 25 ms Hann windows every
+    10 ms, 40 mel bands, log power, DCT-II) averaged over its frames, from its real samples
+    (`attention_mask` [B, S], 1 = real) only: the classic hand-made features that learned
+    speech representations are compared with."""
+    librosa = require("librosa", "audio", "the MFCC baseline")
+    window = round(0.025 * sample_rate)
+    rows = []
+    for samples, mask in zip(audio, attention_mask, strict=True):
+        real = samples[:int(mask.sum())].astype(np.float32)
+        coefficients = librosa.feature.mfcc(
+            y=real, sr=sample_rate, n_mfcc=num_coefficients, n_fft=window,
+            hop_length=round(0.010 * sample_rate), n_mels=40)  # [num_coefficients, frames]
+        rows.append(coefficients.mean(axis=1))
+    return np.stack(rows).astype(np.float32)

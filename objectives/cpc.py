@@ -29,14 +29,14 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.audio import AudioExampleConfig
 from pretext_jax.models.cpc import CPC, CPCConfig, frame_lengths
-from pretext_jax.objectives.registry import (
-    Batch,
-    Method,
-    Metrics,
-    register,
-    summary_of,
+from pretext_jax.objectives.preset_parts import FSDD_EXAMPLES
+from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.speech import (
+    check_probe_layer,
+    prepare_speech,
+    probe_monitor,
+    probe_summary,
 )
-from pretext_jax.objectives.speech import prepare_speech
 
 EVALUATION_SEED = 0  # the negatives' key when the loss gets no rng (evaluation)
 
@@ -140,9 +140,19 @@ def build_cpc(config: CPCConfig, seed: int) -> CPC:
         return CPC(config, rngs=nnx.Rngs(seed))
 
 
+def probe_layers(model: CPC, audio: jax.Array, attention_mask: jax.Array, layer: int
+                 ) -> tuple[jax.Array, jax.Array]:
+    """The probes' features: layer 0 is z (g_enc), 1 the context c (g_ar, what §3.1's linear
+    classifiers read); with the real frames."""
+    out = model(audio, attention_mask)
+    return (out.features, out.context)[layer], out.frames
+
+
 def check_windows(model: CPCConfig, examples: AudioExampleConfig, objective: Any = None
                   ) -> None:
-    """A window must give more frames than the K steps predicted from each context."""
+    """A window must give more frames than the K steps predicted from each context; the
+    probes read z or c."""
+    check_probe_layer(examples, 2)
     frames = frame_lengths(model, examples.max_samples)
     if frames <= model.prediction_steps:
         raise UserError(
@@ -150,6 +160,11 @@ def check_windows(model: CPCConfig, examples: AudioExampleConfig, objective: Any
             f"model.prediction_steps={model.prediction_steps}; raise examples.max_samples to "
             f"at least {(model.prediction_steps + 1) * model.samples_per_frame}")
 
+
+# torch's Adam as CPC_audio runs it: bias correction, eps 1e-8, no weight decay or clipping, a
+# constant rate.
+TORCH_ADAM_CONSTANT = {"schedule": "constant", "warmup_steps": 0, "weight_decay": 0.0,
+                       "bias_correction": True, "eps": 1e-8, "clip_norm": 0.0}
 
 PRESETS = {
     # Seconds on a CPU: a 32-channel encoder, a 32-unit GRU, K = 4, 0.2 s windows (20 frames)
@@ -160,10 +175,22 @@ PRESETS = {
         "objective": {"num_negatives": 16},
         "examples": {"max_samples": 3200, "max_eval_examples": 64},
         "data": {"source": "", "held_out_fraction": 0.1},
-        "optim": {"learning_rate": 2e-3, "schedule": "constant", "warmup_steps": 0,
-                  "weight_decay": 0.0, "bias_correction": True, "eps": 1e-8, "clip_norm": 0.0},
+        "optim": {**TORCH_ADAM_CONSTANT, "learning_rate": 2e-3},
         "train": {"steps": 200, "batch_size": 16, "log_every": 25, "eval_every": 100,
                   "checkpoint_every": 100, "eval_batches": 2},
+    },
+    # The speech demo (`run.py demo --speech --data .../recordings`) and bench/speech_fsdd.py:
+    # FSDD's 2,700 training recordings (labels and split from the file names), 0.5 s windows
+    # (50 frames), a 128-channel encoder and GRU, K = 8; the probes classify digit and speaker.
+    "cpc_digits": {
+        "model": {"conv_channels": 128, "context_size": 128, "prediction_steps": 8,
+                  "conv_norm": "layer"},
+        "objective": {"num_negatives": 16},
+        "examples": {**FSDD_EXAMPLES, "max_samples": 8000, "max_eval_examples": 300},
+        "data": {"source": ""},
+        "optim": {**TORCH_ADAM_CONSTANT, "learning_rate": 2e-3},
+        "train": {"steps": 500, "batch_size": 32, "log_every": 25, "eval_every": 500,
+                  "checkpoint_every": 250, "eval_batches": 4},
     },
     # van den Oord et al. 2018 §3.1: LibriSpeech train-clean-100 (100 h, 16 kHz), windows of
     # 20480 samples (128 frames), K = 12, Adam lr 2e-4, 8 GPUs x 8 windows = 64, negatives from
@@ -177,8 +204,7 @@ PRESETS = {
         "examples": {"sample_rate": 16000, "max_samples": 20480, "min_samples": 20480},
         "data": {"source": "tfds:librispeech", "tfds_split": "train_clean100",
                  "held_out_fraction": 0.01},
-        "optim": {"learning_rate": 2e-4, "schedule": "constant", "warmup_steps": 0,
-                  "weight_decay": 0.0, "bias_correction": True, "eps": 1e-8, "clip_norm": 0.0},
+        "optim": {**TORCH_ADAM_CONSTANT, "learning_rate": 2e-4},
         "train": {"steps": 100000, "batch_size": 64, "eval_every": 5000},
     },
 }
@@ -197,6 +223,7 @@ METHOD = register(Method(
     unit="samples",
     description="CPC: InfoNCE of future audio latents from a GRU context (van den Oord et "
                 "al. 2018)",
-    summarize=summary_of(metrics=("loss", "accuracy")),
+    monitor=probe_monitor(probe_layers),
+    summarize=probe_summary(("loss", "accuracy")),
     presets=PRESETS,
 ))

@@ -26,3 +26,9 @@ FAIRSEQ_ROBERTA_OPTIM = {"learning_rate": 6e-4, "schedule": "linear_from_peak",
                          "warmup_steps": 24000, "b2": 0.98, "eps": 1e-6, "weight_decay": 0.01,
                          "bias_correction": True, "eps_before_bias_correction": True,
                          "decay_norms_and_biases": True, "clip_norm": 0.0}
+# The Free Spoken Digit Dataset's recordings/ folder (3,000 8 kHz wav files named
+# {digit}_{speaker}_{index}.wav; indices 0-4 are its official test set): labels from the names,
+# the official split, and the probes' windows of 1 s at 16 kHz (recordings last 0.14-2.28 s,
+# 0.44 s on average). Probed labels: digit and speaker (index splits).
+FSDD_EXAMPLES = {"label_pattern": r"(?P<digit>\d)_(?P<speaker>[a-z]+)_(?P<index>\d+)",
+                 "held_out_rule": "index<5", "probe_samples": 16000}

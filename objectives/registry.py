@@ -59,7 +59,9 @@ class PreparedData:
     consecutive global batches of that many rows, to be read in order without shuffling (XLNet:
     row b of a batch continues row b of the previous one, which the recurrence memory needs);
     `train.batch_size` must then equal it. `tokenizer`: the text methods' tokenizer
-    (`input_pipeline.tokenizers`), which the trainer records in the workdir; None for images."""
+    (`input_pipeline.tokenizers`), which the trainer records in the workdir; None for images.
+    `monitor_data`: what the method's `monitor` reads beyond `train` and `eval` (the speech
+    methods: both splits' records for the linear probes); None if nothing."""
 
     train: Any
     eval: Any
@@ -68,6 +70,7 @@ class PreparedData:
     report: dict[str, Any] = dataclasses.field(default_factory=dict)
     batch_layout: int = 0
     tokenizer: Any = None
+    monitor_data: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

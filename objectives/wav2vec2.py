@@ -44,16 +44,14 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.audio import AudioExampleConfig
 from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
-from pretext_jax.objectives.preset_parts import FAIRSEQ_ROBERTA_OPTIM
-from pretext_jax.objectives.registry import (
-    Batch,
-    Method,
-    Metrics,
-    PreparedData,
-    register,
-    summary_of,
+from pretext_jax.objectives.preset_parts import FAIRSEQ_ROBERTA_OPTIM, FSDD_EXAMPLES
+from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.speech import (
+    check_probe_layer,
+    prepare_speech,
+    probe_monitor,
+    probe_summary,
 )
-from pretext_jax.objectives.speech import prepare_speech
 from pretext_jax.objectives.text import mask_records
 
 COSINE_EPS = 1e-8  # torch.cosine_similarity's
@@ -328,33 +326,57 @@ def mask_audio(data: PreparedData, model_config: Wav2Vec2Config,
                                eval=mask_records(data.eval, masking, HELD_OUT_MASK_SEED))
 
 
+def probe_layers(model: Wav2Vec2, audio: jax.Array, attention_mask: jax.Array, layer: int
+                 ) -> tuple[jax.Array, jax.Array]:
+    """The probes' features: the Transformer's hidden states as HF numbers them (0 = its
+    input, L = its last block's output), with the real frames."""
+    hidden_states, frames = model.hidden_states(audio, attention_mask)
+    return hidden_states[layer], frames
+
+
 def check_frames(model: Wav2Vec2Config, examples: AudioExampleConfig, objective: Any = None
                  ) -> None:
-    """A `max_samples` window makes at least one frame through the feature encoder."""
+    """A `max_samples` window makes at least one frame through the feature encoder; the
+    probes read one of the L + 1 hidden states."""
+    check_probe_layer(examples, model.num_layers + 1)
     if feature_lengths(model, examples.max_samples) < 1:
         raise UserError(f"examples.max_samples={examples.max_samples} is shorter than the "
                         "feature encoder's receptive field (no frame); raise it (wav2vec 2.0: "
                         "250000)")
 
 
+# Test/demo size: a 3-convolution feature encoder of 80 samples a frame (5 ms at 16 kHz), 2
+# Transformer blocks of 64, small codebooks, no dropout. Lists, as config.json holds them.
+TINY_MODEL = {"conv_channels": [32, 32, 32], "conv_kernel_sizes": [10, 4, 4],
+              "conv_strides": [5, 4, 4], "hidden_size": 64, "num_layers": 2, "num_heads": 4,
+              "intermediate_size": 128, "position_conv_kernel": 16, "position_conv_groups": 4,
+              "codevectors_per_group": 32, "codevector_dim": 32, "projection_dim": 32,
+              "hidden_dropout": 0.0, "attention_dropout": 0.0, "feature_projection_dropout": 0.0,
+              "quantizer_input_dropout": 0.0, "layerdrop": 0.0}
+TINY_OPTIM = {**FAIRSEQ_ROBERTA_OPTIM, "learning_rate": 1e-3, "warmup_steps": 20}
+
 PRESETS = {
-    # Test/demo size: a 3-convolution feature encoder of 80 samples a frame (5 ms at 16 kHz),
-    # 2 Transformer blocks of 64, small codebooks and 20 distractors, no dropout; one-second
-    # crops (e.g. FSDD's spoken digits). Lists, as config.json holds them.
+    # The tiny model with 20 distractors on one-second crops of the user's audio folder (--data).
     "wav2vec2_tiny": {
-        "model": {"conv_channels": [32, 32, 32], "conv_kernel_sizes": [10, 4, 4],
-                  "conv_strides": [5, 4, 4], "hidden_size": 64, "num_layers": 2,
-                  "num_heads": 4, "intermediate_size": 128, "position_conv_kernel": 16,
-                  "position_conv_groups": 4, "codevectors_per_group": 32,
-                  "codevector_dim": 32, "projection_dim": 32, "hidden_dropout": 0.0,
-                  "attention_dropout": 0.0, "feature_projection_dropout": 0.0,
-                  "quantizer_input_dropout": 0.0, "layerdrop": 0.0},
+        "model": TINY_MODEL,
         "objective": {"num_negatives": 20},
         "examples": {"max_samples": 16000, "max_eval_examples": 256},
         "data": {"source": "", "held_out_fraction": 0.1},
-        "optim": {**FAIRSEQ_ROBERTA_OPTIM, "learning_rate": 1e-3, "warmup_steps": 20},
+        "optim": TINY_OPTIM,
         "train": {"steps": 200, "batch_size": 16, "log_every": 25, "eval_every": 100,
                   "checkpoint_every": 100, "eval_batches": 4},
+    },
+    # bench/speech_fsdd.py: the tiny model on FSDD's 2,700 training recordings (labels and
+    # split from the file names), one-second crops (most recordings whole), probes of digit and
+    # speaker on the last hidden state; linear decay over 1,500 steps.
+    "wav2vec2_digits": {
+        "model": TINY_MODEL,
+        "objective": {"num_negatives": 20},
+        "examples": {**FSDD_EXAMPLES, "max_samples": 16000, "max_eval_examples": 300},
+        "data": {"source": ""},
+        "optim": {**TINY_OPTIM, "warmup_steps": 100},
+        "train": {"steps": 1500, "batch_size": 16, "log_every": 25, "eval_every": 500,
+                  "checkpoint_every": 500, "eval_batches": 4},
     },
     # BASE on LibriSpeech 960 h (Baevski et al. 2020 §4.2; fairseq
     # examples/wav2vec/config/pretraining/wav2vec2_base_librispeech.yaml): the model's and the
@@ -396,6 +418,7 @@ register(Method(
     unit="samples",
     description="wav2vec 2.0: contrastive prediction of quantised speech features at masked "
                 "frames (Baevski et al. 2020)",
-    summarize=summary_of(metrics=("loss", "contrastive_accuracy", "codevector_perplexity")),
+    monitor=probe_monitor(probe_layers),
+    summarize=probe_summary(("loss", "contrastive_accuracy", "codevector_perplexity")),
     presets=PRESETS,
 ))
