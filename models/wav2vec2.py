@@ -277,9 +277,19 @@ class PositionConv(nnx.Module):
         kernel = self.weight_g[...] * v * jax.lax.rsqrt(jnp.sum(v * v, axis=(1, 2),
                                                                 keepdims=True))
         pad = c.position_conv_kernel // 2
-        y = jax.lax.conv_general_dilated(
-            x, kernel.astype(x.dtype), window_strides=(1,), padding=[(pad, pad)],
-            dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=c.position_conv_groups)
+        # One dense convolution per group (group g: channels [g*w, (g+1)*w) in and out), the
+        # same sums as one with feature_group_count=groups, whose kernel gradient (a
+        # batch_group_count convolution) XLA's SPMD partitioner gets wrong when the batch is
+        # sharded over some mesh axes and replicated over others (e.g. mesh (2, 2, 2)): it
+        # all-reduces the per-shard sums over every device, so the gradient comes out times the
+        # replication (x2). Dense convolutions partition like matmuls, and keep the batch
+        # sharded where the grouped one gathers it (openxla/xla#47945).
+        w = c.hidden_size // c.position_conv_groups
+        kernel = kernel.astype(x.dtype)
+        y = jnp.concatenate([jax.lax.conv_general_dilated(
+            x[..., g * w:(g + 1) * w], kernel[..., g * w:(g + 1) * w], window_strides=(1,),
+            padding=[(pad, pad)], dimension_numbers=("NWC", "WIO", "NWC"))
+            for g in range(c.position_conv_groups)], axis=-1)
         y = y + self.bias[...].astype(y.dtype)  # [B, T (+1 if k is even), H]
         return ACTIVATIONS[c.hidden_act](y[:, :x.shape[1]])
 

@@ -18,7 +18,12 @@ from flax import nnx
 from parity_utils import assert_same_params, perturbed, random_params
 
 from pretext_jax.errors import UserError
-from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
+from pretext_jax.models.wav2vec2 import (
+    PositionConv,
+    Wav2Vec2,
+    Wav2Vec2Config,
+    feature_lengths,
+)
 from pretext_jax.objectives.wav2vec2 import (
     MaskingSettings,
     Wav2Vec2LossSettings,
@@ -32,6 +37,7 @@ from pretext_jax.objectives.wav2vec2 import (
     wav2vec2_loss,
 )
 from pretext_jax.pretrain import hf
+from pretext_jax.pretrain.mesh import batch_sharding, make_mesh, state_shardings
 
 HF_TINY = dict(conv_dim=(16, 16, 16), conv_kernel=(10, 3, 3), conv_stride=(5, 2, 2),
                hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
@@ -377,6 +383,31 @@ def test_feature_encoder_gradient_is_scaled():
         np.testing.assert_allclose(scaled[path].get_value(), factor * grad.get_value(),
                                    rtol=1e-4, atol=1e-9, err_msg=str(path))
     assert np.abs(unscaled[("conv_layers", 0, "conv", "kernel")].get_value()).max() > 0
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (2, 1, 4)])
+def test_position_conv_gradient_is_the_same_on_a_mixed_mesh(mesh_shape):
+    """The grouped position convolution's gradient with the batch sharded over ('data', 'fsdp')
+    and replicated over 'tensor' equals the single-device one. XLA's SPMD partitioner multiplied
+    the kernel gradient of a `feature_group_count` convolution by the replication (x2, x4), so
+    `PositionConv` convolves group by group."""
+    with nnx.use_eager_sharding(False):
+        conv = random_params(PositionConv(TINY, rngs=nnx.Rngs(0)), 0)
+    graphdef, params = nnx.split(conv)
+    x = jax.random.normal(jax.random.key(1), (8, 20, TINY.hidden_size))
+
+    def loss(params, x):
+        return jnp.sum(jnp.sin(nnx.merge(graphdef, params)(x)))
+
+    grad = jax.jit(jax.grad(loss))
+    expected = grad(params, x)
+    mesh = make_mesh(*mesh_shape)
+    sharded = grad(jax.device_put(params, state_shardings(params, mesh)),
+                   jax.device_put(x, batch_sharding(mesh)))
+    for (path, want), got in zip(nnx.to_flat_state(expected), jax.tree.leaves(sharded),
+                                 strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want.get_value()), rtol=1e-5,
+                                   atol=1e-5, err_msg=str(path))
 
 
 def test_gumbel_temperature_schedule():
