@@ -12,5 +12,6 @@ from pretext_jax.models import (
     roberta_hf,  # noqa: F401
     t5_hf,  # noqa: F401
     wav2vec2_hf,  # noqa: F401
+    xlm_hf,  # noqa: F401
     xlnet_hf,  # noqa: F401
 )

@@ -1,0 +1,178 @@
+"""XLM: the cross-lingual Transformer of Lample & Conneau 2019 (§3), one post-LN encoder with
+token, position and language embeddings and a prediction layer tied to the token embeddings,
+run bidirectionally (MLM, TLM) or causally (CLM).
+
+Reference: facebookresearch/XLM src/model/transformer.py (`TransformerModel.fwd`,
+`PredLayer`, `create_sinusoidal_embeddings`) and HF transformers modeling_xlm.py
+(`XLMWithLMHeadModel`, the parity oracle): embeddings = token + position (+ language), then
+LayerNorm and dropout; each layer is self-attention, dropout, residual, LayerNorm, then the
+feed-forward block (4 x hidden, GELU or ReLU), dropout, residual, LayerNorm; padded positions
+are zeroed after the embeddings and after every layer; the prediction layer is the transposed
+token embedding plus a bias (no transform in between, unlike BERT's head). Its layers are the
+shared `EncoderLayer` (same post-LN block), stacked and run by `run_stacked`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from pretext_jax.errors import UserError
+from pretext_jax.models.encoder import EncoderLayer
+from pretext_jax.models.gpt import causal_mask
+from pretext_jax.models.layers import (
+    TransformerConfig,
+    dropout,
+    embed,
+    layer_norm,
+    run_stacked,
+    split_rng,
+    stacked_layers,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class XLMConfig(TransformerConfig):
+    """XLM's hyper-parameters (HF `XLMConfig` defaults; HF names where they differ:
+    hidden_size [emb_dim], num_layers [n_layers], num_heads [n_heads], hidden_dropout
+    [dropout], vocab_size [n_words], initializer_range [init_std], pad_token_id [pad_index]).
+    The feed-forward width is 4 x hidden_size and the activation exact GELU or ReLU, as in
+    the reference (`hidden_dim = 4 * dim`, `gelu_activation`)."""
+
+    vocab_size: int = 30145
+    hidden_size: int = 2048
+    num_heads: int = 16
+    intermediate_size: int = 8192
+    max_position_embeddings: int = 512
+    """Rows of the position table (XLM `N_MAX_POSITIONS` 512)."""
+    n_langs: int = 1
+    """Languages; a language embedding exists when n_langs > 1 and `use_lang_emb`."""
+    use_lang_emb: bool = True
+    """Add a learned language embedding to every token (§3.3; HF `use_lang_emb`)."""
+    sinusoidal_embeddings: bool = False
+    """Fixed sinusoidal positions (the reference's option; not a parameter) instead of learned."""
+    causal: bool = False
+    """Left-to-right attention (the CLM objective, §3.1); False = bidirectional (MLM, TLM)."""
+    embed_init_std: float = 2048 ** -0.5
+    """Std of the embedding init, N(0, dim ** -0.5) in the reference (HF `embed_init_std`)."""
+    pad_token_id: int = 2
+    """The padding id (XLM's dictionary: 2); the attention mask defaults to ids != it."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.intermediate_size != 4 * self.hidden_size:
+            raise ValueError(f"XLM's feed-forward is 4 x hidden_size; set intermediate_size="
+                             f"{4 * self.hidden_size} (not {self.intermediate_size})")
+        if self.hidden_act not in ("gelu", "relu"):
+            raise ValueError(f"XLM's activation is gelu or relu, not {self.hidden_act!r}")
+        if self.n_langs < 1 or self.max_position_embeddings < 1 or self.embed_init_std < 0:
+            raise ValueError("n_langs and max_position_embeddings must be >= 1 and "
+                             "embed_init_std >= 0")
+
+    @property
+    def has_lang_embeddings(self) -> bool:
+        return self.n_langs > 1 and self.use_lang_emb
+
+
+def sinusoidal_positions(num: int, dim: int) -> np.ndarray:
+    """[num, dim] float32: row p, column j is sin (even j) or cos (odd j) of
+    p / 10000 ** (2 * (j // 2) / dim) (`create_sinusoidal_embeddings`, interleaved)."""
+    angles = (np.arange(num)[:, None]
+              / np.power(10000, 2 * (np.arange(dim)[None] // 2) / dim))
+    return np.where(np.arange(dim)[None] % 2 == 0, np.sin(angles), np.cos(angles)).astype(
+        np.float32)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class XLMOutput:
+    """`hidden_states` [B, T, H] (zero at padding) and `logits` [B, T, V] (or [B, P, V] at
+    `masked_positions`)."""
+
+    hidden_states: jax.Array
+    logits: jax.Array
+
+
+class XLM(nnx.Module):
+    """XLM with its prediction layer (HF `XLMWithLMHeadModel` without adaptive softmax)."""
+
+    def __init__(self, config: XLMConfig, *, rngs: nnx.Rngs):
+        h = config.hidden_size
+        normal = nnx.initializers.normal(config.embed_init_std)
+        self.config = config
+        with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
+            self.word_embeddings = embed(config, config.vocab_size, h, ("vocab", "embed"), rngs,
+                                         normal)
+            self.position_embeddings = (
+                None if config.sinusoidal_embeddings
+                else embed(config, config.max_position_embeddings, h, (None, "embed"), rngs,
+                           normal))
+            self.lang_embeddings = (embed(config, config.n_langs, h, (None, "embed"), rngs,
+                                          normal)
+                                    if config.has_lang_embeddings else None)
+            self.embedding_layer_norm = layer_norm(config, h, rngs)
+            self.layers = stacked_layers(lambda r: EncoderLayer(config, rngs=r),
+                                         config.num_layers, rngs)
+            self.output_bias = nnx.Param(jnp.zeros((config.vocab_size,)),
+                                         out_sharding=("vocab",))
+
+    def position_table(self, position_ids: jax.Array) -> jax.Array:
+        """The position embeddings of `position_ids` [B or 1, T] -> [B or 1, T, H]."""
+        if self.position_embeddings is not None:
+            return self.position_embeddings(position_ids)
+        table = sinusoidal_positions(self.config.max_position_embeddings, self.config.hidden_size)
+        return jnp.asarray(table, self.config.compute_dtype)[position_ids]
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        *,
+        langs: jax.Array | None = None,
+        position_ids: jax.Array | None = None,
+        masked_positions: jax.Array | None = None,
+        rng: jax.Array | None = None,
+    ) -> XLMOutput:
+        """`input_ids` [B, T]; `attention_mask` [B, T] (1 = token; default: ids !=
+        `pad_token_id`, as HF's lengths for right-padded rows); `langs` [B, T] language ids
+        (none added when None, as HF); `position_ids` [B, T] (default 0..T-1; TLM restarts
+        them for the translation, §3.3). With `causal`, a query sees the non-padding keys at
+        or before it (HF's causal mask ignores padding; the two agree on right-padded rows).
+        `masked_positions` [B, P] gathers rows before the vocabulary projection; `rng`
+        enables dropout (None = deterministic)."""
+        c = self.config
+        length = input_ids.shape[1]
+        if position_ids is None:
+            if length > c.max_position_embeddings:
+                raise UserError(f"{length} tokens exceed model.max_position_embeddings="
+                                f"{c.max_position_embeddings}; raise it or shorten the examples")
+            position_ids = jnp.arange(length)[None]
+        if attention_mask is None:
+            attention_mask = input_ids != c.pad_token_id
+        token_mask = attention_mask.astype(bool)
+        mask = causal_mask(token_mask) if c.causal else token_mask[:, None, None, :]
+        keep = token_mask[..., None].astype(c.compute_dtype)  # [B, T, 1]
+        x = self.word_embeddings(input_ids) + self.position_table(position_ids)
+        if langs is not None and self.lang_embeddings is not None:
+            x = x + self.lang_embeddings(langs)
+        embed_rng, layers_rng = split_rng(rng, 2)
+        x = dropout(self.embedding_layer_norm(x), c.hidden_dropout, embed_rng) * keep
+        keys = None if layers_rng is None else jax.random.split(layers_rng, c.num_layers)
+
+        def apply(layer: EncoderLayer, h: jax.Array, key: jax.Array | None):
+            return layer(h, mask, key) * keep, None
+
+        hidden = run_stacked(self.layers, apply, x, keys, c)[0]  # [B, T, H]
+        return XLMOutput(hidden_states=hidden, logits=self.logits(hidden, masked_positions))
+
+    def logits(self, hidden: jax.Array, masked_positions: jax.Array | None = None) -> jax.Array:
+        """The prediction layer (`PredLayer`): hidden [B, T, H] (rows `masked_positions`
+        [B, P] of it) times the transposed token embedding, plus a bias."""
+        if masked_positions is not None:
+            hidden = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
+        logits = self.word_embeddings.attend(hidden)
+        return logits + self.output_bias[...].astype(logits.dtype)
