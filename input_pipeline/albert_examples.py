@@ -50,24 +50,24 @@ def ngram_probabilities(max_ngram: int) -> np.ndarray:
     return weights / weights.sum()
 
 
-def choose_ngram_spans(candidates: list[list[int]], budget: int, max_ngram: int,
+def choose_ngram_spans(candidates: list[list[int]], budget: int, probabilities: np.ndarray,
                        rng: np.random.Generator) -> list[list[list[int]]]:
     """The spans to mask, each a list of consecutive candidate words (lists of positions).
 
-    Span starts are the words in random order; for each, n is drawn with `ngram_probabilities`
-    and the span is the next n words, fewer where the run of adjacent words ends (at a special
-    token or the end; the reference cuts only at the end and lets a span step over [SEP]). While
+    Span starts are the words in random order; for each, n is drawn with `probabilities`
+    (p(n) for n = 1, 2, ...: ALBERT's `ngram_probabilities`, UniLM's 0.8/0.1/0.1) and the
+    span is the next n words, fewer where the run of adjacent words ends (at a special token
+    or the end; the reference cuts only at the end and lets a span step over [SEP]). While
     the span would exceed `budget` predictions n shrinks; a span that still does not fit, or
     that overlaps a chosen one, is skipped.
     """
-    probabilities = ngram_probabilities(max_ngram)
     covered: set[int] = set()
     spans: list[list[list[int]]] = []
     count = 0
     for start in rng.permutation(len(candidates)):
         if count >= budget:
             break
-        n = int(rng.choice(max_ngram, p=probabilities)) + 1
+        n = int(rng.choice(len(probabilities), p=probabilities)) + 1
         run = [candidates[start]]
         while (len(run) < n and start + len(run) < len(candidates)
                and candidates[start + len(run)][0] == run[-1][-1] + 1):
@@ -87,15 +87,18 @@ def choose_ngram_spans(candidates: list[list[int]], budget: int, max_ngram: int,
 
 def ngram_mask_tokens(
     tokens: np.ndarray, vocab: MaskingVocab, config: AlbertExampleConfig,
-    rng: np.random.Generator,
+    rng: np.random.Generator, probabilities: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """N-gram masked-LM predictions over `masking_candidates` (whole words with
-    `whole_word_mask`), within BERT's `prediction_budget`, each position corrupted 80/10/10.
+    `whole_word_mask`), within BERT's `prediction_budget`, each position corrupted 80/10/10;
+    span lengths drawn with `probabilities` (default: ALBERT's, up to `config.max_ngram`).
     Returns (masked tokens, sorted positions, labels) as `bert_examples.mask_tokens`."""
+    if probabilities is None:
+        probabilities = ngram_probabilities(config.max_ngram)
     candidates = bert_examples.masking_candidates(tokens, vocab, config.whole_word_mask)
     budget = bert_examples.prediction_budget(len(tokens), config)
     output = tokens.copy()
-    chosen = [i for span in choose_ngram_spans(candidates, budget, config.max_ngram, rng)
+    chosen = [i for span in choose_ngram_spans(candidates, budget, probabilities, rng)
               for word in span for i in word]
     bert_examples.corrupt(output, np.asarray(chosen, np.int64), vocab, config, rng)
     return bert_examples.masked_result(tokens, output, chosen)

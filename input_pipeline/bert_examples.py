@@ -129,6 +129,26 @@ def truncate_seq_pair(a: list[int], b: list[int], max_num_tokens: int,
         del tokens[:front]
 
 
+def random_next_segment(documents: Sequence[Document], document_index: int,
+                        target_length: int, rng: np.random.Generator) -> list[int]:
+    """A random B for next-sentence prediction (the reference's `is_random_next` branch):
+    consecutive sentences from a random start in another document (10 tries to avoid this
+    one), until `target_length` tokens are reached."""
+    random_index = document_index
+    for _ in range(10):
+        random_index = int(rng.integers(0, len(documents)))
+        if random_index != document_index:
+            break
+    random_document = documents[random_index]
+    start = int(rng.integers(0, len(random_document)))
+    tokens: list[int] = []
+    for sentence in random_document[start:]:
+        tokens.extend(sentence)
+        if len(tokens) >= target_length:
+            break
+    return tokens
+
+
 def create_instances_from_document(
     documents: Sequence[Document], document_index: int, config: BertExampleConfig,
     vocab: MaskingVocab, rng: np.random.Generator, sentence_order: bool = False,
@@ -156,22 +176,11 @@ def create_instances_from_document(
             if chunk:
                 a_end = int(rng.integers(1, len(chunk))) if len(chunk) >= 2 else 1
                 tokens_a = [t for sentence in chunk[:a_end] for t in sentence]
-                tokens_b: list[int] = []
                 is_random_next = len(chunk) == 1 or rng.random() < 0.5
                 swapped = sentence_order and is_random_next and len(chunk) > 1
                 if is_random_next and not swapped:
-                    target_b_length = target_seq_length - len(tokens_a)
-                    random_index = document_index
-                    for _ in range(10):
-                        random_index = int(rng.integers(0, len(documents)))
-                        if random_index != document_index:
-                            break
-                    random_document = documents[random_index]
-                    start = int(rng.integers(0, len(random_document)))
-                    for sentence in random_document[start:]:
-                        tokens_b.extend(sentence)
-                        if len(tokens_b) >= target_b_length:
-                            break
+                    tokens_b = random_next_segment(documents, document_index,
+                                                   target_seq_length - len(tokens_a), rng)
                     i -= len(chunk) - a_end  # the unused sentences are not wasted
                 else:
                     tokens_b = [t for sentence in chunk[a_end:] for t in sentence]

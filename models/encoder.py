@@ -123,7 +123,8 @@ class EncoderLayer(nnx.Module):
         self.output_layer_norm = layer_norm(config, h, rngs)
 
     def __call__(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None) -> jax.Array:
-        """`x` [B, T, H], `mask` [B, 1, 1, T] (True = key may be attended) -> [B, T, H]."""
+        """`x` [B, T, H], `mask` [B, 1, 1, T] or per query [B, 1, T, T] (True = key may be
+        attended) -> [B, T, H]."""
         c = self.config
         attn_rng, attn_out_rng, mlp_rng = split_rng(rng, 3)
         heads = (*x.shape[:2], c.num_heads, c.hidden_size // c.num_heads)  # (B, T, N, D)
@@ -152,7 +153,7 @@ class EncoderStack(nnx.Module):
                                          config.num_layers, rngs)
 
     def __call__(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None) -> jax.Array:
-        """`x` [B, T, H] through the L layers -> [B, T, H]; `mask` [B, 1, 1, T]."""
+        """`x` [B, T, H] through the L layers -> [B, T, H]; `mask` [B, 1, 1 or T, T]."""
         keys = None if rng is None else jax.random.split(rng, self.config.num_layers)  # [L, 2]
 
         def apply(layer: EncoderLayer, h: jax.Array, key: jax.Array | None):
@@ -196,7 +197,9 @@ class Encoder(nnx.Module):
         attention_mask: jax.Array | None = None,
         rng: jax.Array | None = None,
     ) -> jax.Array:
-        """`input_ids`, `token_type_ids`, `attention_mask` (1 = token) [B, T] -> [B, T, H]."""
+        """`input_ids`, `token_type_ids` [B, T] -> [B, T, H]. `attention_mask` [B, T] (1 = token)
+        masks keys; [B, T, T] (1 = query i may attend to key j) sets each query's keys (UniLM's
+        self-attention masks, Dong et al. 2019 §2.2)."""
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         if attention_mask is None:
@@ -205,6 +208,7 @@ class Encoder(nnx.Module):
         x = self.embeddings(input_ids, token_type_ids, embed_rng)  # [B, T, E]
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)  # [B, T, H]
-        key_mask = attention_mask.astype(bool)[:, None, None, :]  # [B, 1, 1, T]
-        return self.stack(x, key_mask, stack_rng)  # [B, T, H]
+        mask = attention_mask.astype(bool)
+        mask = mask[:, None, None, :] if mask.ndim == 2 else mask[:, None]  # [B, 1, 1 or T, T]
+        return self.stack(x, mask, stack_rng)  # [B, T, H]
 

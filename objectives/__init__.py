@@ -14,6 +14,7 @@ from pretext_jax.objectives import (
     roberta,  # noqa: F401
     seq2seq,  # noqa: F401
     simclr,  # noqa: F401
+    unilm,  # noqa: F401
     wav2vec2,  # noqa: F401
     xlnet,  # noqa: F401
 )

@@ -220,7 +220,7 @@ def test_ngram_lengths_follow_one_over_n():
     rng = np.random.default_rng(0)
     first = []
     for _ in range(6000):
-        span = choose_ngram_spans(candidates, 6, 3, rng)[0]
+        span = choose_ngram_spans(candidates, 6, ngram_probabilities(3), rng)[0]
         if span[0][0] <= 38:  # a start with 3 words ahead: the span has the drawn length
             first.append(len(span))
     frequencies = np.bincount(first, minlength=4)[1:] / len(first)
@@ -237,7 +237,7 @@ def test_ngram_spans_are_contiguous_whole_words_within_the_budget():
         tokens = np.concatenate([[2], body[:60], [3], body[60:], [3]]).astype(np.int32)
         words = bert_examples.masking_candidates(tokens, VOCAB, whole_word_mask=True)
         budget = bert_examples.prediction_budget(len(tokens), config)
-        spans = choose_ngram_spans(words, budget, 3, rng)
+        spans = choose_ngram_spans(words, budget, ngram_probabilities(3), rng)
         positions = [i for span in spans for word in span for i in word]
         assert len(positions) == len(set(positions)) <= budget
         for span in spans:
@@ -260,7 +260,8 @@ def test_ngram_spans_are_contiguous_whole_words_within_the_budget():
     words = bert_examples.masking_candidates(tokens, vocab, whole_word_mask=True)
     assert words == [[1, 2], [3]]
     for seed in range(20):
-        assert choose_ngram_spans(words, 1, 3, np.random.default_rng(seed)) == [[[3]]]
+        assert choose_ngram_spans(words, 1, ngram_probabilities(3),
+                                  np.random.default_rng(seed)) == [[[3]]]
 
 
 def test_records_carry_sop_labels_and_ngram_masks():
