@@ -51,11 +51,13 @@ from pretext_jax.input_pipeline.bert_examples import (
     masked_result,
 )
 from pretext_jax.input_pipeline.descriptions import describe
-from pretext_jax.input_pipeline.parallel import open_parallel
+from pretext_jax.input_pipeline.parallel import ParallelSource, open_parallel
 from pretext_jax.input_pipeline.prepare import (
+    LOADER_ONLY_FIELDS,
     DataConfig,
     Documents,
     fingerprint,
+    load_tokenizer,
     prepare_text,
     source_fingerprint,
     training_sentences,
@@ -64,6 +66,7 @@ from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write
 from pretext_jax.input_pipeline.tokenizers import SentencePieceTokenizer, Tokenizer
 
 FEATURES = ("input_ids", "input_mask", "positions", "langs")
+TASKS = ("clm", "mlm", "tlm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +92,14 @@ class XLMExampleConfig:
     """Share of chosen tokens replaced by a random id (0.1; the rest are kept)."""
     tlm_pairs: str = ""
     """TLM directions, e.g. en-de,de-en; empty = every ordered pair of the parallel languages."""
+    task: str = "mlm"
+    """What the records are for (§3.1-3.3): clm or mlm (streams of monolingual text, data.source
+    en=PATH,de=PATH) or tlm (translation pairs, data.source a parallel corpus)."""
 
     def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise UserError(f"examples.task={self.task!r} is unknown; use one of "
+                            f"{', '.join(TASKS)}")
         if self.stream_length < 2:
             raise UserError(f"examples.stream_length={self.stream_length} must be at least 2")
         if not 1 <= self.max_sentence_length <= self.stream_length // 2 - 2:
@@ -168,14 +177,23 @@ def train_shared_tokenizer(corpora: Mapping[str, str], data: DataConfig,
     """The sentencepiece model at `model`, trained (once) on `tokenizer_sample` of every
     language's training sentences (the held-out documents excluded, as `prepare_text` splits
     them), at most `data.tokenizer_sentences` of them."""
+    readers = {}
     if not model.is_file():
-        readers = {}
         for language, source in corpora.items():
             shards = corpus.plan_shards(source, data)
             readers[language] = functools.partial(training_sentences, shards, data, seed)
+    return train_sampled_tokenizer(readers, data, config, model, seed)
+
+
+def train_sampled_tokenizer(readers: Mapping[str, Callable[[], Iterable[str]]],
+                            data: DataConfig, config: XLMExampleConfig, model: Path, seed: int
+                            ) -> Tokenizer:
+    """The sentencepiece model at `model`, trained (once, if the file is missing) on
+    `tokenizer_sample` of the languages' sentences (`readers[lang]()` reads them anew)."""
+    if not model.is_file():
         prefix = model.with_name(f".{model.stem}.{os.getpid()}")
         print(f"training a shared sentencepiece tokenizer ({data.vocab_size} pieces) on "
-              f"{', '.join(corpora)}", flush=True)
+              f"{', '.join(readers)}", flush=True)
         try:
             SentencePieceTokenizer.train(
                 tokenizer_sample(readers, data.tokenizer_sentences, config.language_alpha, seed),
@@ -185,6 +203,29 @@ def train_shared_tokenizer(corpora: Mapping[str, str], data: DataConfig,
             for suffix in (".model", ".vocab"):
                 Path(f"{prefix}{suffix}").unlink(missing_ok=True)
     return SentencePieceTokenizer(model)
+
+
+def parallel_sentences(source: ParallelSource, language: str) -> Iterator[str]:
+    """The non-empty sentences of one language of a parallel corpus, in order."""
+    return (line[language] for line in source if line[language])
+
+
+def parallel_tokenizer(spec: str, data: DataConfig, config: XLMExampleConfig, cache_root: Path,
+                       seed: int) -> Tokenizer:
+    """TLM without monolingual text: `data.tokenizer`, else a sentencepiece model shared by the
+    languages of the parallel corpus `spec`, trained on its sentences sampled by q ~ p^a (§3.1;
+    the languages of an aligned corpus have equal sentence counts, so equal shares)."""
+    if data.tokenizer:
+        return load_tokenizer(data)
+    source = open_parallel(spec)
+    settings = {k: v for k, v in dataclasses.asdict(data).items()
+                if k not in ("source", "eval_source", *LOADER_ONLY_FIELDS)}
+    key = fingerprint(source.fingerprint(), settings, config.language_alpha, seed)
+    Path(cache_root).mkdir(parents=True, exist_ok=True)
+    readers = {language: functools.partial(parallel_sentences, source, language)
+               for language in source.languages}
+    return train_sampled_tokenizer(readers, data, config,
+                                   Path(cache_root) / f"xlm-tlm-tokenizer-{key}.model", seed)
 
 
 # ------------------------------------------------------------------------------ streams

@@ -50,7 +50,8 @@ class XLMConfig(TransformerConfig):
     max_position_embeddings: int = 512
     """Rows of the position table (XLM `N_MAX_POSITIONS` 512)."""
     n_langs: int = 1
-    """Languages; a language embedding exists when n_langs > 1 and `use_lang_emb`."""
+    """Languages; a language embedding exists when n_langs > 1 and `use_lang_emb` (0 = the
+    data's, when pre-training)."""
     use_lang_emb: bool = True
     """Add a learned language embedding to every token (§3.3; HF `use_lang_emb`)."""
     sinusoidal_embeddings: bool = False
@@ -69,9 +70,9 @@ class XLMConfig(TransformerConfig):
                              f"{4 * self.hidden_size} (not {self.intermediate_size})")
         if self.hidden_act not in ("gelu", "relu"):
             raise ValueError(f"XLM's activation is gelu or relu, not {self.hidden_act!r}")
-        if self.n_langs < 1 or self.max_position_embeddings < 1 or self.embed_init_std < 0:
-            raise ValueError("n_langs and max_position_embeddings must be >= 1 and "
-                             "embed_init_std >= 0")
+        if self.n_langs < 0 or self.max_position_embeddings < 1 or self.embed_init_std < 0:
+            raise ValueError("n_langs must be >= 0 (0 = from the data), max_position_embeddings "
+                             ">= 1 and embed_init_std >= 0")
 
     @property
     def has_lang_embeddings(self) -> bool:

@@ -16,6 +16,7 @@ from pretext_jax.objectives import (
     simclr,  # noqa: F401
     unilm,  # noqa: F401
     wav2vec2,  # noqa: F401
+    xlm,  # noqa: F401
     xlnet,  # noqa: F401
 )
 

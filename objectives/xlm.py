@@ -1,0 +1,220 @@
+"""XLM pre-training (Lample & Conneau 2019, §3): causal LM (CLM, §3.1), masked LM on streams of
+monolingual text (MLM, §3.2) or translation LM on sentence pairs (TLM, §3.3), on one XLM model
+with language embeddings; `examples.task` picks one (the records differ, so it is a data
+setting, as t5's `examples.noise`; the model is causal exactly for CLM, set from the data).
+
+Data (`input_pipeline.xlm_examples`): CLM / MLM read `data.source` = `en=PATH,de=PATH` (any text
+sources), one shared sentencepiece vocabulary sampled by q ~ p^0.5, 256-token streams per
+language mixed by q while loading (`LanguageMixture`; languages mix within a batch, where XLM
+gives each step one language); held-out = `data.held_out_fraction` of every language. TLM reads
+a parallel corpus (`input_pipeline.parallel`) in `data.source` and its held-out pairs from the
+parallel corpus `data.eval_source`. MLM/TLM masks are drawn at every load by count^-0.5
+weights (`XLMMasking`); held-out masks are drawn once with a fixed seed (`text.mask_records`).
+
+Losses (facebookresearch/XLM src/trainer.py `clm_step`, `mlm_step`): CLM = next-token
+cross-entropy over the real tokens of a stream; MLM / TLM = cross-entropy at the masked
+positions (`text.weighted_cross_entropy`), with the records' positions (reset for a TLM
+translation) and per-token language ids.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline import xlm_examples
+from pretext_jax.input_pipeline.bert_examples import MaskingVocab, majority_baseline_accuracy
+from pretext_jax.input_pipeline.parallel import open_parallel
+from pretext_jax.input_pipeline.prepare import DataConfig
+from pretext_jax.input_pipeline.records import RecordDirectory
+from pretext_jax.models.xlm import XLM, XLMConfig
+from pretext_jax.objectives.preset_parts import (
+    NO_DROPOUT,
+    TINY_TEXT_MODEL,
+    TINY_TEXT_OPTIM,
+    TINY_TEXT_TRAIN,
+)
+from pretext_jax.objectives.registry import (
+    Batch,
+    Method,
+    Metrics,
+    PreparedData,
+    Summarize,
+    register,
+    summary_of,
+)
+from pretext_jax.objectives.text import MAX_EVAL_EXAMPLES, mask_records, weighted_cross_entropy
+
+
+def xlm_loss(model: XLM, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
+    """CLM loss on a causal model, else the masked-LM loss (MLM and TLM); `rng=None` disables
+    dropout."""
+    ids, mask = batch["input_ids"], batch["input_mask"]
+    inputs = {"langs": batch["langs"], "position_ids": batch["positions"], "rng": rng}
+    if model.config.causal:
+        logits = model(ids, mask, **inputs).logits[:, :-1]
+        loss, lm = weighted_cross_entropy(logits, ids[:, 1:], mask[:, 1:])
+        kind = "clm"
+    else:
+        logits = model(ids, mask, masked_positions=batch["masked_lm_positions"], **inputs).logits
+        loss, lm = weighted_cross_entropy(logits, batch["masked_lm_ids"],
+                                          batch["masked_lm_weights"])
+        kind = "mlm"
+    return loss, {"loss": (loss, jnp.ones((), jnp.float32)), f"{kind}_loss": lm["loss"],
+                  f"{kind}_accuracy": lm["accuracy"]}
+
+
+def build_xlm(config: XLMConfig, seed: int) -> XLM:
+    return XLM(config, rngs=nnx.Rngs(seed))
+
+
+def stacked(records: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Record sets with the same features, one after the other."""
+    return {key: np.concatenate([r[key] for r in records]) for key in records[0]}
+
+
+def held_out_examples(directories: list[RecordDirectory]) -> dict[str, np.ndarray]:
+    """The first held-out records of each directory, at most `MAX_EVAL_EXAMPLES` in all."""
+    share = MAX_EVAL_EXAMPLES // len(directories)
+    kept = [d.examples(range(min(len(d), share))) for d in directories if len(d)]
+    if not kept:
+        raise UserError("nothing was held out for evaluation; raise data.held_out_fraction or "
+                        "give more text (documents separated by blank lines)")
+    return stacked(kept)
+
+
+def prepare_streams(data: DataConfig, examples: xlm_examples.XLMExampleConfig, cache_dir: Path,
+                    seed: int) -> tuple[Any, dict[str, np.ndarray], Any, int, np.ndarray]:
+    """CLM / MLM: (the languages' training streams mixed by q, held-out streams, tokenizer,
+    number of languages, training token counts)."""
+    corpora = xlm_examples.parse_corpora(data.source)
+    prepared, tokenizer = xlm_examples.prepare_streams(corpora, data, examples, cache_dir, seed)
+    counts = {language: xlm_examples.stream_statistics(train, tokenizer.vocab_size)
+              for language, (train, _) in prepared.items()}
+    q = xlm_examples.language_probabilities(
+        {language: int(c[tokenizer.eos_id]) for language, c in counts.items()},
+        examples.language_alpha)
+    train = xlm_examples.LanguageMixture({lang: pair[0] for lang, pair in prepared.items()}, q,
+                                         seed)
+    held_out = held_out_examples([pair[1] for pair in prepared.values()])
+    return train, held_out, tokenizer, len(prepared), sum(counts.values())
+
+
+def prepare_translation_pairs(data: DataConfig, examples: xlm_examples.XLMExampleConfig,
+                              cache_dir: Path, seed: int
+                              ) -> tuple[Any, dict[str, np.ndarray], Any, int, np.ndarray]:
+    """TLM: (training pairs of `data.source`, held-out pairs of `data.eval_source`, tokenizer
+    shared by the parallel languages, number of languages, training token counts)."""
+    if not data.eval_source:
+        raise UserError("TLM holds out a separate parallel corpus; set data.eval_source (e.g. "
+                        "val.en,val.de)")
+    tokenizer = xlm_examples.parallel_tokenizer(data.source, data, examples, cache_dir, seed)
+    ids = xlm_examples.language_ids(open_parallel(data.source).languages)
+    train = xlm_examples.prepare_tlm(data.source, tokenizer, examples, ids, cache_dir)
+    held_out = xlm_examples.prepare_tlm(data.eval_source, tokenizer, examples, ids, cache_dir)
+    counts = xlm_examples.stream_statistics(train, tokenizer.vocab_size)
+    return train, held_out_examples([held_out]), tokenizer, len(ids), counts
+
+
+def prepare_xlm(data: DataConfig, examples: xlm_examples.XLMExampleConfig, cache_dir: Path,
+                seed: int) -> PreparedData:
+    """Records of `examples.task`; MLM / TLM masks drawn while loading with count^-alpha weights
+    of the training tokens, the held-out ones once with a fixed seed. The data sets the
+    model's vocabulary, languages, padding id and whether it is causal."""
+    build = prepare_translation_pairs if examples.task == "tlm" else prepare_streams
+    train, held_out, tokenizer, n_langs, counts = build(data, examples, cache_dir, seed)
+    transforms: tuple[Any, ...] = ()
+    if examples.task == "clm":
+        targets = held_out["input_ids"][:, 1:][held_out["input_mask"][:, 1:] > 0]
+        baseline = float(np.bincount(targets).max() / max(len(targets), 1))
+        report = {"majority_baseline_clm_accuracy": baseline}
+    else:
+        vocab = MaskingVocab.from_tokenizer(tokenizer)
+        transforms = (xlm_examples.XLMMasking(
+            vocab, xlm_examples.mask_weights(counts, examples.mask_alpha, vocab), examples),)
+        held_out = mask_records(held_out, transforms[0], seed + 2)
+        report = {"majority_baseline_mlm_accuracy": majority_baseline_accuracy(held_out)}
+    return PreparedData(
+        train=train, eval=held_out, transforms=transforms, report=report, tokenizer=tokenizer,
+        model_fields={"vocab_size": tokenizer.vocab_size, "n_langs": n_langs,
+                      "pad_token_id": tokenizer.pad_id, "causal": examples.task == "clm"})
+
+
+def check_xlm(model: XLMConfig, examples: xlm_examples.XLMExampleConfig,
+              objective: Any = None) -> None:
+    """Every position of a record has an embedding; a causal model is CLM's. No `objective`
+    setting bears on it."""
+    if examples.stream_length > model.max_position_embeddings:
+        raise UserError(f"examples.stream_length={examples.stream_length} exceeds "
+                        f"model.max_position_embeddings={model.max_position_embeddings}; lower "
+                        "the first or raise the second")
+    if model.causal and examples.task != "clm":
+        raise UserError(f"model.causal=true is XLM's CLM, not {examples.task}; set "
+                        "examples.task=clm or model.causal=false")
+
+
+def summarize_xlm(evaluation: dict[str, float], report: dict[str, Any], untrained: Any
+                  ) -> list[str]:
+    """The held-out CLM or MLM accuracy beside its majority-token baseline, and the loss."""
+    kind = "clm" if "clm_accuracy" in evaluation else "mlm"
+    summarize: Summarize = summary_of(accuracy=kind)
+    return summarize(evaluation, report, untrained)
+
+
+_DATA_SIZED = {"vocab_size": 0, "n_langs": 0, "pad_token_id": 0}
+
+# XLM (Lample & Conneau 2019 §5.1; facebookresearch/XLM README and train.py): 1024 hidden, 8
+# heads, GELU, dropout and attention dropout 0.1, learned positions (512), streams of 256 tokens,
+# batches of 64, languages and masks sampled with alpha 0.5, Adam (b2 0.98 as the README's
+# `adam_inverse_sqrt,beta1=0.9,beta2=0.98,lr=0.0001`; bias-corrected, eps 1e-8, no weight
+# decay) with gradients clipped at norm 5 (train.py `clip_grad_norm`). 6 layers as the
+# unsupervised-MT models (12 for XNLI). Departures: `inverse_sqrt` here holds the peak for the
+# 4,000 warmup steps instead of XLM's linear ramp from 1e-7, the vocabulary is sentencepiece
+# (XLM: fastBPE, 95k codes for XNLI-15), and the step count is ours (XLM stops on held-out
+# perplexity).
+PRESETS = {
+    "xlm_tiny": {
+        "model": {**TINY_TEXT_MODEL, **NO_DROPOUT, **_DATA_SIZED,
+                  "embed_init_std": TINY_TEXT_MODEL["hidden_size"] ** -0.5},
+        "examples": {"stream_length": 64, "max_sentence_length": 30,
+                     "max_predictions_per_seq": 10},
+        "data": {"vocab_size": 4000},
+        "optim": {**TINY_TEXT_OPTIM, "b2": 0.98},
+        "train": TINY_TEXT_TRAIN,
+    },
+    "xlm_base": {
+        "model": {"hidden_size": 1024, "num_layers": 6, "num_heads": 8,
+                  "intermediate_size": 4096, "hidden_act": "gelu", "hidden_dropout": 0.1,
+                  "attention_dropout": 0.1, "max_position_embeddings": 512,
+                  "embed_init_std": 1024 ** -0.5, "initializer_range": 0.02, **_DATA_SIZED},
+        "examples": {"stream_length": 256, "max_sentence_length": 100, "language_alpha": 0.5,
+                     "mask_alpha": 0.5},
+        "data": {"vocab_size": 95000},
+        "optim": {"optimizer": "adamw", "learning_rate": 1e-4, "schedule": "inverse_sqrt",
+                  "warmup_steps": 4000, "b1": 0.9, "b2": 0.98, "eps": 1e-8,
+                  "weight_decay": 0.0, "bias_correction": True, "clip_norm": 5.0},
+        "train": {"steps": 500000, "batch_size": 64},
+    },
+}
+
+
+register(Method(
+    name="xlm",
+    model_config=XLMConfig,
+    example_config=xlm_examples.XLMExampleConfig,
+    build_model=build_xlm,
+    loss=xlm_loss,
+    prepare=prepare_xlm,
+    units_per_example=lambda examples: examples.stream_length,
+    check=check_xlm,
+    description="XLM: causal, masked or translation LM with language embeddings on a shared "
+                "vocabulary (Lample & Conneau 2019)",
+    summarize=summarize_xlm,
+    presets=PRESETS,
+))

@@ -1,0 +1,205 @@
+"""XLM on the one trainer (objectives/xlm.py, Lample & Conneau 2019 §3): the tiny preset trains
+CLM, MLM and TLM from the CLI with falling held-out loss, TLM batches reach the loss with
+positions reset and a language per half, one sharded step equals the single-device step, a
+killed run resumes bit for bit, and a workdir converts to HF and back."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from resilience_utils import GRADIENT_STEP, assert_same_training, interrupt, run_in_process
+
+from pretext_jax import run
+from pretext_jax.errors import UserError
+from pretext_jax.objectives.xlm import xlm_loss
+from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.trainer import Trainer
+
+# Two made-up languages with one grammar: "en" words and their "de" translations.
+WORDS = {"en": ["the", "cat", "dog", "bird", "sees", "likes", "big", "small", "red", "blue",
+                "and", "house", "tree", "runs", "to", "a"],
+         "de": ["der", "katze", "hund", "vogel", "sieht", "mag", "gross", "klein", "rot",
+                "blau", "und", "haus", "baum", "rennt", "zum", "ein"]}
+TINY = {"model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,
+        "model.intermediate_size": 128, "model.max_position_embeddings": 64,
+        "model.embed_init_std": 32 ** -0.5, "examples.stream_length": 64,
+        "examples.max_sentence_length": 30, "examples.max_predictions_per_seq": 5,
+        "data.vocab_size": 40, "data.held_out_fraction": 0.2, "train.batch_size": 16,
+        "train.log_every": 1, "train.eval_batches": 2, "train.progress": False,
+        "optim.warmup_steps": 2}
+
+
+def sentences(count: int, seed: int) -> list[tuple[str, str]]:
+    """(en, de) pairs: adjective subject verb object, word for word."""
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for _ in range(count):
+        picks = [int(rng.integers(6, 10)), int(rng.integers(1, 4)), int(rng.integers(4, 6)),
+                 int(rng.choice([1, 2, 3, 11, 12]))]
+        pairs.append(tuple(" ".join(WORDS[lang][i] for i in picks) for lang in ("en", "de")))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory) -> dict[str, str]:
+    """Monolingual files (documents of 8 sentences, blank lines between), a line-aligned
+    training and a held-out parallel corpus, and a shared record cache."""
+    root = tmp_path_factory.mktemp("xlm")
+    for index, language in enumerate(("en", "de")):
+        lines = [pair[index] for pair in sentences(480, seed=index)]
+        (root / f"mono.{language}").write_text(
+            "\n\n".join("\n".join(lines[i:i + 8]) for i in range(0, len(lines), 8)) + "\n")
+    for split, count in (("train", 400), ("valid", 64)):
+        pairs = sentences(count, seed=10 + count)
+        for index, language in enumerate(("en", "de")):
+            (root / f"{split}.{language}").write_text("".join(p[index] + "\n" for p in pairs))
+    return {"mono": f"en={root / 'mono.en'},de={root / 'mono.de'}",
+            "train": f"{root / 'train.en'},{root / 'train.de'}",
+            "valid": f"{root / 'valid.en'},{root / 'valid.de'}",
+            "data.cache_dir": str(root / "cache")}
+
+
+def task_settings(task: str, corpora: dict[str, str]) -> dict:
+    source = {"data.source": corpora["train"], "data.eval_source": corpora["valid"]} if (
+        task == "tlm") else {"data.source": corpora["mono"]}
+    return {**TINY, **source, "examples.task": task, "data.cache_dir": corpora["data.cache_dir"]}
+
+
+def eval_losses(workdir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [row["loss"] for row in rows if row["split"] == "eval"]
+
+
+@pytest.mark.parametrize("task", ["mlm", "tlm", "clm"])
+def test_each_task_trains_from_the_cli_with_falling_held_out_loss(task, corpora, tmp_path):
+    settings = {**task_settings(task, corpora), "train.steps": 30, "train.eval_every": 10,
+                "train.checkpoint_every": 30, "optim.learning_rate": 5e-3}
+    workdir = tmp_path / task
+    assert run.main(["pretrain", "--preset", "xlm_tiny", "--data", settings.pop("data.source"),
+                     "--workdir", str(workdir),
+                     *(f"{k}={v}" for k, v in settings.items())]) == 0
+    losses = eval_losses(workdir)
+    # Falling, and well below the uniform guess over the 40 pieces (ln 40 = 3.69).
+    assert len(losses) == 3 and losses[-1] < min(losses[0] - 0.1, np.log(40) - 0.4), losses
+    saved = json.loads((workdir / "model.json").read_text())
+    assert saved["model"]["n_langs"] == 2 and saved["model"]["causal"] == (task == "clm")
+
+
+def tiny_trainer(workdir: Path, settings: dict, mesh=(-1, 1, 1), devices=None, **more) -> Trainer:
+    values = {**settings, "mesh.data": mesh[0], "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2],
+              "train.steps": 4, "train.eval_every": 1000, **more}
+    return Trainer(make_config("xlm_tiny", values), workdir, devices=devices)
+
+
+def test_tlm_batches_reach_the_loss_with_reset_positions_and_a_language_per_half(corpora,
+                                                                                  tmp_path):
+    trainer = tiny_trainer(tmp_path / "w", task_settings("tlm", corpora))
+    batch = next(trainer.data_iterator())
+    tokenizer = trainer.data.tokenizer
+    assert trainer.model_config.n_langs == 2 and not trainer.model_config.causal
+    masked = 0
+    for row in range(len(batch["input_ids"])):
+        length = int(batch["input_mask"][row].sum())
+        ends = np.flatnonzero(batch["positions"][row][:length] == 0)
+        assert ends.tolist() == [0, ends[1]] and 2 < ends[1] < length - 2
+        first, second = (slice(0, ends[1]), slice(ends[1], length))
+        for half in (first, second):
+            np.testing.assert_array_equal(batch["positions"][row][half],
+                                          np.arange(half.stop - half.start))
+            assert len(set(batch["langs"][row][half].tolist())) == 1
+        assert batch["langs"][row][0] != batch["langs"][row][ends[1]]
+        ids = batch["input_ids"][row]
+        assert ids[0] == ids[ends[1]] == tokenizer.eos_id  # </s> opens each half
+        weights = batch["masked_lm_weights"][row] > 0
+        masked += int((batch["masked_lm_positions"][row][weights] >= ends[1]).sum())
+    assert masked > 0  # masks reach the translations too
+    # The loss reads the records' positions and languages: other values change it.
+    model = trainer.method.build_model(trainer.model_config, 0)
+    loss = float(xlm_loss(model, batch, None)[0])
+    for key, value in (("positions", np.tile(np.arange(64), (16, 1))),
+                       ("langs", np.zeros_like(batch["langs"]))):
+        assert float(xlm_loss(model, {**batch, key: value}, None)[0]) != pytest.approx(loss)
+
+
+@pytest.mark.parametrize("task", ["tlm", "clm"])
+def test_same_step_on_every_mesh(task, corpora, tmp_path):
+    """One plain gradient step gives the same loss and parameters on one device and on meshes
+    of 8 (data and mixed), and it moves the parameters."""
+    results = {}
+    layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "dp": ((8, 1, 1), None),
+               "mixed": ((2, 2, 2), None)}
+    batch = initial = None
+    for name, (mesh, devices) in layouts.items():
+        trainer = tiny_trainer(tmp_path / name, task_settings(task, corpora), mesh, devices,
+                               **GRADIENT_STEP)
+        batch = next(trainer.data_iterator()) if batch is None else batch
+        state = trainer.init_state()
+        initial = jax.device_get(state.params) if initial is None else initial
+        state, metrics = trainer.train_step(state, batch)
+        params = jax.device_get(state.params)
+        moved = max(jax.tree.leaves(jax.tree.map(
+            lambda a, b: np.abs(np.asarray(a) - np.asarray(b)).max(), params, initial)))
+        results[name] = (float(metrics["loss"][0]), {
+            jax.tree_util.keystr(k): np.asarray(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(params)})
+    assert moved > 1e-3
+    loss0, params0 = results["single"]
+    for name, (loss, params) in results.items():
+        assert loss == pytest.approx(loss0, rel=1e-6, abs=1e-5), name
+        for key, value in params0.items():
+            np.testing.assert_allclose(params[key], value, atol=2e-6, rtol=1e-5,
+                                       err_msg=f"{name} {key}")
+
+
+def test_killed_run_resumes_bit_for_bit(corpora, tmp_path):
+    overrides = {**task_settings("mlm", corpora), "train.steps": 8, "train.checkpoint_every": 3,
+                 "train.eval_every": 1000, "train.eval_batches": 1}
+    reference = tmp_path / "reference", tmp_path / "reference.log"
+    run_in_process("xlm_tiny", overrides, *reference)
+    ours = tmp_path / "w", tmp_path / "w.log"
+    interrupt("xlm_tiny", overrides, *ours, step=5, sig=signal.SIGKILL)
+    run_in_process("xlm_tiny", overrides, *ours)
+    executed = assert_same_training("xlm_tiny", overrides, ours, reference)
+    assert len(executed) > 8  # steps after the step-3 checkpoint were lost and redone
+
+
+def test_workdir_converts_to_hf_and_back(corpora, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from pretext_jax.pretrain.export import load_model
+
+    settings = {**task_settings("mlm", corpora), "train.steps": 2, "train.eval_every": 2,
+                "train.eval_batches": 1}
+    Trainer(make_config("xlm_tiny", settings), tmp_path / "w").run()
+    assert run.main(["convert", str(tmp_path / "w"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    theirs = transformers.XLMWithLMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    ours = load_model(tmp_path / "w")
+    ids = np.array([[5, 9, 12, 3, 7, 11]], np.int64)
+    langs = np.array([[0, 0, 0, 1, 1, 1]], np.int64)
+    with torch.no_grad():
+        expected = theirs(torch.tensor(ids), langs=torch.tensor(langs)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours(ids, langs=langs).logits), expected, atol=1e-5)
+    assert run.main(["convert", str(tmp_path / "hf"), str(tmp_path / "back"), "--to",
+                     "pretext"]) == 0
+    back = load_model(tmp_path / "back")
+    assert back.config == ours.config
+    np.testing.assert_array_equal(np.asarray(back.word_embeddings.embedding[...]),
+                                  np.asarray(ours.word_embeddings.embedding[...]))
+    np.testing.assert_array_equal(np.asarray(back.lang_embeddings.embedding[...]),
+                                  np.asarray(ours.lang_embeddings.embedding[...]))
+
+
+def test_config_errors(corpora, tmp_path):
+    with pytest.raises(UserError, match="data.eval_source"):
+        tiny_trainer(tmp_path / "a", {**task_settings("tlm", corpora), "data.eval_source": ""})
+    with pytest.raises(UserError, match="examples.task=clm"):
+        make_config("xlm_tiny", {"model.causal": True})
+    with pytest.raises(UserError, match="examples.task"):
+        make_config("xlm_tiny", {"examples.task": "mt"})
+    with pytest.raises(UserError, match="stream_length"):
+        make_config("xlm_tiny", {"model.max_position_embeddings": 32})
