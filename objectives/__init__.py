@@ -9,6 +9,7 @@ from pretext_jax.objectives import (
     cpc,  # noqa: F401
     electra,  # noqa: F401
     gpt,  # noqa: F401
+    mass,  # noqa: F401
     moco,  # noqa: F401
     mpnet,  # noqa: F401
     roberta,  # noqa: F401

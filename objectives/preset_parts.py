@@ -7,6 +7,12 @@ from __future__ import annotations
 TINY_TEXT_MODEL = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 256,
                    "max_position_embeddings": 128}
 NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
+# The encoder-decoder methods' (T5, BART, MASS) demo/test size, and T5's optimiser: Adafactor
+# with the inverse square root schedule, no decay or clipping (Raffel et al. 2020 §3.1.2).
+TINY_T5_MODEL = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "head_size": 16,
+                 "intermediate_size": 256, "vocab_size": 0, "eos_token_id": 0, **NO_DROPOUT}
+T5_OPTIM = {"optimizer": "adafactor", "schedule": "inverse_sqrt", "learning_rate": 0.01,
+            "weight_decay": 0.0, "clip_norm": 0.0}
 # At the tiny size the text presets depart from their papers where a few hundred steps demand it:
 # no dropout and bias-corrected Adam (with them a 2-layer model stays at the unigram plateau
 # longer), a large learning rate and a short warmup.

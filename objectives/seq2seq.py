@@ -16,29 +16,23 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from pretext_jax.input_pipeline import seq2seq_examples
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.t5 import PAD_ID, T5, T5Config, shift_right
-from pretext_jax.objectives.preset_parts import NO_DROPOUT, TINY_TEXT_TRAIN
+from pretext_jax.objectives.preset_parts import T5_OPTIM, TINY_T5_MODEL, TINY_TEXT_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
-from pretext_jax.objectives.text import MAX_EVAL_EXAMPLES, mask_records, weighted_cross_entropy
+from pretext_jax.objectives.text import MAX_EVAL_EXAMPLES, encoder_decoder_loss, mask_records
 
 
 def seq2seq_loss(model: T5, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
     """Cross-entropy of the decoder's predictions of `targets` given `inputs`; `rng=None` is
     evaluation (no dropout)."""
     inputs, targets = batch["inputs"], batch["targets"]
-    out = model(inputs, inputs != PAD_ID, shift_right(targets), rng=rng)
-    weights = (targets != PAD_ID).astype(jnp.float32)
-    loss, metrics = weighted_cross_entropy(out.logits, targets, weights, epsilon=1e-6)
-    return loss, {"loss": metrics["loss"], "accuracy": metrics["accuracy"],
-                  "target_tokens": (jnp.sum(weights), jnp.float32(targets.shape[0])),
-                  "input_tokens": (jnp.sum((inputs != PAD_ID).astype(jnp.float32)),
-                                   jnp.float32(inputs.shape[0]))}
+    return encoder_decoder_loss(model, inputs, inputs != PAD_ID, shift_right(targets), targets,
+                                rng)
 
 
 def build_t5(config: T5Config, seed: int) -> T5:
@@ -71,11 +65,6 @@ def prepare_seq2seq(data: DataConfig, examples: seq2seq_examples.Seq2SeqExampleC
                         tokenizer=tokenizer)
 
 
-_TINY_T5 = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "head_size": 16,
-            "intermediate_size": 256, "vocab_size": 0, "eos_token_id": 0, **NO_DROPOUT}
-_T5_OPTIM = {"optimizer": "adafactor", "schedule": "inverse_sqrt", "learning_rate": 0.01,
-             "weight_decay": 0.0, "clip_norm": 0.0}
-
 # T5 (Raffel et al. 2020): the v1.0 Base of §3.1.2 (12 + 12 blocks, d_model 768, d_ff 3072,
 # ReLU, 12 heads of d_kv 64, 32 relative-position buckets up to offset 128, dropout 0.1,
 # tied embeddings) pre-trained for 2^19 steps of 128 x 512 tokens with AdaFactor and the
@@ -84,10 +73,10 @@ _T5_OPTIM = {"optimizer": "adafactor", "schedule": "inverse_sqrt", "learning_rat
 # 32,000-piece sentencepiece vocabulary + 100 sentinels.
 PRESETS = {
     "t5_tiny": {
-        "model": _TINY_T5,
+        "model": TINY_T5_MODEL,
         "examples": {"inputs_length": 64},
         "data": {"vocab_size": 4000},
-        "optim": {**_T5_OPTIM, "warmup_steps": 1000},
+        "optim": {**T5_OPTIM, "warmup_steps": 1000},
         "train": TINY_TEXT_TRAIN,
     },
     "t5_base": {
@@ -99,17 +88,17 @@ PRESETS = {
         "examples": {"noise": "span_corruption", "inputs_length": 512, "noise_density": 0.15,
                      "mean_noise_span_length": 3.0},
         "data": {"vocab_size": 32000},
-        "optim": {**_T5_OPTIM, "warmup_steps": 10000},
+        "optim": {**T5_OPTIM, "warmup_steps": 10000},
         "train": {"steps": 524288, "batch_size": 128},
     },
     # BART's text infilling (Lewis et al. 2020, §2.2: 30% of the words in Poisson(3)-long
     # spans, one mask token per span, the whole text as target) on the tiny T5 above.
     "bart_tiny": {
-        "model": _TINY_T5,
+        "model": TINY_T5_MODEL,
         "examples": {"noise": "text_infilling", "inputs_length": 64, "mask_ratio": 0.3,
                      "poisson_lambda": 3.0},
         "data": {"vocab_size": 4000},
-        "optim": {**_T5_OPTIM, "warmup_steps": 1000},
+        "optim": {**T5_OPTIM, "warmup_steps": 1000},
         "train": TINY_TEXT_TRAIN,
     },
 }

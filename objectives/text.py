@@ -1,5 +1,6 @@
 """Pieces shared by the text methods: the weighted cross-entropy every token loss uses, the
-masked-LM data preparation (BERT, ALBERT, ELECTRA, RoBERTa), fixed draws of per-record
+masked-LM data preparation (BERT, ALBERT, ELECTRA, RoBERTa), the encoder-decoder loss (T5,
+BART, MASS), fixed draws of per-record
 transforms for held-out records (dynamic masking, XLNet's and MPNet's permutations, T5's
 noise), the permuted-LM baselines (XLNet, MPNet) and the sequence-length check.
 
@@ -23,6 +24,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import bert_examples
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.models.t5 import PAD_ID, T5
 from pretext_jax.objectives.registry import Metrics, PreparedData
 
 MAX_EVAL_EXAMPLES = 16384
@@ -41,6 +43,22 @@ def weighted_cross_entropy(
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
     return loss, {"accuracy": (jnp.sum(weights * correct), jnp.sum(weights)),
                   "loss": (jnp.sum(weights * nll), jnp.sum(weights))}
+
+
+def encoder_decoder_loss(model: T5, inputs: jax.Array, input_mask: jax.Array,
+                         decoder_inputs: jax.Array, targets: jax.Array, rng: jax.Array | None
+                         ) -> tuple[jax.Array, Metrics]:
+    """Teacher-forced cross-entropy of a T5 model's predictions of `targets` from the encoder's
+    `inputs` (non-pad where `input_mask`) and the decoder's `decoder_inputs`, on the non-pad
+    (non-0) targets, in float32: the mean over the batch's target tokens (HF
+    `T5ForConditionalGeneration`'s loss; metrics are exact sums). `rng=None` is evaluation."""
+    out = model(inputs, input_mask, decoder_inputs, rng=rng)
+    weights = (targets != PAD_ID).astype(jnp.float32)
+    loss, metrics = weighted_cross_entropy(out.logits, targets, weights, epsilon=1e-6)
+    return loss, {"loss": metrics["loss"], "accuracy": metrics["accuracy"],
+                  "target_tokens": (jnp.sum(weights), jnp.float32(targets.shape[0])),
+                  "input_tokens": (jnp.sum(input_mask.astype(jnp.float32)),
+                                   jnp.float32(inputs.shape[0]))}
 
 
 def prepare_masked_lm(

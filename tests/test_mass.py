@@ -1,0 +1,302 @@
+"""MASS (input_pipeline/mass_examples.py, objectives/mass.py) against the paper's definition
+(Song et al. 2019 §2.2, §3.1) and microsoft/MASS's sampling: the fragment's length k =
+round(0.5 m), contiguity and start distribution; 80/10/10 inside the fragment only; the decoder
+reading the fragment shifted right with everything else masked; loss only on the fragment; the
+edge cases k = 1 (BERT's masked LM) and k = m (a standard LM) built and checked on the model;
+mass_tiny from the CLI with falling held-out loss, one step equal on every mesh, and a killed
+run that resumes bit for bit."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from resilience_utils import (
+    GRADIENT_STEP,
+    assert_same_training,
+    interrupt,
+    run_in_process,
+    small_corpus,
+)
+
+from pretext_jax import run
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline import mass_examples as me
+from pretext_jax.input_pipeline.bert_examples import MaskingVocab
+from pretext_jax.models.t5 import T5, T5Config
+from pretext_jax.objectives.mass import mass_loss
+from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.trainer import Trainer
+
+VOCAB = MaskingVocab(vocab_size=500, pad_id=0, cls_id=2, sep_id=3, mask_id=4,
+                     continuation=np.zeros(500, bool))
+SPECIALS = 5  # ids below this are special: corpus tokens are drawn from 5 up
+
+
+def segment(length: int, rng: np.random.Generator, pad_to: int = 64) -> np.ndarray:
+    """A record's tokens: `length - 1` corpus tokens and EOS, padded with 0."""
+    tokens = np.zeros(pad_to, np.int32)
+    tokens[:length - 1] = rng.integers(SPECIALS, VOCAB.vocab_size, length - 1)
+    tokens[length - 1] = VOCAB.sep_id
+    return tokens
+
+
+def fragment_of(example: dict[str, np.ndarray]) -> np.ndarray:
+    """The positions the loss is on (non-zero targets)."""
+    return np.flatnonzero(example["targets"])
+
+
+def draw(config: me.MassExampleConfig, tokens: np.ndarray, rng: np.random.Generator):
+    return me.MassMasking(VOCAB, config).random_map({"tokens": tokens}, rng)
+
+
+def test_fragment_is_half_the_segment_contiguous_and_predicted_exactly():
+    """For every length m the loss positions are k = round(0.5 m) consecutive positions; the
+    targets are the segment's tokens there; the decoder reads the token before each (the start
+    token 0 at position 0) and [MASK] at every other position of the segment."""
+    rng = np.random.default_rng(0)
+    config = me.MassExampleConfig(max_seq_length=64)
+    for length in range(2, 65):
+        assert config.fragment_size(length) == max(1, round(length / 2))
+        tokens = segment(length, rng)
+        for _ in range(5):
+            example = draw(config, tokens, rng)
+            positions = fragment_of(example)
+            k, u = config.fragment_size(length), positions[0]
+            assert len(positions) == k and np.array_equal(positions, np.arange(u, u + k))
+            np.testing.assert_array_equal(example["targets"][positions], tokens[positions])
+            previous = np.concatenate([[0], tokens[:-1]])
+            expected = np.where(np.arange(64) < length, VOCAB.mask_id, 0)
+            expected[positions] = previous[positions]
+            np.testing.assert_array_equal(example["decoder_inputs"], expected)
+            np.testing.assert_array_equal(example["input_mask"], np.arange(64) < length)
+            outside = np.setdiff1d(np.arange(64), positions)
+            np.testing.assert_array_equal(example["inputs"][outside], tokens[outside])
+    # Python's round halves to even, as the reference: m = 5 -> 2, m = 7 -> 4; k is capped.
+    assert [config.fragment_size(m) for m in (1, 3, 5, 7, 9)] == [1, 2, 2, 4, 4]
+    assert me.MassExampleConfig(fragment_length=6).fragment_size(4) == 4
+
+
+@pytest.mark.parametrize("at_start, at_end", [(0.2, 0.2), (0.0, 0.0)])
+def test_start_distribution(at_start, at_end):
+    """u = 0 with probability at_start, m - k with at_end, else uniform over 0 .. m - k (the
+    reference's 20/20/60); with both 0, uniform."""
+    rng = np.random.default_rng(1)
+    config = me.MassExampleConfig(fragment_at_start_prob=at_start, fragment_at_end_prob=at_end)
+    length, draws = 21, 40000
+    size = config.fragment_size(length)  # 10 (10.5 rounds to even)
+    slots = length - size + 1
+    starts = np.array([me.fragment_start(length, size, config, rng) for _ in range(draws)])
+    expected = np.full(slots, (1 - at_start - at_end) / slots)
+    expected[0] += at_start
+    expected[-1] += at_end
+    observed = np.bincount(starts, minlength=slots) / draws
+    assert observed.shape == expected.shape
+    np.testing.assert_allclose(observed, expected, atol=4 * np.sqrt(0.25 / draws))
+    assert me.fragment_start(7, 7, config, rng) == 0  # k = m: the only start
+
+
+def test_encoder_replacement_is_80_10_10_inside_the_fragment_only():
+    rng = np.random.default_rng(2)
+    config = me.MassExampleConfig(max_seq_length=64)
+    counts, total = np.zeros(3), 0
+    for _ in range(3000):
+        tokens = segment(int(rng.integers(6, 65)), rng)
+        example = draw(config, tokens, rng)
+        positions = fragment_of(example)
+        inputs, original = example["inputs"][positions], tokens[positions]
+        masked = inputs == VOCAB.mask_id
+        kept = ~masked & (inputs == original)
+        counts += masked.sum(), kept.sum(), (~masked & ~kept).sum()
+        total += len(positions)
+        outside = np.setdiff1d(np.arange(64), positions)
+        np.testing.assert_array_equal(example["inputs"][outside], tokens[outside])
+    # A random token equal to the original counts as kept: 0.1 + 0.1 / 500 of the fragment.
+    expected = np.array([0.8, 0.1 + 0.1 / 500, 0.1 - 0.1 / 500])
+    np.testing.assert_allclose(counts / total, expected, atol=0.006)
+
+
+def pure(fragment_length: int = 0) -> me.MassExampleConfig:
+    """Every fragment token becomes [MASK] (no random or kept tokens), to read the edge cases
+    exactly as the paper's Figure 2 draws them."""
+    return me.MassExampleConfig(fragment_length=fragment_length, mask_token_prob=1.0,
+                                random_token_prob=0.0)
+
+
+def test_k_equal_1_is_bert_and_k_equal_m_is_a_standard_lm():
+    """k = 1: one [MASK] in the encoder input, one target, and no fragment token reaches the
+    decoder (its only non-[MASK] input is the start token or the token before, which the
+    encoder sees). k = m: the encoder input is all [MASK], the decoder reads the sentence
+    shifted right from the start token and predicts every token: a left-to-right LM."""
+    rng = np.random.default_rng(3)
+    for length in (2, 9, 30):
+        tokens = segment(length, rng)
+        example = draw(pure(fragment_length=1), tokens, rng)
+        (u,) = fragment_of(example)
+        assert (example["inputs"][:length] == VOCAB.mask_id).sum() == 1
+        assert example["inputs"][u] == VOCAB.mask_id
+        visible = example["decoder_inputs"][:length] != VOCAB.mask_id
+        assert np.flatnonzero(visible).tolist() == [u]
+        assert example["decoder_inputs"][u] == (0 if u == 0 else example["inputs"][u - 1])
+
+        example = draw(pure(fragment_length=length), tokens, rng)
+        assert fragment_of(example).tolist() == list(range(length))
+        assert (example["inputs"][:length] == VOCAB.mask_id).all()
+        assert example["decoder_inputs"][:length].tolist() == [0, *tokens[:length - 1]]
+        np.testing.assert_array_equal(example["targets"], tokens)
+    # The fraction 1.0 gives the same LM construction.
+    assert me.MassExampleConfig(fragment_fraction=1.0).fragment_size(17) == 17
+
+
+@pytest.fixture(scope="module")
+def tiny_t5():
+    config = T5Config(vocab_size=VOCAB.vocab_size, hidden_size=32, num_layers=2, num_heads=2,
+                      head_size=16, intermediate_size=64, hidden_dropout=0.0,
+                      attention_dropout=0.0)
+    return T5(config, rngs=nnx.Rngs(0))
+
+
+def batch_of(examples: list[dict[str, np.ndarray]]) -> dict[str, jnp.ndarray]:
+    return {key: jnp.asarray(np.stack([e[key] for e in examples])) for key in examples[0]}
+
+
+def test_edge_cases_on_the_model(tiny_t5):
+    """On the network. k = m is a left-to-right LM: the encoder input is the same all-[MASK]
+    row whatever the sentence, and the prediction at position j changes only when tokens
+    before j change. k = 1: the loss is on one token."""
+    rng = np.random.default_rng(4)
+    tokens = segment(12, rng, pad_to=16)
+    lm = draw(pure(fragment_length=12), tokens, rng)
+    changed = tokens.copy()
+    changed[8:11] = (changed[8:11] + 1 - SPECIALS) % (VOCAB.vocab_size - SPECIALS) + SPECIALS
+    lm_changed = draw(pure(fragment_length=12), changed, rng)
+    assert (lm["inputs"] == lm_changed["inputs"]).all()  # the encoder sees no token
+    logits = tiny_t5(*(jnp.asarray(np.stack([a[k] for a in (lm, lm_changed)]))
+                       for k in ("inputs", "input_mask", "decoder_inputs"))).logits
+    np.testing.assert_allclose(logits[0, :9], logits[1, :9], atol=1e-6)  # causal: j <= 8
+    assert np.abs(np.asarray(logits[0, 9:12] - logits[1, 9:12])).max() > 1e-4
+    # k = 1: the loss is one token, a function of the encoder's view only.
+    bert = draw(pure(fragment_length=1), tokens, rng)
+    loss, metrics = mass_loss(tiny_t5, batch_of([bert]), None)
+    assert float(metrics["target_tokens"][0]) == 1.0 and np.isfinite(float(loss))
+
+
+def test_loss_is_cross_entropy_on_the_fragment_only(tiny_t5):
+    """The loss equals a numpy cross-entropy of the logits at the fragment positions, and
+    changing targets outside the fragment to 0 changes nothing."""
+    rng = np.random.default_rng(5)
+    config = me.MassExampleConfig(max_seq_length=16)
+    examples = [draw(config, segment(int(n), rng, pad_to=16), rng) for n in (16, 9, 5)]
+    batch = batch_of(examples)
+    loss, metrics = mass_loss(tiny_t5, batch, None)
+    logits = np.asarray(tiny_t5(batch["inputs"], batch["input_mask"],
+                                batch["decoder_inputs"]).logits, np.float64)
+    targets = np.asarray(batch["targets"])
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+    weights = targets != 0
+    assert weights.sum() == sum(config.fragment_size(n) for n in (16, 9, 5))
+    np.testing.assert_allclose(float(loss), nll[weights].sum() / (weights.sum() + 1e-6),
+                               rtol=1e-5)
+    assert float(metrics["target_tokens"][0]) == weights.sum()
+    assert float(metrics["input_tokens"][0]) == 16 + 9 + 5
+
+
+def test_segments_and_settings():
+    documents = [[list(range(5, 8)), list(range(10, 30)), list(range(40, 46))]]
+    config = me.MassExampleConfig(max_seq_length=8, min_length=4)
+    records = [r["tokens"] for r in me.create_training_examples(documents, config, 3)]
+    # 3 tokens < min_length: dropped; 20 -> 7 + 7 + 6 (+ EOS each); 6 -> one segment.
+    lengths = [int(np.count_nonzero(r)) for r in records]
+    assert lengths == [8, 8, 7, 7] and all(r[n - 1] == 3 for r, n in zip(records, lengths,
+                                                                         strict=True))
+    assert records[0][:7].tolist() == list(range(10, 17))
+    for bad in ({"fragment_fraction": 0.0}, {"fragment_length": -1}, {"min_length": 100},
+                {"fragment_at_start_prob": 0.7, "fragment_at_end_prob": 0.4},
+                {"mask_token_prob": 0.95, "random_token_prob": 0.1}, {"max_seq_length": 1}):
+        with pytest.raises(UserError, match="examples."):
+            me.MassExampleConfig(**bad)
+    base = make_config("mass_base")
+    model, examples = base.model_config(), base.example_config()
+    assert (model.hidden_size, model.intermediate_size, model.num_layers, model.decoder_layers,
+            model.num_heads, model.activation) == (1024, 4096, 6, 6, 8, "gelu")
+    assert (examples.fragment_fraction, examples.mask_token_prob, examples.random_token_prob,
+            examples.max_seq_length) == (0.5, 0.8, 0.1, 100)
+    assert (base.optim.learning_rate, base.optim.b2) == (1e-4, 0.98)
+
+
+# --- Training through the Trainer -----------------------------------------------------------
+
+SHORT = {"model.hidden_size": 32, "model.num_heads": 2, "model.intermediate_size": 64,
+         "examples.max_seq_length": 24, "data.vocab_size": 60, "train.batch_size": 16,
+         "train.steps": 8, "train.log_every": 1, "train.eval_every": 1000,
+         "train.eval_batches": 1, "train.checkpoint_every": 3, "train.progress": False}
+
+
+def flat_tree(tree: object) -> dict[str, np.ndarray]:
+    return {jax.tree_util.keystr(k): np.asarray(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(jax.device_get(tree))}
+
+
+def test_same_step_on_every_mesh(tmp_path):
+    """One plain gradient step gives the same loss and parameters on one device and on the
+    (8, 1, 1) and (2, 2, 2) meshes; the step moves the parameters."""
+    data = small_corpus(tmp_path)
+    layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "dp": ((8, 1, 1), None),
+               "mixed": ((2, 2, 2), None)}
+    results, batch, initial = {}, None, None
+    for name, (mesh, devices) in layouts.items():
+        overrides = {**SHORT, **data, **GRADIENT_STEP, "mesh.data": mesh[0],
+                     "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2]}
+        trainer = Trainer(make_config("mass_tiny", overrides), tmp_path / name,
+                          devices=devices)
+        batch = next(trainer.data_iterator()) if batch is None else batch
+        state = trainer.init_state()
+        initial = flat_tree(state.params) if initial is None else initial
+        state, metrics = trainer.train_step(state, batch)
+        results[name] = float(metrics["loss"][0]) / float(metrics["loss"][1]), flat_tree(
+            state.params)
+    assert (np.asarray(batch["targets"]) != 0).sum() > 50
+    loss0, params0 = results["single"]
+    assert np.isfinite(loss0)
+    assert max(np.abs(params0[k] - initial[k]).max() for k in initial) > 1e-3
+    for name, (loss, params) in results.items():
+        assert loss == pytest.approx(loss0, rel=1e-5), name
+        for key, value in params0.items():
+            np.testing.assert_allclose(params[key], value, atol=2e-6, rtol=1e-5,
+                                       err_msg=f"{name} {key}")
+
+
+def test_killed_run_resumes_bit_for_bit(tmp_path):
+    """SIGKILL during step 5 (after the step-3 checkpoint), then a rerun: the same batches
+    (masks drawn per record while loading), losses and final parameters as an uninterrupted
+    run."""
+    overrides = {**SHORT, **small_corpus(tmp_path)}
+    reference = tmp_path / "reference", tmp_path / "reference.log"
+    run_in_process("mass_tiny", overrides, *reference)
+    ours = tmp_path / "w", tmp_path / "w.log"
+    interrupt("mass_tiny", overrides, *ours, step=5, sig=signal.SIGKILL)
+    run_in_process("mass_tiny", overrides, *ours)
+    assert len(assert_same_training("mass_tiny", overrides, ours, reference)) > 8
+
+
+def test_cli_trains_mass_tiny_with_falling_held_out_loss(tmp_path):
+    """`run.py pretrain --preset mass_tiny --data FILE`: the held-out loss falls between the
+    first and the last evaluation, to well below the uniform guess."""
+    data = small_corpus(tmp_path)
+    workdir = tmp_path / "run"
+    settings = [f"{key}={value}" for key, value in {**SHORT, **data}.items()
+                if key not in ("data.source", "train.steps", "train.eval_every",
+                               "train.log_every")]
+    assert run.main(["pretrain", "--preset", "mass_tiny", "--data", data["data.source"],
+                     "--workdir", str(workdir), *settings, "train.steps=40",
+                     "train.eval_every=20", "train.log_every=10"]) == 0
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [row["loss"] for row in rows if row["split"] == "eval"]
+    assert len(evaluations) == 2 and evaluations[-1] < evaluations[0] - 0.5, evaluations
+    assert evaluations[-1] < np.log(60) - 1.0, evaluations
