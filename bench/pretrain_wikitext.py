@@ -1,6 +1,7 @@
 """Pre-train a small model on WikiText-2 and report its held-out (valid split) metrics.
 
-    python -m bench.pretrain_wikitext [--preset bert_tiny|electra_tiny|xlnet_tiny] [--steps N]
+    python -m bench.pretrain_wikitext [--preset bert_tiny|electra_tiny|xlnet_tiny|unilm_tiny|
+        mass_tiny|...] [--steps N]
         [--workdir DIR] [section.key=value ...]
 
 Data: $PRETEXT_SHARED_DATA/wikitext-2 or ../shared/data/wikitext-2 (train.txt for training,
@@ -32,6 +33,7 @@ METHOD_OVERRIDES = {
     "electra": ["examples.max_predictions_per_seq=19", "model.max_position_embeddings=128"],
     "xlnet": ["examples.reuse_len=64", "examples.perm_size=64", "examples.num_predict=21",
               "model.reuse_len=64", "model.mem_len=96"],
+    "unilm": ["examples.max_predictions_per_seq=20"],
 }
 
 
@@ -58,7 +60,7 @@ def main() -> None:
     method = make_config(args.preset).method
     overrides = [
         f"data.source={data / 'train.txt'}", f"data.eval_source={data / 'valid.txt'}",
-        "data.vocab_size=8000", "examples.max_seq_length=128", *METHOD_OVERRIDES[method],
+        "data.vocab_size=8000", "examples.max_seq_length=128", *METHOD_OVERRIDES.get(method, []),
         f"train.steps={args.steps}",
         f"train.eval_every={max(args.steps // 5, 1)}", "train.eval_batches=40",
         f"train.checkpoint_every={args.steps}", "train.log_every=100",
