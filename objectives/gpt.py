@@ -31,8 +31,8 @@ from pretext_jax.objectives.preset_parts import (
 )
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 from pretext_jax.objectives.text import (
-    MAX_EVAL_EXAMPLES,
     check_max_seq_length,
+    held_out_examples,
     weighted_cross_entropy,
 )
 
@@ -63,7 +63,7 @@ def prepare_gpt(data: DataConfig, examples: gpt_examples.GPTExampleConfig, cache
     stream per input shard)."""
     build = functools.partial(build_blocks, examples)
     train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
-    eval_examples = held_out.examples(range(min(len(held_out), MAX_EVAL_EXAMPLES)))
+    eval_examples = held_out_examples(held_out)
     return PreparedData(
         train=train, eval=eval_examples,
         model_fields={"vocab_size": tokenizer.vocab_size, "eos_token_id": tokenizer.eos_id},

@@ -27,7 +27,7 @@ from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.objectives.preset_parts import T5_OPTIM, TINY_T5_MODEL, TINY_TEXT_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
-from pretext_jax.objectives.text import MAX_EVAL_EXAMPLES, encoder_decoder_loss, mask_records
+from pretext_jax.objectives.text import encoder_decoder_loss, held_out_examples
 
 
 def mass_loss(model: T5, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
@@ -53,9 +53,7 @@ def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, ca
     build = functools.partial(build_segments, examples)
     train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
     masking = mass_examples.MassMasking(MaskingVocab.from_tokenizer(tokenizer), examples)
-    eval_examples = mask_records(held_out.examples(range(min(len(held_out),
-                                                             MAX_EVAL_EXAMPLES))),
-                                 masking, seed + 2)
+    eval_examples = held_out_examples(held_out, masking, seed)
     return PreparedData(train=train, eval=eval_examples, transforms=(masking,),
                         model_fields={"vocab_size": tokenizer.vocab_size,
                                       "eos_token_id": tokenizer.sep_id},

@@ -39,9 +39,8 @@ from pretext_jax.objectives.registry import (
     summary_of,
 )
 from pretext_jax.objectives.text import (
-    MAX_EVAL_EXAMPLES,
     build_with_vocab,
-    mask_records,
+    held_out_examples,
     unigram_baselines,
     weighted_cross_entropy,
 )
@@ -73,8 +72,7 @@ def prepare_mpnet(data: DataConfig, examples: mpnet_examples.MPNetExampleConfig,
     train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
     sampling = mpnet_examples.MaskedPermutation(MaskingVocab.from_tokenizer(tokenizer),
                                                 examples)
-    eval_examples = mask_records(held_out.examples(range(min(len(held_out), MAX_EVAL_EXAMPLES))),
-                                 sampling, seed + 2)
+    eval_examples = held_out_examples(held_out, sampling, seed)
     weights = np.ones(eval_examples["target_ids"].shape)
     return PreparedData(
         train=train, eval=eval_examples, transforms=(sampling,),

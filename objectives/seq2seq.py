@@ -24,7 +24,7 @@ from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.t5 import PAD_ID, T5, T5Config, shift_right
 from pretext_jax.objectives.preset_parts import T5_OPTIM, TINY_T5_MODEL, TINY_TEXT_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
-from pretext_jax.objectives.text import MAX_EVAL_EXAMPLES, encoder_decoder_loss, mask_records
+from pretext_jax.objectives.text import encoder_decoder_loss, held_out_examples
 
 
 def seq2seq_loss(model: T5, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
@@ -56,9 +56,7 @@ def prepare_seq2seq(data: DataConfig, examples: seq2seq_examples.Seq2SeqExampleC
     train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
     vocab = seq2seq_examples.Seq2SeqVocab.from_tokenizer(tokenizer, examples.extra_ids)
     noising = seq2seq_examples.Seq2SeqNoising(vocab, examples)
-    eval_examples = mask_records(held_out.examples(range(min(len(held_out),
-                                                             MAX_EVAL_EXAMPLES))),
-                                 noising, seed + 2)
+    eval_examples = held_out_examples(held_out, noising, seed)
     return PreparedData(train=train, eval=eval_examples, transforms=(noising,),
                         model_fields={"vocab_size": vocab.vocab_size,
                                       "eos_token_id": vocab.eos_id},

@@ -61,6 +61,15 @@ def encoder_decoder_loss(model: T5, inputs: jax.Array, input_mask: jax.Array,
                                    jnp.float32(inputs.shape[0]))}
 
 
+def held_out_examples(held_out: Any, transform: grain.transforms.RandomMap | None = None,
+                      seed: int = 0) -> dict[str, np.ndarray]:
+    """The held-out records kept in memory for evaluation (at most `MAX_EVAL_EXAMPLES`), with
+    `transform` (masking, noising) drawn once with the fixed seed `seed + 2`, so held-out
+    numbers compare across runs."""
+    examples = held_out.examples(range(min(len(held_out), MAX_EVAL_EXAMPLES)))
+    return examples if transform is None else mask_records(examples, transform, seed + 2)
+
+
 def prepare_masked_lm(
     data: DataConfig, examples: Any, cache_dir: Path, seed: int,
     create_examples: Callable[..., Iterable[dict[str, np.ndarray]]], dynamic_masking: bool,
@@ -73,11 +82,8 @@ def prepare_masked_lm(
     build = functools.partial(build_with_vocab, create_examples, examples)
     train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
     vocab = bert_examples.MaskingVocab.from_tokenizer(tokenizer)
-    eval_examples = held_out.examples(range(min(len(held_out), MAX_EVAL_EXAMPLES)))
-    transforms = ()
-    if dynamic_masking:
-        transforms = (bert_examples.DynamicMasking(vocab, examples),)
-        eval_examples = mask_records(eval_examples, transforms[0], seed + 2)
+    transforms = (bert_examples.DynamicMasking(vocab, examples),) if dynamic_masking else ()
+    eval_examples = held_out_examples(held_out, transforms[0] if transforms else None, seed)
     return PreparedData(
         train=train,
         eval=eval_examples,
