@@ -361,9 +361,12 @@ def test_loading_a_workdir_verifies_its_latest_checkpoint(tmp_path, corpus_and_c
         load_model(workdir)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "in two full-suite runs under pytest-xdist on 2 cores (2026-11-24) the child exited 0 after "
-    "the SIGINT; it passes when run alone; cause not found yet (issue notes)"))
+def _signal_state(pid: int) -> str:
+    """The pending, blocked, ignored and caught signal masks of a process (/proc status)."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return " ".join(line.replace("\t", "") for line in lines if line.startswith("Sig"))
+
+
 def test_ctrl_c_during_tokenizer_training_is_an_interruption(tmp_path):
     """SIGINT while sentencepiece trains: exit 130 and "interrupted", never a bad-input
     message, and no tokenizer left half-written."""
@@ -380,9 +383,16 @@ def test_ctrl_c_during_tokenizer_training_is_an_interruption(tmp_path):
     for line in process.stdout:
         if line.startswith("training a sentencepiece tokenizer"):
             time.sleep(0.3)  # early in the ~1.4 s training
+            child_signals = _signal_state(process.pid)
             process.send_signal(signal.SIGINT)
             break
     _, err = process.communicate(timeout=300)
+    if process.returncode == 0 and not err:
+        # Seen twice in full-suite xdist runs on 2 cores, never alone (2026-11-24): the child
+        # never acted on the signal. Reported with the signal state so the cause can be found.
+        pytest.xfail(f"the SIGINT was not acted on; child {child_signals}; parent "
+                     f"{_signal_state(os.getpid())}, thread-blocked "
+                     f"{sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))}")
     assert process.returncode == 130 and err.strip().endswith("interrupted"), err[-2000:]
     assert "sentencepiece training failed" not in err and "Traceback" not in err
     assert not list((tmp_path / "w").rglob("tokenizer-*.model"))
