@@ -5,6 +5,7 @@ final parameters) to compare with an uninterrupted run."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -60,9 +61,12 @@ def train_losses(workdir: Path) -> dict[int, float]:
 
 
 def launch(preset: str, overrides: dict, workdir: Path, log: Path) -> subprocess.Popen:
+    """A worker process reading (never writing) this process's compilation cache."""
     spec = json.dumps({"preset": preset, "overrides": overrides})
+    cache = jax.config.jax_compilation_cache_dir or ""
     return subprocess.Popen([sys.executable, str(WORKER), spec, str(workdir), str(log)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PRETEXT_TEST_CACHE_DIR": cache})
 
 
 def wait_for_step(process: subprocess.Popen, log: Path, step: int) -> None:

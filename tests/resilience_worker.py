@@ -14,11 +14,17 @@ import os
 import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
-# No persistent compilation cache: a worker killed while writing an entry would leave it
-# truncated for the next process to load.
-import jax  # noqa: E402, F401
+import jax  # noqa: E402
+
+# The test process's persistent compilation cache, read only: its in-process reference run has
+# compiled the same programs (same XLA_FLAGS, so the same keys), and a worker never writes an
+# entry (a kill while writing one would leave it truncated for the next process to load).
+if os.environ.get("PRETEXT_TEST_CACHE_DIR"):
+    jax.config.update("jax_compilation_cache_dir", os.environ["PRETEXT_TEST_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
 
 from pretext_jax import objectives  # noqa: E402, F401  (registers the methods)
 from pretext_jax.pretrain.config import make_config  # noqa: E402
