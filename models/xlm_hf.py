@@ -70,6 +70,9 @@ def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> XLMConfig:
 
 
 def config_to_hf(config: XLMConfig) -> dict[str, Any]:
+    if config.is_decoder:
+        raise UserError("HF's XLM has no decoder with cross-attention; export the pretrained "
+                        "XLM, not a translation model's decoder")
     return {
         "model_type": "xlm", "architectures": ["XLMWithLMHeadModel"],
         "vocab_size": config.vocab_size, "emb_dim": config.hidden_size,
