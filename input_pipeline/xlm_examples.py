@@ -23,7 +23,8 @@
   and its translation, each between two end-of-sentence tokens, concatenated; positions restart
   at 0 for the translation, language ids per token; the same MLM masking covers both halves.
   Pairs with an empty side or a side longer than `max_sentence_length` tokens are dropped, as
-  XLM's `remove_long_sentences(max_len)` (100) does; nothing is truncated.
+  XLM's `remove_long_sentences(max_len)` (100) does; nothing is truncated. Held out: a separate
+  parallel corpus, or a fixed-seed fraction of the aligned lines (`LineSplit`).
 
 Every record has the same features: `input_ids`, `input_mask`, `positions`, `langs` (int32,
 [stream_length]), so stream and TLM records can share a loader.
@@ -60,6 +61,7 @@ from pretext_jax.input_pipeline.prepare import (
     load_tokenizer,
     prepare_text,
     source_fingerprint,
+    split_held_out,
     training_sentences,
 )
 from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
@@ -205,24 +207,51 @@ def train_sampled_tokenizer(readers: Mapping[str, Callable[[], Iterable[str]]],
     return SentencePieceTokenizer(model)
 
 
-def parallel_sentences(source: ParallelSource, language: str) -> Iterator[str]:
-    """The non-empty sentences of one language of a parallel corpus, in order."""
-    return (line[language] for line in source if line[language])
+@dataclasses.dataclass(frozen=True)
+class LineSplit:
+    """One side of a parallel corpus split by aligned lines: round(`fraction` x lines) lines
+    (at least one of two or more) are held out by a fixed-seed choice (`prepare.split_held_out`);
+    `held_out` picks that side or the rest. Every direction of a line falls on the same side,
+    so no held-out sentence or its translation is trained on."""
+
+    fraction: float
+    seed: int
+    held_out: bool
+
+    def lines(self, source: ParallelSource) -> Iterator[dict[str, str]]:
+        """The aligned lines of this side, in order (two passes: one counts the lines)."""
+        chosen = split_held_out(sum(1 for _ in source), self.fraction, self.seed)
+        return (line for line, held in zip(source, chosen, strict=True)
+                if held == self.held_out)
+
+
+def split_lines(source: ParallelSource, split: LineSplit | None) -> Iterable[dict[str, str]]:
+    """Every aligned line of `source`, or those of one side of `split`."""
+    return source if split is None else split.lines(source)
+
+
+def parallel_sentences(source: ParallelSource, language: str, split: LineSplit | None = None
+                       ) -> Iterator[str]:
+    """The non-empty sentences of one language of a parallel corpus (of one side of `split`),
+    in order."""
+    return (line[language] for line in split_lines(source, split) if line[language])
 
 
 def parallel_tokenizer(spec: str, data: DataConfig, config: XLMExampleConfig, cache_root: Path,
-                       seed: int) -> Tokenizer:
+                       seed: int, split: LineSplit | None = None) -> Tokenizer:
     """TLM without monolingual text: `data.tokenizer`, else a sentencepiece model shared by the
-    languages of the parallel corpus `spec`, trained on its sentences sampled by q ~ p^a (§3.1;
-    the languages of an aligned corpus have equal sentence counts, so equal shares)."""
+    languages of the parallel corpus `spec` (its lines of `split`, the training side), trained on
+    its sentences sampled by q ~ p^a (§3.1; the languages of an aligned corpus have equal
+    sentence counts, so equal shares)."""
     if data.tokenizer:
         return load_tokenizer(data)
     source = open_parallel(spec)
     settings = {k: v for k, v in dataclasses.asdict(data).items()
                 if k not in ("source", "eval_source", *LOADER_ONLY_FIELDS)}
-    key = fingerprint(source.fingerprint(), settings, config.language_alpha, seed)
+    key = fingerprint(source.fingerprint(), settings, config.language_alpha, seed,
+                      *([] if split is None else [dataclasses.asdict(split)]))
     Path(cache_root).mkdir(parents=True, exist_ok=True)
-    readers = {language: functools.partial(parallel_sentences, source, language)
+    readers = {language: functools.partial(parallel_sentences, source, language, split)
                for language in source.languages}
     return train_sampled_tokenizer(readers, data, config,
                                    Path(cache_root) / f"xlm-tlm-tokenizer-{key}.model", seed)
@@ -466,16 +495,19 @@ def tlm_examples(lines: Iterable[Mapping[str, str]], languages: Sequence[str],
 
 
 def prepare_tlm(spec: str, tokenizer: Tokenizer, config: XLMExampleConfig,
-                ids: Mapping[str, int], cache_root: Path) -> RecordDirectory:
-    """TLM records of the parallel corpus `spec` (`parallel.open_parallel`), streamed into
-    ArrayRecord files under `cache_root` (kept: a key of the files, tokenizer and settings)."""
+                ids: Mapping[str, int], cache_root: Path, split: LineSplit | None = None
+                ) -> RecordDirectory:
+    """TLM records of the parallel corpus `spec` (`parallel.open_parallel`), of every line or
+    of one side of `split`, streamed into ArrayRecord files under `cache_root` (kept: a key of
+    the files, tokenizer, settings and split)."""
     source = open_parallel(spec)
     model_file = getattr(tokenizer, "model_file", None)
     tokenizer_key = (hashlib.sha256(Path(model_file).read_bytes()).hexdigest() if model_file
                      else [type(tokenizer).__name__, tokenizer.vocab_size])
-    key = fingerprint(source.fingerprint(), tokenizer_key, dataclasses.asdict(config), ids)
+    key = fingerprint(source.fingerprint(), tokenizer_key, dataclasses.asdict(config), ids,
+                      *([] if split is None else [dataclasses.asdict(split)]))
     directory = Path(cache_root) / f"tlm-{key}"
     if not (directory / SPEC_FILE).is_file():
-        write_records(tlm_examples(source, source.languages, tokenizer, config, ids), directory,
-                      metadata={"source": spec})
+        write_records(tlm_examples(split_lines(source, split), source.languages, tokenizer,
+                                   config, ids), directory, metadata={"source": spec})
     return RecordDirectory(directory)

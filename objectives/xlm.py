@@ -7,9 +7,10 @@ Data (`input_pipeline.xlm_examples`): CLM / MLM read `data.source` = `en=PATH,de
 sources), one shared sentencepiece vocabulary sampled by q ~ p^0.5, 256-token streams per
 language mixed by q while loading (`LanguageMixture`; languages mix within a batch, where XLM
 gives each step one language); held-out = `data.held_out_fraction` of every language. TLM reads
-a parallel corpus (`input_pipeline.parallel`) in `data.source` and its held-out pairs from the
-parallel corpus `data.eval_source`. MLM/TLM masks are drawn at every load by count^-0.5
-weights (`XLMMasking`); held-out masks are drawn once with a fixed seed (`text.mask_records`).
+a parallel corpus (`input_pipeline.parallel`) in `data.source` and holds out the parallel
+corpus `data.eval_source`, or without one `data.held_out_fraction` of the aligned lines. MLM/TLM
+masks are drawn at every load by count^-0.5 weights (`XLMMasking`); held-out masks are drawn
+once with a fixed seed (`text.mask_records`).
 
 Losses (facebookresearch/XLM src/trainer.py `clm_step`, `mlm_step`): CLM = next-token
 cross-entropy over the real tokens of a stream; MLM / TLM = cross-entropy at the masked
@@ -19,6 +20,7 @@ translation) and per-token language ids.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -106,18 +108,30 @@ def prepare_streams(data: DataConfig, examples: xlm_examples.XLMExampleConfig, c
     return train, held_out, tokenizer, len(prepared), sum(counts.values())
 
 
+def tlm_splits(data: DataConfig, seed: int
+               ) -> tuple[xlm_examples.LineSplit | None, tuple[str, xlm_examples.LineSplit | None]]:
+    """Where TLM's training and held-out pairs come from: all of `data.source` and the parallel
+    corpus `data.eval_source`, or without one, `data.held_out_fraction` of `data.source`'s
+    aligned lines held out (fixed seed) and the rest trained on."""
+    if data.eval_source:
+        return None, (data.eval_source, None)
+    split = functools.partial(xlm_examples.LineSplit, data.held_out_fraction, seed)
+    return split(held_out=False), (data.source, split(held_out=True))
+
+
 def prepare_translation_pairs(data: DataConfig, examples: xlm_examples.XLMExampleConfig,
                               cache_dir: Path, seed: int
                               ) -> tuple[Any, dict[str, np.ndarray], Any, int, np.ndarray]:
-    """TLM: (training pairs of `data.source`, held-out pairs of `data.eval_source`, tokenizer
-    shared by the parallel languages, number of languages, training token counts)."""
-    if not data.eval_source:
-        raise UserError("TLM holds out a separate parallel corpus; set data.eval_source (e.g. "
-                        "val.en,val.de)")
-    tokenizer = xlm_examples.parallel_tokenizer(data.source, data, examples, cache_dir, seed)
+    """TLM: (training pairs, held-out pairs (`tlm_splits`), tokenizer shared by the parallel
+    languages, number of languages, training token counts)."""
+    train_split, (eval_spec, eval_split) = tlm_splits(data, seed)
+    tokenizer = xlm_examples.parallel_tokenizer(data.source, data, examples, cache_dir, seed,
+                                                train_split)
     ids = xlm_examples.language_ids(open_parallel(data.source).languages)
-    train = xlm_examples.prepare_tlm(data.source, tokenizer, examples, ids, cache_dir)
-    held_out = xlm_examples.prepare_tlm(data.eval_source, tokenizer, examples, ids, cache_dir)
+    train = xlm_examples.prepare_tlm(data.source, tokenizer, examples, ids, cache_dir,
+                                     train_split)
+    held_out = xlm_examples.prepare_tlm(eval_spec, tokenizer, examples, ids, cache_dir,
+                                        eval_split)
     counts = xlm_examples.stream_statistics(train, tokenizer.vocab_size)
     return train, held_out_examples([held_out]), tokenizer, len(ids), counts
 

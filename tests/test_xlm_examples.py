@@ -14,15 +14,18 @@ import pytest
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
+from pretext_jax.input_pipeline.parallel import open_parallel
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.input_pipeline.records import RecordDirectory, make_loader, write_records
 from pretext_jax.input_pipeline.xlm_examples import (
     LanguageMixture,
+    LineSplit,
     XLMExampleConfig,
     XLMMasking,
     language_ids,
     language_probabilities,
     mask_weights,
+    parallel_sentences,
     parse_corpora,
     prepare_streams,
     prepare_tlm,
@@ -190,6 +193,31 @@ def test_tlm_record_resets_positions_and_gives_each_half_its_language():
         halves += np.bincount(long_row["langs"][positions], minlength=2)
         np.testing.assert_array_equal(out["positions"], long_row["positions"])
     assert halves.min() > 100
+
+
+def test_tlm_held_out_fraction_splits_aligned_lines_with_both_directions_on_one_side(tmp_path):
+    # Line i: "i+100" in en, "i+500" in de, so a record names its line.
+    for language, offset in (("en", 100), ("de", 500)):
+        (tmp_path / f"p.{language}").write_text("".join(f"{i + offset}\n" for i in range(40)))
+    spec = f"{tmp_path / 'p.en'},{tmp_path / 'p.de'}"
+    config, ids = XLMExampleConfig(stream_length=16, max_sentence_length=4), {"de": 0, "en": 1}
+
+    def lines(split: LineSplit) -> list[set[int]]:
+        """The line numbers of each direction's records (de-en, en-de) of that side."""
+        records = prepare_tlm(spec, WordTokenizer(), config, ids, tmp_path / "cache", split)
+        rows = records.examples(range(len(records)))
+        first = rows["input_ids"][:, 1]
+        return [{int(t) - 100 if t < 500 else int(t) - 500 for t in first[rows["langs"][:, 0]
+                                                                         == lang]}
+                for lang in (0, 1)]
+
+    train, held = lines(LineSplit(0.2, 3, False)), lines(LineSplit(0.2, 3, True))
+    assert train[0] == train[1] and held[0] == held[1]  # both directions of a line, one side
+    assert len(held[0]) == 8 and held[0] | train[0] == set(range(40)) and not held[0] & train[0]
+    assert lines(LineSplit(0.2, 3, True)) == held and lines(LineSplit(0.2, 4, True)) != held
+    # The tokenizer of a split corpus reads the training side's sentences only.
+    sentences = parallel_sentences(open_parallel(spec), "de", LineSplit(0.2, 3, False))
+    assert [int(s) - 500 for s in sentences] == sorted(train[0])
 
 
 def test_masked_loading_is_deterministic_per_seed(tmp_path):

@@ -195,8 +195,6 @@ def test_workdir_converts_to_hf_and_back(corpora, tmp_path):
 
 
 def test_config_errors(corpora, tmp_path):
-    with pytest.raises(UserError, match="data.eval_source"):
-        tiny_trainer(tmp_path / "a", {**task_settings("tlm", corpora), "data.eval_source": ""})
     with pytest.raises(UserError, match="examples.task=clm"):
         make_config("xlm_tiny", {"model.causal": True})
     with pytest.raises(UserError, match="examples.task"):
