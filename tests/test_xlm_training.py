@@ -65,8 +65,11 @@ def corpora(tmp_path_factory) -> dict[str, str]:
 
 
 def task_settings(task: str, corpora: dict[str, str]) -> dict:
+    """TLM holds out the valid pairs; MLM + TLM holds out a fraction of the training pairs."""
     source = {"data.source": corpora["train"], "data.eval_source": corpora["valid"]} if (
         task == "tlm") else {"data.source": corpora["mono"]}
+    if task == "mlm_tlm":
+        source["examples.tlm_source"] = corpora["train"]
     return {**TINY, **source, "examples.task": task, "data.cache_dir": corpora["data.cache_dir"]}
 
 
@@ -75,7 +78,7 @@ def eval_losses(workdir: Path) -> list[float]:
     return [row["loss"] for row in rows if row["split"] == "eval"]
 
 
-@pytest.mark.parametrize("task", ["mlm", "tlm", "clm"])
+@pytest.mark.parametrize("task", ["mlm", "tlm", "clm", "mlm_tlm"])
 def test_each_task_trains_from_the_cli_with_falling_held_out_loss(task, corpora, tmp_path):
     settings = {**task_settings(task, corpora), "train.steps": 30, "train.eval_every": 10,
                 "train.checkpoint_every": 30, "optim.learning_rate": 5e-3}
@@ -156,8 +159,42 @@ def test_same_step_on_every_mesh(task, corpora, tmp_path):
                                        err_msg=f"{name} {key}")
 
 
+def test_mlm_tlm_steps_alternate_one_language_or_pair_per_batch(corpora, tmp_path):
+    """Each training batch is one step of the schedule: a language's streams (positions
+    0..n-1, its language id) or the en-de / de-en pairs (positions reset, a language per
+    half), with 2 monolingual then 2 pair steps per cycle; and TLM is held out by a fraction
+    of the parallel lines."""
+    trainer = tiny_trainer(tmp_path / "w", task_settings("mlm_tlm", corpora),
+                           **{"data.held_out_fraction": 0.25})
+    schedule = trainer.data.step_source(16)
+    assert set(schedule.names) == {"en", "de", "de-en", "en-de"} and schedule.cycle_steps == 4
+    ids = {"de": 0, "en": 1}
+    iterator = trainer.data_iterator()
+    seen = []
+    for step in range(12):
+        batch = next(iterator)
+        name = schedule.names[schedule.step_set(step)]
+        seen.append(name)
+        assert (step % 4 < 2) == ("-" not in name)
+        for row in range(16):
+            real = batch["input_mask"][row] > 0
+            langs, positions = batch["langs"][row][real], batch["positions"][row][real]
+            if "-" not in name:
+                assert (langs == ids[name]).all()
+                np.testing.assert_array_equal(positions, np.arange(real.sum()))
+            else:
+                second = int(np.flatnonzero(positions == 0)[1])
+                assert (langs[:second] == ids[name[:2]]).all() and (
+                    langs[second:] == ids[name[3:]]).all()
+    assert {"en", "de"} <= set(seen) and {"de-en", "en-de"} <= set(seen)
+    # The held-out set interleaves the languages' streams and the held-out pairs.
+    held = trainer.data.eval
+    pairs = (held["positions"][:, 1:] == 0).any(axis=1)
+    assert 0 < pairs[:16].sum() < 16 and pairs.sum() >= 2 * 100 * 0.25 * 0.9
+
+
 def test_killed_run_resumes_bit_for_bit(corpora, tmp_path):
-    overrides = {**task_settings("mlm", corpora), "train.steps": 8, "train.checkpoint_every": 3,
+    overrides = {**task_settings("mlm_tlm", corpora), "train.steps": 8, "train.checkpoint_every": 3,
                  "train.eval_every": 1000, "train.eval_batches": 1}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("xlm_tiny", overrides, *reference)
@@ -199,5 +236,10 @@ def test_config_errors(corpora, tmp_path):
         make_config("xlm_tiny", {"model.causal": True})
     with pytest.raises(UserError, match="examples.task"):
         make_config("xlm_tiny", {"examples.task": "mt"})
+    with pytest.raises(UserError, match="model.is_decoder=false"):
+        make_config("xlm_tiny", {"model.is_decoder": True, "model.causal": True,
+                                 "examples.task": "clm"})
+    with pytest.raises(UserError, match="examples.tlm_source"):
+        make_config("xlm_tiny", {"examples.task": "mlm_tlm"})
     with pytest.raises(UserError, match="stream_length"):
         make_config("xlm_tiny", {"model.max_position_embeddings": 32})
