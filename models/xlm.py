@@ -76,6 +76,8 @@ class XLMConfig(TransformerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not self.is_xlm:
+            return
         if self.intermediate_size != 4 * self.hidden_size:
             raise ValueError(f"XLM's feed-forward is 4 x hidden_size; set intermediate_size="
                              f"{4 * self.hidden_size} (not {self.intermediate_size})")
@@ -90,6 +92,12 @@ class XLMConfig(TransformerConfig):
     @property
     def has_lang_embeddings(self) -> bool:
         return self.n_langs > 1 and self.use_lang_emb
+
+    @property
+    def is_xlm(self) -> bool:
+        """Whether these fields describe an XLM, so that XLM's checks apply (a config holding
+        several families' fields, as fine-tuning's, tells by its head)."""
+        return True
 
 
 def sinusoidal_positions(num: int, dim: int) -> np.ndarray:
@@ -142,9 +150,11 @@ class XLMOutput:
 
 
 class XLM(nnx.Module):
-    """XLM with its prediction layer (HF `XLMWithLMHeadModel` without adaptive softmax)."""
+    """XLM with its prediction layer (HF `XLMWithLMHeadModel` without adaptive softmax);
+    `with_output=False` leaves the prediction layer's bias out (the reference's `with_output`;
+    HF `XLMModel`), for a classifier on top."""
 
-    def __init__(self, config: XLMConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: XLMConfig, *, rngs: nnx.Rngs, with_output: bool = True):
         h = config.hidden_size
         normal = nnx.initializers.normal(config.embed_init_std)
         self.config = config
@@ -162,8 +172,8 @@ class XLM(nnx.Module):
             layer = XLMDecoderLayer if config.is_decoder else EncoderLayer
             self.layers = stacked_layers(lambda r: layer(config, rngs=r), config.num_layers,
                                          rngs)
-            self.output_bias = nnx.Param(jnp.zeros((config.vocab_size,)),
-                                         out_sharding=("vocab",))
+            self.output_bias = (nnx.Param(jnp.zeros((config.vocab_size,)),
+                                          out_sharding=("vocab",)) if with_output else None)
 
     def position_table(self, position_ids: jax.Array) -> jax.Array:
         """The position embeddings of `position_ids` [B or 1, T] -> [B or 1, T, H]."""
@@ -184,12 +194,29 @@ class XLM(nnx.Module):
         encoder_mask: jax.Array | None = None,
         rng: jax.Array | None = None,
     ) -> XLMOutput:
+        """`hidden` and the prediction layer's `logits` (see `hidden`; `masked_positions`
+        [B, P] gathers rows before the vocabulary projection)."""
+        hidden = self.hidden(input_ids, attention_mask, langs=langs, position_ids=position_ids,
+                             encoded=encoded, encoder_mask=encoder_mask, rng=rng)
+        return XLMOutput(hidden_states=hidden, logits=self.logits(hidden, masked_positions))
+
+    def hidden(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        *,
+        langs: jax.Array | None = None,
+        position_ids: jax.Array | None = None,
+        encoded: jax.Array | None = None,
+        encoder_mask: jax.Array | None = None,
+        rng: jax.Array | None = None,
+    ) -> jax.Array:
         """`input_ids` [B, T]; `attention_mask` [B, T] (1 = token; default: ids !=
         `pad_token_id`, as HF's lengths for right-padded rows); `langs` [B, T] language ids
         (none added when None, as HF); `position_ids` [B, T] (default 0..T-1; TLM restarts
         them for the translation, §3.3). With `causal`, a query sees the non-padding keys at
         or before it (HF's causal mask ignores padding; the two agree on right-padded rows).
-        `masked_positions` [B, P] gathers rows before the vocabulary projection. A decoder
+        Returns the last hidden states [B, T, H], zero at padding. A decoder
         (`is_decoder`) cross-attends to `encoded` [B, S, H] at the keys where `encoder_mask`
         [B, S] is 1 (the reference's `src_enc`, `src_len`). `rng` enables dropout (None =
         deterministic)."""
@@ -222,8 +249,7 @@ class XLM(nnx.Module):
                 return layer(h, mask, encoded, cross_mask, key) * keep, None
             return layer(h, mask, key) * keep, None
 
-        hidden = run_stacked(self.layers, apply, x, keys, c)[0]  # [B, T, H]
-        return XLMOutput(hidden_states=hidden, logits=self.logits(hidden, masked_positions))
+        return run_stacked(self.layers, apply, x, keys, c)[0]  # [B, T, H]
 
     def logits(self, hidden: jax.Array, masked_positions: jax.Array | None = None) -> jax.Array:
         """The prediction layer (`PredLayer`): hidden [B, T, H] (rows `masked_positions`
@@ -277,7 +303,7 @@ class XLMTranslation(nnx.Module):
                ) -> jax.Array:
         """`input_ids` [B, S] (mask default: ids != pad), `language_ids` [B, S] -> [B, S, H],
         zero at padding (the reference's `encoder('fwd', causal=False)`)."""
-        return self.encoder(input_ids, attention_mask, langs=language_ids, rng=rng).hidden_states
+        return self.encoder.hidden(input_ids, attention_mask, langs=language_ids, rng=rng)
 
     def decode(self, decoder_input_ids: jax.Array, encoded: jax.Array, attention_mask: jax.Array,
                decoder_attention_mask: jax.Array | None = None, rng: jax.Array | None = None,
@@ -285,8 +311,8 @@ class XLMTranslation(nnx.Module):
         """Decoder states [B, T, H] of `decoder_input_ids` [B, T] (first token
         `decoder_start_token_id`; mask default: ids != pad), causal, attending to the `encoded`
         [B, S, H] source positions where `attention_mask` [B, S] is 1."""
-        return self.decoder(decoder_input_ids, decoder_attention_mask, langs=language_ids,
-                            encoded=encoded, encoder_mask=attention_mask, rng=rng).hidden_states
+        return self.decoder.hidden(decoder_input_ids, decoder_attention_mask, langs=language_ids,
+                                   encoded=encoded, encoder_mask=attention_mask, rng=rng)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """[B, T, H] -> [B, T, V]: the decoder's prediction layer (tied to its embeddings)."""
