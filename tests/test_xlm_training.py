@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 from resilience_utils import GRADIENT_STEP, assert_same_training, interrupt, run_in_process
 
 from pretext_jax import run
@@ -243,3 +244,57 @@ def test_config_errors(corpora, tmp_path):
         make_config("xlm_tiny", {"examples.task": "mlm_tlm"})
     with pytest.raises(UserError, match="stream_length"):
         make_config("xlm_tiny", {"model.max_position_embeddings": 32})
+
+
+def test_glue_finetune_from_a_pretrained_xlm_workdir_and_export_to_hf(corpora, tmp_path):
+    """A pre-trained xlm_tiny workdir fine-tunes on a tiny SST-2 (label: "cat" or "dog" in the
+    sentence) with XLM's recipe and input layout, starting from its weights, and the classifier
+    exports to HF `XLMForSequenceClassification` with the same logits."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.finetune import finetune, finetune_config
+
+    workdir = tmp_path / "pretrained"
+    Trainer(make_config("xlm_tiny", {**task_settings("mlm", corpora), "train.steps": 2,
+                                     "train.eval_every": 2, "train.eval_batches": 1}),
+            workdir).run()
+    glue = tmp_path / "glue" / "SST-2"
+    glue.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 160), ("dev", 48)):
+        labels = rng.integers(0, 2, count)
+        rows = []
+        for label in labels:
+            words = [*rng.choice(WORDS["en"][4:], 5), "cat" if label else "dog"]
+            rng.shuffle(words)
+            rows.append(f"{' '.join(words)}\t{label}")
+        (glue / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    config = finetune_config("sst2", str(workdir), str(glue.parent),
+                             ["examples.max_seq_length=16", "optim.learning_rate=5e-3",
+                              "train.progress=false"], epochs=2)
+    assert (config.model["head"], config.examples["layout"]) == ("xlm", "xlm")
+    assert (config.train.batch_size, config.optim.schedule, config.optim.warmup_steps,
+            config.optim.eps, config.train.steps) == (8, "constant", 0, 1e-8, 40)
+    trainer = Trainer(config, tmp_path / "run")
+    pretrained = load_model(workdir)
+    params = nnx.to_pure_dict(trainer.init_state().params)["transformer"]
+    np.testing.assert_array_equal(params["word_embeddings"]["embedding"],
+                                  pretrained.word_embeddings.embedding[...])
+    np.testing.assert_array_equal(params["layers"]["query"]["kernel"],
+                                  pretrained.layers.query.kernel[...])
+    dev = trainer.data.eval
+    eos = trainer.data.tokenizer.eos_id
+    assert (dev["input_ids"][:, 0] == eos).all()  # </s> A </s>
+    lengths = dev["attention_mask"].sum(1)
+    assert (dev["input_ids"][np.arange(len(lengths)), lengths - 1] == eos).all()
+    result = finetune(config, tmp_path / "run")
+    assert result["dev"]["accuracy"] > 0.8 and not result["at_majority_baseline"], result
+    assert run.main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    reference = transformers.XLMForSequenceClassification.from_pretrained(tmp_path / "hf")
+    ours = load_model(tmp_path / "run")
+    ids, mask = dev["input_ids"][:4], dev["attention_mask"][:4]
+    with torch.no_grad():
+        expected = reference.eval()(input_ids=torch.tensor(ids, dtype=torch.long),
+                                    attention_mask=torch.tensor(mask)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours(ids, None, mask)), expected, atol=1e-5)
