@@ -172,10 +172,13 @@ def test_mlm_tlm_steps_alternate_one_language_or_pair_per_batch(corpora, tmp_pat
     ids = {"de": 0, "en": 1}
     iterator = trainer.data_iterator()
     seen = []
+    state = trainer.init_state()
     for step in range(12):
         batch = next(iterator)
         name = schedule.names[schedule.step_set(step)]
         seen.append(name)
+        if step < 4:  # a whole cycle: MLM and TLM batches, one compiled step
+            state, _ = trainer.train_step(state, batch)
         assert (step % 4 < 2) == ("-" not in name)
         for row in range(16):
             real = batch["input_mask"][row] > 0
@@ -188,6 +191,7 @@ def test_mlm_tlm_steps_alternate_one_language_or_pair_per_batch(corpora, tmp_pat
                 assert (langs[:second] == ids[name[:2]]).all() and (
                     langs[second:] == ids[name[3:]]).all()
     assert {"en", "de"} <= set(seen) and {"de-en", "en-de"} <= set(seen)
+    assert trainer._train_step._cache_size() == 1
     # The held-out set interleaves the languages' streams and the held-out pairs.
     held = trainer.data.eval
     pairs = (held["positions"][:, 1:] == 0).any(axis=1)
