@@ -128,10 +128,10 @@ def prepare_pairs(sets: XLMSets, spec: str, eval_spec: str, data: DataConfig,
                                                       seed)
     for first, second in xlm_examples.tlm_directions(open_parallel(spec).languages, examples):
         direction = dataclasses.replace(examples, tlm_pairs=f"{first}-{second}")
-        sets.pairs[f"{first}-{second}"] = tuple(  # type: ignore[assignment]
-            xlm_examples.prepare_tlm(source, sets.tokenizer, direction, sets.ids, cache_dir,
-                                     split)
-            for source, split in ((spec, train_split), (held_spec, held_split)))
+        train, held = (xlm_examples.prepare_tlm(source, sets.tokenizer, direction, sets.ids,
+                                                cache_dir, split)
+                       for source, split in ((spec, train_split), (held_spec, held_split)))
+        sets.pairs[f"{first}-{second}"] = (train, held)
 
 
 def prepare_sets(data: DataConfig, examples: xlm_examples.XLMExampleConfig, cache_dir: Path,
