@@ -376,8 +376,10 @@ def prepare_text(method_name: str, corpus: Path, workdir: Path) -> tuple[Any, An
                                   *overrides])
     method = registry.get(config.method)
     prepared = method.prepare(config.data, config.example_config(), cache, config.train.seed)
-    return (prepared.train, prepared.transforms, config.train.batch_size,
-            not prepared.batch_layout)
+    batch = config.train.batch_size
+    if prepared.step_source is not None:  # read in order, as the trainer does
+        return prepared.step_source(batch), prepared.transforms, batch, False
+    return prepared.train, prepared.transforms, batch, not prepared.batch_layout
 
 
 def text_loader(records: Any, transforms: Sequence[Any], batch_size: int, shuffle: bool,

@@ -286,8 +286,10 @@ def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_length: int)
 
 
 # Input layouts: BERT's `[CLS] A [SEP] B [SEP]`, padded on the right; XLNet's
-# `A <sep> B <sep> <cls>`, padded on the left.
-LAYOUTS = ("bert", "xlnet")
+# `A <sep> B <sep> <cls>`, padded on the left; XLM's `</s> A </s> B </s>` (facebookresearch/XLM
+# glue.py: each sentence between </s>, a pair joined by `concat_batches` on the shared </s>),
+# padded on the right.
+LAYOUTS = ("bert", "xlnet", "xlm")
 # zihangdai/xlnet classifier_utils.py segment ids of XLNet's <cls> and of padding.
 SEG_ID_CLS, SEG_ID_PAD = 2, 4
 
@@ -295,13 +297,14 @@ SEG_ID_CLS, SEG_ID_PAD = 2, 4
 def _with_specials(tokens_a: list[int], tokens_b: list[int] | None, tokenizer: Tokenizer,
                    layout: str) -> tuple[list[int], list[int]]:
     """(ids, token types) of one example: A and its separator type 0, B and its separator type
-    1; BERT puts [CLS] (type 0) first, XLNet <cls> (type `SEG_ID_CLS`) last."""
+    1; BERT puts [CLS] (type 0) first, XLNet <cls> (type `SEG_ID_CLS`) last, XLM </s> (the
+    tokenizer's `eos_id`, type 0) first."""
     ids, types = [*tokens_a, tokenizer.sep_id], [0] * (len(tokens_a) + 1)
     if tokens_b is not None:
         ids += [*tokens_b, tokenizer.sep_id]
         types += [1] * (len(tokens_b) + 1)
-    if layout == "bert":
-        return [tokenizer.cls_id, *ids], [0, *types]
+    if layout in ("bert", "xlm"):
+        return [tokenizer.cls_id if layout == "bert" else tokenizer.eos_id, *ids], [0, *types]
     return [*ids, tokenizer.cls_id], [*types, SEG_ID_CLS]
 
 
@@ -310,7 +313,8 @@ def encode_glue(split: GlueSplit, tokenizer: Tokenizer, max_seq_length: int,
     """`convert_single_example` of google-research/bert run_classifier.py (`layout="bert"`):
     `[CLS] A [SEP]` with token type 0, then `B [SEP]` with type 1 for pairs, padded on the right;
     or of zihangdai/xlnet classifier_utils.py (`layout="xlnet"`): `A <sep>` type 0, `B <sep>`
-    type 1, `<cls>` type 2, padded on the left with segment id 4. An empty B is left out (as
+    type 1, `<cls>` type 2, padded on the left with segment id 4; or of facebookresearch/XLM
+    glue.py (`layout="xlm"`): `</s> A </s> B </s>`, padded on the right. An empty B is left out (as
     `if example.text_b` there does); the pair is truncated longest-first (`truncate_seq_pair`).
     Padding uses `pad_id` (XLNet's TF code pads with id 0, which the mask hides just the same).
     Returns int32 `input_ids`, `token_type_ids`, `attention_mask` (1 = real token; the TF
@@ -325,7 +329,7 @@ def encode_glue(split: GlueSplit, tokenizer: Tokenizer, max_seq_length: int,
                         f"{specials} (BERT and XLNet fine-tune with 128)")
     count = len(split.texts_a)
     input_ids = np.full((count, max_seq_length), tokenizer.pad_id, np.int32)
-    token_type_ids = np.full((count, max_seq_length), 0 if layout == "bert" else SEG_ID_PAD,
+    token_type_ids = np.full((count, max_seq_length), SEG_ID_PAD if layout == "xlnet" else 0,
                              np.int32)
     attention_mask = np.zeros((count, max_seq_length), np.int32)
     for row, text_a in enumerate(split.texts_a):
@@ -338,7 +342,8 @@ def encode_glue(split: GlueSplit, tokenizer: Tokenizer, max_seq_length: int,
         else:
             del tokens_a[max_seq_length - 2:]
         ids, types = _with_specials(tokens_a, tokens_b, tokenizer, layout)
-        span = slice(0, len(ids)) if layout == "bert" else slice(max_seq_length - len(ids), None)
+        span = (slice(max_seq_length - len(ids), None) if layout == "xlnet"
+                else slice(0, len(ids)))
         input_ids[row, span] = ids
         token_type_ids[row, span] = types
         attention_mask[row, span] = 1

@@ -9,10 +9,11 @@
   the end-of-sentence token (the tokenizer's `eos_id`), form one token stream cut into pieces of
   `stream_length` tokens (256, XLM's `bptt`); each piece is a record tagged with its language
   (`stream_examples`, one `prepare.prepare_text` preparation per language). The last piece of a
-  shard is padded (`input_mask` 0). Languages are mixed while loading by `LanguageMixture`:
-  a language drawn with probability q_i over the languages' sentence counts (XLM
-  `set_sampling_probs` / `shuf_order` with `lg_sampling_factor`; a language's count is the
-  end-of-sentence count of `stream_statistics`), then one of its pieces.
+  shard is padded (`input_mask` 0).
+- Steps (XLM train.py `--mlm_steps 'en,de,en-de'`, `shuf_order`, `get_batch`): every training
+  step reads one language's streams or one language pair's TLM records, chosen in cycles by
+  `StepSchedule` (languages by q_i over the languages' sentence counts, the end-of-sentence
+  counts of `stream_statistics`; pairs by q over their pair counts).
 - MLM masking (§3.3; XLM `mask_out` with `sample_alpha`): 15 % of a record's tokens are chosen
   without replacement with weights proportional to count^-0.5 (the square root of the inverse
   corpus frequency; `mask_weights`), never the specials, padding or tokens that never occur;
@@ -23,7 +24,8 @@
   and its translation, each between two end-of-sentence tokens, concatenated; positions restart
   at 0 for the translation, language ids per token; the same MLM masking covers both halves.
   Pairs with an empty side or a side longer than `max_sentence_length` tokens are dropped, as
-  XLM's `remove_long_sentences(max_len)` (100) does; nothing is truncated.
+  XLM's `remove_long_sentences(max_len)` (100) does; nothing is truncated. Held out: a separate
+  parallel corpus, or a fixed-seed fraction of the aligned lines (`LineSplit`).
 
 Every record has the same features: `input_ids`, `input_mask`, `positions`, `langs` (int32,
 [stream_length]), so stream and TLM records can share a loader.
@@ -60,13 +62,14 @@ from pretext_jax.input_pipeline.prepare import (
     load_tokenizer,
     prepare_text,
     source_fingerprint,
+    split_held_out,
     training_sentences,
 )
 from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
 from pretext_jax.input_pipeline.tokenizers import SentencePieceTokenizer, Tokenizer
 
 FEATURES = ("input_ids", "input_mask", "positions", "langs")
-TASKS = ("clm", "mlm", "tlm")
+TASKS = ("clm", "mlm", "tlm", "mlm_tlm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +97,11 @@ class XLMExampleConfig:
     """TLM directions, e.g. en-de,de-en; empty = every ordered pair of the parallel languages."""
     task: str = "mlm"
     """What the records are for (§3.1-3.3): clm or mlm (streams of monolingual text, data.source
-    en=PATH,de=PATH) or tlm (translation pairs, data.source a parallel corpus)."""
+    en=PATH,de=PATH), tlm (translation pairs, data.source a parallel corpus) or mlm_tlm (MLM
+    steps on each language and TLM steps on each pair, alternating as the paper trains)."""
+    tlm_source: str = ""
+    """mlm_tlm: the parallel corpus of the TLM steps (as data.source for tlm); its
+    data.held_out_fraction of lines is held out."""
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -112,6 +119,9 @@ class XLMExampleConfig:
         if self.mask_alpha < 0.0:
             raise UserError(f"examples.mask_alpha={self.mask_alpha} must be >= 0 (0.5 = square "
                             "root of the inverse frequency)")
+        if (self.task == "mlm_tlm") != bool(self.tlm_source):
+            raise UserError("examples.task=mlm_tlm reads its TLM pairs from examples.tlm_source "
+                            "(e.g. train.en,train.de), and only it; set both or neither")
         check_masking(self)
 
 
@@ -205,24 +215,51 @@ def train_sampled_tokenizer(readers: Mapping[str, Callable[[], Iterable[str]]],
     return SentencePieceTokenizer(model)
 
 
-def parallel_sentences(source: ParallelSource, language: str) -> Iterator[str]:
-    """The non-empty sentences of one language of a parallel corpus, in order."""
-    return (line[language] for line in source if line[language])
+@dataclasses.dataclass(frozen=True)
+class LineSplit:
+    """One side of a parallel corpus split by aligned lines: round(`fraction` x lines) lines
+    (at least one of two or more) are held out by a fixed-seed choice (`prepare.split_held_out`);
+    `held_out` picks that side or the rest. Every direction of a line falls on the same side,
+    so no held-out sentence or its translation is trained on."""
+
+    fraction: float
+    seed: int
+    held_out: bool
+
+    def lines(self, source: ParallelSource) -> Iterator[dict[str, str]]:
+        """The aligned lines of this side, in order (two passes: one counts the lines)."""
+        chosen = split_held_out(sum(1 for _ in source), self.fraction, self.seed)
+        return (line for line, held in zip(source, chosen, strict=True)
+                if held == self.held_out)
+
+
+def split_lines(source: ParallelSource, split: LineSplit | None) -> Iterable[dict[str, str]]:
+    """Every aligned line of `source`, or those of one side of `split`."""
+    return source if split is None else split.lines(source)
+
+
+def parallel_sentences(source: ParallelSource, language: str, split: LineSplit | None = None
+                       ) -> Iterator[str]:
+    """The non-empty sentences of one language of a parallel corpus (of one side of `split`),
+    in order."""
+    return (line[language] for line in split_lines(source, split) if line[language])
 
 
 def parallel_tokenizer(spec: str, data: DataConfig, config: XLMExampleConfig, cache_root: Path,
-                       seed: int) -> Tokenizer:
+                       seed: int, split: LineSplit | None = None) -> Tokenizer:
     """TLM without monolingual text: `data.tokenizer`, else a sentencepiece model shared by the
-    languages of the parallel corpus `spec`, trained on its sentences sampled by q ~ p^a (§3.1;
-    the languages of an aligned corpus have equal sentence counts, so equal shares)."""
+    languages of the parallel corpus `spec` (its lines of `split`, the training side), trained on
+    its sentences sampled by q ~ p^a (§3.1; the languages of an aligned corpus have equal
+    sentence counts, so equal shares)."""
     if data.tokenizer:
         return load_tokenizer(data)
     source = open_parallel(spec)
     settings = {k: v for k, v in dataclasses.asdict(data).items()
                 if k not in ("source", "eval_source", *LOADER_ONLY_FIELDS)}
-    key = fingerprint(source.fingerprint(), settings, config.language_alpha, seed)
+    key = fingerprint(source.fingerprint(), settings, config.language_alpha, seed,
+                      *([] if split is None else [dataclasses.asdict(split)]))
     Path(cache_root).mkdir(parents=True, exist_ok=True)
-    readers = {language: functools.partial(parallel_sentences, source, language)
+    readers = {language: functools.partial(parallel_sentences, source, language, split)
                for language in source.languages}
     return train_sampled_tokenizer(readers, data, config,
                                    Path(cache_root) / f"xlm-tlm-tokenizer-{key}.model", seed)
@@ -299,49 +336,88 @@ def prepare_streams(corpora: Mapping[str, str], data: DataConfig, config: XLMExa
     return prepared, tokenizer
 
 
-# ---------------------------------------------------------------------- mixing languages
-class LanguageMixture:
-    """A random-access source (for `records.make_loader`) over several languages' records:
-    key k draws a language with `probabilities` and then one of its records uniformly, from an
-    RNG seeded by (seed, k // batch_size). With `batch_size` b > 1 and an unshuffled loader of
-    global batch b, every batch holds one language, as XLM's steps do."""
+# ------------------------------------------------------------------------ step schedule
+SHUF_ORDER_DRAWS = 5
+"""Steps drawn per cycle from the monolingual and from the parallel sets (XLM `shuf_order`'s
+n = 5, which train.py never changes)."""
+UNENDING = 2 ** 40
+"""Keys of a schedule: it never wraps around to its first step in a run."""
 
-    def __init__(self, records: Mapping[str, RecordDirectory], probabilities: Sequence[float],
-                 seed: int, length: int | None = None, batch_size: int = 1):
-        self.languages = tuple(records)
-        self.records = [records[language] for language in self.languages]
-        self.probabilities = np.asarray(probabilities, np.float64)
-        if len({r.spec for r in self.records}) != 1:
-            raise UserError("the languages' records have different features; prepare them "
-                            "with the same examples settings")
+
+class StepSchedule:
+    """XLM's training order (train.py's loop `for lang1, lang2 in shuf_order(mlm_steps)`,
+    trainer.py `get_batch`), a random-access source for `records.make_loader` read in order:
+    each `batch_size` consecutive keys are one step, whose records all come from one set, a
+    language's streams (MLM / CLM) or a language pair's TLM records. Steps come in cycles as
+    `shuf_order` draws them: min(5, M) of the M monolingual sets drawn with replacement by
+    `mono_probabilities` (q ~ p^a over sentence counts, `set_sampling_probs`), then min(5, P) of
+    the P pair sets by `pair_probabilities` (q over their pair counts). A step's rows are drawn
+    uniformly with replacement from its set. Cycle c's sets come from an RNG seeded by
+    (seed, c), a step's rows from (seed, step): key k's record depends on (seed, batch_size, k)
+    only, so the loader's position is the schedule's and a resumed loader continues it."""
+
+    def __init__(self, mono: Mapping[str, RecordDirectory], mono_probabilities: Sequence[float],
+                 pairs: Mapping[str, RecordDirectory], pair_probabilities: Sequence[float],
+                 seed: int, batch_size: int = 1, length: int = UNENDING):
+        self.names = (*mono, *pairs)
+        self.records = [*mono.values(), *pairs.values()]
+        self.mono_probabilities = np.asarray(mono_probabilities, np.float64)
+        self.pair_probabilities = np.asarray(pair_probabilities, np.float64)
+        if not self.records or len({r.spec for r in self.records}) != 1:
+            raise UserError("the languages' records are missing or have different features; "
+                            "prepare them with the same examples settings")
+        self.mono, self.pairs = dict(mono), dict(pairs)
         self.seed, self.batch_size = seed, batch_size
-        self.length = length or sum(len(r) for r in self.records)
+        self.length = length // batch_size * batch_size
+        self.cycle_steps = min(SHUF_ORDER_DRAWS, len(mono)) + min(SHUF_ORDER_DRAWS, len(pairs))
         self.source = self
+
+    def for_global_batch(self, batch_size: int) -> StepSchedule:
+        """The same schedule with steps of `batch_size` records."""
+        return StepSchedule(self.mono, self.mono_probabilities, self.pairs,
+                            self.pair_probabilities, self.seed, batch_size)
 
     def __len__(self) -> int:
         return self.length
 
+    def cycle(self, index: int) -> list[int]:
+        """The sets (indices into `names`) of cycle `index`'s steps, in order."""
+        rng = np.random.default_rng([self.seed, index])
+        chosen: list[int] = []
+        offset = 0
+        for count, probabilities in ((len(self.mono), self.mono_probabilities),
+                                     (len(self.pairs), self.pair_probabilities)):
+            if count:
+                draws = rng.choice(count, min(SHUF_ORDER_DRAWS, count), p=probabilities)
+                chosen += (offset + draws).tolist()
+            offset += count
+        return chosen
+
+    def step_set(self, step: int) -> int:
+        """The set (index into `names`) that step `step` reads."""
+        index, position = divmod(step, self.cycle_steps)
+        return self.cycle(index)[position]
+
     def choose(self, key: int) -> tuple[int, int]:
-        """(language index, record index) of key `key`."""
-        batch, row = divmod(int(key), self.batch_size)
-        rng = np.random.default_rng([self.seed, batch])
-        language = int(rng.choice(len(self.records), p=self.probabilities))
-        index = rng.integers(0, len(self.records[language]), self.batch_size)[row]
-        return language, int(index)
+        """(set index, record index) of key `key`."""
+        step, row = divmod(int(key), self.batch_size)
+        which = self.step_set(step)
+        rng = np.random.default_rng([self.seed, step, 1])
+        return which, int(rng.integers(0, len(self.records[which]), self.batch_size)[row])
 
     def __getitem__(self, key: int) -> bytes:
-        language, index = self.choose(key)
-        return self.records[language].source[index]
+        which, index = self.choose(key)
+        return self.records[which].source[index]
 
     def load_transforms(self) -> list[grain.transforms.Map]:
         return self.records[0].load_transforms()
 
     def __repr__(self) -> str:
-        return describe("XLM language mixture", seed=self.seed, batch=self.batch_size,
-                        length=self.length, **{language: f"{p:.6f} of {r.source!r}" for
-                                               language, p, r in zip(
-                                                   self.languages, self.probabilities,
-                                                   self.records, strict=True)})
+        probabilities = [*self.mono_probabilities, *self.pair_probabilities]
+        return describe("XLM step schedule", seed=self.seed, batch=self.batch_size,
+                        length=self.length, **{name: f"{p:.6f} of {r.source!r}" for
+                                               name, p, r in zip(self.names, probabilities,
+                                                                 self.records, strict=True)})
 
 
 def stream_statistics(records: RecordDirectory, vocab_size: int) -> np.ndarray:
@@ -466,16 +542,19 @@ def tlm_examples(lines: Iterable[Mapping[str, str]], languages: Sequence[str],
 
 
 def prepare_tlm(spec: str, tokenizer: Tokenizer, config: XLMExampleConfig,
-                ids: Mapping[str, int], cache_root: Path) -> RecordDirectory:
-    """TLM records of the parallel corpus `spec` (`parallel.open_parallel`), streamed into
-    ArrayRecord files under `cache_root` (kept: a key of the files, tokenizer and settings)."""
+                ids: Mapping[str, int], cache_root: Path, split: LineSplit | None = None
+                ) -> RecordDirectory:
+    """TLM records of the parallel corpus `spec` (`parallel.open_parallel`), of every line or
+    of one side of `split`, streamed into ArrayRecord files under `cache_root` (kept: a key of
+    the files, tokenizer, settings and split)."""
     source = open_parallel(spec)
     model_file = getattr(tokenizer, "model_file", None)
     tokenizer_key = (hashlib.sha256(Path(model_file).read_bytes()).hexdigest() if model_file
                      else [type(tokenizer).__name__, tokenizer.vocab_size])
-    key = fingerprint(source.fingerprint(), tokenizer_key, dataclasses.asdict(config), ids)
+    key = fingerprint(source.fingerprint(), tokenizer_key, dataclasses.asdict(config), ids,
+                      *([] if split is None else [dataclasses.asdict(split)]))
     directory = Path(cache_root) / f"tlm-{key}"
     if not (directory / SPEC_FILE).is_file():
-        write_records(tlm_examples(source, source.languages, tokenizer, config, ids), directory,
-                      metadata={"source": spec})
+        write_records(tlm_examples(split_lines(source, split), source.languages, tokenizer,
+                                   config, ids), directory, metadata={"source": spec})
     return RecordDirectory(directory)

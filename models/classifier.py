@@ -10,9 +10,12 @@ Three heads, each as its reference builds it:
   left): dense + tanh, dropout, dense to the labels (zihangdai/xlnet modeling.py
   `summarize_sequence` with summary_type `last` and `use_proj`, then `classification_loss`;
   HF `XLNetForSequenceClassification`: `sequence_summary`, `logits_proj`).
+- `xlm`: on the first position (the </s> that opens XLM's inputs): dropout, dense to the labels
+  (facebookresearch/XLM xlm/evaluation/glue.py `proj` on `get_embeddings`; HF
+  `XLMForSequenceClassification`: `sequence_summary` with summary_type `first`).
 `num_labels=1` is regression (STS-B). The bert and electra heads sit on the encoder BERT and
-ELECTRA pre-train, the xlnet head on `XLNetModel`, so a pre-trained model's weights move over
-unchanged (`from_pretrained`).
+ELECTRA pre-train, the xlnet head on `XLNetModel`, the xlm head on `XLM` without its prediction
+layer, so a pre-trained model's weights move over unchanged (`from_pretrained`).
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from pretext_jax.models.bert import Bert
 from pretext_jax.models.electra import ElectraDiscriminator
 from pretext_jax.models.encoder import Encoder, EncoderConfig
 from pretext_jax.models.layers import ACTIVATIONS, TransformerConfig, dense, dropout, split_rng
+from pretext_jax.models.xlm import XLM, XLMConfig
 from pretext_jax.models.xlnet import XLNet, XLNetConfig, XLNetModel
 
-HEADS = ("bert", "electra", "xlnet")
+HEADS = ("bert", "electra", "xlnet", "xlm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +44,8 @@ class HeadConfig(TransformerConfig):
 
     heads: ClassVar[tuple[str, ...]] = HEADS
     head: str = "bert"
-    """Head: bert (tanh pooler), electra (HF `ElectraClassificationHead`) or xlnet (last token)."""
+    """Head: bert (tanh pooler), electra (HF `ElectraClassificationHead`), xlnet (last token),
+    xlm (first token, one linear layer)."""
     num_labels: int = 2
     """Outputs of the head: classes, or 1 for regression (STS-B); must match the task."""
     classifier_dropout: float = -1.0
@@ -74,10 +79,20 @@ class XLNetClassifierConfig(XLNetConfig, HeadConfig):
     head: str = "xlnet"
 
 
+@dataclasses.dataclass(frozen=True)
+class XLMClassifierConfig(XLMConfig, HeadConfig):
+    """XLM's config plus the xlm head (`classifier_dropout` is HF's `summary_first_dropout`)."""
+
+    heads: ClassVar[tuple[str, ...]] = ("xlm",)
+    head: str = "xlm"
+
+
 class SequenceClassifier(nnx.Module):
     """Encoder + classification head; returns logits [B, num_labels]. The bert and electra
     heads sit on `Encoder` (`encoder`), the xlnet head on `XLNetModel` (`transformer`, run on
-    the content stream alone: no memory, permutation mask or target mapping)."""
+    the content stream alone: no memory, permutation mask or target mapping), the xlm head on
+    `XLM` (`transformer`, bidirectional, without language ids or token types, as XLM's GLUE
+    fine-tuning runs it)."""
 
     def __init__(self, config: HeadConfig, *, rngs: nnx.Rngs):
         h = config.hidden_size
@@ -85,9 +100,12 @@ class SequenceClassifier(nnx.Module):
         with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
             if config.head == "xlnet":
                 self.transformer = XLNetModel(config, rngs=rngs)
+            elif config.head == "xlm":
+                self.transformer = XLM(config, rngs=rngs, with_output=False)
             else:
                 self.encoder = Encoder(config, rngs=rngs)
-            self.head_dense = dense(config, h, h, ("embed", "mlp"), rngs)
+            self.head_dense = (None if config.head == "xlm"
+                               else dense(config, h, h, ("embed", "mlp"), rngs))
             self.head_output = dense(config, h, config.num_labels, ("mlp", None), rngs)
 
     def __call__(
@@ -104,6 +122,10 @@ class SequenceClassifier(nnx.Module):
             hidden, _ = self.transformer.encode(input_ids, token_type_ids, attention_mask,
                                                 rng=encoder_rng)
             summary_token = hidden[:, -1]
+        elif self.config.head == "xlm":  # the </s> that opens the input; token types unused
+            summary_token = self.transformer.hidden(input_ids, attention_mask,
+                                                    rng=encoder_rng)[:, 0]
+            return self.head_output(dropout(summary_token, rate, first_rng))
         else:
             summary_token = self.encoder(input_ids, token_type_ids, attention_mask,
                                          encoder_rng)[:, 0]
@@ -115,19 +137,26 @@ class SequenceClassifier(nnx.Module):
         return self.head_output(dropout(pooled, rate, first_rng))
 
 
-Pretrained = Bert | ElectraDiscriminator | XLNet | SequenceClassifier
+Pretrained = Bert | ElectraDiscriminator | XLNet | XLM | SequenceClassifier
 
 
 def classifier_config(pretrained: Pretrained, num_labels: int, classifier_dropout: float = -1.0
-                      ) -> ClassifierConfig | XLNetClassifierConfig:
+                      ) -> ClassifierConfig | XLNetClassifierConfig | XLMClassifierConfig:
     """The classifier config for a pre-trained BERT (bert head), ELECTRA discriminator (electra
-    head), XLNet (xlnet head) or fine-tuned classifier (its head). XLNet fine-tunes without
-    memory, `bi_data` or `same_length`, as run_classifier.py's run config
-    (xlnet.py `create_run_config` with is_finetune)."""
+    head), XLNet (xlnet head), XLM (xlm head) or fine-tuned classifier (its head). XLNet
+    fine-tunes without memory, `bi_data` or `same_length`, as run_classifier.py's run config
+    (xlnet.py `create_run_config` with is_finetune); XLM bidirectionally, whatever it was
+    pre-trained with (glue.py: `causal=False`)."""
     config = pretrained.config
     head = (config.head if isinstance(pretrained, SequenceClassifier)
             else "xlnet" if isinstance(pretrained, XLNet)
+            else "xlm" if isinstance(pretrained, XLM)
             else "bert" if isinstance(pretrained, Bert) else "electra")
+    if head == "xlm":
+        fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(XLMConfig)}
+        fields.update(causal=False, is_decoder=False)
+        return XLMClassifierConfig(**fields, num_labels=num_labels,
+                                   classifier_dropout=classifier_dropout)
     if head == "xlnet":
         fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(XLNetConfig)}
         fields.update(bi_data=False, same_length=False, mem_len=0, reuse_len=0,
@@ -152,7 +181,7 @@ def from_pretrained(pretrained: Pretrained, config: HeadConfig, rngs: nnx.Rngs
     of the head is freshly initialised. From a fine-tuned classifier, only its encoder moves
     over."""
     model = SequenceClassifier(config, rngs=rngs)
-    if config.head == "xlnet":
+    if config.head in ("xlnet", "xlm"):  # all but the pre-trained LM head's bias
         _copy_params(model.transformer, getattr(pretrained, "transformer", pretrained))
         return model
     nnx.update(model.encoder, nnx.state(pretrained.encoder, nnx.Param))

@@ -28,11 +28,13 @@ def classifier_converter(
     tensors: Callable[[Any], tuple[Tensor, ...]],
     encoder_from_hf: Callable[..., Any], encoder_to_hf: Callable[[Any], dict[str, Any]],
     head_from_hf: Callable[[Mapping[str, Any]], dict[str, Any]],
-    head_to_hf: Callable[[Any], dict[str, Any]], **fields: Any,
+    head_to_hf: Callable[[Any], dict[str, Any]], *,
+    converter_class: type[Converter] = Converter, **fields: Any,
 ) -> Converter:
     """HF `architecture` (model_type `head`) <-> our `SequenceClassifier` with that head: the
     family's encoder config and `tensors` plus the labels and the head's own settings
-    (`head_from_hf`, `head_to_hf`); `fields` are the other `Converter` fields."""
+    (`head_from_hf`, `head_to_hf`); `fields` are the other `Converter` fields, of a
+    `converter_class` (a family's subclass, e.g. XLM's check of sinusoidal positions)."""
 
     def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> HeadConfig:
         num_labels = hf.get("num_labels") or len(hf.get("id2label") or {0: 0, 1: 1})
@@ -48,7 +50,7 @@ def classifier_converter(
                                  else "single_label_classification"),
                 **head_to_hf(config)}
 
-    return Converter(method="classify", model_type=head, model_class=SequenceClassifier,
-                     architectures=(architecture,), config_from_hf=config_from_hf,
-                     config_to_hf=config_to_hf, tensors=tensors,
-                     accepts=lambda config: config.head == head, **fields)
+    return converter_class(
+        method="classify", model_type=head, model_class=SequenceClassifier,
+        architectures=(architecture,), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
+        tensors=tensors, accepts=lambda config: config.head == head, **fields)

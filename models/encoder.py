@@ -125,18 +125,34 @@ class EncoderLayer(nnx.Module):
     def __call__(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None) -> jax.Array:
         """`x` [B, T, H], `mask` [B, 1, 1, T] or per query [B, 1, T, T] (True = key may be
         attended) -> [B, T, H]."""
-        c = self.config
         attn_rng, attn_out_rng, mlp_rng = split_rng(rng, 3)
-        heads = (*x.shape[:2], c.num_heads, c.hidden_size // c.num_heads)  # (B, T, N, D)
-        q, k, v = (proj(x).reshape(heads)  # [B, T, N, D] each
-                   for proj in (self.query, self.key, self.value))
-        context = attention(q, k, v, mask, c.attention_dropout, attn_rng,
-                            c.attention_implementation).reshape(x.shape)  # [B, T, H]
-        attn = dropout(self.attention_output(context), c.hidden_dropout,
-                       attn_out_rng)  # [B, T, H]
-        x = self.attention_layer_norm(x + attn)  # [B, T, H]
+        x = post_ln_attention(self.config, (self.query, self.key, self.value,
+                                            self.attention_output), self.attention_layer_norm,
+                              x, x, mask, attn_rng, attn_out_rng)
+        return self.feed_forward(x, mlp_rng)
+
+    def feed_forward(self, x: jax.Array, rng: jax.Array | None) -> jax.Array:
+        """The MLP block: LayerNorm(x + dropout(output(act(intermediate(x))))), [B, T, H]."""
+        c = self.config
         y = self.output(ACTIVATIONS[c.hidden_act](self.intermediate(x)))  # [B, T, F] -> [B, T, H]
-        return self.output_layer_norm(x + dropout(y, c.hidden_dropout, mlp_rng))  # [B, T, H]
+        return self.output_layer_norm(x + dropout(y, c.hidden_dropout, rng))  # [B, T, H]
+
+
+def post_ln_attention(config: TransformerConfig, projections: tuple[nnx.Linear, ...],
+                      norm: nnx.LayerNorm, x: jax.Array, kv: jax.Array, mask: jax.Array,
+                      attn_rng: jax.Array | None, out_rng: jax.Array | None) -> jax.Array:
+    """One post-LN attention block: LayerNorm(x + dropout(out(attention(q(x), k(kv), v(kv))))).
+    `projections` = (query, key, value, output); `x` [B, T, H] queries, `kv` [B, S, H] keys and
+    values (x itself for self-attention, the encoder's states for cross-attention), `mask`
+    [B, 1, 1 or T, S] -> [B, T, H]."""
+    c = config
+    query, key, value, output = projections
+    size = (c.num_heads, c.hidden_size // c.num_heads)  # (N, D)
+    q = query(x).reshape(*x.shape[:2], *size)  # [B, T, N, D]
+    k, v = (proj(kv).reshape(*kv.shape[:2], *size) for proj in (key, value))  # [B, S, N, D]
+    context = attention(q, k, v, mask, c.attention_dropout, attn_rng,
+                        c.attention_implementation).reshape(x.shape)  # [B, T, H]
+    return norm(x + dropout(output(context), c.hidden_dropout, out_rng))  # [B, T, H]
 
 
 class EncoderStack(nnx.Module):

@@ -10,11 +10,17 @@ feed-forward block (4 x hidden, GELU or ReLU), dropout, residual, LayerNorm; pad
 are zeroed after the embeddings and after every layer; the prediction layer is the transposed
 token embedding plus a bias (no transform in between, unlike BERT's head). Its layers are the
 shared `EncoderLayer` (same post-LN block), stacked and run by `run_stacked`.
+
+Translation (§5.2): `is_decoder` adds the reference's cross-attention to each layer
+(`XLMDecoderLayer`), `XLMTranslation` pairs an XLM encoder with such a decoder behind the
+encode / decode / logits interface of greedy decoding, and `translation_from_pretrained`
+starts both from one pretrained XLM (reference: `build_model` with `--reload_model`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +28,11 @@ import numpy as np
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.models.encoder import EncoderLayer
+from pretext_jax.models.encoder import EncoderLayer, post_ln_attention
 from pretext_jax.models.gpt import causal_mask
 from pretext_jax.models.layers import (
     TransformerConfig,
+    dense,
     dropout,
     embed,
     layer_norm,
@@ -58,6 +65,10 @@ class XLMConfig(TransformerConfig):
     """Fixed sinusoidal positions (the reference's option; not a parameter) instead of learned."""
     causal: bool = False
     """Left-to-right attention (the CLM objective, §3.1); False = bidirectional (MLM, TLM)."""
+    is_decoder: bool = False
+    """A translation decoder (§5.2; the reference's `TransformerModel(is_encoder=False)`): each
+    layer adds cross-attention to the encoder's states (`encoder_attn`, `layer_norm15`) between
+    its causal self-attention and its feed-forward block. Needs `causal`."""
     embed_init_std: float = 2048 ** -0.5
     """Std of the embedding init, N(0, dim ** -0.5) in the reference (HF `embed_init_std`)."""
     pad_token_id: int = 2
@@ -65,6 +76,8 @@ class XLMConfig(TransformerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not self.is_xlm:
+            return
         if self.intermediate_size != 4 * self.hidden_size:
             raise ValueError(f"XLM's feed-forward is 4 x hidden_size; set intermediate_size="
                              f"{4 * self.hidden_size} (not {self.intermediate_size})")
@@ -73,10 +86,18 @@ class XLMConfig(TransformerConfig):
         if self.n_langs < 0 or self.max_position_embeddings < 1 or self.embed_init_std < 0:
             raise ValueError("n_langs must be >= 0 (0 = from the data), max_position_embeddings "
                              ">= 1 and embed_init_std >= 0")
+        if self.is_decoder and not self.causal:
+            raise ValueError("an XLM decoder (is_decoder) is causal; set causal=True")
 
     @property
     def has_lang_embeddings(self) -> bool:
         return self.n_langs > 1 and self.use_lang_emb
+
+    @property
+    def is_xlm(self) -> bool:
+        """Whether these fields describe an XLM, so that XLM's checks apply (a config holding
+        several families' fields, as fine-tuning's, tells by its head)."""
+        return True
 
 
 def sinusoidal_positions(num: int, dim: int) -> np.ndarray:
@@ -86,6 +107,36 @@ def sinusoidal_positions(num: int, dim: int) -> np.ndarray:
               / np.power(10000, 2 * (np.arange(dim)[None] // 2) / dim))
     return np.where(np.arange(dim)[None] % 2 == 0, np.sin(angles), np.cos(angles)).astype(
         np.float32)
+
+
+class XLMDecoderLayer(EncoderLayer):
+    """A decoder layer of the reference's `TransformerModel(is_encoder=False)`: causal
+    self-attention, LayerNorm (`layer_norm1`); cross-attention to the encoder (`encoder_attn`),
+    LayerNorm (`layer_norm15`); feed-forward, LayerNorm (`layer_norm2`); post-LN each, dropout on
+    every block's output. The self-attention and feed-forward parameters are named as the
+    encoder's `EncoderLayer`, so a pretrained XLM's load into it one to one."""
+
+    def __init__(self, config: XLMConfig, *, rngs: nnx.Rngs):
+        super().__init__(config, rngs=rngs)
+        h = config.hidden_size
+        self.cross_query = dense(config, h, h, ("embed", "heads"), rngs)
+        self.cross_key = dense(config, h, h, ("embed", "heads"), rngs)
+        self.cross_value = dense(config, h, h, ("embed", "heads"), rngs)
+        self.cross_output = dense(config, h, h, ("heads", "embed"), rngs)
+        self.cross_layer_norm = layer_norm(config, h, rngs)
+
+    def __call__(self, x: jax.Array, mask: jax.Array, encoded: jax.Array,  # type: ignore[override]
+                 cross_mask: jax.Array, rng: jax.Array | None) -> jax.Array:
+        """`x` [B, T, H] with its causal `mask` [B, 1, T, T]; `encoded` [B, S, H] with
+        `cross_mask` [B, 1, 1, S] (True = a source token) -> [B, T, H]."""
+        c = self.config
+        rngs = split_rng(rng, 5)
+        x = post_ln_attention(c, (self.query, self.key, self.value, self.attention_output),
+                              self.attention_layer_norm, x, x, mask, rngs[0], rngs[1])
+        x = post_ln_attention(c, (self.cross_query, self.cross_key, self.cross_value,
+                                  self.cross_output), self.cross_layer_norm, x, encoded,
+                              cross_mask, rngs[2], rngs[3])
+        return self.feed_forward(x, rngs[4])
 
 
 @jax.tree_util.register_dataclass
@@ -99,9 +150,11 @@ class XLMOutput:
 
 
 class XLM(nnx.Module):
-    """XLM with its prediction layer (HF `XLMWithLMHeadModel` without adaptive softmax)."""
+    """XLM with its prediction layer (HF `XLMWithLMHeadModel` without adaptive softmax);
+    `with_output=False` leaves the prediction layer's bias out (the reference's `with_output`;
+    HF `XLMModel`), for a classifier on top."""
 
-    def __init__(self, config: XLMConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: XLMConfig, *, rngs: nnx.Rngs, with_output: bool = True):
         h = config.hidden_size
         normal = nnx.initializers.normal(config.embed_init_std)
         self.config = config
@@ -116,10 +169,11 @@ class XLM(nnx.Module):
                                           normal)
                                     if config.has_lang_embeddings else None)
             self.embedding_layer_norm = layer_norm(config, h, rngs)
-            self.layers = stacked_layers(lambda r: EncoderLayer(config, rngs=r),
-                                         config.num_layers, rngs)
-            self.output_bias = nnx.Param(jnp.zeros((config.vocab_size,)),
-                                         out_sharding=("vocab",))
+            layer = XLMDecoderLayer if config.is_decoder else EncoderLayer
+            self.layers = stacked_layers(lambda r: layer(config, rngs=r), config.num_layers,
+                                         rngs)
+            self.output_bias = (nnx.Param(jnp.zeros((config.vocab_size,)),
+                                          out_sharding=("vocab",)) if with_output else None)
 
     def position_table(self, position_ids: jax.Array) -> jax.Array:
         """The position embeddings of `position_ids` [B or 1, T] -> [B or 1, T, H]."""
@@ -136,16 +190,40 @@ class XLM(nnx.Module):
         langs: jax.Array | None = None,
         position_ids: jax.Array | None = None,
         masked_positions: jax.Array | None = None,
+        encoded: jax.Array | None = None,
+        encoder_mask: jax.Array | None = None,
         rng: jax.Array | None = None,
     ) -> XLMOutput:
+        """`hidden` and the prediction layer's `logits` (see `hidden`; `masked_positions`
+        [B, P] gathers rows before the vocabulary projection)."""
+        hidden = self.hidden(input_ids, attention_mask, langs=langs, position_ids=position_ids,
+                             encoded=encoded, encoder_mask=encoder_mask, rng=rng)
+        return XLMOutput(hidden_states=hidden, logits=self.logits(hidden, masked_positions))
+
+    def hidden(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        *,
+        langs: jax.Array | None = None,
+        position_ids: jax.Array | None = None,
+        encoded: jax.Array | None = None,
+        encoder_mask: jax.Array | None = None,
+        rng: jax.Array | None = None,
+    ) -> jax.Array:
         """`input_ids` [B, T]; `attention_mask` [B, T] (1 = token; default: ids !=
         `pad_token_id`, as HF's lengths for right-padded rows); `langs` [B, T] language ids
         (none added when None, as HF); `position_ids` [B, T] (default 0..T-1; TLM restarts
         them for the translation, §3.3). With `causal`, a query sees the non-padding keys at
         or before it (HF's causal mask ignores padding; the two agree on right-padded rows).
-        `masked_positions` [B, P] gathers rows before the vocabulary projection; `rng`
-        enables dropout (None = deterministic)."""
+        Returns the last hidden states [B, T, H], zero at padding. A decoder
+        (`is_decoder`) cross-attends to `encoded` [B, S, H] at the keys where `encoder_mask`
+        [B, S] is 1 (the reference's `src_enc`, `src_len`). `rng` enables dropout (None =
+        deterministic)."""
         c = self.config
+        if c.is_decoder != (encoded is not None) or (encoded is None) != (encoder_mask is None):
+            raise ValueError("a decoder (is_decoder) takes encoded and encoder_mask, an encoder "
+                             "neither")
         length = input_ids.shape[1]
         if position_ids is None:
             if length > c.max_position_embeddings:
@@ -164,11 +242,14 @@ class XLM(nnx.Module):
         x = dropout(self.embedding_layer_norm(x), c.hidden_dropout, embed_rng) * keep
         keys = None if layers_rng is None else jax.random.split(layers_rng, c.num_layers)
 
+        cross_mask = None if encoder_mask is None else encoder_mask.astype(bool)[:, None, None, :]
+
         def apply(layer: EncoderLayer, h: jax.Array, key: jax.Array | None):
+            if c.is_decoder:
+                return layer(h, mask, encoded, cross_mask, key) * keep, None
             return layer(h, mask, key) * keep, None
 
-        hidden = run_stacked(self.layers, apply, x, keys, c)[0]  # [B, T, H]
-        return XLMOutput(hidden_states=hidden, logits=self.logits(hidden, masked_positions))
+        return run_stacked(self.layers, apply, x, keys, c)[0]  # [B, T, H]
 
     def logits(self, hidden: jax.Array, masked_positions: jax.Array | None = None) -> jax.Array:
         """The prediction layer (`PredLayer`): hidden [B, T, H] (rows `masked_positions`
@@ -177,3 +258,87 @@ class XLM(nnx.Module):
             hidden = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
         logits = self.word_embeddings.attend(hidden)
         return logits + self.output_bias[...].astype(logits.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class XLMTranslationConfig(XLMConfig):
+    """An XLM encoder-decoder for translation (§5.2): both sides take every `XLMConfig` field
+    but `causal` and `is_decoder` (the encoder is bidirectional, the decoder causal with
+    cross-attention); `eos_token_id` is the reference's `eos_index`, which also starts every
+    decoder input (`decoder_start_token_id`, XLM's `generate`: `generated[0] = eos_index`)."""
+
+    eos_token_id: int = 1
+    """End of sentence (XLM's dictionary: 1); pretext's tokenizers' `eos_id`."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.causal or self.is_decoder:
+            raise ValueError("an XLMTranslationConfig sets causal and is_decoder per side; "
+                             "leave both False")
+
+    @property
+    def decoder_start_token_id(self) -> int:
+        return self.eos_token_id
+
+    def side(self, decoder: bool) -> XLMConfig:
+        """The encoder's (`decoder` False) or the decoder's config."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(XLMConfig)}
+        return XLMConfig(**{**fields, "causal": decoder, "is_decoder": decoder})
+
+
+class XLMTranslation(nnx.Module):
+    """The reference's translation model (facebookresearch/XLM `build_model` for MT): an XLM
+    encoder and an XLM decoder (`is_decoder`), each with its own token, position and language
+    embeddings and its prediction layer tied to its token embeddings; the decoder's predicts the
+    target. Driven by `encode` / `decode` / `logits` (the T5 interface greedy decoding uses),
+    with per-token `language_ids` when the model has language embeddings."""
+
+    def __init__(self, config: XLMTranslationConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.encoder = XLM(config.side(decoder=False), rngs=rngs)
+        self.decoder = XLM(config.side(decoder=True), rngs=rngs)
+
+    def encode(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+               rng: jax.Array | None = None, *, language_ids: jax.Array | None = None
+               ) -> jax.Array:
+        """`input_ids` [B, S] (mask default: ids != pad), `language_ids` [B, S] -> [B, S, H],
+        zero at padding (the reference's `encoder('fwd', causal=False)`)."""
+        return self.encoder.hidden(input_ids, attention_mask, langs=language_ids, rng=rng)
+
+    def decode(self, decoder_input_ids: jax.Array, encoded: jax.Array, attention_mask: jax.Array,
+               decoder_attention_mask: jax.Array | None = None, rng: jax.Array | None = None,
+               *, language_ids: jax.Array | None = None) -> jax.Array:
+        """Decoder states [B, T, H] of `decoder_input_ids` [B, T] (first token
+        `decoder_start_token_id`; mask default: ids != pad), causal, attending to the `encoded`
+        [B, S, H] source positions where `attention_mask` [B, S] is 1."""
+        return self.decoder.hidden(decoder_input_ids, decoder_attention_mask, langs=language_ids,
+                                   encoded=encoded, encoder_mask=attention_mask, rng=rng)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """[B, T, H] -> [B, T, V]: the decoder's prediction layer (tied to its embeddings)."""
+        return self.decoder.logits(hidden)
+
+
+def translation_from_pretrained(pretrained: XLM, eos_token_id: int, *, seed: int = 0,
+                                **overrides: Any) -> XLMTranslation:
+    """An `XLMTranslation` whose encoder and decoder both start from the pretrained XLM's
+    parameters (§5.2, "we initialize both encoder and decoder with a pretrained XLM"; the
+    reference's `--reload_model 'mlm.pth,mlm.pth'`): every parameter of `pretrained` is copied
+    into both sides, while the decoder's cross-attention (`encoder_attn`, `layer_norm15`, absent
+    from the pretrained model) keeps its random init from `seed`, as the reference's reload
+    does. `overrides` change config fields that leave the parameters' shapes alone (e.g.
+    dropout); a causal (CLM) XLM gives a bidirectional encoder."""
+    fields = {f.name: getattr(pretrained.config, f.name)
+              for f in dataclasses.fields(XLMConfig)}
+    config = XLMTranslationConfig(**{**fields, "causal": False, "is_decoder": False,
+                                     "eos_token_id": eos_token_id, **overrides})
+    model = XLMTranslation(config, rngs=nnx.Rngs(seed))
+    params = dict(nnx.to_flat_state(nnx.state(pretrained, nnx.Param)))
+    for side in (model.encoder, model.decoder):
+        own = dict(nnx.to_flat_state(nnx.state(side, nnx.Param)))
+        if not params.keys() <= own.keys() or any(
+                own[k][...].shape != params[k][...].shape for k in params):
+            raise UserError("the pretrained XLM's parameters do not fit the translation model; "
+                            "change only settings that keep the shapes")
+        nnx.update(side, nnx.from_flat_state(params))
+    return model

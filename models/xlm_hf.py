@@ -10,28 +10,29 @@ import numpy as np
 from flax import nnx
 
 from pretext_jax.errors import UserError
+from pretext_jax.models import classifier_hf
+from pretext_jax.models.classifier import XLMClassifierConfig
 from pretext_jax.models.conversion import Converter, Tensor, layer_norm, linear, register
 from pretext_jax.models.xlm import XLM, XLMConfig, sinusoidal_positions
 
 POSITIONS = "transformer.position_embeddings.weight"
 
 
-def tensors(config: XLMConfig) -> tuple[Tensor, ...]:
-    """`XLMWithLMHeadModel`: `transformer` (`XLMModel`: `embeddings`, `position_embeddings`
-    (a tensor of ours unless sinusoidal), `lang_embeddings` (n_langs > 1 and use_lang_emb),
-    `layer_norm_emb`, per layer `attentions.{i}` q/k/v/out_lin, `layer_norm1.{i}`,
-    `ffns.{i}` lin1/lin2, `layer_norm2.{i}`) and `pred_layer.proj` (weight tied to the
-    token embeddings, bias)."""
-    layers = "layers"
+def transformer_tensors(config: XLMConfig, ours: str = "") -> tuple[Tensor, ...]:
+    """HF `XLMModel` (`transformer.`): `embeddings`, `position_embeddings` (a tensor of ours
+    unless sinusoidal), `lang_embeddings` (n_langs > 1 and use_lang_emb), `layer_norm_emb`, per
+    layer `attentions.{i}` q/k/v/out_lin, `layer_norm1.{i}`, `ffns.{i}` lin1/lin2,
+    `layer_norm2.{i}`; `ours` prefixes our names (the classifier's `transformer.`)."""
+    layers = f"{ours}layers"
     positions = ([] if config.sinusoidal_embeddings
-                 else [Tensor(POSITIONS, "position_embeddings.embedding")])
-    langs = ([Tensor("transformer.lang_embeddings.weight", "lang_embeddings.embedding")]
+                 else [Tensor(POSITIONS, f"{ours}position_embeddings.embedding")])
+    langs = ([Tensor("transformer.lang_embeddings.weight", f"{ours}lang_embeddings.embedding")]
              if config.has_lang_embeddings else [])
     return (
-        Tensor("transformer.embeddings.weight", "word_embeddings.embedding"),
+        Tensor("transformer.embeddings.weight", f"{ours}word_embeddings.embedding"),
         *positions,
         *langs,
-        *layer_norm("transformer.layer_norm_emb", "embedding_layer_norm"),
+        *layer_norm("transformer.layer_norm_emb", f"{ours}embedding_layer_norm"),
         *linear("transformer.attentions.{i}.q_lin", f"{layers}.query"),
         *linear("transformer.attentions.{i}.k_lin", f"{layers}.key"),
         *linear("transformer.attentions.{i}.v_lin", f"{layers}.value"),
@@ -40,8 +41,13 @@ def tensors(config: XLMConfig) -> tuple[Tensor, ...]:
         *linear("transformer.ffns.{i}.lin1", f"{layers}.intermediate"),
         *linear("transformer.ffns.{i}.lin2", f"{layers}.output"),
         *layer_norm("transformer.layer_norm2.{i}", f"{layers}.output_layer_norm"),
-        Tensor("pred_layer.proj.bias", "output_bias"),
     )
+
+
+def tensors(config: XLMConfig) -> tuple[Tensor, ...]:
+    """`XLMWithLMHeadModel`: `transformer` and `pred_layer.proj` (weight tied to the token
+    embeddings, bias)."""
+    return (*transformer_tensors(config), Tensor("pred_layer.proj.bias", "output_bias"))
 
 
 def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> XLMConfig:
@@ -70,6 +76,9 @@ def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> XLMConfig:
 
 
 def config_to_hf(config: XLMConfig) -> dict[str, Any]:
+    if config.is_decoder:
+        raise UserError("HF's XLM has no decoder with cross-attention; export the pretrained "
+                        "XLM, not a translation model's decoder")
     return {
         "model_type": "xlm", "architectures": ["XLMWithLMHeadModel"],
         "vocab_size": config.vocab_size, "emb_dim": config.hidden_size,
@@ -115,3 +124,44 @@ register("xlm", XLMConverter(
     tied={"pred_layer.proj.weight": "transformer.embeddings.weight"},
     ignored=("position_ids",), buffers=buffers,
 ))
+
+
+# HF `XLMSequenceSummary` settings that are our xlm head (XLM's GLUE/XNLI `proj`: dropout, then a
+# linear layer to the labels, on the first position).
+XLM_SUMMARY = {"summary_type": "first", "summary_use_proj": True, "summary_activation": None,
+               "summary_proj_to_labels": True}
+
+
+def head_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The xlm head's fields of an `XLMForSequenceClassification` config."""
+    for key, ours in XLM_SUMMARY.items():
+        if hf.get(key, ours) != ours:
+            raise UserError(f"config.json has {key}={hf[key]!r}; only {ours!r} (XLM's own "
+                            "sequence summary) is supported")
+    if hf.get("summary_last_dropout", 0.0):
+        raise UserError("config.json has summary_last_dropout; XLM's head has no dropout after "
+                        "its projection: remove it")
+    return {"classifier_dropout": hf.get("summary_first_dropout", 0.1)}
+
+
+def head_to_hf(config: XLMClassifierConfig) -> dict[str, Any]:
+    return {**XLM_SUMMARY, "summary_first_dropout": config.head_dropout}
+
+
+def classifier_tensors(config: XLMClassifierConfig) -> tuple[Tensor, ...]:
+    """`XLMForSequenceClassification`: `transformer` + `sequence_summary.summary` (the
+    projection to the labels)."""
+    return (*transformer_tensors(config, "transformer."),
+            *linear("sequence_summary.summary", "head_output"))
+
+
+def classifier_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> XLMConfig:
+    """The encoder's fields; a classifier is bidirectional (XLM's GLUE/XNLI `causal=False`)."""
+    return config_from_hf(hf, **{"causal": False, **overrides})
+
+
+register("xlm-classifier", classifier_hf.classifier_converter(
+    "xlm", "XLMForSequenceClassification", XLMClassifierConfig, classifier_tensors,
+    classifier_config_from_hf, config_to_hf, head_from_hf, head_to_hf,
+    converter_class=XLMConverter, prefix="transformer.", optional=("sequence_summary.",),
+    ignored=("position_ids",), buffers=buffers))

@@ -4,10 +4,11 @@ pre-trained encoder (google-research/bert run_classifier.py `create_model`; HF
 `*ForSequenceClassification`), GLUE's own metrics on the full dev set at every evaluation.
 
 The starting point is `model.init`: a pretext workdir or model directory (BERT, ELECTRA's
-discriminator or XLNet), or a HuggingFace BERT/ELECTRA/XLNet folder; empty = random
+discriminator, XLNet or XLM), or a HuggingFace BERT/ELECTRA/XLNet/XLM folder; empty = random
 initialisation of the same architecture (the baseline any pre-training has to beat). XLNet reads
 its own input layout (`examples.layout=xlnet`: `A <sep> B <sep> <cls>`, padded on the left) and
-classifies from the final <cls> (zihangdai/xlnet run_classifier.py).
+classifies from the final <cls> (zihangdai/xlnet run_classifier.py); XLM reads `</s> A </s> B
+</s>` (`examples.layout=xlm`) and classifies from the first </s> (XLM xlm/evaluation/glue.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pretext_jax.models.classifier import (
     ClassifierConfig,
     Pretrained,
     SequenceClassifier,
+    XLMClassifierConfig,
     XLNetClassifierConfig,
     from_pretrained,
 )
@@ -39,22 +41,26 @@ from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData
 
 
 @dataclasses.dataclass(frozen=True)
-class FinetuneModelConfig(ClassifierConfig, XLNetClassifierConfig):
+class FinetuneModelConfig(ClassifierConfig, XLNetClassifierConfig, XLMClassifierConfig):
     """Any classifier (`ClassifierConfig` for the bert/electra heads, `XLNetClassifierConfig`
-    for xlnet; the other family's fields are unused) and `init`, where its encoder comes
-    from."""
+    for xlnet, `XLMClassifierConfig` for xlm; the other families' fields are unused) and
+    `init`, where its encoder comes from."""
 
     heads: ClassVar[tuple[str, ...]] = HEADS
     head: str = "bert"
     init: str = ""
-    """Start from: a pretext workdir/model dir or HF BERT/ELECTRA/XLNet folder; '' = random init."""
+    """Start from: a pretext workdir/model dir or HF BERT/ELECTRA/XLNet/XLM folder; '' = random."""
+
+    @property
+    def is_xlm(self) -> bool:
+        return self.head == "xlm"
 
 
 @dataclasses.dataclass(frozen=True)
 class GlueExampleConfig:
     """The GLUE `task` (sst2, cola, mrpc, rte, stsb), `max_seq_length` (BERT and XLNet: 128),
     `max_train_examples` (0 = all; the first n training rows, for budgeted runs) and `layout`
-    (`input_pipeline.glue.LAYOUTS`: bert, or xlnet for the xlnet head)."""
+    (`input_pipeline.glue.LAYOUTS`: bert, or the xlnet / xlm head's own)."""
 
     task: str = "sst2"
     """GLUE task: sst2, cola, mrpc, rte or stsb (folder names such as SST-2 work too)."""
@@ -63,7 +69,8 @@ class GlueExampleConfig:
     max_train_examples: int = 0
     """Train on the first n training rows only; 0 = all."""
     layout: str = "bert"
-    """Input layout: bert ([CLS] A [SEP] B [SEP]) or xlnet (A <sep> B <sep> <cls>, left-padded)."""
+    """Input layout: bert ([CLS] A [SEP] B [SEP]), xlnet (A <sep> B <sep> <cls>, left-padded) or
+    xlm (</s> A </s> B </s>)."""
 
 
 def classification_loss(model: SequenceClassifier, batch: Batch, rng: jax.Array | None
@@ -111,16 +118,16 @@ def glue_monitor(model: SequenceClassifier, data: PreparedData, examples: GlueEx
 
 def load_encoder(init: str, load: Callable[[str], nnx.Module]) -> Pretrained:
     """The pre-trained model to start from: a pretext workdir/model directory or a
-    HuggingFace folder holding BERT, an ELECTRA discriminator or XLNet (or a fine-tuned
+    HuggingFace folder holding BERT, an ELECTRA discriminator, XLNet or XLM (or a fine-tuned
     classifier, whose encoder is reused), read by `load` (the trainer's checkpoint loader,
     `pretrain.export.load_pretrained`: the checkpoint formats live with the trainer)."""
     if not Path(init).is_dir():
         raise UserError(f"model.init={init} is not a directory; pass a pretext workdir, a "
-                        "model directory or a HuggingFace BERT/ELECTRA/XLNet folder")
+                        "model directory or a HuggingFace BERT/ELECTRA/XLNet/XLM folder")
     model = load(init)
     if not isinstance(model, Pretrained):
         raise UserError(f"{init} holds a {type(model).__name__}; fine-tuning starts from BERT, "
-                        "an ELECTRA discriminator or XLNet")
+                        "an ELECTRA discriminator, XLNet or XLM")
     return model
 
 
@@ -174,11 +181,16 @@ def prepare_glue(data: DataConfig, examples: GlueExampleConfig, cache_dir: Path,
                         report={"majority_baseline": baseline}, tokenizer=tokenizer)
 
 
+def layout_of(head: str) -> str:
+    """The GLUE input layout a head reads (`input_pipeline.glue.LAYOUTS`)."""
+    return head if head in ("xlnet", "xlm") else "bert"
+
+
 def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig,
                objective: Any = None) -> None:
     """The task exists and suits the head; examples fit the positions (no `objective`)."""
     glue.glue_task(examples.task)
-    wanted = "xlnet" if model.head == "xlnet" else "bert"
+    wanted = layout_of(model.head)
     if examples.layout != wanted:
         raise UserError(f"examples.layout={examples.layout} does not suit model.head="
                         f"{model.head}; use examples.layout={wanted}")

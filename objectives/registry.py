@@ -61,7 +61,11 @@ class PreparedData:
     `train.batch_size` must then equal it. `tokenizer`: the text methods' tokenizer
     (`input_pipeline.tokenizers`), which the trainer records in the workdir; None for images.
     `monitor_data`: what the method's `monitor` reads beyond `train` and `eval` (the speech
-    methods: both splits' records for the linear probes); None if nothing."""
+    methods: both splits' records for the linear probes); None if nothing. `step_source`: for
+    a method whose every step reads one kind of record (XLM: one language or language pair per
+    step), given the global batch size, the training source the trainer reads in order instead
+    of shuffling `train`: it draws each step's records itself, so its position is the
+    loader's."""
 
     train: Any
     eval: Any
@@ -71,6 +75,7 @@ class PreparedData:
     batch_layout: int = 0
     tokenizer: Any = None
     monitor_data: Any = None
+    step_source: Callable[[int], Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,15 +1,21 @@
 """XLM pre-training (Lample & Conneau 2019, §3): causal LM (CLM, §3.1), masked LM on streams of
-monolingual text (MLM, §3.2) or translation LM on sentence pairs (TLM, §3.3), on one XLM model
-with language embeddings; `examples.task` picks one (the records differ, so it is a data
-setting, as t5's `examples.noise`; the model is causal exactly for CLM, set from the data).
+monolingual text (MLM, §3.2), translation LM on sentence pairs (TLM, §3.3), or MLM and TLM
+alternating step by step as the paper trains them (§3.3, §5: "we alternate between MLM and
+TLM"), on one XLM model with language embeddings; `examples.task` picks one (the records
+differ, so it is a data setting, as t5's `examples.noise`; the model is causal exactly for CLM,
+set from the data).
 
 Data (`input_pipeline.xlm_examples`): CLM / MLM read `data.source` = `en=PATH,de=PATH` (any text
 sources), one shared sentencepiece vocabulary sampled by q ~ p^0.5, 256-token streams per
-language mixed by q while loading (`LanguageMixture`; languages mix within a batch, where XLM
-gives each step one language); held-out = `data.held_out_fraction` of every language. TLM reads
-a parallel corpus (`input_pipeline.parallel`) in `data.source` and its held-out pairs from the
-parallel corpus `data.eval_source`. MLM/TLM masks are drawn at every load by count^-0.5
-weights (`XLMMasking`); held-out masks are drawn once with a fixed seed (`text.mask_records`).
+language; held-out = `data.held_out_fraction` of every language. TLM reads a parallel corpus
+(`input_pipeline.parallel`) in `data.source`, one record set per direction, and holds out the
+parallel corpus `data.eval_source`, or without one `data.held_out_fraction` of the aligned
+lines. MLM + TLM (`mlm_tlm`) reads both: the streams of `data.source` and the pairs of
+`examples.tlm_source` (held out by the fraction). Every step reads one language or one
+direction (`StepSchedule`, the reference's `shuf_order` cycles over `--mlm_steps`), so the
+batches keep one shape and the step stays one compiled function. MLM/TLM masks are drawn at
+every load by count^-0.5 weights (`XLMMasking`); held-out masks are drawn once with a fixed
+seed (`text.mask_records`).
 
 Losses (facebookresearch/XLM src/trainer.py `clm_step`, `mlm_step`): CLM = next-token
 cross-entropy over the real tokens of a stream; MLM / TLM = cross-entropy at the masked
@@ -19,6 +25,8 @@ translation) and per-token language ids.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -74,86 +82,138 @@ def build_xlm(config: XLMConfig, seed: int) -> XLM:
     return XLM(config, rngs=nnx.Rngs(seed))
 
 
-def stacked(records: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Record sets with the same features, one after the other."""
-    return {key: np.concatenate([r[key] for r in records]) for key in records[0]}
-
-
 def held_out_examples(directories: list[RecordDirectory]) -> dict[str, np.ndarray]:
-    """The first held-out records of each directory, at most `MAX_EVAL_EXAMPLES` in all."""
-    share = MAX_EVAL_EXAMPLES // len(directories)
+    """The first held-out records of each directory, at most `MAX_EVAL_EXAMPLES` in all,
+    interleaved (a record of each set in turn), so the first evaluation batches cover every
+    language and pair."""
+    share = MAX_EVAL_EXAMPLES // max(len(directories), 1)
     kept = [d.examples(range(min(len(d), share))) for d in directories if len(d)]
     if not kept:
         raise UserError("nothing was held out for evaluation; raise data.held_out_fraction or "
                         "give more text (documents separated by blank lines)")
-    return stacked(kept)
+    turn = np.concatenate([np.arange(len(k["input_ids"])) for k in kept])
+    order = np.argsort(turn, kind="stable")
+    return {key: np.concatenate([k[key] for k in kept])[order] for key in kept[0]}
 
 
-def prepare_streams(data: DataConfig, examples: xlm_examples.XLMExampleConfig, cache_dir: Path,
-                    seed: int) -> tuple[Any, dict[str, np.ndarray], Any, int, np.ndarray]:
-    """CLM / MLM: (the languages' training streams mixed by q, held-out streams, tokenizer,
-    number of languages, training token counts)."""
+@dataclasses.dataclass
+class XLMSets:
+    """The prepared record sets: training and held-out streams per language (`mono`, CLM /
+    MLM) and TLM records per direction (`pairs`, "en-de"), the shared tokenizer and the
+    language ids."""
+
+    tokenizer: Any
+    ids: dict[str, int]
+    mono: dict[str, tuple[RecordDirectory, RecordDirectory]] = dataclasses.field(
+        default_factory=dict)
+    pairs: dict[str, tuple[RecordDirectory, RecordDirectory]] = dataclasses.field(
+        default_factory=dict)
+
+
+def tlm_splits(spec: str, eval_spec: str, fraction: float, seed: int
+               ) -> tuple[xlm_examples.LineSplit | None, tuple[str, xlm_examples.LineSplit | None]]:
+    """Where TLM's training and held-out pairs come from: all of the parallel corpus `spec` and
+    the parallel corpus `eval_spec`, or without one, `fraction` of `spec`'s aligned lines held
+    out (fixed seed) and the rest trained on."""
+    if eval_spec:
+        return None, (eval_spec, None)
+    split = functools.partial(xlm_examples.LineSplit, fraction, seed)
+    return split(held_out=False), (spec, split(held_out=True))
+
+
+def prepare_pairs(sets: XLMSets, spec: str, eval_spec: str, data: DataConfig,
+                  examples: xlm_examples.XLMExampleConfig, cache_dir: Path, seed: int) -> None:
+    """Adds each TLM direction's (training, held-out) records (`tlm_splits`) to `sets`."""
+    train_split, (held_spec, held_split) = tlm_splits(spec, eval_spec, data.held_out_fraction,
+                                                      seed)
+    for first, second in xlm_examples.tlm_directions(open_parallel(spec).languages, examples):
+        direction = dataclasses.replace(examples, tlm_pairs=f"{first}-{second}")
+        train, held = (xlm_examples.prepare_tlm(source, sets.tokenizer, direction, sets.ids,
+                                                cache_dir, split)
+                       for source, split in ((spec, train_split), (held_spec, held_split)))
+        sets.pairs[f"{first}-{second}"] = (train, held)
+
+
+def prepare_sets(data: DataConfig, examples: xlm_examples.XLMExampleConfig, cache_dir: Path,
+                 seed: int) -> XLMSets:
+    """CLM / MLM: the streams of `data.source`'s languages; TLM: the pairs of the parallel
+    corpus `data.source` (held out: `data.eval_source` or a fraction of its lines), tokenizer
+    trained on its training lines; MLM + TLM: both, the pairs from `examples.tlm_source`."""
+    if examples.task == "tlm":
+        split = tlm_splits(data.source, data.eval_source, data.held_out_fraction, seed)[0]
+        tokenizer = xlm_examples.parallel_tokenizer(data.source, data, examples, cache_dir,
+                                                    seed, split)
+        sets = XLMSets(tokenizer, xlm_examples.language_ids(open_parallel(data.source).languages))
+        prepare_pairs(sets, data.source, data.eval_source, data, examples, cache_dir, seed)
+        return sets
     corpora = xlm_examples.parse_corpora(data.source)
-    prepared, tokenizer = xlm_examples.prepare_streams(corpora, data, examples, cache_dir, seed)
-    counts = {language: xlm_examples.stream_statistics(train, tokenizer.vocab_size)
-              for language, (train, _) in prepared.items()}
-    q = xlm_examples.language_probabilities(
-        {language: int(c[tokenizer.eos_id]) for language, c in counts.items()},
-        examples.language_alpha)
-    train = xlm_examples.LanguageMixture({lang: pair[0] for lang, pair in prepared.items()}, q,
-                                         seed)
-    held_out = held_out_examples([pair[1] for pair in prepared.values()])
-    return train, held_out, tokenizer, len(prepared), sum(counts.values())
+    mono, tokenizer = xlm_examples.prepare_streams(corpora, data, examples, cache_dir, seed)
+    sets = XLMSets(tokenizer, xlm_examples.language_ids(corpora), mono=mono)
+    if examples.task == "mlm_tlm":
+        prepare_pairs(sets, examples.tlm_source, "", data, examples, cache_dir, seed)
+    return sets
 
 
-def prepare_translation_pairs(data: DataConfig, examples: xlm_examples.XLMExampleConfig,
-                              cache_dir: Path, seed: int
-                              ) -> tuple[Any, dict[str, np.ndarray], Any, int, np.ndarray]:
-    """TLM: (training pairs of `data.source`, held-out pairs of `data.eval_source`, tokenizer
-    shared by the parallel languages, number of languages, training token counts)."""
-    if not data.eval_source:
-        raise UserError("TLM holds out a separate parallel corpus; set data.eval_source (e.g. "
-                        "val.en,val.de)")
-    tokenizer = xlm_examples.parallel_tokenizer(data.source, data, examples, cache_dir, seed)
-    ids = xlm_examples.language_ids(open_parallel(data.source).languages)
-    train = xlm_examples.prepare_tlm(data.source, tokenizer, examples, ids, cache_dir)
-    held_out = xlm_examples.prepare_tlm(data.eval_source, tokenizer, examples, ids, cache_dir)
-    counts = xlm_examples.stream_statistics(train, tokenizer.vocab_size)
-    return train, held_out_examples([held_out]), tokenizer, len(ids), counts
+def step_schedule(sets: XLMSets, examples: xlm_examples.XLMExampleConfig, seed: int
+                  ) -> tuple[xlm_examples.StepSchedule, np.ndarray]:
+    """(The training steps' schedule, the training token counts of every set): languages
+    sampled by q ~ p^alpha over their sentence counts, pairs by q over their pair counts."""
+    vocab_size, eos = sets.tokenizer.vocab_size, sets.tokenizer.eos_id
+    counts = {name: xlm_examples.stream_statistics(train, vocab_size)
+              for name, (train, _) in {**sets.mono, **sets.pairs}.items()}
+    alpha = examples.language_alpha
+    q_mono = (xlm_examples.language_probabilities(
+        {language: int(counts[language][eos]) for language in sets.mono}, alpha)
+        if sets.mono else [])
+    q_pairs = (xlm_examples.language_probabilities(
+        {pair: len(train) for pair, (train, _) in sets.pairs.items()}, alpha)
+        if sets.pairs else [])
+    schedule = xlm_examples.StepSchedule(
+        {name: train for name, (train, _) in sets.mono.items()}, q_mono,
+        {name: train for name, (train, _) in sets.pairs.items()}, q_pairs, seed)
+    return schedule, sum(counts.values())
 
 
 def prepare_xlm(data: DataConfig, examples: xlm_examples.XLMExampleConfig, cache_dir: Path,
                 seed: int) -> PreparedData:
-    """Records of `examples.task`; MLM / TLM masks drawn while loading with count^-alpha weights
-    of the training tokens, the held-out ones once with a fixed seed. The data sets the
-    model's vocabulary, languages, padding id and whether it is causal."""
-    build = prepare_translation_pairs if examples.task == "tlm" else prepare_streams
-    train, held_out, tokenizer, n_langs, counts = build(data, examples, cache_dir, seed)
+    """Records of `examples.task`, read one language or pair per step (`StepSchedule`); MLM /
+    TLM masks drawn while loading with count^-alpha weights of the training tokens, the
+    held-out ones once with a fixed seed. The data sets the model's vocabulary, languages,
+    padding id and whether it is causal."""
+    sets = prepare_sets(data, examples, cache_dir, seed)
+    schedule, counts = step_schedule(sets, examples, seed)
+    held_out = held_out_examples([held for _, held in (*sets.mono.values(),
+                                                       *sets.pairs.values())])
     transforms: tuple[Any, ...] = ()
     if examples.task == "clm":
         targets = held_out["input_ids"][:, 1:][held_out["input_mask"][:, 1:] > 0]
         baseline = float(np.bincount(targets).max() / max(len(targets), 1))
         report = {"majority_baseline_clm_accuracy": baseline}
     else:
-        vocab = MaskingVocab.from_tokenizer(tokenizer)
+        vocab = MaskingVocab.from_tokenizer(sets.tokenizer)
         transforms = (xlm_examples.XLMMasking(
             vocab, xlm_examples.mask_weights(counts, examples.mask_alpha, vocab), examples),)
         held_out = mask_records(held_out, transforms[0], seed + 2)
         report = {"majority_baseline_mlm_accuracy": majority_baseline_accuracy(held_out)}
+    tokenizer = sets.tokenizer
     return PreparedData(
-        train=train, eval=held_out, transforms=transforms, report=report, tokenizer=tokenizer,
-        model_fields={"vocab_size": tokenizer.vocab_size, "n_langs": n_langs,
+        train=schedule, step_source=schedule.for_global_batch, eval=held_out,
+        transforms=transforms, report=report, tokenizer=tokenizer,
+        model_fields={"vocab_size": tokenizer.vocab_size, "n_langs": len(sets.ids),
                       "pad_token_id": tokenizer.pad_id, "causal": examples.task == "clm"})
 
 
 def check_xlm(model: XLMConfig, examples: xlm_examples.XLMExampleConfig,
               objective: Any = None) -> None:
-    """Every position of a record has an embedding; a causal model is CLM's. No `objective`
-    setting bears on it."""
+    """Every position of a record has an embedding; a causal model is CLM's; no decoder is
+    pre-trained. No `objective` setting bears on it."""
     if examples.stream_length > model.max_position_embeddings:
         raise UserError(f"examples.stream_length={examples.stream_length} exceeds "
                         f"model.max_position_embeddings={model.max_position_embeddings}; lower "
                         "the first or raise the second")
+    if model.is_decoder:
+        raise UserError("model.is_decoder is the translation decoder (models.xlm.XLMTranslation);"
+                        " XLM pre-trains the encoder: set model.is_decoder=false")
     if model.causal and examples.task != "clm":
         raise UserError(f"model.causal=true is XLM's CLM, not {examples.task}; set "
                         "examples.task=clm or model.causal=false")

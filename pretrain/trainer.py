@@ -609,10 +609,12 @@ class Trainer:
     # ---------------------------------------------------------------------------- loop
     def data_iterator(self) -> Any:
         per_process = self.config.train.batch_size // jax.process_count()
+        source, shuffle = self.data.train, not self.data.batch_layout
+        if self.data.step_source is not None:  # the source orders its steps itself
+            source, shuffle = self.data.step_source(self.config.train.batch_size), False
         loader = make_loader(
-            self.data.train, batch_size=per_process, seed=self.config.train.seed,
-            shuffle=not self.data.batch_layout, transforms=self.data.transforms,
-            worker_count=self.config.data.worker_count)
+            source, batch_size=per_process, seed=self.config.train.seed, shuffle=shuffle,
+            transforms=self.data.transforms, worker_count=self.config.data.worker_count)
         return iter(loader)
 
     def _resume_data(self, iterator: Any, data_states: list[str], step: int) -> None:

@@ -1,7 +1,7 @@
 """The fine-tuning classifier: parity with HF `BertForSequenceClassification`,
-`ElectraForSequenceClassification` and `XLNetForSequenceClassification` (classification and
-regression), export back to transformers, and the move of pre-trained weights into a
-classifier."""
+`ElectraForSequenceClassification`, `XLNetForSequenceClassification` and
+`XLMForSequenceClassification` (classification and regression), export back to transformers,
+and the move of pre-trained weights into a classifier."""
 
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ from pretext_jax.models.bert import Bert
 from pretext_jax.models.classifier import (
     ClassifierConfig,
     SequenceClassifier,
+    XLMClassifierConfig,
     XLNetClassifierConfig,
     classifier_config,
     from_pretrained,
 )
 from pretext_jax.models.electra import ElectraDiscriminator
 from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.models.xlm import XLM, XLMConfig
 from pretext_jax.models.xlnet import XLNet, XLNetConfig
 from pretext_jax.pretrain import hf
 
@@ -103,12 +105,68 @@ def test_xlnet_parity_with_hf(case, tmp_path):
     assert_same_logits(reference, model, (np.where(mask, ids, 5), np.where(mask, types, 0), mask))
 
 
-@pytest.mark.parametrize("head", ["bert", "electra", "xlnet"])
+# HF XLMConfig fields: a 3-class head with language embeddings, and a regression head with
+# fixed sinusoidal positions, ReLU and its own summary dropout.
+XLM_CASES = {
+    "3 labels": dict(vocab_size=60, emb_dim=24, n_layers=2, n_heads=3, n_langs=2,
+                     max_position_embeddings=30, num_labels=3),
+    "regression": dict(vocab_size=45, emb_dim=16, n_layers=3, n_heads=2, n_langs=1,
+                       sinusoidal_embeddings=True, gelu_activation=False, layer_norm_eps=1e-6,
+                       summary_first_dropout=0.3, num_labels=1),
+}
+
+
+def xlm_inputs(vocab_size: int, seed: int = 0):
+    """`padded_inputs` padded with XLM's id 2 (never a real token) and no token types (XLM's
+    classifier reads none)."""
+    ids, _, mask = padded_inputs(vocab_size, 2, seed)
+    return np.where(mask == 1, np.maximum(ids, 3), 2), np.zeros_like(ids), mask
+
+
+def hf_xlm_logits(reference, ids, mask) -> np.ndarray:
+    """HF's logits without token types (HF adds token type ids as word embeddings; XLM's
+    reference has no token types)."""
+    with torch.no_grad():
+        return reference(input_ids=torch.tensor(ids),
+                         attention_mask=torch.tensor(mask)).logits.numpy()
+
+
+@pytest.mark.parametrize("case", XLM_CASES)
+def test_xlm_parity_with_hf(case, tmp_path):
+    fields = XLM_CASES[case]
+    torch.manual_seed(0)
+    reference = transformers.XLMForSequenceClassification(transformers.XLMConfig(**fields))
+    sinusoids = reference.transformer.position_embeddings.weight.detach().clone()
+    reference = perturbed(reference, fields["num_labels"])
+    with torch.no_grad():  # perturbed moved HF's fixed table too: restore it
+        reference.transformer.position_embeddings.weight.copy_(sinusoids)
+    reference.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = hf.load(tmp_path)
+    assert isinstance(model, SequenceClassifier) and model.head_dense is None
+    assert (model.config.head, model.config.num_labels) == ("xlm", fields["num_labels"])
+    assert model.config.head_dropout == fields.get("summary_first_dropout", 0.1)
+    ids, types, mask = xlm_inputs(fields["vocab_size"], fields["num_labels"])
+    expected = hf_xlm_logits(reference, ids, mask)
+    np.testing.assert_allclose(model(*map(jnp.asarray, (ids, types, mask))), expected,
+                               atol=1e-5, rtol=0)
+    # The head reads the first position only: other ids at the padding change nothing.
+    np.testing.assert_allclose(model(jnp.asarray(np.where(mask, ids, 5)), None, mask), expected,
+                               atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("head", ["bert", "electra", "xlnet", "xlm"])
 def test_classifier_exports_to_transformers(head, tmp_path):
     shape = dict(vocab_size=50, hidden_size=24, num_layers=2, num_heads=3, intermediate_size=40)
     if head == "xlnet":
         config = XLNetClassifierConfig(**shape, num_labels=2, classifier_dropout=0.2)
         model_class, batch = "XLNetForSequenceClassification", xlnet_inputs(50, 3)
+    elif head == "xlm":
+        config = XLMClassifierConfig(**{**shape, "intermediate_size": 96}, n_langs=3,
+                                     max_position_embeddings=20, num_labels=2,
+                                     classifier_dropout=0.2)
+        model_class, batch = "XLMForSequenceClassification", xlm_inputs(50, 3)
     else:
         config = ClassifierConfig(**shape, embedding_size=12 if head == "electra" else 0,
                                   max_position_embeddings=20, head=head, num_labels=2)
@@ -118,7 +176,11 @@ def test_classifier_exports_to_transformers(head, tmp_path):
     reloaded, info = getattr(transformers, model_class).from_pretrained(
         tmp_path / "out", output_loading_info=True)
     assert not any(info.values()), info
-    assert_same_logits(reloaded.eval(), ours, batch)
+    if head == "xlm":
+        np.testing.assert_allclose(ours(*map(jnp.asarray, batch)), hf_xlm_logits(
+            reloaded.eval(), batch[0], batch[2]), atol=1e-5, rtol=0)
+    else:
+        assert_same_logits(reloaded.eval(), ours, batch)
     back = hf.load(tmp_path / "out")
     assert back.config == ours.config
     assert_same_params(back, ours)
@@ -173,3 +235,28 @@ def test_pretrained_xlnet_moves_into_the_classifier():
     np.testing.assert_allclose(model(ids, types, mask), model.head_output(summary), rtol=1e-6)
     first = model(ids, types, mask, rng=jax.random.key(0))
     assert not np.allclose(first, model(ids, types, mask, rng=jax.random.key(1)))
+
+
+def test_pretrained_xlm_moves_into_the_classifier():
+    config = XLMConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2,
+                       intermediate_size=64, max_position_embeddings=32, n_langs=2, causal=True,
+                       hidden_dropout=0.0, attention_dropout=0.0)
+    pretrained = random_params(XLM(config, rngs=nnx.Rngs(0)), 2)
+    head_config = classifier_config(pretrained, num_labels=2, classifier_dropout=0.5)
+    # A CLM-pre-trained XLM classifies bidirectionally (XLM's glue.py: causal=False).
+    assert (head_config.head, head_config.causal, head_config.n_langs) == ("xlm", False, 2)
+    model = from_pretrained(pretrained, head_config, nnx.Rngs(1))
+    assert classifier_config(model, num_labels=3).head == "xlm"
+    moved = nnx.to_flat_state(nnx.state(model.transformer, nnx.Param))
+    source = dict(nnx.to_flat_state(nnx.state(pretrained, nnx.Param)))
+    assert len(moved) == len(source) - 1  # all but the prediction layer's bias
+    for path, variable in moved:
+        np.testing.assert_array_equal(variable.get_value(), source[path].get_value())
+    # The head is dropout + one linear layer on the first position's state.
+    ids, types, mask = map(jnp.asarray, xlm_inputs(40, 4))
+    first = np.asarray(model.transformer.hidden(ids, mask))[:, 0]
+    expected = first @ np.asarray(model.head_output.kernel[...]) + np.asarray(
+        model.head_output.bias[...])
+    np.testing.assert_allclose(model(ids, types, mask), expected, atol=1e-5, rtol=0)
+    dropped = model(ids, types, mask, rng=jax.random.key(0))
+    assert not np.allclose(dropped, model(ids, types, mask, rng=jax.random.key(1)))

@@ -14,15 +14,18 @@ import pytest
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
+from pretext_jax.input_pipeline.parallel import open_parallel
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.input_pipeline.records import RecordDirectory, make_loader, write_records
 from pretext_jax.input_pipeline.xlm_examples import (
-    LanguageMixture,
+    LineSplit,
+    StepSchedule,
     XLMExampleConfig,
     XLMMasking,
     language_ids,
     language_probabilities,
     mask_weights,
+    parallel_sentences,
     parse_corpora,
     prepare_streams,
     prepare_tlm,
@@ -80,23 +83,83 @@ def stream_records(tmp_path: Path, language: int, pieces: int, name: str) -> Rec
     return RecordDirectory(tmp_path / name)
 
 
-def test_language_mixture_samples_languages_by_q_and_is_deterministic(tmp_path):
-    records = {"de": stream_records(tmp_path, 0, 5, "de"),
-               "en": stream_records(tmp_path, 1, 50, "en")}
-    q = language_probabilities({"de": 5, "en": 50}, 0.5)
-    mixture = LanguageMixture(records, q, seed=3, length=20000)
-    chosen = np.array([mixture.choose(k) for k in range(len(mixture))])
-    within(np.bincount(chosen[:, 0], minlength=2) / len(chosen), q, len(chosen))
-    german = mixture.records[0].spec.decode(mixture[int(np.flatnonzero(chosen[:, 0] == 0)[0])])
-    assert set(german["langs"].tolist()) == {0}
-    assert len(set(chosen[chosen[:, 0] == 1, 1].tolist())) == 50  # every English piece drawn
-    again = LanguageMixture(records, q, seed=3, length=20000)
-    assert all(again.choose(k) == mixture.choose(k) for k in range(200))
-    assert [LanguageMixture(records, q, 4).choose(k) for k in range(50)] != [
-        mixture.choose(k) for k in range(50)]
-    per_batch = LanguageMixture(records, q, seed=3, batch_size=8)
-    languages = np.array([per_batch.choose(k)[0] for k in range(800)]).reshape(100, 8)
-    assert (languages == languages[:, :1]).all() and 0 < languages[:, 0].sum() < 100
+def pair_records(tmp_path: Path, first: int, second: int, count: int, name: str
+                 ) -> RecordDirectory:
+    """TLM records of one direction: line i is (100 + i) in `first`, (200 + i) in `second`."""
+    config = XLMExampleConfig(stream_length=8, max_sentence_length=2)
+    write_records((tlm_record([100 + i], [200 + i], first, second, config, EOS, PAD)
+                   for i in range(count)), tmp_path / name, num_shards=1)
+    return RecordDirectory(tmp_path / name)
+
+
+def schedule_sets(tmp_path: Path) -> tuple[dict, np.ndarray, dict, np.ndarray]:
+    """Three languages (streams of 5, 50 and 20 pieces) and two TLM directions (30 and 10
+    pairs), with their sampling probabilities."""
+    mono = {"de": stream_records(tmp_path, 0, 5, "de"), "en": stream_records(tmp_path, 1, 50, "en"),
+            "fr": stream_records(tmp_path, 2, 20, "fr")}
+    pairs = {"de-en": pair_records(tmp_path, 0, 1, 30, "de-en"),
+             "en-fr": pair_records(tmp_path, 1, 2, 10, "en-fr")}
+    return (mono, language_probabilities({"de": 5, "en": 50, "fr": 20}, 0.5),
+            pairs, language_probabilities({"de-en": 30, "en-fr": 10}, 0.5))
+
+
+def test_step_schedule_alternates_languages_and_pairs_as_shuf_order(tmp_path):
+    mono, q_mono, pairs, q_pairs = schedule_sets(tmp_path)
+    schedule = StepSchedule(mono, q_mono, pairs, q_pairs, seed=3, batch_size=8)
+    # A cycle is min(5, 3) = 3 monolingual steps, then min(5, 2) = 2 pair steps (shuf_order).
+    assert schedule.cycle_steps == 5 and schedule.names == ("de", "en", "fr", "de-en", "en-fr")
+    steps = np.array([schedule.step_set(step) for step in range(5 * 2000)]).reshape(2000, 5)
+    assert (steps[:, :3] < 3).all() and (steps[:, 3:] >= 3).all()
+    # Languages are drawn with replacement by q ~ p^0.5, pairs by q over their pair counts.
+    within(np.bincount(steps[:, :3].ravel(), minlength=3) / 6000, q_mono, 6000)
+    within(np.bincount(steps[:, 3:].ravel() - 3, minlength=2) / 4000, q_pairs, 4000)
+    assert len({tuple(row) for row in steps[:, :3]}) > 10  # not one fixed order
+    # Every step's 8 records come from its set: one language, or one direction of pairs.
+    for step in range(40):
+        chosen = [schedule.choose(step * 8 + row) for row in range(8)]
+        assert {which for which, _ in chosen} == {schedule.step_set(step)}
+        rows = [schedule.records[which].spec.decode(schedule[step * 8 + row])
+                for row, (which, _) in enumerate(chosen)]
+        name = schedule.names[schedule.step_set(step)]
+        languages = {tuple(np.unique(r["langs"][r["input_mask"] > 0]).tolist()) for r in rows}
+        assert languages == {tuple(sorted({"de": 0, "en": 1, "fr": 2}[part]
+                                          for part in name.split("-")))}
+    # Rows are uniform over the set, with replacement; all is a function of (seed, batch, key).
+    picks = [schedule.choose(k)[1] for k in range(8 * 400) if schedule.choose(k)[0] == 1]
+    assert len(set(picks)) == 50
+    again = StepSchedule(mono, q_mono, pairs, q_pairs, seed=3).for_global_batch(8)
+    assert [again.choose(k) for k in range(300)] == [schedule.choose(k) for k in range(300)]
+    other = StepSchedule(mono, q_mono, pairs, q_pairs, seed=4, batch_size=8)
+    assert [other.choose(k) for k in range(300)] != [schedule.choose(k) for k in range(300)]
+    # Only languages (MLM / CLM) or only pairs (TLM): cycles of min(5, count) steps.
+    assert StepSchedule(mono, q_mono, {}, [], 0).cycle_steps == 3
+    assert StepSchedule({}, [], pairs, q_pairs, 0).cycle_steps == 2
+
+
+def test_step_schedule_loads_one_set_per_batch_and_resumes_exactly(tmp_path):
+    mono, q_mono, pairs, q_pairs = schedule_sets(tmp_path)
+    schedule = StepSchedule(mono, q_mono, pairs, q_pairs, seed=1).for_global_batch(4)
+    config = XLMExampleConfig(stream_length=8, max_sentence_length=2, max_predictions_per_seq=2)
+    weights = mask_weights(np.ones(1000, np.int64), 0.5, VOCAB)
+
+    def loader():
+        return iter(make_loader(schedule, batch_size=4, seed=0, shuffle=False,
+                                transforms=[XLMMasking(VOCAB, weights, config)]))
+
+    iterator = loader()
+    batches = [next(iterator) for _ in range(6)]
+    for step, batch in enumerate(batches):
+        expected = schedule.records[schedule.step_set(step)].examples(
+            [schedule.choose(step * 4 + row)[1] for row in range(4)])
+        np.testing.assert_array_equal(batch["langs"], expected["langs"])
+        np.testing.assert_array_equal(batch["positions"], expected["positions"])
+    state = iterator.get_state()
+    following = [next(iterator) for _ in range(4)]
+    resumed = loader()
+    resumed.set_state(state)
+    for a, b in zip(following, [next(resumed) for _ in range(4)], strict=True):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 def test_stream_pieces_are_256_tokens_and_concatenate_back_to_the_stream():
@@ -192,6 +255,31 @@ def test_tlm_record_resets_positions_and_gives_each_half_its_language():
     assert halves.min() > 100
 
 
+def test_tlm_held_out_fraction_splits_aligned_lines_with_both_directions_on_one_side(tmp_path):
+    # Line i: "i+100" in en, "i+500" in de, so a record names its line.
+    for language, offset in (("en", 100), ("de", 500)):
+        (tmp_path / f"p.{language}").write_text("".join(f"{i + offset}\n" for i in range(40)))
+    spec = f"{tmp_path / 'p.en'},{tmp_path / 'p.de'}"
+    config, ids = XLMExampleConfig(stream_length=16, max_sentence_length=4), {"de": 0, "en": 1}
+
+    def lines(split: LineSplit) -> list[set[int]]:
+        """The line numbers of each direction's records (de-en, en-de) of that side."""
+        records = prepare_tlm(spec, WordTokenizer(), config, ids, tmp_path / "cache", split)
+        rows = records.examples(range(len(records)))
+        first = rows["input_ids"][:, 1]
+        return [{int(t) - 100 if t < 500 else int(t) - 500 for t in first[rows["langs"][:, 0]
+                                                                         == lang]}
+                for lang in (0, 1)]
+
+    train, held = lines(LineSplit(0.2, 3, False)), lines(LineSplit(0.2, 3, True))
+    assert train[0] == train[1] and held[0] == held[1]  # both directions of a line, one side
+    assert len(held[0]) == 8 and held[0] | train[0] == set(range(40)) and not held[0] & train[0]
+    assert lines(LineSplit(0.2, 3, True)) == held and lines(LineSplit(0.2, 4, True)) != held
+    # The tokenizer of a split corpus reads the training side's sentences only.
+    sentences = parallel_sentences(open_parallel(spec), "de", LineSplit(0.2, 3, False))
+    assert [int(s) - 500 for s in sentences] == sorted(train[0])
+
+
 def test_masked_loading_is_deterministic_per_seed(tmp_path):
     records = {"de": stream_records(tmp_path, 0, 6, "de"),
                "en": stream_records(tmp_path, 1, 6, "en")}
@@ -200,8 +288,8 @@ def test_masked_loading_is_deterministic_per_seed(tmp_path):
     assert (tmp_path / "en" / "token_counts.npy").is_file()
 
     def batches(seed: int) -> list[np.ndarray]:
-        mixture = LanguageMixture(records, [0.5, 0.5], seed=7, length=64)
-        loader = make_loader(mixture, batch_size=8, seed=seed, num_epochs=1,
+        schedule = StepSchedule(records, [0.5, 0.5], {}, [], seed=7, length=64)
+        loader = make_loader(schedule, batch_size=8, seed=seed, num_epochs=1,
                              transforms=[XLMMasking(VOCAB, weights, config)])
         return [batch["input_ids"] for batch in loader]
 

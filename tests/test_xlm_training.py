@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 from resilience_utils import GRADIENT_STEP, assert_same_training, interrupt, run_in_process
 
 from pretext_jax import run
@@ -65,8 +66,11 @@ def corpora(tmp_path_factory) -> dict[str, str]:
 
 
 def task_settings(task: str, corpora: dict[str, str]) -> dict:
+    """TLM holds out the valid pairs; MLM + TLM holds out a fraction of the training pairs."""
     source = {"data.source": corpora["train"], "data.eval_source": corpora["valid"]} if (
         task == "tlm") else {"data.source": corpora["mono"]}
+    if task == "mlm_tlm":
+        source["examples.tlm_source"] = corpora["train"]
     return {**TINY, **source, "examples.task": task, "data.cache_dir": corpora["data.cache_dir"]}
 
 
@@ -75,7 +79,7 @@ def eval_losses(workdir: Path) -> list[float]:
     return [row["loss"] for row in rows if row["split"] == "eval"]
 
 
-@pytest.mark.parametrize("task", ["mlm", "tlm", "clm"])
+@pytest.mark.parametrize("task", ["mlm", "tlm", "clm", "mlm_tlm"])
 def test_each_task_trains_from_the_cli_with_falling_held_out_loss(task, corpora, tmp_path):
     settings = {**task_settings(task, corpora), "train.steps": 30, "train.eval_every": 10,
                 "train.checkpoint_every": 30, "optim.learning_rate": 5e-3}
@@ -156,8 +160,46 @@ def test_same_step_on_every_mesh(task, corpora, tmp_path):
                                        err_msg=f"{name} {key}")
 
 
+def test_mlm_tlm_steps_alternate_one_language_or_pair_per_batch(corpora, tmp_path):
+    """Each training batch is one step of the schedule: a language's streams (positions
+    0..n-1, its language id) or the en-de / de-en pairs (positions reset, a language per
+    half), with 2 monolingual then 2 pair steps per cycle; and TLM is held out by a fraction
+    of the parallel lines."""
+    trainer = tiny_trainer(tmp_path / "w", task_settings("mlm_tlm", corpora),
+                           **{"data.held_out_fraction": 0.25})
+    schedule = trainer.data.step_source(16)
+    assert set(schedule.names) == {"en", "de", "de-en", "en-de"} and schedule.cycle_steps == 4
+    ids = {"de": 0, "en": 1}
+    iterator = trainer.data_iterator()
+    seen = []
+    state = trainer.init_state()
+    for step in range(12):
+        batch = next(iterator)
+        name = schedule.names[schedule.step_set(step)]
+        seen.append(name)
+        if step < 4:  # a whole cycle: MLM and TLM batches, one compiled step
+            state, _ = trainer.train_step(state, batch)
+        assert (step % 4 < 2) == ("-" not in name)
+        for row in range(16):
+            real = batch["input_mask"][row] > 0
+            langs, positions = batch["langs"][row][real], batch["positions"][row][real]
+            if "-" not in name:
+                assert (langs == ids[name]).all()
+                np.testing.assert_array_equal(positions, np.arange(real.sum()))
+            else:
+                second = int(np.flatnonzero(positions == 0)[1])
+                assert (langs[:second] == ids[name[:2]]).all() and (
+                    langs[second:] == ids[name[3:]]).all()
+    assert {"en", "de"} <= set(seen) and {"de-en", "en-de"} <= set(seen)
+    assert trainer._train_step._cache_size() == 1
+    # The held-out set interleaves the languages' streams and the held-out pairs.
+    held = trainer.data.eval
+    pairs = (held["positions"][:, 1:] == 0).any(axis=1)
+    assert 0 < pairs[:16].sum() < 16 and pairs.sum() >= 2 * 100 * 0.25 * 0.9
+
+
 def test_killed_run_resumes_bit_for_bit(corpora, tmp_path):
-    overrides = {**task_settings("mlm", corpora), "train.steps": 8, "train.checkpoint_every": 3,
+    overrides = {**task_settings("mlm_tlm", corpora), "train.steps": 8, "train.checkpoint_every": 3,
                  "train.eval_every": 1000, "train.eval_batches": 1}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("xlm_tiny", overrides, *reference)
@@ -195,11 +237,68 @@ def test_workdir_converts_to_hf_and_back(corpora, tmp_path):
 
 
 def test_config_errors(corpora, tmp_path):
-    with pytest.raises(UserError, match="data.eval_source"):
-        tiny_trainer(tmp_path / "a", {**task_settings("tlm", corpora), "data.eval_source": ""})
     with pytest.raises(UserError, match="examples.task=clm"):
         make_config("xlm_tiny", {"model.causal": True})
     with pytest.raises(UserError, match="examples.task"):
         make_config("xlm_tiny", {"examples.task": "mt"})
+    with pytest.raises(UserError, match="model.is_decoder=false"):
+        make_config("xlm_tiny", {"model.is_decoder": True, "model.causal": True,
+                                 "examples.task": "clm"})
+    with pytest.raises(UserError, match="examples.tlm_source"):
+        make_config("xlm_tiny", {"examples.task": "mlm_tlm"})
     with pytest.raises(UserError, match="stream_length"):
         make_config("xlm_tiny", {"model.max_position_embeddings": 32})
+
+
+def test_glue_finetune_from_a_pretrained_xlm_workdir_and_export_to_hf(corpora, tmp_path):
+    """A pre-trained xlm_tiny workdir fine-tunes on a tiny SST-2 (label: "cat" or "dog" in the
+    sentence) with XLM's recipe and input layout, starting from its weights, and the classifier
+    exports to HF `XLMForSequenceClassification` with the same logits."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.finetune import finetune, finetune_config
+
+    workdir = tmp_path / "pretrained"
+    Trainer(make_config("xlm_tiny", {**task_settings("mlm", corpora), "train.steps": 2,
+                                     "train.eval_every": 2, "train.eval_batches": 1}),
+            workdir).run()
+    glue = tmp_path / "glue" / "SST-2"
+    glue.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 160), ("dev", 48)):
+        labels = rng.integers(0, 2, count)
+        rows = []
+        for label in labels:
+            words = [*rng.choice(WORDS["en"][4:], 5), "cat" if label else "dog"]
+            rng.shuffle(words)
+            rows.append(f"{' '.join(words)}\t{label}")
+        (glue / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    config = finetune_config("sst2", str(workdir), str(glue.parent),
+                             ["examples.max_seq_length=16", "optim.learning_rate=5e-3",
+                              "train.progress=false"], epochs=2)
+    assert (config.model["head"], config.examples["layout"]) == ("xlm", "xlm")
+    assert (config.train.batch_size, config.optim.schedule, config.optim.warmup_steps,
+            config.optim.eps, config.train.steps) == (8, "constant", 0, 1e-8, 40)
+    trainer = Trainer(config, tmp_path / "run")
+    pretrained = load_model(workdir)
+    params = nnx.to_pure_dict(trainer.init_state().params)["transformer"]
+    np.testing.assert_array_equal(params["word_embeddings"]["embedding"],
+                                  pretrained.word_embeddings.embedding[...])
+    np.testing.assert_array_equal(params["layers"]["query"]["kernel"],
+                                  pretrained.layers.query.kernel[...])
+    dev = trainer.data.eval
+    eos = trainer.data.tokenizer.eos_id
+    assert (dev["input_ids"][:, 0] == eos).all()  # </s> A </s>
+    lengths = dev["attention_mask"].sum(1)
+    assert (dev["input_ids"][np.arange(len(lengths)), lengths - 1] == eos).all()
+    result = finetune(config, tmp_path / "run")
+    assert result["dev"]["accuracy"] > 0.8 and not result["at_majority_baseline"], result
+    assert run.main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    reference = transformers.XLMForSequenceClassification.from_pretrained(tmp_path / "hf")
+    ours = load_model(tmp_path / "run")
+    ids, mask = dev["input_ids"][:4], dev["attention_mask"][:4]
+    with torch.no_grad():
+        expected = reference.eval()(input_ids=torch.tensor(ids, dtype=torch.long),
+                                    attention_mask=torch.tensor(mask)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours(ids, None, mask)), expected, atol=1e-5)
