@@ -49,7 +49,12 @@ from pretext_jax.objectives.registry import (
     register,
     summary_of,
 )
-from pretext_jax.objectives.text import MAX_EVAL_EXAMPLES, mask_records, weighted_cross_entropy
+from pretext_jax.objectives.text import (
+    MAX_EVAL_EXAMPLES,
+    mask_records,
+    stacked_records,
+    weighted_cross_entropy,
+)
 
 
 def xlm_loss(model: XLM, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
@@ -74,19 +79,11 @@ def build_xlm(config: XLMConfig, seed: int) -> XLM:
     return XLM(config, rngs=nnx.Rngs(seed))
 
 
-def stacked(records: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Record sets with the same features, one after the other."""
-    return {key: np.concatenate([r[key] for r in records]) for key in records[0]}
-
-
 def held_out_examples(directories: list[RecordDirectory]) -> dict[str, np.ndarray]:
     """The first held-out records of each directory, at most `MAX_EVAL_EXAMPLES` in all."""
     share = MAX_EVAL_EXAMPLES // len(directories)
-    kept = [d.examples(range(min(len(d), share))) for d in directories if len(d)]
-    if not kept:
-        raise UserError("nothing was held out for evaluation; raise data.held_out_fraction or "
-                        "give more text (documents separated by blank lines)")
-    return stacked(kept)
+    return stacked_records([d.examples(range(min(len(d), share))) for d in directories
+                            if len(d)])
 
 
 def prepare_streams(data: DataConfig, examples: xlm_examples.XLMExampleConfig, cache_dir: Path,
