@@ -5,6 +5,7 @@ fine-tune with its BLEU check (`objectives.translation`)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax.numpy as jnp
 import numpy as np
@@ -12,14 +13,22 @@ import pytest
 from flax import nnx
 from parity_utils import random_params
 
+from pretext_jax import run
 from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline import translation_examples as te
+from pretext_jax.input_pipeline.tokenizers import SentencePieceTokenizer
 from pretext_jax.models import t5_hf
 from pretext_jax.models.generate import greedy_seq2seq
 from pretext_jax.models.t5 import T5, T5Config
-from pretext_jax.pretrain import hf
+from pretext_jax.objectives import translation
+from pretext_jax.objectives.translation import T5TranslationConfig
+from pretext_jax.pretrain import export, hf, translate
+from pretext_jax.pretrain.config import config_from_dict
+from pretext_jax.pretrain.export import save_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+sacrebleu = pytest.importorskip("sacrebleu")
 
 HF_T5 = dict(vocab_size=61, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2,
              num_heads=4, feed_forward_proj="relu", tie_word_embeddings=True,
@@ -131,3 +140,145 @@ def test_language_embeddings_add_to_tokens_in_encoder_and_decoder():
     assert (out[0] != out[1]).any()
     with pytest.raises(UserError, match="^this T5 has language embeddings [^\n]*$"):
         t5_hf.config_to_hf(model.config)
+
+
+# ------------------------------------------------------------------- translation fine-tune
+SUBJECTS = [("A man", "Ein Mann"), ("A woman", "Eine Frau"), ("A child", "Ein Kind"),
+            ("The dog", "Der Hund")]
+VERBS = [("sees", "sieht"), ("has", "hat"), ("wants", "will"), ("likes", "mag")]
+COLOURS = [("red", "rotes"), ("blue", "blaues"), ("green", "grünes"), ("black", "schwarzes")]
+THINGS = [("car", "Auto"), ("boat", "Boot"), ("bike", "Fahrrad"), ("house", "Haus")]
+
+
+def toy_parallel(root, split: str, count: int, seed: int) -> str:
+    """`count` aligned English/German template captions in root/split.{en,de}; the spec."""
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for _ in range(count):
+        s, v, c, t = (table[rng.integers(len(table))] for table in (SUBJECTS, VERBS, COLOURS,
+                                                                      THINGS))
+        pairs.append((f"{s[0]} {v[0]} a {c[0]} {t[0]}.", f"{s[1]} {v[1]} ein {c[1]} {t[1]}."))
+    for index, language in enumerate(("en", "de")):
+        (root / f"{split}.{language}").write_text(
+            "".join(pair[index] + "\n" for pair in pairs), encoding="utf-8")
+    return f"{root / f'{split}.en'},{root / f'{split}.de'}"
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """A toy corpus, its sentencepiece tokenizer and a random bilingual T5 saved as a model
+    directory (what a mass_bilingual_tiny run exports)."""
+    root = tmp_path_factory.mktemp("toy")
+    train, val = toy_parallel(root, "train", 400, 0), toy_parallel(root, "val", 30, 1)
+    text = (root / "train.en").read_text().splitlines() + (root / "train.de").read_text(
+        ).splitlines()
+    tokenizer = SentencePieceTokenizer.train(text, root / "spm", vocab_size=60)
+    config = T5Config(
+        vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_id, num_languages=2,
+        hidden_size=32, num_layers=1, num_heads=2, head_size=16, intermediate_size=64,
+        feed_forward_proj="gelu", hidden_dropout=0.0, attention_dropout=0.0)
+    model = T5(T5Config(**{f.name: getattr(config, f.name)
+                           for f in dataclasses.fields(T5Config)}), rngs=nnx.Rngs(0))
+    save_model(model, "mass", root / "mass")
+    export.write_tokenizer(root / "mass", tokenizer)
+    return {"root": root, "train": train, "val": val, "tokenizer": tokenizer,
+            "init": root / "mass"}
+
+
+def test_records_hold_both_sides_with_eos_and_languages(toy, tmp_path):
+    tokenizer, config = toy["tokenizer"], te.TranslationExampleConfig(max_source_length=8,
+                                                                        max_target_length=40)
+    (tmp_path / "a.en").write_text("A man sees a red car.\n\nThe dog has a blue boat.\n")
+    (tmp_path / "a.de").write_text("Ein Mann sieht ein rotes Auto.\nEin Kind\n\n")
+    spec = f"{tmp_path / 'a.en'},{tmp_path / 'a.de'}"
+    records, references = te.held_out_pairs(spec, tokenizer, config, {"de": 0, "en": 1})
+    assert references == ["Ein Mann sieht ein rotes Auto."]  # pairs with an empty side dropped
+    source = tokenizer.encode("A man sees a red car.")
+    target = tokenizer.encode(references[0])
+    assert len(source) > 7  # cut to 7 tokens and EOS
+    np.testing.assert_array_equal(records["inputs"][0], [*source[:7], tokenizer.eos_id])
+    np.testing.assert_array_equal(records["targets"][0, :len(target) + 1],
+                                  [*target, tokenizer.eos_id])
+    assert records["target_mask"][0].sum() == len(target) + 1
+    assert (records["targets"][0, len(target) + 1:] == tokenizer.pad_id).all()
+    assert (records["source_language_ids"] == 1).all() and (
+        records["target_language_ids"] == 0).all()
+    with pytest.raises(UserError, match="has no fr"):
+        te.held_out_pairs(spec, tokenizer, dataclasses.replace(config, target_language="fr"),
+                          {"de": 0, "en": 1})
+
+
+@pytest.mark.usefixtures("deterministic_torch")
+def test_loss_is_hf_t5_loss_with_labels(hf_pair):
+    """Through the decoding protocol: targets shifted right after the start token, loss on the
+    target tokens only."""
+    reference, folder = hf_pair
+    ids, mask = sources(HF_T5["vocab_size"], seed=5)
+    targets = np.random.default_rng(6).integers(2, HF_T5["vocab_size"], (4, 7))
+    target_mask = (np.arange(7) < np.array([7, 3, 5, 1])[:, None]).astype(np.int64)
+    with torch.no_grad():
+        expected = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                             labels=torch.tensor(np.where(target_mask, targets, -100))).loss
+    batch = {"inputs": ids, "input_mask": mask, "targets": targets * target_mask,
+             "target_mask": target_mask, "source_language_ids": np.zeros_like(ids),
+             "target_language_ids": np.zeros_like(targets)}
+    family = translation.FAMILIES["translation"]
+    loss, metrics = translation.translation_loss(
+        hf.load(folder), {k: jnp.asarray(v) for k, v in batch.items()}, None, family=family)
+    np.testing.assert_allclose(loss, expected.item(), atol=1e-5, rtol=0)
+    assert metrics["target_tokens"][0] == target_mask.sum()
+
+
+def test_pretrained_model_keeps_its_weights_and_must_match(toy):
+    family = translation.FAMILIES["translation"]
+    saved = export.load_model(toy["init"])
+    config = T5TranslationConfig(**{**dataclasses.asdict(saved.config), "init": str(toy["init"]),
+                                    "hidden_dropout": 0.2})
+    model = translation.pretrained_translator(config, 0, export.load_pretrained, family=family)
+    assert model.config.hidden_dropout == 0.2
+    np.testing.assert_array_equal(model.language_embeddings.embedding.get_value(),
+                                  saved.language_embeddings.embedding.get_value())
+    with pytest.raises(UserError, match=r"^model.num_languages=0 differs .* set "
+                                        r"model.num_languages=2$"):
+        translation.pretrained_translator(dataclasses.replace(config, num_languages=0), 0,
+                                          export.load_pretrained, family=family)
+    assert translation.pretrained_translator(dataclasses.replace(config, init=""), 0,
+                                             export.load_pretrained, family=family) is None
+
+
+def test_cli_translate_from_a_bilingual_mass_model_scores_bleu(toy, tmp_path):
+    """`run.py translate --init MASS_DIR`: the starting point's architecture, tokenizer and
+    languages; held-out loss falls; results.json's BLEU is sacrebleu's on the final model's
+    greedy translations, with its signature."""
+    workdir = tmp_path / "run"
+    assert run.main(["translate", "--init", str(toy["init"]), "--data", toy["train"],
+                     "--eval-data", toy["val"], "--workdir", str(workdir),
+                     "train.steps=30", "train.batch_size=16", "optim.learning_rate=0.02",
+                     "optim.warmup_steps=10", "train.eval_every=15", "train.log_every=15",
+                     "examples.max_source_length=20", "examples.max_target_length=20",
+                     f"data.cache_dir={tmp_path / 'cache'}", "train.progress=false"]) == 0
+    result = json.loads((workdir / "results.json").read_text())
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [row for row in rows if row["split"] == "eval"]
+    assert evaluations[-1]["loss"] < evaluations[0]["loss"] - 0.3, evaluations
+    assert result["held_out_pairs"] == 30 and "tok:13a" in result["bleu_signature"]
+    config = config_from_dict(export.read_json_object(workdir / "config.json"))
+    assert config.method == "translation" and config.model["num_languages"] == 2
+    # Decoded here in one batch, cut at EOS and detokenised, against the corpus's sentences.
+    model, tokenizer = export.load_model(workdir), toy["tokenizer"]
+    records, references = te.held_out_pairs(toy["val"], tokenizer, config.example_config(),
+                                            {"de": 0, "en": 1})
+    tokens = greedy_seq2seq(model, records["inputs"], records["input_mask"], max_new_tokens=20,
+                            source_language_ids=records["source_language_ids"],
+                            target_language_ids=np.zeros(30, np.int32))
+    ends = [list(row).index(tokenizer.eos_id) if tokenizer.eos_id in row else len(row)
+            for row in tokens]
+    hypotheses = [tokenizer.decode(row[:end].tolist()) for row, end in zip(tokens, ends,
+                                                                           strict=True)]
+    assert result["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
+    # The from-scratch baseline: same architecture and tokenizer, no init.
+    baseline = translate.translation_config("", toy["train"], toy["val"],
+                                            architecture=str(toy["init"]))
+    assert baseline.model["init"] == "" and baseline.model["num_languages"] == 2
+    assert baseline.data.tokenizer == config.data.tokenizer
