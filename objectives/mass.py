@@ -78,9 +78,9 @@ def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, ca
         train, held_out, tokenizer = prepare_bilingual(corpora, data, examples, cache_dir, seed)
         languages = {"num_languages": len(corpora)}
     masking = mass_examples.MassMasking(MaskingVocab.from_tokenizer(tokenizer), examples)
-    eval_examples = stacked_records([held_out_examples(part, masking, seed,
-                                               MAX_EVAL_EXAMPLES // len(held_out))
-                             for part in held_out if len(part)])
+    share = MAX_EVAL_EXAMPLES // len(held_out)
+    eval_examples = stacked_records([held_out_examples(part, masking, seed, share)
+                                     for part in held_out if len(part)])
     return PreparedData(train=train, eval=eval_examples, transforms=(masking,),
                         model_fields={"vocab_size": tokenizer.vocab_size,
                                       "eos_token_id": tokenizer.sep_id, **languages},

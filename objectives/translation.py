@@ -149,6 +149,21 @@ def prepare_translation(data: DataConfig, examples: te.TranslationExampleConfig,
         monitor_data=HeldOut(references, tokenizer))
 
 
+def check_languages(data: PreparedData, model_config: Any, objective: Any = None, *,
+                    family: Family) -> PreparedData:
+    """A model with language embeddings has a row for both languages of the direction (ids:
+    the corpus's languages in sorted order, as MASS's bilingual pre-training numbers them)."""
+    count = family.languages(model_config)
+    ids = data.report["language_ids"]
+    used = max(int(data.eval["source_language_ids"].max()),
+               int(data.eval["target_language_ids"].max()))
+    if count and used >= count:
+        raise UserError(f"the corpus's languages are numbered {ids} but the model has "
+                        f"{count} language embeddings; use a corpus of the pre-training's "
+                        "languages only (e.g. train.en,train.de)")
+    return data
+
+
 def translate_held_out(model: Any, data: PreparedData, examples: te.TranslationExampleConfig,
                        family: Family) -> tuple[list[str], list[str]]:
     """(greedy translations of the first `examples.bleu_sentences` held-out sources, detokenised
@@ -256,6 +271,7 @@ def translation_method(name: str, family: Family, presets: dict[str, Any]) -> Me
         units_per_example=lambda examples: (examples.max_source_length
                                             + examples.max_target_length),
         monitor=functools.partial(bleu_monitor, family=family),
+        complete_data=functools.partial(check_languages, family=family),
         pretrained=functools.partial(pretrained_translator, family=family),
         summarize=summarize_translation,
         description=f"Translation fine-tuning with a greedy BLEU check ({name})",

@@ -4,7 +4,8 @@ round(0.5 m), contiguity and start distribution; 80/10/10 inside the fragment on
 reading the fragment shifted right with everything else masked; loss only on the fragment; the
 edge cases k = 1 (BERT's masked LM) and k = m (a standard LM) built and checked on the model;
 mass_tiny from the CLI with falling held-out loss, one step equal on every mesh, and a killed
-run that resumes bit for bit."""
+run that resumes bit for bit; the bilingual setting: segments tagged with their language, one
+language per batch in turn, and mass_bilingual_tiny from the CLI with language embeddings."""
 
 from __future__ import annotations
 

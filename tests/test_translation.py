@@ -21,6 +21,7 @@ from pretext_jax.models import t5_hf
 from pretext_jax.models.generate import greedy_seq2seq
 from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.objectives import translation
+from pretext_jax.objectives.registry import PreparedData
 from pretext_jax.objectives.translation import T5TranslationConfig
 from pretext_jax.pretrain import export, hf, translate
 from pretext_jax.pretrain.config import config_from_dict
@@ -244,6 +245,14 @@ def test_pretrained_model_keeps_its_weights_and_must_match(toy):
                                           export.load_pretrained, family=family)
     assert translation.pretrained_translator(dataclasses.replace(config, init=""), 0,
                                              export.load_pretrained, family=family) is None
+    # A language the model has no embedding for (fr = 2 of de, en, fr) is refused.
+    data = PreparedData(train=None, eval={"source_language_ids": np.array([[2, 2]]),
+                                          "target_language_ids": np.array([[0, 0]])},
+                        report={"language_ids": {"de": 0, "en": 1, "fr": 2}})
+    with pytest.raises(UserError, match="has 2 language embeddings"):
+        translation.check_languages(data, config, family=family)
+    ok = dataclasses.replace(data, eval={**data.eval, "source_language_ids": np.ones((1, 2))})
+    assert translation.check_languages(ok, config, family=family) is ok
 
 
 def test_cli_translate_from_a_bilingual_mass_model_scores_bleu(toy, tmp_path):
