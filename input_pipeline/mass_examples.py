@@ -40,13 +40,24 @@ Edge cases (§2.2, Table 1): k = 1 is BERT's masked LM (one masked token, the de
 non-[MASK] input is a token the encoder sees); k = m is a standard LM (the whole encoder input
 is masked, the decoder reads x shifted right from the start token and predicts all of x).
 
-Not done: the paper's language embeddings for bilingual (unsupervised NMT) pre-training.
+Bilingual pre-training (§3.1 and §4.1, unsupervised NMT; MASS-unsupNMT on XLM, which trains
+`--mass_steps 'en,fr'` with one monolingual batch of each language in turn and language
+embeddings in encoder and decoder): `data.source` names monolingual text per language,
+`en=SOURCE,de=SOURCE` (`language_corpora`; not aligned, each side is its own corpus), with one
+sentencepiece vocabulary trained on both (`xlm_examples.prepare_languages`, languages sampled in
+proportion to their sentences: alpha 1, as a vocabulary learned on the concatenation) and
+held-out text per language (`data.eval_source` of the same form, or `data.held_out_fraction`
+of each). Language ids are the sorted order of the languages (`xlm_examples.language_ids`:
+de = 0, en = 1), stored per segment (`language`) and given to every token of the encoder and
+decoder inputs (`language_ids`). With `language_batch_size` b every global batch of b segments
+holds one language and the languages take turns (`AlternatingLanguages`; the batch must then
+be `train.batch_size`); with 0 the languages mix within a batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import grain
@@ -54,6 +65,9 @@ import numpy as np
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.bert_examples import Document, MaskingVocab, corrupt
+from pretext_jax.input_pipeline.descriptions import describe
+from pretext_jax.input_pipeline.records import RecordDirectory
+from pretext_jax.input_pipeline.xlm_examples import LanguageMixture, parse_corpora
 
 DECODER_START = 0  # T5's decoder start token (= pad), models.t5.PAD_ID
 
@@ -79,6 +93,9 @@ class MassExampleConfig:
     """Share of fragment tokens given [MASK] in the encoder input (MASS §3.1 0.8)."""
     random_token_prob: float = 0.1
     """Share of fragment tokens given a random token (0.1; the rest stay unchanged)."""
+    language_batch_size: int = 0
+    """Bilingual corpora: segments per global batch, all of one language, languages in turn
+    (MASS's alternation); must equal train.batch_size. 0 = languages mix within a batch."""
 
     def __post_init__(self) -> None:
         if self.max_seq_length < 2:
@@ -99,6 +116,9 @@ class MassExampleConfig:
             raise UserError(
                 f"examples.mask_token_prob={self.mask_token_prob} and examples.random_token_prob"
                 f"={self.random_token_prob} must be >= 0 with a sum <= 1 (MASS: 0.8 and 0.1)")
+        if self.language_batch_size < 0:
+            raise UserError(f"examples.language_batch_size={self.language_batch_size} must be "
+                            ">= 0 (0 = languages mixed within a batch)")
 
     def fragment_size(self, length: int) -> int:
         """k for a segment of `length` tokens (EOS included)."""
@@ -134,21 +154,54 @@ def segments(documents: Sequence[Document], config: MassExampleConfig, eos_id: i
 
 
 def create_training_examples(documents: Sequence[Document], config: MassExampleConfig,
-                             eos_id: int) -> Iterator[dict[str, np.ndarray]]:
-    """Records {"tokens": [max_seq_length] int32}: one segment each, padded with 0."""
+                             eos_id: int, language: int | None = None
+                             ) -> Iterator[dict[str, np.ndarray]]:
+    """Records {"tokens": [max_seq_length] int32}: one segment each, padded with 0; with a
+    `language` id (bilingual corpora) also {"language": [1] int32}."""
     if not documents:
         raise UserError("the corpus has no documents; pass a non-empty corpus")
     for segment in segments(documents, config, eos_id):
         tokens = np.zeros(config.max_seq_length, np.int32)
         tokens[:len(segment)] = segment
-        yield {"tokens": tokens}
+        yield {"tokens": tokens} if language is None else {
+            "tokens": tokens, "language": np.array([language], np.int32)}
+
+
+def language_corpora(spec: str) -> dict[str, str] | None:
+    """{language: source} of a bilingual `data.source` (`en=SOURCE,de=SOURCE`, as XLM's), or
+    None for one monolingual source (no `LANG=` in it)."""
+    if "=" not in spec:
+        return None
+    return parse_corpora(spec)
+
+
+class AlternatingLanguages(LanguageMixture):
+    """Training segments of several languages for an unshuffled loader of global batch
+    `batch_size`: batch t holds segments of language t mod L only (MASS's steps take the
+    languages in turn), drawn uniformly with an RNG seeded by (seed, t)."""
+
+    def __init__(self, records: Mapping[str, RecordDirectory], seed: int, batch_size: int):
+        super().__init__(records, np.full(len(records), 1 / len(records)), seed,
+                         batch_size=batch_size)
+
+    def choose(self, key: int) -> tuple[int, int]:
+        batch, row = divmod(int(key), self.batch_size)
+        language = batch % len(self.records)
+        rng = np.random.default_rng([self.seed, batch])
+        return language, int(rng.integers(0, len(self.records[language]), self.batch_size)[row])
+
+    def __repr__(self) -> str:
+        return describe("MASS languages in turn", seed=self.seed, batch=self.batch_size,
+                        length=self.length, **{language: repr(r.source) for language, r in
+                                               zip(self.languages, self.records, strict=True)})
 
 
 def mass_example(tokens: np.ndarray, start: int, size: int, vocab: MaskingVocab,
                  config: MassExampleConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """The features of a segment (`tokens`, padded with 0) with the fragment tokens[start :
     start + size]: `inputs`, `input_mask`, `decoder_inputs` and `targets`, each [len(tokens)]
-    int32 (see the module docstring)."""
+    int32 (see the module docstring). A bilingual segment's `language_ids` are added by
+    `MassMasking`."""
     length = int(np.count_nonzero(tokens))
     fragment = np.arange(start, start + size)
     inputs = tokens.copy()
@@ -177,4 +230,7 @@ class MassMasking(grain.transforms.RandomMap):
         length = int(np.count_nonzero(tokens))
         size = self.config.fragment_size(length)
         start = fragment_start(length, size, self.config, rng)
-        return mass_example(tokens, start, size, self.vocab, self.config, rng)
+        example = mass_example(tokens, start, size, self.vocab, self.config, rng)
+        if "language" in element:  # every token of encoder and decoder is of that language
+            example["language_ids"] = np.full(len(tokens), element["language"][0], np.int32)
+        return example

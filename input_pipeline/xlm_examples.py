@@ -40,6 +40,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import grain
 import numpy as np
@@ -182,8 +183,8 @@ def tokenizer_sample(sentences: Mapping[str, Callable[[], Iterable[str]]], size:
                 break
 
 
-def train_shared_tokenizer(corpora: Mapping[str, str], data: DataConfig,
-                           config: XLMExampleConfig, model: Path, seed: int) -> Tokenizer:
+def train_shared_tokenizer(corpora: Mapping[str, str], data: DataConfig, alpha: float,
+                           model: Path, seed: int) -> Tokenizer:
     """The sentencepiece model at `model`, trained (once) on `tokenizer_sample` of every
     language's training sentences (the held-out documents excluded, as `prepare_text` splits
     them), at most `data.tokenizer_sentences` of them."""
@@ -192,21 +193,22 @@ def train_shared_tokenizer(corpora: Mapping[str, str], data: DataConfig,
         for language, source in corpora.items():
             shards = corpus.plan_shards(source, data)
             readers[language] = functools.partial(training_sentences, shards, data, seed)
-    return train_sampled_tokenizer(readers, data, config, model, seed)
+    return train_sampled_tokenizer(readers, data, alpha, model, seed)
 
 
 def train_sampled_tokenizer(readers: Mapping[str, Callable[[], Iterable[str]]],
-                            data: DataConfig, config: XLMExampleConfig, model: Path, seed: int
+                            data: DataConfig, alpha: float, model: Path, seed: int
                             ) -> Tokenizer:
     """The sentencepiece model at `model`, trained (once, if the file is missing) on
-    `tokenizer_sample` of the languages' sentences (`readers[lang]()` reads them anew)."""
+    `tokenizer_sample` of the languages' sentences (`readers[lang]()` reads them anew), the
+    languages sampled by q ~ p^alpha."""
     if not model.is_file():
         prefix = model.with_name(f".{model.stem}.{os.getpid()}")
         print(f"training a shared sentencepiece tokenizer ({data.vocab_size} pieces) on "
               f"{', '.join(readers)}", flush=True)
         try:
             SentencePieceTokenizer.train(
-                tokenizer_sample(readers, data.tokenizer_sentences, config.language_alpha, seed),
+                tokenizer_sample(readers, data.tokenizer_sentences, alpha, seed),
                 prefix, vocab_size=data.vocab_size, seed=seed)
             Path(f"{prefix}.model").replace(model)
         finally:
@@ -261,7 +263,7 @@ def parallel_tokenizer(spec: str, data: DataConfig, config: XLMExampleConfig, ca
     Path(cache_root).mkdir(parents=True, exist_ok=True)
     readers = {language: functools.partial(parallel_sentences, source, language, split)
                for language in source.languages}
-    return train_sampled_tokenizer(readers, data, config,
+    return train_sampled_tokenizer(readers, data, config.language_alpha,
                                    Path(cache_root) / f"xlm-tlm-tokenizer-{key}.model", seed)
 
 
@@ -311,27 +313,48 @@ def prepare_streams(corpora: Mapping[str, str], data: DataConfig, config: XLMExa
     if data.eval_source:
         raise UserError("XLM holds out data.held_out_fraction of every language; leave "
                         "data.eval_source empty")
+
+    def build(language_id: int) -> Callable[..., Iterable[dict[str, np.ndarray]]]:
+        return functools.partial(stream_examples, language_id=language_id, config=config)
+
+    return prepare_languages(corpora, data, build, config, config.language_alpha, cache_root,
+                             seed, ids)
+
+
+def prepare_languages(corpora: Mapping[str, str], data: DataConfig,
+                      build: Callable[[int], Callable[..., Iterable[dict[str, np.ndarray]]]],
+                      settings: Any, alpha: float, cache_root: Path, seed: int,
+                      ids: Mapping[str, int] | None = None,
+                      eval_corpora: Mapping[str, str] | None = None,
+                      ) -> tuple[dict[str, tuple[RecordDirectory, RecordDirectory]], Tokenizer]:
+    """Each language's (training, held-out) records, built by `build(language id)` (a
+    `prepare_text` builder; `settings` are the records' settings in the cache key), and the
+    tokenizer shared by the languages: `data.tokenizer`, else a sentencepiece model trained on
+    every language's training sentences sampled by q ~ p^alpha (§3.1). Held out: each
+    language's `eval_corpora[language]` if given, else `data.held_out_fraction` of its
+    documents. `ids`: language ids (default `language_ids` of the corpora)."""
     ids = dict(ids or language_ids(corpora))
     cache_root = Path(cache_root)
     cache_root.mkdir(parents=True, exist_ok=True)
     if data.tokenizer:
         tokenizer_path = data.tokenizer
     else:
-        settings = {k: v for k, v in dataclasses.asdict(data).items() if k != "source"}
+        fields = {k: v for k, v in dataclasses.asdict(data).items() if k != "source"}
         key = fingerprint(sorted((language, source_fingerprint(source, data.tfds_data_dir))
                                  for language, source in corpora.items()),
-                          settings, config.language_alpha, seed)
+                          fields, alpha, seed)
         tokenizer_path = str(cache_root / f"xlm-tokenizer-{key}.model")
-        train_shared_tokenizer(corpora, data, config, Path(tokenizer_path), seed)
+        train_shared_tokenizer(corpora, data, alpha, Path(tokenizer_path), seed)
     prepared = {}
     tokenizer = None
     for language, source in corpora.items():
         if language not in ids:
             raise UserError(f"language {language} has no language id; add it to the languages")
-        build = functools.partial(stream_examples, language_id=ids[language], config=config)
+        eval_source = (eval_corpora or {}).get(language, "")
         train, held_out, tokenizer = prepare_text(
-            dataclasses.replace(data, source=source, tokenizer=tokenizer_path), build,
-            (config, ids[language]), cache_root, seed)
+            dataclasses.replace(data, source=source, eval_source=eval_source,
+                                tokenizer=tokenizer_path),
+            build(ids[language]), (settings, ids[language]), cache_root, seed)
         prepared[language] = (train, held_out)
     return prepared, tokenizer
 

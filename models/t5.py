@@ -15,6 +15,12 @@ feed-forward is `relu` (T5 v1.0) or a gated GELU (`gated-gelu`, v1.1: gelu_new(x
 With `tie_word_embeddings` (v1.0) the LM head is the shared embedding applied to the decoder
 output rescaled by d_model**-0.5; v1.1 has its own `lm_head`. The attention inner size is
 num_heads * head_size, which need not equal hidden_size.
+
+Language embeddings (`num_languages` > 0; not in T5, for MASS's bilingual setting, Song et al.
+2019 §3.1, on XLM's `TransformerModel`): one [num_languages, d_model] table, shared by the
+encoder and the decoder as the token embedding is, whose row for each token's language
+(`language_ids`) is added to the token embedding before the stack's embedding dropout. With
+the default 0 there is no table and the model is HF's T5.
 """
 
 from __future__ import annotations
@@ -89,6 +95,8 @@ class T5Config:
     """LM head = shared embedding on outputs x d_model**-0.5 (v1.0 true; v1.1 false)."""
     eos_token_id: int = 1
     """End-of-sequence id, checked against the data's [SEP] (T5 1); 0 = take the data's."""
+    num_languages: int = 0
+    """Rows of the language embedding added to the token embeddings (MASS bilingual); 0 = none."""
     dtype: str = "float32"
     """Compute dtype: float32, bfloat16 or float16 (parameters stay float32)."""
     scan_layers: bool = True
@@ -108,6 +116,8 @@ class T5Config:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.num_decoder_layers < 0:
             raise ValueError("num_decoder_layers must be >= 0 (0 = num_layers)")
+        if self.num_languages < 0:
+            raise ValueError("num_languages must be >= 0 (0 = no language embeddings)")
         check_rates(self, ("hidden_dropout", "attention_dropout"))
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps={self.layer_norm_eps} must be > 0")
@@ -120,6 +130,11 @@ class T5Config:
     @property
     def inner_size(self) -> int:
         return self.num_heads * self.head_size
+
+    @property
+    def decoder_start_token_id(self) -> int:
+        """The first decoder input (HF `decoder_start_token_id`): the padding id, as T5's."""
+        return PAD_ID
 
     @property
     def decoder_layers(self) -> int:
@@ -286,25 +301,44 @@ class T5(nnx.Module):
             self.lm_head = (None if config.tie_word_embeddings else
                             _linear(config, config.hidden_size, config.vocab_size,
                                     ("embed", "vocab"), 1.0, rngs))
+            self.language_embeddings = (
+                _embed(config, config.num_languages, config.hidden_size, (None, "embed"), 1.0,
+                       rngs) if config.num_languages else None)
+
+    def embed(self, ids: jax.Array, language_ids: jax.Array | None) -> jax.Array:
+        """Token embeddings, plus each token's language embedding when the model has them
+        (`language_ids` must then be given, and only then)."""
+        x = self.shared(ids)
+        if (language_ids is None) != (self.language_embeddings is None):
+            raise ValueError(f"language_ids must be given exactly when the model has language "
+                             f"embeddings (num_languages={self.config.num_languages})")
+        if language_ids is None:
+            return x
+        return x + self.language_embeddings(language_ids)
 
     def encode(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-               rng: jax.Array | None = None) -> jax.Array:
+               rng: jax.Array | None = None, *, language_ids: jax.Array | None = None
+               ) -> jax.Array:
+        """Encoder hidden states [B, S, H] (`language_ids` [B, S]: see `embed`)."""
         if attention_mask is None:
             attention_mask = input_ids != PAD_ID
         mask = attention_mask.astype(bool)[:, None, None, :]
-        return self.encoder(self.shared(input_ids), mask, None, None, rng)
+        return self.encoder(self.embed(input_ids, language_ids), mask, None, None, rng)
 
     def decode(self, decoder_input_ids: jax.Array, encoded: jax.Array,
                attention_mask: jax.Array, decoder_attention_mask: jax.Array | None = None,
-               rng: jax.Array | None = None) -> jax.Array:
+               rng: jax.Array | None = None, *, language_ids: jax.Array | None = None
+               ) -> jax.Array:
         """Decoder hidden states: causal self-attention (and `decoder_attention_mask` over its
-        keys, if given) and cross-attention to the non-pad encoder positions."""
+        keys, if given) and cross-attention to the non-pad encoder positions (`language_ids`
+        [B, T]: the decoder tokens' languages, see `embed`)."""
         length = decoder_input_ids.shape[1]
         mask = jnp.tril(jnp.ones((length, length), bool))[None, None]
         if decoder_attention_mask is not None:
             mask = mask & decoder_attention_mask.astype(bool)[:, None, None, :]
         cross_mask = attention_mask.astype(bool)[:, None, None, :]
-        return self.decoder(self.shared(decoder_input_ids), mask, encoded, cross_mask, rng)
+        return self.decoder(self.embed(decoder_input_ids, language_ids), mask, encoded,
+                            cross_mask, rng)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Tied (v1.0): the shared embedding on hidden * d_model**-0.5; untied: `lm_head`."""
@@ -320,15 +354,19 @@ class T5(nnx.Module):
         decoder_attention_mask: jax.Array | None = None,
         *,
         rng: jax.Array | None = None,
+        language_ids: jax.Array | None = None,
+        decoder_language_ids: jax.Array | None = None,
     ) -> T5Output:
         """Teacher-forced forward pass; `attention_mask` defaults to `input_ids != 0`, `rng`
-        enables dropout (None = deterministic)."""
+        enables dropout (None = deterministic); the language ids of the encoder and decoder
+        tokens only for a model with language embeddings."""
         if attention_mask is None:
             attention_mask = input_ids != PAD_ID
         encoder_rng, decoder_rng = split_rng(rng, 2)
-        encoded = self.encode(input_ids, attention_mask, encoder_rng)
+        encoded = self.encode(input_ids, attention_mask, encoder_rng, language_ids=language_ids)
         decoded = self.decode(decoder_input_ids, encoded, attention_mask,
-                              decoder_attention_mask, decoder_rng)
+                              decoder_attention_mask, decoder_rng,
+                              language_ids=decoder_language_ids)
         return T5Output(encoder_hidden_states=encoded, decoder_hidden_states=decoded,
                         logits=self.logits(decoded))
 

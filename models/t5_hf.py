@@ -78,6 +78,9 @@ def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> T5Config:
 
 
 def config_to_hf(config: T5Config) -> dict[str, Any]:
+    if config.num_languages:
+        raise UserError(f"this T5 has language embeddings (num_languages={config.num_languages},"
+                        " MASS bilingual), which HF T5 has not; it cannot be exported to HF")
     return {
         "model_type": "t5", "architectures": ["T5ForConditionalGeneration"],
         "vocab_size": config.vocab_size, "d_model": config.hidden_size,

@@ -15,6 +15,7 @@ from pretext_jax.objectives import (
     roberta,  # noqa: F401
     seq2seq,  # noqa: F401
     simclr,  # noqa: F401
+    translation,  # noqa: F401
     unilm,  # noqa: F401
     wav2vec2,  # noqa: F401
     xlm,  # noqa: F401

@@ -6,12 +6,18 @@ Each segment's encoder input has a consecutive fragment of about half its tokens
 other decoder position being [MASK]; the loss is cross-entropy on the fragment's tokens only
 (`objectives.text.encoder_decoder_loss`). The masks, the fragment and the positions are built in
 `input_pipeline.mass_examples`, whose docstring says how T5's relative positions keep the
-paper's positions. The language embeddings of the paper's bilingual (unsupervised NMT) setting
-are not built.
+paper's positions.
+
+Bilingual pre-training (§3.1, unsupervised NMT): with `data.source=en=SOURCE,de=SOURCE` the
+segments of each language carry its id, the model gets a language embedding per language
+(`model.num_languages`, from the data) added to the token embeddings of encoder and decoder,
+and, with `examples.language_batch_size`, each batch is of one language, the languages in turn
+(`mass_examples` docstring). Preset `mass_bilingual_tiny`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,13 +27,19 @@ import jax
 import numpy as np
 from flax import nnx
 
-from pretext_jax.input_pipeline import mass_examples
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline import mass_examples, xlm_examples
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.objectives.preset_parts import T5_OPTIM, TINY_T5_MODEL, TINY_TEXT_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
-from pretext_jax.objectives.text import encoder_decoder_loss, held_out_examples
+from pretext_jax.objectives.text import (
+    MAX_EVAL_EXAMPLES,
+    encoder_decoder_loss,
+    held_out_examples,
+    stacked_records,
+)
 
 
 def mass_loss(model: T5, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
@@ -35,29 +47,72 @@ def mass_loss(model: T5, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array
     the masked segment (`inputs`, `input_mask`) and `decoder_inputs`; `rng=None` is
     evaluation."""
     return encoder_decoder_loss(model, batch["inputs"], batch["input_mask"],
-                                batch["decoder_inputs"], batch["targets"], rng)
+                                batch["decoder_inputs"], batch["targets"], rng,
+                                batch.get("language_ids"))
 
 
 def build_segments(examples: mass_examples.MassExampleConfig, documents: Any, tokenizer: Any,
-                   seed: int) -> Iterable[dict[str, np.ndarray]]:
-    """`prepare_text`'s builder: the corpus's sentences as segments (nothing is random)."""
+                   seed: int, language: int | None = None) -> Iterable[dict[str, np.ndarray]]:
+    """`prepare_text`'s builder: the corpus's sentences as segments (nothing is random), tagged
+    with their `language` id in a bilingual corpus."""
     del seed
-    return mass_examples.create_training_examples(documents, examples, tokenizer.sep_id)
+    return mass_examples.create_training_examples(documents, examples, tokenizer.sep_id,
+                                                  language)
 
 
 def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, cache_dir: Path,
                  seed: int) -> PreparedData:
     """Corpus -> tokenizer -> segments -> ArrayRecord; the fragment and its masks are drawn while
     loading, held-out records get one fixed draw. The model's vocabulary is the tokenizer's,
-    its EOS the tokenizer's [SEP]."""
-    build = functools.partial(build_segments, examples)
-    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
+    its EOS the tokenizer's [SEP]; a bilingual corpus (`en=SOURCE,de=SOURCE`) also sets its
+    number of languages."""
+    corpora = mass_examples.language_corpora(data.source)
+    if corpora is None:
+        if examples.language_batch_size:
+            raise UserError("examples.language_batch_size is for bilingual corpora; set "
+                            "data.source=en=PATH,de=PATH or examples.language_batch_size=0")
+        build = functools.partial(build_segments, examples)
+        train, held_out_split, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
+        held_out, languages = [held_out_split], {}
+    else:
+        train, held_out, tokenizer = prepare_bilingual(corpora, data, examples, cache_dir, seed)
+        languages = {"num_languages": len(corpora)}
     masking = mass_examples.MassMasking(MaskingVocab.from_tokenizer(tokenizer), examples)
-    eval_examples = held_out_examples(held_out, masking, seed)
+    share = MAX_EVAL_EXAMPLES // len(held_out)
+    eval_examples = stacked_records([held_out_examples(part, masking, seed, share)
+                                     for part in held_out if len(part)])
     return PreparedData(train=train, eval=eval_examples, transforms=(masking,),
                         model_fields={"vocab_size": tokenizer.vocab_size,
-                                      "eos_token_id": tokenizer.sep_id},
-                        tokenizer=tokenizer)
+                                      "eos_token_id": tokenizer.sep_id, **languages},
+                        batch_layout=examples.language_batch_size, tokenizer=tokenizer)
+
+
+def prepare_bilingual(corpora: dict[str, str], data: DataConfig,
+                      examples: mass_examples.MassExampleConfig, cache_dir: Path, seed: int
+                      ) -> tuple[Any, list[Any], Any]:
+    """(training segments of every language, in turns of `examples.language_batch_size` or
+    mixed, the held-out segments of each language, the shared tokenizer)."""
+    eval_corpora = (mass_examples.language_corpora(data.eval_source) if data.eval_source
+                    else None)
+    if eval_corpora is not None and set(eval_corpora) != set(corpora):
+        raise UserError(f"data.eval_source must name the languages of data.source "
+                        f"({', '.join(sorted(corpora))}) as LANG=SOURCE, e.g. en=val.en,de=val.de")
+
+    def build(language: int) -> Any:
+        return functools.partial(build_segments, examples, language=language)
+
+    prepared, tokenizer = xlm_examples.prepare_languages(
+        corpora, dataclasses.replace(data, eval_source=""), build, examples, 1.0, cache_dir,
+        seed, eval_corpora=eval_corpora)
+    # In id order (sorted languages), so that batch t holds language id t mod L.
+    records = {language: prepared[language][0] for language in sorted(prepared)}
+    if examples.language_batch_size:
+        train: Any = mass_examples.AlternatingLanguages(records, seed,
+                                                        examples.language_batch_size)
+    else:  # every segment equally likely: languages in proportion to their segments
+        sizes = np.array([len(r) for r in records.values()], np.float64)
+        train = xlm_examples.LanguageMixture(records, sizes / sizes.sum(), seed)
+    return train, [pair[1] for pair in prepared.values()], tokenizer
 
 
 # MASS (Song et al. 2019, §3.1; microsoft/MASS MASS-unsupNMT README): a 6 + 6-layer Transformer
@@ -72,8 +127,10 @@ def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, ca
 # the schedule holds the peak for the 4,000 warmup steps instead of ramping up to it
 # (`inverse_sqrt` here is T5's); fixed rows of 100 tokens, 240 per step (<= 24,000 tokens,
 # padding included) instead of batches of 3,000 real tokens grouped by length; a 60,000-piece
-# sentencepiece vocabulary instead of 60k BPE codes shared by the two languages; no language
-# embeddings.
+# sentencepiece vocabulary instead of 60k BPE codes shared by the two languages. The
+# unsupervised-NMT runs are bilingual: `data.source=en=...,fr=...` adds the language embeddings
+# and `examples.language_batch_size=240` the alternation of languages step by step; monolingual
+# text (the paper's summarisation and conversation settings, §4.3-4.4) needs neither.
 PRESETS = {
     # t5_tiny's model (GELU instead of ReLU, as MASS) and optimiser: at this size Adafactor
     # at 0.01 lowers the held-out loss much faster than Adam at 2e-3 (5.98 against 6.95 after
@@ -81,6 +138,16 @@ PRESETS = {
     "mass_tiny": {
         "model": {**TINY_T5_MODEL, "feed_forward_proj": "gelu"},
         "examples": {"max_seq_length": 64},
+        "data": {"vocab_size": 4000},
+        "optim": {**T5_OPTIM, "warmup_steps": 1000},
+        "train": TINY_TEXT_TRAIN,
+    },
+    # mass_tiny's model and optimiser on a bilingual corpus (data.source=en=PATH,de=PATH, e.g.
+    # Multi30K's train.en and train.de): language embeddings from the data, one language per
+    # batch of 64 segments, languages in turn (§3.1); captions fit 48 tokens.
+    "mass_bilingual_tiny": {
+        "model": {**TINY_T5_MODEL, "feed_forward_proj": "gelu", "num_languages": 0},
+        "examples": {"max_seq_length": 48, "language_batch_size": TINY_TEXT_TRAIN["batch_size"]},
         "data": {"vocab_size": 4000},
         "optim": {**T5_OPTIM, "warmup_steps": 1000},
         "train": TINY_TEXT_TRAIN,

@@ -46,13 +46,16 @@ def weighted_cross_entropy(
 
 
 def encoder_decoder_loss(model: T5, inputs: jax.Array, input_mask: jax.Array,
-                         decoder_inputs: jax.Array, targets: jax.Array, rng: jax.Array | None
-                         ) -> tuple[jax.Array, Metrics]:
+                         decoder_inputs: jax.Array, targets: jax.Array, rng: jax.Array | None,
+                         language_ids: jax.Array | None = None) -> tuple[jax.Array, Metrics]:
     """Teacher-forced cross-entropy of a T5 model's predictions of `targets` from the encoder's
     `inputs` (non-pad where `input_mask`) and the decoder's `decoder_inputs`, on the non-pad
     (non-0) targets, in float32: the mean over the batch's target tokens (HF
-    `T5ForConditionalGeneration`'s loss; metrics are exact sums). `rng=None` is evaluation."""
-    out = model(inputs, input_mask, decoder_inputs, rng=rng)
+    `T5ForConditionalGeneration`'s loss; metrics are exact sums). `rng=None` is evaluation.
+    `language_ids` (a model with language embeddings): the language of every encoder and
+    decoder position, inputs and decoder inputs being of one length and language (MASS)."""
+    out = model(inputs, input_mask, decoder_inputs, rng=rng, language_ids=language_ids,
+                decoder_language_ids=language_ids)
     weights = (targets != PAD_ID).astype(jnp.float32)
     loss, metrics = weighted_cross_entropy(out.logits, targets, weights, epsilon=1e-6)
     return loss, {"loss": metrics["loss"], "accuracy": metrics["accuracy"],
@@ -62,12 +65,22 @@ def encoder_decoder_loss(model: T5, inputs: jax.Array, input_mask: jax.Array,
 
 
 def held_out_examples(held_out: Any, transform: grain.transforms.RandomMap | None = None,
-                      seed: int = 0) -> dict[str, np.ndarray]:
-    """The held-out records kept in memory for evaluation (at most `MAX_EVAL_EXAMPLES`), with
+                      seed: int = 0, limit: int = MAX_EVAL_EXAMPLES) -> dict[str, np.ndarray]:
+    """The held-out records kept in memory for evaluation (at most `limit`), with
     `transform` (masking, noising) drawn once with the fixed seed `seed + 2`, so held-out
     numbers compare across runs."""
-    examples = held_out.examples(range(min(len(held_out), MAX_EVAL_EXAMPLES)))
+    examples = held_out.examples(range(min(len(held_out), limit)))
     return examples if transform is None else mask_records(examples, transform, seed + 2)
+
+
+def stacked_records(records: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Record sets with the same features, one after the other (several languages' held-out
+    records); none at all is a UserError."""
+    if not records:
+        raise UserError("nothing was held out for evaluation; raise data.held_out_fraction, "
+                        "give more text (documents separated by blank lines) or set "
+                        "data.eval_source")
+    return {key: np.concatenate([r[key] for r in records]) for key in records[0]}
 
 
 def prepare_masked_lm(

@@ -57,7 +57,12 @@ from pretext_jax.objectives.registry import (
     register,
     summary_of,
 )
-from pretext_jax.objectives.text import MAX_EVAL_EXAMPLES, mask_records, weighted_cross_entropy
+from pretext_jax.objectives.text import (
+    MAX_EVAL_EXAMPLES,
+    mask_records,
+    stacked_records,
+    weighted_cross_entropy,
+)
 
 
 def xlm_loss(model: XLM, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
@@ -87,13 +92,10 @@ def held_out_examples(directories: list[RecordDirectory]) -> dict[str, np.ndarra
     interleaved (a record of each set in turn), so the first evaluation batches cover every
     language and pair."""
     share = MAX_EVAL_EXAMPLES // max(len(directories), 1)
-    kept = [d.examples(range(min(len(d), share))) for d in directories if len(d)]
-    if not kept:
-        raise UserError("nothing was held out for evaluation; raise data.held_out_fraction or "
-                        "give more text (documents separated by blank lines)")
-    turn = np.concatenate([np.arange(len(k["input_ids"])) for k in kept])
-    order = np.argsort(turn, kind="stable")
-    return {key: np.concatenate([k[key] for k in kept])[order] for key in kept[0]}
+    kept = stacked_records([d.examples(range(min(len(d), share))) for d in directories
+                            if len(d)])
+    turn = np.concatenate([np.arange(min(len(d), share)) for d in directories if len(d)])
+    return {key: values[np.argsort(turn, kind="stable")] for key, values in kept.items()}
 
 
 @dataclasses.dataclass

@@ -257,7 +257,7 @@ def test_pretrain_on_a_prepared_tfds_dataset(tmp_path, capsys):
 
 def test_help_everywhere(capsys):
     for command in ([], ["pretrain"], ["convert"], ["demo"], ["finetune"], ["eval"],
-                    ["glue"], ["generate"]):
+                    ["glue"], ["generate"], ["translate"]):
         with pytest.raises(SystemExit) as exit_info:
             run.main([*command, "--help"])
         assert exit_info.value.code == 0

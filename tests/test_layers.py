@@ -21,8 +21,9 @@ SHARED_OBJECTIVES = {"registry", "text", "two_view", "contrastive", "evaluation"
                      "glue_metrics", "preset_parts", "speech"}
 # what each layer may import from the package, besides itself and `errors`
 # pretrain/ modules that drive one method's workflow, and that method's objectives/ module:
-# finetune.py holds the GLUE recipes and sweeps of `classify` (objectives/classification.py)
-DRIVERS = {"finetune.py": "classification"}
+# finetune.py holds the GLUE recipes and sweeps of `classify` (objectives/classification.py),
+# translate.py the translation runs from a pre-trained encoder-decoder (objectives/translation.py)
+DRIVERS = {"finetune.py": "classification", "translate.py": "translation"}
 ALLOWED = {"models": set(), "input_pipeline": set(), "objectives": {"models", "input_pipeline"},
            "pretrain": {"models", "input_pipeline", "objectives"}}
 

@@ -4,7 +4,8 @@ round(0.5 m), contiguity and start distribution; 80/10/10 inside the fragment on
 reading the fragment shifted right with everything else masked; loss only on the fragment; the
 edge cases k = 1 (BERT's masked LM) and k = m (a standard LM) built and checked on the model;
 mass_tiny from the CLI with falling held-out loss, one step equal on every mesh, and a killed
-run that resumes bit for bit."""
+run that resumes bit for bit; the bilingual setting: segments tagged with their language, one
+language per batch in turn, and mass_bilingual_tiny from the CLI with language embeddings."""
 
 from __future__ import annotations
 
@@ -28,9 +29,12 @@ from pretext_jax import run
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import mass_examples as me
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
+from pretext_jax.input_pipeline.xlm_examples import LanguageMixture
 from pretext_jax.models.t5 import T5, T5Config
+from pretext_jax.objectives import mass
 from pretext_jax.objectives.mass import mass_loss
 from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.export import load_model
 from pretext_jax.pretrain.trainer import Trainer
 
 VOCAB = MaskingVocab(vocab_size=500, pad_id=0, cls_id=2, sep_id=3, mask_id=4,
@@ -300,3 +304,71 @@ def test_cli_trains_mass_tiny_with_falling_held_out_loss(tmp_path):
     evaluations = [row["loss"] for row in rows if row["split"] == "eval"]
     assert len(evaluations) == 2 and evaluations[-1] < evaluations[0] - 0.5, evaluations
     assert evaluations[-1] < np.log(60) - 1.0, evaluations
+
+
+def bilingual_corpus(root) -> dict[str, str]:
+    """English and German template text (not aligned), 40 documents of 8 sentences each; the
+    data settings that read them as one bilingual corpus."""
+    templates = {"en": "Sentence {i} talks about topic {t} and then some more words.",
+                 "de": "Satz {i} spricht über Thema {t} und dann noch mehr Wörter hier."}
+    for language, template in templates.items():
+        sentences = [template.format(i=i, t=i % 7) for i in range(320)]
+        (root / f"mono.{language}").write_text("\n\n".join(
+            "\n".join(sentences[i:i + 8]) for i in range(0, 320, 8)) + "\n", encoding="utf-8")
+    return {"data.source": f"en={root / 'mono.en'},de={root / 'mono.de'}",
+            "data.cache_dir": str(root / "cache")}
+
+
+BILINGUAL = {**SHORT, "data.vocab_size": 80, "examples.language_batch_size": 8,
+             "train.batch_size": 8, "data.held_out_fraction": 0.1}
+
+
+def test_bilingual_segments_carry_their_language_and_batches_take_turns(tmp_path):
+    """Each language's segments hold its id (sorted order: de 0, en 1) on every encoder and
+    decoder position; batch t is all of language t mod 2; held-out text of both languages; the
+    data sets the model's language count. Monolingual text refuses a language batch."""
+    config = make_config("mass_bilingual_tiny", {**BILINGUAL, **bilingual_corpus(tmp_path)})
+    prepared = mass.prepare_mass(config.data, config.example_config(), tmp_path / "cache", 0)
+    assert prepared.model_fields["num_languages"] == 2 and prepared.batch_layout == 8
+    words = {0: {"Satz", "spricht", "über", "Thema", "und", "dann", "noch", "mehr", "Wörter"},
+             1: {"Sentence", "talks", "about", "topic", "and", "then", "some", "more", "words"}}
+    masking = prepared.transforms[0]
+    rng = np.random.default_rng(0)
+    for batch in range(4):
+        rows = [prepared.train[batch * 8 + row] for row in range(8)]
+        records = [prepared.train.records[0].spec.decode(r) for r in rows]
+        assert {int(r["language"][0]) for r in records} == {batch % 2}
+        for record in records:
+            text = prepared.tokenizer.decode([int(t) for t in record["tokens"][:-1] if t])
+            found = set(text.replace(".", " ").split())
+            assert found & words[batch % 2] and not found & words[1 - batch % 2], text
+            example = masking.random_map(record, rng)
+            assert (example["language_ids"] == batch % 2).all()
+    # A batch's draw depends on its number only, so a restart reads the same batches.
+    assert prepared.train.choose(19) == prepared.train.choose(19)
+    assert set(np.unique(prepared.eval["language_ids"])) == {0, 1}
+    mixed = make_config("mass_bilingual_tiny", {**BILINGUAL, **bilingual_corpus(tmp_path),
+                                                "examples.language_batch_size": 0})
+    data = mass.prepare_mass(mixed.data, mixed.example_config(), tmp_path / "cache", 0)
+    assert data.batch_layout == 0 and isinstance(data.train, LanguageMixture)
+    monolingual = make_config("mass_bilingual_tiny", {**BILINGUAL, **small_corpus(tmp_path)})
+    with pytest.raises(UserError, match="^examples.language_batch_size is for bilingual"):
+        mass.prepare_mass(monolingual.data, monolingual.example_config(), tmp_path / "c", 0)
+
+
+def test_cli_trains_mass_bilingual_tiny_with_language_embeddings(tmp_path):
+    """`run.py pretrain --preset mass_bilingual_tiny --data en=...,de=...`: the model gets two
+    language embeddings and the held-out loss of both languages falls."""
+    data = bilingual_corpus(tmp_path)
+    workdir = tmp_path / "run"
+    settings = [f"{key}={value}" for key, value in {**BILINGUAL, **data}.items()
+                if key not in ("data.source", "train.steps", "train.eval_every",
+                               "train.log_every")]
+    assert run.main(["pretrain", "--preset", "mass_bilingual_tiny", "--data",
+                     data["data.source"], "--workdir", str(workdir), *settings,
+                     "train.steps=40", "train.eval_every=20", "train.log_every=10"]) == 0
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [row["loss"] for row in rows if row["split"] == "eval"]
+    assert len(evaluations) == 2 and evaluations[-1] < evaluations[0] - 0.5, evaluations
+    model = load_model(workdir)
+    assert model.config.num_languages == 2 and model.language_embeddings is not None

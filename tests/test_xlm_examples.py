@@ -321,7 +321,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     data = DataConfig(vocab_size=20, prepare_workers=1)
     corpora = {"en": str(tmp_path / "text.txt"), "de": str(tmp_path / "empty.txt")}
     with pytest.raises(UserError, match="^language de has no text; [^\n]*$"):
-        train_shared_tokenizer(corpora, data, XLMExampleConfig(), tmp_path / "t.model", 0)
+        train_shared_tokenizer(corpora, data, 0.5, tmp_path / "t.model", 0)
 
 
 def test_multi30k_shared_vocabulary_streams_and_tlm(shared_data, tmp_path):

@@ -1,0 +1,283 @@
+"""Supervised translation fine-tuning of an encoder-decoder (method `translation` for T5 and MASS
+models), with greedy decoding of the held-out pairs scored by BLEU (sacrebleu, Post 2018): the
+Multi30K check of MASS (Song et al. 2019 §4.1 fine-tunes its pre-trained model on translation).
+
+Data (`input_pipeline.translation_examples`): `data.source` a parallel corpus
+(`input_pipeline.parallel`: `train.en,train.de`), `data.eval_source` the held-out one
+(`val.en,val.de`), `examples.source_language` -> `examples.target_language`, the tokenizer
+`data.tokenizer` (the pre-trained run's). Loss: teacher-forced cross-entropy on the target's
+tokens and EOS, the decoder reading the targets shifted right after
+`model.config.decoder_start_token_id` (`text.weighted_cross_entropy`, the mean over target
+tokens). The model starts from `model.init` (a pretext workdir or model directory of the same
+architecture, e.g. a MASS run; `Method.pretrained`), or at random with an empty `init`.
+
+Every evaluation decodes the first `examples.bleu_sentences` held-out sources greedily
+(`models.generate.greedy_seq2seq`, at most `max_target_length` tokens), detokenises them and
+scores them against the corpus's reference sentences with `sacrebleu.corpus_bleu` (its defaults:
+13a tokenisation, mixed case, exponential smoothing; the signature is in the run's report).
+
+Families: any encoder-decoder following the shared decoding protocol (`encode`, `decode`,
+`logits`, `config.decoder_start_token_id`, `config.eos_token_id`; `language_ids` for models
+with language embeddings) joins with one `Family` entry in `FAMILIES`, which registers the
+method `translation` (T5) or `translation_<family>`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from pretext_jax.errors import UserError, require
+from pretext_jax.input_pipeline import translation_examples as te
+from pretext_jax.input_pipeline.parallel import open_parallel
+from pretext_jax.input_pipeline.prepare import DataConfig, load_tokenizer, source_fingerprint
+from pretext_jax.input_pipeline.xlm_examples import language_ids
+from pretext_jax.models.generate import greedy_seq2seq
+from pretext_jax.models.layers import split_rng
+from pretext_jax.models.t5 import T5, T5Config
+from pretext_jax.objectives.preset_parts import T5_OPTIM, TINY_T5_MODEL
+from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.text import weighted_cross_entropy
+
+# Fields that may differ between the pre-trained model and the fine-tuned one.
+RUN_FIELDS = frozenset({"init", "hidden_dropout", "attention_dropout", "dropout",
+                        "dtype", "scan_layers", "remat", "attention_implementation"})
+DECODE_BATCH = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class T5TranslationConfig(T5Config):
+    """A T5 (or MASS) encoder-decoder to fine-tune, and where its weights come from."""
+
+    init: str = ""
+    """Start from this pretext workdir or model directory (same architecture); '' = random."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """An encoder-decoder family that translation fine-tunes: its model class (built as
+    `model_class(config, rngs=nnx.Rngs(seed))`, following the decoding protocol), its config
+    type for this method (the model's config plus an `init` field), the config fields its data
+    decides from the tokenizer, and its number of language embeddings (0: the model takes no
+    `language_ids`)."""
+
+    model_class: type
+    model_config: type
+    data_fields: Callable[[Any], dict[str, Any]]
+    languages: Callable[[Any], int]
+
+    def build_model(self, config: Any, seed: int) -> Any:
+        return self.model_class(config, rngs=nnx.Rngs(seed))
+
+
+def t5_fields(tokenizer: Any) -> dict[str, Any]:
+    """T5/MASS take the tokenizer's vocabulary and its [SEP] (= EOS) as end of sequence."""
+    return {"vocab_size": tokenizer.vocab_size, "eos_token_id": tokenizer.eos_id}
+
+
+FAMILIES: dict[str, Family] = {
+    "translation": Family(T5, T5TranslationConfig, t5_fields,
+                          lambda config: config.num_languages),
+}
+
+
+def _languages(ids: jax.Array, use: bool) -> dict[str, jax.Array]:
+    return {"language_ids": ids} if use else {}
+
+
+def translation_loss(model: Any, batch: Batch, rng: jax.Array | None, *, family: Family
+                     ) -> tuple[jax.Array, Metrics]:
+    """Cross-entropy of the target tokens (and EOS) given the source, teacher-forced through the
+    decoding protocol; `rng=None` is evaluation."""
+    targets, inputs, input_mask = batch["targets"], batch["inputs"], batch["input_mask"]
+    start = jnp.full((targets.shape[0], 1), model.config.decoder_start_token_id, targets.dtype)
+    decoder_inputs = jnp.concatenate([start, targets[:, :-1]], axis=1)
+    use = family.languages(model.config) > 0
+    encoder_rng, decoder_rng = split_rng(rng, 2)
+    encoded = model.encode(inputs, input_mask, encoder_rng,
+                           **_languages(batch["source_language_ids"], use))
+    hidden = model.decode(decoder_inputs, encoded, input_mask, None, decoder_rng,
+                          **_languages(batch["target_language_ids"], use))
+    weights = batch["target_mask"]
+    loss, metrics = weighted_cross_entropy(model.logits(hidden), targets, weights, epsilon=1e-6)
+    return loss, {**metrics, "target_tokens": (jnp.sum(weights.astype(jnp.float32)),
+                                               jnp.float32(targets.shape[0]))}
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOut:
+    """What the BLEU monitor reads: the references (corpus text) and the tokenizer."""
+
+    references: list[str]
+    tokenizer: Any
+
+
+def prepare_translation(data: DataConfig, examples: te.TranslationExampleConfig,
+                        cache_dir: Path, seed: int, *, family: Family) -> PreparedData:
+    """Training pairs of `data.source`, held-out pairs and references of `data.eval_source`,
+    encoded with `data.tokenizer`; the BLEU signature in the report."""
+    del seed
+    if not data.tokenizer:
+        raise UserError("translation needs the pre-trained model's tokenizer: set data.tokenizer "
+                        "(run.py translate sets it from --init)")
+    if not data.eval_source:
+        raise UserError("translation holds out a separate parallel corpus; set "
+                        "data.eval_source (e.g. val.en,val.de)")
+    sacrebleu = require("sacrebleu", "translation", "BLEU of the translation check")
+    tokenizer = load_tokenizer(data)
+    ids = language_ids(open_parallel(data.source).languages)
+    tokenizer_key = (source_fingerprint(data.tokenizer), data.lowercase)
+    train = te.prepare_pairs(data.source, tokenizer, tokenizer_key, examples, ids, cache_dir)
+    held_out, references = te.held_out_pairs(data.eval_source, tokenizer, examples, ids)
+    # corpus_bleu's defaults; the signature exists once a score was computed (its references).
+    metric = sacrebleu.metrics.BLEU()
+    metric.corpus_score(references[:1], [references[:1]])
+    signature = str(metric.get_signature())
+    return PreparedData(
+        train=train, eval=held_out, tokenizer=tokenizer,
+        model_fields=family.data_fields(tokenizer),
+        report={"bleu_signature": signature, "held_out_pairs": len(references),
+                "language_ids": ids},
+        monitor_data=HeldOut(references, tokenizer))
+
+
+def check_languages(data: PreparedData, model_config: Any, objective: Any = None, *,
+                    family: Family) -> PreparedData:
+    """A model with language embeddings has a row for both languages of the direction (ids:
+    the corpus's languages in sorted order, as MASS's bilingual pre-training numbers them)."""
+    count = family.languages(model_config)
+    ids = data.report["language_ids"]
+    used = max(int(data.eval["source_language_ids"].max()),
+               int(data.eval["target_language_ids"].max()))
+    if count and used >= count:
+        raise UserError(f"the corpus's languages are numbered {ids} but the model has "
+                        f"{count} language embeddings; use a corpus of the pre-training's "
+                        "languages only (e.g. train.en,train.de)")
+    return data
+
+
+def translate_held_out(model: Any, data: PreparedData, examples: te.TranslationExampleConfig,
+                       family: Family) -> tuple[list[str], list[str]]:
+    """(greedy translations of the first `examples.bleu_sentences` held-out sources, detokenised
+    up to EOS; their references). Batches of `DECODE_BATCH` rows (the last padded with copies),
+    so every batch reuses one compilation."""
+    held: HeldOut = data.monitor_data
+    count = examples.bleu_sentences or len(held.references)
+    count = min(count, len(held.references))
+    use = family.languages(model.config) > 0
+    eos = model.config.eos_token_id
+    outputs = []
+    for start in range(0, count, DECODE_BATCH):
+        rows = np.minimum(np.arange(start, start + DECODE_BATCH), count - 1)
+        tokens = greedy_seq2seq(
+            model, data.eval["inputs"][rows], data.eval["input_mask"][rows],
+            max_new_tokens=examples.max_target_length,
+            source_language_ids=data.eval["source_language_ids"][rows] if use else None,
+            target_language_ids=data.eval["target_language_ids"][rows, 0] if use else None,
+            pad_id=held.tokenizer.pad_id)
+        outputs.extend(tokens[:min(DECODE_BATCH, count - start)])
+    hypotheses = []
+    for row in outputs:
+        row = list(row)
+        hypotheses.append(held.tokenizer.decode(row[:row.index(eos)] if eos in row else row))
+    return hypotheses, held.references[:count]
+
+
+def bleu_monitor(model: Any, data: PreparedData, examples: te.TranslationExampleConfig,
+                 objective: Any = None, *, family: Family) -> dict[str, float]:
+    """Corpus BLEU of the greedy translations of the held-out sources (sacrebleu defaults)."""
+    sacrebleu = require("sacrebleu", "translation", "BLEU of the translation check")
+    hypotheses, references = translate_held_out(model, data, examples, family)
+    return {"bleu": float(sacrebleu.corpus_bleu(hypotheses, [references]).score)}
+
+
+def pretrained_translator(config: Any, seed: int, load: Callable[[str], nnx.Module], *,
+                          family: Family) -> Any | None:
+    """The model of `config.init` (read by `load`) with this run's settings (dropout, dtype),
+    or None for a random start. Its architecture must be the run's: a difference is a
+    UserError naming the setting."""
+    if not config.init:
+        return None
+    if not Path(config.init).is_dir():
+        raise UserError(f"model.init={config.init} is not a directory; pass a pretext workdir or "
+                        "model directory of an encoder-decoder")
+    loaded = load(config.init)
+    fresh = family.build_model(config, seed)
+    if type(loaded) is not type(fresh):
+        raise UserError(f"{config.init} holds a {type(loaded).__name__}, not the "
+                        f"{type(fresh).__name__} this method fine-tunes")
+    for field in dataclasses.fields(loaded.config):
+        ours, theirs = getattr(config, field.name), getattr(loaded.config, field.name)
+        if field.name not in RUN_FIELDS and ours != theirs:
+            raise UserError(f"model.{field.name}={ours} differs from the pre-trained model's "
+                            f"{theirs} ({config.init}); set model.{field.name}={theirs}")
+    nnx.update(fresh, nnx.state(loaded, nnx.Param))
+    return fresh
+
+
+def summarize_translation(evaluation: dict[str, float], report: dict[str, Any],
+                          untrained: Any) -> list[str]:
+    """The held-out BLEU with sacrebleu's signature, and the held-out loss."""
+    del untrained
+    lines = []
+    if "bleu" in evaluation:
+        lines.append(f"  held-out BLEU {evaluation['bleu']:.2f} on {report['held_out_pairs']} "
+                     f"pairs (greedy; sacrebleu {report['bleu_signature']})")
+    if "loss" in evaluation:
+        lines.append(f"  held-out loss: {evaluation['loss']:.3f}")
+    return lines
+
+
+def method_of(model: Any) -> str:
+    """The translation method that fine-tunes `model` (e.g. a MASS run's `T5`)."""
+    for name, family in FAMILIES.items():
+        if type(model) is family.model_class:
+            return name
+    known = sorted(family.model_class.__name__ for family in FAMILIES.values())
+    raise UserError(f"no translation method fine-tunes a {type(model).__name__}; start from one "
+                    f"of {', '.join(known)}")
+
+
+# Small enough for the suite and CPU checks: mass_tiny's model (from the pre-trained run when
+# model.init is set) and T5's optimiser at a lower rate for fine-tuning; sentences fit 48 tokens.
+PRESETS = {
+    "translation_tiny": {
+        "model": {**TINY_T5_MODEL, "feed_forward_proj": "gelu"},
+        "examples": {"max_source_length": 48, "max_target_length": 48},
+        "optim": {**T5_OPTIM, "learning_rate": 0.005, "warmup_steps": 100},
+        "train": {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 600,
+                  "checkpoint_every": 200},
+    },
+}
+
+
+def translation_method(name: str, family: Family, presets: dict[str, Any]) -> Method:
+    """The fine-tuning method of one family."""
+    return Method(
+        name=name,
+        model_config=family.model_config,
+        example_config=te.TranslationExampleConfig,
+        build_model=family.build_model,
+        loss=functools.partial(translation_loss, family=family),
+        prepare=functools.partial(prepare_translation, family=family),
+        units_per_example=lambda examples: (examples.max_source_length
+                                            + examples.max_target_length),
+        monitor=functools.partial(bleu_monitor, family=family),
+        complete_data=functools.partial(check_languages, family=family),
+        pretrained=functools.partial(pretrained_translator, family=family),
+        summarize=summarize_translation,
+        description=f"Translation fine-tuning with a greedy BLEU check ({name})",
+        presets=presets,
+    )
+
+
+for _name, _family in FAMILIES.items():
+    register(translation_method(_name, _family, PRESETS if _name == "translation" else {}))

@@ -1,0 +1,293 @@
+"""Translation: T5's language embeddings (MASS's bilingual setting), greedy encoder-decoder
+decoding (`models.generate.greedy_seq2seq`) against HF `generate`, and the `translation`
+fine-tune with its BLEU check (`objectives.translation`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from parity_utils import random_params
+
+from pretext_jax import run
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline import translation_examples as te
+from pretext_jax.input_pipeline.tokenizers import SentencePieceTokenizer
+from pretext_jax.models import t5_hf
+from pretext_jax.models.generate import greedy_seq2seq
+from pretext_jax.models.t5 import T5, T5Config
+from pretext_jax.objectives import translation
+from pretext_jax.objectives.registry import PreparedData
+from pretext_jax.objectives.translation import T5TranslationConfig
+from pretext_jax.pretrain import export, hf, translate
+from pretext_jax.pretrain.config import config_from_dict
+from pretext_jax.pretrain.export import save_model
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+sacrebleu = pytest.importorskip("sacrebleu")
+
+HF_T5 = dict(vocab_size=61, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2,
+             num_heads=4, feed_forward_proj="relu", tie_word_embeddings=True,
+             decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+SMALL = T5Config(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2, head_size=8,
+                 intermediate_size=24, hidden_dropout=0.0, attention_dropout=0.0)
+
+
+def sources(vocab_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """[4, 9] source ids padded at the end of three rows, and their mask."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(2, vocab_size, (4, 9))
+    mask = (np.arange(9) < np.array([9, 6, 3, 7])[:, None]).astype(np.int64)
+    return ids * mask, mask
+
+
+@pytest.fixture(scope="module")
+def hf_pair(tmp_path_factory):
+    """A random HF T5 and its folder, every tensor moved by N(0, 0.5^2) so that greedy outputs
+    vary from step to step (at HF's init they repeat one token)."""
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(**HF_T5))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.5 * torch.randn(parameter.shape, generator=generator))
+    folder = tmp_path_factory.mktemp("t5")
+    model.save_pretrained(folder)
+    return model.eval(), folder
+
+
+def hf_greedy(model, ids, mask, new_tokens: int, eos: int) -> np.ndarray:
+    """HF's greedy tokens without the start token, padded with 0 to `new_tokens`."""
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                             do_sample=False, num_beams=1, max_new_tokens=new_tokens,
+                             min_new_tokens=0, eos_token_id=eos, pad_token_id=0).numpy()
+    return np.pad(out[:, 1:], ((0, 0), (0, new_tokens + 1 - out.shape[1])))
+
+
+def test_greedy_seq2seq_equals_hf_generate_and_stops_rows_at_eos(hf_pair):
+    reference, folder = hf_pair
+    ids, mask = sources(HF_T5["vocab_size"], seed=1)
+    model = hf.load(folder)
+    free = greedy_seq2seq(model, ids, mask, max_new_tokens=12)
+    np.testing.assert_array_equal(free, hf_greedy(reference, ids, mask, 12, eos=1))
+    # An end-of-sequence id that rows reach at different steps: each row keeps it, then pads.
+    eos = int(free[3, 3])
+    stopping = hf.load(folder, eos_token_id=eos)
+    out = greedy_seq2seq(stopping, ids, mask, max_new_tokens=12)
+    np.testing.assert_array_equal(out, hf_greedy(reference, ids, mask, 12, eos=eos))
+    stops = []
+    for row, tokens in zip(free, out, strict=True):
+        stops.append(list(row).index(eos) + 1 if eos in row else 12)
+        np.testing.assert_array_equal(tokens[:stops[-1]], row[:stops[-1]])
+        assert (tokens[stops[-1]:] == 0).all()
+    assert len(set(stops)) >= 3 and 12 in stops  # rows stop at different steps, one never
+    with pytest.raises(UserError, match="max_new_tokens"):
+        greedy_seq2seq(model, ids, mask, max_new_tokens=0)
+
+
+def with_languages(table: np.ndarray) -> T5:
+    """SMALL with language embeddings `table`, other parameters those of `plain()`."""
+    model = T5(dataclasses.replace(SMALL, num_languages=len(table)), rngs=nnx.Rngs(0))
+    nnx.update(model, nnx.state(plain(), nnx.Param))
+    model.language_embeddings.embedding.set_value(jnp.asarray(table, jnp.float32))
+    return model
+
+
+def plain() -> T5:
+    return random_params(nnx.eval_shape(lambda: T5(SMALL, rngs=nnx.Rngs(0))), seed=3)
+
+
+def test_language_embeddings_add_to_tokens_in_encoder_and_decoder():
+    ids, mask = sources(SMALL.vocab_size, seed=2)
+    decoder_ids = ids[:, :5]
+    zero, base = with_languages(np.zeros((2, 16))), plain()
+    assert base.language_embeddings is None and zero.language_embeddings is not None
+    languages = np.tile([[0], [1]], (2, 9))
+    # A zero table is no table (and without the table the ids are refused).
+    np.testing.assert_allclose(
+        zero(ids, mask, decoder_ids, language_ids=languages,
+             decoder_language_ids=languages[:, :5]).logits,
+        base(ids, mask, decoder_ids).logits, atol=1e-6)
+    with pytest.raises(ValueError, match="language_ids"):
+        base.encode(ids, mask, language_ids=languages)
+    with pytest.raises(ValueError, match="language_ids"):
+        zero.encode(ids, mask)
+    # A row of the table is added to each token embedding of that language, and changes the
+    # output; encoder and decoder read the same table.
+    table = np.random.default_rng(0).normal(size=(2, 16)).astype(np.float32)
+    model = with_languages(table)
+    np.testing.assert_allclose(model.embed(jnp.asarray(ids), jnp.asarray(languages)),
+                               np.asarray(model.shared(jnp.asarray(ids))) + table[languages],
+                               atol=1e-6)
+    shifted = np.asarray(model.encode(ids, mask, language_ids=languages))
+    assert not np.allclose(shifted, np.asarray(base.encode(ids, mask)), atol=1e-3)
+    np.testing.assert_allclose(shifted[:2], np.asarray(
+        model.encode(ids[:2], mask[:2], language_ids=languages[:2])), atol=1e-6)
+    flipped = np.asarray(model.encode(ids, mask, language_ids=1 - languages))
+    assert not np.allclose(shifted, flipped, atol=1e-3)
+    encoded = jnp.asarray(shifted)
+    decoded = [np.asarray(model.decode(decoder_ids, encoded, mask, language_ids=lang[:, :5]))
+               for lang in (languages, 1 - languages)]
+    assert not np.allclose(*decoded, atol=1e-3)
+    # Greedy decoding passes the languages: target language 0 and 1 give other outputs.
+    out = [greedy_seq2seq(model, ids, mask, max_new_tokens=6, source_language_ids=languages,
+                          target_language_ids=np.full(4, lang)) for lang in (0, 1)]
+    assert (out[0] != out[1]).any()
+    with pytest.raises(UserError, match="^this T5 has language embeddings [^\n]*$"):
+        t5_hf.config_to_hf(model.config)
+
+
+# ------------------------------------------------------------------- translation fine-tune
+SUBJECTS = [("A man", "Ein Mann"), ("A woman", "Eine Frau"), ("A child", "Ein Kind"),
+            ("The dog", "Der Hund")]
+VERBS = [("sees", "sieht"), ("has", "hat"), ("wants", "will"), ("likes", "mag")]
+COLOURS = [("red", "rotes"), ("blue", "blaues"), ("green", "grünes"), ("black", "schwarzes")]
+THINGS = [("car", "Auto"), ("boat", "Boot"), ("bike", "Fahrrad"), ("house", "Haus")]
+
+
+def toy_parallel(root, split: str, count: int, seed: int) -> str:
+    """`count` aligned English/German template captions in root/split.{en,de}; the spec."""
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for _ in range(count):
+        s, v, c, t = (table[rng.integers(len(table))] for table in (SUBJECTS, VERBS, COLOURS,
+                                                                      THINGS))
+        pairs.append((f"{s[0]} {v[0]} a {c[0]} {t[0]}.", f"{s[1]} {v[1]} ein {c[1]} {t[1]}."))
+    for index, language in enumerate(("en", "de")):
+        (root / f"{split}.{language}").write_text(
+            "".join(pair[index] + "\n" for pair in pairs), encoding="utf-8")
+    return f"{root / f'{split}.en'},{root / f'{split}.de'}"
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """A toy corpus, its sentencepiece tokenizer and a random bilingual T5 saved as a model
+    directory (what a mass_bilingual_tiny run exports)."""
+    root = tmp_path_factory.mktemp("toy")
+    train, val = toy_parallel(root, "train", 400, 0), toy_parallel(root, "val", 30, 1)
+    text = (root / "train.en").read_text().splitlines() + (root / "train.de").read_text(
+        ).splitlines()
+    tokenizer = SentencePieceTokenizer.train(text, root / "spm", vocab_size=60)
+    config = T5Config(
+        vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_id, num_languages=2,
+        hidden_size=32, num_layers=1, num_heads=2, head_size=16, intermediate_size=64,
+        feed_forward_proj="gelu", hidden_dropout=0.0, attention_dropout=0.0)
+    model = T5(T5Config(**{f.name: getattr(config, f.name)
+                           for f in dataclasses.fields(T5Config)}), rngs=nnx.Rngs(0))
+    save_model(model, "mass", root / "mass")
+    export.write_tokenizer(root / "mass", tokenizer)
+    return {"root": root, "train": train, "val": val, "tokenizer": tokenizer,
+            "init": root / "mass"}
+
+
+def test_records_hold_both_sides_with_eos_and_languages(toy, tmp_path):
+    tokenizer, config = toy["tokenizer"], te.TranslationExampleConfig(max_source_length=8,
+                                                                        max_target_length=40)
+    (tmp_path / "a.en").write_text("A man sees a red car.\n\nThe dog has a blue boat.\n")
+    (tmp_path / "a.de").write_text("Ein Mann sieht ein rotes Auto.\nEin Kind\n\n")
+    spec = f"{tmp_path / 'a.en'},{tmp_path / 'a.de'}"
+    records, references = te.held_out_pairs(spec, tokenizer, config, {"de": 0, "en": 1})
+    assert references == ["Ein Mann sieht ein rotes Auto."]  # pairs with an empty side dropped
+    source = tokenizer.encode("A man sees a red car.")
+    target = tokenizer.encode(references[0])
+    assert len(source) > 7  # cut to 7 tokens and EOS
+    np.testing.assert_array_equal(records["inputs"][0], [*source[:7], tokenizer.eos_id])
+    np.testing.assert_array_equal(records["targets"][0, :len(target) + 1],
+                                  [*target, tokenizer.eos_id])
+    assert records["target_mask"][0].sum() == len(target) + 1
+    assert (records["targets"][0, len(target) + 1:] == tokenizer.pad_id).all()
+    assert (records["source_language_ids"] == 1).all() and (
+        records["target_language_ids"] == 0).all()
+    with pytest.raises(UserError, match="has no fr"):
+        te.held_out_pairs(spec, tokenizer, dataclasses.replace(config, target_language="fr"),
+                          {"de": 0, "en": 1})
+
+
+@pytest.mark.usefixtures("deterministic_torch")
+def test_loss_is_hf_t5_loss_with_labels(hf_pair):
+    """Through the decoding protocol: targets shifted right after the start token, loss on the
+    target tokens only."""
+    reference, folder = hf_pair
+    ids, mask = sources(HF_T5["vocab_size"], seed=5)
+    targets = np.random.default_rng(6).integers(2, HF_T5["vocab_size"], (4, 7))
+    target_mask = (np.arange(7) < np.array([7, 3, 5, 1])[:, None]).astype(np.int64)
+    with torch.no_grad():
+        expected = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                             labels=torch.tensor(np.where(target_mask, targets, -100))).loss
+    batch = {"inputs": ids, "input_mask": mask, "targets": targets * target_mask,
+             "target_mask": target_mask, "source_language_ids": np.zeros_like(ids),
+             "target_language_ids": np.zeros_like(targets)}
+    family = translation.FAMILIES["translation"]
+    loss, metrics = translation.translation_loss(
+        hf.load(folder), {k: jnp.asarray(v) for k, v in batch.items()}, None, family=family)
+    np.testing.assert_allclose(loss, expected.item(), atol=1e-5, rtol=0)
+    assert metrics["target_tokens"][0] == target_mask.sum()
+
+
+def test_pretrained_model_keeps_its_weights_and_must_match(toy):
+    family = translation.FAMILIES["translation"]
+    saved = export.load_model(toy["init"])
+    config = T5TranslationConfig(**{**dataclasses.asdict(saved.config), "init": str(toy["init"]),
+                                    "hidden_dropout": 0.2})
+    model = translation.pretrained_translator(config, 0, export.load_pretrained, family=family)
+    assert model.config.hidden_dropout == 0.2
+    np.testing.assert_array_equal(model.language_embeddings.embedding.get_value(),
+                                  saved.language_embeddings.embedding.get_value())
+    with pytest.raises(UserError, match=r"^model.num_languages=0 differs .* set "
+                                        r"model.num_languages=2$"):
+        translation.pretrained_translator(dataclasses.replace(config, num_languages=0), 0,
+                                          export.load_pretrained, family=family)
+    assert translation.pretrained_translator(dataclasses.replace(config, init=""), 0,
+                                             export.load_pretrained, family=family) is None
+    # A language the model has no embedding for (fr = 2 of de, en, fr) is refused.
+    data = PreparedData(train=None, eval={"source_language_ids": np.array([[2, 2]]),
+                                          "target_language_ids": np.array([[0, 0]])},
+                        report={"language_ids": {"de": 0, "en": 1, "fr": 2}})
+    with pytest.raises(UserError, match="has 2 language embeddings"):
+        translation.check_languages(data, config, family=family)
+    ok = dataclasses.replace(data, eval={**data.eval, "source_language_ids": np.ones((1, 2))})
+    assert translation.check_languages(ok, config, family=family) is ok
+
+
+def test_cli_translate_from_a_bilingual_mass_model_scores_bleu(toy, tmp_path):
+    """`run.py translate --init MASS_DIR`: the starting point's architecture, tokenizer and
+    languages; held-out loss falls; results.json's BLEU is sacrebleu's on the final model's
+    greedy translations, with its signature."""
+    workdir = tmp_path / "run"
+    assert run.main(["translate", "--init", str(toy["init"]), "--data", toy["train"],
+                     "--eval-data", toy["val"], "--workdir", str(workdir),
+                     "train.steps=30", "train.batch_size=16", "optim.learning_rate=0.02",
+                     "optim.warmup_steps=10", "train.eval_every=15", "train.log_every=15",
+                     "examples.max_source_length=20", "examples.max_target_length=20",
+                     f"data.cache_dir={tmp_path / 'cache'}", "train.progress=false"]) == 0
+    result = json.loads((workdir / "results.json").read_text())
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [row for row in rows if row["split"] == "eval"]
+    assert evaluations[-1]["loss"] < evaluations[0]["loss"] - 0.3, evaluations
+    assert result["held_out_pairs"] == 30 and "tok:13a" in result["bleu_signature"]
+    config = config_from_dict(export.read_json_object(workdir / "config.json"))
+    assert config.method == "translation" and config.model["num_languages"] == 2
+    # Decoded here in one batch, cut at EOS and detokenised, against the corpus's sentences.
+    model, tokenizer = export.load_model(workdir), toy["tokenizer"]
+    records, references = te.held_out_pairs(toy["val"], tokenizer, config.example_config(),
+                                            {"de": 0, "en": 1})
+    tokens = greedy_seq2seq(model, records["inputs"], records["input_mask"], max_new_tokens=20,
+                            source_language_ids=records["source_language_ids"],
+                            target_language_ids=np.zeros(30, np.int32))
+    ends = [list(row).index(tokenizer.eos_id) if tokenizer.eos_id in row else len(row)
+            for row in tokens]
+    hypotheses = [tokenizer.decode(row[:end].tolist()) for row, end in zip(tokens, ends,
+                                                                           strict=True)]
+    assert result["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
+    # The from-scratch baseline: same architecture and tokenizer, no init.
+    baseline = translate.translation_config("", toy["train"], toy["val"],
+                                            architecture=str(toy["init"]))
+    assert baseline.model["init"] == "" and baseline.model["num_languages"] == 2
+    assert baseline.data.tokenizer == config.data.tokenizer
