@@ -49,15 +49,15 @@ proportion to their sentences: alpha 1, as a vocabulary learned on the concatena
 held-out text per language (`data.eval_source` of the same form, or `data.held_out_fraction`
 of each). Language ids are the sorted order of the languages (`xlm_examples.language_ids`:
 de = 0, en = 1), stored per segment (`language`) and given to every token of the encoder and
-decoder inputs (`language_ids`). With `language_batch_size` b every global batch of b segments
-holds one language and the languages take turns (`AlternatingLanguages`; the batch must then
-be `train.batch_size`); with 0 the languages mix within a batch.
+decoder inputs (`language_ids`). Every training step reads one language, drawn as XLM's
+`shuf_order` draws the `--mass_steps` languages (uniform: MASS-unsupNMT leaves
+`lg_sampling_factor` at -1), through `xlm_examples.StepSchedule`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grain
@@ -65,9 +65,7 @@ import numpy as np
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.bert_examples import Document, MaskingVocab, corrupt
-from pretext_jax.input_pipeline.descriptions import describe
-from pretext_jax.input_pipeline.records import RecordDirectory
-from pretext_jax.input_pipeline.xlm_examples import LanguageMixture, parse_corpora
+from pretext_jax.input_pipeline.xlm_examples import parse_corpora
 
 DECODER_START = 0  # T5's decoder start token (= pad), models.t5.PAD_ID
 
@@ -93,9 +91,6 @@ class MassExampleConfig:
     """Share of fragment tokens given [MASK] in the encoder input (MASS §3.1 0.8)."""
     random_token_prob: float = 0.1
     """Share of fragment tokens given a random token (0.1; the rest stay unchanged)."""
-    language_batch_size: int = 0
-    """Bilingual corpora: segments per global batch, all of one language, languages in turn
-    (MASS's alternation); must equal train.batch_size. 0 = languages mix within a batch."""
 
     def __post_init__(self) -> None:
         if self.max_seq_length < 2:
@@ -116,9 +111,6 @@ class MassExampleConfig:
             raise UserError(
                 f"examples.mask_token_prob={self.mask_token_prob} and examples.random_token_prob"
                 f"={self.random_token_prob} must be >= 0 with a sum <= 1 (MASS: 0.8 and 0.1)")
-        if self.language_batch_size < 0:
-            raise UserError(f"examples.language_batch_size={self.language_batch_size} must be "
-                            ">= 0 (0 = languages mixed within a batch)")
 
     def fragment_size(self, length: int) -> int:
         """k for a segment of `length` tokens (EOS included)."""
@@ -173,27 +165,6 @@ def language_corpora(spec: str) -> dict[str, str] | None:
     if "=" not in spec:
         return None
     return parse_corpora(spec)
-
-
-class AlternatingLanguages(LanguageMixture):
-    """Training segments of several languages for an unshuffled loader of global batch
-    `batch_size`: batch t holds segments of language t mod L only (MASS's steps take the
-    languages in turn), drawn uniformly with an RNG seeded by (seed, t)."""
-
-    def __init__(self, records: Mapping[str, RecordDirectory], seed: int, batch_size: int):
-        super().__init__(records, np.full(len(records), 1 / len(records)), seed,
-                         batch_size=batch_size)
-
-    def choose(self, key: int) -> tuple[int, int]:
-        batch, row = divmod(int(key), self.batch_size)
-        language = batch % len(self.records)
-        rng = np.random.default_rng([self.seed, batch])
-        return language, int(rng.integers(0, len(self.records[language]), self.batch_size)[row])
-
-    def __repr__(self) -> str:
-        return describe("MASS languages in turn", seed=self.seed, batch=self.batch_size,
-                        length=self.length, **{language: repr(r.source) for language, r in
-                                               zip(self.languages, self.records, strict=True)})
 
 
 def mass_example(tokens: np.ndarray, start: int, size: int, vocab: MaskingVocab,

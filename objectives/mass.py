@@ -11,7 +11,7 @@ paper's positions.
 Bilingual pre-training (§3.1, unsupervised NMT): with `data.source=en=SOURCE,de=SOURCE` the
 segments of each language carry its id, the model gets a language embedding per language
 (`model.num_languages`, from the data) added to the token embeddings of encoder and decoder,
-and, with `examples.language_batch_size`, each batch is of one language, the languages in turn
+and each training step reads one language, drawn as MASS-unsupNMT draws its `--mass_steps`
 (`mass_examples` docstring). Preset `mass_bilingual_tiny`.
 """
 
@@ -67,16 +67,14 @@ def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, ca
     its EOS the tokenizer's [SEP]; a bilingual corpus (`en=SOURCE,de=SOURCE`) also sets its
     number of languages."""
     corpora = mass_examples.language_corpora(data.source)
+    step_source = None
     if corpora is None:
-        if examples.language_batch_size:
-            raise UserError("examples.language_batch_size is for bilingual corpora; set "
-                            "data.source=en=PATH,de=PATH or examples.language_batch_size=0")
         build = functools.partial(build_segments, examples)
         train, held_out_split, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
         held_out, languages = [held_out_split], {}
     else:
         train, held_out, tokenizer = prepare_bilingual(corpora, data, examples, cache_dir, seed)
-        languages = {"num_languages": len(corpora)}
+        languages, step_source = {"num_languages": len(corpora)}, train.for_global_batch
     masking = mass_examples.MassMasking(MaskingVocab.from_tokenizer(tokenizer), examples)
     share = MAX_EVAL_EXAMPLES // len(held_out)
     eval_examples = stacked_records([held_out_examples(part, masking, seed, share)
@@ -84,14 +82,14 @@ def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, ca
     return PreparedData(train=train, eval=eval_examples, transforms=(masking,),
                         model_fields={"vocab_size": tokenizer.vocab_size,
                                       "eos_token_id": tokenizer.sep_id, **languages},
-                        batch_layout=examples.language_batch_size, tokenizer=tokenizer)
+                        step_source=step_source, tokenizer=tokenizer)
 
 
 def prepare_bilingual(corpora: dict[str, str], data: DataConfig,
                       examples: mass_examples.MassExampleConfig, cache_dir: Path, seed: int
-                      ) -> tuple[Any, list[Any], Any]:
-    """(training segments of every language, in turns of `examples.language_batch_size` or
-    mixed, the held-out segments of each language, the shared tokenizer)."""
+                      ) -> tuple[xlm_examples.StepSchedule, list[Any], Any]:
+    """(the training steps, each of one language's segments, uniformly drawn; the held-out
+    segments of each language; the shared tokenizer)."""
     eval_corpora = (mass_examples.language_corpora(data.eval_source) if data.eval_source
                     else None)
     if eval_corpora is not None and set(eval_corpora) != set(corpora):
@@ -104,14 +102,9 @@ def prepare_bilingual(corpora: dict[str, str], data: DataConfig,
     prepared, tokenizer = xlm_examples.prepare_languages(
         corpora, dataclasses.replace(data, eval_source=""), build, examples, 1.0, cache_dir,
         seed, eval_corpora=eval_corpora)
-    # In id order (sorted languages), so that batch t holds language id t mod L.
     records = {language: prepared[language][0] for language in sorted(prepared)}
-    if examples.language_batch_size:
-        train: Any = mass_examples.AlternatingLanguages(records, seed,
-                                                        examples.language_batch_size)
-    else:  # every segment equally likely: languages in proportion to their segments
-        sizes = np.array([len(r) for r in records.values()], np.float64)
-        train = xlm_examples.LanguageMixture(records, sizes / sizes.sum(), seed)
+    train = xlm_examples.StepSchedule(records, np.full(len(records), 1 / len(records)), {}, [],
+                                      seed)
     return train, [pair[1] for pair in prepared.values()], tokenizer
 
 
@@ -129,7 +122,7 @@ def prepare_bilingual(corpora: dict[str, str], data: DataConfig,
 # padding included) instead of batches of 3,000 real tokens grouped by length; a 60,000-piece
 # sentencepiece vocabulary instead of 60k BPE codes shared by the two languages. The
 # unsupervised-NMT runs are bilingual: `data.source=en=...,fr=...` adds the language embeddings
-# and `examples.language_batch_size=240` the alternation of languages step by step; monolingual
+# and one language per step (`--mass_steps 'en,fr'`); monolingual
 # text (the paper's summarisation and conversation settings, §4.3-4.4) needs neither.
 PRESETS = {
     # t5_tiny's model (GELU instead of ReLU, as MASS) and optimiser: at this size Adafactor
@@ -144,10 +137,10 @@ PRESETS = {
     },
     # mass_tiny's model and optimiser on a bilingual corpus (data.source=en=PATH,de=PATH, e.g.
     # Multi30K's train.en and train.de): language embeddings from the data, one language per
-    # batch of 64 segments, languages in turn (§3.1); captions fit 48 tokens.
+    # step (§3.1); captions fit 48 tokens.
     "mass_bilingual_tiny": {
         "model": {**TINY_T5_MODEL, "feed_forward_proj": "gelu", "num_languages": 0},
-        "examples": {"max_seq_length": 48, "language_batch_size": TINY_TEXT_TRAIN["batch_size"]},
+        "examples": {"max_seq_length": 48},
         "data": {"vocab_size": 4000},
         "optim": {**T5_OPTIM, "warmup_steps": 1000},
         "train": TINY_TEXT_TRAIN,

@@ -29,7 +29,6 @@ from pretext_jax import run
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import mass_examples as me
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
-from pretext_jax.input_pipeline.xlm_examples import LanguageMixture
 from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.objectives import mass
 from pretext_jax.objectives.mass import mass_loss
@@ -319,41 +318,39 @@ def bilingual_corpus(root) -> dict[str, str]:
             "data.cache_dir": str(root / "cache")}
 
 
-BILINGUAL = {**SHORT, "data.vocab_size": 80, "examples.language_batch_size": 8,
-             "train.batch_size": 8, "data.held_out_fraction": 0.1}
+BILINGUAL = {**SHORT, "data.vocab_size": 80, "train.batch_size": 8,
+             "data.held_out_fraction": 0.1}
 
 
-def test_bilingual_segments_carry_their_language_and_batches_take_turns(tmp_path):
+def test_bilingual_segments_carry_their_language_and_a_step_reads_one_language(tmp_path):
     """Each language's segments hold its id (sorted order: de 0, en 1) on every encoder and
-    decoder position; batch t is all of language t mod 2; held-out text of both languages; the
-    data sets the model's language count. Monolingual text refuses a language batch."""
+    decoder position; every step's batch is of one language, the languages drawn uniformly
+    (MASS-unsupNMT's shuf_order of --mass_steps); held-out text of both languages; the data
+    sets the model's language count."""
     config = make_config("mass_bilingual_tiny", {**BILINGUAL, **bilingual_corpus(tmp_path)})
     prepared = mass.prepare_mass(config.data, config.example_config(), tmp_path / "cache", 0)
-    assert prepared.model_fields["num_languages"] == 2 and prepared.batch_layout == 8
+    assert prepared.model_fields["num_languages"] == 2 and prepared.step_source is not None
+    steps = prepared.step_source(8)
+    assert steps.names == ("de", "en")
     words = {0: {"Satz", "spricht", "über", "Thema", "und", "dann", "noch", "mehr", "Wörter"},
              1: {"Sentence", "talks", "about", "topic", "and", "then", "some", "more", "words"}}
     masking = prepared.transforms[0]
     rng = np.random.default_rng(0)
-    for batch in range(4):
-        rows = [prepared.train[batch * 8 + row] for row in range(8)]
-        records = [prepared.train.records[0].spec.decode(r) for r in rows]
-        assert {int(r["language"][0]) for r in records} == {batch % 2}
+    languages = [steps.step_set(step) for step in range(40)]
+    assert 12 <= sum(languages) <= 28, languages  # uniform over the two languages
+    for step in range(6):
+        language = languages[step]
+        records = [steps.records[0].spec.decode(steps[step * 8 + row]) for row in range(8)]
+        assert {int(r["language"][0]) for r in records} == {language}
         for record in records:
             text = prepared.tokenizer.decode([int(t) for t in record["tokens"][:-1] if t])
             found = set(text.replace(".", " ").split())
-            assert found & words[batch % 2] and not found & words[1 - batch % 2], text
+            assert found & words[language] and not found & words[1 - language], text
             example = masking.random_map(record, rng)
-            assert (example["language_ids"] == batch % 2).all()
-    # A batch's draw depends on its number only, so a restart reads the same batches.
-    assert prepared.train.choose(19) == prepared.train.choose(19)
+            assert (example["language_ids"] == language).all()
+    # A step's draw depends on its number only, so a restart reads the same batches.
+    assert steps.choose(19) == prepared.step_source(8).choose(19)
     assert set(np.unique(prepared.eval["language_ids"])) == {0, 1}
-    mixed = make_config("mass_bilingual_tiny", {**BILINGUAL, **bilingual_corpus(tmp_path),
-                                                "examples.language_batch_size": 0})
-    data = mass.prepare_mass(mixed.data, mixed.example_config(), tmp_path / "cache", 0)
-    assert data.batch_layout == 0 and isinstance(data.train, LanguageMixture)
-    monolingual = make_config("mass_bilingual_tiny", {**BILINGUAL, **small_corpus(tmp_path)})
-    with pytest.raises(UserError, match="^examples.language_batch_size is for bilingual"):
-        mass.prepare_mass(monolingual.data, monolingual.example_config(), tmp_path / "c", 0)
 
 
 def test_cli_trains_mass_bilingual_tiny_with_language_embeddings(tmp_path):
