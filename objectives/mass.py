@@ -12,22 +12,14 @@ are not built.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterable
-from pathlib import Path
-from typing import Any
-
 import jax
-import numpy as np
 from flax import nnx
 
 from pretext_jax.input_pipeline import mass_examples
-from pretext_jax.input_pipeline.bert_examples import MaskingVocab
-from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.objectives.preset_parts import T5_OPTIM, TINY_T5_MODEL, TINY_TEXT_TRAIN
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
-from pretext_jax.objectives.text import encoder_decoder_loss, held_out_examples
+from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.text import encoder_decoder_loss, prepare_mass
 
 
 def mass_loss(model: T5, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
@@ -36,28 +28,6 @@ def mass_loss(model: T5, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array
     evaluation."""
     return encoder_decoder_loss(model, batch["inputs"], batch["input_mask"],
                                 batch["decoder_inputs"], batch["targets"], rng)
-
-
-def build_segments(examples: mass_examples.MassExampleConfig, documents: Any, tokenizer: Any,
-                   seed: int) -> Iterable[dict[str, np.ndarray]]:
-    """`prepare_text`'s builder: the corpus's sentences as segments (nothing is random)."""
-    del seed
-    return mass_examples.create_training_examples(documents, examples, tokenizer.sep_id)
-
-
-def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, cache_dir: Path,
-                 seed: int) -> PreparedData:
-    """Corpus -> tokenizer -> segments -> ArrayRecord; the fragment and its masks are drawn while
-    loading, held-out records get one fixed draw. The model's vocabulary is the tokenizer's,
-    its EOS the tokenizer's [SEP]."""
-    build = functools.partial(build_segments, examples)
-    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
-    masking = mass_examples.MassMasking(MaskingVocab.from_tokenizer(tokenizer), examples)
-    eval_examples = held_out_examples(held_out, masking, seed)
-    return PreparedData(train=train, eval=eval_examples, transforms=(masking,),
-                        model_fields={"vocab_size": tokenizer.vocab_size,
-                                      "eos_token_id": tokenizer.sep_id},
-                        tokenizer=tokenizer)
 
 
 # MASS (Song et al. 2019, §3.1; microsoft/MASS MASS-unsupNMT README): a 6 + 6-layer Transformer

@@ -13,7 +13,7 @@ sum over the vocabulary of -log p, per target token. `disable_ngram_loss` keeps 
 
 Data. §3 pre-trains as MASS does: a contiguous span of 15% of the tokens is masked in the
 encoder input (80/10/10) and the decoder predicts it. The records, the span and the decoder
-inputs are MASS's (`input_pipeline.mass_examples`, `objectives.mass.prepare_mass`), with the
+inputs are MASS's (`input_pipeline.mass_examples`, `objectives.text.prepare_mass`), with the
 span's start uniform (the paper: "randomly pick a starting position u"). The decoder inputs keep
 the segment's length, the span shifted right at its own positions and [MASK] elsewhere, so the
 learned positions are the sentence's, as the paper's. The one adaptation: stream s >= 1 at the
@@ -37,9 +37,9 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import mass_examples
 from pretext_jax.models.prophetnet import PAD_ID, ProphetNet, ProphetNetConfig
-from pretext_jax.objectives.mass import prepare_mass
 from pretext_jax.objectives.preset_parts import NO_DROPOUT, TINY_TEXT_OPTIM, TINY_TEXT_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.text import prepare_mass
 
 
 @dataclasses.dataclass(frozen=True)

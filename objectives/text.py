@@ -1,6 +1,6 @@
 """Pieces shared by the text methods: the weighted cross-entropy every token loss uses, the
 masked-LM data preparation (BERT, ALBERT, ELECTRA, RoBERTa), the encoder-decoder loss (T5,
-BART, MASS), fixed draws of per-record
+BART, MASS), MASS's span-masking preparation (MASS, ProphetNet), fixed draws of per-record
 transforms for held-out records (dynamic masking, XLNet's and MPNet's permutations, T5's
 noise), the permuted-LM baselines (XLNet, MPNet) and the sequence-length check.
 
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import bert_examples
+from pretext_jax.input_pipeline import bert_examples, mass_examples
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.encoder import EncoderConfig
 from pretext_jax.models.t5 import PAD_ID, T5
@@ -59,6 +59,29 @@ def encoder_decoder_loss(model: T5, inputs: jax.Array, input_mask: jax.Array,
                   "target_tokens": (jnp.sum(weights), jnp.float32(targets.shape[0])),
                   "input_tokens": (jnp.sum(input_mask.astype(jnp.float32)),
                                    jnp.float32(inputs.shape[0]))}
+
+
+def build_mass_segments(examples: mass_examples.MassExampleConfig, documents: Any, tokenizer: Any,
+                   seed: int) -> Iterable[dict[str, np.ndarray]]:
+    """`prepare_text`'s builder: the corpus's sentences as segments (nothing is random)."""
+    del seed
+    return mass_examples.create_training_examples(documents, examples, tokenizer.sep_id)
+
+
+def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, cache_dir: Path,
+                 seed: int) -> PreparedData:
+    """Corpus -> tokenizer -> segments -> ArrayRecord; the fragment and its masks are drawn while
+    loading, held-out records get one fixed draw. The model's vocabulary is the tokenizer's,
+    its EOS the tokenizer's [SEP]."""
+    build = functools.partial(build_mass_segments, examples)
+    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
+    masking = mass_examples.MassMasking(bert_examples.MaskingVocab.from_tokenizer(tokenizer),
+                                      examples)
+    eval_examples = held_out_examples(held_out, masking, seed)
+    return PreparedData(train=train, eval=eval_examples, transforms=(masking,),
+                        model_fields={"vocab_size": tokenizer.vocab_size,
+                                      "eos_token_id": tokenizer.sep_id},
+                        tokenizer=tokenizer)
 
 
 def held_out_examples(held_out: Any, transform: grain.transforms.RandomMap | None = None,
