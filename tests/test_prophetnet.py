@@ -325,7 +325,9 @@ def test_killed_run_resumes_bit_for_bit(tmp_path):
 
 def test_cli_trains_prophetnet_tiny_with_falling_held_out_loss(tmp_path):
     """`run.py pretrain --preset prophetnet_tiny --data FILE`: the held-out loss falls between
-    the first and the last evaluation, to well below the uniform guess."""
+    the first and the last evaluation, to well below the uniform guess; `convert --to hf`
+    writes a checkpoint and a tokenizer that transformers reads, the tokenizer ending a text
+    with [SEP] as the records (and HF's ProphetNetTokenizer) do."""
     data = small_corpus(tmp_path)
     workdir = tmp_path / "run"
     settings = [f"{key}={value}" for key, value in {**SHORT, **data}.items()
@@ -338,3 +340,9 @@ def test_cli_trains_prophetnet_tiny_with_falling_held_out_loss(tmp_path):
     evaluations = [row["loss"] for row in rows if row["split"] == "eval"]
     assert len(evaluations) == 2 and evaluations[-1] < evaluations[0] - 0.5, evaluations
     assert evaluations[-1] < np.log(60) - 1.0, evaluations
+    assert run.main(["convert", str(workdir), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    reloaded = transformers.ProphetNetForConditionalGeneration.from_pretrained(tmp_path / "hf")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ids = tokenizer("Sentence 3 talks about topic 3").input_ids
+    assert ids[-1] == reloaded.config.eos_token_id == tokenizer.sep_token_id
+    assert tokenizer.cls_token_id not in ids
