@@ -21,6 +21,12 @@ a Linear of the query's hidden state gives one value per (bucket, head), picked 
 bucket of the key-query offset (for a predicting stream, the offset from its position t + 1;
 its own key counts as offset 0). Cross-attention and the feed-forward run on every stream.
 
+HF's full-sequence forward (transformers `ProphetNetNgramSelfAttention.
+get_predict_relative_pos_embeddings`) reads the predicting streams' bias table with its rows
+[T, ngram, heads] taken as [ngram, heads, T], unlike the reference's `ngram_relative_logits`
+and HF's own one-token decoding (T = 1), which agree with each other and with this module;
+tests/test_prophetnet.py checks the streams against both.
+
 The main stream has no head of its own in pre-training: every prediction comes from the
 predicting streams (the reference's decoder returns only them; HF's `logits` are stream 0's).
 `logits(hidden)` is the tied output projection. For greedy generation, `decode` returns stream
