@@ -8,6 +8,7 @@ from pretext_jax.models import (
     electra_hf,  # noqa: F401
     gpt_hf,  # noqa: F401
     mpnet_hf,  # noqa: F401
+    prophetnet_hf,  # noqa: F401
     resnet_hf,  # noqa: F401
     roberta_hf,  # noqa: F401
     t5_hf,  # noqa: F401

@@ -12,6 +12,7 @@ from pretext_jax.objectives import (
     mass,  # noqa: F401
     moco,  # noqa: F401
     mpnet,  # noqa: F401
+    prophetnet,  # noqa: F401
     roberta,  # noqa: F401
     seq2seq,  # noqa: F401
     simclr,  # noqa: F401

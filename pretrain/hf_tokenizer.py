@@ -48,6 +48,7 @@ WORDPIECE_CLASSES = {"electra": "ElectraTokenizer", "mpnet": "MPNetTokenizer"}
 # (what `PreTrainedTokenizerFast` reads; the HF classes have their own). Default: BERT's.
 TEMPLATES: dict[str, tuple[str, str] | None] = {
     "gpt2": None,
+    "prophetnet": ("$A:0 {sep}:0", "$A:0 {sep}:0 $B:0 {sep}:0"),
     "t5": ("$A:0 {eos}:0", "$A:0 {eos}:0 $B:0 {eos}:0"),
     "xlnet": ("$A:0 {sep}:0 {cls}:2", "$A:0 {sep}:0 $B:1 {sep}:1 {cls}:2"),
 }
