@@ -1,18 +1,23 @@
-"""MASS's translation check on Multi30K: bilingual pre-training, then supervised fine-tuning.
+"""The translation check on Multi30K for MASS, ProphetNet and XLM: pre-training on the captions,
+then supervised en -> de fine-tuning against the same fine-tuning from random weights.
 
-    python -m bench.translation_multi30k [--steps N] [--finetune-steps M] [--data FOLDER]
-                                         [--workdir DIR] [--bleu-sentences K]
+    python -m bench.translation_multi30k [--method mass|prophetnet|xlm] [--steps N]
+        [--finetune-steps M] [--data FOLDER] [--workdir DIR] [--bleu-sentences K]
 
 Data: $PRETEXT_SHARED_DATA/multi30k or ../shared/data/multi30k (or --data, a folder holding
-train.{en,de} and val.{en,de}). 1. Pre-trains `mass_bilingual_tiny` (MASS with language
-embeddings, one language per batch in turn) for N steps on train.en and train.de as two
-monolingual corpora (29,000 captions each, not used as pairs), held out on val.en and val.de.
-2. Fine-tunes it on the 29,000 en -> de training pairs for M steps (`translation_tiny`'s
-recipe, `run.py translate`'s path), and, as the baseline, the same architecture and tokenizer
-from random weights for the same M steps. 3. Decodes the 1,014 validation sources greedily (or
-the first K) and scores corpus BLEU with sacrebleu against the German references. Prints one
-JSON line: both BLEUs and held-out losses, the steps, the wall-clock of each stage and
-sacrebleu's signature. A check of the method at toy size, not a translation system.
+train.{en,de} and val.{en,de}). 1. Pre-trains for N steps on train.en and train.de as
+monolingual text (29,000 captions each, not used as pairs), held out on val.en and val.de
+(XLM: a fraction of each language's training captions, in documents of 10):
+`mass_bilingual_tiny` (MASS with language embeddings, one language per step), `xlm_tiny` (MLM
+on the two languages, one language per step, language embeddings) or `prophetnet_tiny` (no
+language embeddings: the two languages' captions as one corpus). 2. Fine-tunes it on the
+29,000 en -> de training pairs for M steps (`translation_tiny`'s recipe, `run.py translate`'s
+path; an XLM starts both encoder and decoder, §5.2), and, as the baseline, the same
+architecture and tokenizer from random weights for the same M steps. 3. Decodes the 1,014
+validation sources greedily (or the first K) and scores corpus BLEU with sacrebleu against the
+German references. Prints one JSON line: both BLEUs and held-out losses, the steps, the
+wall-clock of each stage and sacrebleu's signature. A check of the methods at toy size, not a
+translation system.
 """
 
 from __future__ import annotations
@@ -30,6 +35,32 @@ from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.trainer import Trainer
 from pretext_jax.pretrain.translate import translate, translation_config
 
+PRESETS = {"mass": "mass_bilingual_tiny", "prophetnet": "prophetnet_tiny", "xlm": "xlm_tiny"}
+CAPTIONS_PER_DOCUMENT = 10
+
+
+def pretraining_data(method: str, data: Path, root: Path) -> list[str]:
+    """The pre-training corpus settings: the languages' captions as `en=...,de=...` (for XLM
+    rewritten under `root` as documents of `CAPTIONS_PER_DOCUMENT` captions, which it holds out
+    a fraction of), or for ProphetNet (one language-free corpus) both files' lines as one."""
+    languages = f"data.source=en={data / 'train.en'},de={data / 'train.de'}"
+    if method == "mass":
+        return [languages, f"data.eval_source=en={data / 'val.en'},de={data / 'val.de'}"]
+    root.mkdir(parents=True, exist_ok=True)
+    if method == "xlm":  # XLM holds out `data.held_out_fraction` of each language's documents
+        for language in ("en", "de"):
+            lines = (data / f"train.{language}").read_text(encoding="utf-8").splitlines()
+            (root / f"train.{language}.docs").write_text("".join(
+                "\n".join(lines[i:i + CAPTIONS_PER_DOCUMENT]) + "\n\n"
+                for i in range(0, len(lines), CAPTIONS_PER_DOCUMENT)), encoding="utf-8")
+        return [f"data.source=en={root / 'train.en.docs'},de={root / 'train.de.docs'}"]
+    for split in ("train", "val"):
+        lines = [(data / f"{split}.{language}").read_text(encoding="utf-8")
+                 for language in ("en", "de")]
+        (root / f"{split}.en-de.txt").write_text("".join(lines), encoding="utf-8")
+    return [f"data.source={root / 'train.en-de.txt'}",
+            f"data.eval_source={root / 'val.en-de.txt'}"]
+
 
 def schedule(steps: int) -> list[str]:
     """One evaluation and checkpoint, at the end; logs every 50 steps."""
@@ -41,7 +72,8 @@ def schedule(steps: int) -> list[str]:
 def main(argv: list[str] | None = None) -> dict:
     """Runs the benchmark; returns (and prints as one JSON line) its result."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=1000, help="MASS pre-training steps")
+    parser.add_argument("--method", choices=sorted(PRESETS), default="mass")
+    parser.add_argument("--steps", type=int, default=1000, help="pre-training steps")
     parser.add_argument("--finetune-steps", type=int, default=1000,
                         help="translation fine-tuning steps (both runs)")
     parser.add_argument("--data", default="", help="default: the shared Multi30K folder")
@@ -54,31 +86,31 @@ def main(argv: list[str] | None = None) -> dict:
     cache = f"data.cache_dir={root / 'cache'}"
     timings = {}
     start = time.perf_counter()
-    pretraining = make_config("mass_bilingual_tiny", [
-        f"data.source=en={data / 'train.en'},de={data / 'train.de'}",
-        f"data.eval_source=en={data / 'val.en'},de={data / 'val.de'}", cache,
-        *schedule(args.steps)])
-    mass = Trainer(pretraining, root / "mass").run()
+    preset = PRESETS[args.method]
+    pretraining = make_config(preset, [*pretraining_data(args.method, data, root), cache,
+                                       *schedule(args.steps)])
+    pretrained = root / args.method
+    summary = Trainer(pretraining, pretrained).run()
     timings["pretraining_s"] = round(time.perf_counter() - start, 1)
     pairs = (f"{data / 'train.en'},{data / 'train.de'}", f"{data / 'val.en'},{data / 'val.de'}")
     finetune = [cache, f"examples.bleu_sentences={args.bleu_sentences}",
                 *schedule(args.finetune_steps)]
     results = {}
-    for name, init in (("mass", str(root / "mass")), ("random_init", "")):
+    for name, init in (("pretrained", str(pretrained)), ("random_init", "")):
         start = time.perf_counter()
-        config = translation_config(init, *pairs, finetune, architecture=str(root / "mass"))
+        config = translation_config(init, *pairs, finetune, architecture=str(pretrained))
         results[name] = translate(config, root / f"translation_{name}")
         timings[f"finetune_{name}_s"] = round(time.perf_counter() - start, 1)
     result = {
         "benchmark": "translation_multi30k", "direction": "en-de",
-        "pretraining": {"preset": "mass_bilingual_tiny", "steps": mass["step"],
+        "pretraining": {"preset": preset, "steps": summary["step"],
                         "batch_size": pretraining.train.batch_size,
-                        "held_out_loss": mass["eval"].get("loss")},
-        "finetune_steps": results["mass"]["steps"],
+                        "held_out_loss": summary["eval"].get("loss")},
+        "finetune_steps": results["pretrained"]["steps"],
         "bleu": {name: r["bleu"] for name, r in results.items()},
         "held_out_loss": {name: r["held_out_loss"] for name, r in results.items()},
-        "held_out_pairs": results["mass"]["held_out_pairs"],
-        "bleu_signature": results["mass"]["bleu_signature"],
+        "held_out_pairs": results["pretrained"]["held_out_pairs"],
+        "bleu_signature": results["pretrained"]["bleu_signature"],
         "wall_clock_s": timings,
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
     }

@@ -323,16 +323,22 @@ def translation_from_pretrained(pretrained: XLM, eos_token_id: int, *, seed: int
                                 **overrides: Any) -> XLMTranslation:
     """An `XLMTranslation` whose encoder and decoder both start from the pretrained XLM's
     parameters (§5.2, "we initialize both encoder and decoder with a pretrained XLM"; the
-    reference's `--reload_model 'mlm.pth,mlm.pth'`): every parameter of `pretrained` is copied
-    into both sides, while the decoder's cross-attention (`encoder_attn`, `layer_norm15`, absent
-    from the pretrained model) keeps its random init from `seed`, as the reference's reload
-    does. `overrides` change config fields that leave the parameters' shapes alone (e.g.
-    dropout); a causal (CLM) XLM gives a bidirectional encoder."""
+    reference's `--reload_model 'mlm.pth,mlm.pth'`; see `load_both_sides`). `overrides` change
+    config fields that leave the parameters' shapes alone (e.g. dropout); a causal (CLM) XLM
+    gives a bidirectional encoder."""
     fields = {f.name: getattr(pretrained.config, f.name)
               for f in dataclasses.fields(XLMConfig)}
     config = XLMTranslationConfig(**{**fields, "causal": False, "is_decoder": False,
                                      "eos_token_id": eos_token_id, **overrides})
     model = XLMTranslation(config, rngs=nnx.Rngs(seed))
+    load_both_sides(model, pretrained)
+    return model
+
+
+def load_both_sides(model: XLMTranslation, pretrained: XLM) -> None:
+    """Copies every parameter of `pretrained` into the encoder and the decoder of `model`; the
+    decoder's cross-attention (`encoder_attn`, `layer_norm15`, absent from the pretrained
+    model) keeps its random init, as the reference's reload does."""
     params = dict(nnx.to_flat_state(nnx.state(pretrained, nnx.Param)))
     for side in (model.encoder, model.decoder):
         own = dict(nnx.to_flat_state(nnx.state(side, nnx.Param)))
@@ -341,4 +347,3 @@ def translation_from_pretrained(pretrained: XLM, eos_token_id: int, *, seed: int
             raise UserError("the pretrained XLM's parameters do not fit the translation model; "
                             "change only settings that keep the shapes")
         nnx.update(side, nnx.from_flat_state(params))
-    return model

@@ -1,5 +1,7 @@
 """Supervised translation fine-tuning of an encoder-decoder (method `translation` for T5 and MASS
-models), with greedy decoding of the held-out pairs scored by BLEU (sacrebleu, Post 2018): the
+models, `translation_prophetnet` for ProphetNet, `translation_xlm` for an XLM encoder-decoder
+whose two sides start from a pre-trained XLM, Lample & Conneau 2019 §5.2), with greedy decoding
+of the held-out pairs scored by BLEU (sacrebleu, Post 2018): the
 Multi30K check of MASS (Song et al. 2019 §4.1 fine-tunes its pre-trained model on translation).
 
 Data (`input_pipeline.translation_examples`): `data.source` a parallel corpus
@@ -42,7 +44,9 @@ from pretext_jax.input_pipeline.prepare import DataConfig, load_tokenizer, sourc
 from pretext_jax.input_pipeline.xlm_examples import language_ids
 from pretext_jax.models.generate import greedy_seq2seq
 from pretext_jax.models.layers import split_rng
+from pretext_jax.models.prophetnet import ProphetNet, ProphetNetConfig
 from pretext_jax.models.t5 import T5, T5Config
+from pretext_jax.models.xlm import XLM, XLMTranslation, XLMTranslationConfig, load_both_sides
 from pretext_jax.objectives.preset_parts import T5_OPTIM, TINY_T5_MODEL
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 from pretext_jax.objectives.text import weighted_cross_entropy
@@ -73,19 +77,60 @@ class Family:
     model_config: type
     data_fields: Callable[[Any], dict[str, Any]]
     languages: Callable[[Any], int]
+    pretrained_class: type | None = None
+    """The pre-trained model it starts from, if not `model_class` (XLM's encoder)."""
+    free_fields: frozenset[str] = frozenset()
+    """Fields of the pre-trained model's config that the translation model sets itself."""
+    load_pretrained: Callable[[Any, Any], None] | None = None
+    """(fresh model, pre-trained model) -> None: puts the pre-trained weights into the fresh
+    model; None copies every parameter (same class)."""
+
+    @property
+    def starts_from(self) -> type:
+        return self.pretrained_class or self.model_class
 
     def build_model(self, config: Any, seed: int) -> Any:
         return self.model_class(config, rngs=nnx.Rngs(seed))
 
 
-def t5_fields(tokenizer: Any) -> dict[str, Any]:
-    """T5/MASS take the tokenizer's vocabulary and its [SEP] (= EOS) as end of sequence."""
+@dataclasses.dataclass(frozen=True)
+class ProphetNetTranslationConfig(ProphetNetConfig):
+    """A ProphetNet encoder-decoder to fine-tune (greedy decoding and the loss use stream 0,
+    the next-token stream), and where its weights come from."""
+
+    init: str = ""
+    """Start from this pretext workdir or model directory (same architecture); '' = random."""
+
+
+@dataclasses.dataclass(frozen=True)
+class XLMTranslationRunConfig(XLMTranslationConfig):
+    """An XLM encoder-decoder to fine-tune (§5.2), both sides from a pre-trained XLM."""
+
+    eos_token_id: int = 0
+    """End of sentence, which also starts the decoder; 0 = the tokenizer's EOS (the data's)."""
+    init: str = ""
+    """Start from this pretext XLM workdir or model directory; '' = random."""
+
+
+def eos_fields(tokenizer: Any) -> dict[str, Any]:
+    """The tokenizer's vocabulary and its EOS ([SEP]) as end of sequence (T5/MASS, ProphetNet)."""
     return {"vocab_size": tokenizer.vocab_size, "eos_token_id": tokenizer.eos_id}
 
 
+def xlm_fields(tokenizer: Any) -> dict[str, Any]:
+    """XLM also takes the tokenizer's padding id (its embeddings zero it)."""
+    return {**eos_fields(tokenizer), "pad_token_id": tokenizer.pad_id}
+
+
 FAMILIES: dict[str, Family] = {
-    "translation": Family(T5, T5TranslationConfig, t5_fields,
+    "translation": Family(T5, T5TranslationConfig, eos_fields,
                           lambda config: config.num_languages),
+    "translation_prophetnet": Family(ProphetNet, ProphetNetTranslationConfig, eos_fields,
+                                     lambda config: 0),
+    "translation_xlm": Family(XLMTranslation, XLMTranslationRunConfig, xlm_fields,
+                              lambda config: config.n_langs, pretrained_class=XLM,
+                              free_fields=frozenset({"causal", "is_decoder"}),
+                              load_pretrained=load_both_sides),
 }
 
 
@@ -210,16 +255,19 @@ def pretrained_translator(config: Any, seed: int, load: Callable[[str], nnx.Modu
         raise UserError(f"model.init={config.init} is not a directory; pass a pretext workdir or "
                         "model directory of an encoder-decoder")
     loaded = load(config.init)
-    fresh = family.build_model(config, seed)
-    if type(loaded) is not type(fresh):
+    if type(loaded) is not family.starts_from:
         raise UserError(f"{config.init} holds a {type(loaded).__name__}, not the "
-                        f"{type(fresh).__name__} this method fine-tunes")
+                        f"{family.starts_from.__name__} this method fine-tunes")
     for field in dataclasses.fields(loaded.config):
         ours, theirs = getattr(config, field.name), getattr(loaded.config, field.name)
-        if field.name not in RUN_FIELDS and ours != theirs:
+        if field.name not in RUN_FIELDS | family.free_fields and ours != theirs:
             raise UserError(f"model.{field.name}={ours} differs from the pre-trained model's "
                             f"{theirs} ({config.init}); set model.{field.name}={theirs}")
-    nnx.update(fresh, nnx.state(loaded, nnx.Param))
+    fresh = family.build_model(config, seed)
+    if family.load_pretrained is None:
+        nnx.update(fresh, nnx.state(loaded, nnx.Param))
+    else:
+        family.load_pretrained(fresh, loaded)
     return fresh
 
 
@@ -239,9 +287,9 @@ def summarize_translation(evaluation: dict[str, float], report: dict[str, Any],
 def method_of(model: Any) -> str:
     """The translation method that fine-tunes `model` (e.g. a MASS run's `T5`)."""
     for name, family in FAMILIES.items():
-        if type(model) is family.model_class:
+        if type(model) is family.starts_from:
             return name
-    known = sorted(family.model_class.__name__ for family in FAMILIES.values())
+    known = sorted(family.starts_from.__name__ for family in FAMILIES.values())
     raise UserError(f"no translation method fine-tunes a {type(model).__name__}; start from one "
                     f"of {', '.join(known)}")
 

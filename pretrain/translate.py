@@ -43,10 +43,11 @@ def translation_config(init: str, data: str, eval_data: str, overrides: Sequence
     recipe = registry.preset(RECIPE)
     values = {f"{section}.{key}": value for section, settings in recipe.items()
               if section not in ("method", "model") for key, value in settings.items()}
+    method = translation.method_of(model)
+    skipped = translation.RUN_FIELDS | translation.FAMILIES[method].free_fields
     values.update({f"model.{key}": value for key, value in
-                   dataclasses.asdict(model.config).items()
-                   if key not in translation.RUN_FIELDS})
-    values.update({"method": translation.method_of(model), "model.init": init,
+                   dataclasses.asdict(model.config).items() if key not in skipped})
+    values.update({"method": method, "model.init": init,
                    "data.source": data, "data.eval_source": eval_data,
                    "data.tokenizer": tokenizer})
     return make_config(None, [*(f"{key}={value if isinstance(value, str) else as_override(value)}"

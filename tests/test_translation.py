@@ -19,7 +19,9 @@ from pretext_jax.input_pipeline import translation_examples as te
 from pretext_jax.input_pipeline.tokenizers import SentencePieceTokenizer
 from pretext_jax.models import t5_hf
 from pretext_jax.models.generate import greedy_seq2seq
+from pretext_jax.models.prophetnet import ProphetNet, ProphetNetConfig
 from pretext_jax.models.t5 import T5, T5Config
+from pretext_jax.models.xlm import XLM, XLMConfig
 from pretext_jax.objectives import translation
 from pretext_jax.objectives.registry import PreparedData
 from pretext_jax.objectives.translation import T5TranslationConfig
@@ -291,3 +293,58 @@ def test_cli_translate_from_a_bilingual_mass_model_scores_bleu(toy, tmp_path):
                                             architecture=str(toy["init"]))
     assert baseline.model["init"] == "" and baseline.model["num_languages"] == 2
     assert baseline.data.tokenizer == config.data.tokenizer
+
+
+def pretrained_directory(toy, kind: str):
+    """A random pre-trained ProphetNet or bilingual XLM saved as a model directory with the toy
+    tokenizer (what a prophetnet / xlm run exports)."""
+    tokenizer, folder = toy["tokenizer"], toy["root"] / kind
+    if kind == "prophetnet":
+        model: nnx.Module = ProphetNet(ProphetNetConfig(
+            vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_id, hidden_size=32,
+            num_encoder_layers=1, num_decoder_layers=1, num_encoder_attention_heads=2,
+            num_decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+            max_position_embeddings=64), rngs=nnx.Rngs(0))
+    else:
+        model = XLM(XLMConfig(
+            vocab_size=tokenizer.vocab_size, n_langs=2, pad_token_id=tokenizer.pad_id,
+            hidden_size=32, num_layers=1, num_heads=2, intermediate_size=128,
+            max_position_embeddings=64, embed_init_std=32 ** -0.5), rngs=nnx.Rngs(0))
+    if not folder.exists():
+        save_model(model, kind, folder)
+        export.write_tokenizer(folder, tokenizer)
+    return folder, model
+
+
+@pytest.mark.parametrize("kind,method", [("prophetnet", "translation_prophetnet"),
+                                         ("xlm", "translation_xlm")])
+def test_prophetnet_and_xlm_fine_tune_on_translation_from_their_pretrained_weights(
+        toy, tmp_path, kind, method):
+    """`run.py translate --init` from a ProphetNet (decoded through stream 0) and from an XLM,
+    whose weights start both the encoder and the decoder (§5.2; the decoder's cross-attention
+    is new): the method is the family's, the held-out loss falls, BLEU is reported."""
+    folder, pretrained = pretrained_directory(toy, kind)
+    config = translate.translation_config(str(folder), toy["train"], toy["val"])
+    assert config.method == method and config.model["init"] == str(folder)
+    family = translation.FAMILIES[method]
+    started = translation.pretrained_translator(config.model_config(), 0,
+                                                export.load_pretrained, family=family)
+    sides = (started.encoder, started.decoder) if kind == "xlm" else (started,)
+    for side in sides:
+        own = dict(nnx.to_flat_state(nnx.state(side, nnx.Param)))
+        for key, value in nnx.to_flat_state(nnx.state(pretrained, nnx.Param)):
+            np.testing.assert_array_equal(own[key][...], value[...])
+    workdir = tmp_path / "run"
+    assert run.main(["translate", "--init", str(folder), "--data", toy["train"],
+                     "--eval-data", toy["val"], "--workdir", str(workdir),
+                     "train.steps=30", "train.batch_size=16", "optim.learning_rate=0.02",
+                     "optim.warmup_steps=10", "train.eval_every=15", "train.log_every=15",
+                     "examples.max_source_length=20", "examples.max_target_length=20",
+                     f"data.cache_dir={tmp_path / 'cache'}", "train.progress=false"]) == 0
+    result = json.loads((workdir / "results.json").read_text())
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [row for row in rows if row["split"] == "eval"]
+    chance = np.log(toy["tokenizer"].vocab_size)  # a uniform prediction's loss
+    assert evaluations[-1]["loss"] < min(evaluations[0]["loss"], chance - 0.3), evaluations
+    assert result["held_out_pairs"] == 30 and result["bleu"] >= 0.0
+    assert type(export.load_model(workdir)) is family.model_class
