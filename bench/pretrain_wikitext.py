@@ -26,7 +26,8 @@ from pretext_jax.pretrain.trainer import Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 # Sequence-128 settings per method: BERT/ELECTRA's masking budget; XLNet's half-reused segments
-# with 21 targets (128 / 6, as 85 of 512) and memory of 96 (384 / 512 of the sequence).
+# with 21 targets (128 / 6, as 85 of 512) and memory of 96 (384 / 512 of the sequence);
+# ProphetNet's learned positions cover the sequence.
 METHOD_OVERRIDES = {
     "bert": ["examples.max_predictions_per_seq=20", "examples.dupe_factor=5",
              "model.max_position_embeddings=128"],
@@ -34,6 +35,7 @@ METHOD_OVERRIDES = {
     "xlnet": ["examples.reuse_len=64", "examples.perm_size=64", "examples.num_predict=21",
               "model.reuse_len=64", "model.mem_len=96"],
     "unilm": ["examples.max_predictions_per_seq=20"],
+    "prophetnet": ["model.max_position_embeddings=130"],  # see check_prophetnet
 }
 
 
