@@ -29,6 +29,7 @@ the corpus's sentences (MASS's records), one span each.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -36,10 +37,11 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import mass_examples
+from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.prophetnet import PAD_ID, ProphetNet, ProphetNetConfig
 from pretext_jax.objectives.masked_span import prepare_mass
 from pretext_jax.objectives.preset_parts import NO_DROPOUT, TINY_TEXT_OPTIM, TINY_TEXT_TRAIN
-from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +109,16 @@ def prophetnet_loss(model: ProphetNet, batch: Batch, rng: jax.Array | None, *,
     return loss, {**metrics,
                   "target_tokens": (jnp.sum((targets != PAD_ID).astype(jnp.float32)), rows),
                   "input_tokens": (jnp.sum(inputs.astype(jnp.float32)), rows)}
+
+
+def prepare_prophetnet(data: DataConfig, examples: mass_examples.MassExampleConfig,
+                       cache_dir: Path, seed: int) -> PreparedData:
+    """MASS's span-masking records of one monolingual corpus (ProphetNet has no language
+    embeddings, so a bilingual `LANG=SOURCE` corpus is refused)."""
+    if mass_examples.language_corpora(data.source) is not None:
+        raise UserError(f"ProphetNet has no language embeddings; give one corpus as "
+                        f"data.source, not languages ({data.source})")
+    return prepare_mass(data, examples, cache_dir, seed)
 
 
 def check_prophetnet(model: ProphetNetConfig, examples: mass_examples.MassExampleConfig,
@@ -177,7 +189,7 @@ register(Method(
     objective_config=ProphetNetLossSettings,
     build_model=lambda config, seed: ProphetNet(config, rngs=nnx.Rngs(seed)),
     loss=prophetnet_loss,
-    prepare=prepare_mass,
+    prepare=prepare_prophetnet,
     check=check_prophetnet,
     units_per_example=lambda examples: examples.max_seq_length,
     description="ProphetNet future n-gram prediction with the n-stream decoder, on MASS-style "

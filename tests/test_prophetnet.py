@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import signal
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +39,7 @@ from pretext_jax.objectives.prophetnet import (
     ProphetNetLossSettings,
     check_prophetnet,
     ngram_loss,
+    prepare_prophetnet,
 )
 from pretext_jax.pretrain import hf
 from pretext_jax.pretrain.config import make_config
@@ -256,6 +258,9 @@ def test_settings_and_presets():
                              .model_config(), examples)
     with pytest.raises(UserError, match="label_smoothing"):
         ProphetNetLossSettings(label_smoothing=1.0)
+    bilingual = make_config("prophetnet_tiny", {"data.source": "en=a.txt,de=b.txt"})
+    with pytest.raises(UserError, match="^ProphetNet has no language embeddings"):
+        prepare_prophetnet(bilingual.data, examples, Path("unused"), 0)
     base = make_config("prophetnet_base")
     model, examples = base.model_config(), base.example_config()
     assert (model.hidden_size, model.num_encoder_layers, model.num_decoder_layers,
