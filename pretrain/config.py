@@ -47,7 +47,8 @@ class OptimConfig:
     global-norm clip 1.0, linear warmup then linear decay to 0. `optimizer` is adamw, lamb,
     lars (SimCLR, BYOL: `momentum` 0.9, `trust_coefficient` 0.001, neither decay nor adaptation
     on normalisation parameters and biases), sgd (MoCo: torch's SGD with `momentum`, decay on
-    every parameter; `nesterov` as torch's SGD(nesterov=True)) or adafactor (T5; `pretrain.optim.adafactor`). `schedule` is linear
+    every parameter; `nesterov` as torch's SGD(nesterov=True)) or adafactor (T5;
+    `pretrain.optim.adafactor`). `schedule` is linear
     (BERT: lr * step / warmup during warmup, then lr * (1 - step / steps)), electra_linear
     (ELECTRA's optimization.py: lr * (1 - step / steps) * min(1, step / warmup), the ramp
     multiplying the decayed value), cosine, constant, step (lr x `decay_factor` after each step
