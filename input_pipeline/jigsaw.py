@@ -57,10 +57,10 @@ def permutation_set(count: int, seed: int, tiles: int = TILES) -> np.ndarray:
 
 
 def tile_positions(rng: jax.Array, height: int, width: int, puzzle: int, tile: int
-                   ) -> jax.Array:
-    """[9, 2] (top, left) pixel positions of the tiles in row-major cell order: a window of
-    `puzzle` pixels at a uniform place in the image, its cells of puzzle // 3 pixels, each
-    tile at a uniform place inside its cell."""
+                   ) -> tuple[jax.Array, jax.Array]:
+    """The window's (top, left) [2], uniform over the image, and the tiles' [9, 2] in
+    row-major cell order: cells of puzzle // 3 pixels, each tile at a uniform place inside its
+    cell."""
     cell = puzzle // GRID
     window_key, tile_key = jax.random.split(rng)
     origin = jax.random.randint(window_key, (2,), 0,
@@ -68,7 +68,7 @@ def tile_positions(rng: jax.Array, height: int, width: int, puzzle: int, tile: i
     inside = jax.random.randint(tile_key, (TILES, 2), 0, cell - tile + 1)
     grid = jnp.array([(row * cell, column * cell) for row in range(GRID)
                       for column in range(GRID)])
-    return origin + grid + inside
+    return origin, origin + grid + inside
 
 
 def cut_tiles(image: jax.Array, positions: jax.Array, tile: int,
@@ -103,7 +103,7 @@ def puzzle_tiles(rng: jax.Array, image: jax.Array, puzzle: int, tile: int,
     if height < puzzle or width < puzzle:
         raise ValueError(f"images of {height}x{width} are smaller than the puzzle ({puzzle})")
     position_key, gray_key, jitter_key = jax.random.split(rng, 3)
-    positions = tile_positions(position_key, height, width, puzzle, tile)
+    _, positions = tile_positions(position_key, height, width, puzzle, tile)
     gray = jax.random.bernoulli(gray_key, grayscale_probability)
     image = jnp.where(gray, grayscale(image), image)
     offsets = jax.random.randint(jitter_key, (TILES, image.shape[-1], 2), -channel_jitter,

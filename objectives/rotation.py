@@ -63,16 +63,22 @@ def augment(rng: jax.Array, image: jax.Array, settings: RotationSettings) -> jax
     return image
 
 
+def rotated_batch(rng: jax.Array | None, images: jax.Array, objective: RotationSettings
+                  ) -> tuple[jax.Array, jax.Array]:
+    """The 4B rotated copies [4B, S, S, 3] of uint8 images (whole or host crops), augmented
+    first unless `rng` is None, and their rotation labels [4B]."""
+    images = evaluation_view(single_view(images), objective.image_size)
+    if rng is not None:
+        keys = jax.random.split(rng, images.shape[0])
+        images = jax.vmap(lambda k, x: augment(k, x, objective))(keys, images)
+    return image_augment.rotations(images)
+
+
 def rotation_loss(model: RotationNet, batch: Batch, rng: jax.Array | None, *,
                   objective: RotationSettings | None = None) -> tuple[jax.Array, Metrics]:
     """Cross-entropy of the rotation of each of the 4B copies (module docstring);
     `rng=None` (evaluation): no augmentation, BatchNorm running statistics."""
-    objective = objective or RotationSettings()
-    images = evaluation_view(single_view(batch["image"]), objective.image_size)
-    if rng is not None:
-        keys = jax.random.split(rng, images.shape[0])
-        images = jax.vmap(lambda k, x: augment(k, x, objective))(keys, images)
-    rotated, labels = image_augment.rotations(images)
+    rotated, labels = rotated_batch(rng, batch["image"], objective or RotationSettings())
     logits = model(rotated, train=rng is not None)
     return weighted_cross_entropy(logits, labels, jnp.ones(labels.shape), epsilon=0.0)
 
