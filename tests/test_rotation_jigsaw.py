@@ -357,7 +357,8 @@ def test_same_step_on_one_device_and_a_mixed_mesh(preset, oriented_folder, tmp_p
 def test_killed_run_resumes_bit_for_bit(preset, oriented_folder, tmp_path):
     """SIGKILL once step 5 began (the last checkpoint is step 3's), then a rerun: the batches,
     losses and final parameters of an uninterrupted run."""
-    overrides = settings(preset, oriented_folder, tmp_path)
+    overrides = settings(preset, oriented_folder, tmp_path, **{"train.batch_size": 8,
+                                                               "model.base_width": 2})
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process(preset, overrides, *reference)
     ours = tmp_path / "w", tmp_path / "w.log"
