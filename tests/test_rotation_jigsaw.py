@@ -32,8 +32,9 @@ from pretext_jax.objectives.rotation import (
     rotated_batch,
     rotation_loss,
 )
-from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.config import OptimConfig, make_config
 from pretext_jax.pretrain.export import load_model
+from pretext_jax.pretrain.optim import learning_rate_schedule, make_optimizer
 from pretext_jax.pretrain.trainer import Trainer
 
 TINY_NET = dict(depth=18, stem="cifar", base_width=2)
@@ -128,6 +129,32 @@ def test_rotation_loss_and_head_gradient_equal_numpy():
         np.testing.assert_array_equal(np.asarray(rotated[5 * k:5 * k + 5]),
                                       np.rot90(first, k, axes=(1, 2)))
     assert not np.allclose(first, images / 255.0)
+
+
+def test_step_schedule_and_nesterov_sgd_as_torch():
+    """RotNet's optimiser: lr x factor after each boundary (update n uses schedule(n)), and
+    torch's SGD(nesterov=True, weight_decay): d = g + wd w, v = m v + d, w -= lr (d + m v)."""
+    config = OptimConfig(optimizer="sgd", schedule="step", learning_rate=0.1, warmup_steps=0,
+                         decay_boundaries="2,4", decay_factor=0.2, momentum=0.9, nesterov=True,
+                         weight_decay=0.01, clip_norm=0.0)
+    schedule = learning_rate_schedule(config, 6)
+    np.testing.assert_allclose([float(schedule(n)) for n in range(6)],
+                               [0.1, 0.1, 0.02, 0.02, 0.004, 0.004], rtol=1e-6)
+    optimizer = make_optimizer(config, 6)
+    w = jnp.array([1.0, -2.0])
+    state = optimizer.init(w)
+    expected, velocity = np.array([1.0, -2.0]), np.zeros(2)
+    for n in range(5):
+        g = jnp.array([0.5, 0.25]) * (n + 1)
+        updates, state = optimizer.update(g, state, w)
+        w = w + updates
+        d = np.asarray(g) + 0.01 * expected
+        velocity = 0.9 * velocity + d
+        expected = expected - [0.1, 0.1, 0.02, 0.02, 0.004][n] * (d + 0.9 * velocity)
+        np.testing.assert_allclose(np.asarray(w), expected, rtol=1e-5)
+    for bad in ("", "4,2", "0,3", "a"):
+        with pytest.raises(UserError, match="optim.decay_boundaries"):
+            learning_rate_schedule(OptimConfig(schedule="step", decay_boundaries=bad), 6)
 
 
 # ---------------------------------------------------------------------- permutation set
