@@ -105,7 +105,7 @@ def test_rotation_loss_and_head_gradient_equal_numpy():
     """Evaluation mode (no augmentation): the loss is numpy's cross-entropy of the network's
     logits on np.rot90 copies with labels 0..3; the head's gradient is features^T (softmax -
     one-hot) / 4B."""
-    model = build_rotation(ResNetConfig(**TINY_NET), 0)
+    model = nnx.jit(lambda: build_rotation(ResNetConfig(**TINY_NET), 0))()
     settings = RotationSettings(image_size=16)
     images = uint8_images(5)
     batch = {"image": jnp.asarray(images)}
@@ -278,7 +278,7 @@ def test_jigsaw_loss_and_head_gradient_equal_numpy():
     one-hot) / B; the tiles are the cell-order puzzle shuffled by the class's permutation."""
     config = JigsawConfig(**TINY_NET, num_permutations=12, tile_features=8, hidden_dim=16)
     settings = JigsawSettings(image_size=16, puzzle_size=15, tile_size=4, channel_jitter=1)
-    model = build_jigsaw(config, 0)
+    model = nnx.jit(lambda: build_jigsaw(config, 0))()
     batch = {"image": jnp.asarray(uint8_images(6))}
     key = jax.random.key(0)  # two_view.EVAL_AUGMENT_SEED
     tiles, labels = (np.asarray(x) for x in puzzles(key, batch["image"], config, settings))
@@ -334,6 +334,8 @@ def oriented_folder(tmp_path_factory) -> str:
 PRESETS = {"rotation_tiny": {"model.base_width": 4},
            "jigsaw_tiny": {"model.base_width": 4, "model.num_permutations": 8,
                            "optim.learning_rate": 3e-3}}
+# The mesh-equality and resume tests: 8 images a step through a ResNet-18 2 channels wide.
+SMALL = {"train.batch_size": 8, "model.base_width": 2}
 SHORT = {"train.batch_size": 32, "train.log_every": 1, "train.eval_every": 1000,
          "train.eval_batches": 1, "train.checkpoint_every": 3, "train.progress": False,
          "train.steps": 8}
@@ -360,7 +362,7 @@ def test_same_step_on_one_device_and_a_mixed_mesh(preset, oriented_folder, tmp_p
     for name, mesh, devices in (("single", (1, 1, 1), jax.devices()[:1]),
                                 ("mixed", (2, 2, 2), None)):
         values = settings(preset, oriented_folder, tmp_path, **{
-            **GRADIENT_STEP, "mesh.data": mesh[0], "mesh.fsdp": mesh[1],
+            **GRADIENT_STEP, **SMALL, "mesh.data": mesh[0], "mesh.fsdp": mesh[1],
             "mesh.tensor": mesh[2]})
         trainer = Trainer(make_config(preset, values), tmp_path / name, devices=devices)
         batch = next(trainer.data_iterator()) if batch is None else batch
@@ -384,8 +386,7 @@ def test_same_step_on_one_device_and_a_mixed_mesh(preset, oriented_folder, tmp_p
 def test_killed_run_resumes_bit_for_bit(preset, oriented_folder, tmp_path):
     """SIGKILL once step 5 began (the last checkpoint is step 3's), then a rerun: the batches,
     losses and final parameters of an uninterrupted run."""
-    overrides = settings(preset, oriented_folder, tmp_path, **{"train.batch_size": 8,
-                                                               "model.base_width": 2})
+    overrides = settings(preset, oriented_folder, tmp_path, **SMALL)
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process(preset, overrides, *reference)
     ours = tmp_path / "w", tmp_path / "w.log"
