@@ -247,3 +247,24 @@ def augment_batch(rng: jax.Array, images: jax.Array, config: AugmentConfig) -> j
     """[B, H, W, 3] uint8 -> [B, size, size, 3] float views, one key per example."""
     keys = jax.random.split(rng, images.shape[0])
     return jax.vmap(lambda k, x: augment(k, x, config))(keys, to_float(images))
+
+
+def padded_crop(rng: jax.Array, image: jax.Array, padding: int) -> jax.Array:
+    """torchvision RandomCrop(size, padding): the [H, W, C] image zero-padded by `padding` on
+    every side, then a window of the original size at an offset uniform in [0, 2 padding] per
+    axis (RotNet's CIFAR augmentation, with a horizontal flip)."""
+    height, width, channels = image.shape
+    padded = jnp.pad(image, ((padding, padding), (padding, padding), (0, 0)))
+    top, left = jax.random.randint(rng, (2,), 0, 2 * padding + 1)
+    return jax.lax.dynamic_slice(padded, (top, left, 0), (height, width, channels))
+
+
+def rotations(images: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """RotNet's four copies of every [B, S, S, C] image: [4B, S, S, C] with the copies rotated
+    counter-clockwise by k x 90 degrees in block k (as np.rot90(image, k); dataloader.py
+    `rotate_img`), and the labels k [4B]."""
+    if images.shape[1] != images.shape[2]:
+        raise ValueError(f"rotations need square images, not {images.shape[1:3]}")
+    rotated = [jnp.rot90(images, k, axes=(1, 2)) for k in range(4)]
+    labels = jnp.repeat(jnp.arange(4, dtype=jnp.int32), images.shape[0])
+    return jnp.concatenate(rotated), labels

@@ -42,11 +42,6 @@ class Queue(nnx.Variable):
     """MoCo's queue of keys and its write pointer."""
 
 
-def _backbone_config(config: ResNetConfig) -> ResNetConfig:
-    return ResNetConfig(**{f.name: getattr(config, f.name)
-                           for f in dataclasses.fields(ResNetConfig)})
-
-
 @dataclasses.dataclass(frozen=True)
 class MoCoConfig(ResNetConfig):
     """`projection_hidden_dim` 0 = the backbone's width (builder.py `dim_mlp`), `projection_dim`
@@ -109,7 +104,7 @@ class Encoder(nnx.Module):
 
     def __init__(self, config: ResNetConfig, hidden: int, out: int, *, batch_norm: bool,
                  output_bias: bool, rngs: nnx.Rngs):
-        self.backbone = ResNet(_backbone_config(config), rngs=rngs)
+        self.backbone = ResNet(config.backbone_config(), rngs=rngs)
         width = self.backbone.config.features
         self.head = MLP(config, width, hidden or width, out, batch_norm=batch_norm,
                         output_bias=output_bias, rngs=rngs)

@@ -57,6 +57,11 @@ class ResNetConfig:
         if self.width_multiplier < 1 or self.base_width < 1:
             raise ValueError("width_multiplier and base_width must be >= 1")
 
+    def backbone_config(self) -> ResNetConfig:
+        """The ResNet fields of this config (a subclass adds head fields): what `ResNet` takes."""
+        return ResNetConfig(**{f.name: getattr(self, f.name)
+                               for f in dataclasses.fields(ResNetConfig)})
+
     @property
     def block(self) -> str:
         return DEPTHS[self.depth][0]

@@ -29,10 +29,6 @@ class SimCLRConfig(ResNetConfig):
         if self.projection_layers < 1 or self.projection_dim < 1:
             raise ValueError("projection_layers and projection_dim must be >= 1")
 
-    def backbone_config(self) -> ResNetConfig:
-        fields = {f.name for f in dataclasses.fields(ResNetConfig)}
-        return ResNetConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in fields})
-
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass

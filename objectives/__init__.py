@@ -9,11 +9,13 @@ from pretext_jax.objectives import (
     cpc,  # noqa: F401
     electra,  # noqa: F401
     gpt,  # noqa: F401
+    jigsaw,  # noqa: F401
     mass,  # noqa: F401
     moco,  # noqa: F401
     mpnet,  # noqa: F401
     prophetnet,  # noqa: F401
     roberta,  # noqa: F401
+    rotation,  # noqa: F401
     seq2seq,  # noqa: F401
     simclr,  # noqa: F401
     translation,  # noqa: F401

@@ -164,6 +164,12 @@ def two_views(rng: jax.Array | None, images: jax.Array,
             image_augment.augment_batch(second_key, seconds, second))
 
 
+def single_view(images: jax.Array) -> jax.Array:
+    """One image per example for the single-view methods (rotation, jigsaw): whole [B, H, W, 3]
+    images as they are, of host crops [B, 2, S, S, 3] the first."""
+    return images[:, 0] if images.ndim == 5 else images
+
+
 def evaluation_view(images: jax.Array, size: int) -> jax.Array:
     """The un-augmented input: [0, 1] floats at the training resolution."""
     images = image_augment.to_float(images)

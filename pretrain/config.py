@@ -47,12 +47,14 @@ class OptimConfig:
     global-norm clip 1.0, linear warmup then linear decay to 0. `optimizer` is adamw, lamb,
     lars (SimCLR, BYOL: `momentum` 0.9, `trust_coefficient` 0.001, neither decay nor adaptation
     on normalisation parameters and biases), sgd (MoCo: torch's SGD with `momentum`, decay on
-    every parameter) or adafactor (T5; `pretrain.optim.adafactor`). `schedule` is linear
+    every parameter; `nesterov` as torch's SGD(nesterov=True)) or adafactor (T5;
+    `pretrain.optim.adafactor`). `schedule` is linear
     (BERT: lr * step / warmup during warmup, then lr * (1 - step / steps)), electra_linear
     (ELECTRA's optimization.py: lr * (1 - step / steps) * min(1, step / warmup), the ramp
-    multiplying the decayed value), cosine, constant or inverse_sqrt (T5: lr * sqrt(warmup /
-    max(step, warmup))), linear_from_peak (fairseq's polynomial_decay, XLNet's poly decay:
-    lr * step / warmup, then linear from lr at the end of warmup to end_learning_rate at
+    multiplying the decayed value), cosine, constant, step (lr x `decay_factor` after each step
+    of `decay_boundaries`: Caffe's step policy, RotNet's `LUT_lr`) or inverse_sqrt (T5: lr *
+    sqrt(warmup / max(step, warmup))), linear_from_peak (fairseq's polynomial_decay, XLNet's
+    poly decay: lr * step / warmup, then linear from lr at the end of warmup to end_learning_rate at
     `steps`); `end_learning_rate` is where linear, electra_linear, linear_from_peak and cosine
     end. `eps_before_bias_correction` (with `bias_correction`): Adam's eps added to sqrt(v)
     before the bias correction, as fairseq's Adam and tf.train.AdamOptimizer do.
@@ -66,7 +68,7 @@ class OptimConfig:
     learning_rate: float = 1e-4
     """Peak learning rate (BERT 1e-4)."""
     schedule: str = "linear"
-    """linear, electra_linear, linear_from_peak, cosine, constant or inverse_sqrt."""
+    """linear, electra_linear, linear_from_peak, cosine, constant, step or inverse_sqrt."""
     warmup_steps: int = 10000
     """Steps of the linear warmup (BERT 10,000)."""
     end_learning_rate: float = 0.0
@@ -95,6 +97,12 @@ class OptimConfig:
     """LARS trust coefficient (eta; SimCLR and BYOL 1e-3)."""
     layerwise_lr_decay: float = 1.0
     """Each Transformer layer's lr x decay^(depth from the top) (ELECTRA fine-tuning 0.8)."""
+    decay_boundaries: str = ""
+    """Schedule `step`: steps, comma-separated, after which the lr is x decay_factor."""
+    decay_factor: float = 0.1
+    """Schedule `step`: the lr's factor at each boundary (Caffe gamma 0.1; RotNet 0.2)."""
+    nesterov: bool = False
+    """sgd: Nesterov momentum, as torch's SGD(nesterov=True) (RotNet true)."""
 
 
 @dataclasses.dataclass(frozen=True)

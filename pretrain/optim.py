@@ -23,7 +23,7 @@ from pretext_jax.errors import UserError
 # `scale` and `bias`, so the two rules pick the same ones.
 NO_DECAY_PARAMETERS = ("bias", "scale")
 SCHEDULES = ("linear", "electra_linear", "linear_from_peak", "cosine", "constant",
-             "inverse_sqrt")
+             "inverse_sqrt", "step")
 
 
 class ScaleByAdamEpsHatState(NamedTuple):
@@ -139,7 +139,9 @@ def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
     `linear_from_peak` (warmup to the peak, then linear from the peak to end_learning_rate over
     the remaining steps: fairseq's `polynomial_decay` with power 1, XLNet's `get_train_op`
     with decay_method poly), `cosine` (warmup then cosine
-    to end), `constant` (warmup then flat) or `inverse_sqrt` (T5). Steps count from 0: update
+    to end), `constant` (warmup then flat), `inverse_sqrt` (T5) or `step` (warmup, then the
+    peak times `decay_factor` after each of the steps in `decay_boundaries`: Caffe's `step`
+    policy, RotNet's `LUT_lr`). Steps count from 0: update
     n (the n-th, 0-based) uses schedule(n), the value of the references' global step (fairseq:
     num_updates) before it is incremented."""
     peak, warmup, end = config.learning_rate, config.warmup_steps, config.end_learning_rate
@@ -161,10 +163,26 @@ def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
         after = optax.constant_schedule(peak)
     elif config.schedule == "inverse_sqrt":
         return inverse_sqrt_schedule(peak, warmup)
+    elif config.schedule == "step":
+        after = optax.piecewise_constant_schedule(peak, {
+            boundary - warmup: config.decay_factor
+            for boundary in decay_boundaries(config.decay_boundaries)})
     else:
         raise UserError(f"optim.schedule={config.schedule!r} is unknown; use one of "
                         f"{', '.join(SCHEDULES)}")
     return optax.join_schedules([ramp, after], [warmup])
+
+
+def decay_boundaries(text: str) -> list[int]:
+    """`optim.decay_boundaries` ("60,120" or "") as increasing step numbers."""
+    try:
+        steps = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        steps = []
+    if not steps or steps != sorted(set(steps)) or steps[0] < 1:
+        raise UserError(f"optim.decay_boundaries={text!r} must be increasing positive step "
+                        "numbers separated by commas, e.g. 100000,200000")
+    return steps
 
 
 def electra_schedule(peak: float, warmup: int, total_steps: int,
@@ -264,7 +282,8 @@ def make_optimizer(config: Any, total_steps: int) -> optax.GradientTransformatio
         # torch.optim.SGD as MoCo's main_moco.py uses it: d = g + wd w on every parameter
         # (BatchNorm and biases included), v = m v + d, w -= lr v.
         core = optax.chain(optax.add_decayed_weights(config.weight_decay),
-                           optax.sgd(schedule, momentum=config.momentum))
+                           optax.sgd(schedule, momentum=config.momentum,
+                                     nesterov=config.nesterov))
     elif config.optimizer == "adafactor":
         core = adafactor(schedule, config.weight_decay)
     else:

@@ -1,0 +1,111 @@
+"""Any image method on CIFAR-10: pre-train a preset for N steps, then kNN and linear evaluation
+of its frozen backbone against the same backbone untrained.
+
+    python -m bench.image_cifar10 --preset PRESET [--steps N] [--workdir DIR] [key=value ...]
+
+Data: $PRETEXT_SHARED_DATA/cifar10 or ../shared/data/cifar10 (python pickles; rebuilt from
+JPEG copies, so pixels are lossy). Every preset runs with CPU-sized defaults: a ResNet of 16
+base channels (`model.base_width=16`), evaluation and a checkpoint at the last step on 4
+held-out batches, and a kNN bank of 10,000 training images during training; the presets below
+also get their own (SimCLR: batch 256, LARS lr 1.0 with 5% warmup; RotNet: batch 128 images =
+512 rotated copies, the lr steps at 30/60/80% of the run as the paper's 60/120/160 of 200
+epochs). Overrides after them win. After training: kNN (k 200, temperature 0.1) with the
+50,000 training images as the bank, and a linear probe on frozen features (train 50,000,
+test 10,000), for the trained backbone and for the same backbone at its random
+initialisation (the baseline any learning has to beat). Prints one JSON line; `main(argv)`
+returns it as a dict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from bench.pretrain_wikitext import shared_data_dir
+from pretext_jax import objectives  # noqa: F401  (registers the methods)
+from pretext_jax.input_pipeline.images import read_cifar10
+from pretext_jax.objectives import registry
+from pretext_jax.objectives.evaluation import extract_features, knn_accuracy, linear_probe_accuracy
+from pretext_jax.objectives.two_view import backbone_features
+from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.export import load_model
+from pretext_jax.pretrain.trainer import Trainer
+
+
+def preset_defaults(preset: str, steps: int) -> list[str]:
+    """The CPU-sized settings of `preset` for a run of `steps` (module docstring)."""
+    own = {
+        "simclr_cifar10": ["train.batch_size=256", "optim.learning_rate=1.0",
+                           f"optim.warmup_steps={steps // 20}"],
+        "rotation_cifar10": ["train.batch_size=128", "optim.decay_boundaries=" + ",".join(
+            str(max(1, round(steps * f))) for f in (0.3, 0.6, 0.8))],
+    }
+    return ["model.base_width=16", f"train.steps={steps}", f"train.eval_every={steps}",
+            f"train.checkpoint_every={steps}", "train.eval_batches=4", "train.log_every=50",
+            "examples.knn_bank_size=10000", *own.get(preset, [])]
+
+
+def frozen_evaluation(model: nnx.Module, view_size: int, data: Path) -> dict[str, float]:
+    """kNN (bank: the 50,000 training images) and linear-probe test accuracy of the
+    backbone's features of CIFAR-10 at `view_size`."""
+    (train, train_labels), (test, test_labels) = (read_cifar10(data, split)
+                                                  for split in ("train", "test"))
+    train_features, test_features = (
+        extract_features(lambda x: backbone_features(model, x, view_size), images)
+        for images in (train, test))
+    return {"knn_accuracy_k200": knn_accuracy(train_features, train_labels, test_features,
+                                              test_labels, 10),
+            "linear_probe_accuracy": linear_probe_accuracy(train_features, train_labels,
+                                                           test_features, test_labels, 10)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", required=True, help="an image preset, e.g. simclr_cifar10")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--workdir", default="", help="default runs/bench_<preset>")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    data = shared_data_dir() / "cifar10"
+    workdir = Path(args.workdir or f"runs/bench_{args.preset}")
+    config = make_config(args.preset, [f"data.source={data}",
+                                       *preset_defaults(args.preset, args.steps),
+                                       *args.overrides])
+    method = registry.get(config.method)
+    start = time.perf_counter()
+    summary = Trainer(config, workdir).run()
+    seconds = time.perf_counter() - start
+    view_size = config.objective_config().image_size
+    trained = frozen_evaluation(load_model(workdir), view_size, data)
+    untrained = frozen_evaluation(method.build_model(config.model_config(), config.train.seed),
+                                  view_size, data)
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    speed = f"{method.unit}_per_s"
+    speeds = [r[speed] for r in rows if r["split"] == "train" and speed in r]
+    model = config.model_config()
+    result = {
+        "benchmark": "image_cifar10", "preset": args.preset, "method": config.method,
+        "steps": summary["step"], "batch_size": config.train.batch_size,
+        "backbone": f"ResNet-{model.depth}, {model.stem} stem, width {model.base_width}",
+        **trained, "untrained_backbone": untrained,
+        "final_train": summary["train"],
+        f"{speed}_after_compile": float(np.median(speeds[1:] or speeds)) if speeds else None,
+        "pretrain_wall_clock_s": round(seconds, 1),
+        "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+        "command": " ".join(["python -m bench.image_cifar10", *(argv or sys.argv[1:])]),
+        "note": "CIFAR-10 pixels here are rebuilt from JPEG copies (lossy)",
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
