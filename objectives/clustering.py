@@ -26,8 +26,15 @@ WHITEN_EPS = 1e-8  # added to the eigenvalues before whitening (faiss adds none)
 
 
 def pca_whiten(features: np.ndarray, dim: int) -> np.ndarray:
-    """[N, d] -> [N, dim]: centred, projected on the top `dim` principal axes, each divided by
-    the square root of its eigenvalue (unit variance, uncorrelated), then L2-normalised rows."""
+    """[N, d] -> [N, dim]: `whiten`, then L2-normalised rows (`preprocess_features`)."""
+    whitened = whiten(features, dim)
+    norms = np.linalg.norm(whitened, axis=1, keepdims=True)
+    return (whitened / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def whiten(features: np.ndarray, dim: int) -> np.ndarray:
+    """[N, d] -> [N, dim] float64: centred, projected on the top `dim` principal axes, each
+    divided by the square root of its eigenvalue (unit variance, uncorrelated)."""
     x = np.asarray(features, np.float64)
     if dim > min(x.shape):
         raise UserError(f"objective.pca_dim={dim} exceeds the features' rank bound "
@@ -35,9 +42,7 @@ def pca_whiten(features: np.ndarray, dim: int) -> np.ndarray:
     x = x - x.mean(axis=0)
     eigenvalues, eigenvectors = np.linalg.eigh(x.T @ x / x.shape[0])
     top = np.argsort(eigenvalues)[::-1][:dim]
-    whitened = (x @ eigenvectors[:, top]) / np.sqrt(eigenvalues[top] + WHITEN_EPS)
-    norms = np.linalg.norm(whitened, axis=1, keepdims=True)
-    return (whitened / np.maximum(norms, 1e-12)).astype(np.float32)
+    return (x @ eigenvectors[:, top]) / np.sqrt(eigenvalues[top] + WHITEN_EPS)
 
 
 def assign(points: np.ndarray, centroids: np.ndarray, chunk: int = 4096) -> np.ndarray:

@@ -149,7 +149,7 @@ class ClusterRound:
         self.train, self.labels, self.order = train, labels, order
         self.source = self
         self.description = describe(
-            "deepcluster_round", train=repr(train), round=round_index,
+            "deepcluster_round", train=repr(train.source), round=round_index,
             pseudo_labels_crc32=zlib.crc32(labels.astype(np.int32).tobytes()),
             order_crc32=zlib.crc32(order.astype(np.int64).tobytes()))
 
