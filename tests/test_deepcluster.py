@@ -164,7 +164,7 @@ def small(data: str, workdir, **overrides) -> dict:
     return {"data.source": data, "data.cache_dir": str(workdir / "cache"),
             "model.base_width": 4, "model.num_clusters": 8, "objective.image_size": 16,
             "objective.pca_dim": 8, "objective.recluster_every": 4, "train.batch_size": 16,
-            "train.steps": 10, "train.log_every": 1, "train.eval_every": 1000,
+            "train.steps": 8, "train.log_every": 1, "train.eval_every": 1000,
             "train.eval_batches": 1, "train.checkpoint_every": 3, "train.progress": False,
             **overrides}
 
@@ -200,7 +200,7 @@ def test_killed_run_resumes_exactly_with_its_cluster_state(tmp_path, colour_fold
     interrupt("deepcluster_tiny", overrides, *ours, step=7, sig=signal.SIGKILL)
     run_in_process("deepcluster_tiny", overrides, *ours)
     executed = assert_same_training("deepcluster_tiny", overrides, ours, reference)
-    assert len(executed) > 10
+    assert len(executed) > 8
     labels = []
     for workdir, _ in (ours, reference):
         trainer = Trainer(make_config("deepcluster_tiny", overrides), workdir)
@@ -213,10 +213,9 @@ def test_killed_run_resumes_exactly_with_its_cluster_state(tmp_path, colour_fold
 
 
 def test_sharded_step_equals_the_single_device_step(tmp_path, colour_folder):
-    """The first step (clustering, then one gradient step) on one device, on data = 8 and on
-    data x fsdp x tensor = 2 x 2 x 2: the same pseudo-labels, loss and parameters."""
-    layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "dp": ((8, 1, 1), None),
-               "mixed": ((2, 2, 2), None)}
+    """The first step (clustering, then one gradient step) on one device and on data x fsdp x
+    tensor = 2 x 2 x 2: the same pseudo-labels, loss and parameters."""
+    layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "mixed": ((2, 2, 2), None)}
     results = {}
     for name, (mesh, devices) in layouts.items():
         values = small(colour_folder, tmp_path, **{
