@@ -212,8 +212,13 @@ def prepare_deepcluster(data: DataConfig, examples: ImageExampleConfig, cache_di
 
 def check_deepcluster(model: DeepClusterConfig, examples: ImageExampleConfig,
                       objective: DeepClusterSettings) -> None:
-    """Host crops of the view's size; fewer clusters than training images."""
+    """Host crops of the view's size; no more PCA dimensions than features; fewer clusters
+    than training images."""
     check_host_crops(model, examples, objective)
+    features = model.backbone_config().features
+    if objective.pca_dim > features:
+        raise UserError(f"objective.pca_dim={objective.pca_dim} exceeds the backbone's "
+                        f"{features} features; lower it")
     if model.num_images and model.num_clusters >= model.num_images:
         raise UserError(f"model.num_clusters={model.num_clusters} must be below the "
                         f"{model.num_images} training images; lower it")
