@@ -22,7 +22,8 @@ round, then moves the loader to its checkpointed position: it is exact.
 Held-out images have no pseudo-labels, so evaluation reports no loss; the kNN monitor measures
 the backbone. Departures: k-means++ is not used (faiss's random initialisation is, as the
 reference); the reference's clustering draws a fresh random seed each epoch, here it is derived
-from `train.seed` and the round so that runs repeat.
+from `train.seed` and the round so that runs repeat; the top layer is trained by the run's
+optimizer (momentum included), where main.py gives it its own SGD without momentum.
 """
 
 from __future__ import annotations
