@@ -190,8 +190,9 @@ def test_cli_trains_the_tiny_preset_with_falling_loss(tmp_path, colour_folder):
 
 
 def test_killed_run_resumes_exactly_with_its_cluster_state(tmp_path, colour_folder):
-    """SIGKILL during step 7 (round 2 began at step 5, the last checkpoint is step 6), then a
-    rerun: the same batches (the round's cluster-uniform order), losses, parameters and
+    """SIGKILL at step 7 (rounds begin at steps 1 and 5; the rerun resumes from the step-3 or
+    step-6 checkpoint, whichever was sealed, inside a round: the round's order is rebuilt from
+    the checkpointed pseudo-labels), then a rerun: the same batches, losses, parameters and
     pseudo-labels as a run never interrupted."""
     overrides = small(colour_folder, tmp_path)
     reference = tmp_path / "reference", tmp_path / "reference.log"
