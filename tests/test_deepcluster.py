@@ -214,13 +214,16 @@ def test_killed_run_resumes_exactly_with_its_cluster_state(tmp_path, colour_fold
 
 
 def test_sharded_step_equals_the_single_device_step(tmp_path, colour_folder):
-    """The first step (clustering, then one gradient step) on one device and on data x fsdp x
-    tensor = 2 x 2 x 2: the same pseudo-labels, loss and parameters."""
+    """The first step (clustering, then one gradient step; with momentum 0.9 the first update
+    is still -lr x gradient) on one device and on data x fsdp x tensor = 2 x 2 x 2: the same
+    pseudo-labels, loss and parameters. The next round's start re-initialises the head and
+    zeroes its momentum only."""
     layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "mixed": ((2, 2, 2), None)}
     results = {}
     for name, (mesh, devices) in layouts.items():
         values = small(colour_folder, tmp_path, **{
-            **GRADIENT_STEP, "optim.learning_rate": 0.1, "mesh.data": mesh[0],
+            **GRADIENT_STEP, "optim.learning_rate": 0.1, "optim.momentum": 0.9,
+            "mesh.data": mesh[0],
             "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2]})
         trainer = Trainer(make_config("deepcluster_tiny", values), tmp_path / name,
                           devices=devices)
@@ -230,6 +233,8 @@ def test_sharded_step_equals_the_single_device_step(tmp_path, colour_folder):
                   jax.tree_util.tree_leaves_with_path(jax.device_get(state.params))}
         labels = np.asarray(jax.device_get(state.model_state["labels"].get_value()))
         results[name] = float(metrics["loss"][0]), params, labels
+        if name == "single":
+            check_next_round(trainer, state)
     loss0, params0, labels0 = results["single"]
     assert loss0 == pytest.approx(np.log(8), abs=0.1)
     for name, (loss, params, labels) in results.items():
@@ -238,3 +243,24 @@ def test_sharded_step_equals_the_single_device_step(tmp_path, colour_folder):
         for key, value in params0.items():
             np.testing.assert_allclose(params[key], value, atol=2e-6, rtol=1e-5,
                                        err_msg=f"{name} {key}")
+
+
+def check_next_round(trainer: Trainer, state) -> None:
+    """`begin_round`: a new N(0, 0.01) head with zero momentum; the backbone's momentum and
+    parameters kept."""
+    new, _ = trainer.begin_round(state, 1)
+
+    def leaves(tree):
+        return {jax.tree_util.keystr(k): np.asarray(v)
+                for k, v in jax.tree_util.tree_leaves_with_path(jax.device_get(tree))}
+
+    old_params, new_params = leaves(state.params), leaves(new.params)
+    head = [k for k in new_params if k.startswith("['head']")]
+    assert head and all(not np.array_equal(old_params[k], new_params[k]) for k in head)
+    kernel = next(k for k in head if "kernel" in k)
+    assert np.std(new_params[kernel]) == pytest.approx(0.01, rel=0.2)
+    assert all(np.array_equal(old_params[k], v) for k, v in new_params.items() if k not in head)
+    momentum = leaves(new.opt_state)
+    assert any("'head'" in k for k in momentum)
+    assert all(not v.any() for k, v in momentum.items() if "'head'" in k)
+    assert any(v.any() for k, v in momentum.items() if "'backbone'" in k)
