@@ -7,6 +7,7 @@ from pretext_jax.objectives import (
     byol,  # noqa: F401
     classification,  # noqa: F401
     cpc,  # noqa: F401
+    deepcluster,  # noqa: F401
     electra,  # noqa: F401
     gpt,  # noqa: F401
     jigsaw,  # noqa: F401

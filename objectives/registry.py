@@ -79,6 +79,24 @@ class PreparedData:
 
 
 @dataclasses.dataclass(frozen=True)
+class Rounds:
+    """Training in rounds whose data depend on the network (DeepCluster: every round clusters the
+    training set's features and trains on the pseudo-labels). Before step r x `every(objective)`
+    + 1 the trainer calls `begin(model, data, examples, objective, seed, r)`, which updates the
+    model in place (pseudo-labels, a re-initialised head) and returns the names of the
+    top-level submodules whose optimizer state restarts at zero (the reference's new top-layer
+    optimizer); then, and when resuming inside round r, it reads the round's training records in
+    order from `source(model, data, objective, seed, r, global_batch_size)` (a random-access
+    source as `PreparedData.train`, holding `every x global_batch_size` records), which must
+    depend only on what the checkpoint holds (the model's state, the seed and r), so that a
+    resume is exact."""
+
+    every: Callable[[Any], int]
+    begin: Callable[[Any, PreparedData, Any, Any, int, int], tuple[str, ...]]
+    source: Callable[[Any, PreparedData, Any, int, int, int], Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class NoObjectiveSettings:
     """The `objective` section of a method whose loss takes no settings."""
 
@@ -121,6 +139,8 @@ class Method:
       held-out metrics (`evaluation`), beside the data's baselines (`report`); `untrained()`
       computes the `monitor` metrics of the same network at its random initialisation.
       Default: the held-out loss (`summary_of`).
+    - `rounds`: optional; training in rounds whose data the network decides (`Rounds`:
+      DeepCluster's re-clustering).
     - `presets`: named starting configs, `{name: {section: {key: value}}}` without `method`
       (`make_config(name)`); a preset name is unique over all methods.
     """
@@ -139,6 +159,7 @@ class Method:
     complete_data: Callable[[PreparedData, Any, Any], PreparedData] | None = None
     pretrained: Callable[[Any, int, Callable[[str], Any]], Any] | None = None
     summarize: Summarize = dataclasses.field(default_factory=summary_of)
+    rounds: Rounds | None = None
     unit: str = "tokens"
     description: str = ""
     presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(

@@ -437,6 +437,10 @@ class Trainer:
         return TrainState(step=state.step + 1, params=params, model_state=model_state,
                           opt_state=opt_state), metrics
 
+    def model_of(self, state: TrainState) -> nnx.Module:
+        """The model holding `state`'s parameters and variables (a copy)."""
+        return nnx.merge(self.graphdef, state.params, state.model_state, copy=True)
+
     def _evaluate(self, state: TrainState, batch: Any) -> Any:
         _, (metrics, _) = self._loss(state.params, state.model_state, batch, None)
         return metrics
@@ -468,9 +472,8 @@ class Trainer:
             sums = metrics if sums is None else jax.tree.map(jnp.add, sums, metrics)
         results = reduce_metrics(jax.device_get(sums))
         if self.method.monitor is not None:
-            model = nnx.merge(self.graphdef, state.params, state.model_state, copy=True)
-            results.update(self.method.monitor(model, self.data, self.example_config,
-                                               self.objective))
+            results.update(self.method.monitor(self.model_of(state), self.data,
+                                               self.example_config, self.objective))
         return results
 
     # --------------------------------------------------------------------- checkpoints
@@ -607,15 +610,46 @@ class Trainer:
         manager.reload()
 
     # ---------------------------------------------------------------------------- loop
-    def data_iterator(self) -> Any:
+    def data_iterator(self, state: TrainState | None = None, round_index: int = 0) -> Any:
+        """The training loader; for a method trained in rounds (`registry.Rounds`), round
+        `round_index`'s records as `state` decides them, read in order."""
         per_process = self.config.train.batch_size // jax.process_count()
         source, shuffle = self.data.train, not self.data.batch_layout
         if self.data.step_source is not None:  # the source orders its steps itself
             source, shuffle = self.data.step_source(self.config.train.batch_size), False
+        if self.method.rounds is not None:
+            source, shuffle = self.method.rounds.source(
+                self.model_of(state), self.data, self.objective, self.config.train.seed,
+                round_index, self.config.train.batch_size), False
         loader = make_loader(
             source, batch_size=per_process, seed=self.config.train.seed, shuffle=shuffle,
             transforms=self.data.transforms, worker_count=self.config.data.worker_count)
         return iter(loader)
+
+    def round_starts(self, step: int) -> bool:
+        """Whether a method trained in rounds begins one before `step` (1-based)."""
+        rounds = self.method.rounds
+        return rounds is not None and (step - 1) % rounds.every(self.objective) == 0
+
+    def begin_round(self, state: TrainState, round_index: int) -> tuple[TrainState, Any]:
+        """`registry.Rounds.begin` on the model of `state` (on the host), its optimizer state
+        zeroed for the submodules it names; the new state on the mesh and the round's loader."""
+        model = self.model_of(state)
+        restart = self.method.rounds.begin(model, self.data, self.example_config,
+                                           self.objective, self.config.train.seed, round_index)
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+
+        def top_name(path: tuple[Any, ...]) -> Any:
+            return next((k.key for k in path if isinstance(k, jax.tree_util.DictKey)), None)
+
+        opt_state = jax.tree_util.tree_map_with_path(
+            lambda path, leaf: jnp.zeros_like(leaf) if top_name(path) in restart else leaf,
+            state.opt_state)
+        state = TrainState(
+            step=state.step, params=jax.device_put(params, self.state_sharding.params),
+            model_state=jax.device_put(rest, self.state_sharding.model_state),
+            opt_state=jax.device_put(opt_state, self.state_sharding.opt_state))
+        return state, self.data_iterator(state, round_index)
 
     def _resume_data(self, iterator: Any, data_states: list[str], step: int) -> None:
         """Puts the loader where the checkpoint's was; records that are not the checkpoint's
@@ -656,17 +690,23 @@ class Trainer:
         t = self.config.train
         self._check_existing_workdir()  # again: another run may have written it meanwhile
         manager = self.checkpoint_manager()
-        iterator = self.data_iterator()
         restored = self.restore_latest_readable(manager)
         latest = None
         log_window: dict[str, Any] = {}
+        iterator = None  # a method in rounds gets its loader when (or inside) a round begins
+        rounds = self.method.rounds
         if restored is not None:
             state, data_states = restored
             latest = int(jax.device_get(state.step))
             log_window = self._checked_log_window(manager, latest)
-            self._resume_data(iterator, data_states, latest)
+            if not self.round_starts(latest + 1):
+                iterator = self.data_iterator(
+                    state, latest // rounds.every(self.objective) if rounds else 0)
+                self._resume_data(iterator, data_states, latest)
         else:
             state = self.init_state()
+            if rounds is None:
+                iterator = self.data_iterator()
         if self.is_writer:  # the checks passed: this run owns the workdir now
             lock.record_owner()
             (self.workdir / CONFIG_FILE).write_text(self.config.to_json())
@@ -697,14 +737,18 @@ class Trainer:
             # run step s, which is dispatched asynchronously (`train.prefetch`);
             # `trained_position` is the data position after the batches trained so far, which
             # is what a checkpoint keeps.
-            trained_position = iterator.get_state()
-            if start < end:
+            trained_position = iterator.get_state() if iterator is not None else None
+            if start < end and not self.round_starts(start + 1):
                 batch, position = next(iterator), iterator.get_state()
             for step in range(start + 1, end + 1):
+                if self.round_starts(step):  # a new round: its state and its loader
+                    state, iterator = self.begin_round(
+                        state, (step - 1) // rounds.every(self.objective))
+                    batch, position = next(iterator), iterator.get_state()
                 profile.before(step)
                 state, metrics = self.train_step(state, batch)
                 trained_position = position
-                if step < end:
+                if step < end and not self.round_starts(step + 1):
                     if not t.prefetch:
                         jax.block_until_ready(metrics)
                     batch, position = next(iterator), iterator.get_state()

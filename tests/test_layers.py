@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "pretext_jax"
 # objectives/ modules that every method may import (no method is registered in them)
 SHARED_OBJECTIVES = {"registry", "text", "two_view", "contrastive", "evaluation",
-                     "glue_metrics", "preset_parts", "speech", "masked_span"}
+                     "glue_metrics", "preset_parts", "speech", "masked_span", "clustering"}
 # what each layer may import from the package, besides itself and `errors`
 # pretrain/ modules that drive one method's workflow, and that method's objectives/ module:
 # finetune.py holds the GLUE recipes and sweeps of `classify` (objectives/classification.py),

@@ -1,0 +1,107 @@
+"""DeepCluster's clustering step on the host, in numpy (Caron et al. 2018 §3.2-3.3;
+facebookresearch/deepcluster clustering.py, util.py), deterministic for a seed:
+
+- `pca_whiten`: PCA to `dim` dimensions with whitening (the reference's faiss
+  `PCAMatrix(d, dim, eigen_power=-0.5)`), then L2-normalised rows (`preprocess_features`);
+- `kmeans`: Lloyd's iterations from `k` distinct training points drawn at random (faiss
+  `Clustering`'s initialisation, which the reference uses with 20 iterations), with faiss's
+  re-seeding of empty clusters (`split_clusters`, the paper's §3.3 "empty clusters"): an empty
+  cluster takes the centroid of a non-empty one (faiss visits the clusters in turn and takes
+  each with probability (size - 1) / (n - k)), both moved apart by a relative 1/1024 in
+  alternating directions, and the donor's points are split between the two at the next
+  assignment;
+- `uniform_cluster_order`: the reference's `UnifLabelSampler`: n images drawn uniformly over the
+  non-empty clusters (each cluster gives floor(n / non-empty) + 1 images, with replacement only
+  when it is too small), shuffled, cut (or repeated) to n.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pretext_jax.errors import UserError
+
+SPLIT_EPS = 1.0 / 1024.0  # faiss Clustering.cpp's EPS for split centroids
+WHITEN_EPS = 1e-8  # added to the eigenvalues before whitening (faiss adds none)
+
+
+def pca_whiten(features: np.ndarray, dim: int) -> np.ndarray:
+    """[N, d] -> [N, dim]: `whiten`, then L2-normalised rows (`preprocess_features`)."""
+    whitened = whiten(features, dim)
+    norms = np.linalg.norm(whitened, axis=1, keepdims=True)
+    return (whitened / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def whiten(features: np.ndarray, dim: int) -> np.ndarray:
+    """[N, d] -> [N, dim] float64: centred, projected on the top `dim` principal axes, each
+    divided by the square root of its eigenvalue (unit variance, uncorrelated)."""
+    x = np.asarray(features, np.float64)
+    if dim > min(x.shape):
+        raise UserError(f"objective.pca_dim={dim} exceeds the features' rank bound "
+                        f"{min(x.shape)} ({x.shape[0]} images of {x.shape[1]} features); lower it")
+    x = x - x.mean(axis=0)
+    eigenvalues, eigenvectors = np.linalg.eigh(x.T @ x / x.shape[0])
+    top = np.argsort(eigenvalues)[::-1][:dim]
+    return (x @ eigenvectors[:, top]) / np.sqrt(eigenvalues[top] + WHITEN_EPS)
+
+
+def assign(points: np.ndarray, centroids: np.ndarray, chunk: int = 4096) -> np.ndarray:
+    """Index of the nearest centroid (squared Euclidean, ties to the lowest index) per point."""
+    squared = np.sum(centroids.astype(np.float64) ** 2, axis=1)
+    return np.concatenate([
+        np.argmin(squared - 2.0 * points[i:i + chunk].astype(np.float64) @ centroids.T.astype(
+            np.float64), axis=1) for i in range(0, len(points), chunk)]).astype(np.int32)
+
+
+def split_empty_clusters(centroids: np.ndarray, counts: np.ndarray, rng: np.random.Generator
+                         ) -> int:
+    """Re-seeds every empty cluster in place (faiss `split_clusters`); `counts` are updated as
+    if the donor's points were split evenly. Returns how many were re-seeded."""
+    k, splits = len(counts), 0
+    total = counts.sum()
+    for empty in np.flatnonzero(counts == 0):
+        donor = 0  # faiss walks the clusters in turn, taking each w.p. (size - 1) / (n - k)
+        while rng.random() * (total - k) >= counts[donor] - 1:
+            donor = (donor + 1) % k
+        sign = np.where(np.arange(centroids.shape[1]) % 2 == 0, 1.0, -1.0)
+        centroids[empty] = centroids[donor] * (1 - sign * SPLIT_EPS)
+        centroids[donor] = centroids[donor] * (1 + sign * SPLIT_EPS)
+        counts[empty] = counts[donor] // 2
+        counts[donor] -= counts[empty]
+        splits += 1
+    return splits
+
+
+def kmeans(points: np.ndarray, k: int, iterations: int, seed: int
+           ) -> tuple[np.ndarray, np.ndarray, int]:
+    """(centroids [k, d], assignments [N], empty clusters re-seeded) of `iterations` Lloyd
+    steps from k distinct points drawn with `seed`. Each step assigns every point to its
+    nearest centroid, moves each centroid to the mean of its points and re-seeds the empty
+    ones; the returned assignments are to the final centroids."""
+    points = np.asarray(points, np.float32)
+    if k >= len(points):
+        raise UserError(f"objective.num_clusters={k} exceeds the {len(points)} training images; "
+                        "lower it")
+    rng = np.random.default_rng(seed)
+    centroids = points[np.sort(rng.choice(len(points), k, replace=False))].astype(np.float64)
+    splits = 0
+    for _ in range(iterations):
+        labels = assign(points, centroids)
+        counts = np.bincount(labels, minlength=k)
+        sums = np.zeros_like(centroids)
+        np.add.at(sums, labels, points)
+        filled = counts > 0
+        centroids[filled] = sums[filled] / counts[filled, None]
+        splits += split_empty_clusters(centroids, counts, rng)
+    return centroids.astype(np.float32), assign(points, centroids), splits
+
+
+def uniform_cluster_order(labels: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n image indices drawn uniformly over the non-empty clusters of `labels` (the
+    reference's `UnifLabelSampler.generate_indexes_epoch`)."""
+    members = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    per_cluster = n // len(members) + 1
+    order = np.concatenate([rng.choice(m, per_cluster, replace=len(m) <= per_cluster)
+                            for m in members])
+    rng.shuffle(order)
+    return np.resize(order, n).astype(np.int64)
