@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -130,3 +131,42 @@ def assert_same_training(preset: str, overrides: dict, ours: tuple[Path, Path],
     assert mine.keys() == other.keys()
     assert all(np.array_equal(mine[k], other[k]) for k in other)
     return executed
+
+
+def flat_params(tree: object) -> dict[str, np.ndarray]:
+    """A parameter tree as {path: array} on the host."""
+    return {jax.tree_util.keystr(k): np.asarray(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(jax.device_get(tree))}
+
+
+MESHES = {"single": ((1, 1, 1), 1), "dp": ((8, 1, 1), None), "mixed": ((2, 2, 2), None)}
+
+
+def mesh_overrides(mesh: tuple[int, int, int]) -> dict[str, int]:
+    return {"mesh.data": mesh[0], "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2]}
+
+
+def assert_same_step_on_every_mesh(trainer_at: Callable[..., Trainer], root: Path,
+                                   moved: float = 1e-3) -> dict:
+    """One training step (use GRADIENT_STEP) on one device and on the (8, 1, 1) and (2, 2, 2)
+    meshes, from the first trainer's first batch and the same initial parameters, gives the
+    same mean loss and parameters, and moves some parameter by more than `moved`.
+    `trainer_at(workdir, mesh, devices)` builds each trainer. Returns the batch."""
+    results, batch, initial = {}, None, None
+    for name, (mesh, count) in MESHES.items():
+        trainer = trainer_at(root / name, mesh, jax.devices()[:count] if count else None)
+        batch = next(trainer.data_iterator()) if batch is None else batch
+        state = trainer.init_state()
+        initial = flat_params(state.params) if initial is None else initial
+        state, metrics = trainer.train_step(state, batch)
+        results[name] = (float(metrics["loss"][0]) / float(metrics["loss"][1]),
+                         flat_params(state.params))
+    loss0, params0 = results["single"]
+    assert np.isfinite(loss0)
+    assert max(np.abs(params0[k] - initial[k]).max() for k in initial) > moved
+    for name, (loss, params) in results.items():
+        np.testing.assert_allclose(loss, loss0, rtol=1e-5, atol=1e-5, err_msg=name)
+        for key, value in params0.items():
+            np.testing.assert_allclose(params[key], value, atol=2e-6, rtol=1e-5,
+                                       err_msg=f"{name} {key}")
+    return batch

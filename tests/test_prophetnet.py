@@ -17,7 +17,6 @@ import signal
 import warnings
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -25,8 +24,10 @@ from flax import nnx
 from parity_utils import assert_same_params, perturbed, random_params
 from resilience_utils import (
     GRADIENT_STEP,
+    assert_same_step_on_every_mesh,
     assert_same_training,
     interrupt,
+    mesh_overrides,
     run_in_process,
     small_corpus,
 )
@@ -282,38 +283,18 @@ SHORT = {"model.hidden_size": 32, "model.num_encoder_attention_heads": 2,
          "train.progress": False}
 
 
-def flat_tree(tree: object) -> dict[str, np.ndarray]:
-    return {jax.tree_util.keystr(k): np.asarray(v)
-            for k, v in jax.tree_util.tree_leaves_with_path(jax.device_get(tree))}
-
-
 def test_same_step_on_every_mesh(tmp_path):
     """One plain gradient step gives the same loss and parameters on one device and on the
     (8, 1, 1) and (2, 2, 2) meshes; the step moves the parameters."""
     data = small_corpus(tmp_path)
-    layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "dp": ((8, 1, 1), None),
-               "mixed": ((2, 2, 2), None)}
-    results, batch_, initial = {}, None, None
-    for name, (mesh, devices) in layouts.items():
-        overrides = {**SHORT, **data, **GRADIENT_STEP, "mesh.data": mesh[0],
-                     "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2]}
-        trainer = Trainer(make_config("prophetnet_tiny", overrides), tmp_path / name,
-                          devices=devices)
-        batch_ = next(trainer.data_iterator()) if batch_ is None else batch_
-        state = trainer.init_state()
-        initial = flat_tree(state.params) if initial is None else initial
-        state, metrics = trainer.train_step(state, batch_)
-        results[name] = float(metrics["loss"][0]) / float(metrics["loss"][1]), flat_tree(
-            state.params)
-    assert (np.asarray(batch_["targets"]) != 0).sum() > 30
-    loss0, params0 = results["single"]
-    assert np.isfinite(loss0)
-    assert max(np.abs(params0[k] - initial[k]).max() for k in initial) > 1e-3
-    for name, (loss, params) in results.items():
-        assert loss == pytest.approx(loss0, rel=1e-5), name
-        for key, value in params0.items():
-            np.testing.assert_allclose(params[key], value, atol=2e-6, rtol=1e-5,
-                                       err_msg=f"{name} {key}")
+
+    def trainer_at(workdir, mesh, devices):
+        return Trainer(make_config("prophetnet_tiny", {**SHORT, **data, **GRADIENT_STEP,
+                                                 **mesh_overrides(mesh)}), workdir,
+                       devices=devices)
+
+    batch = assert_same_step_on_every_mesh(trainer_at, tmp_path)
+    assert (np.asarray(batch["targets"]) != 0).sum() > 30
 
 
 def test_killed_run_resumes_bit_for_bit(tmp_path):

@@ -257,20 +257,26 @@ def test_pretrained_model_keeps_its_weights_and_must_match(toy):
     assert translation.check_languages(ok, config, family=family) is ok
 
 
+def translate_toy(toy, init, workdir, cache) -> tuple[dict, list[dict]]:
+    """`run.py translate --init INIT` on the toy corpus, 30 steps evaluated at 15 and 30:
+    (results.json, the evaluation rows)."""
+    assert run.main(["translate", "--init", str(init), "--data", toy["train"],
+                     "--eval-data", toy["val"], "--workdir", str(workdir),
+                     "train.steps=30", "train.batch_size=16", "optim.learning_rate=0.02",
+                     "optim.warmup_steps=10", "train.eval_every=15", "train.log_every=15",
+                     "examples.max_source_length=20", "examples.max_target_length=20",
+                     f"data.cache_dir={cache}", "train.progress=false"]) == 0
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return (json.loads((workdir / "results.json").read_text()),
+            [row for row in rows if row["split"] == "eval"])
+
+
 def test_cli_translate_from_a_bilingual_mass_model_scores_bleu(toy, tmp_path):
     """`run.py translate --init MASS_DIR`: the starting point's architecture, tokenizer and
     languages; held-out loss falls; results.json's BLEU is sacrebleu's on the final model's
     greedy translations, with its signature."""
     workdir = tmp_path / "run"
-    assert run.main(["translate", "--init", str(toy["init"]), "--data", toy["train"],
-                     "--eval-data", toy["val"], "--workdir", str(workdir),
-                     "train.steps=30", "train.batch_size=16", "optim.learning_rate=0.02",
-                     "optim.warmup_steps=10", "train.eval_every=15", "train.log_every=15",
-                     "examples.max_source_length=20", "examples.max_target_length=20",
-                     f"data.cache_dir={tmp_path / 'cache'}", "train.progress=false"]) == 0
-    result = json.loads((workdir / "results.json").read_text())
-    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    evaluations = [row for row in rows if row["split"] == "eval"]
+    result, evaluations = translate_toy(toy, toy["init"], workdir, tmp_path / "cache")
     assert evaluations[-1]["loss"] < evaluations[0]["loss"] - 0.3, evaluations
     assert result["held_out_pairs"] == 30 and "tok:13a" in result["bleu_signature"]
     config = config_from_dict(export.read_json_object(workdir / "config.json"))
@@ -335,15 +341,7 @@ def test_prophetnet_and_xlm_fine_tune_on_translation_from_their_pretrained_weigh
         for key, value in nnx.to_flat_state(nnx.state(pretrained, nnx.Param)):
             np.testing.assert_array_equal(own[key][...], value[...])
     workdir = tmp_path / "run"
-    assert run.main(["translate", "--init", str(folder), "--data", toy["train"],
-                     "--eval-data", toy["val"], "--workdir", str(workdir),
-                     "train.steps=30", "train.batch_size=16", "optim.learning_rate=0.02",
-                     "optim.warmup_steps=10", "train.eval_every=15", "train.log_every=15",
-                     "examples.max_source_length=20", "examples.max_target_length=20",
-                     f"data.cache_dir={tmp_path / 'cache'}", "train.progress=false"]) == 0
-    result = json.loads((workdir / "results.json").read_text())
-    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    evaluations = [row for row in rows if row["split"] == "eval"]
+    result, evaluations = translate_toy(toy, folder, workdir, tmp_path / "cache")
     chance = np.log(toy["tokenizer"].vocab_size)  # a uniform prediction's loss
     assert evaluations[-1]["loss"] < min(evaluations[0]["loss"], chance - 0.3), evaluations
     assert result["held_out_pairs"] == 30 and result["bleu"] >= 0.0

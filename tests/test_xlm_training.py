@@ -9,11 +9,16 @@ import json
 import signal
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 from flax import nnx
-from resilience_utils import GRADIENT_STEP, assert_same_training, interrupt, run_in_process
+from resilience_utils import (
+    GRADIENT_STEP,
+    assert_same_step_on_every_mesh,
+    assert_same_training,
+    interrupt,
+    run_in_process,
+)
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
@@ -134,30 +139,9 @@ def test_tlm_batches_reach_the_loss_with_reset_positions_and_a_language_per_half
 def test_same_step_on_every_mesh(task, corpora, tmp_path):
     """One plain gradient step gives the same loss and parameters on one device and on meshes
     of 8 (data and mixed), and it moves the parameters."""
-    results = {}
-    layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "dp": ((8, 1, 1), None),
-               "mixed": ((2, 2, 2), None)}
-    batch = initial = None
-    for name, (mesh, devices) in layouts.items():
-        trainer = tiny_trainer(tmp_path / name, task_settings(task, corpora), mesh, devices,
-                               **GRADIENT_STEP)
-        batch = next(trainer.data_iterator()) if batch is None else batch
-        state = trainer.init_state()
-        initial = jax.device_get(state.params) if initial is None else initial
-        state, metrics = trainer.train_step(state, batch)
-        params = jax.device_get(state.params)
-        moved = max(jax.tree.leaves(jax.tree.map(
-            lambda a, b: np.abs(np.asarray(a) - np.asarray(b)).max(), params, initial)))
-        results[name] = (float(metrics["loss"][0]), {
-            jax.tree_util.keystr(k): np.asarray(v)
-            for k, v in jax.tree_util.tree_leaves_with_path(params)})
-    assert moved > 1e-3
-    loss0, params0 = results["single"]
-    for name, (loss, params) in results.items():
-        assert loss == pytest.approx(loss0, rel=1e-6, abs=1e-5), name
-        for key, value in params0.items():
-            np.testing.assert_allclose(params[key], value, atol=2e-6, rtol=1e-5,
-                                       err_msg=f"{name} {key}")
+    assert_same_step_on_every_mesh(
+        lambda workdir, mesh, devices: tiny_trainer(workdir, task_settings(task, corpora), mesh,
+                                                    devices, **GRADIENT_STEP), tmp_path)
 
 
 def test_mlm_tlm_steps_alternate_one_language_or_pair_per_batch(corpora, tmp_path):
