@@ -89,11 +89,13 @@ def flat_params(state):
 @pytest.mark.parametrize("preset", ["bert_tiny", "electra_tiny", "xlnet_tiny", "simclr_tiny"])
 def test_same_step_on_every_mesh(tmp_path, data_cache, preset):
     """One step (dropout on; ELECTRA also samples, SimCLR augments and updates BatchNorm
-    statistics) gives the same loss, params and model state on 1 device and on 3 meshes of
-    8."""
+    statistics) gives the same loss, params and model state on 1 device and on the (2, 2, 2)
+    and (1, 1, 8) meshes, and for BERT also on (8, 1, 1): pure data parallelism adds no rule
+    the mixed mesh's 4-way batch sharding leaves untested for the others."""
     results = {}
-    layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "dp": ((8, 1, 1), None),
-               "mixed": ((2, 2, 2), None), "tp": ((1, 1, 8), None)}
+    layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "mixed": ((2, 2, 2), None),
+               "tp": ((1, 1, 8), None)} | ({"dp": ((8, 1, 1), None)} if preset == "bert_tiny"
+                                          else {})
     batch = None
     for name, (mesh, devices) in layouts.items():
         trainer = make_trainer(tmp_path / name, data_cache, mesh=mesh, devices=devices,

@@ -84,10 +84,9 @@ def test_tiny_preset_trains_and_its_loss_falls_on_a_repeated_batch(tmp_path, cli
 
 def test_same_step_on_every_mesh(tmp_path, clips):
     """One gradient step (Gumbel sampling on) gives the same loss, parameters (so gradients)
-    and update count on one device and on meshes of 8, and it moves the parameters."""
+    and update count on one device and on the (2, 2, 2) mesh, and it moves the parameters."""
     results = {}
-    layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "dp": ((8, 1, 1), None),
-               "mixed": ((2, 2, 2), None)}
+    layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "mixed": ((2, 2, 2), None)}
     batch = initial = None
     for name, (mesh, devices) in layouts.items():
         trainer = tiny_trainer(tmp_path / name, clips, mesh=mesh, devices=devices,
