@@ -288,11 +288,12 @@ class ElmoGlueExampleConfig:
     """Train on the first n training rows only; 0 = all."""
 
 
-def encode_glue_words(rows: glue.GlueSplit, examples: ElmoGlueExampleConfig
+def encode_glue_words(rows: glue.GlueSplit, examples: ElmoGlueExampleConfig, limit: int = 0
                       ) -> dict[str, np.ndarray]:
-    """Character ids [N, T, C], token mask [N, T] and labels of GLUE rows (words split on
-    whitespace, as GLUE's files are tokenised)."""
+    """Character ids [N, T, C], token mask [N, T] and labels of GLUE rows (the first `limit`;
+    0 = all), words split on whitespace, as GLUE's files are tokenised."""
     count, length = len(rows.labels), examples.max_seq_length
+    count = min(count, limit) if limit else count
     chars = np.zeros((count, length, examples.max_characters_per_token), np.int16)
     mask = np.zeros((count, length), np.int32)
     for row in range(count):
@@ -301,7 +302,7 @@ def encode_glue_words(rows: glue.GlueSplit, examples: ElmoGlueExampleConfig
         for t, word in enumerate(words):
             chars[row, t] = ee.character_ids(word, examples.max_characters_per_token)
         mask[row, :len(words)] = 1
-    return {"chars": chars, "mask": mask, "label": rows.labels}
+    return {"chars": chars, "mask": mask, "label": rows.labels[:count]}
 
 
 def prepare_elmo_glue(data: DataConfig, examples: ElmoGlueExampleConfig, cache_dir: Path,
@@ -313,9 +314,8 @@ def prepare_elmo_glue(data: DataConfig, examples: ElmoGlueExampleConfig, cache_d
         "elmo_glue", dataclasses.asdict(examples),
         glue.glue_fingerprint(data.source, task, tfds_dir)) / "train"
     if not (directory / SPEC_FILE).is_file():
-        train = encode_glue_words(glue.read_glue(data.source, task, "train", tfds_dir), examples)
-        if examples.max_train_examples:
-            train = {k: v[:examples.max_train_examples] for k, v in train.items()}
+        train = encode_glue_words(glue.read_glue(data.source, task, "train", tfds_dir), examples,
+                                  examples.max_train_examples)
         labels, counts = np.unique(train["label"], return_counts=True)
         write_records(({k: v[i] for k, v in train.items()} for i in range(len(train["label"]))),
                       directory, metadata={"source": data.source, "label_counts": {
