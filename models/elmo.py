@@ -227,22 +227,24 @@ class BiLM(nnx.Module):
         [2 (forward, backward), L, B, T, P], before the top output's dropout)."""
         config = self.config
         tokens = self.token_encoder(chars)
-        rngs = split_rng(rng, 2 * config.num_layers)
-        outputs = []
-        for direction in range(2):
-            x, m = tokens, mask
-            if direction:  # right to left: reverse time (padding then precedes the tokens)
-                x, m = x[:, ::-1], m[:, ::-1]
+
+        def direction(kernel, bias, projection, x, m, keys):  # one direction's stack
             layers = []
             for layer in range(config.num_layers):
-                inputs = dropout(x, config.dropout, rngs[direction * config.num_layers + layer])
-                h = lstm_layer(*(w[...][direction, layer].astype(x.dtype) for w in (
-                    self.lstm_kernel, self.lstm_bias, self.lstm_projection)), inputs, m,
-                    config.cell_clip, config.proj_clip)
+                inputs = dropout(x, config.dropout, None if keys is None else keys[layer])
+                h = lstm_layer(kernel[layer].astype(x.dtype), bias[layer].astype(x.dtype),
+                               projection[layer].astype(x.dtype), inputs, m,
+                               config.cell_clip, config.proj_clip)
                 x = h + inputs if config.residual and layer else h
-                layers.append(x[:, ::-1] if direction else x)
-            outputs.append(jnp.stack(layers))
-        return tokens, jnp.stack(outputs)
+                layers.append(x)
+            return jnp.stack(layers)
+
+        # Both directions at once; the backward one reads time reversed (padding first).
+        keys = None if rng is None else jax.random.split(rng, (2, config.num_layers))
+        outputs = jax.vmap(direction, in_axes=(0, 0, 0, 0, 0, None if keys is None else 0))(
+            self.lstm_kernel[...], self.lstm_bias[...], self.lstm_projection[...],
+            jnp.stack([tokens, tokens[:, ::-1]]), jnp.stack([mask, mask[:, ::-1]]), keys)
+        return tokens, jnp.stack([outputs[0], outputs[1][:, :, ::-1]])
 
     def layer_representations(self, chars: jax.Array, mask: jax.Array,
                               rng: jax.Array | None = None) -> jax.Array:
