@@ -411,15 +411,16 @@ def _tokenizer_at(data: DataConfig, base: Path, corpus_key: str) -> Any:
     return load_tokenizer(data, data.tokenizer or base / f"tokenizer-{corpus_key}.model")
 
 
-def training_sentences(shards: list[corpus.InputShard], data: DataConfig, seed: int
-                       ) -> Iterator[str]:
-    """Every sentence of the training documents (held-out ones excluded), shard by shard."""
+def training_sentences(shards: list[corpus.InputShard], data: DataConfig, seed: int,
+                       held_out: bool = False) -> Iterator[str]:
+    """Every sentence of the training documents (held-out ones excluded), shard by shard; with
+    `held_out`, those of the held-out documents instead."""
     fraction = 0.0 if data.eval_source else data.held_out_fraction
     for shard in shards:
         documents = list(corpus.read_shard(shard, data))
         held = split_held_out(len(documents), fraction, shard_seed(seed, "train", shard.index))
         for document, is_held in zip(documents, held, strict=True):
-            if not is_held:
+            if is_held == held_out:
                 yield from document
 
 

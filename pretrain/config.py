@@ -47,9 +47,9 @@ class OptimConfig:
     global-norm clip 1.0, linear warmup then linear decay to 0. `optimizer` is adamw, lamb,
     lars (SimCLR, BYOL: `momentum` 0.9, `trust_coefficient` 0.001, neither decay nor adaptation
     on normalisation parameters and biases), sgd (MoCo: torch's SGD with `momentum`, decay on
-    every parameter; `nesterov` as torch's SGD(nesterov=True)) or adafactor (T5;
-    `pretrain.optim.adafactor`). `schedule` is linear
-    (BERT: lr * step / warmup during warmup, then lr * (1 - step / steps)), electra_linear
+    every parameter; `nesterov` as torch's SGD(nesterov=True)), adafactor (T5;
+    `pretrain.optim.adafactor`) or adagrad (ELMo: bilm-tf's initial accumulator 1). `schedule`
+    is linear (BERT: lr * step / warmup during warmup, then lr * (1 - step / steps)), electra_linear
     (ELECTRA's optimization.py: lr * (1 - step / steps) * min(1, step / warmup), the ramp
     multiplying the decayed value), cosine, constant, step (lr x `decay_factor` after each step
     of `decay_boundaries`: Caffe's step policy, RotNet's `LUT_lr`) or inverse_sqrt (T5: lr *
@@ -64,7 +64,7 @@ class OptimConfig:
     0.8)."""
 
     optimizer: str = "adamw"
-    """adamw, lamb, lars (SimCLR, BYOL), sgd (MoCo) or adafactor (T5)."""
+    """adamw, lamb, lars (SimCLR, BYOL), sgd (MoCo), adafactor (T5) or adagrad (ELMo)."""
     learning_rate: float = 1e-4
     """Peak learning rate (BERT 1e-4)."""
     schedule: str = "linear"

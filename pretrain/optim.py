@@ -286,9 +286,13 @@ def make_optimizer(config: Any, total_steps: int) -> optax.GradientTransformatio
                                      nesterov=config.nesterov))
     elif config.optimizer == "adafactor":
         core = adafactor(schedule, config.weight_decay)
+    elif config.optimizer == "adagrad":
+        # tf.train.AdagradOptimizer(lr, initial_accumulator_value=1.0) as bilm-tf (ELMo) runs
+        # it: a = 1 + sum g^2, w -= lr g / sqrt(a); no weight decay.
+        core = optax.adagrad(schedule, initial_accumulator_value=1.0, eps=0.0)
     else:
         raise UserError(f"optim.optimizer={config.optimizer!r} is unknown; use adamw, lamb, "
-                        "lars, sgd or adafactor")
+                        "lars, sgd, adafactor or adagrad")
     if config.layerwise_lr_decay != 1.0:
         core = optax.chain(core, scale_by_layer_depth(config.layerwise_lr_decay))
     if config.clip_norm > 0:

@@ -1,0 +1,412 @@
+"""ELMo (Peters et al. 2018): a bidirectional LSTM language model over character-CNN token
+representations (`models.elmo`), and the task-specific scalar mix of its layers downstream.
+
+Pre-training (`elmo`; allenai/bilm-tf bilm/training.py `LanguageModel._build_loss`): the
+forward LM predicts the next token and the backward LM the previous one from the same window
+(`input_pipeline.elmo_examples`), through one softmax shared by the directions. Each
+direction's loss is the mean negative log-likelihood over its targets, and the loss is their
+average, 0.5 (forward + backward), as bilm-tf's `total_loss` (the paper's objective is the sum of
+the two log-likelihoods; the average halves its gradient). In training with
+`objective.negative_samples` > 0 each direction uses a sampled softmax (Jean et al. 2015; TF
+`sampled_softmax_loss` with its default log-uniform candidate sampler, P(k) = log((k + 2) /
+(k + 1)) / log(V + 1) over frequency-ordered ids): the target's and the candidates' logits less
+log of their expected counts, candidates equal to a row's target removed. The candidates are
+drawn once per direction and step, with replacement (TF's sampler draws them without
+replacement, `unique=True`; expected counts are then S P(k) instead of TF's 1 - (1 - P(k))^tries).
+Evaluation uses the full softmax, as bilm-tf's test.
+
+Downstream (`elmo_classify`; §3.2-3.3): ELMo_k = gamma sum_j softmax(s)_j h_kj over the L + 1
+layers (`models.elmo.ScalarMix`), with the biLM frozen, pooled over the tokens (mean and max)
+into a small classifier on GLUE. The paper adds ELMo to each task's own model (BCN for SST,
+ESIM for SNLI, ...); this head is deliberately simple. The existing `classify` heads sit on a
+Transformer's first token, so ELMo has its own method, with the same GLUE files, metrics and
+majority baseline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline import corpus, glue
+from pretext_jax.input_pipeline import elmo_examples as ee
+from pretext_jax.input_pipeline.prepare import (
+    DataConfig,
+    fingerprint,
+    source_fingerprint,
+    training_sentences,
+)
+from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
+from pretext_jax.models.elmo import BiLM, ElmoClassifier, ElmoClassifierConfig, ElmoConfig, ElmoLM
+from pretext_jax.objectives.glue_metrics import constant_baseline, task_metrics
+from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.text import held_out_examples, weighted_cross_entropy
+
+
+@dataclasses.dataclass(frozen=True)
+class ElmoObjectiveConfig:
+    """The LM loss's softmax."""
+
+    negative_samples: int = 8192
+    """Sampled-softmax candidates per direction and step (bilm-tf 8192); 0 = full softmax."""
+
+    def __post_init__(self) -> None:
+        if self.negative_samples < 0:
+            raise UserError(f"objective.negative_samples={self.negative_samples} must be >= 0 "
+                            "(0 = full softmax); e.g. 8192")
+
+
+# --- Losses -----------------------------------------------------------------------------------
+
+def log_uniform_probabilities(vocab_size: int) -> jax.Array:
+    """TF's log-uniform (Zipfian) candidate distribution over ids 0..V-1."""
+    ids = jnp.arange(vocab_size, dtype=jnp.float32)
+    return (jnp.log(ids + 2.0) - jnp.log(ids + 1.0)) / math.log(vocab_size + 1.0)
+
+
+def sample_log_uniform(rng: jax.Array, count: int, vocab_size: int) -> jax.Array:
+    """`count` ids drawn with replacement from `log_uniform_probabilities` (inverse CDF, as TF's
+    `LogUniformSampler`: floor(exp(u log(V + 1))) - 1)."""
+    u = jax.random.uniform(rng, (count,))
+    ids = jnp.floor(jnp.exp(u * math.log(vocab_size + 1.0))).astype(jnp.int32) - 1
+    return jnp.clip(ids, 0, vocab_size - 1)
+
+
+def full_softmax_nll(hidden: jax.Array, targets: jax.Array, kernel: jax.Array,
+                     bias: jax.Array) -> jax.Array:
+    """-log softmax(h W^T + b)[target] per row, float32: hidden [N, P], targets [N]."""
+    logits = (hidden @ kernel.T.astype(hidden.dtype)).astype(jnp.float32) + bias
+    log_probs = jax.nn.log_softmax(logits, -1)
+    return -jnp.take_along_axis(log_probs, targets[:, None], -1)[:, 0]
+
+
+def sampled_softmax_nll(hidden: jax.Array, targets: jax.Array, kernel: jax.Array,
+                        bias: jax.Array, candidates: jax.Array) -> jax.Array:
+    """TF `sampled_softmax_loss` per row with the given log-uniform `candidates` [S] (drawn with
+    replacement: expected count S P(k)), accidental hits removed."""
+    log_q = jnp.log(candidates.shape[0] * log_uniform_probabilities(kernel.shape[0]))
+    true_logits = (jnp.sum(hidden * kernel[targets].astype(hidden.dtype), -1).astype(jnp.float32)
+                   + bias[targets] - log_q[targets])
+    sampled_logits = ((hidden @ kernel[candidates].T.astype(hidden.dtype)).astype(jnp.float32)
+                      + bias[candidates] - log_q[candidates])
+    sampled_logits = jnp.where(candidates[None] == targets[:, None], -jnp.inf, sampled_logits)
+    logits = jnp.concatenate([true_logits[:, None], sampled_logits], -1)
+    return -jax.nn.log_softmax(logits, -1)[:, 0]
+
+
+def elmo_loss(model: ElmoLM, batch: Batch, rng: jax.Array | None, *,
+              objective: ElmoObjectiveConfig) -> tuple[jax.Array, Metrics]:
+    """0.5 (forward + backward) mean NLL of a batch of windows (`chars`, `ids`, `mask`)."""
+    ids, mask = batch["ids"], batch["mask"]
+    real = mask[:, 1:-1]
+    model_rng, *sample_rngs = (None, None, None) if rng is None else jax.random.split(rng, 3)
+    outputs = model(batch["chars"], real, model_rng)  # [2, B, T, P]
+    kernel, bias = model.softmax_kernel[...], model.softmax_bias[...]
+    vocab = kernel.shape[0]
+    sampled = rng is not None and objective.negative_samples > 0
+    loss, metrics = jnp.zeros((), jnp.float32), {}
+    for direction, (name, targets, present) in enumerate((
+            ("forward", ids[:, 2:], mask[:, 2:]), ("backward", ids[:, :-2], mask[:, :-2]))):
+        hidden = outputs[direction].reshape(-1, outputs.shape[-1])
+        targets = targets.reshape(-1)
+        weights = (real * present).reshape(-1).astype(jnp.float32)
+        if sampled:
+            candidates = sample_log_uniform(sample_rngs[direction], objective.negative_samples,
+                                            vocab)
+            nll = sampled_softmax_nll(hidden, targets, kernel, bias, candidates)
+        else:
+            nll = full_softmax_nll(hidden, targets, kernel, bias)
+        total, count = jnp.sum(weights * nll), jnp.sum(weights)
+        loss = loss + 0.5 * total / jnp.maximum(count, 1.0)
+        metrics[f"{name}_loss"] = (total, count)
+    return loss, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
+
+
+# --- Data -------------------------------------------------------------------------------------
+
+def _eval_sentences(data: DataConfig, shards: list[corpus.InputShard], seed: int):
+    if data.eval_source:
+        return (sentence for shard in corpus.plan_shards(data.eval_source, data)
+                for document in corpus.read_shard(shard, data) for sentence in document)
+    return training_sentences(shards, data, seed, held_out=True)
+
+
+def unigram_baseline_loss(counts: dict[str, int], vocabulary: list[str],
+                          eval_examples: dict[str, np.ndarray]) -> float:
+    """The held-out loss of the training unigram distribution (words outside the vocabulary
+    count as <UNK>), the average of both directions' mean NLL, as the LM loss."""
+    index = {w: i for i, w in enumerate(vocabulary)}
+    frequency = np.zeros(len(vocabulary))
+    for word, n in counts.items():
+        frequency[index.get(word, index[ee.UNK])] += n
+    log_p = np.log(np.maximum(frequency, 0.5) / frequency.sum())
+    ids, mask = eval_examples["ids"], eval_examples["mask"]
+    real = mask[:, 1:-1]
+    losses = [-(log_p[ids[:, s]] * real * mask[:, s]).sum() / (real * mask[:, s]).sum()
+              for s in (slice(2, None), slice(None, -2))]
+    return float(np.mean(losses))
+
+
+def prepare_elmo(data: DataConfig, examples: ee.ElmoExampleConfig, cache_dir: Path,
+                 seed: int) -> PreparedData:
+    """Corpus -> word vocabulary (counted from the training sentences, or data.tokenizer: a
+    bilm-tf vocab file) -> windows of the training and held-out streams, cached."""
+    shards = corpus.plan_shards(data.source, data)
+    settings = {k: v for k, v in dataclasses.asdict(data).items()
+                if k not in ("cache_dir", "worker_count", "prepare_workers")}
+    base = Path(cache_dir) / fingerprint(
+        "elmo", settings, dataclasses.asdict(examples), seed,
+        source_fingerprint(data.source, data.tfds_data_dir),
+        source_fingerprint(data.eval_source, data.tfds_data_dir) if data.eval_source else "",
+        source_fingerprint(data.tokenizer) if data.tokenizer else "")
+    base.mkdir(parents=True, exist_ok=True)
+    counts_path = base / "counts.tsv"
+    if not counts_path.is_file():
+        counts = ee.count_words(training_sentences(shards, data, seed))
+        tmp = counts_path.with_suffix(f".{id(counts)}.tmp")
+        tmp.write_text("".join(f"{w}\t{n}\n" for w, n in counts.most_common()), "utf-8")
+        tmp.replace(counts_path)
+    counts = {}
+    for line in counts_path.read_text("utf-8").splitlines():
+        word, n = line.rsplit("\t", 1)
+        counts[word] = int(n)
+    vocabulary = (ee.read_vocabulary(data.tokenizer) if data.tokenizer
+                  else ee.vocabulary_from_counts(counts, data.vocab_size))
+    splits = {"train": lambda: training_sentences(shards, data, seed),
+              "eval": lambda: _eval_sentences(data, shards, seed)}
+    for split, sentences in splits.items():
+        if not (base / split / SPEC_FILE).is_file():
+            write_records(ee.windows(sentences(), vocabulary, examples), base / split,
+                          metadata={"source": data.source})
+    train, held_out = RecordDirectory(base / "train"), RecordDirectory(base / "eval")
+    eval_examples = held_out_examples(held_out)
+    return PreparedData(
+        train=train, eval=eval_examples, model_fields={"vocab_size": len(vocabulary)},
+        report={"train_windows": len(train), "vocabulary": len(vocabulary),
+                "unigram_baseline_loss": unigram_baseline_loss(counts, vocabulary,
+                                                               eval_examples)})
+
+
+def summarize_elmo(evaluation: dict[str, float], report: dict[str, Any],
+                   untrained: Callable[[], dict[str, float]]) -> list[str]:
+    """The held-out loss (and perplexity) beside the training unigram distribution's."""
+    del untrained
+    lines = []
+    if "loss" in evaluation:
+        baseline = report.get("unigram_baseline_loss", float("nan"))
+        lines.append(f"  held-out loss {evaluation['loss']:.3f} (perplexity "
+                     f"{math.exp(evaluation['loss']):.1f}) vs unigram baseline {baseline:.3f} "
+                     f"(perplexity {math.exp(baseline):.1f})")
+    return lines
+
+
+def check_elmo(model: ElmoConfig, examples: ee.ElmoExampleConfig, objective: Any = None
+               ) -> None:
+    if examples.max_characters_per_token < max(w for w, _ in model.filters):
+        raise UserError(f"examples.max_characters_per_token={examples.max_characters_per_token}"
+                        f" is narrower than the widest filter of model.char_filters="
+                        f"{model.char_filters}; raise it (ELMo: 50)")
+
+
+def build_elmo(config: ElmoConfig, seed: int) -> ElmoLM:
+    return ElmoLM(config, rngs=nnx.Rngs(seed))
+
+
+TINY_ELMO_MODEL = {"char_embedding_dim": 8, "char_filters": "1:8,2:8,3:16", "lstm_dim": 32,
+                   "projection_dim": 16, "dropout": 0.0, "vocab_size": 0}
+
+PRESETS = {
+    # Test/demo size: 32 cells -> 16 projection, three small filters, no dropout, Adam.
+    "elmo_tiny": {
+        "model": TINY_ELMO_MODEL,
+        "examples": {"max_seq_length": 20, "max_characters_per_token": 16},
+        "objective": {"negative_samples": 0},
+        "data": {"vocab_size": 2000},
+        "optim": {"learning_rate": 3e-3, "warmup_steps": 20, "bias_correction": True,
+                  "weight_decay": 0.0, "schedule": "constant"},
+        "train": {"steps": 400, "batch_size": 32, "log_every": 25, "eval_every": 200,
+                  "checkpoint_every": 200},
+    },
+    # bilm-tf bin/train_elmo.py, the original ELMo on the 1B Word Benchmark: 2 x 4096 -> 512
+    # LSTMP layers, cell/proj clip 3, residual, 2 highway layers over 2,048 filters, dropout 0.1,
+    # sampled softmax with 8,192 candidates over its 793,471-word vocabulary (give it as
+    # data.tokenizer, a vocab file; else the corpus's most frequent 793,471 words), batch 128 per
+    # GPU x 3 GPUs (384) x 20 unrolled steps, Adagrad lr 0.2 (initial accumulator 1), gradients
+    # clipped to global norm 10, 10 epochs of 768,648,884 tokens = 10 x 768.6M / (384 x 20)
+    # ~ 1,000,000 steps. bilm-tf keeps the LSTM states between batches; we start each window
+    # from zero (input_pipeline/elmo_examples.py).
+    "elmo_original": {
+        "model": {"vocab_size": 0},
+        "examples": {"max_seq_length": 20, "max_characters_per_token": 50},
+        "objective": {"negative_samples": 8192},
+        "data": {"vocab_size": 793471},
+        "optim": {"optimizer": "adagrad", "learning_rate": 0.2, "schedule": "constant",
+                  "warmup_steps": 0, "weight_decay": 0.0, "clip_norm": 10.0},
+        "train": {"steps": 1000800, "batch_size": 384},
+    },
+}
+
+register(Method(
+    name="elmo",
+    model_config=ElmoConfig,
+    example_config=ee.ElmoExampleConfig,
+    objective_config=ElmoObjectiveConfig,
+    build_model=build_elmo,
+    loss=elmo_loss,
+    prepare=prepare_elmo,
+    units_per_example=lambda examples: examples.max_seq_length,
+    check=check_elmo,
+    summarize=summarize_elmo,
+    description="ELMo: bidirectional LSTM LM over character CNN tokens (Peters et al. 2018)",
+    presets=PRESETS,
+))
+
+
+# --- Downstream: the scalar mix on GLUE -------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ElmoGlueExampleConfig:
+    """The GLUE `task`, tokens per example (`<S> A </S>` or `<S> A </S> <S> B </S>`, cut to
+    `max_seq_length`), characters per token and `max_train_examples` (0 = all)."""
+
+    task: str = "sst2"
+    """GLUE task: sst2, cola, mrpc, rte or stsb."""
+    max_seq_length: int = 64
+    """Tokens per example, sentence boundaries included."""
+    max_characters_per_token: int = 50
+    """Characters per token (as in pre-training)."""
+    max_train_examples: int = 0
+    """Train on the first n training rows only; 0 = all."""
+
+
+def encode_glue_words(rows: glue.GlueSplit, examples: ElmoGlueExampleConfig, limit: int = 0
+                      ) -> dict[str, np.ndarray]:
+    """Character ids [N, T, C], token mask [N, T] and labels of GLUE rows (the first `limit`;
+    0 = all), words split on whitespace, as GLUE's files are tokenised."""
+    count, length = len(rows.labels), examples.max_seq_length
+    count = min(count, limit) if limit else count
+    chars = np.zeros((count, length, examples.max_characters_per_token), np.int16)
+    mask = np.zeros((count, length), np.int32)
+    for row in range(count):
+        texts = [rows.texts_a[row]] + ([rows.texts_b[row]] if rows.texts_b is not None else [])
+        words = list(ee.token_stream(texts))[:length]
+        for t, word in enumerate(words):
+            chars[row, t] = ee.character_ids(word, examples.max_characters_per_token)
+        mask[row, :len(words)] = 1
+    return {"chars": chars, "mask": mask, "label": rows.labels[:count]}
+
+
+def prepare_elmo_glue(data: DataConfig, examples: ElmoGlueExampleConfig, cache_dir: Path,
+                      seed: int) -> PreparedData:
+    """GLUE train rows -> records (cached); the dev split in memory."""
+    task = glue.glue_task(examples.task)
+    tfds_dir = data.tfds_data_dir or None
+    directory = Path(cache_dir) / fingerprint(
+        "elmo_glue", dataclasses.asdict(examples),
+        glue.glue_fingerprint(data.source, task, tfds_dir)) / "train"
+    if not (directory / SPEC_FILE).is_file():
+        train = encode_glue_words(glue.read_glue(data.source, task, "train", tfds_dir), examples,
+                                  examples.max_train_examples)
+        labels, counts = np.unique(train["label"], return_counts=True)
+        write_records(({k: v[i] for k, v in train.items()} for i in range(len(train["label"]))),
+                      directory, metadata={"source": data.source, "label_counts": {
+                          str(label): int(n) for label, n in zip(labels, counts, strict=True)
+                          if not task.is_regression}})
+    train = RecordDirectory(directory)
+    dev = encode_glue_words(glue.read_glue(data.source, task, "dev", tfds_dir), examples)
+    return PreparedData(train=train, eval=dev, model_fields={"num_labels": task.num_labels},
+                        report={"majority_baseline": constant_baseline(
+                            task, train.metadata["label_counts"], dev["label"])})
+
+
+def elmo_classification_loss(model: ElmoClassifier, batch: Batch, rng: jax.Array | None
+                             ) -> tuple[jax.Array, Metrics]:
+    """Mean cross-entropy (mean squared error for one output) over the batch."""
+    logits = model(batch["chars"], batch["mask"], rng).astype(jnp.float32)
+    if model.config.num_labels == 1:
+        loss = jnp.mean(jnp.square(logits[:, 0] - batch["label"].astype(jnp.float32)))
+        return loss, {"loss": (loss, jnp.ones((), jnp.float32))}
+    labels = batch["label"].astype(jnp.int32)
+    return weighted_cross_entropy(logits, labels, jnp.ones_like(labels), epsilon=0.0)
+
+
+@nnx.jit
+def _logits(model: ElmoClassifier, chars: jax.Array, mask: jax.Array) -> jax.Array:
+    return model(chars, mask)
+
+
+def elmo_glue_monitor(model: ElmoClassifier, data: PreparedData,
+                      examples: ElmoGlueExampleConfig, objective: Any = None
+                      ) -> dict[str, float]:
+    """GLUE's metrics for the task on the whole dev set."""
+    outputs = []
+    for start in range(0, len(data.eval["label"]), 128):
+        logits = np.asarray(_logits(model, data.eval["chars"][start:start + 128],
+                                    data.eval["mask"][start:start + 128]))
+        outputs.append(logits[:, 0] if model.config.num_labels == 1 else logits.argmax(-1))
+    return task_metrics(glue.glue_task(examples.task), np.concatenate(outputs),
+                        data.eval["label"])
+
+
+def pretrained_elmo_classifier(config: ElmoClassifierConfig, seed: int,
+                               load: Callable[[str], nnx.Module]) -> ElmoClassifier | None:
+    """A classifier whose biLM is `config.init`'s (its softmax is dropped); None: random."""
+    if not config.init:
+        return None
+    if not Path(config.init).is_dir():
+        raise UserError(f"model.init={config.init} is not a directory; pass an elmo workdir")
+    bilm = load(config.init)
+    if not isinstance(bilm, BiLM):
+        raise UserError(f"{config.init} holds a {type(bilm).__name__}, not an ELMo biLM; pass "
+                        "the workdir of an elmo run")
+    theirs, ours = bilm.config, config.bilm_config()
+    differ = [f"model.{f.name}={getattr(theirs, f.name)}" for f in dataclasses.fields(ElmoConfig)
+              if f.name not in ("vocab_size", "dropout")
+              and getattr(theirs, f.name) != getattr(ours, f.name)]
+    if differ:
+        raise UserError(f"the biLM in {config.init} was trained with {', '.join(differ)}; "
+                        "pass the same settings")
+    model = ElmoClassifier(config, rngs=nnx.Rngs(seed))
+    nnx.update(model.bilm, nnx.state(bilm, nnx.Param))
+    return model
+
+
+def check_elmo_glue(model: ElmoClassifierConfig, examples: ElmoGlueExampleConfig,
+                    objective: Any = None) -> None:
+    glue.glue_task(examples.task)
+    check_elmo(model, examples)
+
+
+register(Method(
+    name="elmo_classify",
+    model_config=ElmoClassifierConfig,
+    example_config=ElmoGlueExampleConfig,
+    build_model=lambda config, seed: ElmoClassifier(config, rngs=nnx.Rngs(seed)),
+    loss=elmo_classification_loss,
+    prepare=prepare_elmo_glue,
+    units_per_example=lambda examples: examples.max_seq_length,
+    check=check_elmo_glue,
+    monitor=elmo_glue_monitor,
+    pretrained=pretrained_elmo_classifier,
+    description="ELMo downstream: scalar mix of a frozen biLM's layers, GLUE classifier",
+    presets={
+        # The elmo_tiny biLM (model.init=<its workdir>) under the scalar mix, on a GLUE task.
+        "elmo_tiny_glue": {
+            "model": TINY_ELMO_MODEL,
+            "examples": {"max_seq_length": 40, "max_characters_per_token": 16},
+            "optim": {"learning_rate": 1e-3, "warmup_steps": 10, "bias_correction": True,
+                      "weight_decay": 0.0},
+            "train": {"steps": 300, "batch_size": 32, "log_every": 25, "eval_every": 100,
+                      "checkpoint_every": 100},
+        },
+    },
+))
