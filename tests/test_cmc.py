@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 from resilience_utils import (
     GRADIENT_STEP,
-    assert_same_step_on_every_mesh,
+    MESHES,
     flat_params,
     interrupt,
     mesh_overrides,
@@ -128,12 +128,12 @@ def test_cross_view_loss_and_gradient_against_numpy():
 
 def test_one_step_loss_and_memory_update_against_numpy():
     """A training call of `cmc_loss`: the L anchors against the ab bank's own rows and drawn
-    rows, the ab anchors against the L bank's, then rows `index` of both banks <- normalise(0.5
-    row + 0.5 z); other rows unchanged. Evaluation leaves the banks alone; the backbone gives
+    rows, the ab anchors against the L bank's, then rows `index` of both banks <- normalise(m
+    row + (1 - m) z) (m = 0.3 here); other rows unchanged. Evaluation leaves the banks alone; the backbone gives
     both encoders' features of RGB images."""
     model = build_cmc(CMCConfig(depth=18, stem="cifar", base_width=2, projection_dim=8,
                                 num_images=12), seed=0)
-    objective = CMCSettings(image_size=8, num_negatives=16)
+    objective = CMCSettings(image_size=8, num_negatives=16, momentum=0.3)
     rng = np.random.default_rng(0)
     batch = {"image": jnp.asarray(rng.integers(0, 256, (4, 12, 12, 3)), jnp.uint8),
              "index": jnp.asarray([7, 2, 11, 0], jnp.int32)}
@@ -154,7 +154,7 @@ def test_one_step_loss_and_memory_update_against_numpy():
     for bank, before, z in zip((model.memory_l, model.memory_ab), banks, (z_l, z_ab),
                                strict=True):
         after = np.asarray(bank.get_value())
-        np.testing.assert_allclose(after[index], unit(0.5 * before[index] + 0.5 * z), atol=1e-4)
+        np.testing.assert_allclose(after[index], unit(0.3 * before[index] + 0.7 * z), atol=1e-4)
         kept = np.setdiff1d(np.arange(12), index)
         np.testing.assert_array_equal(after[kept], before[kept].astype(np.float32))
     updated = [np.asarray(b.get_value()) for b in (model.memory_l, model.memory_ab)]
@@ -246,11 +246,31 @@ def test_cli_run_and_a_killed_run_resuming_with_its_memory_banks(colour_folder, 
 
 def test_sharded_step_equals_the_single_device_step(colour_folder, tmp_path):
     """One plain gradient step on one device and on data x fsdp x tensor = 2 x 2 x 2 (bank
-    rows sharded over the data axes): the same loss, parameters and memory banks."""
-    def trainer_at(workdir, mesh, devices):
+    rows sharded over the data axes) from the same batch: the same loss and memory banks, and
+    the same update of every parameter tensor: the projections' to 1e-5 of its norm, the
+    ResNets' to 0.5% (float32 sums in another order, amplified on the way back through 20
+    BatchNorm layers, as tests/test_rotation_jigsaw.py measures; a gradient scaled or missing
+    a device's share is off by 10% or more everywhere)."""
+    results, batch, initial = {}, None, None
+    for name in ("single", "mixed"):
+        mesh, count = MESHES[name]
         values = {**SMALL, **GRADIENT_STEP, **mesh_overrides(mesh), "train.batch_size": 8,
                   "data.source": colour_folder, "data.cache_dir": str(tmp_path / "c")}
-        return Trainer(make_config("cmc_tiny", values), workdir, devices=devices)
-
-    assert_same_step_on_every_mesh(trainer_at, tmp_path, meshes=("single", "mixed"),
-                                   model_state=True)
+        trainer = Trainer(make_config("cmc_tiny", values), tmp_path / name,
+                          devices=jax.devices()[:count] if count else None)
+        batch = next(trainer.data_iterator()) if batch is None else batch
+        state = trainer.init_state()
+        initial = flat_params(state.params) if initial is None else initial
+        state, metrics = trainer.train_step(state, batch)
+        results[name] = (float(metrics["loss"][0]), flat_params(state.params),
+                         [np.asarray(jax.device_get(state.model_state[bank].get_value()))
+                          for bank in ("memory_l", "memory_ab")])
+    (loss0, params0, banks0), (loss, params, banks) = results["single"], results["mixed"]
+    assert loss == pytest.approx(loss0, rel=1e-5)
+    for bank, bank0 in zip(banks, banks0, strict=True):
+        np.testing.assert_allclose(bank, bank0, atol=1e-5)
+    errors = {key: np.linalg.norm(params[key] - value) / np.linalg.norm(value - initial[key])
+              for key, value in params0.items()}
+    projections = [key for key in errors if "projection" in key]
+    assert len(projections) == 4 and max(errors[key] for key in projections) < 1e-5, errors
+    assert max(errors.values()) < 5e-3, errors
