@@ -244,7 +244,7 @@ def check_host_crops(model: Any, examples: ImageExampleConfig, objective: ViewSe
 def check_two_view_method(model: Any, examples: ImageExampleConfig, objective: ViewSettings
                           ) -> None:
     """`check_host_crops`, and host crops drawn from the same area range as the views'
-    augmentation (MoCo, BYOL)."""
+    augmentation (MoCo, BYOL, CMC)."""
     check_host_crops(model, examples, objective)
     if examples.host_crop_size and examples.host_crop_area_min != objective.crop_area_min:
         raise UserError(f"examples.host_crop_area_min={examples.host_crop_area_min} differs from "

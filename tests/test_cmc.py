@@ -129,8 +129,8 @@ def test_cross_view_loss_and_gradient_against_numpy():
 def test_one_step_loss_and_memory_update_against_numpy():
     """A training call of `cmc_loss`: the L anchors against the ab bank's own rows and drawn
     rows, the ab anchors against the L bank's, then rows `index` of both banks <- normalise(m
-    row + (1 - m) z) (m = 0.3 here); other rows unchanged. Evaluation leaves the banks alone; the backbone gives
-    both encoders' features of RGB images."""
+    row + (1 - m) z) (m = 0.3 here); other rows unchanged. Evaluation leaves the banks alone;
+    the backbone gives both encoders' features of RGB images."""
     model = build_cmc(CMCConfig(depth=18, stem="cifar", base_width=2, projection_dim=8,
                                 num_images=12), seed=0)
     objective = CMCSettings(image_size=8, num_negatives=16, momentum=0.3)
