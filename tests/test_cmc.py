@@ -1,7 +1,8 @@
 """CMC: the Lab conversion against the CIE formula written per pixel and known colours, the
 views' normalisation, the cross-view loss and its gradient against numpy, one step's loss and
 memory-bank update against numpy, the training rows' indices, the CLI run with a SIGKILLed run
-resuming bit for bit (memory banks included), and the sharded step."""
+resuming bit for bit (memory banks included), and from its state the sharded step against the
+single-device one."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import numpy as np
 import pytest
 from flax import nnx
 from resilience_utils import (
-    GRADIENT_STEP,
     MESHES,
     flat_params,
     interrupt,
@@ -36,7 +36,7 @@ from pretext_jax.objectives.cmc import (
     cmc_loss,
     cross_view_contrast,
 )
-from pretext_jax.objectives.two_view import backbone_features, cropped_and_flipped
+from pretext_jax.objectives.two_view import cropped_and_flipped
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.export import load_model
 from pretext_jax.pretrain.trainer import Trainer
@@ -129,8 +129,7 @@ def test_cross_view_loss_and_gradient_against_numpy():
 def test_one_step_loss_and_memory_update_against_numpy():
     """A training call of `cmc_loss`: the L anchors against the ab bank's own rows and drawn
     rows, the ab anchors against the L bank's, then rows `index` of both banks <- normalise(m
-    row + (1 - m) z) (m = 0.3 here); other rows unchanged. Evaluation leaves the banks alone;
-    the backbone gives both encoders' features of RGB images."""
+    row + (1 - m) z) (m = 0.3 here); other rows unchanged."""
     model = build_cmc(CMCConfig(depth=18, stem="cifar", base_width=2, projection_dim=8,
                                 num_images=12), seed=0)
     objective = CMCSettings(image_size=8, num_negatives=16, momentum=0.3)
@@ -157,13 +156,6 @@ def test_one_step_loss_and_memory_update_against_numpy():
         np.testing.assert_allclose(after[index], unit(0.3 * before[index] + 0.7 * z), atol=1e-4)
         kept = np.setdiff1d(np.arange(12), index)
         np.testing.assert_array_equal(after[kept], before[kept].astype(np.float32))
-    updated = [np.asarray(b.get_value()) for b in (model.memory_l, model.memory_ab)]
-    _, metrics = step(model, {"image": batch["image"]}, None)
-    assert np.isfinite(float(metrics["loss"][0]))
-    for bank, before in zip((model.memory_l, model.memory_ab), updated, strict=True):
-        np.testing.assert_array_equal(np.asarray(bank.get_value()), before)
-    features = backbone_features(model, batch["image"], 8)
-    assert features.shape == (4, 2 * 16)  # both encoders' 16 features, concatenated
 
 
 @pytest.fixture(scope="module")
@@ -195,18 +187,23 @@ def test_training_records_carry_their_row(colour_folder, tmp_path):
                                   train.examples(index)["image"])
 
 
+# 16 images a step through two ResNet-18s 2 channels wide.
 SMALL = {"model.base_width": 2, "model.projection_dim": 16, "objective.image_size": 8,
          "objective.num_negatives": 256, "train.batch_size": 16, "train.log_every": 1,
          "train.eval_batches": 1, "train.progress": False}
+MIXED = MESHES["mixed"][0]
 
 
 def test_cli_run_and_a_killed_run_resuming_with_its_memory_banks(colour_folder, tmp_path):
-    """`run.py pretrain --preset cmc_tiny` for 8 steps: the held-out evaluation and the kNN
+    """`run.py pretrain --preset cmc_tiny` for 8 steps on data x fsdp x tensor = 2 x 2 x 2: the
+    held-out evaluation and the kNN
     monitor run, the downstream model takes RGB, every bank row seen is a unit vector. A worker
     SIGKILLed in step 6 (last checkpoint: step 4) and rerun gives the CLI run's batches,
-    losses, parameters and memory banks bit for bit. Steps on one fixed batch lower its loss."""
-    overrides = {**SMALL, "data.source": colour_folder, "data.cache_dir": str(tmp_path / "c"),
-                 "train.steps": 8, "train.eval_every": 8, "train.checkpoint_every": 4}
+    losses, parameters and memory banks bit for bit. From its last state, the sharded step
+    equals the single-device one (`assert_same_step_on_one_device`)."""
+    overrides = {**SMALL, **mesh_overrides(MIXED), "data.source": colour_folder,
+                 "data.cache_dir": str(tmp_path / "c"), "train.steps": 8,
+                 "train.eval_every": 8, "train.checkpoint_every": 4}
     args = [f"{k}={v}" for k, v in overrides.items() if k != "data.source"]
     assert run.main(["pretrain", "--preset", "cmc_tiny", "--data", colour_folder,
                      "--workdir", str(tmp_path / "cli"), *args]) == 0
@@ -215,7 +212,7 @@ def test_cli_run_and_a_killed_run_resuming_with_its_memory_banks(colour_folder, 
     evaluation = [row for row in rows if row["split"] == "eval"][-1]
     assert np.isfinite(evaluation["loss"]) and 0.0 <= evaluation["knn_accuracy"] <= 1.0
     backbone = load_model(tmp_path / "cli", downstream=True)
-    assert type(backbone).__name__ == "LabEncoders"
+    assert type(backbone).__name__ == "LabEncoders" and backbone.features == 2 * 16
 
     ours = tmp_path / "w", tmp_path / "w.log"
     interrupt("cmc_tiny", overrides, *ours, step=6, sig=signal.SIGKILL)
@@ -237,31 +234,24 @@ def test_cli_run_and_a_killed_run_resuming_with_its_memory_banks(colour_folder, 
         seen = np.abs(np.linalg.norm(cli_bank, axis=1) - 1.0) < 1e-5
         assert seen.sum() == 8 * 16  # an epoch reads each of the 160 rows once
 
-    state, batch, losses = states[1], next(trainer.data_iterator()), []
-    for _ in range(6):
-        state, metrics = trainer.train_step(state, batch)
-        losses.append(float(metrics["loss"][0]))
-    assert losses[-1] < losses[0] - 1.0, losses
+    assert_same_step_on_one_device(trainer, states[1], overrides)
 
 
-def test_sharded_step_equals_the_single_device_step(colour_folder, tmp_path):
-    """One plain gradient step on one device and on data x fsdp x tensor = 2 x 2 x 2 (bank
-    rows sharded over the data axes) from the same batch: the same loss and memory banks, and
-    the same update of every parameter tensor: the projections' to 1e-5 of its norm, the
-    ResNets' to 0.5% (float32 sums in another order, amplified on the way back through 20
-    BatchNorm layers, as tests/test_rotation_jigsaw.py measures; a gradient scaled or missing
-    a device's share is off by 10% or more everywhere)."""
-    results, batch, initial = {}, None, None
-    for name in ("single", "mixed"):
-        mesh, count = MESHES[name]
-        values = {**SMALL, **GRADIENT_STEP, **mesh_overrides(mesh), "train.batch_size": 8,
-                  "data.source": colour_folder, "data.cache_dir": str(tmp_path / "c")}
-        trainer = Trainer(make_config("cmc_tiny", values), tmp_path / name,
-                          devices=jax.devices()[:count] if count else None)
-        batch = next(trainer.data_iterator()) if batch is None else batch
-        state = trainer.init_state()
-        initial = flat_params(state.params) if initial is None else initial
-        state, metrics = trainer.train_step(state, batch)
+def assert_same_step_on_one_device(mixed: Trainer, state, overrides: dict) -> None:
+    """From a state of the 2 x 2 x 2 mesh (bank rows sharded over the data axes) and one batch,
+    a step there and a step on one device give the same loss and memory banks, and the same
+    update of every parameter tensor: the projections' to 1e-4 of its norm, the ResNets' to
+    0.5% (float32 sums in another order, amplified on the way back through 20 BatchNorm
+    layers, as tests/test_rotation_jigsaw.py measures; a gradient scaled or missing a device's
+    share is off by 10% or more everywhere). Further steps on that batch lower its loss."""
+    single = Trainer(make_config("cmc_tiny", {**overrides, **mesh_overrides((1, 1, 1))}),
+                     mixed.workdir.parent / "single", devices=jax.devices()[:1])
+    batch = next(mixed.data_iterator())
+    initial = flat_params(state.params)
+    results = {}
+    copy = jax.device_put(jax.device_get(state), single.state_sharding)  # steps donate
+    for name, trainer, start in (("single", single, copy), ("mixed", mixed, state)):
+        state, metrics = trainer.train_step(start, batch)
         results[name] = (float(metrics["loss"][0]), flat_params(state.params),
                          [np.asarray(jax.device_get(state.model_state[bank].get_value()))
                           for bank in ("memory_l", "memory_ab")])
@@ -272,5 +262,10 @@ def test_sharded_step_equals_the_single_device_step(colour_folder, tmp_path):
     errors = {key: np.linalg.norm(params[key] - value) / np.linalg.norm(value - initial[key])
               for key, value in params0.items()}
     projections = [key for key in errors if "projection" in key]
-    assert len(projections) == 4 and max(errors[key] for key in projections) < 1e-5, errors
+    assert len(projections) == 4 and max(errors[key] for key in projections) < 1e-4, errors
     assert max(errors.values()) < 5e-3, errors
+    losses = [loss]
+    for _ in range(5):
+        state, metrics = mixed.train_step(state, batch)
+        losses.append(float(metrics["loss"][0]))
+    assert losses[-1] < losses[0] - 1.0, losses
