@@ -196,8 +196,8 @@ MIXED = MESHES["mixed"][0]
 
 def test_cli_run_and_a_killed_run_resuming_with_its_memory_banks(colour_folder, tmp_path):
     """`run.py pretrain --preset cmc_tiny` for 8 steps on data x fsdp x tensor = 2 x 2 x 2: the
-    held-out evaluation and the kNN
-    monitor run, the downstream model takes RGB, every bank row seen is a unit vector. A worker
+    held-out evaluation and the kNN monitor run, the downstream model takes RGB, every bank
+    row seen is a unit vector. A worker
     SIGKILLed in step 6 (last checkpoint: step 4) and rerun gives the CLI run's batches,
     losses, parameters and memory banks bit for bit. From its last state, the sharded step
     equals the single-device one (`assert_same_step_on_one_device`)."""
