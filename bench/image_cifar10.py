@@ -10,11 +10,12 @@ batches, and a kNN bank of 10,000 training images during training; the presets b
 their own (SimCLR: batch 256, LARS lr 1.0 with 5% warmup; RotNet: batch 128 images = 512
 rotated copies, the lr steps at 30/60/80% of the run as the paper's 60/120/160 of 200 epochs;
 MoCo: batch 128 at the CIFAR demo's lr scaled to it; DeepCluster: batch 128, re-clustering 4
-times in the run). Overrides after them win. After training: kNN (k 200, temperature 0.1) with
-the 50,000 training images as the bank, and a linear probe on frozen features (train 50,000,
-test 10,000), for the trained backbone and for the same backbone at its random initialisation
-(the baseline any learning has to beat). Prints one JSON line; `main(argv)` returns it as a
-dict.
+times in the run; CMC: two ResNets of 8 base channels, the L and ab halves of one 16-wide
+network as the reference's half-width `v1` models, its lr steps at 50/67/83% as 120/160/200 of
+240 epochs). Overrides after them win. After training: kNN (k 200, temperature 0.1) with the
+50,000 training images as the bank, and a linear probe on frozen features (train 50,000, test
+10,000), for the trained backbone and for the same backbone at its random initialisation (the
+baseline any learning has to beat). Prints one JSON line; `main(argv)` returns it as a dict.
 """
 
 from __future__ import annotations
@@ -41,13 +42,19 @@ from pretext_jax.pretrain.export import load_model
 from pretext_jax.pretrain.trainer import Trainer
 
 
+def decay_boundaries(steps: int, *fractions: float) -> str:
+    """The override putting a step schedule's lr drops at these fractions of a run."""
+    return "optim.decay_boundaries=" + ",".join(str(max(1, round(steps * f)))
+                                                for f in fractions)
+
+
 def preset_defaults(preset: str, steps: int) -> list[str]:
     """The CPU-sized settings of `preset` for a run of `steps` (module docstring)."""
     own = {
         "simclr_cifar10": ["train.batch_size=256", "optim.learning_rate=1.0",
                            f"optim.warmup_steps={steps // 20}"],
-        "rotation_cifar10": ["train.batch_size=128", "optim.decay_boundaries=" + ",".join(
-            str(max(1, round(steps * f))) for f in (0.3, 0.6, 0.8))],
+        "rotation_cifar10": ["train.batch_size=128", decay_boundaries(steps, 0.3, 0.6, 0.8)],
+        "cmc_cifar10": ["model.base_width=8", decay_boundaries(steps, 0.5, 2 / 3, 5 / 6)],
         # The CIFAR-10 demo's lr 0.06 at batch 512, scaled to the bench's batch 128.
         "moco_tiny": ["train.batch_size=128", "optim.learning_rate=0.015"],
         # Four re-clusterings in the run instead of one per epoch.

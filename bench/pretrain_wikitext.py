@@ -1,7 +1,7 @@
 """Pre-train a small model on WikiText-2 and report its held-out (valid split) metrics.
 
     python -m bench.pretrain_wikitext [--preset bert_tiny|electra_tiny|xlnet_tiny|unilm_tiny|
-        mass_tiny|...] [--steps N]
+        mass_tiny|elmo_tiny|...] [--steps N]
         [--workdir DIR] [section.key=value ...]
 
 Data: $PRETEXT_SHARED_DATA/wikitext-2 or ../shared/data/wikitext-2 (train.txt for training,
@@ -27,7 +27,8 @@ from pretext_jax.pretrain.trainer import Trainer
 REPO = Path(__file__).resolve().parent.parent
 # Sequence-128 settings per method: BERT/ELECTRA's masking budget; XLNet's half-reused segments
 # with 21 targets (128 / 6, as 85 of 512) and memory of 96 (384 / 512 of the sequence);
-# ProphetNet's learned positions cover the sequence.
+# ProphetNet's learned positions cover the sequence; ELMo's windows of bilm-tf's 20 unrolled
+# steps (its vocabulary is words: the 8,000 most frequent).
 METHOD_OVERRIDES = {
     "bert": ["examples.max_predictions_per_seq=20", "examples.dupe_factor=5",
              "model.max_position_embeddings=128"],
@@ -36,6 +37,7 @@ METHOD_OVERRIDES = {
               "model.reuse_len=64", "model.mem_len=96"],
     "unilm": ["examples.max_predictions_per_seq=20"],
     "prophetnet": ["model.max_position_embeddings=130"],  # see check_prophetnet
+    "elmo": ["examples.max_seq_length=20"],
 }
 
 

@@ -6,6 +6,7 @@ from pretext_jax.objectives import (
     bert,  # noqa: F401
     byol,  # noqa: F401
     classification,  # noqa: F401
+    cmc,  # noqa: F401
     cpc,  # noqa: F401
     deepcluster,  # noqa: F401
     electra,  # noqa: F401

@@ -1,5 +1,5 @@
-"""Contrastive losses for the image methods: SimCLR's NT-Xent (MoCo's InfoNCE against its queue is
-in objectives/moco.py).
+"""Contrastive losses for the image methods: SimCLR's NT-Xent, and InfoNCE of queries against one
+positive each and a shared set of negatives (MoCo's queue, CMC's memory-bank samples).
 
 Reference: google-research/simclr tf2/objective.py (`add_contrastive_loss`), Chen et al. 2020
 §2.1 (NT-Xent). Under `jit` the embeddings are global arrays, so the similarity matrices span
@@ -46,3 +46,19 @@ def nt_xent(first: jax.Array, second: jax.Array, temperature: float
     correct = jnp.sum(jnp.argmax(ab, axis=1) == jnp.arange(first.shape[0]))
     return jnp.mean(per_image), {"contrastive_loss": (jnp.sum(per_image), count),
                                  "contrastive_accuracy": (correct.astype(jnp.float32), count)}
+
+
+def info_nce(queries: jax.Array, keys: jax.Array, negatives: jax.Array, temperature: float
+             ) -> tuple[jax.Array, Metrics]:
+    """InfoNCE on L2-normalised queries and their positive keys [N, D] and negatives [K, D]
+    shared by every query (MoCo eq. 1: the queue; CMC: memory-bank samples): for each query,
+    cross-entropy of the logits [q.k+, q.n_1..K] / T with the positive at index 0; the mean
+    over queries. Metrics: the loss and the (1 + K)-way accuracy."""
+    queries, keys, negatives = (x.astype(jnp.float32) for x in (queries, keys, negatives))
+    positive = jnp.sum(queries * keys, axis=1, keepdims=True)
+    logits = jnp.concatenate([positive, queries @ negatives.T], axis=1) / temperature
+    per_query = jax.nn.logsumexp(logits, axis=1) - logits[:, 0]
+    count = jnp.float32(queries.shape[0])
+    correct = jnp.sum(jnp.argmax(logits, axis=1) == 0).astype(jnp.float32)
+    return jnp.mean(per_query), {"contrastive_loss": (jnp.sum(per_query), count),
+                                 "contrastive_accuracy": (correct, count)}

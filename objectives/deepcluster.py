@@ -33,15 +33,14 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import image_augment
 from pretext_jax.input_pipeline.descriptions import describe
+from pretext_jax.input_pipeline.indexed import WithField
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.deepcluster import DeepCluster, DeepClusterConfig
 from pretext_jax.objectives.clustering import kmeans, pca_whiten, uniform_cluster_order
@@ -59,6 +58,7 @@ from pretext_jax.objectives.two_view import (
     ViewSettings,
     backbone_features,
     check_host_crops,
+    cropped_and_flipped,
     knn_monitor,
     knn_summary,
     prepare_two_view_images,
@@ -87,12 +87,6 @@ class DeepClusterSettings(ViewSettings):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
 
-    def augmentation(self, crop: bool = True) -> image_augment.AugmentConfig:
-        """Random resized crop (`crop=False`: the host cropped) and flip, no colour change."""
-        return image_augment.AugmentConfig(
-            image_size=self.image_size, crop=crop, crop_window=self.crop_window(),
-            jitter_probability=0.0, grayscale_probability=0.0, blur_probability=0.0)
-
 
 def pseudo_label_loss(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, Metrics]:
     """Mean cross-entropy of `logits` [B, K] against pseudo-labels [B]; metrics: the loss and
@@ -116,33 +110,13 @@ def deepcluster_loss(model: DeepCluster, batch: Batch, rng: jax.Array | None, *,
     objective = objective or DeepClusterSettings()
     if rng is None:
         return jnp.zeros((), jnp.float32), {}
-    images = batch["image"]
-    host_cropped = images.ndim == 5  # [B, 2, S, S, 3]: the first of the host's two crops
-    views = image_augment.augment_batch(rng, images[:, 0] if host_cropped else images,
-                                        objective.augmentation(crop=not host_cropped))
+    views = cropped_and_flipped(rng, batch["image"], objective)
     return pseudo_label_loss(model(views, train=True), batch["label"])
-
-
-class Relabel(grain.transforms.RandomMap):
-    """The training records' own loading transforms on a (record, pseudo-label) pair, then the
-    pseudo-label as `label`."""
-
-    def __init__(self, transforms: list[Any]):
-        self.transforms = transforms
-
-    def random_map(self, element: tuple[Any, np.int32], rng: np.random.Generator
-                   ) -> dict[str, Any]:
-        record, label = element
-        for transform in self.transforms:
-            record = (transform.random_map(record, rng)
-                      if isinstance(transform, grain.transforms.RandomMap)
-                      else transform.map(record))
-        return {**record, "label": label}
 
 
 class ClusterRound:
     """One round's training records for Grain, read in order: record i is training image
-    `order[i]` with its pseudo-label as `label` (`Relabel`). Its description (kept in
+    `order[i]` with its pseudo-label as `label` (`indexed.WithField`). Its description (kept in
     checkpoints) names the training images, the round and checksums of the labels and the
     order."""
 
@@ -165,7 +139,7 @@ class ClusterRound:
         return self.description
 
     def load_transforms(self) -> list[Any]:
-        return [Relabel(self.train.load_transforms())]
+        return [WithField(self.train.load_transforms(), "label")]
 
 
 def round_seed(seed: int, round_index: int, purpose: int) -> np.random.Generator:

@@ -35,7 +35,7 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.models.momentum import MoCo, MoCoConfig, call_in_groups, ema_update
-from pretext_jax.objectives.contrastive import l2_normalize
+from pretext_jax.objectives.contrastive import info_nce, l2_normalize
 from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register
 from pretext_jax.objectives.two_view import (
@@ -70,21 +70,6 @@ class MoCoLossSettings(TwoViewAugmentation):
             raise ValueError(f"momentum={self.momentum} must be in [0, 1] (MoCo: 0.999)")
         if self.shuffle_bn_groups < 1:
             raise ValueError(f"shuffle_bn_groups={self.shuffle_bn_groups} must be >= 1")
-
-
-def info_nce(queries: jax.Array, keys: jax.Array, queue: jax.Array, temperature: float
-             ) -> tuple[jax.Array, Metrics]:
-    """MoCo's InfoNCE (eq. 1) on L2-normalised queries and keys [N, D] and queue [K, D]: for
-    each query, cross-entropy of the logits [q.k+, q.queue_1..K] / T with the positive at
-    index 0; the mean over queries. Metrics: the loss and the (1 + K)-way accuracy."""
-    queries, keys, queue = (x.astype(jnp.float32) for x in (queries, keys, queue))
-    positive = jnp.sum(queries * keys, axis=1, keepdims=True)
-    logits = jnp.concatenate([positive, queries @ queue.T], axis=1) / temperature
-    per_query = jax.nn.logsumexp(logits, axis=1) - logits[:, 0]
-    count = jnp.float32(queries.shape[0])
-    correct = jnp.sum(jnp.argmax(logits, axis=1) == 0).astype(jnp.float32)
-    return jnp.mean(per_query), {"contrastive_loss": (jnp.sum(per_query), count),
-                                 "contrastive_accuracy": (correct, count)}
 
 
 def moco_loss(model: MoCo, batch: Batch, rng: jax.Array | None, *,

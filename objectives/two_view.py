@@ -86,6 +86,13 @@ class ViewSettings:
     def crop_window(self) -> image_augment.CropConfig:
         return image_augment.CropConfig(area=(self.crop_area_min, 1.0))
 
+    def crop_and_flip(self, crop: bool = True) -> image_augment.AugmentConfig:
+        """Random resized crop (`crop=False`: the host cropped) and flip, no colour change
+        (torchvision RandomResizedCrop + RandomHorizontalFlip: DeepCluster, CMC)."""
+        return image_augment.AugmentConfig(
+            image_size=self.image_size, crop=crop, crop_window=self.crop_window(),
+            jitter_probability=0.0, grayscale_probability=0.0, blur_probability=0.0)
+
     def view_augmentations(self, crop: bool = True
                            ) -> tuple[image_augment.AugmentConfig, image_augment.AugmentConfig]:
         """The first and second view's augmentations (`crop=False`: the host cropped)."""
@@ -170,6 +177,14 @@ def single_view(images: jax.Array) -> jax.Array:
     return images[:, 0] if images.ndim == 5 else images
 
 
+def cropped_and_flipped(rng: jax.Array, images: jax.Array, settings: ViewSettings
+                        ) -> jax.Array:
+    """One randomly cropped and flipped view [B, S, S, 3] in [0, 1] of every image
+    (`ViewSettings.crop_and_flip`): of whole uint8 images, or of the first host crop."""
+    return image_augment.augment_batch(rng, single_view(images),
+                                       settings.crop_and_flip(crop=images.ndim != 5))
+
+
 def evaluation_view(images: jax.Array, size: int) -> jax.Array:
     """The un-augmented input: [0, 1] floats at the training resolution."""
     images = image_augment.to_float(images)
@@ -229,7 +244,7 @@ def check_host_crops(model: Any, examples: ImageExampleConfig, objective: ViewSe
 def check_two_view_method(model: Any, examples: ImageExampleConfig, objective: ViewSettings
                           ) -> None:
     """`check_host_crops`, and host crops drawn from the same area range as the views'
-    augmentation (MoCo, BYOL)."""
+    augmentation (MoCo, BYOL, CMC)."""
     check_host_crops(model, examples, objective)
     if examples.host_crop_size and examples.host_crop_area_min != objective.crop_area_min:
         raise UserError(f"examples.host_crop_area_min={examples.host_crop_area_min} differs from "
