@@ -18,21 +18,22 @@ from flax import nnx
 
 from pretext_jax.models.layers import COMPUTE_DTYPES, check_dtype
 
-# Blocks and stage depths of the standard sizes (torchvision / HF `ResNetConfig`).
-DEPTHS = {18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)),
+# Blocks and stage depths of the standard sizes (torchvision / HF `ResNetConfig`), and
+# ResNet-10 (one basic block a stage) for test-sized models.
+DEPTHS = {10: ("basic", (1, 1, 1, 1)), 18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)),
           50: ("bottleneck", (3, 4, 6, 3)), 101: ("bottleneck", (3, 4, 23, 3))}
 BOTTLENECK_EXPANSION = 4
 
 
 @dataclasses.dataclass(frozen=True)
 class ResNetConfig:
-    """`depth` 18/34/50/101, `stem` `imagenet` or `cifar`, `width_multiplier` scales every
+    """`depth` 10/18/34/50/101, `stem` `imagenet` or `cifar`, `width_multiplier` scales every
     channel count: the stem has base_width x w channels, the stages base_width x w x (1, 2, 4,
     8), times 4 for bottlenecks (`base_width` is 64 in every standard ResNet; smaller values
     make test-sized models). `dtype` is the compute dtype (parameters stay float32)."""
 
     depth: int = 50
-    """ResNet depth: 18 or 34 (basic blocks), 50 or 101 (bottlenecks); SimCLR, MoCo, BYOL: 50."""
+    """ResNet depth: 10, 18 or 34 (basic blocks), 50 or 101 (bottlenecks); SimCLR etc.: 50."""
     stem: str = "imagenet"
     """Stem: imagenet (7x7/2 conv + 3x3/2 max-pool) or cifar (3x3/1 conv, no pool; SimCLR B.9)."""
     width_multiplier: int = 1
