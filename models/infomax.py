@@ -100,6 +100,8 @@ class DIMConfig(ResNetConfig):
     """Width of the global feature Y (DIM: 64)."""
     mi_units: int = 2048
     """Width of the embeddings the scores are dot products of (DIM `mi_units` 2048)."""
+    global_mi: bool = True
+    """Build global DIM's networks (needed by objective.global_weight > 0; DIM(L): false)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -133,15 +135,20 @@ class DIM(nnx.Module):
         self.global_mi = MIProjection(config, config.global_dim, config.mi_units, amdim=False,
                                       rngs=rngs)
         # Global DIM: a copy of the stages after M, pooled, to mi_units; Y to mi_units.
-        self.map_stages = build_stages(config.backbone_config(), config.local_stage, rngs=rngs)
-        self.map_output = nnx.Linear(widths[-1], config.mi_units,
-                                     dtype=jnp.dtype(config.dtype), rngs=rngs)
-        self.vector_output = nnx.Linear(config.global_dim, config.mi_units,
-                                        dtype=jnp.dtype(config.dtype), rngs=rngs)
+        built = config.global_mi
+        self.map_stages = (build_stages(config.backbone_config(), config.local_stage, rngs=rngs)
+                           if built else None)
+        self.map_output = (nnx.Linear(widths[-1], config.mi_units,
+                                      dtype=jnp.dtype(config.dtype), rngs=rngs)
+                           if built else None)
+        self.vector_output = (nnx.Linear(config.global_dim, config.mi_units,
+                                         dtype=jnp.dtype(config.dtype), rngs=rngs)
+                              if built else None)
 
     def __call__(self, images: jax.Array, *, train: bool, global_dim: bool = False
                  ) -> DIMOutput:
-        """[B, S, S, 3] images -> `DIMOutput` (global DIM's embeddings if `global_dim`)."""
+        """[B, S, S, 3] images -> `DIMOutput` (global DIM's embeddings if `global_dim`, which
+        needs `config.global_mi`)."""
         maps = self.backbone.stage_maps(images, train=train)
         local_map = maps[self.config.local_stage - 1]
         y = self.global_head(maps[-1].mean(axis=(1, 2)), train)

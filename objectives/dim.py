@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from pretext_jax.errors import UserError
 from pretext_jax.models.infomax import DIM, DIMConfig
 from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register
@@ -93,6 +94,14 @@ def dim_loss(model: DIM, batch: Batch, rng: jax.Array | None, *,
     return loss, {"loss": (loss, one), **metrics}
 
 
+def check_dim(model: DIMConfig, examples: ImageExampleConfig, objective: DIMSettings) -> None:
+    """`check_host_crops`, and global DIM's networks where its term is weighted."""
+    check_host_crops(model, examples, objective)
+    if objective.global_weight > 0 and not model.global_mi:
+        raise UserError(f"objective.global_weight={objective.global_weight} needs global DIM's "
+                        "networks; set model.global_mi=true (or objective.global_weight=0)")
+
+
 def build_dim(config: DIMConfig, seed: int) -> DIM:
     with nnx.use_eager_sharding(False):
         return DIM(config, rngs=nnx.Rngs(seed))
@@ -108,7 +117,7 @@ PRESETS = {
     # DIM both on (alpha 0.5, beta 1) so that both paths train; a 10x larger lr for 200 steps.
     "dim_tiny": {
         "model": {"depth": 18, "stem": "cifar", "base_width": 8, "local_stage": 3,
-                  "hidden_dim": 64, "global_dim": 16, "mi_units": 64},
+                  "hidden_dim": 64, "global_dim": 16, "mi_units": 64, "global_mi": True},
         "objective": {"image_size": 32, "global_weight": 0.5, "local_weight": 1.0},
         "optim": {**_ADAM, "learning_rate": 1e-3},
         "train": TINY_IMAGE_TRAIN,
@@ -120,7 +129,7 @@ PRESETS = {
     # the paper's 3-layer convnet; its stage 3 gives the paper's 8x8 local map.
     "dim_cifar10": {
         "model": {"depth": 18, "stem": "cifar", "local_stage": 3, "hidden_dim": 1024,
-                  "global_dim": 64, "mi_units": 2048},
+                  "global_dim": 64, "mi_units": 2048, "global_mi": False},
         "objective": {"image_size": 32, "global_weight": 0.0, "local_weight": 1.0},
         "data": {"source": ""},
         "optim": {**_ADAM, "learning_rate": 1e-4},
@@ -137,7 +146,7 @@ register(Method(
     build_model=build_dim,
     loss=dim_loss,
     prepare=prepare_two_view_images,
-    check=check_host_crops,
+    check=check_dim,
     units_per_example=lambda examples: 1,
     monitor=knn_monitor,
     unit="images",
