@@ -5,17 +5,20 @@ of its frozen backbone against the same backbone untrained.
 
 Data: $PRETEXT_SHARED_DATA/cifar10 or ../shared/data/cifar10 (python pickles; rebuilt from JPEG
 copies, so pixels are lossy). Every preset runs with CPU-sized defaults: a ResNet of 16 base
-channels (`model.base_width=16`), evaluation and a checkpoint at the last step on 4 held-out
+channels (`model.base_width=16`; AMDIM's encoder: `model.ndf=16`, `model.n_rkhs=256`, the
+reference's 3 layers a block), evaluation and a checkpoint at the last step on 4 held-out
 batches, and a kNN bank of 10,000 training images during training; the presets below also get
 their own (SimCLR: batch 256, LARS lr 1.0 with 5% warmup; RotNet: batch 128 images = 512
 rotated copies, the lr steps at 30/60/80% of the run as the paper's 60/120/160 of 200 epochs;
 MoCo: batch 128 at the CIFAR demo's lr scaled to it; DeepCluster: batch 128, re-clustering 4
 times in the run; CMC: two ResNets of 8 base channels, the L and ab halves of one 16-wide
 network as the reference's half-width `v1` models, its lr steps at 50/67/83% as 120/160/200 of
-240 epochs). Overrides after them win. After training: kNN (k 200, temperature 0.1) with the
-50,000 training images as the bank, and a linear probe on frozen features (train 50,000, test
-10,000), for the trained backbone and for the same backbone at its random initialisation (the
-baseline any learning has to beat). Prints one JSON line; `main(argv)` returns it as a dict.
+240 epochs; AMDIM: warmup min(500, 5% of the run), the lr steps at epochs 250 and 280 of 300 as
+fractions of the run). Overrides after them win. After training: kNN (k 200, temperature 0.1)
+with the 50,000 training images as the bank, and a linear probe on frozen features (train
+50,000, test 10,000), for the trained backbone and for the same backbone at its random
+initialisation (the baseline any learning has to beat). Prints one JSON line; `main(argv)`
+returns it as a dict.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ def decay_boundaries(steps: int, *fractions: float) -> str:
 
 def preset_defaults(preset: str, steps: int) -> list[str]:
     """The CPU-sized settings of `preset` for a run of `steps` (module docstring)."""
+    width = (["model.ndf=16", "model.n_rkhs=256"] if preset.startswith("amdim")
+             else ["model.base_width=16"])
     own = {
         "simclr_cifar10": ["train.batch_size=256", "optim.learning_rate=1.0",
                            f"optim.warmup_steps={steps // 20}"],
@@ -60,10 +65,19 @@ def preset_defaults(preset: str, steps: int) -> list[str]:
         # Four re-clusterings in the run instead of one per epoch.
         "deepcluster_cifar10": ["train.batch_size=128",
                                 f"objective.recluster_every={max(1, steps // 4)}"],
+        "amdim_cifar10": [f"optim.warmup_steps={min(500, steps // 20)}",
+                          decay_boundaries(steps, 250 / 300, 280 / 300)],
     }
-    return ["model.base_width=16", f"train.steps={steps}", f"train.eval_every={steps}",
+    return [*width, f"train.steps={steps}", f"train.eval_every={steps}",
             f"train.checkpoint_every={steps}", "train.eval_batches=4", "train.log_every=50",
             "examples.knn_bank_size=10000", *own.get(preset, [])]
+
+
+def describe(model: Any) -> str:
+    """The backbone in words: a ResNet's depth, stem and width, or AMDIM's encoder sizes."""
+    if hasattr(model, "depth"):
+        return f"ResNet-{model.depth}, {model.stem} stem, width {model.base_width}"
+    return f"AMDIM encoder, ndf {model.ndf}, n_rkhs {model.n_rkhs}, n_depth {model.n_depth}"
 
 
 def frozen_evaluation(model: nnx.Module, view_size: int, data: Path) -> dict[str, float]:
@@ -107,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "benchmark": "image_cifar10", "preset": args.preset, "method": config.method,
         "steps": summary["step"], "batch_size": config.train.batch_size,
-        "backbone": f"ResNet-{model.depth}, {model.stem} stem, width {model.base_width}",
+        "backbone": describe(model),
         **trained, "untrained_backbone": untrained,
         "final_train": summary["train"],
         f"{speed}_after_compile": float(np.median(speeds[1:] or speeds)) if speeds else None,

@@ -249,12 +249,16 @@ def augment_batch(rng: jax.Array, images: jax.Array, config: AugmentConfig) -> j
     return jax.vmap(lambda k, x: augment(k, x, config))(keys, to_float(images))
 
 
-def padded_crop(rng: jax.Array, image: jax.Array, padding: int) -> jax.Array:
+def padded_crop(rng: jax.Array, image: jax.Array, padding: int, mode: str = "constant"
+                ) -> jax.Array:
     """torchvision RandomCrop(size, padding): the [H, W, C] image zero-padded by `padding` on
     every side, then a window of the original size at an offset uniform in [0, 2 padding] per
-    axis (RotNet's CIFAR augmentation, with a horizontal flip)."""
+    axis (RotNet's CIFAR augmentation, with a horizontal flip). `mode="reflect"` mirrors the
+    image into the border without repeating the edge pixel: AMDIM's CIFAR translation
+    (datasets.py `RandomTranslateWithReflect`, a shift uniform in [-padding, padding] per
+    axis)."""
     height, width, channels = image.shape
-    padded = jnp.pad(image, ((padding, padding), (padding, padding), (0, 0)))
+    padded = jnp.pad(image, ((padding, padding), (padding, padding), (0, 0)), mode=mode)
     top, left = jax.random.randint(rng, (2,), 0, 2 * padding + 1)
     return jax.lax.dynamic_slice(padded, (top, left, 0), (height, width, channels))
 

@@ -18,21 +18,22 @@ from flax import nnx
 
 from pretext_jax.models.layers import COMPUTE_DTYPES, check_dtype
 
-# Blocks and stage depths of the standard sizes (torchvision / HF `ResNetConfig`).
-DEPTHS = {18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)),
+# Blocks and stage depths of the standard sizes (torchvision / HF `ResNetConfig`), and
+# ResNet-10 (one basic block a stage) for test-sized models.
+DEPTHS = {10: ("basic", (1, 1, 1, 1)), 18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)),
           50: ("bottleneck", (3, 4, 6, 3)), 101: ("bottleneck", (3, 4, 23, 3))}
 BOTTLENECK_EXPANSION = 4
 
 
 @dataclasses.dataclass(frozen=True)
 class ResNetConfig:
-    """`depth` 18/34/50/101, `stem` `imagenet` or `cifar`, `width_multiplier` scales every
+    """`depth` 10/18/34/50/101, `stem` `imagenet` or `cifar`, `width_multiplier` scales every
     channel count: the stem has base_width x w channels, the stages base_width x w x (1, 2, 4,
     8), times 4 for bottlenecks (`base_width` is 64 in every standard ResNet; smaller values
     make test-sized models). `dtype` is the compute dtype (parameters stay float32)."""
 
     depth: int = 50
-    """ResNet depth: 18 or 34 (basic blocks), 50 or 101 (bottlenecks); SimCLR, MoCo, BYOL: 50."""
+    """ResNet depth: 10, 18 or 34 (basic blocks), 50 or 101 (bottlenecks); SimCLR etc.: 50."""
     stem: str = "imagenet"
     """Stem: imagenet (7x7/2 conv + 3x3/2 max-pool) or cifar (3x3/1 conv, no pool; SimCLR B.9)."""
     width_multiplier: int = 1
@@ -129,6 +130,21 @@ class ResidualBlock(nnx.Module):
         return jax.nn.relu(x + residual)
 
 
+def build_stages(config: ResNetConfig, first: int, *, rngs: nnx.Rngs) -> nnx.List:
+    """Stages `first`.. of the ResNet (0-based; each a list of blocks, the first block of every
+    stage but stage 0 with stride 2), taking the previous stage's output (or the stem's)."""
+    stages = []
+    in_channels = config.stage_widths[first - 1] if first else config.stem_width
+    for index in range(first, len(config.stage_depths)):
+        width = config.stage_widths[index]
+        stages.append(nnx.List([
+            ResidualBlock(config, in_channels if b == 0 else width, width,
+                          2 if index > 0 and b == 0 else 1, rngs=rngs)
+            for b in range(config.stage_depths[index])]))
+        in_channels = width
+    return nnx.List(stages)
+
+
 class ResNet(nnx.Module):
     """The backbone: stem, four stages, global average pool -> [B, features]."""
 
@@ -137,25 +153,24 @@ class ResNet(nnx.Module):
         kernel, stride = (7, 2) if config.stem == "imagenet" else (3, 1)
         self.stem = ConvBN(config, config.num_channels, config.stem_width, kernel, stride,
                            rngs=rngs)
-        stages, in_channels = [], config.stem_width
-        for index, (depth, width) in enumerate(zip(config.stage_depths, config.stage_widths,
-                                                   strict=True)):
-            blocks = [ResidualBlock(config, in_channels if b == 0 else width, width,
-                                    2 if index > 0 and b == 0 else 1, rngs=rngs)
-                      for b in range(depth)]
-            stages.append(nnx.List(blocks))
-            in_channels = width
-        self.stages = nnx.List(stages)
+        self.stages = build_stages(config, 0, rngs=rngs)
 
-    def feature_map(self, images: jax.Array, *, train: bool) -> jax.Array:
-        """[B, H, W, C] images (normalised floats) -> the last stage's [B, h, w, features]."""
+    def stage_maps(self, images: jax.Array, *, train: bool) -> list[jax.Array]:
+        """[B, H, W, C] images (normalised floats) -> every stage's output map, first to last
+        (CIFAR stem, 32 px: 32, 16, 8 and 4 pixels a side)."""
         x = jax.nn.relu(self.stem(images.astype(jnp.dtype(self.config.dtype)), train))
         if self.config.stem == "imagenet":
             x = nnx.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+        maps = []
         for stage in self.stages:
             for block in stage:
                 x = block(x, train)
-        return x
+            maps.append(x)
+        return maps
+
+    def feature_map(self, images: jax.Array, *, train: bool) -> jax.Array:
+        """[B, H, W, C] images (normalised floats) -> the last stage's [B, h, w, features]."""
+        return self.stage_maps(images, train=train)[-1]
 
     def __call__(self, images: jax.Array, *, train: bool) -> jax.Array:
         return self.feature_map(images, train=train).mean(axis=(1, 2))

@@ -3,12 +3,14 @@ method family, one import per line)."""
 
 from pretext_jax.objectives import (
     albert,  # noqa: F401
+    amdim,  # noqa: F401
     bert,  # noqa: F401
     byol,  # noqa: F401
     classification,  # noqa: F401
     cmc,  # noqa: F401
     cpc,  # noqa: F401
     deepcluster,  # noqa: F401
+    dim,  # noqa: F401
     electra,  # noqa: F401
     elmo,  # noqa: F401
     gpt,  # noqa: F401
