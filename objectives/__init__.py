@@ -19,6 +19,7 @@ from pretext_jax.objectives import (
     rotation,  # noqa: F401
     seq2seq,  # noqa: F401
     simclr,  # noqa: F401
+    structbert,  # noqa: F401
     translation,  # noqa: F401
     unilm,  # noqa: F401
     wav2vec2,  # noqa: F401

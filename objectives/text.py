@@ -45,6 +45,26 @@ def weighted_cross_entropy(
                   "loss": (jnp.sum(weights * nll), jnp.sum(weights))}
 
 
+def mlm_and_pair_loss(model: Any, batch: dict[str, jax.Array], rng: jax.Array | None,
+                      pair: str = "nsp") -> tuple[jax.Array, Metrics]:
+    """BERT's pre-training loss (run_pretraining.py `get_masked_lm_output`,
+    `get_next_sentence_output`) for a model returning `BertOutput`: the weighted MLM loss at the
+    gathered positions + the plain batch mean (`tf.reduce_mean`, no epsilon) of the pair
+    classifier's loss on `next_sentence_labels`; its metrics are named `{pair}_loss`,
+    `{pair}_accuracy` (BERT and ERNIE: nsp)."""
+    out = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                masked_positions=batch["masked_lm_positions"], rng=rng)
+    mlm_loss, mlm = weighted_cross_entropy(out.mlm_logits, batch["masked_lm_ids"],
+                                           batch["masked_lm_weights"])
+    labels = batch["next_sentence_labels"]
+    pair_loss, pair_metrics = weighted_cross_entropy(out.nsp_logits, labels,
+                                                     jnp.ones(labels.shape), epsilon=0.0)
+    total = mlm_loss + pair_loss
+    return total, {"loss": (total, jnp.ones((), jnp.float32)), "mlm_loss": mlm["loss"],
+                   "mlm_accuracy": mlm["accuracy"], f"{pair}_loss": pair_metrics["loss"],
+                   f"{pair}_accuracy": pair_metrics["accuracy"]}
+
+
 def encoder_decoder_loss(model: T5, inputs: jax.Array, input_mask: jax.Array,
                          decoder_inputs: jax.Array, targets: jax.Array, rng: jax.Array | None,
                          language_ids: jax.Array | None = None) -> tuple[jax.Array, Metrics]:
