@@ -9,6 +9,7 @@ from pretext_jax.objectives import (
     cpc,  # noqa: F401
     deepcluster,  # noqa: F401
     electra,  # noqa: F401
+    ernie,  # noqa: F401
     gpt,  # noqa: F401
     jigsaw,  # noqa: F401
     mass,  # noqa: F401

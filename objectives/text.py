@@ -22,7 +22,7 @@ import numpy as np
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import bert_examples
-from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
+from pretext_jax.input_pipeline.prepare import DataConfig, Markup, prepare_text
 from pretext_jax.models.encoder import EncoderConfig
 from pretext_jax.models.t5 import PAD_ID, T5
 from pretext_jax.objectives.registry import Metrics, PreparedData
@@ -106,14 +106,17 @@ def stacked_records(records: list[dict[str, np.ndarray]]) -> dict[str, np.ndarra
 def prepare_masked_lm(
     data: DataConfig, examples: Any, cache_dir: Path, seed: int,
     create_examples: Callable[..., Iterable[dict[str, np.ndarray]]], dynamic_masking: bool,
+    markup: Markup | None = None,
 ) -> PreparedData:
     """Shared by the masked-LM methods: builds records with `create_examples(documents, vocab,
     examples, seed)` and, with `dynamic_masking`, masks while loading. Held-out evaluation
     always uses fixed masks (drawn once with a fixed seed), so its numbers are comparable
-    across runs; it is kept in memory, so a huge held-out split is capped."""
+    across runs; it is kept in memory, so a huge held-out split is capped. `markup`: inline
+    annotations the builder reads (`prepare.Markup`, ERNIE's spans)."""
 
     build = functools.partial(build_with_vocab, create_examples, examples)
-    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
+    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed,
+                                              markup=markup)
     vocab = bert_examples.MaskingVocab.from_tokenizer(tokenizer)
     transforms = (bert_examples.DynamicMasking(vocab, examples),) if dynamic_masking else ()
     eval_examples = held_out_examples(held_out, transforms[0] if transforms else None, seed)
