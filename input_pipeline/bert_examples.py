@@ -199,11 +199,11 @@ def create_instances_from_document(
         chunk_length += len(document[i])
         if i == len(document) - 1 or (chunk_length >= target_seq_length
                                       and len(chunk) >= min_chunk_sentences):
-            if chunk:
-                a_end = int(rng.integers(1, len(chunk))) if len(chunk) >= 2 else 1
-                tokens_a = [t for sentence in chunk[:a_end] for t in sentence]
-                picked = relation(len(chunk), rng)
-                kind, label = picked if picked is not None else (None, 0)
+            a_end = int(rng.integers(1, len(chunk))) if len(chunk) >= 2 else 1
+            tokens_a = [t for sentence in chunk[:a_end] for t in sentence]
+            picked = relation(len(chunk), rng)
+            if picked is not None:
+                kind, label = picked
                 if kind == RANDOM:
                     tokens_b = random_next_segment(documents, document_index,
                                                    target_seq_length - len(tokens_a), rng)
@@ -213,7 +213,7 @@ def create_instances_from_document(
                     if kind == PREVIOUS:
                         tokens_a, tokens_b = tokens_b, tokens_a
                 truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
-                if kind is not None and tokens_a and tokens_b:
+                if tokens_a and tokens_b:
                     tokens = [vocab.cls_id, *tokens_a, vocab.sep_id, *tokens_b, vocab.sep_id]
                     segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
                     instances.append(Instance(np.asarray(tokens, np.int32),
