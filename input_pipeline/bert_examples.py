@@ -99,11 +99,12 @@ def check_masking(config: Any) -> None:
 
 @dataclasses.dataclass
 class Instance:
-    """One sentence pair: [CLS] A [SEP] B [SEP] with segment ids and the NSP label."""
+    """One sentence pair: [CLS] A [SEP] B [SEP] with segment ids and the pair's label."""
 
     tokens: np.ndarray
     segment_ids: np.ndarray
-    is_random_next: bool
+    is_random_next: int
+    """The pair's label: BERT's is-random-next, ALBERT's swapped (0/1), StructBERT's 0/1/2."""
 
 
 def truncate_seq_pair(a: list[int], b: list[int], max_num_tokens: int,
@@ -149,9 +150,28 @@ def random_next_segment(documents: Sequence[Document], document_index: int,
     return tokens
 
 
+# How B relates to A in a pair, and the label stored: `relation(sentences in the chunk, rng)`
+# -> (NEXT, PREVIOUS or RANDOM, label), or None to skip the chunk.
+NEXT, PREVIOUS, RANDOM = "next", "previous", "random"
+Relation = Callable[[int, np.random.Generator], "tuple[str, int] | None"]
+
+
+def next_sentence_relation(sentences: int, rng: np.random.Generator) -> tuple[str, int]:
+    """BERT's NSP: a random B (label 1) half the time and always for a one-sentence chunk."""
+    return (RANDOM, 1) if sentences == 1 or rng.random() < 0.5 else (NEXT, 0)
+
+
+def sentence_order_relation(sentences: int, rng: np.random.Generator) -> tuple[str, int]:
+    """ALBERT's SOP: where BERT would draw a random B, A and B swapped (label 1); a
+    one-sentence chunk still gets a random B (label 1), as albert's reference."""
+    kind, label = next_sentence_relation(sentences, rng)
+    return (PREVIOUS, 1) if kind == RANDOM and sentences > 1 else (kind, label)
+
+
 def create_instances_from_document(
     documents: Sequence[Document], document_index: int, config: BertExampleConfig,
     vocab: MaskingVocab, rng: np.random.Generator, sentence_order: bool = False,
+    relation: Relation | None = None, min_chunk_sentences: int = 1,
 ) -> list[Instance]:
     """NSP pairs from one document (reference: `create_instances_from_document`).
 
@@ -159,7 +179,12 @@ def create_instances_from_document(
     albert create_pretraining_data.py with random_next_sentence=False): where BERT would draw
     a random B, the two consecutive segments A, B are swapped (label 1) instead; a chunk of one
     sentence still gets a random B from another document (label 1), as in that reference.
+    `relation` replaces both (StructBERT's three classes); PREVIOUS puts B before A. A chunk
+    ends at the target length once it holds `min_chunk_sentences` (StructBERT: 2, so that most
+    chunks can be split into two segments), else at the document's end.
     """
+    if relation is None:
+        relation = sentence_order_relation if sentence_order else next_sentence_relation
     document = documents[document_index]
     max_num_tokens = config.max_seq_length - 3
     target_seq_length = max_num_tokens
@@ -172,27 +197,27 @@ def create_instances_from_document(
     while i < len(document):
         chunk.append(document[i])
         chunk_length += len(document[i])
-        if i == len(document) - 1 or chunk_length >= target_seq_length:
-            if chunk:
-                a_end = int(rng.integers(1, len(chunk))) if len(chunk) >= 2 else 1
-                tokens_a = [t for sentence in chunk[:a_end] for t in sentence]
-                is_random_next = len(chunk) == 1 or rng.random() < 0.5
-                swapped = sentence_order and is_random_next and len(chunk) > 1
-                if is_random_next and not swapped:
+        if i == len(document) - 1 or (chunk_length >= target_seq_length
+                                      and len(chunk) >= min_chunk_sentences):
+            a_end = int(rng.integers(1, len(chunk))) if len(chunk) >= 2 else 1
+            tokens_a = [t for sentence in chunk[:a_end] for t in sentence]
+            picked = relation(len(chunk), rng)
+            if picked is not None:
+                kind, label = picked
+                if kind == RANDOM:
                     tokens_b = random_next_segment(documents, document_index,
                                                    target_seq_length - len(tokens_a), rng)
                     i -= len(chunk) - a_end  # the unused sentences are not wasted
                 else:
                     tokens_b = [t for sentence in chunk[a_end:] for t in sentence]
-                    if swapped:
+                    if kind == PREVIOUS:
                         tokens_a, tokens_b = tokens_b, tokens_a
                 truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
                 if tokens_a and tokens_b:
                     tokens = [vocab.cls_id, *tokens_a, vocab.sep_id, *tokens_b, vocab.sep_id]
                     segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
                     instances.append(Instance(np.asarray(tokens, np.int32),
-                                              np.asarray(segment_ids, np.int32),
-                                              bool(is_random_next)))
+                                              np.asarray(segment_ids, np.int32), label))
             chunk, chunk_length = [], 0
         i += 1
     return instances
@@ -276,7 +301,7 @@ def mask_tokens(
 
 
 def to_features(
-    tokens: np.ndarray, segment_ids: np.ndarray, is_random_next: bool | None, config: Any,
+    tokens: np.ndarray, segment_ids: np.ndarray, is_random_next: int | None, config: Any,
     vocab: MaskingVocab, masked: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
 ) -> dict[str, np.ndarray]:
     """Fixed-shape features as run_pretraining.py reads them; unmasked records (dynamic
@@ -310,24 +335,30 @@ def to_features(
 def create_training_examples(
     documents: Sequence[Document], vocab: MaskingVocab, config: BertExampleConfig, seed: int,
     *, sentence_order: bool = False, mask: Callable[..., tuple[np.ndarray, ...]] = mask_tokens,
+    relation: Relation | None = None, min_chunk_sentences: int = 1,
+    finish: Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]]
+    | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """The examples of a group of documents (reference: `create_training_instances`):
     documents shuffled, `dupe_factor` passes (each with fresh pairs and masks). Yielded as they
     are made: the reference's final shuffle of all instances is the loader's global shuffle,
     and a corpus is prepared shard by shard (`prepare.prepare_text`), so a random next sentence
     comes from a document of the same input shard. ALBERT passes `sentence_order=True` and its
-    n-gram `mask`."""
+    n-gram `mask`; StructBERT its three-way `relation`, `min_chunk_sentences` and `finish` (a
+    last change to every example's features: its trigram shuffle)."""
     rng = np.random.default_rng(seed)
     documents = [documents[i] for i in rng.permutation(len(documents))]
     passes = 1 if config.dynamic_masking else config.dupe_factor
     for _ in range(passes):
         for index in range(len(documents)):
             for instance in create_instances_from_document(documents, index, config, vocab, rng,
-                                                           sentence_order):
+                                                           sentence_order, relation,
+                                                           min_chunk_sentences):
                 masked = (None if config.dynamic_masking
                           else mask(instance.tokens, vocab, config, rng))
-                yield to_features(instance.tokens, instance.segment_ids,
-                                  instance.is_random_next, config, vocab, masked)
+                features = to_features(instance.tokens, instance.segment_ids,
+                                       instance.is_random_next, config, vocab, masked)
+                yield features if finish is None else finish(features, rng)
 
 
 class DynamicMasking(grain.transforms.RandomMap):

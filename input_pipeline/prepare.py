@@ -40,7 +40,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -60,6 +60,19 @@ SPLITS = ("train", "eval")
 
 Documents = list[list[list[int]]]
 ExampleBuilder = Callable[[Documents, Any, int], Iterable[dict[str, np.ndarray]]]
+
+
+class Markup(Protocol):
+    """Annotations written inline in a corpus's text that a method reads itself (ERNIE's
+    entity and phrase spans). Picklable (it travels to the preparation workers)."""
+
+    def plain(self, sentence: str) -> str:
+        """The sentence without its markup (what a trained tokenizer learns from)."""
+        ...
+
+    def tokenize(self, documents: Iterable[list[str]], tokenizer: Any) -> Documents:
+        """What the example builder receives in place of `tokenize_documents`'s ids."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +176,7 @@ class ShardJob:
     split: str  # "train" (documents split into train / held out) or "eval_source"
     seed: int
     prefix: str  # output files: PREFIX.train.array_record, PREFIX.eval.array_record, PREFIX.json
+    markup: Markup | None = None
 
     @property
     def summary_path(self) -> Path:
@@ -211,9 +225,10 @@ def prepare_shard(job: ShardJob) -> dict[str, Any]:
     summary: dict[str, Any] = {"shard": dataclasses.asdict(job.shard),
                                "documents": len(documents), "bytes": job.shard.size}
     sentences = tokens = 0
+    tokenize = job.markup.tokenize if job.markup is not None else tokenize_documents
     for split, chosen in (("train", ~held), ("eval", held)):
-        group = tokenize_documents([d for d, keep in zip(documents, chosen, strict=True) if keep],
-                                   tokenizer)
+        group = tokenize([d for d, keep in zip(documents, chosen, strict=True) if keep],
+                         tokenizer)
         sentences += sum(len(d) for d in group)
         tokens += sum(len(s) for d in group for s in d)
         examples = _counted(job.build(group, tokenizer, job.seed + SPLITS.index(split)))
@@ -338,12 +353,13 @@ def _process() -> tuple[int, int]:
 
 def prepare_text(
     data: DataConfig, build_examples: ExampleBuilder, example_settings: Any, cache_root: Path,
-    seed: int, ordered: bool = False,
+    seed: int, ordered: bool = False, markup: Markup | None = None,
 ) -> tuple[RecordDirectory, RecordDirectory, Any]:
     """Returns (train records, held-out records, tokenizer), building what is not cached.
     `build_examples(documents, tokenizer, seed)` must be picklable (a module-level function or
     a `functools.partial` of one). `ordered`: the records are read in the order they were built
-    (shard by shard), as XLNet's streams need. Called by every JAX process at once.
+    (shard by shard), as XLNet's streams need. `markup`: annotations inline in the text that
+    the builder reads (`Markup`). Called by every JAX process at once.
 
     The held-out split is made at document level before tokenizer training, so evaluation text
     is never seen by the tokenizer or the model.
@@ -366,13 +382,13 @@ def prepare_text(
     train_shards = corpus.plan_shards(data.source, data)
     eval_shards = corpus.plan_shards(data.eval_source, data) if data.eval_source else []
     _make_dirs(base / "shards")
-    tokenizer = _ensure_tokenizer(data, base, corpus_key, train_shards, seed, process)
+    tokenizer = _ensure_tokenizer(data, base, corpus_key, train_shards, seed, process, markup)
     tokenizer_spec = data.tokenizer or str(base / f"tokenizer-{corpus_key}.model")
     tokenizer_id = tokenizer_identity if data.tokenizer else _file_digest(tokenizer_spec)
     jobs = [ShardJob(shard, data, tokenizer_spec, build_examples, split,
                      shard_seed(seed, split, shard.index),
                      str(base / "shards" / f"{split}-{shard.index:05d}-"
-                         f"{fingerprint(shard.identity, tokenizer_id)}"))
+                         f"{fingerprint(shard.identity, tokenizer_id)}"), markup)
             for split, shards in (("train", train_shards), ("eval_source", eval_shards))
             for shard in shards]
     workers = _workers(data)
@@ -412,35 +428,38 @@ def _tokenizer_at(data: DataConfig, base: Path, corpus_key: str) -> Any:
 
 
 def training_sentences(shards: list[corpus.InputShard], data: DataConfig, seed: int,
-                       held_out: bool = False) -> Iterator[str]:
-    """Every sentence of the training documents (held-out ones excluded), shard by shard; with
-    `held_out`, those of the held-out documents instead."""
+                       held_out: bool = False, markup: Markup | None = None
+                       ) -> Iterator[str]:
+    """Every sentence of the training documents (held-out ones excluded), shard by shard,
+    without its `markup`; with `held_out`, those of the held-out documents instead."""
     fraction = 0.0 if data.eval_source else data.held_out_fraction
     for shard in shards:
         documents = list(corpus.read_shard(shard, data))
         held = split_held_out(len(documents), fraction, shard_seed(seed, "train", shard.index))
         for document, is_held in zip(documents, held, strict=True):
             if is_held == held_out:
-                yield from document
+                yield from (document if markup is None else map(markup.plain, document))
 
 
 def _ensure_tokenizer(data: DataConfig, base: Path, corpus_key: str,
-                      shards: list[corpus.InputShard], seed: int, process: int) -> Any:
+                      shards: list[corpus.InputShard], seed: int, process: int,
+                      markup: Markup | None = None) -> Any:
     """The given tokenizer, or the one trained for this corpus (process 0 first; under a file
     lock so that two preparations of one cache train it once)."""
     if data.tokenizer:
         return load_tokenizer(data)
     model = base / f"tokenizer-{corpus_key}.model"
     if process == 0:
-        _train_tokenizer(data, base, model, shards, seed)
+        _train_tokenizer(data, base, model, shards, seed, markup)
     _barrier("pretext: tokenizer trained")
     if not model.is_file():  # no shared file system: train the same one here
-        _train_tokenizer(data, base, model, shards, seed)
+        _train_tokenizer(data, base, model, shards, seed, markup)
     return load_tokenizer(data, model)
 
 
 def _train_tokenizer(data: DataConfig, base: Path, model: Path,
-                     shards: list[corpus.InputShard], seed: int) -> None:
+                     shards: list[corpus.InputShard], seed: int,
+                     markup: Markup | None = None) -> None:
     with _locked(base / "tokenizer.lock"):
         if model.is_file():
             return
@@ -452,7 +471,7 @@ def _train_tokenizer(data: DataConfig, base: Path, model: Path,
         def sentences() -> Iterator[str]:  # sentencepiece would hide the reader's errors
             try:
                 empty = True
-                for sentence in training_sentences(shards, data, seed):
+                for sentence in training_sentences(shards, data, seed, markup=markup):
                     empty = False
                     yield sentence
                 if empty:

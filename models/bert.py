@@ -21,7 +21,7 @@ from pretext_jax.models.layers import MaskedLMHead, dense
 @dataclasses.dataclass
 class BertOutput:
     """What BERT returns: last-layer `hidden_states` [B, T, H], `pooled_output` [B, H],
-    `mlm_logits` [B, T, V] (or [B, P, V] at `masked_positions`) and `nsp_logits` [B, 2]."""
+    `mlm_logits` [B, T, V] (or [B, P, V] at `masked_positions`) and `nsp_logits` [B, 2 or 3]."""
 
     hidden_states: jax.Array
     pooled_output: jax.Array
@@ -32,16 +32,17 @@ class BertOutput:
 class Bert(nnx.Module):
     """BERT with both pre-training heads (HF `BertForPreTraining`): the tanh pooler, the
     masked-LM head (`MaskedLMHead` at `lm_head`: run_pretraining.py `get_masked_lm_output`'s
-    transform, then the tied word embedding + bias) and the next-sentence head `nsp`."""
+    transform, then the tied word embedding + bias) and the next-sentence head `nsp`, with
+    `pair_classes` outputs (2; StructBERT's sentence structural head has 3)."""
 
-    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs, pair_classes: int = 2):
         h = config.hidden_size
         self.config = config
         with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
             self.encoder = Encoder(config, rngs=rngs)
             self.pooler = dense(config, h, h, ("embed", "mlp"), rngs)
             self.lm_head = MaskedLMHead(config, rngs=rngs)
-            self.nsp = dense(config, h, 2, ("embed", None), rngs)
+            self.nsp = dense(config, h, pair_classes, ("embed", None), rngs)
 
     def __call__(
         self,
@@ -64,3 +65,10 @@ class Bert(nnx.Module):
                                     masked_positions),
             nsp_logits=self.nsp(pooled),
         )
+
+
+class Ernie(Bert):
+    """ERNIE 1.0's network (Sun et al. 2019 §3.1: BERT's encoder and pre-training heads; its
+    novelty is the masking), optionally with ERNIE 2.0's task-type embeddings
+    (`EncoderConfig.task_type_vocab_size`); a class of its own so that it converts to HF
+    `ErnieForPreTraining` (`models/ernie_hf.py`)."""

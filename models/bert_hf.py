@@ -15,13 +15,14 @@ from pretext_jax.models.conversion import Converter, Tensor, linear, masked_lm_h
 from pretext_jax.models.encoder import EncoderConfig
 
 
-def tensors(config: EncoderConfig) -> tuple[Tensor, ...]:
+def tensors(config: EncoderConfig, prefix: str = "bert.") -> tuple[Tensor, ...]:
     """`BertForPreTraining` names: `bert` (`BertModel`: `BertEmbeddings`, `BertEncoder` of
     `BertLayer`s, `BertPooler`) and `cls` (`BertPreTrainingHeads`: `predictions` =
-    `BertLMPredictionHead` with its `transform` and `bias`, `seq_relationship`)."""
+    `BertLMPredictionHead` with its `transform` and `bias`, `seq_relationship`); `prefix`
+    names the base model (`ErnieForPreTraining`: "ernie.")."""
     return (
-        *encoder_hf.tensors("bert.", config),
-        *linear("bert.pooler.dense", "pooler"),
+        *encoder_hf.tensors(prefix, config),
+        *linear(f"{prefix}pooler.dense", "pooler"),
         *masked_lm_head("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
                         "cls.predictions.bias"),
         *linear("cls.seq_relationship", "nsp"),

@@ -267,11 +267,13 @@ def converters() -> dict[str, Converter]:
 # --- In memory -------------------------------------------------------------------------------
 
 def converter_for(model: nnx.Module) -> Converter:
-    """The converter of one of our models (by class and, where a class has several HF
-    layouts, by `accepts`)."""
-    for converter in _CONVERTERS.values():
-        if isinstance(model, converter.model_class) and converter.accepts(model.config):
-            return converter
+    """The converter of one of our models (by class, that of the model's own class before a
+    base class's, and where a class has several HF layouts, by `accepts`)."""
+    matches = [converter for converter in _CONVERTERS.values()
+               if isinstance(model, converter.model_class) and converter.accepts(model.config)]
+    exact = [converter for converter in matches if type(model) is converter.model_class]
+    if exact or matches:
+        return (exact or matches)[0]
     raise UserError(f"no HuggingFace conversion for {type(model).__name__}; supported: "
                     f"{sorted(_CONVERTERS)}")
 

@@ -55,11 +55,16 @@ class EncoderConfig(TransformerConfig):
     """Token-type (segment) ids in the embedding table (BERT 2, RoBERTa 1)."""
     position_padding_id: int = -1
     """-1: positions 0..T-1 (BERT); p >= 0: padding id p, real tokens from p + 1 (RoBERTa)."""
+    task_type_vocab_size: int = 0
+    """Task-type embeddings (HF ErnieConfig use_task_id: ERNIE 2.0); 0 = none (BERT, ERNIE 1.0)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.embedding_size < 0:
             raise ValueError(f"embedding_size {self.embedding_size} must be >= 0 (0 = hidden_size)")
+        if self.task_type_vocab_size < 0:
+            raise ValueError(f"task_type_vocab_size {self.task_type_vocab_size} must be >= 0 "
+                             "(0 = no task-type embeddings)")
 
     @property
     def embedding_width(self) -> int:
@@ -68,7 +73,8 @@ class EncoderConfig(TransformerConfig):
 
 class Embeddings(nnx.Module):
     """Word + position + token-type embeddings, LayerNorm, dropout (modeling.py
-    `embedding_lookup` + `embedding_postprocessor`)."""
+    `embedding_lookup` + `embedding_postprocessor`); with `task_type_vocab_size`, plus the
+    embedding of task 0 at every position (HF `ErnieEmbeddings` without `task_type_ids`)."""
 
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
         h = config.embedding_width
@@ -78,6 +84,9 @@ class Embeddings(nnx.Module):
                                          (None, "embed"), rngs)
         self.token_type_embeddings = embed(config, config.type_vocab_size, h, (None, "embed"),
                                            rngs)
+        self.task_type_embeddings = (
+            embed(config, config.task_type_vocab_size, h, (None, "embed"), rngs)
+            if config.task_type_vocab_size else None)
         self.layer_norm = layer_norm(config, h, rngs)
 
     def __call__(
@@ -97,6 +106,8 @@ class Embeddings(nnx.Module):
             + positions
             + self.token_type_embeddings(token_type_ids)  # [B, T, E]
         )
+        if self.task_type_embeddings is not None:
+            x = x + self.task_type_embeddings.embedding[0].astype(x.dtype)  # task 0: [E]
         return dropout(self.layer_norm(x), self.config.hidden_dropout, rng)  # [B, T, E]
 
 

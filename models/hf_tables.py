@@ -6,6 +6,7 @@ from pretext_jax.models import (
     albert_hf,  # noqa: F401
     bert_hf,  # noqa: F401
     electra_hf,  # noqa: F401
+    ernie_hf,  # noqa: F401
     gpt_hf,  # noqa: F401
     mpnet_hf,  # noqa: F401
     prophetnet_hf,  # noqa: F401

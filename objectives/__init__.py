@@ -13,6 +13,7 @@ from pretext_jax.objectives import (
     dim,  # noqa: F401
     electra,  # noqa: F401
     elmo,  # noqa: F401
+    ernie,  # noqa: F401
     gpt,  # noqa: F401
     jigsaw,  # noqa: F401
     mass,  # noqa: F401
@@ -23,6 +24,7 @@ from pretext_jax.objectives import (
     rotation,  # noqa: F401
     seq2seq,  # noqa: F401
     simclr,  # noqa: F401
+    structbert,  # noqa: F401
     translation,  # noqa: F401
     unilm,  # noqa: F401
     wav2vec2,  # noqa: F401

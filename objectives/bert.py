@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from pretext_jax.input_pipeline import bert_examples
@@ -34,31 +33,15 @@ from pretext_jax.objectives.registry import (
 )
 from pretext_jax.objectives.text import (
     check_max_seq_length,
+    mlm_and_pair_loss,
     prepare_masked_lm,
-    weighted_cross_entropy,
 )
 
 
 def bert_loss(model: Bert, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
-    """MLM + NSP on one batch of `bert_examples` features; `rng=None` disables dropout."""
-    out = model(
-        batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-        masked_positions=batch["masked_lm_positions"], rng=rng,
-    )
-    mlm_loss, mlm = weighted_cross_entropy(
-        out.mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
-    labels = batch["next_sentence_labels"]
-    nsp_loss, nsp = weighted_cross_entropy(out.nsp_logits, labels, jnp.ones(labels.shape),
-                                           epsilon=0.0)  # tf.reduce_mean(per_example_loss)
-    total = mlm_loss + nsp_loss
-    one = jnp.ones((), jnp.float32)
-    return total, {
-        "loss": (total, one),
-        "mlm_loss": mlm["loss"],
-        "mlm_accuracy": mlm["accuracy"],
-        "nsp_loss": nsp["loss"],
-        "nsp_accuracy": nsp["accuracy"],
-    }
+    """MLM + NSP on one batch of `bert_examples` features (`text.mlm_and_pair_loss`);
+    `rng=None` disables dropout."""
+    return mlm_and_pair_loss(model, batch, rng)
 
 
 def build_bert(config: EncoderConfig, seed: int) -> Bert:

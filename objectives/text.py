@@ -22,7 +22,7 @@ import numpy as np
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import bert_examples
-from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
+from pretext_jax.input_pipeline.prepare import DataConfig, Markup, prepare_text
 from pretext_jax.models.encoder import EncoderConfig
 from pretext_jax.models.t5 import PAD_ID, T5
 from pretext_jax.objectives.registry import Metrics, PreparedData
@@ -43,6 +43,26 @@ def weighted_cross_entropy(
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
     return loss, {"accuracy": (jnp.sum(weights * correct), jnp.sum(weights)),
                   "loss": (jnp.sum(weights * nll), jnp.sum(weights))}
+
+
+def mlm_and_pair_loss(model: Any, batch: dict[str, jax.Array], rng: jax.Array | None,
+                      pair: str = "nsp") -> tuple[jax.Array, Metrics]:
+    """BERT's pre-training loss (run_pretraining.py `get_masked_lm_output`,
+    `get_next_sentence_output`) for a model returning `BertOutput`: the weighted MLM loss at the
+    gathered positions + the plain batch mean (`tf.reduce_mean`, no epsilon) of the pair
+    classifier's loss on `next_sentence_labels`; its metrics are named `{pair}_loss`,
+    `{pair}_accuracy` (BERT and ERNIE: nsp)."""
+    out = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                masked_positions=batch["masked_lm_positions"], rng=rng)
+    mlm_loss, mlm = weighted_cross_entropy(out.mlm_logits, batch["masked_lm_ids"],
+                                           batch["masked_lm_weights"])
+    labels = batch["next_sentence_labels"]
+    pair_loss, pair_metrics = weighted_cross_entropy(out.nsp_logits, labels,
+                                                     jnp.ones(labels.shape), epsilon=0.0)
+    total = mlm_loss + pair_loss
+    return total, {"loss": (total, jnp.ones((), jnp.float32)), "mlm_loss": mlm["loss"],
+                   "mlm_accuracy": mlm["accuracy"], f"{pair}_loss": pair_metrics["loss"],
+                   f"{pair}_accuracy": pair_metrics["accuracy"]}
 
 
 def encoder_decoder_loss(model: T5, inputs: jax.Array, input_mask: jax.Array,
@@ -86,14 +106,17 @@ def stacked_records(records: list[dict[str, np.ndarray]]) -> dict[str, np.ndarra
 def prepare_masked_lm(
     data: DataConfig, examples: Any, cache_dir: Path, seed: int,
     create_examples: Callable[..., Iterable[dict[str, np.ndarray]]], dynamic_masking: bool,
+    markup: Markup | None = None,
 ) -> PreparedData:
     """Shared by the masked-LM methods: builds records with `create_examples(documents, vocab,
     examples, seed)` and, with `dynamic_masking`, masks while loading. Held-out evaluation
     always uses fixed masks (drawn once with a fixed seed), so its numbers are comparable
-    across runs; it is kept in memory, so a huge held-out split is capped."""
+    across runs; it is kept in memory, so a huge held-out split is capped. `markup`: inline
+    annotations the builder reads (`prepare.Markup`, ERNIE's spans)."""
 
     build = functools.partial(build_with_vocab, create_examples, examples)
-    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
+    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed,
+                                              markup=markup)
     vocab = bert_examples.MaskingVocab.from_tokenizer(tokenizer)
     transforms = (bert_examples.DynamicMasking(vocab, examples),) if dynamic_masking else ()
     eval_examples = held_out_examples(held_out, transforms[0] if transforms else None, seed)

@@ -1,0 +1,96 @@
+"""ERNIE 1.0 pre-training (Sun et al. 2019, §3.1-3.3): BERT's network and loss (masked LM +
+next-sentence prediction, `text.mlm_and_pair_loss`) on knowledge-masked examples
+(`input_pipeline.ernie_examples`: basic, phrase or entity units masked whole, from inline
+[[ENT:...]] / [[PHR:...]] annotations or the built-in phrase chunker). The model is
+`models.bert.Ernie`, which converts to HF `ErnieForPreTraining`; `model.task_type_vocab_size`
+adds ERNIE 2.0's task-type embeddings (task 0 in pre-training) for HF checkpoints that have them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+from pretext_jax.input_pipeline import ernie_examples
+from pretext_jax.input_pipeline.prepare import DataConfig
+from pretext_jax.models.bert import Ernie
+from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.objectives.preset_parts import (
+    NO_DROPOUT,
+    TINY_TEXT_MODEL,
+    TINY_TEXT_OPTIM,
+    TINY_TEXT_TRAIN,
+)
+from pretext_jax.objectives.registry import (
+    Batch,
+    Method,
+    Metrics,
+    PreparedData,
+    register,
+    summary_of,
+)
+from pretext_jax.objectives.text import (
+    check_max_seq_length,
+    mlm_and_pair_loss,
+    prepare_masked_lm,
+)
+
+
+def ernie_loss(model: Ernie, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
+    """MLM + NSP (BERT's) on one batch of knowledge-masked features."""
+    return mlm_and_pair_loss(model, batch, rng)
+
+
+def build_ernie(config: EncoderConfig, seed: int) -> Ernie:
+    return Ernie(config, rngs=nnx.Rngs(seed))
+
+
+def prepare_ernie(data: DataConfig, examples: ernie_examples.ErnieExampleConfig,
+                  cache_dir: Path, seed: int) -> PreparedData:
+    """Corpus (with its inline spans) -> tokenizer -> NSP pairs with static unit masks
+    (`dupe_factor` passes) -> ArrayRecord."""
+    return prepare_masked_lm(data, examples, cache_dir, seed,
+                             ernie_examples.create_training_examples, dynamic_masking=False,
+                             markup=ernie_examples.ErnieMarkup(examples.phrases == "chunker"))
+
+
+# ERNIE 1.0 (Sun et al. 2019 §3.1, §4.1): BERT-Base's size (12 layers, 768 hidden, 12 heads),
+# trained on Chinese Wikipedia and Baidu Baike / News / Tieba; the vocabulary follows the
+# tokenizer (the released ERNIE 1.0 checkpoint has 18,000 entries). The paper gives neither
+# sequence length, batch size, steps nor learning rate, so those are BERT's (Devlin et al.
+# 2019 §A.2: 512 tokens, 256 x 1M steps, lr 1e-4, 10k warmup). The stages run in sequence in
+# the paper; the preset's stage is the last one, entity-level.
+PRESETS = {
+    "ernie_tiny": {
+        "model": {**TINY_TEXT_MODEL, "vocab_size": 0, **NO_DROPOUT},
+        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 10, "dupe_factor": 5},
+        "data": {"vocab_size": 4000},
+        "optim": TINY_TEXT_OPTIM,
+        "train": TINY_TEXT_TRAIN,
+    },
+    "ernie_base": {
+        "model": {"vocab_size": 0},
+        "examples": {"max_seq_length": 512, "max_predictions_per_seq": 80, "masking": "entity"},
+        "data": {"vocab_size": 18000},
+        "optim": {"learning_rate": 1e-4, "warmup_steps": 10000},
+        "train": {"steps": 1000000, "batch_size": 256},
+    },
+}
+
+
+register(Method(
+    name="ernie",
+    model_config=EncoderConfig,
+    example_config=ernie_examples.ErnieExampleConfig,
+    build_model=build_ernie,
+    loss=ernie_loss,
+    prepare=prepare_ernie,
+    units_per_example=lambda examples: examples.max_seq_length,
+    check=check_max_seq_length,
+    description="ERNIE 1.0: BERT with knowledge masking of whole phrases and entities "
+                "(Sun et al. 2019)",
+    summarize=summary_of(accuracy="mlm", metrics=("loss", "nsp_accuracy")),
+    presets=PRESETS,
+))
