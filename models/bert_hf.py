@@ -47,13 +47,22 @@ def classifier_tensors(config: HeadConfig) -> tuple[Tensor, ...]:
             *linear("classifier", "head_output"))
 
 
+def three_way_sentence_head(model: Bert) -> str | None:
+    """StructBERT's next / previous / random head has no place in `BertForPreTraining`."""
+    classes = model.nsp.kernel.shape[-1]
+    return None if classes == 2 else (
+        f"this BERT model's sentence head has {classes} classes (StructBERT's next / previous "
+        "/ random) and HF BertForPreTraining's has 2, so it has no HF form; keep it as a "
+        "pretext workdir")
+
+
 register("bert", Converter(
     method="bert", model_type="bert", model_class=Bert, architectures=("BertForPreTraining",),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors, prefix="bert.",
     optional=("bert.pooler.", "cls.predictions.", "cls.seq_relationship."),
     tied={"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
           "cls.predictions.decoder.bias": "cls.predictions.bias"},
-    ignored=encoder_hf.BUFFERS,
+    ignored=encoder_hf.BUFFERS, refuses=three_way_sentence_head,
 ))
 register("bert-classifier", classifier_hf.classifier_converter(
     "bert", "BertForSequenceClassification", ClassifierConfig, classifier_tensors,

@@ -134,6 +134,8 @@ class Converter:
       that transformers finds every key (BatchNorm's `num_batches_tracked`).
     - `accepts(config)`: whether a model of `model_class` with this config is this converter's
       (one class, several HF layouts: e.g. a classifier with one of several families' heads).
+    - `refuses(model)`: why a model of `model_class` has no form in the HF class (a head HF's
+      class cannot hold), or None; `to_hf` raises it as a `UserError`.
     """
 
     method: str
@@ -149,6 +151,7 @@ class Converter:
     ignored: tuple[str, ...] = ()
     buffers: Callable[[Any], dict[str, np.ndarray]] = lambda config: {}
     accepts: Callable[[Any], bool] = lambda config: True
+    refuses: Callable[[nnx.Module], str | None] = lambda model: None
 
     def params_to_hf(self, model: nnx.Module) -> dict[str, np.ndarray]:
         """Our parameters -> a flat HF state dict of contiguous float32 numpy arrays."""
@@ -294,6 +297,9 @@ def method_name(model: nnx.Module) -> str:
 def to_hf(model: nnx.Module) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Our model -> (HF config dict, flat HF state dict of float32 numpy arrays)."""
     converter = converter_for(model)
+    reason = converter.refuses(model)
+    if reason is not None:
+        raise UserError(reason)
     return converter.config_to_hf(model.config), converter.params_to_hf(model)
 
 

@@ -33,6 +33,7 @@ from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
 from pretext_jax.objectives.structbert import StructBertSettings, structbert_loss
 from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.export import convert
 from pretext_jax.pretrain.trainer import Trainer
 
 VOCAB = MaskingVocab(4000, 0, 1, 2, 3, np.zeros(4000, bool))
@@ -156,7 +157,8 @@ def test_loss_is_the_weighted_sum_of_the_three_losses_in_numpy(records):
 def test_killed_run_resumes_bit_for_bit_and_its_loss_falls(tmp_path):
     """structbert_tiny (scaled down) in a worker, SIGKILLed during step 5 (after the step-3
     checkpoint), then rerun: the same batches, losses and parameters as an uninterrupted run,
-    whose training loss falls over its 8 steps."""
+    whose training loss falls over its 8 steps. Its 3-way sentence head has no HF form: export
+    says so in one line."""
     overrides = {**TINY_BERT, **small_corpus(tmp_path)}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("structbert_tiny", overrides, *reference)
@@ -166,6 +168,9 @@ def test_killed_run_resumes_bit_for_bit_and_its_loss_falls(tmp_path):
     assert len(assert_same_training("structbert_tiny", overrides, ours, reference)) > 8
     losses = train_losses(reference[0])
     assert losses[8] < losses[1] - 0.1, losses
+    with pytest.raises(UserError, match="sentence head has 3 classes .* no HF form"):
+        convert(reference[0], tmp_path / "hf", to="hf")
+    assert not (tmp_path / "hf" / "config.json").exists()
 
 
 def test_same_step_on_every_mesh(tmp_path):
