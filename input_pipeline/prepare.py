@@ -411,16 +411,27 @@ def _tokenizer_at(data: DataConfig, base: Path, corpus_key: str) -> Any:
     return load_tokenizer(data, data.tokenizer or base / f"tokenizer-{corpus_key}.model")
 
 
-def training_sentences(shards: list[corpus.InputShard], data: DataConfig, seed: int
-                       ) -> Iterator[str]:
-    """Every sentence of the training documents (held-out ones excluded), shard by shard."""
+def training_sentences(shards: list[corpus.InputShard], data: DataConfig, seed: int,
+                       held_out: bool = False) -> Iterator[str]:
+    """Every sentence of the training documents (held-out ones excluded), shard by shard; with
+    `held_out`, those of the held-out documents instead."""
     fraction = 0.0 if data.eval_source else data.held_out_fraction
     for shard in shards:
         documents = list(corpus.read_shard(shard, data))
         held = split_held_out(len(documents), fraction, shard_seed(seed, "train", shard.index))
         for document, is_held in zip(documents, held, strict=True):
-            if not is_held:
+            if is_held == held_out:
                 yield from document
+
+
+def held_out_sentences(shards: list[corpus.InputShard], data: DataConfig, seed: int
+                       ) -> Iterator[str]:
+    """Every sentence of the held-out text: `data.eval_source`'s if given, else the held-out
+    documents of `shards` (`training_sentences(..., held_out=True)`)."""
+    if data.eval_source:
+        return (sentence for shard in corpus.plan_shards(data.eval_source, data)
+                for document in corpus.read_shard(shard, data) for sentence in document)
+    return training_sentences(shards, data, seed, held_out=True)
 
 
 def _ensure_tokenizer(data: DataConfig, base: Path, corpus_key: str,
