@@ -38,7 +38,7 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -115,6 +115,15 @@ def keep_probability(frequency: jax.Array, threshold: float, formula: str = "pap
     return jnp.minimum(keep, 1.0)
 
 
+def subsample(key: jax.Array, ids: jax.Array, real: jax.Array, counts: jax.Array,
+              objective: Word2VecSettings) -> jax.Array:
+    """Which real words of `ids` [B, T] are kept: each with `keep_probability` of its share of
+    the vocabulary's `counts` [V]."""
+    frequency = counts[ids] / jnp.sum(counts)
+    return real & (jax.random.uniform(key, ids.shape)
+                   < keep_probability(frequency, objective.subsample, objective.subsampling))
+
+
 def compact(ids: jax.Array, keep: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Each row's kept ids moved to its front in their order (a stable argsort of the discard
     flags), and the mask of the front: ([B, T], [B, T])."""
@@ -161,36 +170,65 @@ def pair_losses(centre: jax.Array, context: jax.Array, negatives: jax.Array,
             - jnp.sum(negative_mask * jax.nn.log_sigmoid(-negative), axis=-1))
 
 
+class Draws(NamedTuple):
+    """One batch's on-device draws: `keep` [B, T] (subsampling, before compaction), the
+    compacted `ids` and their `valid` mask [B, T], the `spans` b [B, T] of the compacted
+    positions, the `context_ids` and `pairs` mask [B, T, 2C] (offsets -C..-1, 1..C), and the
+    `negative_ids` with their `negative_mask` [B, T, 2C, K]."""
+
+    keep: jax.Array
+    ids: jax.Array
+    valid: jax.Array
+    spans: jax.Array
+    context_ids: jax.Array
+    pairs: jax.Array
+    negative_ids: jax.Array
+    negative_mask: jax.Array
+
+
+def draw(key: jax.Array, ids: jax.Array, real: jax.Array, counts: jax.Array,
+         objective: Word2VecSettings) -> Draws:
+    """Subsampling, compaction, dynamic windows, pairs and negatives of a batch of windows
+    `ids` / `real` [B, T], given the vocabulary's `counts` [V] (see the module docstring)."""
+    keep_key, window_key, negative_key = jax.random.split(key, 3)
+    keep = subsample(keep_key, ids, real, counts, objective)
+    compacted, valid = compact(ids, keep)
+    spans = jax.random.randint(window_key, ids.shape, 1, objective.window + 1)
+    position, pairs = window_pairs(valid, spans, objective.window)
+    context_ids = jnp.take_along_axis(compacted, position.reshape(ids.shape[0], -1), axis=-1
+                                      ).reshape(position.shape)
+    negative_ids = draw_negatives(negative_key, noise_cdf(counts, objective.noise_power),
+                                  (*position.shape, objective.negatives))
+    negative_mask = pairs[..., None] & (negative_ids != context_ids[..., None])
+    return Draws(keep, compacted, valid, spans, context_ids, pairs, negative_ids, negative_mask)
+
+
+def sgns_sum(inputs: jax.Array, outputs: jax.Array, centre_ids: jax.Array,
+             context_ids: jax.Array, negative_ids: jax.Array, pairs: jax.Array,
+             negative_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(sum of `pair_losses` over the pairs, number of pairs): `centre_ids` [B, T],
+    `context_ids` / `pairs` [B, T, 2C], `negative_ids` / `negative_mask` [B, T, 2C, K], rows of
+    the input table `inputs` and the output table `outputs` (float32)."""
+    weights = pairs.astype(jnp.float32)
+    losses = pair_losses(inputs[centre_ids][:, :, None, :], outputs[context_ids],
+                         outputs[negative_ids], negative_mask.astype(jnp.float32))
+    return jnp.sum(weights * losses), jnp.sum(weights)
+
+
 def skipgram_loss(model: SkipGram, batch: Batch, rng: jax.Array | None, *,
                   objective: Word2VecSettings) -> tuple[jax.Array, Metrics]:
     """Skip-gram negative-sampling loss of a batch of windows `ids` / `mask` [B, T] (see the
     module docstring); `rng=None` (evaluation) draws with the fixed key `EVAL_KEY`."""
-    key = rng if rng is not None else jax.random.key(EVAL_KEY)
-    keep_key, window_key, negative_key = jax.random.split(key, 3)
-    ids, real = batch["ids"], batch["mask"] > 0
-    counts = model.word_counts.value
-    frequency = counts[ids] / jnp.sum(counts)
-    keep = real & (jax.random.uniform(keep_key, ids.shape)
-                   < keep_probability(frequency, objective.subsample, objective.subsampling))
-    ids, valid = compact(ids, keep)
-    spans = jax.random.randint(window_key, ids.shape, 1, objective.window + 1)
-    position, pairs = window_pairs(valid, spans, objective.window)
-    batch_size, length = ids.shape
-    context_ids = jnp.take_along_axis(ids, position.reshape(batch_size, -1), axis=-1
-                                      ).reshape(position.shape)
-    negative_ids = draw_negatives(negative_key, noise_cdf(counts, objective.noise_power),
-                                  (*position.shape, objective.negatives))
-    pair_weights = pairs.astype(jnp.float32)
-    negative_mask = pair_weights[..., None] * (negative_ids != context_ids[..., None])
-    inputs = model.input_embeddings.value.astype(jnp.float32)
-    outputs = model.output_embeddings.value.astype(jnp.float32)
-    losses = pair_losses(inputs[ids][:, :, None, :], outputs[context_ids],
-                         outputs[negative_ids], negative_mask)
-    total, count = jnp.sum(pair_weights * losses), jnp.sum(pair_weights)
+    real = batch["mask"] > 0
+    d = draw(rng if rng is not None else jax.random.key(EVAL_KEY), batch["ids"], real,
+             model.word_counts[...], objective)
+    total, count = sgns_sum(model.input_embeddings[...].astype(jnp.float32),
+                            model.output_embeddings[...].astype(jnp.float32), d.ids,
+                            d.context_ids, d.negative_ids, d.pairs, d.negative_mask)
     loss = total if objective.reduction == "sum" else total / jnp.maximum(count, 1.0)
     words = jnp.sum(real.astype(jnp.float32))
     return loss, {"loss": (total, count),
-                  "kept_fraction": (jnp.sum(keep.astype(jnp.float32)), words),
+                  "kept_fraction": (jnp.sum(d.keep.astype(jnp.float32)), words),
                   "pairs_per_word": (count, words)}
 
 
@@ -256,7 +294,7 @@ def nearest_neighbours(vectors: np.ndarray, words: Sequence[str], queries: Seque
 
 def word_vectors(model: SkipGram) -> np.ndarray:
     """The input table, [V, D]: the word vectors (as word2vec.c saves `syn0`)."""
-    return np.asarray(jax.device_get(model.input_embeddings.value), np.float32)
+    return np.asarray(jax.device_get(model.input_embeddings[...]), np.float32)
 
 
 def analogy_monitor(model: SkipGram, data: PreparedData, examples: Any, objective: Any
@@ -367,15 +405,15 @@ PRESETS = {
     # default; the paper's phrase runs used 5 and 10), t = 1e-5 with the paper's keep
     # probability (the paper's threshold, which it reports as the one that works on its
     # billions-word corpora; word2vec.c's 1e-3 suits small ones), SGD from alpha 0.025
-    # decaying linearly, applied per pair (reduction sum). 1,024 windows of 128 words per step
-    # and 200k steps (26B words) are our choice.
+    # decaying linearly, applied per pair (reduction sum). 256 windows of 128 words per step
+    # and 800k steps (26B words) are our choice.
     "word2vec_original": {
         "model": {"vocab_size": 0, "embedding_dim": 300},
         "examples": {"max_seq_length": 128, "min_count": 5},
         "objective": {"window": 5, "negatives": 5, "subsample": 1e-5, "subsampling": "paper",
                       "reduction": "sum"},
         "optim": SGD,
-        "train": {"steps": 200000, "batch_size": 1024},
+        "train": {"steps": 800000, "batch_size": 256},
     },
 }
 

@@ -390,10 +390,10 @@ class Trainer:
             name = getattr(path[0], "key", None)
             if name not in values:
                 return leaf
-            value = np.asarray(values[name], leaf.value.dtype)
-            if value.shape != leaf.value.shape:
+            value = np.asarray(values[name], leaf.get_value().dtype)
+            if value.shape != leaf.get_value().shape:
                 raise ValueError(f"the data's {name} has shape {value.shape}, the model's "
-                                 f"{leaf.value.shape}")
+                                 f"{leaf.get_value().shape}")
             return leaf.replace(jax.device_put(value, sharding))
 
         return dataclasses.replace(state, model_state=jax.tree_util.tree_map_with_path(

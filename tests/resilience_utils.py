@@ -147,13 +147,16 @@ def mesh_overrides(mesh: tuple[int, int, int]) -> dict[str, int]:
 
 
 def assert_same_step_on_every_mesh(trainer_at: Callable[..., Trainer], root: Path,
-                                   moved: float = 1e-3) -> dict:
+                                   moved: float = 1e-3,
+                                   meshes: tuple[str, ...] = tuple(MESHES)) -> dict:
     """One training step (use GRADIENT_STEP) on one device and on the (8, 1, 1) and (2, 2, 2)
-    meshes, from the first trainer's first batch and the same initial parameters, gives the
-    same mean loss and parameters, and moves some parameter by more than `moved`.
-    `trainer_at(workdir, mesh, devices)` builds each trainer. Returns the batch."""
+    meshes (or those of `MESHES` named in `meshes`, "single" first), from the first trainer's
+    first batch and the same initial parameters, gives the same mean loss and parameters, and
+    moves some parameter by more than `moved`. `trainer_at(workdir, mesh, devices)` builds each
+    trainer. Returns the batch."""
     results, batch, initial = {}, None, None
-    for name, (mesh, count) in MESHES.items():
+    for name in meshes:
+        mesh, count = MESHES[name]
         trainer = trainer_at(root / name, mesh, jax.devices()[:count] if count else None)
         batch = next(trainer.data_iterator()) if batch is None else batch
         state = trainer.init_state()
