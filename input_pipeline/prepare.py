@@ -441,6 +441,16 @@ def training_sentences(shards: list[corpus.InputShard], data: DataConfig, seed: 
                 yield from (document if markup is None else map(markup.plain, document))
 
 
+def held_out_sentences(shards: list[corpus.InputShard], data: DataConfig, seed: int
+                       ) -> Iterator[str]:
+    """Every sentence of the held-out text: `data.eval_source`'s if given, else the held-out
+    documents of `shards` (`training_sentences(..., held_out=True)`)."""
+    if data.eval_source:
+        return (sentence for shard in corpus.plan_shards(data.eval_source, data)
+                for document in corpus.read_shard(shard, data) for sentence in document)
+    return training_sentences(shards, data, seed, held_out=True)
+
+
 def _ensure_tokenizer(data: DataConfig, base: Path, corpus_key: str,
                       shards: list[corpus.InputShard], seed: int, process: int,
                       markup: Markup | None = None) -> Any:

@@ -28,6 +28,7 @@ from pretext_jax.objectives import (
     translation,  # noqa: F401
     unilm,  # noqa: F401
     wav2vec2,  # noqa: F401
+    word2vec,  # noqa: F401
     xlm,  # noqa: F401
     xlnet,  # noqa: F401
 )

@@ -65,7 +65,9 @@ class PreparedData:
     a method whose every step reads one kind of record (XLM: one language or language pair per
     step), given the global batch size, the training source the trainer reads in order instead
     of shuffling `train`: it draws each step's records itself, so its position is the
-    loader's."""
+    loader's. `model_variables`: values of the model's non-parameter variables that the data
+    decides, by top-level attribute name (word2vec: the vocabulary's `word_counts`), which the
+    trainer puts into a fresh run's initial state (a resumed run restores them)."""
 
     train: Any
     eval: Any
@@ -76,6 +78,7 @@ class PreparedData:
     tokenizer: Any = None
     monitor_data: Any = None
     step_source: Callable[[int], Any] | None = None
+    model_variables: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

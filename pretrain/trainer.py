@@ -363,8 +363,9 @@ class Trainer:
 
     def init_state(self) -> TrainState:
         """Fresh, sharded train state (jit-compiled init: parameters are created in place),
-        with the method's pre-trained parameters put in place of the random ones."""
-        state = self._init()
+        with the method's pre-trained parameters put in place of the random ones and the
+        variables the data decides (`PreparedData.model_variables`) set."""
+        state = self._with_data_variables(self._init())
         model = (self.method.pretrained(self.model_config, self.config.train.seed,
                                         load_pretrained)
                  if self.method.pretrained else None)
@@ -372,6 +373,31 @@ class Trainer:
             return state
         params = jax.device_put(nnx.state(model, nnx.Param), self.state_sharding.params)
         return dataclasses.replace(state, params=params)
+
+    def _with_data_variables(self, state: TrainState) -> TrainState:
+        """`state` with the model variables named in `PreparedData.model_variables` set to the
+        data's values, placed as the variables are."""
+        values = self.data.model_variables
+        if not values:
+            return state
+        is_variable = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+        names = {getattr(path[0], "key", None) for path, _ in
+                 jax.tree_util.tree_flatten_with_path(state.model_state, is_variable)[0]}
+        if set(values) - names:
+            raise ValueError(f"the model has no variables {sorted(set(values) - names)}")
+
+        def put(path: tuple[Any, ...], leaf: Any, sharding: Any) -> Any:
+            name = getattr(path[0], "key", None)
+            if name not in values:
+                return leaf
+            value = np.asarray(values[name], leaf.get_value().dtype)
+            if value.shape != leaf.get_value().shape:
+                raise ValueError(f"the data's {name} has shape {value.shape}, the model's "
+                                 f"{leaf.get_value().shape}")
+            return leaf.replace(jax.device_put(value, sharding))
+
+        return dataclasses.replace(state, model_state=jax.tree_util.tree_map_with_path(
+            put, state.model_state, self.state_sharding.model_state, is_leaf=is_variable))
 
     # --------------------------------------------------------------------------- steps
     def _loss(self, params: Any, model_state: Any, batch: Any, rng: jax.Array | None):

@@ -193,7 +193,8 @@ def test_decay_mask_of_every_model_is_the_name_list_one(method, model_config):
     actual = {tuple(names(path)): bool(decays)
               for path, decays in jax.tree_util.tree_leaves_with_path(decay_mask(params))}
     assert actual == expected
-    assert any(actual.values()) and not all(actual.values())
+    assert any(actual.values())
+    assert not all(actual.values()) or method == "word2vec"  # two embedding tables, nothing else
 
 
 def test_weighted_cross_entropy_is_the_reference_formula():
