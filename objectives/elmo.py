@@ -42,6 +42,7 @@ from pretext_jax.input_pipeline import elmo_examples as ee
 from pretext_jax.input_pipeline.prepare import (
     DataConfig,
     fingerprint,
+    held_out_sentences,
     source_fingerprint,
     training_sentences,
 )
@@ -133,13 +134,6 @@ def elmo_loss(model: ElmoLM, batch: Batch, rng: jax.Array | None, *,
 
 # --- Data -------------------------------------------------------------------------------------
 
-def _eval_sentences(data: DataConfig, shards: list[corpus.InputShard], seed: int):
-    if data.eval_source:
-        return (sentence for shard in corpus.plan_shards(data.eval_source, data)
-                for document in corpus.read_shard(shard, data) for sentence in document)
-    return training_sentences(shards, data, seed, held_out=True)
-
-
 def unigram_baseline_loss(counts: dict[str, int], vocabulary: list[str],
                           eval_examples: dict[str, np.ndarray]) -> float:
     """The held-out loss of the training unigram distribution (words outside the vocabulary
@@ -182,7 +176,7 @@ def prepare_elmo(data: DataConfig, examples: ee.ElmoExampleConfig, cache_dir: Pa
     vocabulary = (ee.read_vocabulary(data.tokenizer) if data.tokenizer
                   else ee.vocabulary_from_counts(counts, data.vocab_size))
     splits = {"train": lambda: training_sentences(shards, data, seed),
-              "eval": lambda: _eval_sentences(data, shards, seed)}
+              "eval": lambda: held_out_sentences(shards, data, seed)}
     for split, sentences in splits.items():
         if not (base / split / SPEC_FILE).is_file():
             write_records(ee.windows(sentences(), vocabulary, examples), base / split,
