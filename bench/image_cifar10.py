@@ -74,9 +74,11 @@ def preset_defaults(preset: str, steps: int) -> list[str]:
 
 
 def describe(model: Any) -> str:
-    """The backbone in words: a ResNet's depth, stem and width, or AMDIM's encoder sizes."""
+    """The backbone in words: a ResNet's depth, stem and width (CMC: two of them, on L and on
+    ab), or AMDIM's encoder sizes."""
     if hasattr(model, "depth"):
-        return f"ResNet-{model.depth}, {model.stem} stem, width {model.base_width}"
+        resnet = f"ResNet-{model.depth}, {model.stem} stem, width {model.base_width}"
+        return f"2 x {resnet} (L, ab)" if hasattr(model, "num_images") else resnet
     return f"AMDIM encoder, ndf {model.ndf}, n_rkhs {model.n_rkhs}, n_depth {model.n_depth}"
 
 
