@@ -20,8 +20,11 @@ from pretext_jax.errors import UserError
 # Parameters that weight decay skips, by their own name (the last component of their path):
 # biases and the scales of LayerNorm, RMSNorm and BatchNorm. optimization.py excludes
 # "LayerNorm", "layer_norm" and "bias" by name; a normalisation layer's parameters here are its
-# `scale` and `bias`, so the two rules pick the same ones.
+# `scale` and `bias`, so the two rules pick the same ones. A name ending in `_bias` (XLNet's
+# `r_w_bias` and `lm_bias`, ELMo's `lstm_bias`) is a bias too, as the substring match of
+# xlnet's model_utils.py and HF's `no_decay` lists treat it.
 NO_DECAY_PARAMETERS = ("bias", "scale")
+NO_DECAY_SUFFIX = "_bias"
 SCHEDULES = ("linear", "electra_linear", "linear_from_peak", "cosine", "constant",
              "inverse_sqrt", "step")
 
@@ -81,10 +84,11 @@ def scale_by_adam_without_bias_correction(
 
 def decay_mask(params: Any) -> Any:
     """True where weight decay applies: on every parameter but biases and normalisation scales
-    (`NO_DECAY_PARAMETERS`, matched against the parameter's own name)."""
+    (`NO_DECAY_PARAMETERS` or a `NO_DECAY_SUFFIX`, matched against the parameter's own name)."""
 
     def keep(path: tuple[Any, ...], _: Any) -> bool:
-        return _parameter_name(path) not in NO_DECAY_PARAMETERS
+        name = _parameter_name(path)
+        return name not in NO_DECAY_PARAMETERS and not name.endswith(NO_DECAY_SUFFIX)
 
     return jax.tree_util.tree_map_with_path(keep, params)
 
