@@ -36,6 +36,7 @@ from pretext_jax.models.classifier import (
     XLNetClassifierConfig,
     from_pretrained,
 )
+from pretext_jax.models.elmo import BiLM
 from pretext_jax.objectives.glue_metrics import constant_baseline, task_metrics
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 
@@ -125,6 +126,10 @@ def load_encoder(init: str, load: Callable[[str], nnx.Module]) -> Pretrained:
         raise UserError(f"model.init={init} is not a directory; pass a pretext workdir, a "
                         "model directory or a HuggingFace BERT/ELECTRA/XLNet/XLM folder")
     model = load(init)
+    if isinstance(model, BiLM):
+        raise UserError(f"{init} holds an ELMo biLM, which is used under a scalar mix: run "
+                        "`run.py pretrain --preset elmo_tiny_glue --data GLUE_DIR "
+                        f"model.init={init} examples.task=TASK` (method elmo_classify)")
     if not isinstance(model, Pretrained):
         raise UserError(f"{init} holds a {type(model).__name__}; fine-tuning starts from BERT, "
                         "an ELECTRA discriminator, XLNet or XLM")

@@ -262,3 +262,14 @@ def test_scalar_mix_on_glue_sst2_from_the_frozen_bilm(pretrained, tmp_path):
     assert ours.keys() == theirs.keys()
     for path, value in ours.items():
         np.testing.assert_array_equal(value, theirs[path], err_msg=path)
+
+
+def test_finetune_from_an_elmo_workdir_names_the_scalar_mix_method(pretrained, tmp_path, capsys):
+    """`run.py finetune --init <elmo workdir>` (the BERT-family classifier) exits 2 with one line
+    that names elmo_classify's preset instead of failing inside the classifier."""
+    glue_root = tmp_path / "glue"
+    code = run.main(["finetune", "--task", "sst2", "--init", str(pretrained),
+                     "--data", str(glue_root), "--workdir", str(tmp_path / "ft")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "elmo_tiny_glue" in err[0], err
+    assert not (tmp_path / "ft").exists()
