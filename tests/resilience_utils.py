@@ -107,6 +107,16 @@ def interrupt(preset: str, overrides: dict, workdir: Path, log: Path, step: int,
         assert json.loads(out.splitlines()[-1])["stopped_by"] == "SIGTERM"
 
 
+def kill_and_resume(preset: str, overrides: dict, root: Path, step: int,
+                    sig: signal.Signals = signal.SIGKILL) -> tuple[Path, Path]:
+    """A worker run under `root`/w sent `sig` during `step` (`interrupt`), then finished in this
+    process (`run_in_process`). Returns its (workdir, log)."""
+    ours = root / "w", root / "w.log"
+    interrupt(preset, overrides, *ours, step=step, sig=sig)
+    run_in_process(preset, overrides, *ours)
+    return ours
+
+
 def final_params(preset: str, overrides: dict, workdir: Path) -> dict[str, np.ndarray]:
     """The parameters of the workdir's latest checkpoint, by path."""
     trainer = Trainer(make_config(preset, overrides), workdir)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import signal
 
 import jax
 import jax.numpy as jnp
@@ -18,10 +17,9 @@ from flax import nnx
 from resilience_utils import (
     MESHES,
     flat_params,
-    interrupt,
+    kill_and_resume,
     mesh_overrides,
     read_log,
-    run_in_process,
     train_losses,
 )
 
@@ -214,9 +212,7 @@ def test_cli_run_and_a_killed_run_resuming_with_its_memory_banks(colour_folder, 
     backbone = load_model(tmp_path / "cli", downstream=True)
     assert type(backbone).__name__ == "LabEncoders" and backbone.features == 2 * 16
 
-    ours = tmp_path / "w", tmp_path / "w.log"
-    interrupt("cmc_tiny", overrides, *ours, step=6, sig=signal.SIGKILL)
-    run_in_process("cmc_tiny", overrides, *ours)
+    ours = kill_and_resume("cmc_tiny", overrides, tmp_path, step=6)
     assert sorted(dict(read_log(ours[1]))) == list(range(1, 9))
     assert train_losses(ours[0]) == train_losses(tmp_path / "cli")
     states = []

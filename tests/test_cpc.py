@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
 from pathlib import Path
 
 import jax
@@ -18,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from resilience_utils import GRADIENT_STEP, assert_same_training, interrupt, run_in_process
+from resilience_utils import GRADIENT_STEP, assert_same_training, kill_and_resume, run_in_process
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
@@ -279,9 +278,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, sweeps):
     overrides = {**SHORT, **sweeps}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("cpc_tiny", overrides, *reference)
-    ours = tmp_path / "w", tmp_path / "w.log"
-    interrupt("cpc_tiny", overrides, *ours, step=5, sig=signal.SIGKILL)
-    run_in_process("cpc_tiny", overrides, *ours)
+    ours = kill_and_resume("cpc_tiny", overrides, tmp_path, step=5)
     executed = assert_same_training("cpc_tiny", overrides, ours, reference)
     assert len(executed) > 8  # the kill lost steps after the step-3 checkpoint, which were redone
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import pickle
-import signal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from resilience_utils import GRADIENT_STEP, assert_same_training, interrupt, run_in_process
+from resilience_utils import GRADIENT_STEP, assert_same_training, kill_and_resume, run_in_process
 
 from pretext_jax import run
 from pretext_jax.models.deepcluster import SOBEL_X, sobel
@@ -197,9 +196,7 @@ def test_killed_run_resumes_exactly_with_its_cluster_state(tmp_path, colour_fold
     overrides = small(colour_folder, tmp_path)
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("deepcluster_tiny", overrides, *reference)
-    ours = tmp_path / "w", tmp_path / "w.log"
-    interrupt("deepcluster_tiny", overrides, *ours, step=7, sig=signal.SIGKILL)
-    run_in_process("deepcluster_tiny", overrides, *ours)
+    ours = kill_and_resume("deepcluster_tiny", overrides, tmp_path, step=7)
     executed = assert_same_training("deepcluster_tiny", overrides, ours, reference)
     assert len(executed) > 8
     labels = []

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import signal
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +21,9 @@ from resilience_utils import (
     GRADIENT_STEP,
     final_params,
     flat_params,
-    interrupt,
+    kill_and_resume,
     mesh_overrides,
     read_log,
-    run_in_process,
     train_losses,
 )
 
@@ -335,9 +333,7 @@ def test_cli_trains_amdim_tiny_and_a_killed_copy_resumes_exactly(disc_folder, tm
     chance = 2 * np.log(1 + 15 * 25) + np.log(1 + 15 * 49)
     assert len(losses) == 8 and np.isfinite(losses).all() and losses[0] < chance, losses
     assert any(row["split"] == "eval" and 0 <= row["knn_accuracy"] <= 1 for row in rows)
-    ours = tmp_path / "w", tmp_path / "w.log"
-    interrupt("amdim_tiny", overrides, *ours, step=5, sig=signal.SIGKILL)
-    run_in_process("amdim_tiny", overrides, *ours)
+    ours = kill_and_resume("amdim_tiny", overrides, tmp_path, step=5)
     executed = [step for step, _ in read_log(ours[1])]
     assert 5 in executed and executed[-1] == 8 and len(executed) > 8, executed
     assert train_losses(ours[0]) == train_losses(tmp_path / "cli")

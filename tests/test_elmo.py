@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 from pathlib import Path
 
 import jax
@@ -20,7 +19,7 @@ from resilience_utils import (
     GRADIENT_STEP,
     assert_same_step_on_every_mesh,
     assert_same_training,
-    interrupt,
+    kill_and_resume,
     mesh_overrides,
     run_in_process,
     small_corpus,
@@ -213,9 +212,7 @@ def pretrained(tmp_path_factory) -> Path:
     overrides = {**SHORT, **small_corpus(root)}
     reference = root / "reference", root / "reference.log"
     run_in_process("elmo_tiny", overrides, *reference)
-    ours = root / "w", root / "w.log"
-    interrupt("elmo_tiny", overrides, *ours, step=11, sig=signal.SIGKILL)
-    run_in_process("elmo_tiny", overrides, *ours)
+    ours = kill_and_resume("elmo_tiny", overrides, root, step=11)
     assert len(assert_same_training("elmo_tiny", overrides, ours, reference)) > 24
     return reference[0]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.resources
 import json
-import signal
 import warnings
 
 import jax.numpy as jnp
@@ -20,7 +19,7 @@ from resilience_utils import (
     TINY_BERT,
     assert_same_step_on_every_mesh,
     assert_same_training,
-    interrupt,
+    kill_and_resume,
     mesh_overrides,
     run_in_process,
     train_losses,
@@ -222,9 +221,7 @@ def test_killed_run_resumes_bit_for_bit_and_its_loss_falls(tmp_path):
     overrides = {**TINY_BERT, **annotated_corpus(tmp_path)}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("ernie_tiny", overrides, *reference)
-    ours = tmp_path / "w", tmp_path / "w.log"
-    interrupt("ernie_tiny", overrides, *ours, step=5, sig=signal.SIGKILL)
-    run_in_process("ernie_tiny", overrides, *ours)
+    ours = kill_and_resume("ernie_tiny", overrides, tmp_path, step=5)
     assert len(assert_same_training("ernie_tiny", overrides, ours, reference)) > 8
     losses = train_losses(reference[0])
     assert losses[8] < losses[1] - 0.1, losses

@@ -10,7 +10,6 @@ language per batch in turn, and mass_bilingual_tiny from the CLI with language e
 from __future__ import annotations
 
 import json
-import signal
 
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +19,7 @@ from resilience_utils import (
     GRADIENT_STEP,
     assert_same_step_on_every_mesh,
     assert_same_training,
-    interrupt,
+    kill_and_resume,
     mesh_overrides,
     run_in_process,
     small_corpus,
@@ -263,9 +262,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path):
     overrides = {**SHORT, **small_corpus(tmp_path)}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("mass_tiny", overrides, *reference)
-    ours = tmp_path / "w", tmp_path / "w.log"
-    interrupt("mass_tiny", overrides, *ours, step=5, sig=signal.SIGKILL)
-    run_in_process("mass_tiny", overrides, *ours)
+    ours = kill_and_resume("mass_tiny", overrides, tmp_path, step=5)
     assert len(assert_same_training("mass_tiny", overrides, ours, reference)) > 8
 
 

@@ -13,7 +13,6 @@ bias lookup is replaced by `reference_layout` (every stream, and the loss)."""
 from __future__ import annotations
 
 import json
-import signal
 import warnings
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from resilience_utils import (
     GRADIENT_STEP,
     assert_same_step_on_every_mesh,
     assert_same_training,
-    interrupt,
+    kill_and_resume,
     mesh_overrides,
     run_in_process,
     small_corpus,
@@ -303,9 +302,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path):
     overrides = {**SHORT, **small_corpus(tmp_path)}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("prophetnet_tiny", overrides, *reference)
-    ours_ = tmp_path / "w", tmp_path / "w.log"
-    interrupt("prophetnet_tiny", overrides, *ours_, step=5, sig=signal.SIGKILL)
-    run_in_process("prophetnet_tiny", overrides, *ours_)
+    ours_ = kill_and_resume("prophetnet_tiny", overrides, tmp_path, step=5)
     assert len(assert_same_training("prophetnet_tiny", overrides, ours_, reference)) > 8
 
 

@@ -11,7 +11,7 @@ import signal
 
 import numpy as np
 import pytest
-from resilience_utils import assert_same_training, interrupt, run_in_process
+from resilience_utils import assert_same_training, kill_and_resume, run_in_process
 from tfds_utils import build_image_dataset
 
 from pretext_jax.errors import UserError
@@ -62,9 +62,7 @@ def test_killed_or_stopped_image_run_equals_an_uninterrupted_one(source, sig, st
     overrides = {**SIMCLR, **sources[source], "data.cache_dir": str(tmp_path / "cache")}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("simclr_tiny", overrides, *reference)
-    ours = tmp_path / "w", tmp_path / "w.log"
-    interrupt("simclr_tiny", overrides, *ours, step=step, sig=sig)
-    run_in_process("simclr_tiny", overrides, *ours)
+    ours = kill_and_resume("simclr_tiny", overrides, tmp_path, step=step, sig=sig)
     executed = assert_same_training("simclr_tiny", overrides, ours, reference)
     assert len(executed) > STEPS or sig == signal.SIGTERM  # a kill loses steps, redone
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import itertools
 import json
 import pickle
-import signal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from resilience_utils import GRADIENT_STEP, assert_same_training, interrupt, run_in_process
+from resilience_utils import GRADIENT_STEP, assert_same_training, kill_and_resume, run_in_process
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
@@ -389,9 +388,7 @@ def test_killed_run_resumes_bit_for_bit(preset, oriented_folder, tmp_path):
     overrides = settings(preset, oriented_folder, tmp_path, **SMALL)
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process(preset, overrides, *reference)
-    ours = tmp_path / "w", tmp_path / "w.log"
-    interrupt(preset, overrides, *ours, step=5, sig=signal.SIGKILL)
-    run_in_process(preset, overrides, *ours)
+    ours = kill_and_resume(preset, overrides, tmp_path, step=5)
     assert len(assert_same_training(preset, overrides, ours, reference)) > 8
 
 

@@ -5,8 +5,6 @@ and training: SIGKILL resume exact with a falling loss, and one step equal on ev
 
 from __future__ import annotations
 
-import signal
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,7 +14,7 @@ from resilience_utils import (
     TINY_BERT,
     assert_same_step_on_every_mesh,
     assert_same_training,
-    interrupt,
+    kill_and_resume,
     mesh_overrides,
     run_in_process,
     small_corpus,
@@ -162,9 +160,7 @@ def test_killed_run_resumes_bit_for_bit_and_its_loss_falls(tmp_path):
     overrides = {**TINY_BERT, **small_corpus(tmp_path)}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("structbert_tiny", overrides, *reference)
-    ours = tmp_path / "w", tmp_path / "w.log"
-    interrupt("structbert_tiny", overrides, *ours, step=5, sig=signal.SIGKILL)
-    run_in_process("structbert_tiny", overrides, *ours)
+    ours = kill_and_resume("structbert_tiny", overrides, tmp_path, step=5)
     assert len(assert_same_training("structbert_tiny", overrides, ours, reference)) > 8
     losses = train_losses(reference[0])
     assert losses[8] < losses[1] - 0.1, losses

@@ -7,7 +7,6 @@ covers."""
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import jax
@@ -20,7 +19,7 @@ from resilience_utils import (
     TINY_BERT,
     assert_same_step_on_every_mesh,
     assert_same_training,
-    interrupt,
+    kill_and_resume,
     mesh_overrides,
     run_in_process,
     small_corpus,
@@ -339,8 +338,6 @@ def test_killed_run_resumes_bit_for_bit(tmp_path):
     overrides = {**TINY_BERT, **small_corpus(tmp_path)}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("unilm_tiny", overrides, *reference)
-    ours = tmp_path / "w", tmp_path / "w.log"
-    interrupt("unilm_tiny", overrides, *ours, step=5, sig=signal.SIGKILL)
-    run_in_process("unilm_tiny", overrides, *ours)
+    ours = kill_and_resume("unilm_tiny", overrides, tmp_path, step=5)
     executed = assert_same_training("unilm_tiny", overrides, ours, reference)
     assert len(executed) > 8

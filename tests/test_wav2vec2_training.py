@@ -6,13 +6,12 @@ the samplers' statistics, and the CLI runs the preset."""
 from __future__ import annotations
 
 import json
-import signal
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
-from resilience_utils import GRADIENT_STEP, assert_same_training, interrupt, run_in_process
+from resilience_utils import GRADIENT_STEP, assert_same_training, kill_and_resume, run_in_process
 
 from pretext_jax import run
 from pretext_jax.models import hf_tables  # noqa: F401  (registers the HF tables)
@@ -183,9 +182,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, clips):
     overrides = {**TINY, **clips, "train.steps": 8, "train.checkpoint_every": 3}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("wav2vec2_tiny", overrides, *reference)
-    ours = tmp_path / "w", tmp_path / "w.log"
-    interrupt("wav2vec2_tiny", overrides, *ours, step=5, sig=signal.SIGKILL)
-    run_in_process("wav2vec2_tiny", overrides, *ours)
+    ours = kill_and_resume("wav2vec2_tiny", overrides, tmp_path, step=5)
     executed = assert_same_training("wav2vec2_tiny", overrides, ours, reference)
     assert len(executed) > 8  # the kill lost steps after the step-3 checkpoint, which were redone
     counts = []

@@ -5,8 +5,6 @@ analogy and neighbour evaluation, CLI training with a SIGKILL resume, and one st
 
 from __future__ import annotations
 
-import signal
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,10 +13,9 @@ from resilience_utils import (
     GRADIENT_STEP,
     assert_same_step_on_every_mesh,
     final_params,
-    interrupt,
+    kill_and_resume,
     mesh_overrides,
     read_log,
-    run_in_process,
     small_corpus,
     train_losses,
 )
@@ -247,9 +244,7 @@ def test_cli_training_resumes_exactly_after_sigkill_and_the_loss_falls(tmp_path,
     line = next(line for line in out.splitlines() if "held-out SGNS loss" in line)
     loss, untrained = float(line.split()[3]), float(line.split()[-1])
     assert loss < untrained - 0.1, line
-    ours = tmp_path / "w", tmp_path / "w.log"
-    interrupt("word2vec_tiny", overrides, *ours, step=5, sig=signal.SIGKILL)
-    run_in_process("word2vec_tiny", overrides, *ours)
+    ours = kill_and_resume("word2vec_tiny", overrides, tmp_path, step=5)
     executed = read_log(ours[1])
     assert len(executed) > 8 and sorted(dict(executed)) == list(range(1, 9))
     assert train_losses(ours[0]) == train_losses(reference)

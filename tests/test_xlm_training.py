@@ -6,7 +6,6 @@ killed run resumes bit for bit, and a workdir converts to HF and back."""
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from resilience_utils import (
     GRADIENT_STEP,
     assert_same_step_on_every_mesh,
     assert_same_training,
-    interrupt,
+    kill_and_resume,
     run_in_process,
 )
 
@@ -187,9 +186,7 @@ def test_killed_run_resumes_bit_for_bit(corpora, tmp_path):
                  "train.eval_every": 1000, "train.eval_batches": 1}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("xlm_tiny", overrides, *reference)
-    ours = tmp_path / "w", tmp_path / "w.log"
-    interrupt("xlm_tiny", overrides, *ours, step=5, sig=signal.SIGKILL)
-    run_in_process("xlm_tiny", overrides, *ours)
+    ours = kill_and_resume("xlm_tiny", overrides, tmp_path, step=5)
     executed = assert_same_training("xlm_tiny", overrides, ours, reference)
     assert len(executed) > 8  # steps after the step-3 checkpoint were lost and redone
 
