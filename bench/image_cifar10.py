@@ -11,14 +11,14 @@ batches, and a kNN bank of 10,000 training images during training; the presets b
 their own (SimCLR: batch 256, LARS lr 1.0 with 5% warmup; RotNet: batch 128 images = 512
 rotated copies, the lr steps at 30/60/80% of the run as the paper's 60/120/160 of 200 epochs;
 MoCo: batch 128 at the CIFAR demo's lr scaled to it; DeepCluster: batch 128, re-clustering 4
-times in the run, PCA to 64 of the 128 features; CMC: two ResNets of 8 base channels, the L
-and ab halves of one 16-wide network as the reference's half-width `v1` models, its lr steps
-at 50/67/83% as 120/160/200 of 240 epochs; AMDIM: warmup min(500, 5% of the run), the lr steps at epochs 250 and 280 of 300 as
-fractions of the run). Overrides after them win. After training: kNN (k 200, temperature 0.1)
-with the 50,000 training images as the bank, and a linear probe on frozen features (train
-50,000, test 10,000), for the trained backbone and for the same backbone at its random
-initialisation (the baseline any learning has to beat). Prints one JSON line; `main(argv)`
-returns it as a dict.
+times in the run, PCA to 64 of the 128 features; CMC: two ResNets of 8 base channels, the L and
+ab halves of one 16-wide network as the reference's half-width `v1` models, its lr steps at
+50/67/83% as 120/160/200 of 240 epochs; AMDIM: warmup min(500, 5% of the run), the lr steps at
+epochs 250 and 280 of 300 as fractions of the run). Overrides after them win. After training:
+kNN (k 200, temperature 0.1) with the 50,000 training images as the bank, and a linear probe on
+frozen features (train 50,000, test 10,000), for the trained backbone and for the same backbone
+at its random initialisation (the baseline any learning has to beat). Prints one JSON line;
+`main(argv)` returns it as a dict.
 """
 
 from __future__ import annotations
