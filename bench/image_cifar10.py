@@ -37,6 +37,7 @@ from flax import nnx
 from bench.pretrain_wikitext import shared_data_dir
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.input_pipeline.images import read_cifar10
+from pretext_jax.models.cmc import CMCConfig
 from pretext_jax.objectives import registry
 from pretext_jax.objectives.evaluation import extract_features, knn_accuracy, linear_probe_accuracy
 from pretext_jax.objectives.two_view import backbone_features
@@ -76,10 +77,12 @@ def preset_defaults(preset: str, steps: int) -> list[str]:
 
 def describe(model: Any) -> str:
     """The backbone in words: a ResNet's depth, stem and width (CMC: two of them, on L and on
-    ab), or AMDIM's encoder sizes."""
+    ab; DeepCluster: behind the Sobel filter where it has one), or AMDIM's encoder sizes."""
     if hasattr(model, "depth"):
         resnet = f"ResNet-{model.depth}, {model.stem} stem, width {model.base_width}"
-        return f"2 x {resnet} (L, ab)" if hasattr(model, "num_images") else resnet
+        if isinstance(model, CMCConfig):
+            return f"2 x {resnet} (L, ab)"
+        return f"Sobel + {resnet}" if getattr(model, "sobel", False) else resnet
     return f"AMDIM encoder, ndf {model.ndf}, n_rkhs {model.n_rkhs}, n_depth {model.n_depth}"
 
 
