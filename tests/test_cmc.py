@@ -7,7 +7,6 @@ single-device one."""
 from __future__ import annotations
 
 import json
-import pickle
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +21,7 @@ from resilience_utils import (
     read_log,
     train_losses,
 )
+from tfds_utils import write_cifar10_folder
 
 from pretext_jax import run
 from pretext_jax.input_pipeline.images import HostCrop, prepare_images
@@ -162,13 +162,13 @@ def colour_folder(tmp_path_factory):
     pixel noise, labelled by its brightest channel."""
     root = tmp_path_factory.mktemp("cmc_colours")
     rng = np.random.default_rng(0)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+
+    def batch():
         colours = rng.integers(0, 256, (32, 1, 1, 3))
-        pixels = np.clip(colours + rng.normal(0, 12, (32, 32, 32, 3)), 0, 255).astype(np.uint8)
-        with (root / name).open("wb") as f:
-            pickle.dump({b"data": pixels.transpose(0, 3, 1, 2).reshape(32, 3072),
-                         b"labels": [int(c) for c in colours[:, 0, 0].argmax(-1)]}, f)
-    return str(root)
+        pixels = np.clip(colours + rng.normal(0, 12, (32, 32, 32, 3)), 0, 255)
+        return pixels, colours[:, 0, 0].argmax(-1)
+
+    return write_cifar10_folder(root, batch)
 
 
 def test_training_records_carry_their_row(colour_folder, tmp_path):

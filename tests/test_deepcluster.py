@@ -5,13 +5,13 @@ the sharded step."""
 from __future__ import annotations
 
 import json
-import pickle
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from resilience_utils import GRADIENT_STEP, assert_same_training, kill_and_resume, run_in_process
+from tfds_utils import write_cifar10_folder
 
 from pretext_jax import run
 from pretext_jax.models.deepcluster import SOBEL_X, sobel
@@ -148,13 +148,12 @@ def colour_folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("colours")
     rng = np.random.default_rng(0)
     palette = rng.integers(0, 256, (8, 1, 1, 3))
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+
+    def batch():
         classes = rng.integers(0, 8, 32)
-        pixels = np.clip(palette[classes] + rng.normal(0, 12, (32, 32, 32, 3)), 0, 255)
-        with (root / name).open("wb") as f:
-            pickle.dump({b"data": pixels.astype(np.uint8).transpose(0, 3, 1, 2).reshape(32, 3072),
-                         b"labels": [int(c) for c in classes]}, f)
-    return str(root)
+        return np.clip(palette[classes] + rng.normal(0, 12, (32, 32, 32, 3)), 0, 255), classes
+
+    return write_cifar10_folder(root, batch)
 
 
 def small(data: str, workdir, **overrides) -> dict:

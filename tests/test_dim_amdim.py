@@ -9,7 +9,6 @@ descends on fixed views; one sharded step equals the single-device one for both,
 from __future__ import annotations
 
 import json
-import pickle
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +25,7 @@ from resilience_utils import (
     read_log,
     train_losses,
 )
+from tfds_utils import write_cifar10_folder
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
@@ -295,12 +295,7 @@ def disc_folder(tmp_path_factory) -> str:
     """A CIFAR-10-format folder of 96 disc images (`disc_images`), 16 per batch file."""
     root = tmp_path_factory.mktemp("discs")
     rng = np.random.default_rng(0)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        pixels, labels = disc_images(rng, 16)
-        with (root / name).open("wb") as f:
-            pickle.dump({b"data": pixels.transpose(0, 3, 1, 2).reshape(16, 3072),
-                         b"labels": [int(c) for c in labels]}, f)
-    return str(root)
+    return write_cifar10_folder(root, lambda: disc_images(rng, 16))
 
 
 SMALL = {"amdim_tiny": {"model.ndf": 4, "model.n_rkhs": 16, "model.n_depth": 1},

@@ -7,21 +7,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import pickle
 
 import numpy as np
 import pytest
-from tfds_utils import build_image_dataset
+from tfds_utils import build_image_dataset, write_cifar10_batch, write_cifar10_folder
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.descriptions import difference
 from pretext_jax.input_pipeline.images import cifar10_label_names, read_cifar10
-
-
-def write_batch(path, images: np.ndarray, labels: list[int]) -> None:
-    rows = images.transpose(0, 3, 1, 2).reshape(len(images), -1)  # R plane, G plane, B plane
-    with path.open("wb") as f:
-        pickle.dump({b"data": rows, b"labels": labels}, f)
 
 
 def test_rows_become_nhwc_images(tmp_path):
@@ -30,7 +23,7 @@ def test_rows_become_nhwc_images(tmp_path):
     for i in range(1, 6):
         part = tmp_path / f"part{i % 2}"
         part.mkdir(exist_ok=True)
-        write_batch(part / f"data_batch_{i}", images, [i] * 5)
+        write_cifar10_batch(part / f"data_batch_{i}", images, [i] * 5)
     got, labels = read_cifar10(tmp_path, "train")
     assert got.shape == (25, 32, 32, 3) and got.dtype == np.uint8
     np.testing.assert_array_equal(got[:5], images)
@@ -211,8 +204,7 @@ def test_image_sources_describe_their_content_stably(tmp_path):
         "tfds:tiny_images", cache, tfds_data_dir=str(tmp_path / "v2"))).startswith("dataset_info")
 
     (tmp_path / "cifar").mkdir()
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        write_batch(tmp_path / "cifar" / name, np.zeros((2, 32, 32, 3), np.uint8), [0, 1])
+    write_cifar10_folder(tmp_path / "cifar", lambda: (np.zeros((2, 32, 32, 3), np.uint8), [0, 1]))
     cifar = training_description(str(tmp_path / "cifar"), cache)
     assert cifar == training_description(str(tmp_path / "cifar"), cache)
     assert json.loads(cifar)["kind"] == "prepared records" and json.loads(cifar)["count"] == 10

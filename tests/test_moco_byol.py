@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import pickle
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from tfds_utils import write_cifar10_folder
 
 from pretext_jax.input_pipeline import image_augment as aug
 from pretext_jax.models.momentum import EMA, BYOLConfig, MoCoConfig, call_in_groups
@@ -334,13 +334,13 @@ def colour_folder(tmp_path_factory):
     classes: instances that a 4-wide ResNet can tell apart within a few dozen steps."""
     root = tmp_path_factory.mktemp("colours")
     rng = np.random.default_rng(0)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+
+    def batch():
         colours = rng.integers(0, 256, (32, 1, 1, 3))
-        pixels = np.clip(colours + rng.normal(0, 12, (32, 32, 32, 3)), 0, 255).astype(np.uint8)
-        with (root / name).open("wb") as f:
-            pickle.dump({b"data": pixels.transpose(0, 3, 1, 2).reshape(32, 3072),
-                         b"labels": [int(c) for c in colours[:, 0, 0, 0] // 64]}, f)
-    return str(root)
+        pixels = np.clip(colours + rng.normal(0, 12, (32, 32, 32, 3)), 0, 255)
+        return pixels, colours[:, 0, 0, 0] // 64
+
+    return write_cifar10_folder(root, batch)
 
 
 def train(preset: str, workdir, data: str, mesh: tuple[int, int, int], **overrides):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import pickle
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from resilience_utils import GRADIENT_STEP, assert_same_training, kill_and_resume, run_in_process
+from tfds_utils import write_cifar10_folder
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
@@ -315,17 +315,17 @@ def oriented_folder(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("oriented")
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[0:32, 0:32]
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+
+    def batch():
         fg, bg = rng.integers(0, 256, (2, 32, 1, 1, 3))
         cy, cx = rng.integers(13, 19, (2, 32, 1, 1))
         radius = rng.integers(8, 13, (32, 1, 1))
         disc = ((yy - cy) ** 2 + (xx - cx) ** 2 < radius ** 2)[..., None]
         pixels = np.where(disc, fg, bg * (1.0 - yy / 48.0)[None, ..., None])
-        pixels = np.clip(pixels + rng.normal(0, 8, pixels.shape), 0, 255).astype(np.uint8)
-        with (root / name).open("wb") as f:
-            pickle.dump({b"data": pixels.transpose(0, 3, 1, 2).reshape(32, 3072),
-                         b"labels": [int(r) for r in (radius[:, 0, 0] - 8) // 2]}, f)
-    return str(root)
+        pixels = np.clip(pixels + rng.normal(0, 8, pixels.shape), 0, 255)
+        return pixels, (radius[:, 0, 0] - 8) // 2
+
+    return write_cifar10_folder(root, batch)
 
 
 # Short runs of either tiny preset: batch 32 of 32-pixel images, a ResNet-18 4 channels wide;

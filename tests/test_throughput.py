@@ -5,10 +5,10 @@ formulas agree with XLA's own count of the compiled step."""
 from __future__ import annotations
 
 import json
-import pickle
 
 import numpy as np
 import pytest
+from tfds_utils import write_cifar10_folder
 
 from bench import throughput
 from pretext_jax.pretrain.trainer import Trainer
@@ -21,10 +21,8 @@ def cifar_folder(tmp_path_factory):
     """A CIFAR-10-format folder of random images."""
     folder = tmp_path_factory.mktemp("cifar")
     rng = np.random.default_rng(0)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        with (folder / name).open("wb") as f:
-            pickle.dump({b"data": rng.integers(0, 256, (16, 3072), dtype=np.uint8),
-                         b"labels": list(range(16))}, f)
+    write_cifar10_folder(folder, lambda: (
+        rng.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8), range(16)))
     return folder
 
 

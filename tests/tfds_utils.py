@@ -1,7 +1,8 @@
-"""Small TFDS datasets on disk, prepared in ArrayRecord as `tfds build NAME
---file_format=array_record` writes them (`dataset_info.json`, `features.json` and
-`NAME-SPLIT.array_record-0000i-of-0000n` under `DATA_DIR/NAME[/CONFIG]/VERSION`), by a
-`GeneratorBasedBuilder` of the tests' own: no network, no TensorFlow.
+"""Small datasets on disk: CIFAR-10-format folders (`write_cifar10_folder`), and TFDS datasets
+prepared in ArrayRecord as `tfds build NAME --file_format=array_record` writes them
+(`dataset_info.json`, `features.json` and `NAME-SPLIT.array_record-0000i-of-0000n` under
+`DATA_DIR/NAME[/CONFIG]/VERSION`), by a `GeneratorBasedBuilder` of the tests' own: no network,
+no TensorFlow.
 
 `tfds.dataset_builders.store_as_tfds_dataset` would be shorter but checks its inputs against
 `tf.data.Dataset`, which needs TensorFlow.
@@ -10,6 +11,8 @@
 from __future__ import annotations
 
 import io
+import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +122,22 @@ def build_audio_dataset(data_dir: Path, name: str, splits: dict[str, list[np.nda
         "audio": tfds.features.Tensor(shape=(None,), dtype=np.int16),
         "label": tfds.features.ClassLabel(num_classes=classes)}, rows,
         metadata={"sample_rate": sample_rate})
+
+
+CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
+
+
+def write_cifar10_batch(path: Path, images: np.ndarray, labels: Any) -> None:
+    """One CIFAR-10 python pickle: NHWC uint8 `images` as channel-major rows (R plane, G plane,
+    B plane), and their labels."""
+    rows = images.astype(np.uint8).transpose(0, 3, 1, 2).reshape(len(images), -1)
+    with path.open("wb") as f:
+        pickle.dump({b"data": rows, b"labels": [int(label) for label in labels]}, f)
+
+
+def write_cifar10_folder(root: Path, batch: Callable[[], tuple[np.ndarray, Any]]) -> str:
+    """A CIFAR-10-format folder: five training files and a test file, each holding the
+    (images, labels) of one call of `batch`, in that order. Returns the folder."""
+    for name in CIFAR10_FILES:
+        write_cifar10_batch(root / name, *batch())
+    return str(root)
