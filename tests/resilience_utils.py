@@ -5,7 +5,6 @@ final parameters) to compare with an uninterrupted run."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -62,19 +61,27 @@ def train_losses(workdir: Path) -> dict[int, float]:
 
 
 def launch(preset: str, overrides: dict, workdir: Path, log: Path) -> subprocess.Popen:
-    """A worker process reading (never writing) this process's compilation cache."""
+    """A worker process (`resilience_worker.py`), compiling its own programs."""
     spec = json.dumps({"preset": preset, "overrides": overrides})
-    cache = jax.config.jax_compilation_cache_dir or ""
     return subprocess.Popen([sys.executable, str(WORKER), spec, str(workdir), str(log)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PRETEXT_TEST_CACHE_DIR": cache})
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for_step(process: subprocess.Popen, log: Path, step: int) -> None:
-    deadline = time.monotonic() + 300
+def wait_for_step(process: subprocess.Popen, log: Path, step: int, timeout_s: float = 600) -> None:
+    """Returns once the worker has started `step`. A worker that exits first fails the test
+    with its stderr; one still short of it after `timeout_s` is stopped and fails the test with
+    every thread's stack (SIGUSR1: the worker's faulthandler) and the steps it started."""
+    deadline = time.monotonic() + timeout_s
     while not any(s >= step for s, _ in read_log(log)):
         assert process.poll() is None, process.communicate()[1][-2000:]
-        assert time.monotonic() < deadline, "the worker did not reach the step in time"
+        if time.monotonic() > deadline:
+            process.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            process.kill()
+            stacks = process.communicate()[1]
+            raise AssertionError(f"the worker did not start step {step} in {timeout_s:.0f} s "
+                                 f"(steps started: {[s for s, _ in read_log(log)]}); its "
+                                 f"threads:\n{stacks[-6000:]}")
         time.sleep(0.02)
 
 
