@@ -15,10 +15,12 @@ Pairs and masks are BERT's (`bert_examples`: create_pretraining_data.py's chunks
   unmasked tokens are shuffled. The trigrams of an example are its windows of K = 3 adjacent
   tokens that are neither special ([CLS], [SEP], padding) nor chosen for masked-LM
   prediction; the number shuffled is 5% of them (stochastically rounded, so 5% in expectation
-  at any length), drawn in random order, disjoint from each other. Each is reordered by a
-  uniformly drawn non-identity permutation (so every chosen trigram is really out of order;
-  the paper does not say whether the identity may occur). The model predicts the original
-  token at each shuffled position through the masked-LM head: the records carry
+  at any length), drawn in random order, disjoint from each other. The windows overlap, so
+  ~15% of the free tokens move; the paper does not say whether its 5% counts overlapping or
+  non-overlapping trigrams (`shuffle_fraction` 0.0167 gives the other reading). Each is
+  reordered by a uniformly drawn non-identity permutation (so every chosen trigram is really
+  out of order; the paper does not say whether the identity may occur). The model predicts
+  the original token at each shuffled position through the masked-LM head: the records carry
   `shuffled_positions`, `shuffled_ids` (the original tokens) and `shuffled_weights`.
 """
 

@@ -36,7 +36,6 @@ from pretext_jax.models.classifier import (
     XLNetClassifierConfig,
     from_pretrained,
 )
-from pretext_jax.models.elmo import BiLM
 from pretext_jax.objectives.glue_metrics import constant_baseline, task_metrics
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
 
@@ -117,23 +116,29 @@ def glue_monitor(model: SequenceClassifier, data: PreparedData, examples: GlueEx
                         data.eval["label"])
 
 
-def load_encoder(init: str, load: Callable[[str], nnx.Module]) -> Pretrained:
-    """The pre-trained model to start from: a pretext workdir/model directory or a
-    HuggingFace folder holding BERT, an ELECTRA discriminator, XLNet or XLM (or a fine-tuned
-    classifier, whose encoder is reused), read by `load` (the trainer's checkpoint loader,
-    `pretrain.export.load_pretrained`: the checkpoint formats live with the trainer)."""
+def read_pretrained(init: str, load: Callable[[str], nnx.Module]) -> nnx.Module:
+    """The model of `init`, a pretext workdir/model directory or a HuggingFace folder, read by
+    `load` (the trainer's checkpoint loader, `pretrain.export.load_pretrained`: the checkpoint
+    formats live with the trainer)."""
     if not Path(init).is_dir():
         raise UserError(f"model.init={init} is not a directory; pass a pretext workdir, a "
                         "model directory or a HuggingFace BERT/ELECTRA/XLNet/XLM folder")
-    model = load(init)
-    if isinstance(model, BiLM):
-        raise UserError(f"{init} holds an ELMo biLM, which is used under a scalar mix: run "
-                        "`run.py pretrain --preset elmo_tiny_glue --data GLUE_DIR "
-                        f"model.init={init} examples.task=TASK` (method elmo_classify)")
+    return load(init)
+
+
+def as_encoder(init: str, model: nnx.Module) -> Pretrained:
+    """`init`'s model as this classifier's encoder: BERT, an ELECTRA discriminator, XLNet or XLM
+    (or a fine-tuned classifier, whose encoder is reused)."""
     if not isinstance(model, Pretrained):
-        raise UserError(f"{init} holds a {type(model).__name__}; fine-tuning starts from BERT, "
-                        "an ELECTRA discriminator, XLNet or XLM")
+        raise UserError(f"{init} holds a {type(model).__name__}; this classifier starts from "
+                        "BERT, an ELECTRA discriminator, XLNet or XLM (`run.py finetune --init "
+                        f"{init}` picks the method that fine-tunes what it holds, if any)")
     return model
+
+
+def load_encoder(init: str, load: Callable[[str], nnx.Module]) -> Pretrained:
+    """The pre-trained encoder to start from (`read_pretrained`, `as_encoder`)."""
+    return as_encoder(init, read_pretrained(init, load))
 
 
 def pretrained_classifier(config: FinetuneModelConfig, seed: int,

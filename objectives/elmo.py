@@ -18,16 +18,17 @@ Evaluation uses the full softmax, as bilm-tf's test.
 Downstream (`elmo_classify`; §3.2-3.3): ELMo_k = gamma sum_j softmax(s)_j h_kj over the L + 1
 layers (`models.elmo.ScalarMix`), with the biLM frozen, pooled over the tokens (mean and max)
 into a small classifier on GLUE. The paper adds ELMo to each task's own model (BCN for SST,
-ESIM for SNLI, ...); this head is deliberately simple. The existing `classify` heads sit on a
+ESIM for SNLI, ...); this head is deliberately simple. The `classify` heads sit on a
 Transformer's first token, so ELMo has its own method, with the same GLUE files, metrics and
-majority baseline.
+majority baseline, which `run.py finetune` / `glue` choose for an ELMo starting point
+(`Method.finetunes`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,14 @@ from pretext_jax.input_pipeline.prepare import (
 from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
 from pretext_jax.models.elmo import BiLM, ElmoClassifier, ElmoClassifierConfig, ElmoConfig, ElmoLM
 from pretext_jax.objectives.glue_metrics import constant_baseline, task_metrics
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.registry import (
+    Batch,
+    FinetuneRecipe,
+    Method,
+    Metrics,
+    PreparedData,
+    register,
+)
 from pretext_jax.objectives.text import held_out_examples, weighted_cross_entropy
 
 
@@ -266,6 +274,8 @@ register(Method(
 
 
 # --- Downstream: the scalar mix on GLUE -------------------------------------------------------
+CLASSIFY_NAME = "elmo_classify"
+
 
 @dataclasses.dataclass(frozen=True)
 class ElmoGlueExampleConfig:
@@ -374,6 +384,25 @@ def pretrained_elmo_classifier(config: ElmoClassifierConfig, seed: int,
     return model
 
 
+def elmo_finetune_recipe(model: Any, task: glue.GlueTask, source_config: Mapping[str, Any]
+                         ) -> FinetuneRecipe | None:
+    """`run.py finetune --init <elmo run>` (and `glue`): this method on the biLM's own settings
+    and the characters per token it was trained with; Adam at 1e-3 with warmup over 10% of 3
+    epochs, batch 32, no weight decay. The paper trains each task's own model with its own
+    recipe (§4, supplement); these settings are ours for this simple pooled head."""
+    if not isinstance(model, BiLM):
+        return None
+    chars = source_config.get("examples", {}).get(
+        "max_characters_per_token", ElmoGlueExampleConfig.max_characters_per_token)
+    return FinetuneRecipe(values={
+        "method": CLASSIFY_NAME,
+        **{f"model.{f.name}": getattr(model.config, f.name) for f in dataclasses.fields(
+            ElmoConfig)},
+        "model.num_labels": task.num_labels, "examples.max_characters_per_token": chars,
+        "optim.learning_rate": 1e-3, "optim.weight_decay": 0.0, "optim.bias_correction": True,
+        "train.batch_size": 32}, epochs=3, warmup=0.1)
+
+
 def check_elmo_glue(model: ElmoClassifierConfig, examples: ElmoGlueExampleConfig,
                     objective: Any = None) -> None:
     glue.glue_task(examples.task)
@@ -381,7 +410,7 @@ def check_elmo_glue(model: ElmoClassifierConfig, examples: ElmoGlueExampleConfig
 
 
 register(Method(
-    name="elmo_classify",
+    name=CLASSIFY_NAME,
     model_config=ElmoClassifierConfig,
     example_config=ElmoGlueExampleConfig,
     build_model=lambda config, seed: ElmoClassifier(config, rngs=nnx.Rngs(seed)),
@@ -391,6 +420,7 @@ register(Method(
     check=check_elmo_glue,
     monitor=elmo_glue_monitor,
     pretrained=pretrained_elmo_classifier,
+    finetunes=elmo_finetune_recipe,
     description="ELMo downstream: scalar mix of a frozen biLM's layers, GLUE classifier",
     presets={
         # The elmo_tiny biLM (model.init=<its workdir>) under the scalar mix, on a GLUE task.

@@ -57,11 +57,17 @@ def prepare_ernie(data: DataConfig, examples: ernie_examples.ErnieExampleConfig,
 
 
 # ERNIE 1.0 (Sun et al. 2019 §3.1, §4.1): BERT-Base's size (12 layers, 768 hidden, 12 heads),
-# trained on Chinese Wikipedia and Baidu Baike / News / Tieba; the vocabulary follows the
-# tokenizer (the released ERNIE 1.0 checkpoint has 18,000 entries). The paper gives neither
-# sequence length, batch size, steps nor learning rate, so those are BERT's (Devlin et al.
-# 2019 §A.2: 512 tokens, 256 x 1M steps, lr 1e-4, 10k warmup). The stages run in sequence in
-# the paper; the preset's stage is the last one, entity-level.
+# trained on Chinese Wikipedia and Baidu Baike / News / Tieba. The paper gives no optimiser
+# settings; `ernie_base` takes them from the released code (PaddlePaddle/ERNIE, ERNIE 1.0:
+# config/ernie_config.json, script/zh_task/pretrain.sh, ernie/pretrain_args.py,
+# optimization.py): ReLU feed-forward, 18,000-entry vocabulary, 513 positions, Paddle's
+# LayerNorm epsilon 1e-5; lr 1e-4, linear warmup over 5,000 steps then linear decay to 0 at
+# 1M steps, weight decay 0.01 (not on LayerNorm or biases), global-norm clipping at 1;
+# fluid.optimizer.Adam's defaults (betas 0.9 / 0.999, eps 1e-8, bias-corrected, eps added to
+# sqrt(v) before the correction as Paddle 1.x's kernel did); length 512 and `--in_tokens
+# --batch_size 8192` (tokens per card) on 8 cards, ~65,536 tokens = 128 sequences of 512 per
+# step. The stages run in sequence in the paper (the code has no stage schedule); the preset's
+# stage is the last one, entity-level.
 PRESETS = {
     "ernie_tiny": {
         "model": {**TINY_TEXT_MODEL, "vocab_size": 0, **NO_DROPOUT},
@@ -71,11 +77,13 @@ PRESETS = {
         "train": TINY_TEXT_TRAIN,
     },
     "ernie_base": {
-        "model": {"vocab_size": 0},
+        "model": {"vocab_size": 0, "hidden_act": "relu", "layer_norm_eps": 1e-5,
+                  "max_position_embeddings": 513},
         "examples": {"max_seq_length": 512, "max_predictions_per_seq": 80, "masking": "entity"},
         "data": {"vocab_size": 18000},
-        "optim": {"learning_rate": 1e-4, "warmup_steps": 10000},
-        "train": {"steps": 1000000, "batch_size": 256},
+        "optim": {"learning_rate": 1e-4, "warmup_steps": 5000, "eps": 1e-8,
+                  "bias_correction": True, "eps_before_bias_correction": True},
+        "train": {"steps": 1000000, "batch_size": 128},
     },
 }
 

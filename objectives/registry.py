@@ -100,6 +100,18 @@ class Rounds:
 
 
 @dataclasses.dataclass(frozen=True)
+class FinetuneRecipe:
+    """A downstream method's run on one GLUE task (`Method.finetunes`): its config values
+    (`section.key`, `method` included) and the length of its schedule, which
+    `pretrain.finetune` turns into steps: `epochs` over the task's training rows and `warmup`,
+    a fraction of those steps."""
+
+    values: dict[str, Any]
+    epochs: float
+    warmup: float
+
+
+@dataclasses.dataclass(frozen=True)
 class NoObjectiveSettings:
     """The `objective` section of a method whose loss takes no settings."""
 
@@ -138,6 +150,13 @@ class Method:
       HuggingFace folder (`pretrain.export.load_pretrained`), passed in so that objectives
       never import the trainer's layer. Its parameters are placed on the mesh after the
       sharded init, so they never become constants of a compiled function.
+    - `finetunes(pretrained_model, task, source_config)`: optional, for a downstream method
+      that `run.py finetune` / `glue` choose by what the starting point holds: the
+      `FinetuneRecipe` of a run of this method from `pretrained_model` (as `load` reads it) on
+      the GLUE `task` (`input_pipeline.glue.GlueTask`), given the saved run config of the
+      starting point (`source_config`; {} when it has none), or None when this method does not
+      start from such a model (ELMo's scalar mix: a biLM). Models that no method claims go to
+      the transformer classifier (`classify`).
     - `summarize(evaluation, report, untrained)`: the lines the CLI prints about the final
       held-out metrics (`evaluation`), beside the data's baselines (`report`); `untrained()`
       computes the `monitor` metrics of the same network at its random initialisation.
@@ -161,6 +180,7 @@ class Method:
     run_settings: Callable[[Any, Any], Any] | None = None
     complete_data: Callable[[PreparedData, Any, Any], PreparedData] | None = None
     pretrained: Callable[[Any, int, Callable[[str], Any]], Any] | None = None
+    finetunes: Callable[[Any, Any, Mapping[str, Any]], FinetuneRecipe | None] | None = None
     summarize: Summarize = dataclasses.field(default_factory=summary_of)
     rounds: Rounds | None = None
     unit: str = "tokens"
@@ -216,6 +236,17 @@ def get(name: str) -> Method:
 
 def names() -> list[str]:
     return sorted(_METHODS)
+
+
+def downstream_recipe(pretrained_model: Any, task: Any, source_config: Mapping[str, Any]
+                      ) -> FinetuneRecipe | None:
+    """The recipe of the downstream method that starts from `pretrained_model` on `task`
+    (`Method.finetunes`); None when no method claims it."""
+    for method in _METHODS.values():
+        recipe = method.finetunes and method.finetunes(pretrained_model, task, source_config)
+        if recipe:
+            return recipe
+    return None
 
 
 

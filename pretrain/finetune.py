@@ -43,8 +43,10 @@ import numpy as np
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import glue
 from pretext_jax.models.classifier import classifier_config
+from pretext_jax.objectives import registry
 from pretext_jax.objectives.classification import METHOD as CLASSIFY
-from pretext_jax.objectives.classification import layout_of, load_encoder
+from pretext_jax.objectives.classification import as_encoder, layout_of, read_pretrained
+from pretext_jax.objectives.registry import FinetuneRecipe
 from pretext_jax.pretrain import export
 from pretext_jax.pretrain.config import (
     Config,
@@ -110,30 +112,18 @@ def file_overrides(path: str | Path | None) -> list[str]:
                           for section, values in settings.items() for key, value in values.items()})
 
 
-def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = (), *,
-                    seed: int = 0, epochs: float | None = None, architecture: str = "",
-                    config_file: str | Path | None = None) -> Config:
-    """The `classify` config for `task` from `init` (empty: a random encoder shaped like the
-    `architecture` checkpoint), data from a GLUE folder or `tfds`. A `config_file`'s settings
-    win over the recipe and `overrides` (key=value) over both; `epochs` (default: the
-    recipe's) sets `train.steps`."""
-    overrides = [*file_overrides(config_file), *overrides]
-    spec = glue.glue_task(task)
-    source = init or architecture
-    if not source:
-        raise UserError("give a starting point (--init) or, for a random encoder, the "
-                        "checkpoint whose architecture to copy (--architecture)")
-    model = dataclasses.asdict(classifier_config(load_encoder(source, export.load_pretrained),
-                                                  spec.num_labels))
-    chosen = recipe(model["head"], model["hidden_size"], spec.name)
+def _encoder_recipe(source: str, encoder: Any, task: glue.GlueTask,
+                    overrides: Sequence[str]) -> FinetuneRecipe:
+    """`classify` on a Transformer encoder: its family's recipe (`recipe`), the input layout of
+    its head and the tokenizer it was trained with (unless `overrides` name one)."""
+    model = dataclasses.asdict(classifier_config(encoder, task.num_labels))
+    chosen = recipe(model["head"], model["hidden_size"], task.name)
     xlnet = model["head"] == "xlnet"
     values = {"method": CLASSIFY.name, **{f"model.{k}": v for k, v in model.items()},
-              "model.init": init, "examples.task": spec.name, "data.source": data,
               # XLNet's relative positions have no length limit.
               "examples.max_seq_length": 128 if xlnet else min(
                   128, model["max_position_embeddings"]),
               "examples.layout": layout_of(model["head"]),
-              "train.seed": seed,
               "train.batch_size": chosen.get("batch_size", 32),
               "optim.learning_rate": chosen["learning_rate"],
               "optim.weight_decay": chosen["weight_decay"],
@@ -142,18 +132,45 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
                   "electra": "electra_linear", "xlnet": "linear_from_peak"}.get(
                   model["head"], "linear"),
               "optim.bias_correction": True, "optim.eps_before_bias_correction": xlnet,
-              "optim.eps": chosen.get("eps", 1e-6),
-              "train.eval_batches": 1}
+              "optim.eps": chosen.get("eps", 1e-6)}
     if not any(override.startswith("data.tokenizer=") for override in overrides):
         values["data.tokenizer"] = tokenizer_of(source)  # its casing travels in its folder
+    return FinetuneRecipe(values, epochs=chosen["epochs"], warmup=chosen.get("warmup", 0.1))
+
+
+def _saved_run_config(source: str) -> dict[str, Any]:
+    """The run config a pretext workdir saved ({} for model directories and HF folders)."""
+    path = Path(source) / CONFIG_FILE
+    return export.read_json_object(path) if path.is_file() else {}
+
+
+def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = (), *,
+                    seed: int = 0, epochs: float | None = None, architecture: str = "",
+                    config_file: str | Path | None = None) -> Config:
+    """The fine-tuning config for `task` from `init` (empty: a random network shaped like the
+    `architecture` checkpoint), data from a GLUE folder or `tfds`: the downstream method that
+    claims what `init` holds (`registry.downstream_recipe`: ELMo's scalar mix), else `classify`
+    with the encoder family's recipe. A `config_file`'s settings win over the recipe and
+    `overrides` (key=value) over both; `epochs` (default: the recipe's) sets `train.steps`."""
+    overrides = [*file_overrides(config_file), *overrides]
+    spec = glue.glue_task(task)
+    source = init or architecture
+    if not source:
+        raise UserError("give a starting point (--init) or, for a random encoder, the "
+                        "checkpoint whose architecture to copy (--architecture)")
+    pretrained = read_pretrained(source, export.load_pretrained)
+    chosen = (registry.downstream_recipe(pretrained, spec, _saved_run_config(source))
+              or _encoder_recipe(source, as_encoder(source, pretrained), spec, overrides))
+    values = {**chosen.values, "model.init": init, "examples.task": spec.name,
+              "data.source": data, "train.seed": seed, "train.eval_batches": 1}
     draft = make_config(None, [*_as_overrides(values), *overrides])
     rows = len(glue.read_glue(data, spec.name, "train", draft.data.tfds_data_dir or None).labels)
     rows = min(rows, draft.examples.get("max_train_examples") or rows)
     per_epoch = max(1, math.ceil(rows / draft.train.batch_size))
-    steps = max(1, math.ceil((chosen["epochs"] if epochs is None else epochs) * per_epoch))
-    warmup = chosen.get("warmup", 0.1)
+    steps = max(1, math.ceil((chosen.epochs if epochs is None else epochs) * per_epoch))
     schedule = {"train.steps": steps,
-                "optim.warmup_steps": max(1, round(warmup * steps)) if warmup else 0,
+                "optim.warmup_steps": max(1, round(chosen.warmup * steps)) if chosen.warmup
+                else 0,
                 "train.eval_every": per_epoch, "train.checkpoint_every": per_epoch,
                 "train.log_every": max(1, min(50, per_epoch))}
     return make_config(None, [*_as_overrides({**values, **schedule}), *overrides])
@@ -193,7 +210,7 @@ def evaluate(workdir: str | Path) -> dict[str, Any]:
         raise UserError(f"{workdir} is not a fine-tuning workdir ({CONFIG_FILE} missing); pass "
                         "the --workdir of run.py finetune")
     config = config_from_dict(export.read_json_object(path / CONFIG_FILE))
-    if config.method != CLASSIFY.name:
+    if config.method != CLASSIFY.name and registry.get(config.method).finetunes is None:
         raise UserError(f"{workdir} holds a {config.method} pre-training run; evaluate a "
                         "fine-tuning workdir (run.py finetune)")
     trainer = Trainer(config, path)

@@ -261,12 +261,38 @@ def test_scalar_mix_on_glue_sst2_from_the_frozen_bilm(pretrained, tmp_path):
         np.testing.assert_array_equal(value, theirs[path], err_msg=path)
 
 
-def test_finetune_from_an_elmo_workdir_names_the_scalar_mix_method(pretrained, tmp_path, capsys):
-    """`run.py finetune --init <elmo workdir>` (the BERT-family classifier) exits 2 with one line
-    that names elmo_classify's preset instead of failing inside the classifier."""
-    glue_root = tmp_path / "glue"
-    code = run.main(["finetune", "--task", "sst2", "--init", str(pretrained),
-                     "--data", str(glue_root), "--workdir", str(tmp_path / "ft")])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "elmo_tiny_glue" in err[0], err
-    assert not (tmp_path / "ft").exists()
+def test_finetune_and_eval_from_an_elmo_workdir_choose_the_scalar_mix(pretrained, tmp_path,
+                                                                      capsys):
+    """`run.py finetune --init <elmo workdir>` runs `elmo_classify` (the method that claims a
+    biLM, `Method.finetunes`) with the biLM's own settings and the characters per token it was
+    trained with, from its weights, and writes dev metrics beside the majority baseline; `run.py
+    eval` reads the workdir back to the same metrics."""
+    rng = np.random.default_rng(0)
+    words = ["good", "fine", "great", "bad", "awful", "poor", "the", "film", "plot", "was"]
+    (tmp_path / "glue" / "SST-2").mkdir(parents=True)
+    for split, count in (("train", 64), ("dev", 24)):
+        labels = rng.integers(0, 2, count)
+        rows = [" ".join(rng.choice(words[6:], 3)) + " " + words[3 * (1 - y) + rng.integers(3)]
+                + f"\t{y}" for y in labels]
+        (tmp_path / "glue" / "SST-2" / f"{split}.tsv").write_text(
+            "sentence\tlabel\n" + "\n".join(rows) + "\n")
+    workdir = tmp_path / "ft"
+    assert run.main(["finetune", "--task", "sst2", "--init", str(pretrained), "--data",
+                     str(tmp_path / "glue"), "--workdir", str(workdir), "--epochs", "1",
+                     "train.batch_size=16", "train.progress=false"]) == 0
+    config = json.loads((workdir / "config.json").read_text())
+    assert config["method"] == "elmo_classify" and config["train"]["steps"] == 4
+    assert config["examples"]["max_characters_per_token"] == SHORT[
+        "examples.max_characters_per_token"]
+    assert config["model"]["char_filters"] == SHORT["model.char_filters"]
+    assert config["model"]["num_layers"] == 1 and config["model"]["init"] == str(pretrained)
+    ours, theirs = flat(load_model(workdir).bilm), flat(load_model(pretrained).bilm)
+    for path, value in ours.items():
+        np.testing.assert_array_equal(value, theirs[path], err_msg=path)
+    result = json.loads((workdir / "results.json").read_text())
+    assert set(result["dev"]) == {"accuracy", "glue_score"}
+    assert result["majority_baseline"]["accuracy"] > 0.3
+    capsys.readouterr()
+    assert run.main(["eval", "--workdir", str(workdir)]) == 0
+    accuracy = f"{result['dev']['accuracy']:.4f}"
+    assert accuracy in capsys.readouterr().out
