@@ -47,9 +47,13 @@ from pretext_jax.pretrain.trainer import Trainer
 
 
 def decay_boundaries(steps: int, *fractions: float) -> str:
-    """The override putting a step schedule's lr drops at these fractions of a run."""
-    return "optim.decay_boundaries=" + ",".join(str(max(1, round(steps * f)))
-                                                for f in fractions)
+    """The override putting a step schedule's lr drops at these fractions of a run; in a run
+    too short to tell them apart, each drop at least one step after the one before (the
+    schedule wants increasing steps)."""
+    boundaries: list[int] = []
+    for fraction in fractions:
+        boundaries.append(max(round(steps * fraction), boundaries[-1] + 1 if boundaries else 1))
+    return "optim.decay_boundaries=" + ",".join(map(str, boundaries))
 
 
 def preset_defaults(preset: str, steps: int) -> list[str]:

@@ -20,6 +20,7 @@ from resilience_utils import GRADIENT_STEP, assert_same_training, kill_and_resum
 from tfds_utils import write_cifar10_folder
 
 from pretext_jax import run
+from pretext_jax.bench.image_cifar10 import decay_boundaries as bench_boundaries
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import image_augment, jigsaw
 from pretext_jax.models.image_tasks import JigsawConfig
@@ -154,6 +155,10 @@ def test_step_schedule_and_nesterov_sgd_as_torch():
     for bad in ("", "4,2", "0,3", "a"):
         with pytest.raises(UserError, match="optim.decay_boundaries"):
             learning_rate_schedule(OptimConfig(schedule="step", decay_boundaries=bad), 6)
+    # The CIFAR-10 bench's drops at fractions of a run stay increasing however short the run.
+    for steps, expected in ((200, "60,120,160"), (3, "1,2,3")):
+        assert bench_boundaries(steps, 0.3, 0.6, 0.8) == f"optim.decay_boundaries={expected}"
+        learning_rate_schedule(OptimConfig(schedule="step", decay_boundaries=expected), steps)
 
 
 # ---------------------------------------------------------------------- permutation set
