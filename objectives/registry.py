@@ -243,11 +243,11 @@ def downstream_recipe(pretrained_model: Any, task: Any, source_config: Mapping[s
     """The recipe of the downstream method that starts from `pretrained_model` on `task`
     (`Method.finetunes`); None when no method claims it."""
     for method in _METHODS.values():
-        recipe = method.finetunes and method.finetunes(pretrained_model, task, source_config)
-        if recipe:
-            return recipe
+        if method.finetunes is not None:
+            recipe = method.finetunes(pretrained_model, task, source_config)
+            if recipe is not None:
+                return recipe
     return None
-
 
 
 def preset_names() -> list[str]:
