@@ -256,9 +256,10 @@ def _print_summary(summary: dict, seconds: float, trainer: Any) -> None:
 
     def untrained() -> dict[str, float]:  # the monitor of the same network, untrained
         model = method.build_model(trainer.model_config, trainer.config.train.seed)
-        return method.monitor(model, trainer.data, trainer.example_config, trainer.objective)
+        return method.evaluation.monitor(model, trainer.data, trainer.example_config,
+                                         trainer.objective)
 
-    for line in method.summarize(evaluation, summary["report"], untrained):
+    for line in method.evaluation.summarize(evaluation, summary["report"], untrained):
         print(line)
 
 

@@ -377,9 +377,8 @@ def prepare_text(method_name: str, corpus: Path, workdir: Path) -> tuple[Any, An
     method = registry.get(config.method)
     prepared = method.prepare(config.data, config.example_config(), cache, config.train.seed)
     batch = config.train.batch_size
-    if prepared.step_source is not None:  # read in order, as the trainer does
-        return prepared.step_source(batch), prepared.transforms, batch, False
-    return prepared.train, prepared.transforms, batch, not prepared.batch_layout
+    segment = prepared.segment(1, config)  # the records the trainer's first step reads
+    return segment.records(None), prepared.transforms, batch, segment.shuffle
 
 
 def text_loader(records: Any, transforms: Sequence[Any], batch_size: int, shuffle: bool,

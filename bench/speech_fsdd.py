@@ -50,8 +50,9 @@ def main(argv: list[str] | None = None) -> dict:
     summary = trainer.run()
     seconds = time.perf_counter() - start
     method = registry.get(config.method)
-    untrained = method.monitor(method.build_model(config.model_config(), config.train.seed),
-                               trainer.data, config.example_config(), trainer.objective)
+    untrained = method.evaluation.monitor(
+        method.build_model(trainer.model_config, config.train.seed), trainer.data,
+        trainer.example_config, trainer.objective)
     probes = {}
     for key, value in summary["eval"].items():
         if key.startswith("probe_"):

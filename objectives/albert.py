@@ -25,9 +25,11 @@ from pretext_jax.objectives.preset_parts import (
 )
 from pretext_jax.objectives.registry import (
     Batch,
+    Evaluation,
     Method,
     Metrics,
     PreparedData,
+    Resolution,
     register,
     summary_of,
 )
@@ -99,9 +101,9 @@ register(Method(
     loss=albert_loss,
     prepare=prepare_albert,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_max_seq_length,
     description="ALBERT: factorised embeddings, shared layers, n-gram MLM + sentence-order "
                 "prediction (Lan et al. 2020)",
-    summarize=summary_of(accuracy="mlm", metrics=("loss", "sop_accuracy")),
     presets=PRESETS,
+    resolution=Resolution(check=check_max_seq_length),
+    evaluation=Evaluation(summarize=summary_of(accuracy="mlm", metrics=("loss", "sop_accuracy"))),
 ))

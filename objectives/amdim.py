@@ -41,7 +41,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import image_augment
 from pretext_jax.models.infomax import AMDIM, AMDIMConfig, AMDIMEncoder
 from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
 from pretext_jax.objectives.two_view import (
     EVAL_AUGMENT_SEED,
     ImageExampleConfig,
@@ -241,11 +241,11 @@ register(Method(
     build_model=build_amdim,
     loss=amdim_loss,
     prepare=prepare_two_view_images,
-    check=check_amdim,
     units_per_example=lambda examples: 2,
-    monitor=knn_monitor,
     unit="views",
     description="AMDIM: multiscale NCE between two augmented views (Bachman et al. 2019)",
-    summarize=knn_summary(("loss", "nce_1t5", "nce_1t7", "nce_5t5")),
     presets=PRESETS,
+    resolution=Resolution(check=check_amdim),
+    evaluation=Evaluation(monitor=knn_monitor,
+                          summarize=knn_summary(("loss", "nce_1t5", "nce_1t7", "nce_5t5"))),
 ))

@@ -17,6 +17,7 @@ from pretext_jax.input_pipeline import bert_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.objectives.classifier_recipes import ClassifierSettings, claims_encoders
 from pretext_jax.objectives.preset_parts import (
     NO_DROPOUT,
     TINY_TEXT_MODEL,
@@ -25,9 +26,12 @@ from pretext_jax.objectives.preset_parts import (
 )
 from pretext_jax.objectives.registry import (
     Batch,
+    Evaluation,
     Method,
     Metrics,
     PreparedData,
+    Resolution,
+    Start,
     register,
     summary_of,
 )
@@ -98,6 +102,20 @@ PRESETS = {
 }
 
 
+
+def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
+    """BERT's GLUE fine-tuning (Devlin et al. 2019, §4.1 and A.3): sequence length 128, batch
+    32, 3 epochs, lr 2e-5 (the paper picks from {5, 4, 3, 2}e-5 on dev), warmup over 10% of
+    the steps then linear decay, weight decay 0.01. Encoders narrower than BERT-Base (the
+    compact BERTs of Turc et al. 2019, MiniLM): 4 epochs at lr 1e-4, from the grid {3e-4,
+    1e-4, 5e-5, 3e-5} that the google-research/bert README gives for them (2e-5 barely moves
+    a 2-layer, 64-wide model)."""
+    del task
+    compact = hidden_size < 768
+    return ClassifierSettings(learning_rate=1e-4 if compact else 2e-5,
+                              epochs=4 if compact else 3, weight_decay=0.01)
+
+
 METHOD = register(Method(
     name="bert",
     model_config=EncoderConfig,
@@ -106,8 +124,9 @@ METHOD = register(Method(
     loss=bert_loss,
     prepare=prepare_bert,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_max_seq_length,
     description="BERT: masked LM + next-sentence prediction (Devlin et al. 2019)",
-    summarize=summary_of(accuracy="mlm", metrics=("loss", "nsp_accuracy")),
     presets=PRESETS,
+    resolution=Resolution(check=check_max_seq_length),
+    evaluation=Evaluation(summarize=summary_of(accuracy="mlm", metrics=("loss", "nsp_accuracy"))),
+    start=Start(finetunes=claims_encoders("bert", glue_settings)),
 ))

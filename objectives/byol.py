@@ -36,7 +36,7 @@ from flax import nnx
 from pretext_jax.models.momentum import BYOL, BYOLConfig, ema_update
 from pretext_jax.objectives.contrastive import l2_normalize
 from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
 from pretext_jax.objectives.two_view import (
     ImageExampleConfig,
     TwoViewAugmentation,
@@ -169,13 +169,11 @@ register(Method(
     build_model=build_byol,
     loss=byol_loss,
     prepare=prepare_two_view_images,
-    check=check_two_view_method,
     units_per_example=lambda examples: 2,
-    monitor=knn_monitor,
-    run_settings=whole_run_schedule,
     unit="views",
     description="BYOL: predict a momentum target's projection of the other view "
                 "(Grill et al. 2020)",
-    summarize=knn_summary(),
     presets=PRESETS,
+    resolution=Resolution(check=check_two_view_method, run_settings=whole_run_schedule),
+    evaluation=Evaluation(monitor=knn_monitor, summarize=knn_summary()),
 ))

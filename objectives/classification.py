@@ -36,8 +36,18 @@ from pretext_jax.models.classifier import (
     XLNetClassifierConfig,
     from_pretrained,
 )
+from pretext_jax.objectives.classifier_recipes import CLASSIFY, layout_of
 from pretext_jax.objectives.glue_metrics import constant_baseline, task_metrics
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.registry import (
+    Batch,
+    Evaluation,
+    Method,
+    Metrics,
+    PreparedData,
+    Resolution,
+    Start,
+    register,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,11 +201,6 @@ def prepare_glue(data: DataConfig, examples: GlueExampleConfig, cache_dir: Path,
                         report={"majority_baseline": baseline}, tokenizer=tokenizer)
 
 
-def layout_of(head: str) -> str:
-    """The GLUE input layout a head reads (`input_pipeline.glue.LAYOUTS`)."""
-    return head if head in ("xlnet", "xlm") else "bert"
-
-
 def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig,
                objective: Any = None) -> None:
     """The task exists and suits the head; examples fit the positions (no `objective`)."""
@@ -210,15 +215,15 @@ def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig,
 
 
 METHOD = register(Method(
-    name="classify",
+    name=CLASSIFY,
     model_config=FinetuneModelConfig,
     example_config=GlueExampleConfig,
     build_model=build_classifier,
     loss=classification_loss,
     prepare=prepare_glue,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_glue,
-    monitor=glue_monitor,
-    pretrained=pretrained_classifier,
     description="Fine-tuning: sentence(-pair) classification/regression (GLUE)",
+    resolution=Resolution(check=check_glue),
+    evaluation=Evaluation(monitor=glue_monitor),
+    start=Start(pretrained=pretrained_classifier),
 ))

@@ -44,7 +44,15 @@ from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.cmc import CMC, CMCConfig
 from pretext_jax.objectives.contrastive import info_nce, l2_normalize
 from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.registry import (
+    Batch,
+    Evaluation,
+    Method,
+    Metrics,
+    PreparedData,
+    Resolution,
+    register,
+)
 from pretext_jax.objectives.two_view import (
     EVAL_AUGMENT_SEED,
     ImageExampleConfig,
@@ -184,11 +192,11 @@ register(Method(
     build_model=build_cmc,
     loss=cmc_loss,
     prepare=prepare_cmc,
-    check=check_two_view_method,
     units_per_example=lambda examples: 1,
-    monitor=knn_monitor,
     unit="images",
     description="CMC: contrast of L and ab views against memory banks (Tian et al. 2019)",
-    summarize=knn_summary(("loss", "contrastive_accuracy")),
     presets=PRESETS,
+    resolution=Resolution(check=check_two_view_method),
+    evaluation=Evaluation(monitor=knn_monitor,
+                          summarize=knn_summary(("loss", "contrastive_accuracy"))),
 ))

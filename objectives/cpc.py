@@ -30,7 +30,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.audio import AudioExampleConfig
 from pretext_jax.models.cpc import CPC, CPCConfig, frame_lengths
 from pretext_jax.objectives.preset_parts import FSDD_EXAMPLES
-from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
 from pretext_jax.objectives.speech import (
     check_probe_layer,
     prepare_speech,
@@ -218,12 +218,12 @@ METHOD = register(Method(
     build_model=build_cpc,
     loss=cpc_loss,
     prepare=prepare_speech,
-    check=check_windows,
     units_per_example=lambda examples: examples.max_samples,
     unit="samples",
     description="CPC: InfoNCE of future audio latents from a GRU context (van den Oord et "
                 "al. 2018)",
-    monitor=probe_monitor(probe_layers),
-    summarize=probe_summary(("loss", "accuracy")),
     presets=PRESETS,
+    resolution=Resolution(check=check_windows),
+    evaluation=Evaluation(monitor=probe_monitor(probe_layers),
+                          summarize=probe_summary(("loss", "accuracy"))),
 ))

@@ -47,10 +47,13 @@ from pretext_jax.objectives.clustering import kmeans, pca_whiten, uniform_cluste
 from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
 from pretext_jax.objectives.registry import (
     Batch,
+    Evaluation,
     Method,
     Metrics,
     PreparedData,
-    Rounds,
+    Resolution,
+    Segment,
+    Segments,
     register,
 )
 from pretext_jax.objectives.two_view import (
@@ -156,12 +159,11 @@ def training_features(model: DeepCluster, train: Any, objective: DeepClusterSett
             "image"], objective.image_size), np.float32) for i in range(0, count, size)])
 
 
-def begin_round(model: DeepCluster, data: PreparedData, examples: ImageExampleConfig,
-                objective: DeepClusterSettings, seed: int, round_index: int) -> tuple[str, ...]:
+def begin_round(model: DeepCluster, train: Any, objective: DeepClusterSettings, seed: int,
+                round_index: int) -> tuple[str, ...]:
     """Clusters the training set's features into new pseudo-labels and re-initialises the top
     layer (module docstring, step 1); the head's optimizer state restarts."""
-    del examples
-    points = pca_whiten(training_features(model, data.train, objective), objective.pca_dim)
+    points = pca_whiten(training_features(model, train, objective), objective.pca_dim)
     seed_k = int(round_seed(seed, round_index, 0).integers(2**31))
     _, labels, _ = kmeans(points, model.config.num_clusters, objective.kmeans_iterations, seed_k)
     model.labels.set_value(jnp.asarray(labels))
@@ -169,20 +171,46 @@ def begin_round(model: DeepCluster, data: PreparedData, examples: ImageExampleCo
     return ("head",)
 
 
-def round_source(model: DeepCluster, data: PreparedData, objective: DeepClusterSettings,
-                 seed: int, round_index: int, batch_size: int) -> ClusterRound:
+def round_source(model: DeepCluster, train: Any, objective: DeepClusterSettings, seed: int,
+                 round_index: int, batch_size: int) -> ClusterRound:
     """The round's cluster-uniform image order (module docstring, step 2)."""
     labels = np.asarray(jax.device_get(model.labels.get_value()))
     order = uniform_cluster_order(labels, objective.recluster_every * batch_size,
                                   round_seed(seed, round_index, 1))
-    return ClusterRound(data.train, labels, order, round_index)
+    return ClusterRound(train, labels, order, round_index)
+
+
+def rounds(train: Any, objective: DeepClusterSettings) -> Segments:
+    """`PreparedData.segments`: round r is steps r x `recluster_every` + 1 onwards, begun by a
+    clustering (`begin_round`) and read in its cluster-uniform order (`round_source`), which
+    depends only on the checkpointed pseudo-labels, the run's seed and r, so a resume is
+    exact."""
+    every = objective.recluster_every
+
+    def segment(step: int, config: Any) -> Segment:
+        index, seed = (step - 1) // every, config.train.seed
+        return Segment(
+            first_step=index * every + 1, last_step=(index + 1) * every, shuffle=False,
+            records=lambda model: round_source(model, train, objective, seed, index,
+                                               config.train.batch_size),
+            begin=lambda model: begin_round(model, train, objective, seed, index))
+
+    return segment
 
 
 def prepare_deepcluster(data: DataConfig, examples: ImageExampleConfig, cache_dir: Path,
                         seed: int) -> PreparedData:
-    """The image methods' data, with the training image count as `model.num_images`."""
+    """The image methods' data, with the training image count as `model.num_images`; the
+    rounds are added once the objective is resolved (`with_rounds`)."""
     prepared = prepare_two_view_images(data, examples, cache_dir, seed)
     return dataclasses.replace(prepared, model_fields={"num_images": len(prepared.train)})
+
+
+def with_rounds(prepared: PreparedData, model: DeepClusterConfig,
+                objective: DeepClusterSettings) -> PreparedData:
+    """`Resolution.complete_data`: the training steps in rounds (`rounds`)."""
+    del model
+    return dataclasses.replace(prepared, segments=rounds(prepared.train, objective))
 
 
 def check_deepcluster(model: DeepClusterConfig, examples: ImageExampleConfig,
@@ -239,14 +267,11 @@ register(Method(
     build_model=build_deepcluster,
     loss=deepcluster_loss,
     prepare=prepare_deepcluster,
-    check=check_deepcluster,
     units_per_example=lambda examples: 1,
-    monitor=knn_monitor,
     unit="images",
     description="DeepCluster: k-means pseudo-labels of the features, re-clustered every round "
                 "(Caron et al. 2018)",
-    summarize=knn_summary(("loss", "cluster_accuracy")),
-    rounds=Rounds(every=lambda objective: objective.recluster_every, begin=begin_round,
-                  source=round_source),
     presets=PRESETS,
+    resolution=Resolution(check=check_deepcluster, complete_data=with_rounds),
+    evaluation=Evaluation(monitor=knn_monitor, summarize=knn_summary(("loss", "cluster_accuracy"))),
 ))

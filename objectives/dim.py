@@ -28,7 +28,7 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.models.infomax import DIM, DIMConfig
 from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
 from pretext_jax.objectives.two_view import (
     ImageExampleConfig,
     check_host_crops,
@@ -146,12 +146,12 @@ register(Method(
     build_model=build_dim,
     loss=dim_loss,
     prepare=prepare_two_view_images,
-    check=check_dim,
     units_per_example=lambda examples: 1,
-    monitor=knn_monitor,
     unit="images",
     description="Deep InfoMax: JSD between local features and the global vector "
                 "(Hjelm et al. 2019)",
-    summarize=knn_summary(("loss", "local_jsd", "global_jsd")),
     presets=PRESETS,
+    resolution=Resolution(check=check_dim),
+    evaluation=Evaluation(monitor=knn_monitor,
+                          summarize=knn_summary(("loss", "local_jsd", "global_jsd"))),
 ))

@@ -35,6 +35,7 @@ from pretext_jax.input_pipeline import electra_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.electra import Electra, ElectraConfig
 from pretext_jax.models.layers import split_rng
+from pretext_jax.objectives.classifier_recipes import ClassifierSettings, claims_encoders
 from pretext_jax.objectives.preset_parts import (
     NO_DROPOUT,
     TINY_TEXT_MODEL,
@@ -43,9 +44,12 @@ from pretext_jax.objectives.preset_parts import (
 )
 from pretext_jax.objectives.registry import (
     Batch,
+    Evaluation,
     Method,
     Metrics,
     PreparedData,
+    Resolution,
+    Start,
     register,
     summary_of,
 )
@@ -214,6 +218,20 @@ PRESETS = {
 }
 
 
+
+def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
+    """ELECTRA's GLUE fine-tuning (Clark et al. 2020, Table 7): batch 32, lr 3e-4 (Small) /
+    1e-4 (Base) / 5e-5 (Large), layer-wise lr decay 0.8 (0.9 Large), warmup 10%, no weight
+    decay, 3 epochs, 10 for RTE and STS-B; the schedule is ELECTRA's own
+    (`optim.schedule=electra_linear`: the linear decay over the run multiplied by the warmup
+    ramp, model/optimization.py, which its run_finetuning.py uses), not BERT's."""
+    learning_rate = 3e-4 if hidden_size <= 256 else 1e-4 if hidden_size <= 768 else 5e-5
+    return ClassifierSettings(
+        learning_rate=learning_rate, epochs=10 if task in ("rte", "stsb") else 3,
+        weight_decay=0.0, layerwise_lr_decay=0.8 if hidden_size <= 768 else 0.9,
+        schedule="electra_linear")
+
+
 register(Method(
     name="electra",
     model_config=ElectraConfig,
@@ -223,8 +241,9 @@ register(Method(
     loss=electra_loss,
     prepare=prepare_electra,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_max_seq_length,
     description="ELECTRA: generator MLM + replaced-token detection (Clark et al. 2020)",
-    summarize=summary_of(accuracy="mlm", metrics=("loss", "rtd_accuracy")),
     presets=PRESETS,
+    resolution=Resolution(check=check_max_seq_length),
+    evaluation=Evaluation(summarize=summary_of(accuracy="mlm", metrics=("loss", "rtd_accuracy"))),
+    start=Start(finetunes=claims_encoders("electra", glue_settings)),
 ))

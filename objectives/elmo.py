@@ -21,7 +21,7 @@ into a small classifier on GLUE. The paper adds ELMo to each task's own model (B
 ESIM for SNLI, ...); this head is deliberately simple. The `classify` heads sit on a
 Transformer's first token, so ELMo has its own method, with the same GLUE files, metrics and
 majority baseline, which `run.py finetune` / `glue` choose for an ELMo starting point
-(`Method.finetunes`).
+(`Start.finetunes`).
 """
 
 from __future__ import annotations
@@ -52,10 +52,13 @@ from pretext_jax.models.elmo import BiLM, ElmoClassifier, ElmoClassifierConfig, 
 from pretext_jax.objectives.glue_metrics import constant_baseline, task_metrics
 from pretext_jax.objectives.registry import (
     Batch,
+    Evaluation,
     FinetuneRecipe,
     Method,
     Metrics,
     PreparedData,
+    Resolution,
+    Start,
     register,
 )
 from pretext_jax.objectives.text import held_out_examples, weighted_cross_entropy
@@ -266,10 +269,10 @@ register(Method(
     loss=elmo_loss,
     prepare=prepare_elmo,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_elmo,
-    summarize=summarize_elmo,
     description="ELMo: bidirectional LSTM LM over character CNN tokens (Peters et al. 2018)",
     presets=PRESETS,
+    resolution=Resolution(check=check_elmo),
+    evaluation=Evaluation(summarize=summarize_elmo),
 ))
 
 
@@ -417,10 +420,6 @@ register(Method(
     loss=elmo_classification_loss,
     prepare=prepare_elmo_glue,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_elmo_glue,
-    monitor=elmo_glue_monitor,
-    pretrained=pretrained_elmo_classifier,
-    finetunes=elmo_finetune_recipe,
     description="ELMo downstream: scalar mix of a frozen biLM's layers, GLUE classifier",
     presets={
         # The elmo_tiny biLM (model.init=<its workdir>) under the scalar mix, on a GLUE task.
@@ -433,4 +432,7 @@ register(Method(
                       "checkpoint_every": 100},
         },
     },
+    resolution=Resolution(check=check_elmo_glue),
+    evaluation=Evaluation(monitor=elmo_glue_monitor),
+    start=Start(pretrained=pretrained_elmo_classifier, finetunes=elmo_finetune_recipe),
 ))

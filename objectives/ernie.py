@@ -25,9 +25,11 @@ from pretext_jax.objectives.preset_parts import (
 )
 from pretext_jax.objectives.registry import (
     Batch,
+    Evaluation,
     Method,
     Metrics,
     PreparedData,
+    Resolution,
     register,
     summary_of,
 )
@@ -96,9 +98,9 @@ register(Method(
     loss=ernie_loss,
     prepare=prepare_ernie,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_max_seq_length,
     description="ERNIE 1.0: BERT with knowledge masking of whole phrases and entities "
                 "(Sun et al. 2019)",
-    summarize=summary_of(accuracy="mlm", metrics=("loss", "nsp_accuracy")),
     presets=PRESETS,
+    resolution=Resolution(check=check_max_seq_length),
+    evaluation=Evaluation(summarize=summary_of(accuracy="mlm", metrics=("loss", "nsp_accuracy"))),
 ))

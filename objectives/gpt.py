@@ -29,7 +29,14 @@ from pretext_jax.objectives.preset_parts import (
     TINY_TEXT_OPTIM,
     TINY_TEXT_TRAIN,
 )
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.registry import (
+    Batch,
+    Method,
+    Metrics,
+    PreparedData,
+    Resolution,
+    register,
+)
 from pretext_jax.objectives.text import (
     check_max_seq_length,
     held_out_examples,
@@ -107,7 +114,7 @@ register(Method(
     loss=causal_lm_loss,
     prepare=prepare_gpt,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_max_seq_length,
     description="GPT-2: causal language model, next-token prediction (Radford et al. 2019)",
     presets=PRESETS,
+    resolution=Resolution(check=check_max_seq_length),
 ))

@@ -29,7 +29,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import image_augment, jigsaw
 from pretext_jax.models.image_tasks import JigsawConfig, JigsawNet
 from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
 from pretext_jax.objectives.text import weighted_cross_entropy
 from pretext_jax.objectives.two_view import (
     EVAL_AUGMENT_SEED,
@@ -155,12 +155,11 @@ register(Method(
     build_model=build_jigsaw,
     loss=jigsaw_loss,
     prepare=prepare_two_view_images,
-    check=check_jigsaw,
     units_per_example=lambda examples: jigsaw.TILES,
-    monitor=knn_monitor,
     unit="tiles",
     description="Jigsaw: classify which permutation shuffled 3x3 tiles of an image "
                 "(Noroozi & Favaro 2016)",
-    summarize=knn_summary(("loss", "accuracy")),
     presets=PRESETS,
+    resolution=Resolution(check=check_jigsaw),
+    evaluation=Evaluation(monitor=knn_monitor, summarize=knn_summary(("loss", "accuracy"))),
 ))

@@ -18,7 +18,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import mass_examples, xlm_examples
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
-from pretext_jax.objectives.registry import PreparedData
+from pretext_jax.objectives.registry import PreparedData, per_step_source
 from pretext_jax.objectives.text import MAX_EVAL_EXAMPLES, held_out_examples, stacked_records
 
 
@@ -38,14 +38,15 @@ def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, ca
     its EOS the tokenizer's [SEP]; a bilingual corpus (`en=SOURCE,de=SOURCE`) also sets its
     number of languages."""
     corpora = mass_examples.language_corpora(data.source)
-    step_source = None
+    step_order = None
     if corpora is None:
         build = functools.partial(build_segments, examples)
         train, held_out_split, tokenizer = prepare_text(data, build, examples, cache_dir, seed)
         held_out, languages = [held_out_split], {}
     else:
         train, held_out, tokenizer = prepare_bilingual(corpora, data, examples, cache_dir, seed)
-        languages, step_source = {"num_languages": len(corpora)}, train.for_global_batch
+        languages = {"num_languages": len(corpora)}
+        step_order = per_step_source(train.for_global_batch)
     masking = mass_examples.MassMasking(MaskingVocab.from_tokenizer(tokenizer), examples)
     share = MAX_EVAL_EXAMPLES // len(held_out)
     eval_examples = stacked_records([held_out_examples(part, masking, seed, share)
@@ -53,7 +54,7 @@ def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, ca
     return PreparedData(train=train, eval=eval_examples, transforms=(masking,),
                         model_fields={"vocab_size": tokenizer.vocab_size,
                                       "eos_token_id": tokenizer.sep_id, **languages},
-                        step_source=step_source, tokenizer=tokenizer)
+                        segments=step_order, tokenizer=tokenizer)
 
 
 def prepare_bilingual(corpora: dict[str, str], data: DataConfig,

@@ -37,7 +37,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.models.momentum import MoCo, MoCoConfig, call_in_groups, ema_update
 from pretext_jax.objectives.contrastive import info_nce, l2_normalize
 from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
 from pretext_jax.objectives.two_view import (
     ImageExampleConfig,
     TwoViewAugmentation,
@@ -154,11 +154,11 @@ register(Method(
     build_model=build_moco,
     loss=moco_loss,
     prepare=prepare_two_view_images,
-    check=check_two_view_method,
     units_per_example=lambda examples: 2,
-    monitor=knn_monitor,
     unit="views",
     description="MoCo v2: InfoNCE against a queue of momentum-encoded keys (He et al. 2020)",
-    summarize=knn_summary(("loss", "contrastive_accuracy")),
     presets=PRESETS,
+    resolution=Resolution(check=check_two_view_method),
+    evaluation=Evaluation(monitor=knn_monitor,
+                          summarize=knn_summary(("loss", "contrastive_accuracy"))),
 ))

@@ -32,9 +32,11 @@ from pretext_jax.objectives.preset_parts import (
 )
 from pretext_jax.objectives.registry import (
     Batch,
+    Evaluation,
     Method,
     Metrics,
     PreparedData,
+    Resolution,
     register,
     summary_of,
 )
@@ -126,8 +128,8 @@ register(Method(
     loss=mpnet_loss,
     prepare=prepare_mpnet,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_mpnet,
     description="MPNet: masked and permuted LM with two-stream attention (Song et al. 2020)",
-    summarize=summary_of(accuracy="plm"),
     presets=PRESETS,
+    resolution=Resolution(check=check_mpnet),
+    evaluation=Evaluation(summarize=summary_of(accuracy="plm")),
 ))

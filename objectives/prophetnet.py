@@ -41,7 +41,14 @@ from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.prophetnet import PAD_ID, ProphetNet, ProphetNetConfig
 from pretext_jax.objectives.masked_span import prepare_mass
 from pretext_jax.objectives.preset_parts import NO_DROPOUT, TINY_TEXT_OPTIM, TINY_TEXT_TRAIN
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.registry import (
+    Batch,
+    Method,
+    Metrics,
+    PreparedData,
+    Resolution,
+    register,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,9 +197,9 @@ register(Method(
     build_model=lambda config, seed: ProphetNet(config, rngs=nnx.Rngs(seed)),
     loss=prophetnet_loss,
     prepare=prepare_prophetnet,
-    check=check_prophetnet,
     units_per_example=lambda examples: examples.max_seq_length,
     description="ProphetNet future n-gram prediction with the n-stream decoder, on MASS-style "
                 "span masking (Qi et al. 2020)",
     presets=PRESETS,
+    resolution=Resolution(check=check_prophetnet),
 ))

@@ -51,64 +51,99 @@ def summary_of(*, accuracy: str = "", metrics: Sequence[str] = ("loss",)) -> Sum
 
 
 @dataclasses.dataclass(frozen=True)
+class Segment:
+    """Consecutive training steps that read one source: steps `first_step`..`last_step`
+    (1-based, inclusive; None: to the end of the run) take their batches from `records(model)`,
+    a random-access source (as `PreparedData.train`), shuffled by seed or in the source's own
+    order. `records` gets the model as the segment's first step finds it, so that a source may
+    depend on the network (DeepCluster: pseudo-labels); it must depend only on what a checkpoint
+    holds, so that a resume is exact. `begin(model)`, if set, runs before the segment's first
+    step (not when a run resumes inside the segment): it changes the model in place and returns
+    the names of the top-level submodules whose optimizer state restarts at zero."""
+
+    first_step: int
+    last_step: int | None
+    records: Callable[[Any], Any]
+    shuffle: bool = True
+    begin: Callable[[Any], tuple[str, ...]] | None = None
+
+
+# (step, run config) -> the segment that holds `step`. The config is the trainer's resolved run
+# config; a segment function may refuse it (UserError), e.g. a batch size its layout cannot take.
+Segments = Callable[[int, Any], Segment]
+
+
+def whole_run(source: Any, *, shuffle: bool = True,
+              check: Callable[[Any], None] | None = None) -> Segments:
+    """`PreparedData.segments` for a run that reads one source throughout (`shuffle=False`: in
+    the source's order, e.g. XLNet's consecutive batches, XLM's per-step schedule); `check(config)`
+    refuses run configs the source cannot serve."""
+
+    def segment(step: int, config: Any) -> Segment:
+        del step
+        if check is not None:
+            check(config)
+        return Segment(first_step=1, last_step=None, records=lambda model: source,
+                       shuffle=shuffle)
+
+    return segment
+
+
+def per_step_source(source_for_batch: Callable[[int], Any]) -> Segments:
+    """`PreparedData.segments` for a source that draws every step's records itself, given the
+    global batch size (XLM: one language or language pair per step), read in order, so that its
+    position is the loader's."""
+
+    def segment(step: int, config: Any) -> Segment:
+        del step
+        source = source_for_batch(config.train.batch_size)
+        return Segment(first_step=1, last_step=None, records=lambda model: source,
+                       shuffle=False)
+
+    return segment
+
+
+@dataclasses.dataclass(frozen=True)
 class PreparedData:
-    """What a method's preparation hands the trainer: record directories for training and
-    held-out evaluation, per-record Grain transforms applied while loading (e.g. dynamic
-    masking), the model-config fields the data decides (e.g. `vocab_size`), and facts to report
-    (e.g. the majority-token baseline). `batch_layout` > 0 means the training records are
-    consecutive global batches of that many rows, to be read in order without shuffling (XLNet:
-    row b of a batch continues row b of the previous one, which the recurrence memory needs);
-    `train.batch_size` must then equal it. `tokenizer`: the text methods' tokenizer
+    """What a method's preparation hands the trainer: record sources for training and held-out
+    evaluation, per-record Grain transforms applied while loading (e.g. dynamic masking), the
+    model-config fields the data decides (e.g. `vocab_size`), and facts to report (e.g. the
+    majority-token baseline). `segments`: which source feeds each training step (`Segments`);
+    None: `train`, shuffled, for the whole run. `tokenizer`: the text methods' tokenizer
     (`input_pipeline.tokenizers`), which the trainer records in the workdir; None for images.
-    `monitor_data`: what the method's `monitor` reads beyond `train` and `eval` (the speech
-    methods: both splits' records for the linear probes); None if nothing. `step_source`: for
-    a method whose every step reads one kind of record (XLM: one language or language pair per
-    step), given the global batch size, the training source the trainer reads in order instead
-    of shuffling `train`: it draws each step's records itself, so its position is the
-    loader's. `model_variables`: values of the model's non-parameter variables that the data
-    decides, by top-level attribute name (word2vec: the vocabulary's `word_counts`), which the
-    trainer puts into a fresh run's initial state (a resumed run restores them)."""
+    `monitor_data`: what the method's monitor reads beyond `train` and `eval` (the speech
+    methods: both splits' records for the linear probes); None if nothing. `model_variables`:
+    values of the model's non-parameter variables that the data decides, by top-level attribute
+    name (word2vec: the vocabulary's `word_counts`), which the trainer puts into a fresh run's
+    initial state (a resumed run restores them)."""
 
     train: Any
     eval: Any
     transforms: Sequence[Any] = ()
     model_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
     report: dict[str, Any] = dataclasses.field(default_factory=dict)
-    batch_layout: int = 0
+    segments: Segments | None = None
     tokenizer: Any = None
     monitor_data: Any = None
-    step_source: Callable[[int], Any] | None = None
     model_variables: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-
-@dataclasses.dataclass(frozen=True)
-class Rounds:
-    """Training in rounds whose data depend on the network (DeepCluster: every round clusters the
-    training set's features and trains on the pseudo-labels). Before step r x `every(objective)`
-    + 1 the trainer calls `begin(model, data, examples, objective, seed, r)`, which updates the
-    model in place (pseudo-labels, a re-initialised head) and returns the names of the
-    top-level submodules whose optimizer state restarts at zero (the reference's new top-layer
-    optimizer); then, and when resuming inside round r, it reads the round's training records in
-    order from `source(model, data, objective, seed, r, global_batch_size)` (a random-access
-    source as `PreparedData.train`, holding `every x global_batch_size` records), which must
-    depend only on what the checkpoint holds (the model's state, the seed and r), so that a
-    resume is exact."""
-
-    every: Callable[[Any], int]
-    begin: Callable[[Any, PreparedData, Any, Any, int, int], tuple[str, ...]]
-    source: Callable[[Any, PreparedData, Any, int, int, int], Any]
+    def segment(self, step: int, config: Any) -> Segment:
+        """The segment that holds `step` (1-based) under the run config `config`."""
+        return (self.segments or whole_run(self.train))(step, config)
 
 
 @dataclasses.dataclass(frozen=True)
 class FinetuneRecipe:
-    """A downstream method's run on one GLUE task (`Method.finetunes`): its config values
-    (`section.key`, `method` included) and the length of its schedule, which
-    `pretrain.finetune` turns into steps: `epochs` over the task's training rows and `warmup`,
-    a fraction of those steps."""
+    """A downstream run on one GLUE task (`Start.finetunes`): its config values (`section.key`,
+    `method` included) and the length of its schedule, which `pretrain.finetune` turns into
+    steps: `epochs` over the task's training rows and `warmup`, a fraction of those steps.
+    `tokenizer_from_init`: the run reads text with the tokenizer the starting point was trained
+    with (found by `pretrain.finetune`, unless the user names one)."""
 
     values: dict[str, Any]
     epochs: float
     warmup: float
+    tokenizer_from_init: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,55 +151,92 @@ class NoObjectiveSettings:
     """The `objective` section of a method whose loss takes no settings."""
 
 
+def no_check(model_config: Any, example_config: Any, objective: Any) -> None:
+    """The `Resolution.check` of a method whose settings need no cross-field check."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """How a method's settings are checked and completed for a run (every part optional).
+
+    - `check(model_config, example_config, objective)`: cross-field validation, raising
+      UserError; `objective` is the `objective_config` (SimCLR: host crops of the views' size).
+    - `run_settings(objective, config)`: the objective settings with the fields that depend on
+      the run's settings filled in (BYOL: the target schedule spans train.steps x
+      optim.grad_accum_steps loss calls).
+    - `complete_data(prepared_data, model_config, objective)`: the prepared data with what
+      depends on the network and the loss's settings added, once both are resolved (wav2vec
+      2.0: span masks and distractors drawn per record over the feature encoder's frames;
+      DeepCluster: its rounds as `PreparedData.segments`).
+    """
+
+    check: Callable[[Any, Any, Any], None] = no_check
+    run_settings: Callable[[Any, Any], Any] | None = None
+    complete_data: Callable[[PreparedData, Any, Any], PreparedData] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """What a method measures beyond its loss, and how the CLI reports it.
+
+    - `monitor(model, prepared_data, example_config, objective)`: held-out metrics beyond the
+      loss's, computed at every evaluation (SimCLR: the kNN accuracy of the features at the
+      views' size, `objective.image_size`); None: none.
+    - `summarize(evaluation, report, untrained)`: the lines the CLI prints about the final
+      held-out metrics (`evaluation`) beside the data's baselines (`report`); `untrained()`
+      computes the `monitor` metrics of the same network at its random initialisation.
+      Default: the held-out loss (`summary_of`).
+    """
+
+    monitor: Callable[[Any, PreparedData, Any, Any], dict[str, float]] | None = None
+    summarize: Summarize = dataclasses.field(default_factory=summary_of)
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Starting from a pre-trained model (every part optional).
+
+    - `pretrained(model_config, seed, load)`: the model a fresh run starts from instead of
+      `build_model`'s random one (fine-tuning: the pre-trained encoder plus a new head), or
+      None for a random start. `load(path)` is the trainer's reader of a pretext workdir, model
+      directory or HuggingFace folder, passed in so that objectives never import the trainer's
+      layer. Its parameters are placed on the mesh after the sharded init, so they never become
+      constants of a compiled function.
+    - `finetunes(pretrained_model, task, source_config)`: how a model this method's family
+      made is fine-tuned on the GLUE `task` (`input_pipeline.glue.GlueTask`): the
+      `FinetuneRecipe` of the downstream run from `pretrained_model` (as `load` reads it), given
+      the saved run config of the starting point (`source_config`; {} when it has none), or
+      None when the model is not this family's. `run.py finetune` / `glue` ask every method
+      (`downstream_recipe`): BERT, ELECTRA, XLNet and XLM give the transformer classifier's
+      recipe of their paper, ELMo's downstream method its scalar mix.
+    """
+
+    pretrained: Callable[[Any, int, Callable[[str], Any]], Any] | None = None
+    finetunes: Callable[[Any, Any, Mapping[str, Any]], FinetuneRecipe | None] | None = None
+
+
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """One pre-training method.
+    """One pre-training (or downstream) method: what every method has, then three optional parts.
 
-    - `model_config` / `example_config`: dataclass types that `config.model` / `config.examples`
-      are validated against.
-    - `objective_config`: the dataclass type of `config.objective`, the loss's settings (what
-      only the loss reads: loss weights, temperatures, momentum schedules, the image methods'
-      view augmentations; fields that shape the network or its parameters belong to
-      `model_config`).
+    - `model_config` / `example_config` / `objective_config`: the dataclass types of the run
+      config's `model`, `examples` and `objective` sections (`objective`: the loss's settings,
+      what only the loss reads: loss weights, temperatures, momentum schedules, the image
+      methods' view augmentations; fields that shape the network belong to `model_config`).
     - `build_model(model_config, seed)`: a fresh Flax NNX module.
     - `loss(model, batch, rng)`: pure; `rng=None` means evaluation (no dropout, no sampling).
       A method with an `objective_config` gets its settings as the keyword `objective`
       (`bind_loss`).
-    - `prepare(data_config, example_config, cache_dir, seed)`: builds the records on the host.
-    - `units_per_example(example_config)`: tokens (or images) per example, for throughput.
-    - `check(model_config, example_config, objective)`: cross-field validation, raising
-      UserError; `objective` is the `objective_config` (SimCLR: host crops of the views' size).
-    - `monitor(model, prepared_data, example_config, objective)`: optional held-out metrics
-      beyond the loss's, computed at every evaluation (SimCLR: the kNN accuracy of the features
-      at the views' size, `objective.image_size`).
-    - `run_settings(objective, config)`: optional; the objective settings with the fields that
-      depend on the run's settings filled in (BYOL: the target schedule spans
-      train.steps x optim.grad_accum_steps loss calls), applied by the trainer.
-    - `complete_data(prepared_data, model_config, objective)`: optional; the prepared data
-      with what depends on the network and the loss's settings added, applied by the trainer
-      once both are resolved (wav2vec 2.0: span masks and distractors are drawn per record on
-      the host over the feature encoder's frames, with the objective's masking settings).
-    - `pretrained(model_config, seed, load)`: optional; the model a fresh run starts from
-      instead of `build_model`'s random one (fine-tuning: the pre-trained encoder plus a new
-      head). `load(path)` is the trainer's reader of a pretext workdir, model directory or
-      HuggingFace folder (`pretrain.export.load_pretrained`), passed in so that objectives
-      never import the trainer's layer. Its parameters are placed on the mesh after the
-      sharded init, so they never become constants of a compiled function.
-    - `finetunes(pretrained_model, task, source_config)`: optional, for a downstream method
-      that `run.py finetune` / `glue` choose by what the starting point holds: the
-      `FinetuneRecipe` of a run of this method from `pretrained_model` (as `load` reads it) on
-      the GLUE `task` (`input_pipeline.glue.GlueTask`), given the saved run config of the
-      starting point (`source_config`; {} when it has none), or None when this method does not
-      start from such a model (ELMo's scalar mix: a biLM). Models that no method claims go to
-      the transformer classifier (`classify`).
-    - `summarize(evaluation, report, untrained)`: the lines the CLI prints about the final
-      held-out metrics (`evaluation`), beside the data's baselines (`report`); `untrained()`
-      computes the `monitor` metrics of the same network at its random initialisation.
-      Default: the held-out loss (`summary_of`).
-    - `rounds`: optional; training in rounds whose data the network decides (`Rounds`:
-      DeepCluster's re-clustering).
+    - `prepare(data_config, example_config, cache_dir, seed)`: builds the records on the host
+      (`PreparedData`, whose `segments` say which records feed each step).
+    - `units_per_example(example_config)`: `unit`s (tokens, images, views, samples) per
+      example, for throughput.
     - `presets`: named starting configs, `{name: {section: {key: value}}}` without `method`
       (`make_config(name)`); a preset name is unique over all methods.
+    - `resolution` (`Resolution`): cross-field checks, and what the run's settings, network
+      and loss settings complete.
+    - `evaluation` (`Evaluation`): held-out metrics beyond the loss, the CLI's summary lines.
+    - `start` (`Start`): starting from a pre-trained model, and how this family fine-tunes.
     """
 
     name: str
@@ -174,20 +246,14 @@ class Method:
     loss: LossFn
     prepare: Callable[[Any, Any, Any, int], PreparedData]
     units_per_example: Callable[[Any], int]
-    check: Callable[[Any, Any, Any], None] = (
-        lambda model_config, example_config, objective: None)
-    monitor: Callable[[Any, PreparedData, Any, Any], dict[str, float]] | None = None
-    run_settings: Callable[[Any, Any], Any] | None = None
-    complete_data: Callable[[PreparedData, Any, Any], PreparedData] | None = None
-    pretrained: Callable[[Any, int, Callable[[str], Any]], Any] | None = None
-    finetunes: Callable[[Any, Any, Mapping[str, Any]], FinetuneRecipe | None] | None = None
-    summarize: Summarize = dataclasses.field(default_factory=summary_of)
-    rounds: Rounds | None = None
     unit: str = "tokens"
+    objective_config: type = NoObjectiveSettings
     description: str = ""
     presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(
         default_factory=dict)
-    objective_config: type = NoObjectiveSettings
+    resolution: Resolution = Resolution()
+    evaluation: Evaluation = Evaluation()
+    start: Start = Start()
 
     def bind_loss(self, objective: Any) -> LossFn:
         """The loss as the trainer calls it, `(model, batch, rng)`: `loss` with `objective` (an
@@ -240,11 +306,11 @@ def names() -> list[str]:
 
 def downstream_recipe(pretrained_model: Any, task: Any, source_config: Mapping[str, Any]
                       ) -> FinetuneRecipe | None:
-    """The recipe of the downstream method that starts from `pretrained_model` on `task`
-    (`Method.finetunes`); None when no method claims it."""
+    """The recipe of the downstream run that starts from `pretrained_model` on `task`
+    (`Start.finetunes` of the family that made it); None when no method claims it."""
     for method in _METHODS.values():
-        if method.finetunes is not None:
-            recipe = method.finetunes(pretrained_model, task, source_config)
+        if method.start.finetunes is not None:
+            recipe = method.start.finetunes(pretrained_model, task, source_config)
             if recipe is not None:
                 return recipe
     return None

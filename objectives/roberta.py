@@ -29,9 +29,11 @@ from pretext_jax.objectives.preset_parts import (
 )
 from pretext_jax.objectives.registry import (
     Batch,
+    Evaluation,
     Method,
     Metrics,
     PreparedData,
+    Resolution,
     register,
     summary_of,
 )
@@ -108,9 +110,9 @@ register(Method(
     loss=roberta_loss,
     prepare=prepare_roberta,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_roberta,
     description="RoBERTa: masked LM on FULL-SENTENCES inputs with dynamic masking, no NSP "
                 "(Liu et al. 2019)",
-    summarize=summary_of(accuracy="mlm"),
     presets=PRESETS,
+    resolution=Resolution(check=check_roberta),
+    evaluation=Evaluation(summarize=summary_of(accuracy="mlm")),
 ))

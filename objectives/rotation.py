@@ -22,7 +22,7 @@ from pretext_jax.input_pipeline import image_augment
 from pretext_jax.models.image_tasks import RotationNet
 from pretext_jax.models.resnet import ResNetConfig
 from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
 from pretext_jax.objectives.text import weighted_cross_entropy
 from pretext_jax.objectives.two_view import (
     ImageExampleConfig,
@@ -124,12 +124,11 @@ register(Method(
     build_model=build_rotation,
     loss=rotation_loss,
     prepare=prepare_two_view_images,
-    check=check_host_crops,
     units_per_example=lambda examples: 4,
-    monitor=knn_monitor,
     unit="images",
     description="RotNet: predict which of 4 rotations an image went through "
                 "(Gidaris et al. 2018)",
-    summarize=knn_summary(("loss", "accuracy")),
     presets=PRESETS,
+    resolution=Resolution(check=check_host_crops),
+    evaluation=Evaluation(monitor=knn_monitor, summarize=knn_summary(("loss", "accuracy"))),
 ))

@@ -19,7 +19,7 @@ from pretext_jax.input_pipeline import image_augment
 from pretext_jax.models.simclr import SimCLR, SimCLRConfig
 from pretext_jax.objectives.contrastive import nt_xent
 from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
 from pretext_jax.objectives.two_view import (
     ImageExampleConfig,
     ViewSettings,
@@ -137,11 +137,11 @@ register(Method(
     build_model=build_simclr,
     loss=simclr_loss,
     prepare=prepare_two_view_images,
-    check=check_host_crops,
     units_per_example=lambda examples: 2,
-    monitor=knn_monitor,
     unit="views",
     description="SimCLR: NT-Xent between two augmented views (Chen et al. 2020)",
-    summarize=knn_summary(("loss", "contrastive_accuracy")),
     presets=PRESETS,
+    resolution=Resolution(check=check_host_crops),
+    evaluation=Evaluation(monitor=knn_monitor,
+                          summarize=knn_summary(("loss", "contrastive_accuracy"))),
 ))

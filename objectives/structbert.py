@@ -33,9 +33,11 @@ from pretext_jax.objectives.preset_parts import (
 )
 from pretext_jax.objectives.registry import (
     Batch,
+    Evaluation,
     Method,
     Metrics,
     PreparedData,
+    Resolution,
     register,
     summary_of,
 )
@@ -134,10 +136,10 @@ register(Method(
     loss=structbert_loss,
     prepare=prepare_structbert,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_max_seq_length,
     description="StructBERT: masked LM + shuffled-trigram reconstruction + next / previous / "
                 "random sentence (Wang et al. 2020)",
-    summarize=summary_of(accuracy="mlm", metrics=("loss", "word_structural_accuracy",
-                                                  "sentence_structural_accuracy")),
     presets=PRESETS,
+    resolution=Resolution(check=check_max_seq_length),
+    evaluation=Evaluation(summarize=summary_of(accuracy="mlm", metrics=(
+        "loss", "word_structural_accuracy", "sentence_structural_accuracy"))),
 ))

@@ -11,7 +11,7 @@ Data (`input_pipeline.translation_examples`): `data.source` a parallel corpus
 tokens and EOS, the decoder reading the targets shifted right after
 `model.config.decoder_start_token_id` (`text.weighted_cross_entropy`, the mean over target
 tokens). The model starts from `model.init` (a pretext workdir or model directory of the same
-architecture, e.g. a MASS run; `Method.pretrained`), or at random with an empty `init`.
+architecture, e.g. a MASS run; `Start.pretrained`), or at random with an empty `init`.
 
 Every evaluation decodes the first `examples.bleu_sentences` held-out sources greedily
 (`models.generate.greedy_seq2seq`, at most `max_target_length` tokens), detokenises them and
@@ -48,7 +48,16 @@ from pretext_jax.models.prophetnet import ProphetNet, ProphetNetConfig
 from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.models.xlm import XLM, XLMTranslation, XLMTranslationConfig, load_both_sides
 from pretext_jax.objectives.preset_parts import T5_OPTIM, TINY_T5_MODEL
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.registry import (
+    Batch,
+    Evaluation,
+    Method,
+    Metrics,
+    PreparedData,
+    Resolution,
+    Start,
+    register,
+)
 from pretext_jax.objectives.text import weighted_cross_entropy
 
 # Fields that may differ between the pre-trained model and the fine-tuned one.
@@ -318,12 +327,12 @@ def translation_method(name: str, family: Family, presets: dict[str, Any]) -> Me
         prepare=functools.partial(prepare_translation, family=family),
         units_per_example=lambda examples: (examples.max_source_length
                                             + examples.max_target_length),
-        monitor=functools.partial(bleu_monitor, family=family),
-        complete_data=functools.partial(check_languages, family=family),
-        pretrained=functools.partial(pretrained_translator, family=family),
-        summarize=summarize_translation,
         description=f"Translation fine-tuning with a greedy BLEU check ({name})",
         presets=presets,
+        resolution=Resolution(complete_data=functools.partial(check_languages, family=family)),
+        evaluation=Evaluation(monitor=functools.partial(bleu_monitor, family=family),
+                              summarize=summarize_translation),
+        start=Start(pretrained=functools.partial(pretrained_translator, family=family)),
     )
 
 

@@ -39,9 +39,11 @@ from pretext_jax.objectives.preset_parts import (
 )
 from pretext_jax.objectives.registry import (
     Batch,
+    Evaluation,
     Method,
     Metrics,
     PreparedData,
+    Resolution,
     register,
     summary_of,
 )
@@ -150,9 +152,9 @@ register(Method(
     loss=unilm_loss,
     prepare=prepare_unilm,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_unilm,
     description="UniLM: masked LM under bidirectional, seq2seq, left-to-right and "
                 "right-to-left attention masks in one encoder (Dong et al. 2019)",
-    summarize=summary_of(accuracy="mlm", metrics=("loss", "nsp_accuracy")),
     presets=PRESETS,
+    resolution=Resolution(check=check_unilm),
+    evaluation=Evaluation(summarize=summary_of(accuracy="mlm", metrics=("loss", "nsp_accuracy"))),
 ))

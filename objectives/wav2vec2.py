@@ -45,7 +45,15 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.audio import AudioExampleConfig
 from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
 from pretext_jax.objectives.preset_parts import FAIRSEQ_ROBERTA_OPTIM, FSDD_EXAMPLES
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.registry import (
+    Batch,
+    Evaluation,
+    Method,
+    Metrics,
+    PreparedData,
+    Resolution,
+    register,
+)
 from pretext_jax.objectives.speech import (
     check_probe_layer,
     prepare_speech,
@@ -411,14 +419,13 @@ register(Method(
     build_model=build_wav2vec2,
     loss=pretraining_loss,
     prepare=prepare_speech,
-    complete_data=mask_audio,
-    check=check_frames,
     units_per_example=lambda examples: examples.max_samples,
-    run_settings=per_loss_call_decay,
     unit="samples",
     description="wav2vec 2.0: contrastive prediction of quantised speech features at masked "
                 "frames (Baevski et al. 2020)",
-    monitor=probe_monitor(probe_layers),
-    summarize=probe_summary(("loss", "contrastive_accuracy", "codevector_perplexity")),
     presets=PRESETS,
+    resolution=Resolution(check=check_frames, run_settings=per_loss_call_decay,
+                          complete_data=mask_audio),
+    evaluation=Evaluation(monitor=probe_monitor(probe_layers), summarize=probe_summary(
+        ("loss", "contrastive_accuracy", "codevector_perplexity"))),
 ))

@@ -59,7 +59,15 @@ from pretext_jax.input_pipeline.prepare import (
 from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
 from pretext_jax.models.word2vec import SkipGram, Word2VecConfig
 from pretext_jax.objectives.contrastive import l2_normalize
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.registry import (
+    Batch,
+    Evaluation,
+    Method,
+    Metrics,
+    PreparedData,
+    Resolution,
+    register,
+)
 from pretext_jax.objectives.text import held_out_examples
 
 EVAL_KEY = 2  # the fixed key of held-out subsampling, windows and negatives
@@ -429,11 +437,9 @@ register(Method(
     loss=skipgram_loss,
     prepare=prepare_word2vec,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_word2vec,
-    monitor=analogy_monitor,
-    complete_data=complete_report,
-    summarize=summarize_word2vec,
     unit="words",
     description="word2vec: skip-gram with negative sampling (Mikolov et al. 2013b)",
     presets=PRESETS,
+    resolution=Resolution(check=check_word2vec, complete_data=complete_report),
+    evaluation=Evaluation(monitor=analogy_monitor, summarize=summarize_word2vec),
 ))

@@ -42,6 +42,7 @@ from pretext_jax.input_pipeline.parallel import open_parallel
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.input_pipeline.records import RecordDirectory
 from pretext_jax.models.xlm import XLM, XLMConfig
+from pretext_jax.objectives.classifier_recipes import ClassifierSettings, claims_encoders
 from pretext_jax.objectives.preset_parts import (
     NO_DROPOUT,
     TINY_TEXT_MODEL,
@@ -50,10 +51,14 @@ from pretext_jax.objectives.preset_parts import (
 )
 from pretext_jax.objectives.registry import (
     Batch,
+    Evaluation,
     Method,
     Metrics,
     PreparedData,
+    Resolution,
+    Start,
     Summarize,
+    per_step_source,
     register,
     summary_of,
 )
@@ -199,7 +204,7 @@ def prepare_xlm(data: DataConfig, examples: xlm_examples.XLMExampleConfig, cache
         report = {"majority_baseline_mlm_accuracy": majority_baseline_accuracy(held_out)}
     tokenizer = sets.tokenizer
     return PreparedData(
-        train=schedule, step_source=schedule.for_global_batch, eval=held_out,
+        train=schedule, segments=per_step_source(schedule.for_global_batch), eval=held_out,
         transforms=transforms, report=report, tokenizer=tokenizer,
         model_fields={"vocab_size": tokenizer.vocab_size, "n_langs": len(sets.ids),
                       "pad_token_id": tokenizer.pad_id, "causal": examples.task == "clm"})
@@ -266,6 +271,18 @@ PRESETS = {
 }
 
 
+
+def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
+    """XLM's GLUE fine-tuning (facebookresearch/XLM README, GLUE with glue-xnli.py): Adam at a
+    constant lr 2.5e-5 (`--optimizer_e adam,lr=0.000025`, from its sweep {0.5, 2.5,
+    12.5}e-5), no warmup or weight decay, epsilon 1e-8 (torch's Adam), batch 8 (of {4, 8}),
+    inputs `</s> A </s> B </s>`. The reference runs 250 "epochs" of 20,000 sentences and keeps
+    the best dev score; here 3 epochs of the task, as BERT's."""
+    del hidden_size, task
+    return ClassifierSettings(learning_rate=2.5e-5, epochs=3, weight_decay=0.0,
+                              schedule="constant", batch_size=8, warmup=0.0, eps=1e-8)
+
+
 register(Method(
     name="xlm",
     model_config=XLMConfig,
@@ -274,9 +291,10 @@ register(Method(
     loss=xlm_loss,
     prepare=prepare_xlm,
     units_per_example=lambda examples: examples.stream_length,
-    check=check_xlm,
     description="XLM: causal, masked or translation LM with language embeddings on a shared "
                 "vocabulary (Lample & Conneau 2019)",
-    summarize=summarize_xlm,
     presets=PRESETS,
+    resolution=Resolution(check=check_xlm),
+    evaluation=Evaluation(summarize=summarize_xlm),
+    start=Start(finetunes=claims_encoders("xlm", glue_settings)),
 ))

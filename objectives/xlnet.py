@@ -24,14 +24,19 @@ from pretext_jax.input_pipeline import xlnet_examples
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.xlnet import XLNet, XLNetConfig
+from pretext_jax.objectives.classifier_recipes import ClassifierSettings, claims_encoders
 from pretext_jax.objectives.preset_parts import NO_DROPOUT, TINY_TEXT_OPTIM, TINY_TEXT_TRAIN
 from pretext_jax.objectives.registry import (
     Batch,
+    Evaluation,
     Method,
     Metrics,
     PreparedData,
+    Resolution,
+    Start,
     register,
     summary_of,
+    whole_run,
 )
 from pretext_jax.objectives.text import (
     MAX_EVAL_EXAMPLES,
@@ -99,8 +104,23 @@ def prepare_xlnet(data: DataConfig, examples: xlnet_examples.XLNetExampleConfig,
         train=train, eval=eval_examples, transforms=(sampling,),
         model_fields={"vocab_size": tokenizer.vocab_size,
                       "memory_batch_size": examples.num_streams},
-        report=unigram_baselines(eval_examples), batch_layout=examples.num_streams,
+        report=unigram_baselines(eval_examples),
+        segments=whole_run(train, shuffle=False, check=functools.partial(
+            check_stream_layout, streams=examples.num_streams)),
         tokenizer=tokenizer)
+
+
+def check_stream_layout(config: Any, streams: int) -> None:
+    """Records laid out as consecutive batches of `streams` rows (row b of a batch continues
+    row b of the previous one, which the recurrence memory needs) fix the batch: the global
+    batch must be that layout's, one micro-batch, one process (rows are not split across
+    processes in that layout)."""
+    if config.train.batch_size != streams:
+        raise UserError(f"train.batch_size={config.train.batch_size} must equal the records' "
+                        f"batch layout ({streams} streams); set both to the same value")
+    if config.optim.grad_accum_steps != 1 or jax.process_count() != 1:
+        raise UserError("records laid out for recurrence memory need optim.grad_accum_steps"
+                        "=1 and a single process; use a smaller batch or more devices")
 
 
 def check_xlnet(model: XLNetConfig, examples: xlnet_examples.XLNetExampleConfig,
@@ -141,6 +161,22 @@ PRESETS = {
 }
 
 
+
+def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
+    """XLNet's GLUE fine-tuning (Yang et al. 2019, Appendix A.3, Table 8, whose GLUE column is
+    MNLI): sequence length 128, lr 2e-5 with linear decay, no weight decay, Adam epsilon 1e-6
+    (run_classifier.py's flag default is 1e-8), layer-wise lr decay 1.0; Table 8's batch 128
+    for 10K steps is ~3 epochs of MNLI, so 3 epochs here, at batch 32 as the zihangdai/xlnet
+    README's STS-B run (4 GPUs x 8; it uses lr 5e-5 for XLNet-Large), with warmup over 10% of
+    the steps as there (120 of 1200 steps). Adam with bias correction and gradient clipping
+    at 1.0 (run_classifier.py: `clip`, and `tf.train.AdamOptimizer` when weight_decay is 0,
+    whose epsilon is added before the bias correction); model_utils.py `get_train_op` decays
+    linearly from the peak at the end of warmup (`optim.schedule=linear_from_peak`)."""
+    del hidden_size, task
+    return ClassifierSettings(learning_rate=2e-5, epochs=3, weight_decay=0.0,
+                              schedule="linear_from_peak", eps_before_bias_correction=True)
+
+
 register(Method(
     name="xlnet",
     model_config=XLNetConfig,
@@ -149,8 +185,9 @@ register(Method(
     loss=xlnet_loss,
     prepare=prepare_xlnet,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_xlnet,
     description="XLNet: permutation LM with two-stream attention and memory (Yang et al. 2019)",
-    summarize=summary_of(accuracy="plm"),
     presets=PRESETS,
+    resolution=Resolution(check=check_xlnet),
+    evaluation=Evaluation(summarize=summary_of(accuracy="plm")),
+    start=Start(finetunes=claims_encoders("xlnet", glue_settings)),
 ))

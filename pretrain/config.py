@@ -503,5 +503,5 @@ def validate(config: Config) -> None:
             configs[section] = build()
         except (TypeError, ValueError) as e:
             raise UserError(f"invalid {section} config ({section}.*): {e}") from None
-    registry.get(config.method).check(configs["model"], configs["examples"],
+    registry.get(config.method).resolution.check(configs["model"], configs["examples"],
                                       configs["objective"])

@@ -1,32 +1,11 @@
-"""Fine-tuning and evaluation on GLUE with the one trainer (`objectives.classification`).
+"""Fine-tuning and evaluation on GLUE with the one trainer.
 
-`finetune_config` turns (task, starting point, data) into a `classify` run with the paper's
-recipe for the starting point's family:
-- BERT (Devlin et al. 2019, §4.1 and A.3): sequence length 128, batch 32, 3 epochs, lr 2e-5
-  (the paper picks from {5, 4, 3, 2}e-5 on dev), warmup over 10% of the steps then linear
-  decay, weight decay 0.01. Encoders narrower than BERT-Base (the compact BERTs of Turc et
-  al. 2019, MiniLM): 4 epochs at lr 1e-4, from the grid {3e-4, 1e-4, 5e-5, 3e-5} that the
-  google-research/bert README gives for them (2e-5 barely moves a 2-layer, 64-wide model).
-- ELECTRA (Clark et al. 2020, Table 7): batch 32, lr 3e-4 (Small) / 1e-4 (Base) / 5e-5
-  (Large), layer-wise lr decay 0.8 (0.9 Large), warmup 10%, no weight decay, 3 epochs, 10 for
-  RTE and STS-B; the schedule is ELECTRA's own (`optim.schedule=electra_linear`: the linear
-  decay over the run multiplied by the warmup ramp, model/optimization.py, which its
-  run_finetuning.py uses), not BERT's.
-- XLNet (Yang et al. 2019, Appendix A.3, Table 8, whose GLUE column is MNLI): sequence length
-  128, lr 2e-5 with linear decay, no weight decay, Adam epsilon 1e-6 (run_classifier.py's flag
-  default is 1e-8), layer-wise lr decay 1.0; Table 8's batch 128 for 10K steps is ~3 epochs of
-  MNLI, so 3 epochs here, at batch 32 as the zihangdai/xlnet README's STS-B run (4 GPUs x 8;
-  it uses lr 5e-5 for XLNet-Large), with warmup over 10% of the steps as there (120 of 1200
-  steps). Adam with bias correction and gradient clipping at 1.0 (run_classifier.py: `clip`,
-  and `tf.train.AdamOptimizer` when weight_decay is 0, whose epsilon is added before the bias
-  correction: `optim.eps_before_bias_correction`); model_utils.py `get_train_op` decays
-  linearly from the peak at the end of warmup (`optim.schedule=linear_from_peak`).
-- XLM (facebookresearch/XLM README, GLUE with glue-xnli.py): Adam at a constant lr 2.5e-5
-  (`--optimizer_e adam,lr=0.000025`, from its sweep {0.5, 2.5, 12.5}e-5), no warmup or weight
-  decay, epsilon 1e-8 (torch's Adam), batch 8 (of {4, 8}), inputs `</s> A </s> B </s>`. The
-  reference runs 250 "epochs" of 20,000 sentences and keeps the best dev score; here 3 epochs
-  of the task, as BERT's.
-`glue` runs every task over several seeds and reports the median, as the papers do.
+`finetune_config` turns (task, starting point, data) into the run of the downstream method
+that claims what the starting point holds (`registry.downstream_recipe`): each family declares
+its paper's recipe as its `Start.finetunes` (BERT, ELECTRA, XLNet and XLM fine-tune under the
+transformer classifier `classify`, `objectives.classifier_recipes`; an ELMo biLM under its
+scalar mix). `glue` runs every task over several seeds and reports the median, as the papers
+do.
 """
 
 from __future__ import annotations
@@ -42,11 +21,8 @@ import numpy as np
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import glue
-from pretext_jax.models.classifier import classifier_config
 from pretext_jax.objectives import registry
-from pretext_jax.objectives.classification import METHOD as CLASSIFY
-from pretext_jax.objectives.classification import as_encoder, layout_of, read_pretrained
-from pretext_jax.objectives.registry import FinetuneRecipe
+from pretext_jax.objectives.classification import as_encoder, read_pretrained
 from pretext_jax.pretrain import export
 from pretext_jax.pretrain.config import (
     Config,
@@ -60,26 +36,6 @@ from pretext_jax.pretrain.trainer import CONFIG_FILE, Trainer
 RESULTS_FILE = "results.json"
 TABLE_FILE = "results.md"
 GLUE_ORDER = ("cola", "sst2", "mrpc", "stsb", "rte")
-
-
-def recipe(head: str, hidden_size: int, task: str) -> dict[str, Any]:
-    """The paper's fine-tuning hyper-parameters for this family, size and task (see the module
-    docstring for their sources); `batch_size` (32), `schedule`, `warmup` (share of the steps,
-    0.1) and Adam's `eps` (1e-6) where the family's differ from the defaults."""
-    if head == "bert":
-        compact = hidden_size < 768
-        return {"learning_rate": 1e-4 if compact else 2e-5, "epochs": 4 if compact else 3,
-                "layerwise_lr_decay": 1.0, "weight_decay": 0.01}
-    if head == "xlnet":
-        return {"learning_rate": 2e-5, "epochs": 3, "layerwise_lr_decay": 1.0,
-                "weight_decay": 0.0}
-    if head == "xlm":
-        return {"learning_rate": 2.5e-5, "epochs": 3, "layerwise_lr_decay": 1.0,
-                "weight_decay": 0.0, "batch_size": 8, "schedule": "constant", "warmup": 0.0,
-                "eps": 1e-8}
-    learning_rate = 3e-4 if hidden_size <= 256 else 1e-4 if hidden_size <= 768 else 5e-5
-    return {"learning_rate": learning_rate, "epochs": 10 if task in ("rte", "stsb") else 3,
-            "layerwise_lr_decay": 0.8 if hidden_size <= 768 else 0.9, "weight_decay": 0.0}
 
 
 def tokenizer_of(init: str) -> str:
@@ -112,32 +68,6 @@ def file_overrides(path: str | Path | None) -> list[str]:
                           for section, values in settings.items() for key, value in values.items()})
 
 
-def _encoder_recipe(source: str, encoder: Any, task: glue.GlueTask,
-                    overrides: Sequence[str]) -> FinetuneRecipe:
-    """`classify` on a Transformer encoder: its family's recipe (`recipe`), the input layout of
-    its head and the tokenizer it was trained with (unless `overrides` name one)."""
-    model = dataclasses.asdict(classifier_config(encoder, task.num_labels))
-    chosen = recipe(model["head"], model["hidden_size"], task.name)
-    xlnet = model["head"] == "xlnet"
-    values = {"method": CLASSIFY.name, **{f"model.{k}": v for k, v in model.items()},
-              # XLNet's relative positions have no length limit.
-              "examples.max_seq_length": 128 if xlnet else min(
-                  128, model["max_position_embeddings"]),
-              "examples.layout": layout_of(model["head"]),
-              "train.batch_size": chosen.get("batch_size", 32),
-              "optim.learning_rate": chosen["learning_rate"],
-              "optim.weight_decay": chosen["weight_decay"],
-              "optim.layerwise_lr_decay": chosen["layerwise_lr_decay"],
-              "optim.schedule": chosen.get("schedule") or {
-                  "electra": "electra_linear", "xlnet": "linear_from_peak"}.get(
-                  model["head"], "linear"),
-              "optim.bias_correction": True, "optim.eps_before_bias_correction": xlnet,
-              "optim.eps": chosen.get("eps", 1e-6)}
-    if not any(override.startswith("data.tokenizer=") for override in overrides):
-        values["data.tokenizer"] = tokenizer_of(source)  # its casing travels in its folder
-    return FinetuneRecipe(values, epochs=chosen["epochs"], warmup=chosen.get("warmup", 0.1))
-
-
 def _saved_run_config(source: str) -> dict[str, Any]:
     """The run config a pretext workdir saved ({} for model directories and HF folders)."""
     path = Path(source) / CONFIG_FILE
@@ -159,10 +89,15 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
         raise UserError("give a starting point (--init) or, for a random encoder, the "
                         "checkpoint whose architecture to copy (--architecture)")
     pretrained = read_pretrained(source, export.load_pretrained)
-    chosen = (registry.downstream_recipe(pretrained, spec, _saved_run_config(source))
-              or _encoder_recipe(source, as_encoder(source, pretrained), spec, overrides))
+    chosen = registry.downstream_recipe(pretrained, spec, _saved_run_config(source))
+    if chosen is None:  # no family claims it: say what the classifier starts from
+        as_encoder(source, pretrained)
+        raise UserError(f"no method fine-tunes the {type(pretrained).__name__} in {source}")
     values = {**chosen.values, "model.init": init, "examples.task": spec.name,
               "data.source": data, "train.seed": seed, "train.eval_batches": 1}
+    if chosen.tokenizer_from_init and not any(
+            override.startswith("data.tokenizer=") for override in overrides):
+        values["data.tokenizer"] = tokenizer_of(source)  # its casing travels in its folder
     draft = make_config(None, [*_as_overrides(values), *overrides])
     rows = len(glue.read_glue(data, spec.name, "train", draft.data.tfds_data_dir or None).labels)
     rows = min(rows, draft.examples.get("max_train_examples") or rows)
@@ -203,6 +138,13 @@ def finetune(config: Config, workdir: str | Path) -> dict[str, Any]:
     return result
 
 
+def is_glue_finetuning(method: registry.Method) -> bool:
+    """Whether `method` fine-tunes on a GLUE task: it starts from a pre-trained model and its
+    examples name the task (`classify`, ELMo's scalar mix)."""
+    return method.start.pretrained is not None and "task" in {
+        f.name for f in dataclasses.fields(method.example_config)}
+
+
 def evaluate(workdir: str | Path) -> dict[str, Any]:
     """Dev metrics of a fine-tuning workdir's latest checkpoint."""
     path = Path(workdir)
@@ -210,16 +152,15 @@ def evaluate(workdir: str | Path) -> dict[str, Any]:
         raise UserError(f"{workdir} is not a fine-tuning workdir ({CONFIG_FILE} missing); pass "
                         "the --workdir of run.py finetune")
     config = config_from_dict(export.read_json_object(path / CONFIG_FILE))
-    if config.method != CLASSIFY.name and registry.get(config.method).finetunes is None:
+    if not is_glue_finetuning(registry.get(config.method)):
         raise UserError(f"{workdir} holds a {config.method} pre-training run; evaluate a "
                         "fine-tuning workdir (run.py finetune)")
     trainer = Trainer(config, path)
-    manager = trainer.checkpoint_manager()
-    step = manager.latest_step()
+    step = trainer.checkpoints.latest_step()
     if step is None:
         raise UserError(f"{workdir} has no checkpoint yet; run run.py finetune first")
-    state, _ = trainer.restore(manager, step)
-    manager.close()
+    state, _ = trainer.checkpoints.restore(step)
+    trainer.checkpoints.close()
     task = config.examples.get("task", "sst2")
     dev = _glue_metrics(trainer.evaluate(state), task)
     return {"task": task, "step": step, "dev": dev,

@@ -97,3 +97,22 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
+
+
+def optimizer_shardings(abstract_opt: Any, param_shardings: Any, mesh: Mesh) -> Any:
+    """Shardings of an optimizer state: each moment sharded like the parameter it belongs to
+    (matched by the end of its tree path), scalars and the rest replicated."""
+    by_path: dict[tuple[str, ...], Any] = {}
+    for path, sharding in jax.tree_util.tree_leaves_with_path(param_shardings):
+        by_path[tuple(str(k) for k in path)] = sharding
+
+    def pick(path: tuple[Any, ...], leaf: Any) -> Any:
+        keys = tuple(str(k) for k in path)
+        if keys and keys[-1] == ".value":  # the Variable's own node, not a parameter name
+            keys = keys[:-1]
+        for n in range(len(keys)):
+            if keys[n:] in by_path and np.ndim(leaf) > 0:
+                return by_path[keys[n:]]
+        return replicated(mesh)
+
+    return jax.tree_util.tree_map_with_path(pick, abstract_opt)

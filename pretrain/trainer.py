@@ -1,17 +1,16 @@
-"""The one trainer: sharded state, a jit-compiled step with donation, evaluation, checkpoints.
+"""The one trainer: sharded state, a jit-compiled step with donation, evaluation, the loop.
 
-It knows no method by name: the registry supplies the model, loss and data. Determinism: the
-dropout RNG of step s is fold_in(key(seed), s) and the data order is Grain's (seeded, index
-based), so a resumed run reproduces an uninterrupted one exactly.
+It knows no method by name: the registry supplies the model, loss and data, and the method's
+data says which records feed each step (`registry.PreparedData.segments`, read by
+`pretrain.feed`); checkpoints are `pretrain.checkpoints`'. Determinism: the dropout RNG of step
+s is fold_in(key(seed), s) and the data order is Grain's (seeded, index based), so a resumed
+run reproduces an uninterrupted one exactly.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,131 +19,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import prepare
-from pretext_jax.input_pipeline.records import make_loader
-from pretext_jax.models import migration
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain import integrity, resilience
 from pretext_jax.pretrain import mesh as mesh_lib
-from pretext_jax.pretrain.config import Config, config_from_dict, parse_profile_steps
+from pretext_jax.pretrain.checkpoints import (
+    CheckpointStore,
+    CorruptCheckpoint,  # noqa: F401  (part of the trainer's interface)
+    TrainState,
+    config_difference,
+)
+from pretext_jax.pretrain.config import Config
 from pretext_jax.pretrain.export import (
     CONFIG_FILE,
     load_pretrained,
     read_json_object,
-    saved_layout,
     write_model_json,
     write_tokenizer,
 )
+from pretext_jax.pretrain.feed import StepFeed, open_loader
 from pretext_jax.pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
 from pretext_jax.pretrain.optim import learning_rate_schedule, make_optimizer
-
-# Settings that may change when a run is resumed; everything else must match the saved run.
-RESUMABLE_KEYS = {"steps", "log_every", "eval_every", "eval_batches", "checkpoint_every",
-                  "keep_checkpoints", "progress", "on_nonfinite", "profile_steps", "prefetch"}
-CORRUPT_DIR = "corrupt_checkpoints"
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class TrainState:
-    """Everything a step changes: step counter, parameters, other model variables (e.g.
-    BatchNorm statistics) and optimizer state."""
-
-    step: jax.Array
-    params: Any
-    model_state: Any
-    opt_state: Any
-
-
-def _quiet_failed_reads() -> None:
-    """After a failed Orbax restore, its abandoned read coroutines each print a traceback
-    ("Exception ignored in <coroutine ...>") when collected, hundreds of lines per unreadable
-    checkpoint, long after the one-line warning: drop those (Orbax's coroutines only) for the
-    rest of the process."""
-    previous = sys.unraisablehook
-    if getattr(previous, "quiet_orbax", False):
-        return
-
-    def hook(unraisable: Any) -> None:
-        code = getattr(unraisable.object, "cr_code", None)
-        if code is None or "orbax" not in code.co_filename:
-            previous(unraisable)
-
-    hook.quiet_orbax = True
-    sys.unraisablehook = hook
-
-
-PROFILE_DIR = "profile"
-
-
-class Profile:
-    """A `jax.profiler` trace of the steps `train.profile_steps` names (`a:b`, inclusive) into
-    `<workdir>/profile/` (open it with TensorBoard's profile plugin or Perfetto); the device
-    work of step b is waited for before the trace stops."""
-
-    def __init__(self, steps: str, directory: Path, writer: MetricWriter):
-        self.first, self.last = parse_profile_steps(steps) if steps else (0, -1)
-        self.directory, self.writer, self.active = directory, writer, False
-
-    def before(self, step: int) -> None:
-        if step == self.first:
-            jax.profiler.start_trace(str(self.directory))
-            self.active = True
-
-    def after(self, step: int, metrics: Any) -> None:
-        if self.active and step >= self.last:
-            jax.block_until_ready(metrics)
-            self.close()
-            self.writer.print(f"profile of steps {self.first}-{self.last} in {self.directory}")
-
-    def close(self) -> None:
-        if self.active:
-            jax.profiler.stop_trace()
-            self.active = False
-
-
-class CorruptCheckpoint(Exception):
-    """A checkpoint whose files differ from their seal or whose values are not finite."""
-
-
-@jax.jit
-def _all_finite(tree: Any) -> jax.Array:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)
-                              if jnp.issubdtype(leaf.dtype, jnp.inexact)] or [jnp.bool_(True)]))
-
-
-def _checkpoint_path(path: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A pytree path as a checkpoint's tree names it (dict keys, field names, list indices),
-    with the parameter names of earlier versions replaced (`models.migration`)."""
-    return migration.migrate_path(tuple(
-        getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path))
-
-
-def _in_layout(source: Any, layout: Any) -> Any:
-    """`layout`'s tree with each leaf replaced by `source`'s leaf of the same path: a restore
-    target in a checkpoint's own layout, or restored values in ours."""
-    leaves = {_checkpoint_path(path): leaf
-              for path, leaf in jax.tree_util.tree_leaves_with_path(source)}
-    return jax.tree_util.tree_map_with_path(lambda path, _: leaves[_checkpoint_path(path)],
-                                            layout)
-
-
-def _config_difference(saved: dict[str, Any], wanted: dict[str, Any]) -> str | None:
-    for section, values in wanted.items():
-        if not isinstance(values, dict):
-            if saved.get(section) != values:
-                return f"{section}: {saved.get(section)!r} vs {values!r}"
-            continue
-        for key, value in values.items():
-            if section == "train" and key in RESUMABLE_KEYS:
-                continue
-            if saved.get(section, {}).get(key) != value:
-                return f"{section}.{key}: {saved.get(section, {}).get(key)!r} vs {value!r}"
-    return None
+from pretext_jax.pretrain.profiling import PROFILE_DIR, Profile
 
 
 def data_cache(config: Config, workdir: str | Path) -> Path:
@@ -185,12 +84,13 @@ class Trainer:
         try:
             self.data = data or self._prepare(cache)
             prepared = True
-            self._check_data_layout()
             self.model_config = self._resolve_model_config()
             self.objective = self._resolve_objective()
-            if self.method.complete_data is not None:
-                self.data = self.method.complete_data(self.data, self.model_config,
-                                                      self.objective)
+            resolution = self.method.resolution
+            if resolution.complete_data is not None:
+                self.data = resolution.complete_data(self.data, self.model_config,
+                                                     self.objective)
+            self.data.segment(1, config)  # a layout that refuses this run's batch says so now
         except BaseException:
             # A preparation that stopped part-way keeps its finished shards for the rerun.
             if prepared or not prepare.has_finished_shards(cache):
@@ -198,7 +98,7 @@ class Trainer:
                     shutil.rmtree(path, ignore_errors=True)
             raise
         self.is_writer = jax.process_index() == 0
-        self._unsealed: list[int] = []  # steps saved by this trainer, not yet sealed
+        self.per_process_batch = config.train.batch_size // jax.process_count()
         # Many fake CPU devices on few cores can time out XLA's collectives when steps are
         # queued without waiting (ARCHITECTURE.md, "Facts"); CPU gains nothing from queueing.
         self.sync_every_step = jax.default_backend() == "cpu"
@@ -225,21 +125,6 @@ class Trainer:
             raise UserError(f"train.batch_size={t.batch_size} is not divisible by the "
                             f"{jax.process_count()} processes")
 
-    def _check_data_layout(self) -> None:
-        """Records laid out as consecutive batches (XLNet's memory) fix the batch: the global
-        batch must be that layout's, one micro-batch, one process (rows are not yet split
-        across processes in that layout)."""
-        layout = self.data.batch_layout
-        if not layout:
-            return
-        t, o = self.config.train, self.config.optim
-        if t.batch_size != layout:
-            raise UserError(f"train.batch_size={t.batch_size} must equal the records' batch "
-                            f"layout ({layout} streams); set both to the same value")
-        if o.grad_accum_steps != 1 or jax.process_count() != 1:
-            raise UserError("records laid out for recurrence memory need optim.grad_accum_steps"
-                            "=1 and a single process; use a smaller batch or more devices")
-
     def _check_existing_workdir(self) -> None:
         saved = self.workdir / CONFIG_FILE
         if self.workdir.exists() and not self.workdir.is_dir():
@@ -250,34 +135,10 @@ class Trainer:
                             "checkpoints there) or use a new --workdir")
         if not saved.is_file():
             return
-        difference = self._difference_from(read_json_object(saved))
+        difference = config_difference(read_json_object(saved), self.config)
         if difference:
             raise UserError(f"workdir {self.workdir} holds a run with another config "
                             f"({difference}); use a new --workdir or the saved settings")
-
-    def _difference_from(self, recorded: dict[str, Any]) -> str | None:
-        """The first setting in which a recorded config differs from this run's (settings that
-        may change on resume excepted). Read through the config types, so fields added since
-        it was saved take their defaults; a config not valid in this version is compared as
-        written (so it differs). Both sides as JSON values: a tuple in a preset is the list
-        that config.json holds."""
-        with contextlib.suppress(UserError, TypeError):
-            recorded = config_from_dict(recorded).to_dict()
-        return _config_difference(json.loads(json.dumps(recorded)),
-                                  json.loads(self.config.to_json()))
-
-    def _checked_log_window(self, manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
-        """Checks that the config saved inside the checkpoint is this run's too (`config.json`
-        can be deleted or replaced; the checkpoint's copy cannot without breaking its seal) and
-        returns the checkpoint's unlogged metrics window (empty for older checkpoints)."""
-        restored = manager.restore(step, args=ocp.args.Composite(
-            config=ocp.args.JsonRestore(), data=ocp.args.JsonRestore()))
-        difference = self._difference_from(restored["config"])
-        if difference:
-            raise UserError(f"the checkpoint at step {step} in {self.workdir} was written by a "
-                            f"run with another config ({difference}); use a new --workdir or "
-                            "the saved settings")
-        return restored["data"].get("log_window") or {}
 
     def _window_sums(self, saved: dict[str, list[float]]) -> Any:
         """Metric sums of a saved log window as replicated float32 scalars on the mesh (the
@@ -304,8 +165,8 @@ class Trainer:
         """The loss's settings (`config.objective`), with what the method derives from the run's
         settings filled in (`Method.run_settings`)."""
         objective = self.config.objective_config()
-        if self.method.run_settings is not None:
-            objective = self.method.run_settings(objective, self.config)
+        if self.method.resolution.run_settings is not None:
+            objective = self.method.resolution.run_settings(objective, self.config)
         return objective
 
     # ------------------------------------------------------------------------ building
@@ -320,7 +181,7 @@ class Trainer:
         param_shardings = mesh_lib.state_shardings(abstract_params, self.mesh)
         rest_shardings = mesh_lib.state_shardings(abstract_rest, self.mesh)
         abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
-        opt_shardings = self._opt_shardings(abstract_opt, param_shardings)
+        opt_shardings = mesh_lib.optimizer_shardings(abstract_opt, param_shardings, self.mesh)
         replicated = mesh_lib.replicated(self.mesh)
         self.state_sharding = TrainState(step=replicated, params=param_shardings,
                                          model_state=rest_shardings, opt_state=opt_shardings)
@@ -336,24 +197,8 @@ class Trainer:
         self._eval_step = jax.jit(
             self._evaluate, in_shardings=(self.state_sharding, self.batch_sharding),
             out_shardings=metric_sharding)
-
-    def _opt_shardings(self, abstract_opt: Any, param_shardings: Any) -> Any:
-        """Optimizer moments are sharded like the parameters they belong to."""
-        replicated = mesh_lib.replicated(self.mesh)
-        by_shape: dict[tuple[str, ...], Any] = {}
-        for path, sharding in jax.tree_util.tree_leaves_with_path(param_shardings):
-            by_shape[tuple(str(k) for k in path)] = sharding
-
-        def pick(path: tuple[Any, ...], leaf: Any) -> Any:
-            keys = tuple(str(k) for k in path)
-            if keys and keys[-1] == ".value":  # the Variable's own node, not a parameter name
-                keys = keys[:-1]
-            for n in range(len(keys)):
-                if keys[n:] in by_shape and np.ndim(leaf) > 0:
-                    return by_shape[keys[n:]]
-            return replicated
-
-        return jax.tree_util.tree_map_with_path(pick, abstract_opt)
+        self.checkpoints = CheckpointStore(self.workdir, self.config, self.abstract_state,
+                                           self.state_sharding, is_writer=self.is_writer)
 
     def _init_state(self) -> TrainState:
         model = self.method.build_model(self.model_config, self.config.train.seed)
@@ -366,9 +211,9 @@ class Trainer:
         with the method's pre-trained parameters put in place of the random ones and the
         variables the data decides (`PreparedData.model_variables`) set."""
         state = self._with_data_variables(self._init())
-        model = (self.method.pretrained(self.model_config, self.config.train.seed,
-                                        load_pretrained)
-                 if self.method.pretrained else None)
+        pretrained = self.method.start.pretrained
+        model = (pretrained(self.model_config, self.config.train.seed, load_pretrained)
+                 if pretrained else None)
         if model is None:
             return state
         params = jax.device_put(nnx.state(model, nnx.Param), self.state_sharding.params)
@@ -497,172 +342,25 @@ class Trainer:
             metrics = self._eval_step(state, self.to_global(local))
             sums = metrics if sums is None else jax.tree.map(jnp.add, sums, metrics)
         results = reduce_metrics(jax.device_get(sums))
-        if self.method.monitor is not None:
-            results.update(self.method.monitor(self.model_of(state), self.data,
-                                               self.example_config, self.objective))
+        monitor = self.method.evaluation.monitor
+        if monitor is not None:
+            results.update(monitor(self.model_of(state), self.data, self.example_config,
+                                   self.objective))
         return results
 
-    # --------------------------------------------------------------------- checkpoints
-    def checkpoint_manager(self) -> ocp.CheckpointManager:
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=self.config.train.keep_checkpoints, enable_async_checkpointing=True,
-            create=True)
-        return ocp.CheckpointManager(self.workdir / "checkpoints", options=options)
+    # ---------------------------------------------------------------------------- data
+    def data_iterator(self, state: TrainState | None = None, step: int = 1) -> Any:
+        """The loader of the segment that holds `step`, from that segment's start, as the
+        model of `state` (default: a fresh one) finds it (its `begin` not run)."""
+        segment = self.data.segment(step, self.config)
+        model = self.model_of(state if state is not None else self.init_state())
+        return open_loader(self.data, segment, model, self.config, self.per_process_batch)
 
-    def save(self, manager: ocp.CheckpointManager, state: TrainState, data_state: bytes,
-             log_window: dict[str, Any] | None = None) -> None:
-        """Writes a checkpoint collectively (every process calls it), with every process's
-        data position (`iterators`, in process order; `iterator` is process 0's) and the
-        unlogged part of the metrics window (`log_window`, so a resumed run logs the rows an
-        uninterrupted one does). Orbax writes it in the background; the previous one is
-        sealed first (`seal_saved`)."""
-        step = int(jax.device_get(state.step))
-        states = resilience.gather_strings(data_state.decode())
-        self.seal_saved(manager)
-        self._check_space(step, state)
-        self._unsealed.append(step)
-        try:
-            manager.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=ocp.args.JsonSave({"iterator": states[0], "iterators": states,
-                                        "log_window": log_window or {}}),
-                config=ocp.args.JsonSave(self.config.to_dict()),
-            ))
-        except (OSError, ValueError) as error:  # tensorstore reports a full disk as ValueError
-            raise self._write_failed(step, error) from None
-
-    def _check_space(self, step: int, state: TrainState) -> None:
-        """Refuses to start a checkpoint that the file system has no room for (Orbax fails
-        part-way, from background threads, when it runs out): the state's bytes plus 10%."""
-        directory = self.workdir / "checkpoints"
-        needed = 1.1 * sum(leaf.nbytes for leaf in jax.tree.leaves(state)) + (1 << 20)
-        free = shutil.disk_usage(directory if directory.is_dir() else self.workdir).free
-        if free < needed:
-            raise UserError(f"not enough space for the checkpoint of step {step} in {directory}:"
-                            f" it needs about {needed / 1e6:.0f} MB, {free / 1e6:.0f} MB are "
-                            "free; free some space and rerun to resume (earlier checkpoints "
-                            "are intact)")
-
-    def _write_failed(self, step: int, error: BaseException) -> UserError:
-        """A one-line error for a checkpoint that could not be written; its partial files are
-        removed so a rerun does not trip on them."""
-        for partial in (self.workdir / "checkpoints").glob(f"{step}.orbax-checkpoint-tmp*"):
-            shutil.rmtree(partial, ignore_errors=True)
-        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-        return UserError(f"the checkpoint of step {step} could not be written in "
-                         f"{self.workdir / 'checkpoints'} ({reason}); fix the file system (space,"
-                         " permissions) and rerun to resume from the previous checkpoint")
-
-    def seal_saved(self, manager: ocp.CheckpointManager) -> None:
-        """Waits for the checkpoints this trainer saved to be finished, then seals them
-        (`integrity.seal`: a CRC-32 per file, verified on restore)."""
-        if not self._unsealed:
-            return
-        try:
-            manager.wait_until_finished()
-        except (OSError, ValueError) as error:  # the background write failed
-            step, self._unsealed = self._unsealed[-1], []
-            raise self._write_failed(step, error) from None
-        if self.is_writer:
-            for step in self._unsealed:
-                directory = self.workdir / "checkpoints" / str(step)
-                if directory.is_dir():  # not yet removed by keep_checkpoints
-                    integrity.seal(directory)
-        self._unsealed = []
-
-    def restore(self, manager: ocp.CheckpointManager, step: int) -> tuple[TrainState, list[str]]:
-        """Restores onto this trainer's mesh (the target tree carries the shardings) after
-        verifying the checkpoint's seal; returns the state and the data positions of the
-        processes that wrote it. A damaged checkpoint raises CorruptCheckpoint."""
-        problem = integrity.verify(self.workdir / "checkpoints" / str(step))
-        if problem:
-            raise CorruptCheckpoint(problem)
-        target = jax.tree.map(
-            lambda sharding, subtree: jax.tree.map(
-                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), subtree),
-            self.state_sharding, self.abstract_state,
-            is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
-        # A checkpoint of an earlier version may name parameters differently: it is restored in
-        # its own layout and its leaves put where `models.migration` says they now are.
-        layout = saved_layout(self.workdir / "checkpoints" / str(step) / "state")
-        renamed = migration.has_old_names(layout)
-        restored = manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(_in_layout(target, layout) if renamed else target),
-            data=ocp.args.JsonRestore(),
-        ))
-        state = _in_layout(restored["state"], target) if renamed else restored["state"]
-        if not bool(_all_finite(state)):
-            raise CorruptCheckpoint("it holds NaN or Inf values")
-        data = restored["data"]
-        return state, data.get("iterators") or [data["iterator"]]
-
-    def restore_latest_readable(self, manager: ocp.CheckpointManager
-                                ) -> tuple[TrainState, list[str]] | None:
-        """The newest checkpoint that restores. Unreadable newer ones (truncated or corrupt
-        files) are moved to `corrupt_checkpoints/`, with a warning naming what was wrong, once
-        an older one has restored; if none restores, nothing is moved. None when there is no
-        checkpoint."""
-        steps = sorted(manager.all_steps(), reverse=True)
-        unreadable: list[tuple[int, str]] = []
-        for step in steps:
-            try:
-                restored = self.restore(manager, step)
-            except Exception as error:  # noqa: BLE001  (any unreadable file: try the previous)
-                unreadable.append((step, f"{type(error).__name__}: "
-                                         f"{str(error).split('. See ')[0].splitlines()[0]}"))
-                _quiet_failed_reads()
-                continue
-            for bad, reason in unreadable:
-                print(f"warning: checkpoint {bad} in {self.workdir} cannot be restored "
-                      f"({reason}); moved to {CORRUPT_DIR}/, resuming from step {step}",
-                      file=sys.stderr, flush=True)
-                self._set_aside(manager, bad)
-            return restored
-        if steps:
-            raise UserError(f"no checkpoint in {self.workdir / 'checkpoints'} can be restored "
-                            f"(step {unreadable[0][0]}: {unreadable[0][1][:200]}); start again "
-                            "with a new --workdir")
-        return None
-
-    def _set_aside(self, manager: ocp.CheckpointManager, step: int) -> None:
-        if self.is_writer:
-            target = self.workdir / CORRUPT_DIR / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
-            target.parent.mkdir(exist_ok=True)
-            shutil.move(str(self.workdir / "checkpoints" / str(step)), target)
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices(f"pretext: checkpoint {step} set aside")
-        manager.reload()
-
-    # ---------------------------------------------------------------------------- loop
-    def data_iterator(self, state: TrainState | None = None, round_index: int = 0) -> Any:
-        """The training loader; for a method trained in rounds (`registry.Rounds`), round
-        `round_index`'s records as `state` decides them, read in order."""
-        per_process = self.config.train.batch_size // jax.process_count()
-        source, shuffle = self.data.train, not self.data.batch_layout
-        if self.data.step_source is not None:  # the source orders its steps itself
-            source, shuffle = self.data.step_source(self.config.train.batch_size), False
-        if self.method.rounds is not None:
-            source, shuffle = self.method.rounds.source(
-                self.model_of(state), self.data, self.objective, self.config.train.seed,
-                round_index, self.config.train.batch_size), False
-        loader = make_loader(
-            source, batch_size=per_process, seed=self.config.train.seed, shuffle=shuffle,
-            transforms=self.data.transforms, worker_count=self.config.data.worker_count)
-        return iter(loader)
-
-    def round_starts(self, step: int) -> bool:
-        """Whether a method trained in rounds begins one before `step` (1-based)."""
-        rounds = self.method.rounds
-        return rounds is not None and (step - 1) % rounds.every(self.objective) == 0
-
-    def begin_round(self, state: TrainState, round_index: int) -> tuple[TrainState, Any]:
-        """`registry.Rounds.begin` on the model of `state` (on the host), its optimizer state
-        zeroed for the submodules it names; the new state on the mesh and the round's loader."""
+    def begin_segment(self, state: TrainState, segment: registry.Segment) -> TrainState:
+        """`segment.begin` on the model of `state` (on the host), the optimizer state zeroed for
+        the submodules it names; the new state on the mesh (DeepCluster: a new round)."""
         model = self.model_of(state)
-        restart = self.method.rounds.begin(model, self.data, self.example_config,
-                                           self.objective, self.config.train.seed, round_index)
+        restart = segment.begin(model)
         _, params, rest = nnx.split(model, nnx.Param, ...)
 
         def top_name(path: tuple[Any, ...]) -> Any:
@@ -671,29 +369,12 @@ class Trainer:
         opt_state = jax.tree_util.tree_map_with_path(
             lambda path, leaf: jnp.zeros_like(leaf) if top_name(path) in restart else leaf,
             state.opt_state)
-        state = TrainState(
+        return TrainState(
             step=state.step, params=jax.device_put(params, self.state_sharding.params),
             model_state=jax.device_put(rest, self.state_sharding.model_state),
             opt_state=jax.device_put(opt_state, self.state_sharding.opt_state))
-        return state, self.data_iterator(state, round_index)
 
-    def _resume_data(self, iterator: Any, data_states: list[str], step: int) -> None:
-        """Puts the loader where the checkpoint's was; records that are not the checkpoint's
-        (other data, or the same files changed) are a UserError naming what differs."""
-        fresh = iterator.get_state()
-        saved = resilience.data_state_for_this_process(
-            data_states, fresh, getattr(self.data.train, "earlier_descriptions", ()))
-        changed = resilience.data_state_difference(saved, fresh)
-        try:
-            if changed is None:
-                iterator.set_state(saved)
-        except ValueError as error:  # Grain refuses for a reason not described above
-            changed = str(error).splitlines()[0]
-        if changed is not None:
-            raise UserError(f"the checkpoint at step {step} in {self.workdir} was written while "
-                            f"reading other data records ({changed}); restore that data or use "
-                            "a new --workdir")
-
+    # ---------------------------------------------------------------------------- loop
     def run(self, stop_after: int | None = None) -> dict[str, Any]:
         """Trains to `train.steps`, resuming from the latest checkpoint in the workdir.
 
@@ -710,39 +391,39 @@ class Trainer:
         finally:
             lock.release()
 
-    def _train(self, lock: integrity.WorkdirLock, stop_after: int | None) -> dict[str, Any]:
-        """`run` under the workdir lock. Nothing is written to the workdir before the resume
-        checks (config, checkpoint, data position) have passed."""
-        t = self.config.train
+    def _start(self, lock: integrity.WorkdirLock) -> tuple[TrainState, StepFeed, dict[str, Any]]:
+        """(the state to continue from, the feed positioned for its next step, the unlogged
+        metrics window): the latest readable checkpoint or a fresh state. Nothing is written to
+        the workdir before the resume checks (config, checkpoint, data position) have passed."""
         self._check_existing_workdir()  # again: another run may have written it meanwhile
-        manager = self.checkpoint_manager()
-        restored = self.restore_latest_readable(manager)
-        latest = None
+        feed = StepFeed(self.data, self.config, self.per_process_batch, self.model_of,
+                        self.begin_segment)
+        restored = self.checkpoints.restore_latest_readable()
         log_window: dict[str, Any] = {}
-        iterator = None  # a method in rounds gets its loader when (or inside) a round begins
-        rounds = self.method.rounds
         if restored is not None:
             state, data_states = restored
             latest = int(jax.device_get(state.step))
-            log_window = self._checked_log_window(manager, latest)
-            if not self.round_starts(latest + 1):
-                iterator = self.data_iterator(
-                    state, latest // rounds.every(self.objective) if rounds else 0)
-                self._resume_data(iterator, data_states, latest)
+            log_window = self.checkpoints.checked_log_window(latest)
+            feed.resume(state, latest + 1, data_states,
+                        f"the checkpoint at step {latest} in {self.workdir}")
         else:
             state = self.init_state()
-            if rounds is None:
-                iterator = self.data_iterator()
         if self.is_writer:  # the checks passed: this run owns the workdir now
             lock.record_owner()
             (self.workdir / CONFIG_FILE).write_text(self.config.to_json())
             write_model_json(self.workdir, self.method.name, self.model_config, self.objective)
             if self.data.tokenizer is not None:  # the text methods' (`export.find_tokenizer`)
                 write_tokenizer(self.workdir, self.data.tokenizer)
+        return state, feed, log_window
+
+    def _train(self, lock: integrity.WorkdirLock, stop_after: int | None) -> dict[str, Any]:
+        """`run` under the workdir lock."""
+        t = self.config.train
+        state, feed, log_window = self._start(lock)
         start = int(jax.device_get(state.step))
         writer = MetricWriter(self.workdir, total_steps=t.steps, start_step=start,
                               enabled=self.is_writer, progress=t.progress)
-        if latest is not None:
+        if start:  # restored from a checkpoint
             writer.print(f"resumed from step {start} in {self.workdir}")
         units = self.method.units_per_example(self.example_config) * t.batch_size
         last_train: dict[str, float] = {}
@@ -759,25 +440,14 @@ class Trainer:
         profile = Profile(t.profile_steps, self.workdir / PROFILE_DIR, writer)
         try:
             end = t.steps if stop_after is None else min(stop_after, t.steps)
-            # Batch s + 1 is read (Grain: records, transforms, host crops) while the devices
-            # run step s, which is dispatched asynchronously (`train.prefetch`);
-            # `trained_position` is the data position after the batches trained so far, which
-            # is what a checkpoint keeps.
-            trained_position = iterator.get_state() if iterator is not None else None
-            if start < end and not self.round_starts(start + 1):
-                batch, position = next(iterator), iterator.get_state()
             for step in range(start + 1, end + 1):
-                if self.round_starts(step):  # a new round: its state and its loader
-                    state, iterator = self.begin_round(
-                        state, (step - 1) // rounds.every(self.objective))
-                    batch, position = next(iterator), iterator.get_state()
+                state, batch = feed.batch(state, step)
                 profile.before(step)
                 state, metrics = self.train_step(state, batch)
-                trained_position = position
-                if step < end and not self.round_starts(step + 1):
+                if step < end:  # batch s + 1 is read while the devices run step s
                     if not t.prefetch:
                         jax.block_until_ready(metrics)
-                    batch, position = next(iterator), iterator.get_state()
+                    feed.read_ahead(step + 1)
                 if self.sync_every_step:
                     jax.block_until_ready(metrics)
                 profile.after(step, metrics)
@@ -786,10 +456,9 @@ class Trainer:
                 window += 1
                 timed += 1
                 preempted = watch.should_stop(step)
-                due = (step % t.log_every == 0 or step % t.eval_every == 0 or step == end
-                       or step % t.checkpoint_every == 0 or preempted)
-                if due:  # one host read per boundary, not per step
-                    skipped += self._check_finite(flags, manager)
+                if (step % t.log_every == 0 or step % t.eval_every == 0 or step == end
+                        or step % t.checkpoint_every == 0 or preempted):
+                    skipped += self._check_finite(flags)  # one host read per boundary
                     flags = []
                 if step % t.log_every == 0 or step == t.steps:
                     last_train = reduce_metrics(jax.device_get(sums))
@@ -805,7 +474,7 @@ class Trainer:
                     last_eval = self.evaluate(state)
                     writer.write(step, "eval", last_eval)
                 if step % t.checkpoint_every == 0 or step == end or preempted:
-                    self.save(manager, state, trained_position, {
+                    self.checkpoints.save(state, feed.position, {
                         "steps": window, "skipped": skipped,
                         "sums": {name: [float(v) for v in pair] for name, pair in
                                  jax.device_get(sums).items()} if sums is not None else {}})
@@ -818,20 +487,16 @@ class Trainer:
             watch.close()
             profile.close()
             try:
-                self.seal_saved(manager)
-            finally:  # a failed write was reported above; closing must not bury it
-                with contextlib.suppress(Exception) if sys.exc_info()[0] else \
-                        contextlib.nullcontext():
-                    manager.close()
-                    writer.close()
+                self.checkpoints.close()
+            finally:
+                writer.close()
         curves = plot_curves(self.workdir) if self.is_writer else None
         return {"step": int(jax.device_get(state.step)), "train": last_train, "eval": last_eval,
                 "report": self.data.report, "workdir": str(self.workdir),
                 "curves": str(curves) if curves else None, "state": state,
                 "stopped_by": stopped_by, "skipped_nonfinite": skipped}
 
-    def _check_finite(self, flags: list[tuple[int, jax.Array]],
-                      manager: ocp.CheckpointManager) -> int:
+    def _check_finite(self, flags: list[tuple[int, jax.Array]]) -> int:
         """The number of non-finite steps among `flags`; with `train.on_nonfinite=stop` the
         first one raises NonFiniteStep naming the step, its examples in the data stream and
         the last checkpoint (nothing after it is saved)."""
@@ -841,7 +506,7 @@ class Trainer:
         if not bad or self.config.train.on_nonfinite == "skip":
             return len(bad)
         step, batch = bad[0], self.config.train.batch_size
-        last = manager.latest_step()
+        last = self.checkpoints.latest_step()
         raise resilience.NonFiniteStep(
             f"non-finite loss, gradients or updated parameters at step {step} (examples "
             f"{(step - 1) * batch}-{step * batch - 1} of the training stream); the last good "

@@ -127,9 +127,8 @@ def kill_and_resume(preset: str, overrides: dict, root: Path, step: int,
 def final_params(preset: str, overrides: dict, workdir: Path) -> dict[str, np.ndarray]:
     """The parameters of the workdir's latest checkpoint, by path."""
     trainer = Trainer(make_config(preset, overrides), workdir)
-    manager = trainer.checkpoint_manager()
-    state, _ = trainer.restore_latest_readable(manager)
-    manager.close()
+    state, _ = trainer.checkpoints.restore_latest_readable()
+    trainer.checkpoints.close()
     return {jax.tree_util.keystr(k): np.asarray(v)
             for k, v in jax.tree_util.tree_leaves_with_path(jax.device_get(state.params))}
 

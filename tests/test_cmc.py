@@ -218,9 +218,8 @@ def test_cli_run_and_a_killed_run_resuming_with_its_memory_banks(colour_folder, 
     states = []
     for workdir in (ours[0], tmp_path / "cli"):
         trainer = Trainer(make_config("cmc_tiny", overrides), workdir)
-        manager = trainer.checkpoint_manager()
-        states.append(trainer.restore_latest_readable(manager)[0])
-        manager.close()
+        states.append(trainer.checkpoints.restore_latest_readable()[0])
+        trainer.checkpoints.close()
     mine, cli = (flat_params(state.params) for state in states)
     assert mine.keys() == cli.keys() and all(np.array_equal(mine[k], cli[k]) for k in cli)
     for name in ("memory_l", "memory_ab"):

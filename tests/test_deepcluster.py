@@ -201,9 +201,8 @@ def test_killed_run_resumes_exactly_with_its_cluster_state(tmp_path, colour_fold
     labels = []
     for workdir, _ in (ours, reference):
         trainer = Trainer(make_config("deepcluster_tiny", overrides), workdir)
-        manager = trainer.checkpoint_manager()
-        state, _ = trainer.restore_latest_readable(manager)
-        manager.close()
+        state, _ = trainer.checkpoints.restore_latest_readable()
+        trainer.checkpoints.close()
         labels.append(np.asarray(jax.device_get(state.model_state["labels"].get_value())))
     np.testing.assert_array_equal(*labels)
     assert len(labels[0]) == 160 and len(np.unique(labels[0])) > 1
@@ -223,8 +222,8 @@ def test_sharded_step_equals_the_single_device_step(tmp_path, colour_folder):
             "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2]})
         trainer = Trainer(make_config("deepcluster_tiny", values), tmp_path / name,
                           devices=devices)
-        state, iterator = trainer.begin_round(trainer.init_state(), 0)
-        state, metrics = trainer.train_step(state, next(iterator))
+        state = begin_round(trainer, trainer.init_state(), 0)
+        state, metrics = trainer.train_step(state, next(trainer.data_iterator(state)))
         params = {jax.tree_util.keystr(k): np.asarray(v) for k, v in
                   jax.tree_util.tree_leaves_with_path(jax.device_get(state.params))}
         labels = np.asarray(jax.device_get(state.model_state["labels"].get_value()))
@@ -241,10 +240,16 @@ def test_sharded_step_equals_the_single_device_step(tmp_path, colour_folder):
                                        err_msg=f"{name} {key}")
 
 
+def begin_round(trainer: Trainer, state, index: int):
+    """The state after the trainer begins round `index` (its segment's `begin`)."""
+    first = index * trainer.objective.recluster_every + 1
+    return trainer.begin_segment(state, trainer.data.segment(first, trainer.config))
+
+
 def check_next_round(trainer: Trainer, state) -> None:
-    """`begin_round`: a new N(0, 0.01) head with zero momentum; the backbone's momentum and
-    parameters kept."""
-    new, _ = trainer.begin_round(state, 1)
+    """The next round's `begin`: a new N(0, 0.01) head with zero momentum; the backbone's
+    momentum and parameters kept."""
+    new = begin_round(trainer, state, 1)
 
     def leaves(tree):
         return {jax.tree_util.keystr(k): np.asarray(v)

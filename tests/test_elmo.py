@@ -264,7 +264,7 @@ def test_scalar_mix_on_glue_sst2_from_the_frozen_bilm(pretrained, tmp_path):
 def test_finetune_and_eval_from_an_elmo_workdir_choose_the_scalar_mix(pretrained, tmp_path,
                                                                       capsys):
     """`run.py finetune --init <elmo workdir>` runs `elmo_classify` (the method that claims a
-    biLM, `Method.finetunes`) with the biLM's own settings and the characters per token it was
+    biLM, `Start.finetunes`) with the biLM's own settings and the characters per token it was
     trained with, from its weights, and writes dev metrics beside the majority baseline; `run.py
     eval` reads the workdir back to the same metrics."""
     rng = np.random.default_rng(0)

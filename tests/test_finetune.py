@@ -22,10 +22,12 @@ from pretext_jax import (
 )
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import load_tokenizer
+from pretext_jax.objectives import bert
 from pretext_jax.objectives.classification import classification_loss
+from pretext_jax.objectives.classifier_recipes import ClassifierSettings
 from pretext_jax.pretrain import hf
 from pretext_jax.pretrain.export import load_model
-from pretext_jax.pretrain.finetune import evaluate, finetune, finetune_config, recipe, run_glue
+from pretext_jax.pretrain.finetune import evaluate, finetune, finetune_config, run_glue
 from pretext_jax.pretrain.optim import layer_depth_factors, make_optimizer
 from pretext_jax.pretrain.trainer import Trainer
 
@@ -234,10 +236,10 @@ def test_losses_equal_numpy():
 
 def test_bert_recipe_by_size():
     """BERT-Base and up: the paper's 2e-5 for 3 epochs; compact BERTs: the README's grid."""
-    assert recipe("bert", 768, "rte") == {"learning_rate": 2e-5, "epochs": 3,
-                                          "layerwise_lr_decay": 1.0, "weight_decay": 0.01}
-    assert recipe("bert", 384, "sst2")["learning_rate"] == 1e-4
-    assert recipe("bert", 128, "cola")["epochs"] == 4
+    assert bert.glue_settings(768, "rte") == ClassifierSettings(
+        learning_rate=2e-5, epochs=3, layerwise_lr_decay=1.0, weight_decay=0.01)
+    assert bert.glue_settings(384, "sst2").learning_rate == 1e-4
+    assert bert.glue_settings(128, "cola").epochs == 4
 
 
 def test_layerwise_learning_rate_decay_scales_updates_by_depth():

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "pretext_jax"
 # objectives/ modules that every method may import (no method is registered in them)
 SHARED_OBJECTIVES = {"registry", "text", "two_view", "contrastive", "evaluation",
-                     "glue_metrics", "preset_parts", "speech", "masked_span", "clustering"}
+                     "classifier_recipes", "glue_metrics", "preset_parts", "speech",
+                     "masked_span", "clustering"}
 # what each layer may import from the package, besides itself and `errors`
 # pretrain/ modules that drive one method's workflow, and that method's objectives/ module:
 # finetune.py holds the GLUE recipes and sweeps of `classify` (objectives/classification.py),
@@ -199,7 +200,7 @@ def untrained() -> dict[str, float]:
     ("byol", {"loss": 2.0}, {}, ["  held-out loss: 2.000"]),
 ])
 def test_summaries_come_from_the_methods(method, evaluation, report, expected):
-    assert registry.get(method).summarize(evaluation, report, untrained) == expected
+    assert registry.get(method).evaluation.summarize(evaluation, report, untrained) == expected
 
 
 def test_run_py_names_no_metric():

@@ -9,6 +9,7 @@ language per batch in turn, and mass_bilingual_tiny from the CLI with language e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax.numpy as jnp
@@ -307,8 +308,9 @@ def test_bilingual_segments_carry_their_language_and_a_step_reads_one_language(t
     sets the model's language count."""
     config = make_config("mass_bilingual_tiny", {**BILINGUAL, **bilingual_corpus(tmp_path)})
     prepared = mass.prepare_mass(config.data, config.example_config(), tmp_path / "cache", 0)
-    assert prepared.model_fields["num_languages"] == 2 and prepared.step_source is not None
-    steps = prepared.step_source(8)
+    by_eight = dataclasses.replace(config, train=dataclasses.replace(config.train, batch_size=8))
+    assert prepared.model_fields["num_languages"] == 2 and prepared.segments is not None
+    steps = prepared.segment(1, by_eight).records(None)
     assert steps.names == ("de", "en")
     words = {0: {"Satz", "spricht", "über", "Thema", "und", "dann", "noch", "mehr", "Wörter"},
              1: {"Sentence", "talks", "about", "topic", "and", "then", "some", "more", "words"}}
@@ -327,7 +329,7 @@ def test_bilingual_segments_carry_their_language_and_a_step_reads_one_language(t
             example = masking.random_map(record, rng)
             assert (example["language_ids"] == language).all()
     # A step's draw depends on its number only, so a restart reads the same batches.
-    assert steps.choose(19) == prepared.step_source(8).choose(19)
+    assert steps.choose(19) == prepared.segment(1, by_eight).records(None).choose(19)
     assert set(np.unique(prepared.eval["language_ids"])) == {0, 1}
 
 

@@ -48,7 +48,13 @@ from flax import nnx
 from pretext_jax.input_pipeline import bert_examples
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
-from pretext_jax.objectives.registry import Method, register, summary_of
+from pretext_jax.objectives.registry import (
+    Evaluation,
+    Method,
+    Resolution,
+    register,
+    summary_of,
+)
 from pretext_jax.objectives.text import (
     check_max_seq_length,
     prepare_masked_lm,
@@ -74,7 +80,8 @@ register(Method(name="mlm_only_from_test", model_config=EncoderConfig,
                 build_model=lambda config, seed: Bert(config, rngs=nnx.Rngs(seed)),
                 loss=mlm_only_loss, prepare=prepare,
                 units_per_example=lambda examples: examples.max_seq_length,
-                check=check_max_seq_length, summarize=summary_of(accuracy="mlm")))
+                resolution=Resolution(check=check_max_seq_length),
+                evaluation=Evaluation(summarize=summary_of(accuracy="mlm"))))
 '''
 
 

@@ -176,9 +176,8 @@ def test_resume_is_exact(tmp_path, data_cache, preset):
     # The data stream continued where it stopped: batch 4 of a fresh stream is the next batch.
     fresh = resumed_trainer.data_iterator()
     expected = [next(fresh) for _ in range(4)][-1]
-    manager = resumed_trainer.checkpoint_manager()
-    _, data_states = resumed_trainer.restore(manager, 3)
-    manager.close()
+    _, data_states = resumed_trainer.checkpoints.restore(3)
+    resumed_trainer.checkpoints.close()
     continued = resumed_trainer.data_iterator()
     continued.set_state(data_states[0].encode())
     got = next(continued)
@@ -213,9 +212,8 @@ def test_workdir_of_the_old_config_layout_loads_and_resumes(tmp_path, data_cache
     stored.write_text(json.dumps(old))  # the checkpoint's own copy, in the old layout
     integrity.seal(workdir / "checkpoints" / "1")  # as if written so, not damaged
     resumed = make_trainer(workdir, data_cache, preset="electra_tiny", **settings)
-    manager = resumed.checkpoint_manager()
-    resumed._checked_log_window(manager, 1)  # the checkpoint's config is this run's
-    manager.close()
+    resumed.checkpoints.checked_log_window(1)  # the checkpoint's config is this run's
+    resumed.checkpoints.close()
     assert resumed.run()["step"] == 2
     other = {**settings, "objective.discriminator_weight": 50.0, "train.steps": 3}
     (workdir / "config.json").write_text(json.dumps(old))
@@ -260,9 +258,8 @@ def test_simclr_workdir_with_view_settings_under_model_loads_and_resumes(tmp_pat
                                       "model": {**info["model"], **info["objective"]}}))
     assert type(load_model(workdir)).__name__ == "SimCLR"
     resumed = make_trainer(workdir, data_cache, preset="simclr_tiny", **settings)
-    manager = resumed.checkpoint_manager()
-    resumed._checked_log_window(manager, 1)  # the checkpoint's config is this run's
-    manager.close()
+    resumed.checkpoints.checked_log_window(1)  # the checkpoint's config is this run's
+    resumed.checkpoints.close()
     assert resumed.run()["step"] == 2
     with pytest.raises(UserError, match="model.image_size moved to the objective section; "
                                         "write objective.image_size=16"):
@@ -350,9 +347,8 @@ def test_workdir_with_old_parameter_names_restores_and_resumes(tmp_path, data_ca
     trainers = [make_trainer(w, data_cache, preset=preset, **settings) for w in (new, old)]
     restored = []
     for trainer in trainers:
-        manager = trainer.checkpoint_manager()
-        restored.append(flat_opt_and_params(trainer.restore(manager, 2)[0]))
-        manager.close()
+        restored.append(flat_opt_and_params(trainer.checkpoints.restore(2)[0]))
+        trainer.checkpoints.close()
     assert restored[0].keys() == restored[1].keys()
     for key in restored[0]:
         np.testing.assert_array_equal(restored[0][key], restored[1][key], err_msg=key)

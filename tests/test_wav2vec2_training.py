@@ -188,9 +188,8 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, clips):
     counts = []
     for workdir, _ in (ours, reference):
         trainer = Trainer(make_config("wav2vec2_tiny", overrides), workdir)
-        manager = trainer.checkpoint_manager()
-        state, _ = trainer.restore_latest_readable(manager)
-        manager.close()
+        state, _ = trainer.checkpoints.restore_latest_readable()
+        trainer.checkpoints.close()
         counts.append(int(jax.device_get(state.model_state["updates"].get_value())))
     assert counts == [8, 8]
 

@@ -150,7 +150,7 @@ def test_mlm_tlm_steps_alternate_one_language_or_pair_per_batch(corpora, tmp_pat
     of the parallel lines."""
     trainer = tiny_trainer(tmp_path / "w", task_settings("mlm_tlm", corpora),
                            **{"data.held_out_fraction": 0.25})
-    schedule = trainer.data.step_source(16)
+    schedule = trainer.data.segment(1, trainer.config).records(None)
     assert set(schedule.names) == {"en", "de", "de-en", "en-de"} and schedule.cycle_steps == 4
     ids = {"de": 0, "en": 1}
     iterator = trainer.data_iterator()

@@ -21,7 +21,7 @@ from pretext_jax.input_pipeline.bert_examples import BertExampleConfig
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
 from pretext_jax.objectives.bert import prepare_bert
-from pretext_jax.objectives.registry import Batch, Method, Metrics, register
+from pretext_jax.objectives.registry import Batch, Method, Metrics, Resolution, register
 from pretext_jax.objectives.text import check_max_seq_length
 
 
@@ -63,6 +63,6 @@ register(Method(
     loss=smoothed_mlm_loss,
     prepare=prepare_bert,
     units_per_example=lambda examples: examples.max_seq_length,
-    check=check_max_seq_length,
     description="masked LM with label smoothing, no NSP (docs/examples/smoothed_mlm.py)",
+    resolution=Resolution(check=check_max_seq_length),
 ))

@@ -1,0 +1,106 @@
+"""The training batches, step by step: which records feed a step is the method's data's to say
+(`registry.PreparedData.segments`); this module opens each segment's loader when its first
+step comes (running the segment's `begin` on the model), reads batch s + 1 while the devices
+run step s, and keeps the data position a checkpoint saves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grain
+
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline.records import make_loader
+from pretext_jax.objectives import registry
+from pretext_jax.pretrain import resilience
+
+
+def open_loader(data: registry.PreparedData, segment: registry.Segment, model: Any,
+                config: Any, per_process_batch: int) -> grain.DataLoaderIterator:
+    """An iterator over `segment`'s batches of this process, from the segment's start."""
+    loader = make_loader(
+        segment.records(model), batch_size=per_process_batch, seed=config.train.seed,
+        shuffle=segment.shuffle, transforms=data.transforms,
+        worker_count=config.data.worker_count)
+    return iter(loader)
+
+
+def resume_position(iterator: Any, data_states: list[str], earlier_descriptions: Any,
+                    where: str) -> None:
+    """Puts `iterator` where a checkpoint's loader was (`data_states`: every process's saved
+    position); records that are not the checkpoint's (other data, or the same files changed)
+    are a UserError naming what differs (`where`: the checkpoint, for the message)."""
+    fresh = iterator.get_state()
+    saved = resilience.data_state_for_this_process(data_states, fresh, earlier_descriptions)
+    changed = resilience.data_state_difference(saved, fresh)
+    try:
+        if changed is None:
+            iterator.set_state(saved)
+    except ValueError as error:  # Grain refuses for a reason not described above
+        changed = str(error).splitlines()[0]
+    if changed is not None:
+        raise UserError(f"{where} was written while reading other data records ({changed}); "
+                        "restore that data or use a new --workdir")
+
+
+class StepFeed:
+    """The batch of every step of one run, segment by segment.
+
+    `model_of(state)` gives the model a segment's `records` and `begin` see; `begin(state,
+    segment)` runs the segment's `begin` and returns the new state. `position` is the data
+    position after the last batch handed out for training (what a checkpoint keeps)."""
+
+    def __init__(self, data: registry.PreparedData, config: Any, per_process_batch: int,
+                 model_of: Callable[[Any], Any], begin: Callable[[Any, registry.Segment], Any]):
+        self.data, self.config, self.per_process_batch = data, config, per_process_batch
+        self.model_of, self.begin = model_of, begin
+        self.segment: registry.Segment | None = None
+        self.iterator: Any = None
+        self.position: bytes | None = None
+        self._ahead: tuple[int, Any, bytes] | None = None  # (step, batch, position) read early
+
+    def _holds(self, step: int) -> bool:
+        return (self.segment is not None and self.segment.first_step <= step
+                and (self.segment.last_step is None or step <= self.segment.last_step))
+
+    def _open(self, state: Any, step: int) -> Any:
+        self.segment = self.data.segment(step, self.config)
+        if self.segment.begin is not None and step == self.segment.first_step:
+            state = self.begin(state, self.segment)
+        self.iterator = open_loader(self.data, self.segment, self.model_of(state), self.config,
+                                    self.per_process_batch)
+        self.position = self.iterator.get_state()
+        return state
+
+    def resume(self, state: Any, step: int, data_states: list[str], where: str) -> None:
+        """Positions the feed for a run resumed before `step`: inside a segment, its loader
+        continues from the checkpoint's position; at a segment's first step nothing is read
+        until `batch` opens it."""
+        if self.data.segment(step, self.config).first_step == step:
+            return
+        self._open(state, step)
+        resume_position(self.iterator, data_states,
+                        getattr(self.data.train, "earlier_descriptions", ()), where)
+        self.position = self.iterator.get_state()
+
+    def batch(self, state: Any, step: int) -> tuple[Any, Any]:
+        """(state, batch of `step`): the batch read ahead, or the next one of the segment
+        holding `step` (opened, and begun, when `step` is its first)."""
+        if self._ahead is not None and self._ahead[0] == step:
+            _, batch, self.position = self._ahead
+            self._ahead = None
+            return state, batch
+        if not self._holds(step):
+            state = self._open(state, step)
+        batch = next(self.iterator)
+        self.position = self.iterator.get_state()
+        return state, batch
+
+    def read_ahead(self, step: int) -> None:
+        """Reads the batch of `step` now (while the devices run the step before) when it comes
+        from the open segment; a segment's first batch waits for the state it begins from."""
+        if self._holds(step) and self._ahead is None:
+            batch = next(self.iterator)
+            self._ahead = (step, batch, self.iterator.get_state())
