@@ -116,3 +116,18 @@ def optimizer_shardings(abstract_opt: Any, param_shardings: Any, mesh: Mesh) -> 
         return replicated(mesh)
 
     return jax.tree_util.tree_map_with_path(pick, abstract_opt)
+
+
+def check_batch(mesh: Mesh, batch_size: int, grad_accum_steps: int) -> None:
+    """Refuses a global batch whose micro-batches do not split evenly over the data axes
+    (data x fsdp) or whose rows do not split evenly over the processes."""
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    micro = batch_size // grad_accum_steps
+    if micro % shards:
+        raise UserError(
+            f"global batch {batch_size} / grad_accum_steps {grad_accum_steps} = {micro} is not "
+            f"divisible by the data axes (data*fsdp = {shards}); use a multiple of "
+            f"{shards * grad_accum_steps} for train.batch_size or change mesh.*")
+    if batch_size % jax.process_count():
+        raise UserError(f"train.batch_size={batch_size} is not divisible by the "
+                        f"{jax.process_count()} processes")

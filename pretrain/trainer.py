@@ -75,7 +75,7 @@ class Trainer:
         self.method = registry.get(config.method)
         self.mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
                                        devices)
-        self._check_batch_layout()
+        mesh_lib.check_batch(self.mesh, config.train.batch_size, config.optim.grad_accum_steps)
         self._check_existing_workdir()
         self.example_config = config.example_config()
         cache = data_cache(config, self.workdir)
@@ -112,19 +112,6 @@ class Trainer:
                                    self.config.train.seed)
 
     # ----------------------------------------------------------------------- validation
-    def _check_batch_layout(self) -> None:
-        t, o = self.config.train, self.config.optim
-        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        micro = t.batch_size // o.grad_accum_steps
-        if micro % shards:
-            raise UserError(
-                f"global batch {t.batch_size} / grad_accum_steps {o.grad_accum_steps} = {micro} "
-                f"is not divisible by the data axes (data*fsdp = {shards}); use a multiple of "
-                f"{shards * o.grad_accum_steps} for train.batch_size or change mesh.*")
-        if t.batch_size % jax.process_count():
-            raise UserError(f"train.batch_size={t.batch_size} is not divisible by the "
-                            f"{jax.process_count()} processes")
-
     def _check_existing_workdir(self) -> None:
         saved = self.workdir / CONFIG_FILE
         if self.workdir.exists() and not self.workdir.is_dir():
