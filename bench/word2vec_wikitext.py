@@ -36,7 +36,7 @@ TABLE = report.Table("word2vec_wikitext", (
 def markdown_cells(result: dict) -> list:
     neighbours = "; ".join(f"{query}: {', '.join(words[:3])}"
                            for query, words in result["neighbours"].items())
-    return [result["steps"], result["vocabulary"],
+    return [result["steps"], f"{result['vocabulary']:,}",
             f"{result['held_out_loss']:.3f} / {result['untrained_loss']:.3f}",
             f"{result['analogy_accuracy']:.3f} / {result['untrained_analogy_accuracy']:.3f} "
             f"({result['analogy_questions']} questions)", neighbours,
