@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="a Python file or module that registers your own objective "
                         "(docs/add_your_own_objective.md); repeatable")
     cluster = parser.add_argument_group(
-        "multi-process (one run.py per host; see README, Scaling out)")
+        "multi-process (one run.py per host; see docs/usage.md, Scaling out)")
     cluster.add_argument("--distributed", action="store_true",
                          help="start JAX's multi-controller runtime, detecting the cluster "
                          "(SLURM, TPU pod slice, Kubernetes, MPI)")
@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--config", metavar="FILE",
                              help="a YAML file of config sections, or a Python file whose "
                              "get_config() returns them; layered over the preset, under the "
-                             "section.key=value overrides (README, Config files)")
+                             "section.key=value overrides (docs/usage.md, Config files)")
 
     demo = commands.add_parser("demo", help="pre-train a tiny BERT on the Python docs (offline), "
                                "or SimCLR on digits (--images), or CPC on spoken digits (--speech)")

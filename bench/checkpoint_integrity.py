@@ -5,7 +5,8 @@
 Saves a state of random float32 arrays (64 MB each) with Orbax as the trainer does, then times
 `integrity.seal` (CRC-32 of every file, once per checkpoint after it is finished),
 `integrity.verify` (before every restore) and the Orbax restore itself, and prints one JSON
-line with seconds and seconds per GB. The files are read back from the page cache when memory
+line with seconds and seconds per GB, and the Markdown row of docs/benchmarks.md ("Checkpoint
+integrity"). The files are read back from the page cache when memory
 allows, so this is the CPU cost of the checksums; from a cold disk add the read time.
 """
 
@@ -20,14 +21,19 @@ from pathlib import Path
 import numpy as np
 import orbax.checkpoint as ocp
 
+from bench import report
 from pretext_jax.pretrain import integrity
 
+TABLE = report.Table("checkpoint_integrity", (
+    "GB", "seal s/GB", "verify s/GB", "Orbax restore s/GB"))
 
-def main() -> None:
+
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gigabytes", type=float, default=1.0)
     parser.add_argument("--workdir", default="/tmp/bench_ckpt")
-    args = parser.parse_args()
+    report.add_markdown_argument(parser, "checkpoint_integrity")
+    args = parser.parse_args(argv)
     root = Path(args.workdir).absolute()
     shutil.rmtree(root, ignore_errors=True)
     rng = np.random.default_rng(0)
@@ -47,11 +53,17 @@ def main() -> None:
         result = action()
         timings[name] = time.perf_counter() - start
         assert name != "verify" or result is None, result
-    print(json.dumps({"benchmark": "checkpoint_integrity", "gigabytes": round(size_gb, 3),
-                      "save_s": round(save_s, 2),
-                      **{f"{k}_s": round(v, 2) for k, v in timings.items()},
-                      **{f"{k}_s_per_gb": round(v / size_gb, 2) for k, v in timings.items()}}))
+    result = {"benchmark": "checkpoint_integrity", "gigabytes": round(size_gb, 3),
+              "save_s": round(save_s, 2),
+              **{f"{k}_s": round(v, 2) for k, v in timings.items()},
+              **{f"{k}_s_per_gb": round(v / size_gb, 2) for k, v in timings.items()}}
+    print(json.dumps(result))
     shutil.rmtree(root, ignore_errors=True)
+    report.write_row(TABLE, [f"{size_gb:.3f}", *(f"{result[f'{k}_s_per_gb']:.2f}"
+                                                  for k in ("seal", "verify", "restore"))],
+                     report.command_line("bench.checkpoint_integrity", argv), args.markdown,
+                     devices=False)
+    return result
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ compute the same way). Wall-clock is reported too.
 The comparison downstream: a linear probe (logistic regression on frozen, mean-pooled final
 hidden states) on GLUE SST-2, trained on `--probe-train` sentences of train.tsv and scored on
 dev.tsv, for BERT's encoder, ELECTRA's discriminator, and a randomly initialised encoder.
-Data: $PRETEXT_SHARED_DATA or ../shared/data (wikitext-2/, glue/SST-2/). Prints one JSON line.
+Data: $PRETEXT_SHARED_DATA or ../shared/data (wikitext-2/, glue/SST-2/). Prints one JSON line
+and writes the Markdown rows of docs/benchmarks.md ("BERT against ELECTRA at equal compute"):
+one per model and one for the untrained encoder's probe.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from bench import report
 from bench.pretrain_wikitext import shared_data_dir, wikitext_dir
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.input_pipeline import sources, tokenizers
@@ -38,6 +41,19 @@ from pretext_jax.pretrain.export import load_model
 from pretext_jax.pretrain.trainer import Trainer
 
 SEQ_LEN = 64  # SST-2 sentences are short; 64 pieces cover all but a handful
+TABLE = report.Table("electra_vs_bert", (
+    "model", "steps", "GFLOP/step", "FLOP budget", "held-out (valid.txt)",
+    "SST-2 dev probe", "wall s"))
+
+
+def markdown_rows(result: dict) -> list[list]:
+    """The rows' cells: each pre-trained model, then the untrained encoder's probe."""
+    rows = [[f"`{preset}`", run["steps"], f"{run['step_gflops']:.2f}",
+             f"{result['flops_budget']:.2e}", report.figures(run["held_out"]),
+             run["sst2_probe_dev_accuracy"], f"{run['wall_clock_s']:.0f}"]
+            for preset, run in result.items() if isinstance(run, dict)]
+    return [*rows, ["untrained `bert_tiny` encoder", 0, None, None, None,
+                    result["random_init_sst2_probe_dev_accuracy"], None]]
 
 
 def step_flops(trainer: Trainer) -> float:
@@ -102,13 +118,14 @@ def linear_probe(train_x, train_y, dev_x, dev_y, steps: int = 500) -> float:
     return float(np.mean(np.asarray(predictions) == dev_y))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bert-steps", type=int, default=1200)
     parser.add_argument("--probe-train", type=int, default=8000)
     parser.add_argument("--workdir", default="runs/bench_electra_vs_bert")
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    report.add_markdown_argument(parser, "electra_vs_bert")
+    args = parser.parse_args(argv)
     workdir, wikitext = Path(args.workdir), wikitext_dir()
     sst2 = shared_data_dir() / "glue" / "SST-2"
     tokenizer_file = workdir / "wikitext2_8k.model"
@@ -162,6 +179,10 @@ def main() -> None:
             untrained = registry.get("bert").build_model(trained.config, 0)
             result["random_init_sst2_probe_dev_accuracy"] = probe(untrained.encoder)
     print(json.dumps(result))
+    command = report.command_line("bench.electra_vs_bert", argv)
+    for cells in markdown_rows(result):
+        report.write_row(TABLE, cells, command, args.markdown)
+    return result
 
 
 if __name__ == "__main__":

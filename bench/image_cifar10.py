@@ -17,15 +17,16 @@ ab halves of one 16-wide network as the reference's half-width `v1` models, its 
 epochs 250 and 280 of 300 as fractions of the run). Overrides after them win. After training:
 kNN (k 200, temperature 0.1) with the 50,000 training images as the bank, and a linear probe on
 frozen features (train 50,000, test 10,000), for the trained backbone and for the same backbone
-at its random initialisation (the baseline any learning has to beat). Prints one JSON line;
-`main(argv)` returns it as a dict.
+at its random initialisation (the baseline any learning has to beat). Prints one JSON line
+and writes the Markdown row of docs/benchmarks.md ("Image methods on CIFAR-10", `bench.report`);
+`main(argv)` returns the result as a dict, with the row's machine, date and command in it
+(`bench.image_table` builds its table from those).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from bench import report
 from bench.pretrain_wikitext import shared_data_dir
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.input_pipeline.images import read_cifar10
@@ -44,6 +46,25 @@ from pretext_jax.objectives.two_view import backbone_features
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.export import load_model
 from pretext_jax.pretrain.trainer import Trainer
+
+TABLE = report.Table("image_cifar10", (
+    "method (preset)", "backbone", "steps x batch", "kNN k=200", "linear",
+    "untrained kNN / linear", "pre-training s"))
+
+
+def markdown_cells(result: dict[str, Any]) -> list:
+    untrained = result["untrained_backbone"]
+    return [f"{result['method']} (`{result['preset']}`)", result["backbone"],
+            f"{result['steps']} x {result['batch_size']}", result["knn_accuracy_k200"],
+            result["linear_probe_accuracy"],
+            f"{untrained['knn_accuracy_k200']:.3f} / {untrained['linear_probe_accuracy']:.3f}",
+            f"{result['pretrain_wall_clock_s']:.0f}"]
+
+
+def markdown_row(result: dict[str, Any]) -> str:
+    """The result's row, with the machine, date and command recorded in it."""
+    return TABLE.row(markdown_cells(result), result["command"], result.get("machine"),
+                     result.get("date"))
 
 
 def decay_boundaries(steps: int, *fractions: float) -> str:
@@ -110,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--workdir", default="", help="default runs/bench_<preset>")
     parser.add_argument("overrides", nargs="*")
+    report.add_markdown_argument(parser, "image_cifar10")
     args = parser.parse_args(argv)
     data = shared_data_dir() / "cifar10"
     workdir = Path(args.workdir or f"runs/bench_{args.preset}")
@@ -137,10 +159,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{speed}_after_compile": float(np.median(speeds[1:] or speeds)) if speeds else None,
         "pretrain_wall_clock_s": round(seconds, 1),
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
-        "command": " ".join(["python -m bench.image_cifar10", *(argv or sys.argv[1:])]),
+        "command": report.command_line("bench.image_cifar10", argv),
         "note": "CIFAR-10 pixels here are rebuilt from JPEG copies (lossy)",
     }
     print(json.dumps(result))
+    result |= {"machine": report.this_machine(), "date": time.strftime("%Y-%m-%d")}
+    report.write_row(TABLE, markdown_cells(result), result["command"], args.markdown,
+                     machine=result["machine"], date=result["date"])
     return result
 
 

@@ -7,7 +7,9 @@ the frozen backbone beside the same backbone untrained.
 Each finished preset is appended to `--results` (JSON lines) and skipped when the command runs
 again, so an interrupted table resumes. The batch counts images: a method that makes several
 inputs of each (two views, four rotations, nine tiles) sees the same images as one that makes
-one. CIFAR-10 pixels here are rebuilt from JPEG copies (lossy).
+one. CIFAR-10 pixels here are rebuilt from JPEG copies (lossy). The table is
+`bench.image_cifar10`'s (`bench.report`): each row names the machine, date and command of its
+own run.
 """
 
 from __future__ import annotations
@@ -23,17 +25,8 @@ PRESETS = ("simclr_cifar10", "moco_tiny", "byol_tiny", "rotation_cifar10", "jigs
 
 
 def table(rows: list[dict]) -> str:
-    """The Markdown table of finished runs."""
-    lines = ["| method (preset) | backbone | kNN k=200 | linear | untrained kNN / linear | "
-             "pre-training s |", "|---|---|---|---|---|---|"]
-    for row in rows:
-        untrained = row["untrained_backbone"]
-        lines.append(
-            f"| {row['method']} (`{row['preset']}`) | {row['backbone']} | "
-            f"{row['knn_accuracy_k200']:.3f} | {row['linear_probe_accuracy']:.3f} | "
-            f"{untrained['knn_accuracy_k200']:.3f} / {untrained['linear_probe_accuracy']:.3f} | "
-            f"{row['pretrain_wall_clock_s']:.0f} |")
-    return "\n".join(lines)
+    """The Markdown table of finished runs (`image_cifar10.TABLE`)."""
+    return "\n".join([image_cifar10.TABLE.header(), *map(image_cifar10.markdown_row, rows)])
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -12,6 +12,8 @@ WikiText-2 supports) is trained once on WikiText-2 and given to every run, so th
 preparation itself. Each run is `run.py prepare` in a fresh cache with BERT's settings
 (`bert_base`: seq 128, 20 predictions, dupe_factor 10, static masking) or ELECTRA's
 (`electra_small`: seq 128, 19 predictions, dynamic masking, so records are stored unmasked).
+Prints one JSON line per run and writes its Markdown row of docs/benchmarks.md ("Text preparation
+at corpus scale", `bench.report`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import report
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("PRETEXT_SHARED_DATA", REPO.parent / "shared" / "data"))
 PRESETS = {
@@ -36,6 +40,16 @@ PRESETS = {
     "electra": ("electra_small", ["examples.max_seq_length=128",
                                   "examples.max_predictions_per_seq=19"]),
 }
+TABLE = report.Table("prepare_corpus", (
+    "method (preset)", "corpus MB", "workers", "seconds", "MB/s per core",
+    "peak RSS of the process tree, MB", "training records", "written MB"))
+
+
+def markdown_cells(row: dict) -> list:
+    return [f"{row['method']} (`{PRESETS[row['method']][0]}`)", f"{row['corpus_mb']:.0f}",
+            row["workers"], f"{row['seconds']:.1f}", f"{row['mb_per_s_per_core']:.2f}",
+            f"{row['peak_rss_mb']:,}", f"{row['train_records']:,}",
+            f"{row['bytes_written_mb']:,.0f}"]
 
 
 def build_corpus(source: Path, size_mb: int, out: Path) -> Path:
@@ -132,7 +146,7 @@ def run(method: str, corpus: Path, tokenizer: Path, workers: int, workdir: Path)
             "summary": summary}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1024],
                         help="corpus sizes in MB")
@@ -143,7 +157,8 @@ def main() -> None:
                         help="run only these METHOD:SIZE:WORKERS combinations")
     parser.add_argument("--out", default="runs/bench_prepare", help="corpora, tokenizer, runs")
     parser.add_argument("--json", help="append one JSON line per run to this file")
-    args = parser.parse_args()
+    report.add_markdown_argument(parser, "prepare_corpus")
+    args = parser.parse_args(argv)
     source = SHARED / "wikitext-2" / "train.txt"
     if not source.is_file():
         raise SystemExit(f"WikiText-2 not found at {source}; set PRETEXT_SHARED_DATA")
@@ -163,6 +178,9 @@ def main() -> None:
                 if args.json:
                     with open(args.json, "a") as handle:
                         handle.write(json.dumps(row) + "\n")
+                report.write_row(TABLE, markdown_cells(row),
+                                 report.command_line("bench.prepare_corpus", argv),
+                                 args.markdown, devices=False)
     shutil.rmtree(out / "run", ignore_errors=True)
 
 

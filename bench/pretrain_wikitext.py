@@ -5,8 +5,9 @@
         [--workdir DIR] [section.key=value ...]
 
 Data: $PRETEXT_SHARED_DATA/wikitext-2 or ../shared/data/wikitext-2 (train.txt for training,
-valid.txt held out), sentencepiece 8k, sequences of 128. Prints one JSON line with the figures
-quoted in README.
+valid.txt held out), sentencepiece 8k, sequences of 128. Prints one JSON line and writes the
+Markdown row of docs/benchmarks.md ("Small models on WikiText-2"): every held-out metric and the
+data's baselines (`bench.report`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import jax
 
+from bench import report
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.trainer import Trainer
@@ -53,13 +55,27 @@ def wikitext_dir() -> Path:
     return path
 
 
-def main() -> None:
+TABLE = report.Table("pretrain_wikitext", (
+    "preset", "steps", "batch x seq", "held-out (valid.txt)", "baselines", "wall s"))
+
+
+def markdown_cells(result: dict) -> list:
+    """The row's cells: every held-out metric, and the report's baselines (majority token,
+    unigram) beside them."""
+    baselines = {k: v for k, v in result.items() if "baseline" in k and isinstance(v, float)}
+    return [f"`{result['preset']}`", result["steps"],
+            f"{result['batch_size']} x {result['seq_len']}", report.figures(result["held_out"]),
+            report.figures(baselines) or None, f"{result['wall_clock_s']:.0f}"]
+
+
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--preset", default="bert_tiny")
     parser.add_argument("--workdir", default="runs/bench_wikitext")
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    report.add_markdown_argument(parser, "pretrain_wikitext")
+    args = parser.parse_args(argv)
     data = wikitext_dir()
     method = make_config(args.preset).method
     overrides = [
@@ -83,6 +99,9 @@ def main() -> None:
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
     }
     print(json.dumps(result))
+    report.write_row(TABLE, markdown_cells(result),
+                     report.command_line("bench.pretrain_wikitext", argv), args.markdown)
+    return result
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ Pre-trains the preset (`cpc_digits` or `wav2vec2_digits`: both read FSDD's label
 names) on the 2,700 training recordings, then reports the linear probes of `objectives.speech`
 for the spoken digit and the speaker on the held-out recordings: the trained network, the same
 network at its random initialisation, and the MFCC baseline, with the steps and the wall-clock.
-Prints one JSON line.
+Prints one JSON line and writes the Markdown row of docs/benchmarks.md ("Speech on FSDD",
+`bench.report`). Needs the `audio` extra.
 """
 
 from __future__ import annotations
@@ -21,11 +22,23 @@ import time
 
 import jax
 
+from bench import report
 from bench.pretrain_wikitext import shared_data_dir
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.trainer import Trainer
+
+TABLE = report.Table("speech_fsdd", (
+    "preset", "steps x batch", "probes: trained / untrained / MFCC", "held-out loss", "wall s"))
+
+
+def markdown_cells(result: dict) -> list:
+    probes = "; ".join(
+        f"{label} {p['trained']:.3f} / {p['untrained']:.3f} / {p['mfcc']:.3f}"
+        for label, p in result["held_out_probe_accuracy"].items())
+    return [f"`{result['preset']}`", f"{result['steps']} x {result['batch_size']}", probes,
+            result["held_out_loss"], f"{result['wall_clock_s']:.0f}"]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -37,6 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workdir", default="")
     parser.add_argument("--data", default="", help="default: the shared FSDD recordings")
     parser.add_argument("overrides", nargs="*")
+    report.add_markdown_argument(parser, "speech_fsdd")
     args = parser.parse_args(argv)
     overrides = [f"data.source={args.data or shared_data_dir() / 'fsdd' / 'recordings'}",
                  "train.progress=false", *args.overrides]
@@ -68,6 +82,8 @@ def main(argv: list[str] | None = None) -> dict:
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
     }
     print(json.dumps(result))
+    report.write_row(TABLE, markdown_cells(result), report.command_line("bench.speech_fsdd", argv),
+                     args.markdown)
     return result
 
 

@@ -26,6 +26,9 @@ plus backward = 3 x forward (2 FLOPs per multiply-add), without rematerialisatio
 For BERT, `mfu_reference_formula` also gives the MFU by torch_text.py's formula (6 N + 12 L d S
 per token with N the encoder's parameters, and the MLM head on all S positions, as HF computes
 it), which counts more FLOPs per sequence than pretext executes.
+
+Each timed workload also writes its Markdown row of docs/benchmarks.md ("Training-step
+throughput", `bench.report`), beside the HF reference figure of `WORKLOADS`.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from bench import report
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab, mask_tokens, to_features
 from pretext_jax.input_pipeline.xlnet_examples import PermutationSampling
 from pretext_jax.objectives import registry
@@ -83,6 +87,24 @@ WORKLOADS = {
     "xlnet_tiny": Workload("xlnet_tiny", 8, 1000, {**_TINY, "examples.num_streams": 8}),
     "simclr_tiny": Workload("simclr_tiny", 8, 0, {"train.batch_size": 8, "model.base_width": 4}),
 }
+
+
+TABLE = report.Table("throughput", (
+    "workload (preset)", "batch, dtype", "compile s", "step ms", "per s", "MFU",
+    "peak GiB", "HF reference per s", "ratio"))
+
+
+def markdown_cells(result: dict[str, Any]) -> list:
+    """A timed workload's cells (`measure`'s result): sequences or images per second."""
+    per_s = result.get("images_per_s", result.get("sequences_per_s"))
+    unit = "images" if "images_per_s" in result else "sequences"
+    return [f"{result['workload']} (`{result['preset']}`)",
+            f"{result['batch_size']}, {result['dtype']}", f"{result['compile_s']:.1f}",
+            f"{result['step_ms']:.1f}", f"{per_s:,.0f} {unit}",
+            f"{result['mfu']:.3f}" if result.get("mfu") is not None else None,
+            f"{result['peak_memory_gib']:.1f}" if result.get("peak_memory_gib") else None,
+            f"{result['reference_per_s']:,.0f}" if result.get("reference_per_s") else None,
+            f"{result['ratio_to_reference']:.2f}" if result.get("ratio_to_reference") else None]
 
 
 def workload_config(name: str, overrides: list[str] = ()) -> Config:
@@ -375,6 +397,7 @@ def main(argv: list[str] | None = None) -> None:
                              "plain float32 path")
     parser.add_argument("--json", default=None, help="append one JSON line per workload here")
     parser.add_argument("overrides", nargs="*", help="section.key=value for every workload")
+    report.add_markdown_argument(parser, "throughput")
     args = parser.parse_args(argv)
     for name in args.workload:
         result = (loss_curves(name, args.overrides, args.loss_curve) if args.loss_curve else
@@ -384,6 +407,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.json:
             with open(args.json, "a") as out:
                 out.write(line + "\n")
+        if not args.loss_curve:
+            report.write_row(TABLE, markdown_cells(result),
+                             report.command_line("bench.throughput", argv), args.markdown)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ path; an XLM starts both encoder and decoder, §5.2), and, as the baseline, the 
 architecture and tokenizer from random weights for the same M steps. 3. Decodes the 1,014
 validation sources greedily (or the first K) and scores corpus BLEU with sacrebleu against the
 German references. Prints one JSON line: both BLEUs and held-out losses, the steps, the
-wall-clock of each stage and sacrebleu's signature. A check of the methods at toy size, not a
-translation system.
+wall-clock of each stage and sacrebleu's signature, and the Markdown row of docs/benchmarks.md
+("Translation on Multi30K", `bench.report`). Needs the `translation` extra. A check of the
+methods at toy size, not a translation system.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import jax
 
+from bench import report
 from bench.pretrain_wikitext import shared_data_dir
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.pretrain.config import make_config
@@ -37,6 +39,20 @@ from pretext_jax.pretrain.translate import translate, translation_config
 
 PRESETS = {"mass": "mass_bilingual_tiny", "prophetnet": "prophetnet_tiny", "xlm": "xlm_tiny"}
 CAPTIONS_PER_DOCUMENT = 10
+TABLE = report.Table("translation_multi30k", (
+    "pre-training (preset)", "steps: pre-training + fine-tuning", "pre-training held-out loss",
+    "held-out loss: pre-trained / random init", "BLEU: pre-trained / random init",
+    "wall s: pre-training + 2 fine-tunings"))
+
+
+def markdown_cells(result: dict) -> list:
+    pre, loss, bleu, wall = (result["pretraining"], result["held_out_loss"], result["bleu"],
+                             result["wall_clock_s"])
+    return [f"`{pre['preset']}`", f"{pre['steps']} + {result['finetune_steps']}",
+            pre["held_out_loss"], f"{loss['pretrained']:.2f} / {loss['random_init']:.2f}",
+            f"{bleu['pretrained']:.2f} / {bleu['random_init']:.2f}",
+            " + ".join(f"{wall[key]:.0f}" for key in (
+                "pretraining_s", "finetune_pretrained_s", "finetune_random_init_s"))]
 
 
 def pretraining_data(method: str, data: Path, root: Path) -> list[str]:
@@ -80,6 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workdir", default="runs/bench_translation_multi30k")
     parser.add_argument("--bleu-sentences", type=int, default=0,
                         help="validation pairs decoded for BLEU (default 0 = all 1,014)")
+    report.add_markdown_argument(parser, "translation_multi30k")
     args = parser.parse_args(argv)
     data = Path(args.data or shared_data_dir() / "multi30k")
     root = Path(args.workdir)
@@ -115,6 +132,8 @@ def main(argv: list[str] | None = None) -> dict:
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
     }
     print(json.dumps(result))
+    report.write_row(TABLE, markdown_cells(result),
+                     report.command_line("bench.translation_multi30k", argv), args.markdown)
     return result
 
 

@@ -416,7 +416,7 @@ PRESETS = {
     # decaying linearly, applied per pair (reduction sum). The batch is small because the
     # batch's pair updates are applied at once, not one after another as in word2vec.c: on
     # WikiText-2, 64 windows of 128 words per step at alpha 0.025 diverged within 40 steps, 8
-    # trained (README, Benchmarks). 5M steps (5B words, word2vec.c's 5 passes over 1B) are our
+    # trained (docs/benchmarks.md). 5M steps (5B words, word2vec.c's 5 passes over 1B) are our
     # choice.
     "word2vec_original": {
         "model": {"vocab_size": 0, "embedding_dim": 300},

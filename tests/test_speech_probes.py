@@ -173,13 +173,17 @@ def test_fsdd_benchmark_reports_the_three_probes(digits, tmp_path):
     the untrained one's and the MFCC baseline's."""
     from bench import speech_fsdd
 
-    result = speech_fsdd.main(["--steps", "2", "--data", str(digits), "--workdir",
-                               str(tmp_path / "bench"), *TINY_CPC,
+    rows = tmp_path / "rows.md"
+    result = speech_fsdd.main(["--markdown", str(rows), "--steps", "2", "--data", str(digits),
+                               "--workdir", str(tmp_path / "bench"), *TINY_CPC,
                                f"data.cache_dir={tmp_path / 'cache'}"])
     assert result["steps"] == 2 and set(result["held_out_probe_accuracy"]) == {"digit", "speaker"}
     for probes in result["held_out_probe_accuracy"].values():
         assert probes["mfcc"] == 1.0
         assert 0.0 <= probes["trained"] <= 1.0 and 0.0 <= probes["untrained"] <= 1.0
+    header, alignment, row = rows.read_text().splitlines()  # the docs' table format
+    assert header + "\n" + alignment == speech_fsdd.TABLE.header()
+    assert row.startswith("| `cpc_digits` | 2 x 8 | digit ") and " / 1.000; speaker " in row
 
 
 @pytest.mark.parametrize("args, message", [

@@ -36,12 +36,16 @@ def test_harness_times_the_real_step(workload):
 
 
 def test_cli_appends_json_lines(tmp_path, capsys):
-    out = tmp_path / "results.jsonl"
+    out, markdown = tmp_path / "results.jsonl", tmp_path / "rows.md"
     throughput.main(["--workload", "bert_tiny", "--workload", "bert_tiny", "--steps", "1",
-                     "--warmup", "0", "--json", str(out), "train.batch_size=16"])
+                     "--warmup", "0", "--json", str(out), "--markdown", str(markdown),
+                     "train.batch_size=16"])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [row["batch_size"] for row in rows] == [16, 16]
     assert json.loads(capsys.readouterr().out.splitlines()[0])["workload"] == "bert_tiny"
+    lines = markdown.read_text().splitlines()  # the header once, then a row per workload
+    assert "\n".join(lines[:2]) == throughput.TABLE.header() and len(lines) == 4
+    assert all(line.startswith("| bert_tiny (`bert_tiny`) | 16, float32 | ") for line in lines[2:])
 
 
 @pytest.mark.parametrize("workload", TINY_WORKLOADS)
