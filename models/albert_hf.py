@@ -71,7 +71,7 @@ def config_to_hf(config: AlbertConfig) -> dict[str, Any]:
 
 
 register("albert", Converter(
-    method="albert", model_type="albert", model_class=Albert,
+    model_type="albert", model_class=Albert,
     architectures=("AlbertForPreTraining",), config_from_hf=config_from_hf,
     config_to_hf=config_to_hf, tensors=tensors, prefix="albert.",
     optional=("albert.pooler.", "predictions.", "sop_classifier."),

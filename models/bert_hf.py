@@ -57,7 +57,7 @@ def three_way_sentence_head(model: Bert) -> str | None:
 
 
 register("bert", Converter(
-    method="bert", model_type="bert", model_class=Bert, architectures=("BertForPreTraining",),
+    model_type="bert", model_class=Bert, architectures=("BertForPreTraining",),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors, prefix="bert.",
     optional=("bert.pooler.", "cls.predictions.", "cls.seq_relationship."),
     tied={"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",

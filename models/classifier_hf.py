@@ -51,6 +51,6 @@ def classifier_converter(
                 **head_to_hf(config)}
 
     return converter_class(
-        method="classify", model_type=head, model_class=SequenceClassifier,
+        model_type=head, model_class=SequenceClassifier,
         architectures=(architecture,), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
         tensors=tensors, accepts=lambda config: config.head == head, **fields)

@@ -7,8 +7,9 @@ HF tensor name <-> one of our parameter paths). Import and export both walk that
 two directions cannot drift apart. Torch Linear weights are [out, in] (ours [in, out]); our
 layers are stacked on a leading axis, HF's are numbered (`encoder.layer.{i}`).
 
-Each model family keeps its table in `models/<family>_hf.py`, which calls `register` (and
-`register_joint` for a model joined from several HF models); `models.hf_tables` imports them.
+Each model family keeps its table in `models/<family>_hf.py`, which calls `register`;
+`models.hf_tables` imports them. Which method a converted model belongs to, and which methods'
+models join several HF models, the methods declare (`objectives.registry.Start`).
 `to_hf` / `from_hf` convert in memory, choosing the table by our model's class or by
 `config.json`'s `model_type` and `architectures`.
 """
@@ -114,7 +115,7 @@ def parameters(model: nnx.Module, tensors: tuple[Tensor, ...]) -> dict[str, nnx.
 class Converter:
     """How one model family maps to HuggingFace.
 
-    - `method`, `model_class`: the `objectives.registry` method and our model class.
+    - `model_class`: our model class.
     - `model_type`: HF's `model_type` in `config.json`.
     - `config_from_hf(hf_config, **overrides)` -> our config; `config_to_hf(config)` -> the HF
       config dict (with `model_type` and `architectures`).
@@ -138,7 +139,6 @@ class Converter:
       class cannot hold), or None; `to_hf` raises it as a `UserError`.
     """
 
-    method: str
     model_type: str
     model_class: type[nnx.Module]
     architectures: tuple[str, ...]
@@ -209,7 +209,7 @@ class Converter:
             variable.set_value(jnp.asarray(value, dtype=target.dtype))
         if required:
             raise UserError(f"{source} lacks {required[0]} ({len(required)} required tensors "
-                            f"missing); pass a complete {self.method} checkpoint")
+                            f"missing); pass a complete {self.model_type} checkpoint")
         unused = sorted(n for n in state if n not in used and not n.endswith(self.ignored))
         if unused:
             warnings.warn(f"{source}: ignoring {len(unused)} tensors that "
@@ -243,10 +243,6 @@ class Converter:
 # --- The registry ----------------------------------------------------------------------------
 
 _CONVERTERS: dict[str, Converter] = {}
-# Pre-training methods whose model joins several HF models, saved as one sub-folder per part.
-JOINT_PARTS: dict[str, tuple[str, ...]] = {}
-
-
 def register(name: str, converter: Converter) -> Converter:
     """Adds a family's converter under `name`. Among converters of one `model_type`, the first
     registered is the one a `config.json` without a known architecture gets."""
@@ -254,12 +250,6 @@ def register(name: str, converter: Converter) -> Converter:
         raise ValueError(f"a HuggingFace converter {name!r} is already registered")
     _CONVERTERS[name] = converter
     return converter
-
-
-def register_joint(method: str, part_names: tuple[str, ...]) -> None:
-    """Declares that `method`'s pre-training model is made of stand-alone models saved as the
-    sub-folders `part_names` (its `parts()` and `load_parts(**parts)`)."""
-    JOINT_PARTS[method] = part_names
 
 
 def converters() -> dict[str, Converter]:
@@ -285,13 +275,6 @@ def parts(model: nnx.Module) -> dict[str, nnx.Module] | None:
     """The stand-alone models a joint pre-training model is made of (its `parts()`, e.g. a
     generator and a discriminator), or None for a single model."""
     return model.parts() if hasattr(model, "parts") else None
-
-
-def method_name(model: nnx.Module) -> str:
-    """The `objectives.registry` method a converted model belongs to (for pretext model
-    directories)."""
-    joined = parts(model)
-    return converter_for(next(iter(joined.values())) if joined else model).method
 
 
 def to_hf(model: nnx.Module) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

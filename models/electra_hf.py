@@ -16,7 +16,6 @@ from pretext_jax.models.conversion import (
     linear,
     masked_lm_head,
     register,
-    register_joint,
 )
 from pretext_jax.models.electra import ElectraDiscriminator, ElectraGenerator
 from pretext_jax.models.encoder import EncoderConfig
@@ -62,13 +61,13 @@ def classifier_tensors(config: HeadConfig) -> tuple[Tensor, ...]:
 
 
 register("electra-discriminator", Converter(
-    method="electra", model_type="electra", model_class=ElectraDiscriminator,
+    model_type="electra", model_class=ElectraDiscriminator,
     architectures=("ElectraForPreTraining",), config_from_hf=config_from_hf,
     config_to_hf=config_to_hf("ElectraForPreTraining"), tensors=discriminator_tensors,
     prefix="electra.", optional=("discriminator_predictions.",), ignored=encoder_hf.BUFFERS,
 ))
 register("electra-generator", Converter(
-    method="electra", model_type="electra", model_class=ElectraGenerator,
+    model_type="electra", model_class=ElectraGenerator,
     architectures=("ElectraForMaskedLM",), config_from_hf=config_from_hf,
     config_to_hf=config_to_hf("ElectraForMaskedLM"), tensors=generator_tensors,
     prefix="electra.", optional=("generator_predictions.", "generator_lm_head."),
@@ -80,4 +79,3 @@ register("electra-classifier", classifier_hf.classifier_converter(
     config_from_hf, config_to_hf("ElectraForPreTraining"), classifier_hf.dropout_from_hf,
     classifier_hf.dropout_to_hf, prefix="electra.", optional=("classifier.",),
     ignored=encoder_hf.BUFFERS))
-register_joint("electra", ("discriminator", "generator"))

@@ -36,7 +36,7 @@ def config_to_hf(config: EncoderConfig) -> dict[str, Any]:
 
 
 register("ernie", Converter(
-    method="ernie", model_type="ernie", model_class=Ernie, architectures=("ErnieForPreTraining",),
+    model_type="ernie", model_class=Ernie, architectures=("ErnieForPreTraining",),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors, prefix=PREFIX,
     optional=(f"{PREFIX}pooler.", "cls.predictions.", "cls.seq_relationship."),
     tied={"cls.predictions.decoder.weight": f"{PREFIX}embeddings.word_embeddings.weight",

@@ -89,7 +89,7 @@ def config_to_hf(config: GPTConfig) -> dict[str, Any]:
 
 
 register("gpt2", Converter(
-    method="gpt", model_type="gpt2", model_class=GPT, architectures=("GPT2LMHeadModel",),
+    model_type="gpt2", model_class=GPT, architectures=("GPT2LMHeadModel",),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors,
     prefix="transformer.", tied={"lm_head.weight": "transformer.wte.weight"},
     ignored=(".attn.bias", ".attn.masked_bias"),

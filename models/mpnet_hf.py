@@ -72,7 +72,7 @@ def config_to_hf(config: MPNetConfig) -> dict[str, Any]:
 
 
 register("mpnet", Converter(
-    method="mpnet", model_type="mpnet", model_class=MPNet, architectures=("MPNetForMaskedLM",),
+    model_type="mpnet", model_class=MPNet, architectures=("MPNetForMaskedLM",),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors, prefix="mpnet.",
     optional=("lm_head.",),
     tied={"lm_head.decoder.weight": "mpnet.embeddings.word_embeddings.weight",

@@ -118,7 +118,7 @@ def config_to_hf(config: ProphetNetConfig) -> dict[str, Any]:
 
 
 register("prophetnet", Converter(
-    method="prophetnet", model_type="prophetnet", model_class=ProphetNet,
+    model_type="prophetnet", model_class=ProphetNet,
     architectures=("ProphetNetForConditionalGeneration",),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors, prefix=PREFIX,
     tied={f"{PREFIX}encoder.word_embeddings.weight": f"{PREFIX}word_embeddings.weight",

@@ -75,7 +75,7 @@ def config_to_hf(config: ResNetConfig) -> dict[str, Any]:
 
 
 register("resnet", Converter(
-    method="simclr", model_type="resnet", model_class=ResNet,
+    model_type="resnet", model_class=ResNet,
     architectures=("ResNetModel", "ResNetForImageClassification"),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors, prefix="resnet.",
     ignored=("num_batches_tracked", "classifier.1.weight", "classifier.1.bias"),

@@ -32,7 +32,7 @@ def config_to_hf(config: RobertaConfig) -> dict[str, Any]:
 
 
 register("roberta", Converter(
-    method="roberta", model_type="roberta", model_class=Roberta,
+    model_type="roberta", model_class=Roberta,
     architectures=("RobertaForMaskedLM",), config_from_hf=config_from_hf,
     config_to_hf=config_to_hf, tensors=tensors, prefix="roberta.", optional=("lm_head.",),
     tied={"lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",

@@ -99,7 +99,7 @@ def config_to_hf(config: T5Config) -> dict[str, Any]:
 
 
 register("t5", Converter(
-    method="t5", model_type="t5", model_class=T5, architectures=("T5ForConditionalGeneration",),
+    model_type="t5", model_class=T5, architectures=("T5ForConditionalGeneration",),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors, prefix="",
     tied={"encoder.embed_tokens.weight": "shared.weight",
           "decoder.embed_tokens.weight": "shared.weight"},

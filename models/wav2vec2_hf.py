@@ -146,7 +146,7 @@ def config_to_hf(config: Wav2Vec2Config) -> dict[str, Any]:
 
 
 register("wav2vec2", Converter(
-    method="wav2vec2", model_type="wav2vec2", model_class=Wav2Vec2,
+    model_type="wav2vec2", model_class=Wav2Vec2,
     architectures=("Wav2Vec2ForPreTraining", "Wav2Vec2Model"),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors,
     prefix="wav2vec2.",

@@ -118,7 +118,7 @@ class XLMConverter(Converter):
 
 
 register("xlm", XLMConverter(
-    method="xlm", model_type="xlm", model_class=XLM, architectures=("XLMWithLMHeadModel",),
+    model_type="xlm", model_class=XLM, architectures=("XLMWithLMHeadModel",),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors,
     prefix="transformer.", optional=("pred_layer.",),
     tied={"pred_layer.proj.weight": "transformer.embeddings.weight"},

@@ -115,7 +115,7 @@ def classifier_tensors(config: HeadConfig) -> tuple[Tensor, ...]:
 
 
 register("xlnet", Converter(
-    method="xlnet", model_type="xlnet", model_class=XLNet, architectures=("XLNetLMHeadModel",),
+    model_type="xlnet", model_class=XLNet, architectures=("XLNetLMHeadModel",),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors,
     prefix="transformer.", optional=("lm_loss.",),
     tied={"lm_loss.weight": "transformer.word_embedding.weight"},

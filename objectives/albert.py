@@ -30,6 +30,7 @@ from pretext_jax.objectives.registry import (
     Metrics,
     PreparedData,
     Resolution,
+    Start,
     register,
     summary_of,
 )
@@ -106,4 +107,5 @@ register(Method(
     presets=PRESETS,
     resolution=Resolution(check=check_max_seq_length),
     evaluation=Evaluation(summarize=summary_of(accuracy="mlm", metrics=("loss", "sop_accuracy"))),
+    start=Start(hf_models=(Albert,)),
 ))

@@ -128,5 +128,5 @@ METHOD = register(Method(
     presets=PRESETS,
     resolution=Resolution(check=check_max_seq_length),
     evaluation=Evaluation(summarize=summary_of(accuracy="mlm", metrics=("loss", "nsp_accuracy"))),
-    start=Start(finetunes=claims_encoders("bert", glue_settings)),
+    start=Start(hf_models=(Bert,), finetunes=claims_encoders("bert", glue_settings)),
 ))

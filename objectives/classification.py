@@ -225,5 +225,5 @@ METHOD = register(Method(
     description="Fine-tuning: sentence(-pair) classification/regression (GLUE)",
     resolution=Resolution(check=check_glue),
     evaluation=Evaluation(monitor=glue_monitor),
-    start=Start(pretrained=pretrained_classifier),
+    start=Start(hf_models=(SequenceClassifier,), pretrained=pretrained_classifier),
 ))

@@ -33,7 +33,12 @@ from flax import nnx
 
 from pretext_jax.input_pipeline import electra_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
-from pretext_jax.models.electra import Electra, ElectraConfig
+from pretext_jax.models.electra import (
+    Electra,
+    ElectraConfig,
+    ElectraDiscriminator,
+    ElectraGenerator,
+)
 from pretext_jax.models.layers import split_rng
 from pretext_jax.objectives.classifier_recipes import ClassifierSettings, claims_encoders
 from pretext_jax.objectives.preset_parts import (
@@ -245,5 +250,7 @@ register(Method(
     presets=PRESETS,
     resolution=Resolution(check=check_max_seq_length),
     evaluation=Evaluation(summarize=summary_of(accuracy="mlm", metrics=("loss", "rtd_accuracy"))),
-    start=Start(finetunes=claims_encoders("electra", glue_settings)),
+    start=Start(hf_models=(Electra, ElectraDiscriminator, ElectraGenerator),
+                hf_parts=("discriminator", "generator"),
+                finetunes=claims_encoders("electra", glue_settings)),
 ))

@@ -35,6 +35,7 @@ from pretext_jax.objectives.registry import (
     Metrics,
     PreparedData,
     Resolution,
+    Start,
     register,
 )
 from pretext_jax.objectives.text import (
@@ -117,4 +118,5 @@ register(Method(
     description="GPT-2: causal language model, next-token prediction (Radford et al. 2019)",
     presets=PRESETS,
     resolution=Resolution(check=check_max_seq_length),
+    start=Start(hf_models=(GPT,)),
 ))

@@ -37,6 +37,7 @@ from pretext_jax.objectives.registry import (
     Metrics,
     PreparedData,
     Resolution,
+    Start,
     register,
     summary_of,
 )
@@ -132,4 +133,5 @@ register(Method(
     presets=PRESETS,
     resolution=Resolution(check=check_mpnet),
     evaluation=Evaluation(summarize=summary_of(accuracy="plm")),
+    start=Start(hf_models=(MPNet,)),
 ))

@@ -47,6 +47,7 @@ from pretext_jax.objectives.registry import (
     Metrics,
     PreparedData,
     Resolution,
+    Start,
     register,
 )
 
@@ -202,4 +203,5 @@ register(Method(
                 "span masking (Qi et al. 2020)",
     presets=PRESETS,
     resolution=Resolution(check=check_prophetnet),
+    start=Start(hf_models=(ProphetNet,)),
 ))

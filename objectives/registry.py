@@ -209,10 +209,18 @@ class Start:
       None when the model is not this family's. `run.py finetune` / `glue` ask every method
       (`downstream_recipe`): BERT, ELECTRA, XLNet and XLM give the transformer classifier's
       recipe of their paper, ELMo's downstream method its scalar mix.
+    - `hf_models`: our model classes that HuggingFace checkpoints convert to and that belong to
+      this method (`run.py convert --to pretext` records it as the model's method).
+    - `hf_parts`: for a model joined from several stand-alone HF models (ELECTRA's generator
+      and discriminator), the sub-folders its parts are saved in, in order; its model config
+      derives from theirs (`model_config.from_parts`) and the model copies their weights in
+      (`load_parts`).
     """
 
     pretrained: Callable[[Any, int, Callable[[str], Any]], Any] | None = None
     finetunes: Callable[[Any, Any, Mapping[str, Any]], FinetuneRecipe | None] | None = None
+    hf_models: tuple[type, ...] = ()
+    hf_parts: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +322,26 @@ def downstream_recipe(pretrained_model: Any, task: Any, source_config: Mapping[s
             if recipe is not None:
                 return recipe
     return None
+
+
+def method_of_model(model: Any) -> str:
+    """The method a model read from HuggingFace belongs to (`Start.hf_models`: the method
+    that lists its class, else one that lists a base class of it)."""
+    for method in _METHODS.values():
+        if type(model) in method.start.hf_models:
+            return method.name
+    for method in _METHODS.values():
+        if isinstance(model, method.start.hf_models):
+            return method.name
+    raise UserError(f"no method trains a {type(model).__name__}; declare it in a method's "
+                    "Start(hf_models=...)")
+
+
+def joint_methods() -> dict[str, tuple[str, ...]]:
+    """The methods whose model joins several HF models, with their parts' sub-folders
+    (`Start.hf_parts`)."""
+    return {name: method.start.hf_parts for name, method in _METHODS.items()
+            if method.start.hf_parts}
 
 
 def preset_names() -> list[str]:

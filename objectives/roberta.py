@@ -34,6 +34,7 @@ from pretext_jax.objectives.registry import (
     Metrics,
     PreparedData,
     Resolution,
+    Start,
     register,
     summary_of,
 )
@@ -115,4 +116,5 @@ register(Method(
     presets=PRESETS,
     resolution=Resolution(check=check_roberta),
     evaluation=Evaluation(summarize=summary_of(accuracy="mlm")),
+    start=Start(hf_models=(Roberta,)),
 ))

@@ -23,7 +23,7 @@ from pretext_jax.input_pipeline import seq2seq_examples
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.t5 import PAD_ID, T5, T5Config, shift_right
 from pretext_jax.objectives.preset_parts import T5_OPTIM, TINY_T5_MODEL, TINY_TEXT_TRAIN
-from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, register
+from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, Start, register
 from pretext_jax.objectives.text import encoder_decoder_loss, held_out_examples
 
 
@@ -113,4 +113,5 @@ register(Method(
     description="T5 span corruption / BART text infilling on an encoder-decoder (Raffel et al. "
                 "2020; Lewis et al. 2020)",
     presets=PRESETS,
+    start=Start(hf_models=(T5,)),
 ))

@@ -16,10 +16,19 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pretext_jax.input_pipeline import image_augment
+from pretext_jax.models.resnet import ResNet
 from pretext_jax.models.simclr import SimCLR, SimCLRConfig
 from pretext_jax.objectives.contrastive import nt_xent
 from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
+from pretext_jax.objectives.registry import (
+    Batch,
+    Evaluation,
+    Method,
+    Metrics,
+    Resolution,
+    Start,
+    register,
+)
 from pretext_jax.objectives.two_view import (
     ImageExampleConfig,
     ViewSettings,
@@ -144,4 +153,5 @@ register(Method(
     resolution=Resolution(check=check_host_crops),
     evaluation=Evaluation(monitor=knn_monitor,
                           summarize=knn_summary(("loss", "contrastive_accuracy"))),
+    start=Start(hf_models=(ResNet,)),
 ))

@@ -52,6 +52,7 @@ from pretext_jax.objectives.registry import (
     Metrics,
     PreparedData,
     Resolution,
+    Start,
     register,
 )
 from pretext_jax.objectives.speech import (
@@ -428,4 +429,5 @@ register(Method(
                           complete_data=mask_audio),
     evaluation=Evaluation(monitor=probe_monitor(probe_layers), summarize=probe_summary(
         ("loss", "contrastive_accuracy", "codevector_perplexity"))),
+    start=Start(hf_models=(Wav2Vec2,)),
 ))

@@ -296,5 +296,5 @@ register(Method(
     presets=PRESETS,
     resolution=Resolution(check=check_xlm),
     evaluation=Evaluation(summarize=summarize_xlm),
-    start=Start(finetunes=claims_encoders("xlm", glue_settings)),
+    start=Start(hf_models=(XLM,), finetunes=claims_encoders("xlm", glue_settings)),
 ))

@@ -189,5 +189,5 @@ register(Method(
     presets=PRESETS,
     resolution=Resolution(check=check_xlnet),
     evaluation=Evaluation(summarize=summary_of(accuracy="plm")),
-    start=Start(finetunes=claims_encoders("xlnet", glue_settings)),
+    start=Start(hf_models=(XLNet,), finetunes=claims_encoders("xlnet", glue_settings)),
 ))

@@ -5,13 +5,14 @@ Public API:
 
 - `load(path, **config_overrides)`: a HF folder (`config.json` + `model.safetensors`, a sharded
   `model.safetensors.index.json`, or `pytorch_model.bin`) -> our Flax NNX model; a folder of one
-  sub-folder per part (`models.conversion.JOINT_PARTS`) -> the joint pre-training model.
+  sub-folder per part (a method's `Start.hf_parts`) -> the joint pre-training model.
 - `save(model, path, tokenizer)`: our model -> `config.json` + `model.safetensors` (float32)
   and the tokenizer's HF files (`pretrain.hf_tokenizer`); a joint model -> one such folder per
   part.
 - `from_hf(hf_config, state_dict, **config_overrides)` / `to_hf(model)`: the same conversions
   in memory, on a HF config dict and a flat HF state dict of numpy arrays.
-- `method_name(model)`: the `objectives.registry` method a converted model belongs to.
+- `method_name(model)`: the `objectives.registry` method a converted model belongs to
+  (`registry.method_of_model`).
 
 This module knows files only. The name tables (which HF tensor is which parameter of ours, and
 the config mapping) are the model families' own, in `models/<family>_hf.py`, registered with
@@ -35,13 +36,12 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import Tokenizer
 from pretext_jax.models import conversion, hf_tables  # noqa: F401  (hf_tables registers them)
-from pretext_jax.models.conversion import from_hf, method_name, to_hf
+from pretext_jax.models.conversion import from_hf, to_hf
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain import hf_tokenizer
 from pretext_jax.pretrain.export import make_readable
 
-__all__ = ["CONFIG_FILE", "JOINT_METHODS", "MODEL_CARD", "from_hf", "load", "method_name",
-           "save", "to_hf"]
+__all__ = ["CONFIG_FILE", "MODEL_CARD", "from_hf", "load", "method_name", "save", "to_hf"]
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -49,9 +49,7 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
 TORCH_INDEX = "pytorch_model.bin.index.json"
 
-# Pre-training methods whose model joins several HF models, saved as one sub-folder per part
-# (registered by their families: `models.conversion.register_joint`).
-JOINT_METHODS: Mapping[str, tuple[str, ...]] = conversion.JOINT_PARTS
+method_name = registry.method_of_model
 
 
 # --- Files ---------------------------------------------------------------------------------------
@@ -104,7 +102,7 @@ def load(path: str | Path, **config_overrides: Any) -> nnx.Module:
                         f"({CONFIG_FILE} + {SAFETENSORS_FILE})")
     config_file = path / CONFIG_FILE
     if not config_file.is_file():
-        for method, part_names in JOINT_METHODS.items():
+        for method, part_names in registry.joint_methods().items():
             if all((path / name / CONFIG_FILE).is_file() for name in part_names):
                 return _load_joint(path, method, part_names, config_overrides)
         raise UserError(f"{path} has no {CONFIG_FILE}; pass a HuggingFace checkpoint folder")

@@ -208,3 +208,35 @@ def test_run_py_names_no_metric():
     for metric in ("mlm", "plm", "nsp_accuracy", "sop_accuracy", "rtd_accuracy",
                    "contrastive_accuracy", "knn_accuracy"):
         assert metric not in source
+
+
+def model_method_fields(source: str) -> list[int]:
+    """Lines of a models/ file that speak of methods: a `method=` keyword (inside a
+    registration too) or a field or variable called `method`; the models layer knows model
+    families, and which method a model belongs to is the method's to say
+    (`registry.Start.hf_models`)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.keyword) and node.arg == "method":
+            lines.append(node.value.lineno)
+        elif isinstance(node, ast.AnnAssign | ast.Assign):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            if any(getattr(t, "id", getattr(t, "attr", "")) == "method" for t in targets):
+                lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_models_name_no_method():
+    found = {str(path.relative_to(ROOT)): model_method_fields(path.read_text())
+             for path in sorted((ROOT / "models").rglob("*.py"))}
+    assert {name: lines for name, lines in found.items() if lines} == {}
+
+
+@pytest.mark.parametrize("planted", [
+    'register("bert", Converter(method="bert", model_type="bert"))',
+    "class Converter:\n    method: str",
+    "JOINT = {}\nmethod = 'electra'",
+])
+def test_model_method_check_catches_a_planted_field(planted):
+    assert model_method_fields(planted) != []
+    assert model_method_fields('register("bert", Converter(model_type="bert"))') == []
