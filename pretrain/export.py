@@ -279,7 +279,7 @@ def _hf_tokenizer(source: Path, target: Path, model: nnx.Module,
         return None
     if spec:
         return load_tokenizer(spec)
-    parts = [source / name for names in hf.JOINT_METHODS.values() for name in names]
+    parts = [source / name for names in registry.joint_methods().values() for name in names]
     for folder in (source, *parts):
         try:
             return load_tokenizer(folder)
