@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> dict:
     summary = trainer.run()
     seconds = time.perf_counter() - start
     method = registry.get(config.method)
-    untrained = method.monitor(method.build_model(config.model_config(), config.train.seed),
-                               trainer.data, config.example_config(), trainer.objective)
+    untrained = method.monitor(method.build_model(config.model, config.train.seed),
+                               trainer.data, config.examples, trainer.objective)
     probes = {}
     for key, value in summary["eval"].items():
         if key.startswith("probe_"):
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
                              "mfcc": summary["report"][f"mfcc_{key}"]}
     result = {
         "benchmark": "speech_fsdd", "preset": args.preset, "steps": summary["step"],
-        "batch_size": config.train.batch_size, "probe_layer": config.example_config().probe_layer,
+        "batch_size": config.train.batch_size, "probe_layer": config.examples.probe_layer,
         "held_out_probe_accuracy": probes,
         "held_out_loss": summary["eval"].get("loss"),
         "wall_clock_s": round(seconds, 1),

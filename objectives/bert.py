@@ -28,6 +28,7 @@ from pretext_jax.objectives.registry import (
     Method,
     Metrics,
     PreparedData,
+    declare_default,
     register,
     summary_of,
 )
@@ -98,7 +99,8 @@ PRESETS = {
 }
 
 
-METHOD = register(Method(
+# The default method: a config that names none (written before `method` was saved) is BERT's.
+METHOD = declare_default(register(Method(
     name="bert",
     model_config=EncoderConfig,
     example_config=bert_examples.BertExampleConfig,
@@ -110,4 +112,4 @@ METHOD = register(Method(
     description="BERT: masked LM + next-sentence prediction (Devlin et al. 2019)",
     summarize=summary_of(accuracy="mlm", metrics=("loss", "nsp_accuracy")),
     presets=PRESETS,
-))
+)))

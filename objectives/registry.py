@@ -261,3 +261,26 @@ def preset(name: str) -> dict[str, Any]:
     method = _METHODS[_PRESET_METHODS[name]]
     return {"method": method.name,
             **{section: dict(values) for section, values in method.presets[name].items()}}
+
+
+_DEFAULT: dict[str, str] = {}  # "method" -> the name of the method a config that names none gets
+
+
+def declare_default(method: Method) -> Method:
+    """Makes the registered `method` the one a config that names no method gets (configs and
+    presets written before `method` was saved); declaring a second, other one is an error."""
+    if _METHODS.get(method.name) is not method:
+        raise ValueError(f"register method {method.name!r} before declaring it the default")
+    if _DEFAULT.setdefault("method", method.name) != method.name:
+        raise ValueError(f"method {_DEFAULT['method']!r} is already the default; "
+                         f"{method.name!r} cannot be too")
+    return method
+
+
+def default_method() -> str:
+    """The name of the method a config that names none gets (`declare_default`)."""
+    if "method" not in _DEFAULT:
+        raise UserError("no default method is declared yet, so a config must name its method; "
+                        "import pretext_jax.objectives first (it registers the built-in methods, "
+                        "BERT the default)")
+    return _DEFAULT["method"]
