@@ -263,24 +263,26 @@ def preset(name: str) -> dict[str, Any]:
             **{section: dict(values) for section, values in method.presets[name].items()}}
 
 
-_DEFAULT: dict[str, str] = {}  # "method" -> the name of the method a config that names none gets
+_default_method: str | None = None  # the method a config that names none gets
 
 
 def declare_default(method: Method) -> Method:
     """Makes the registered `method` the one a config that names no method gets (configs and
     presets written before `method` was saved); declaring a second, other one is an error."""
+    global _default_method
     if _METHODS.get(method.name) is not method:
         raise ValueError(f"register method {method.name!r} before declaring it the default")
-    if _DEFAULT.setdefault("method", method.name) != method.name:
-        raise ValueError(f"method {_DEFAULT['method']!r} is already the default; "
+    if _default_method not in (None, method.name):
+        raise ValueError(f"method {_default_method!r} is already the default; "
                          f"{method.name!r} cannot be too")
+    _default_method = method.name
     return method
 
 
 def default_method() -> str:
     """The name of the method a config that names none gets (`declare_default`)."""
-    if "method" not in _DEFAULT:
+    if _default_method is None:
         raise UserError("no default method is declared yet, so a config must name its method; "
                         "import pretext_jax.objectives first (it registers the built-in methods, "
                         "BERT the default)")
-    return _DEFAULT["method"]
+    return _default_method

@@ -76,13 +76,13 @@ def test_an_invalid_method_section_is_a_user_error():
 def test_the_default_method_is_the_registrys(monkeypatch):
     assert registry.default_method() == "bert"
     assert Config().method == make_config(None).method == config_from_dict({}).method == "bert"
-    monkeypatch.setitem(registry._DEFAULT, "method", "gpt")
+    monkeypatch.setattr(registry, "_default_method", "gpt")
     assert Config().method == make_config(None).method == config_from_dict({}).method == "gpt"
     assert type(Config().model) is registry.get("gpt").model_config
 
 
 def test_no_default_method_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(registry, "_DEFAULT", {})
+    monkeypatch.setattr(registry, "_default_method", None)
     with pytest.raises(UserError, match="no default method is declared yet"):
         registry.default_method()
     with pytest.raises(UserError, match="import pretext_jax.objectives"):
