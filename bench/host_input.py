@@ -160,7 +160,7 @@ def our_source(root: Path, crop_size: int = CROP_SIZE, seed: int = 0) -> Any:
         f"examples.host_crop_size={crop_size}", f"objective.image_size={crop_size}",
         "examples.max_eval_examples=1"])
     method = registry.get(config.method)
-    return method.prepare(config.data, config.example_config(), root / ".cache", seed).train
+    return method.prepare(config.data, config.examples, root / ".cache", seed).train
 
 
 def our_views(source: Any) -> Callable[[int, np.random.Generator], dict[str, Any]]:
@@ -380,7 +380,7 @@ def prepare_text(method_name: str, corpus: Path, workdir: Path) -> tuple[Any, An
     config = make_config(preset, [f"data.source={corpus}", f"data.cache_dir={cache}",
                                   *overrides])
     method = registry.get(config.method)
-    prepared = method.prepare(config.data, config.example_config(), cache, config.train.seed)
+    prepared = method.prepare(config.data, config.examples, cache, config.train.seed)
     batch = config.train.batch_size
     segment = prepared.segment(1, config)  # the records the trainer's first step reads
     return segment.records(None), prepared.transforms, batch, segment.shuffle

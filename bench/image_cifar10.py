@@ -142,14 +142,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     summary = Trainer(config, workdir).run()
     seconds = time.perf_counter() - start
-    view_size = config.objective_config().image_size
+    view_size = config.objective.image_size
     trained = frozen_evaluation(load_model(workdir), view_size, data)
-    untrained = frozen_evaluation(method.build_model(config.model_config(), config.train.seed),
+    untrained = frozen_evaluation(method.build_model(config.model, config.train.seed),
                                   view_size, data)
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     speed = f"{method.unit}_per_s"
     speeds = [r[speed] for r in rows if r["split"] == "train" and speed in r]
-    model = config.model_config()
+    model = config.model
     result = {
         "benchmark": "image_cifar10", "preset": args.preset, "method": config.method,
         "steps": summary["step"], "batch_size": config.train.batch_size,

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     seconds = time.perf_counter() - start
     result = {
         "benchmark": f"{method}_wikitext2", "preset": args.preset, "steps": summary["step"],
-        "batch_size": config.train.batch_size, "seq_len": config.example_config().max_seq_length,
+        "batch_size": config.train.batch_size, "seq_len": config.examples.max_seq_length,
         "held_out": {k: round(v, 4) for k, v in summary["eval"].items()},
         **summary["report"],
         "wall_clock_s": round(seconds, 1),

@@ -9,7 +9,7 @@
 Runs `run.main(RUN_ARGS)` in this process, printing its output as it comes, and keeps what it
 printed. The figures cell holds what a pre-training run (`demo`, `pretrain`) prints about its
 held-out evaluation after "finished step N in S s" (the method's summary lines,
-`Method.summarize`, the lines README's quick start describes), without the lines naming files;
+`Evaluation.summarize`, the lines README's quick start describes), without the lines naming files;
 for any other command, the last line it printed (`finetune`: the dev metrics). Writes the row
 of docs/benchmarks.md ("Demos and single CLI runs", `bench.report`); a command that fails
 writes none.

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
                              "mfcc": summary["report"][f"mfcc_{key}"]}
     result = {
         "benchmark": "speech_fsdd", "preset": args.preset, "steps": summary["step"],
-        "batch_size": config.train.batch_size, "probe_layer": config.example_config().probe_layer,
+        "batch_size": config.train.batch_size, "probe_layer": config.examples.probe_layer,
         "held_out_probe_accuracy": probes,
         "held_out_loss": summary["eval"].get("loss"),
         "wall_clock_s": round(seconds, 1),

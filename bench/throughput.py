@@ -129,8 +129,8 @@ def masked_lm_batch(config: Config, batch_size: int, rng: np.random.Generator
                     ) -> dict[str, np.ndarray]:
     """Full-length `[CLS] A [SEP] B [SEP]` pairs of random words, masked by `mask_tokens` (BERT
     with NSP labels, ELECTRA without)."""
-    examples = config.example_config()
-    vocab = _vocab(config.model_config().vocab_size)
+    examples = config.examples
+    vocab = _vocab(config.model.vocab_size)
     seq = examples.max_seq_length
     rows = []
     for _ in range(batch_size):
@@ -148,8 +148,8 @@ def permutation_lm_batch(config: Config, batch_size: int, rng: np.random.Generat
                          ) -> dict[str, np.ndarray]:
     """`[reuse | A | SEP | B | SEP | CLS]` rows of random words with each half's share of the
     targets at random positions, through XLNet's `PermutationSampling`."""
-    examples = config.example_config()
-    vocab = _vocab(config.model_config().vocab_size)
+    examples = config.examples
+    vocab = _vocab(config.model.vocab_size)
     sampling = PermutationSampling(vocab, examples)
     seq, reuse = examples.max_seq_length, examples.reuse_len
     new = seq - reuse
@@ -173,8 +173,8 @@ def image_batch(config: Config, batch_size: int, rng: np.random.Generator
                 ) -> dict[str, np.ndarray]:
     """Random uint8 images as the loader delivers them: two host crops per image when
     `examples.host_crop_size` is set, else whole images at the views' size."""
-    crop = config.example_config().host_crop_size
-    size = config.objective_config().image_size
+    crop = config.examples.host_crop_size
+    size = config.objective.image_size
     shape = (batch_size, 2, crop, crop, 3) if crop else (batch_size, size, size, 3)
     return {"image": rng.integers(0, 256, shape, dtype=np.uint8),
             "label": rng.integers(0, 10, batch_size).astype(np.int32)}
@@ -196,7 +196,7 @@ def synthetic_batch(config: Config, seed: int = 0) -> dict[str, np.ndarray]:
 def synthetic_data(config: Config) -> registry.PreparedData:
     """PreparedData without records: only the model fields the data would decide."""
     fields = {}
-    if config.method == "xlnet" and config.model_config().mem_len:
+    if config.method == "xlnet" and config.model.mem_len:
         fields["memory_batch_size"] = config.train.batch_size
     return registry.PreparedData(train=None, eval=None, model_fields=fields)
 
@@ -378,7 +378,7 @@ def loss_curves(name: str, overrides: list[str] = (), steps: int = 200, pool: in
     optimised = train_losses(config, steps, pool)
     plain = train_losses(workload_config(name, [*overrides, *plain_path(config)]), steps, pool)
     difference = np.abs(np.asarray(optimised) - np.asarray(plain))
-    return {"workload": name, "steps": steps, "dtype": config.model_config().dtype,
+    return {"workload": name, "steps": steps, "dtype": config.model.dtype,
             "optimised": optimised, "plain_float32": plain,
             "max_abs_difference": float(difference.max()),
             "max_relative_difference": float((difference / np.abs(plain)).max())}

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> dict:
         "train.batch_size=32"])
     method = registry.get(config.method)
     start = time.perf_counter()
-    prepared = method.prepare(config.data, config.example_config(), Path(args.workdir),
+    prepared = method.prepare(config.data, config.examples, Path(args.workdir),
                               config.train.seed)
     prepare_seconds = time.perf_counter() - start
     loader = iter(make_loader(prepared.train, batch_size=32, seed=0, shuffle=False,

@@ -32,6 +32,3 @@ from pretext_jax.objectives import (
     xlm,  # noqa: F401
     xlnet,  # noqa: F401
 )
-
-# The method of a config that names none (configs and presets from before `method` was saved).
-DEFAULT_METHOD = bert.METHOD.name

@@ -32,6 +32,7 @@ from pretext_jax.objectives.registry import (
     PreparedData,
     Resolution,
     Start,
+    declare_default,
     register,
     summary_of,
 )
@@ -116,7 +117,8 @@ def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
                               epochs=4 if compact else 3, weight_decay=0.01)
 
 
-METHOD = register(Method(
+# The default method: a config that names none (written before `method` was saved) is BERT's.
+METHOD = declare_default(register(Method(
     name="bert",
     model_config=EncoderConfig,
     example_config=bert_examples.BertExampleConfig,
@@ -129,4 +131,4 @@ METHOD = register(Method(
     resolution=Resolution(check=check_max_seq_length),
     evaluation=Evaluation(summarize=summary_of(accuracy="mlm", metrics=("loss", "nsp_accuracy"))),
     start=Start(hf_models=(Bert,), finetunes=claims_encoders("bert", glue_settings)),
-))
+)))

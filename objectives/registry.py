@@ -29,7 +29,7 @@ Summarize = Callable[[dict[str, float], dict[str, Any], Callable[[], dict[str, f
 
 
 def summary_of(*, accuracy: str = "", metrics: Sequence[str] = ("loss",)) -> Summarize:
-    """A `Method.summarize` that prints the held-out `{accuracy}_accuracy` beside the data's
+    """An `Evaluation.summarize` that prints the held-out `{accuracy}_accuracy` beside the data's
     `majority_baseline_{accuracy}_accuracy` (e.g. accuracy="mlm"), then each of `metrics`
     that the evaluation has."""
 
@@ -355,3 +355,28 @@ def preset(name: str) -> dict[str, Any]:
     method = _METHODS[_PRESET_METHODS[name]]
     return {"method": method.name,
             **{section: dict(values) for section, values in method.presets[name].items()}}
+
+
+_default_method: str | None = None  # the method a config that names none gets
+
+
+def declare_default(method: Method) -> Method:
+    """Makes the registered `method` the one a config that names no method gets (configs and
+    presets written before `method` was saved); declaring a second, other one is an error."""
+    global _default_method
+    if _METHODS.get(method.name) is not method:
+        raise ValueError(f"register method {method.name!r} before declaring it the default")
+    if _default_method not in (None, method.name):
+        raise ValueError(f"method {_default_method!r} is already the default; "
+                         f"{method.name!r} cannot be too")
+    _default_method = method.name
+    return method
+
+
+def default_method() -> str:
+    """The name of the method a config that names none gets (`declare_default`)."""
+    if _default_method is None:
+        raise UserError("no default method is declared yet, so a config must name its method; "
+                        "import pretext_jax.objectives first (it registers the built-in methods, "
+                        "BERT the default)")
+    return _default_method

@@ -139,7 +139,7 @@ def pooled_features(model: nnx.Module, audio: jax.Array, attention_mask: jax.Arr
 
 
 def probe_monitor(layer_output: LayerOutput) -> Callable[..., dict[str, float]]:
-    """A `Method.monitor`: `probe_<label>_accuracy` of the linear probe on the frozen, pooled
+    """An `Evaluation.monitor`: `probe_<label>_accuracy` of the linear probe on the frozen, pooled
     features of `examples.probe_layer` (module docstring); nothing where there are no labels."""
 
     def monitor(model: nnx.Module, data: PreparedData, examples: AudioExampleConfig,

@@ -2,10 +2,12 @@
 `registry.Method.presets`), validation.
 
 A config has generic sections (`data`, `optim`, `mesh`, `train`) and three method-owned
-sections, `model`, `examples` and `objective` (the loss's settings), validated against the
-dataclasses the method registers. The resolved config is written to the workdir and into every
-checkpoint; configs written before the `objective` section existed are migrated when read
-(`config_from_dict`).
+sections, `model`, `examples` and `objective` (the loss's settings), instances of the dataclasses
+the method registers, each resolved and validated once (`make_config`, `config_from_dict`). The
+dict form (`Config.to_dict`, every field of every section) exists for files: it is written to the
+workdir and into every checkpoint, and `config_from_dict` reads it back, including configs
+written by earlier versions (fields added since take their defaults; loss settings kept under
+`model` before the `objective` section existed move there).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from pretext_jax import objectives
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.objectives import registry
@@ -139,25 +140,31 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    method: str = objectives.DEFAULT_METHOD
-    model: dict[str, Any] = dataclasses.field(default_factory=dict)
-    examples: dict[str, Any] = dataclasses.field(default_factory=dict)
-    objective: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """A run's settings. `model`, `examples` and `objective` are instances of the method's
+    `model_config`, `example_config` and `objective_config` (`registry.Method`); one left out
+    (None) takes its class's defaults, as `method` left out is the registry's default method."""
+
+    method: str = dataclasses.field(default_factory=registry.default_method)
+    model: Any = None
+    examples: Any = None
+    objective: Any = None
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
     mesh: MeshConfig = MeshConfig()
     train: TrainConfig = TrainConfig()
 
-    def model_config(self) -> Any:
-        return registry.get(self.method).model_config(**self.model)
-
-    def example_config(self) -> Any:
-        return registry.get(self.method).example_config(**self.examples)
-
-    def objective_config(self) -> Any:
-        return registry.get(self.method).objective_config(**self.objective)
+    def __post_init__(self) -> None:
+        method = registry.get(self.method)
+        for section in METHOD_SECTIONS:
+            cls, value = _method_section_class(section, method), getattr(self, section)
+            if value is None:
+                object.__setattr__(self, section, cls())
+            elif type(value) is not cls:
+                raise TypeError(f"Config.{section} of method {self.method!r} must be "
+                                f"{cls.__name__}, not {type(value).__name__}")
 
     def to_dict(self) -> dict[str, Any]:
+        """The dict form, every field of every section (`config_from_dict` reads it back)."""
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
@@ -224,7 +231,7 @@ def make_config(preset: str | None = None, overrides: list[str] | dict[str, Any]
     `preset:` applies when `preset` is None) and `section.key=value` overrides (strings, parsed
     by field type) or a `{"section.key": value}` dict (values used as given), in that order:
     preset < file < overrides."""
-    tree: dict[str, Any] = {"method": objectives.DEFAULT_METHOD, "model": {}, "examples": {},
+    tree: dict[str, Any] = {"method": registry.default_method(), "model": {}, "examples": {},
                             "objective": {}, "data": {}, "optim": {}, "mesh": {}, "train": {}}
     items = overrides.items() if isinstance(overrides, dict) else None
     if items is None:
@@ -348,30 +355,28 @@ def _file_value(value: Any, kind: Any, key: str) -> Any:
 
 def config_from_dict(tree: dict[str, Any]) -> Config:
     """Builds and validates a Config from its dict form (as saved in a workdir and in
-    checkpoints). Loss settings that configs written before the `objective` section existed
-    keep under `model` (e.g. `model.temperature`) move to `objective`
+    checkpoints, or a preset's tree with only some keys); keys left out take their defaults.
+    Loss settings that configs written before the `objective` section existed keep under
+    `model` (e.g. `model.temperature`) move to `objective`
     (`registry.Method.split_model_section`)."""
-    method = registry.get(tree.get("method", objectives.DEFAULT_METHOD))
+    method = registry.get(tree["method"] if "method" in tree else registry.default_method())
     model, moved = method.split_model_section(tree.get("model", {}))
+    values = {**tree, "model": model, "objective": {**moved, **tree.get("objective", {})}}
     sections = {}
-    for f in dataclasses.fields(Config):
-        if f.name == "method" or f.name in METHOD_SECTIONS:
-            continue
-        cls = _field_types(Config)[f.name]
-        values = tree.get(f.name, {})
-        unknown = set(values) - set(_field_types(cls))
-        if unknown:
-            raise UserError(f"unknown config keys {sorted(unknown)} in {f.name}; valid: "
-                            f"{sorted(_field_types(cls))}")
-        sections[f.name] = cls(**values)
-    config = Config(method=method.name, model=model, examples=dict(tree.get("examples", {})),
-                    objective={**moved, **tree.get("objective", {})}, **sections)
-    for section in METHOD_SECTIONS:
-        cls = _method_section_class(section, method)
-        unknown = set(getattr(config, section)) - set(_field_types(cls))
+    for section in (f.name for f in dataclasses.fields(Config) if f.name != "method"):
+        cls = _section_class(section, method.name)
+        given = values.get(section, {})
+        unknown = set(given) - set(_field_types(cls))
         if unknown:
             raise UserError(f"unknown config keys {sorted(unknown)} in {section}; valid: "
                             f"{sorted(_field_types(cls))}")
+        try:
+            sections[section] = cls(**given)
+        except (TypeError, ValueError) as e:
+            if section not in METHOD_SECTIONS:
+                raise
+            raise UserError(f"invalid {section} config ({section}.*): {e}") from None
+    config = Config(method=method.name, **sections)
     validate(config)
     return config
 
@@ -410,18 +415,14 @@ def as_override(value: Any) -> str:
 def describe(config: Config) -> str:
     """Every key of `config` with its value, the class default where it differs, and its doc
     (`run.py config`), section by section."""
-    method = registry.get(config.method)
-    lines = [f"method={config.method}  ({method.description})"]
-    sections = [(name, _field_types(Config)[name], dataclasses.asdict(getattr(config, name)))
-                for name in ("data", "optim", "mesh", "train")]
-    for name in METHOD_SECTIONS:
-        cls = _method_section_class(name, method)
-        sections.append((name, cls, dataclasses.asdict(cls(**getattr(config, name)))))
-    for section, cls, values in sections:
+    lines = [f"method={config.method}  ({registry.get(config.method).description})"]
+    for section in ("data", "optim", "mesh", "train", *METHOD_SECTIONS):
+        settings = getattr(config, section)
+        cls = type(settings)
         lines.append(f"\n[{section}]  {cls.__module__}.{cls.__name__}")
         docs = field_docs(cls)
         defaults = dataclasses.asdict(cls())
-        for name, value in values.items():
+        for name, value in dataclasses.asdict(settings).items():
             default = ("" if value == defaults[name]
                        else f"  (default {as_override(defaults[name])})")
             lines.append(f"  {section}.{name}={as_override(value)}{default}")
@@ -455,8 +456,7 @@ def check_numbers(config: Config) -> None:
     """Every float of every section finite, every key of `RANGES` inside its range, mesh sizes
     -1 or positive (the model configs check their own fields, e.g. `dtype`)."""
     sections = {name: dataclasses.asdict(getattr(config, name))
-                for name in ("data", "optim", "mesh", "train")}
-    sections.update({name: getattr(config, name) for name in METHOD_SECTIONS})
+                for name in ("data", "optim", "mesh", "train", *METHOD_SECTIONS)}
     for section, values in sections.items():
         for name, value in values.items():
             key = f"{section}.{name}"
@@ -496,12 +496,5 @@ def validate(config: Config) -> None:
     if t.batch_size % o.grad_accum_steps:
         raise UserError(f"train.batch_size={t.batch_size} is not divisible by "
                         f"optim.grad_accum_steps={o.grad_accum_steps}; change one of them")
-    configs = {}
-    for section, build in (("model", config.model_config), ("examples", config.example_config),
-                           ("objective", config.objective_config)):
-        try:
-            configs[section] = build()
-        except (TypeError, ValueError) as e:
-            raise UserError(f"invalid {section} config ({section}.*): {e}") from None
-    registry.get(config.method).resolution.check(configs["model"], configs["examples"],
-                                      configs["objective"])
+    registry.get(config.method).resolution.check(config.model, config.examples,
+                                                 config.objective)

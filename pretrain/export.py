@@ -139,7 +139,7 @@ def load_model(path: str | Path, *, downstream: bool = False) -> nnx.Module:
 
 
 def load_pretrained(path: str | Path) -> nnx.Module:
-    """What a run starts from (`objectives.registry.Method.pretrained`'s loader): the
+    """What a run starts from (`objectives.registry.Start.pretrained`'s loader): the
     downstream model of a pretext workdir or model directory (`load_model`), or the model of
     a HuggingFace folder (`hf.load`)."""
     from pretext_jax.pretrain import hf
@@ -273,7 +273,6 @@ def _hf_tokenizer(source: Path, target: Path, model: nnx.Module,
                   spec: str | None) -> Tokenizer | None:
     """The tokenizer of a HF folder's text model: `spec`, else the folder's (or its first part
     folder's) when pretext reads it, else none and a line saying so."""
-    from pretext_jax.pretrain import hf
 
     if not _has_vocabulary(model):
         return None

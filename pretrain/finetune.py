@@ -100,7 +100,7 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
         values["data.tokenizer"] = tokenizer_of(source)  # its casing travels in its folder
     draft = make_config(None, [*_as_overrides(values), *overrides])
     rows = len(glue.read_glue(data, spec.name, "train", draft.data.tfds_data_dir or None).labels)
-    rows = min(rows, draft.examples.get("max_train_examples") or rows)
+    rows = min(rows, draft.examples.max_train_examples or rows)
     per_epoch = max(1, math.ceil(rows / draft.train.batch_size))
     steps = max(1, math.ceil((chosen.epochs if epochs is None else epochs) * per_epoch))
     schedule = {"train.steps": steps,
@@ -127,11 +127,11 @@ def finetune(config: Config, workdir: str | Path) -> dict[str, Any]:
     """Trains `config` (a `classify` run) in `workdir`, resuming if it holds one (a finished
     one is only evaluated), and writes the final dev metrics to `<workdir>/results.json`."""
     summary = Trainer(config, workdir).run()
-    task = config.examples.get("task", "sst2")
+    task = config.examples.task
     # a finished workdir trains no further steps, so nothing was evaluated: evaluate it now
     dev = (_glue_metrics(summary["eval"], task) if summary["eval"]
            else evaluate(workdir)["dev"])
-    result = {"task": task, "init": config.model.get("init", ""), "seed": config.train.seed,
+    result = {"task": task, "init": config.model.init, "seed": config.train.seed,
               "steps": summary["step"], "dev": dev,
               **_against_baseline(dev, summary["report"]["majority_baseline"])}
     (Path(workdir) / RESULTS_FILE).write_text(json.dumps(result, indent=2))
@@ -161,7 +161,7 @@ def evaluate(workdir: str | Path) -> dict[str, Any]:
         raise UserError(f"{workdir} has no checkpoint yet; run run.py finetune first")
     state, _ = trainer.checkpoints.restore(step)
     trainer.checkpoints.close()
-    task = config.examples.get("task", "sst2")
+    task = config.examples.task
     dev = _glue_metrics(trainer.evaluate(state), task)
     return {"task": task, "step": step, "dev": dev,
             **_against_baseline(dev, trainer.data.report["majority_baseline"])}

@@ -55,7 +55,7 @@ def prepare_data(config: Config, workdir: str | Path) -> registry.PreparedData:
     """The method's data preparation alone (`run.py prepare`): the records that `pretrain` with
     the same config and workdir (or `data.cache_dir`) then reuses; nothing else is written."""
     method = registry.get(config.method)
-    return method.prepare(config.data, config.example_config(), data_cache(config, workdir),
+    return method.prepare(config.data, config.examples, data_cache(config, workdir),
                           config.train.seed)
 
 
@@ -77,7 +77,7 @@ class Trainer:
                                        devices)
         mesh_lib.check_batch(self.mesh, config.train.batch_size, config.optim.grad_accum_steps)
         self._check_existing_workdir()
-        self.example_config = config.example_config()
+        self.example_config = config.examples
         cache = data_cache(config, self.workdir)
         created = [p for p in (self.workdir, cache) if not p.exists()]
         prepared = data is not None
@@ -135,7 +135,7 @@ class Trainer:
                 for name, pair in saved.items()}
 
     def _resolve_model_config(self) -> Any:
-        model_config = self.config.model_config()
+        model_config = self.config.model
         updates = {}
         for name, value in self.data.model_fields.items():
             current = getattr(model_config, name)
@@ -150,8 +150,8 @@ class Trainer:
 
     def _resolve_objective(self) -> Any:
         """The loss's settings (`config.objective`), with what the method derives from the run's
-        settings filled in (`Method.run_settings`)."""
-        objective = self.config.objective_config()
+        settings filled in (`Resolution.run_settings`)."""
+        objective = self.config.objective
         if self.method.resolution.run_settings is not None:
             objective = self.method.resolution.run_settings(objective, self.config)
         return objective

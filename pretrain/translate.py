@@ -59,7 +59,7 @@ def translate(config: Config, workdir: str | Path) -> dict[str, Any]:
     `<workdir>/results.json`."""
     summary = Trainer(config, workdir).run()
     evaluation, report = summary["eval"], summary["report"]
-    result = {"init": config.model.get("init", ""), "steps": summary["step"],
+    result = {"init": config.model.init, "steps": summary["step"],
               "bleu": evaluation.get("bleu"), "held_out_loss": evaluation.get("loss"),
               "held_out_pairs": report["held_out_pairs"],
               "bleu_signature": report["bleu_signature"]}

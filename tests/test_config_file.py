@@ -48,7 +48,7 @@ def test_file_is_layered_over_its_preset_and_under_overrides(config_file):
     assert config.optim.warmup_steps == 7 and config.train.batch_size == 16
     assert config.train.steps == 5  # the override wins over the file
     tiny = registry.preset("bert_tiny")
-    assert config.model["hidden_size"] == tiny["model"]["hidden_size"]  # from the preset
+    assert config.model.hidden_size == tiny["model"]["hidden_size"]  # from the preset
     assert config.train.log_every == tiny["train"]["log_every"]
 
 
@@ -64,7 +64,7 @@ def test_a_file_without_preset_starts_from_the_defaults(tmp_path):
     path.write_text("method: gpt\nmodel:\n  hidden_size: 32\n  num_layers: 1\n"
                     "  num_heads: 2\n  intermediate_size: 64\ntrain:\n  steps: 3\n")
     config = make_config(None, [], file=path)
-    assert config.method == "gpt" and config.model["hidden_size"] == 32
+    assert config.method == "gpt" and config.model.hidden_size == 32
     assert config.train.steps == 3 and config.optim.learning_rate == 1e-4  # the default
 
 

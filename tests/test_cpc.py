@@ -231,7 +231,7 @@ def test_tiny_preset_trains_on_the_mesh(tmp_path, sweeps):
     assert losses[-1] < losses[0] - 0.3 and losses[-1] < min(losses[:-1]), losses
     assert np.isfinite(summary["eval"]["loss"]) and 0.0 <= summary["eval"]["accuracy"] <= 1.0
     restored = load_model(tmp_path / "w")
-    assert isinstance(restored, CPC) and restored.config == trainer.config.model_config()
+    assert isinstance(restored, CPC) and restored.config == trainer.config.model
     trained = jax.device_get(summary["state"].params["prediction_kernel"].get_value())
     np.testing.assert_array_equal(np.asarray(restored.prediction_kernel[...]), trained)
 

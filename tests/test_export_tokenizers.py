@@ -119,8 +119,8 @@ def tiny_model(family: str, tokenizer) -> nnx.Module:
     """The family's `*_tiny` model with the tokenizer's vocabulary (T5's plus its sentinels),
     EOS and padding id."""
     config = make_config(PRESETS[family])
-    model_config = config.model_config()
-    extra_ids = config.example_config().extra_ids if family == "t5" else 0
+    model_config = config.model
+    extra_ids = config.examples.extra_ids if family == "t5" else 0
     fields = {"vocab_size": tokenizer.vocab_size + extra_ids, "eos_token_id": tokenizer.eos_id,
               "position_padding_id": tokenizer.pad_id}
     names = {field.name for field in dataclasses.fields(model_config)}
@@ -325,7 +325,7 @@ def test_convert_without_a_tokenizer_says_so(tokenizers, tmp_path, capsys):
 
 def test_image_models_need_no_tokenizer(tmp_path, capsys):
     """A ResNet (image methods) has no vocabulary: no tokenizer is written, nothing said."""
-    config = dataclasses.replace(make_config("simclr_tiny").model_config().backbone_config(),
+    config = dataclasses.replace(make_config("simclr_tiny").model.backbone_config(),
                                  stem="imagenet")  # HF's ResNet has no CIFAR stem
     hf.save(ResNet(config, rngs=nnx.Rngs(0)), tmp_path / "hf")
     model_dir = export.convert(tmp_path / "hf", tmp_path / "model", to="pretext")

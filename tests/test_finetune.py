@@ -128,15 +128,15 @@ def test_electra_recipe_regression_and_random_init(tmp_path, bert_dir, glue_fold
     # ELECTRA Table 7 (Small): lr 3e-4, layer-wise decay 0.8, no weight decay, 10 epochs on STS-B.
     assert (config.optim.learning_rate, config.optim.layerwise_lr_decay,
             config.optim.weight_decay) == (3e-4, 0.8, 0.0)
-    assert config.train.steps == 10 * 3 and config.model["num_labels"] == 1
-    assert config.model["head"] == "electra"
+    assert config.train.steps == 10 * 3 and config.model.num_labels == 1
+    assert config.model.head == "electra"
     assert config.optim.schedule == "electra_linear"  # optimization.py's, not BERT's
     result = finetune(finetune_config("stsb", electra_dir, glue_folder,
                                       [*FAST, "train.steps=2"]), tmp_path / "stsb")
     assert set(result["dev"]) == {"pearson", "spearman", "glue_score"}
     assert result["majority_baseline"] == {"pearson": 0.0, "spearman": 0.0, "glue_score": 0.0}
     scratch = finetune_config("sst2", "", glue_folder, FAST, architecture=bert_dir)
-    assert scratch.model["init"] == "" and scratch.model["hidden_size"] == 32
+    assert scratch.model.init == "" and scratch.model.hidden_size == 32
     trainer = Trainer(scratch, tmp_path / "scratch")
     params = nnx.to_pure_dict(trainer.init_state().params)
     assert not np.allclose(params["head_dense"]["kernel"], hf.load(bert_dir).pooler.kernel[...])
@@ -162,7 +162,7 @@ def test_xlnet_from_a_hf_folder(tmp_path, glue_folder):
     # poly decay from the peak at the end of warmup.
     assert recipe.optim.schedule == "linear_from_peak"
     assert recipe.optim.bias_correction and recipe.optim.eps_before_bias_correction
-    assert recipe.model["head"] == "xlnet" and recipe.examples["layout"] == "xlnet"
+    assert recipe.model.head == "xlnet" and recipe.examples.layout == "xlnet"
     assert recipe.data.tokenizer == str(folder) and recipe.train.steps == 3 * 12
     config = finetune_config("sst2", str(folder), glue_folder,
                              [*FAST, "optim.learning_rate=5e-3", "train.log_every=4"], epochs=2)
@@ -193,7 +193,7 @@ def test_xlnet_from_a_pretext_workdir_and_back_to_hf(tmp_path, glue_folder):
         "train.progress=false"]) == 0
     config = finetune_config("sst2", str(workdir), glue_folder, [*FAST, "train.steps=2"])
     assert config.data.tokenizer == str(workdir / "tokenizer")  # recorded by the trainer
-    assert (config.model["memory_batch_size"], config.model["mem_len"]) == (0, 0)
+    assert (config.model.memory_batch_size, config.model.mem_len) == (0, 0)
     trainer = Trainer(config, tmp_path / "run")
     params = nnx.to_pure_dict(trainer.init_state().params)
     pretrained = load_model(workdir)
@@ -361,7 +361,7 @@ def test_pretext_model_directory_needs_and_takes_a_tokenizer(tmp_path, bert_dir,
         finetune_config("sst2", str(model_dir), glue_folder, FAST)
     config = finetune_config("sst2", str(model_dir), glue_folder,
                              [*FAST, f"data.tokenizer={bert_dir}"])
-    assert config.data.tokenizer == bert_dir and config.model["init"] == str(model_dir)
+    assert config.data.tokenizer == bert_dir and config.model.init == str(model_dir)
 
 
 def test_majority_class_baseline_and_runs_that_end_at_it():

@@ -295,7 +295,7 @@ def test_a_very_long_line_prepares_like_any_other(tmp_path):
                                        "data.held_out_fraction": 0.1, "data.vocab_size": 40})
     data = prepare_data(config, tmp_path / "w")
     lengths = data.train.examples(range(len(data.train)))["input_ids"].shape
-    assert len(data.train) > 0 and lengths[1] == config.examples["max_seq_length"]
+    assert len(data.train) > 0 and lengths[1] == config.examples.max_seq_length
 
 
 def test_a_moved_workdir_resumes_exactly(tmp_path, corpus_and_cache, uninterrupted):

@@ -226,7 +226,7 @@ def test_segments_and_settings():
         with pytest.raises(UserError, match="examples."):
             me.MassExampleConfig(**bad)
     base = make_config("mass_base")
-    model, examples = base.model_config(), base.example_config()
+    model, examples = base.model, base.examples
     assert (model.hidden_size, model.intermediate_size, model.num_layers, model.decoder_layers,
             model.num_heads, model.activation) == (1024, 4096, 6, 6, 8, "gelu")
     assert (examples.fragment_fraction, examples.mask_token_prob, examples.random_token_prob,
@@ -307,7 +307,7 @@ def test_bilingual_segments_carry_their_language_and_a_step_reads_one_language(t
     (MASS-unsupNMT's shuf_order of --mass_steps); held-out text of both languages; the data
     sets the model's language count."""
     config = make_config("mass_bilingual_tiny", {**BILINGUAL, **bilingual_corpus(tmp_path)})
-    prepared = mass.prepare_mass(config.data, config.example_config(), tmp_path / "cache", 0)
+    prepared = mass.prepare_mass(config.data, config.examples, tmp_path / "cache", 0)
     by_eight = dataclasses.replace(config, train=dataclasses.replace(config.train, batch_size=8))
     assert prepared.model_fields["num_languages"] == 2 and prepared.segments is not None
     steps = prepared.segment(1, by_eight).records(None)

@@ -194,8 +194,8 @@ def test_killed_preparation_restarts_to_the_same_records(tmp_path):
                                          "data.input_shard_mb": 0.01,
                                          "examples.dupe_factor": 2})
     uninterrupted = prepare_text(settings.data, functools.partial(
-        build_with_vocab, bert_examples.create_training_examples, settings.example_config()),
-        settings.example_config(), tmp_path / "reference", settings.train.seed)
+        build_with_vocab, bert_examples.create_training_examples, settings.examples),
+        settings.examples, tmp_path / "reference", settings.train.seed)
     assert all_records(train) == all_records(uninterrupted[0])
     assert all_records(held) == all_records(uninterrupted[1])
     assert not list(shards.glob("*/shards/.*.tmp"))  # nothing half-written is left

@@ -1,8 +1,10 @@
 """Every preset resolves to the config pinned in tests/data/presets.json, written from the tree
 before the presets moved into their methods' modules and the loss settings (the image methods'
 view augmentations included) into the `objective` section (issue 21). The file keeps the layout
-of that time (those settings under `model`): the presets compare with it in that layout
-(`old_layout`), and the pinned configs, as workdirs of that time saved them, read through
+of that time (those settings under `model`) and its form: a workdir's config.json held only the
+`model` and `examples` keys that the preset set (`config`), beside which the pin holds those two
+sections with every field (`model`, `examples`). The presets compare with it in that layout and
+form (`pinned_form`), and the pinned configs, as workdirs of that time saved them, read through
 `config_from_dict` into today's presets.
 
 Regenerate only when a preset is meant to change: `python tests/test_presets.py`."""
@@ -24,23 +26,21 @@ PINNED = Path(__file__).resolve().parent / "data" / "presets.json"
 
 
 def resolved(preset: str) -> dict[str, Any]:
-    """The preset's config (as saved in a workdir) and its model, examples and objective configs
-    with every field, as JSON values."""
-    config = make_config(preset)
-    return json.loads(json.dumps({
-        "config": config.to_dict(),
-        "model": dataclasses.asdict(config.model_config()),
-        "examples": dataclasses.asdict(config.example_config()),
-        "objective": dataclasses.asdict(config.objective_config()),
-    }))
+    """The preset's config as a workdir saves it (every field of every section), as JSON
+    values."""
+    return json.loads(make_config(preset).to_json())
 
 
-def old_layout(tree: dict[str, Any]) -> dict[str, Any]:
-    """`resolved`'s tree in the layout before the `objective` section: its keys under `model`."""
-    config = dict(tree["config"])
-    config["model"] = {**config["model"], **config.pop("objective")}
-    return {"config": config, "model": {**tree["model"], **tree["objective"]},
-            "examples": tree["examples"]}
+def pinned_form(preset: str) -> dict[str, Any]:
+    """The preset as the pin holds it, in the layout before the `objective` section (its keys
+    under `model`): the config with the `model` and `examples` keys the preset sets, as
+    config.json then held them, beside those two sections with every field."""
+    config = resolved(preset)
+    declared = json.loads(json.dumps(registry.preset(preset)))
+    model, examples = {**config["model"], **config.pop("objective")}, config["examples"]
+    config["model"] = {**declared.get("model", {}), **declared.get("objective", {})}
+    config["examples"] = declared.get("examples", {})
+    return {"config": config, "model": model, "examples": examples}
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +54,18 @@ def test_the_presets_are_the_pinned_ones(pinned):
 
 @pytest.mark.parametrize("preset", registry.preset_names())
 def test_preset_resolves_to_its_pinned_config(preset, pinned):
-    assert old_layout(resolved(preset)) == pinned[preset]
+    assert pinned_form(preset) == pinned[preset]
 
 
 @pytest.mark.parametrize("preset", registry.preset_names())
 def test_pinned_config_in_the_old_layout_loads_as_the_preset(preset, pinned):
-    config = config_from_dict(pinned[preset]["config"])
+    """As config.json held it then (the keys the preset set), and with every field."""
+    entry = pinned[preset]
+    config = config_from_dict(entry["config"])
     assert config == make_config(preset)
-    assert json.loads(json.dumps(config.to_dict())) == resolved(preset)["config"]
+    assert json.loads(config.to_json()) == resolved(preset)
+    every_field = {**entry["config"], "model": entry["model"], "examples": entry["examples"]}
+    assert config_from_dict(every_field) == config
 
 
 @pytest.mark.parametrize("preset", registry.preset_names())
@@ -81,5 +85,5 @@ def test_a_preset_name_belongs_to_one_method():
 
 
 if __name__ == "__main__":
-    every = {name: old_layout(resolved(name)) for name in registry.preset_names()}
+    every = {name: pinned_form(name) for name in registry.preset_names()}
     PINNED.write_text(json.dumps(every, indent=1, sort_keys=True) + "\n")

@@ -249,20 +249,20 @@ def test_settings_and_presets():
     """Segments must fit the positions (T + 1 for the predicting streams) and the decoder start
     must be MASS's; prophetnet_base is the paper's 16GB recipe."""
     tiny = make_config("prophetnet_tiny")
-    model, examples = tiny.model_config(), tiny.example_config()
+    model, examples = tiny.model, tiny.examples
     check_prophetnet(model, examples)
     for field, value, message in (("max_position_embeddings", 65, "max_position_embeddings"),
                                   ("decoder_start_token_id", 3, "decoder_start_token_id")):
         with pytest.raises(UserError, match=message):
             check_prophetnet(make_config("prophetnet_tiny", {f"model.{field}": value})
-                             .model_config(), examples)
+                             .model, examples)
     with pytest.raises(UserError, match="label_smoothing"):
         ProphetNetLossSettings(label_smoothing=1.0)
     bilingual = make_config("prophetnet_tiny", {"data.source": "en=a.txt,de=b.txt"})
     with pytest.raises(UserError, match="^ProphetNet has no language embeddings"):
         prepare_prophetnet(bilingual.data, examples, Path("unused"), 0)
     base = make_config("prophetnet_base")
-    model, examples = base.model_config(), base.example_config()
+    model, examples = base.model, base.examples
     assert (model.hidden_size, model.num_encoder_layers, model.num_decoder_layers,
             model.num_encoder_attention_heads, model.decoder_ffn_dim, model.ngram) == (
         1024, 12, 12, 16, 4096, 2)

@@ -202,7 +202,7 @@ def test_wav2vec2_probes_read_the_chosen_hidden_state(digits, tmp_path):
     HF's numbering); another layer gives other features, and an index past them is a one-line
     error of the method's check."""
     config = make_config("wav2vec2_tiny")
-    model = wav2vec2.build_wav2vec2(config.model_config(), 0)
+    model = wav2vec2.build_wav2vec2(config.model, 0)
     examples = fsdd_like(probe_layer=1)
     data = prepared(digits, tmp_path / "cache")
     batch = next(data.monitor_data.batches("train"))
@@ -219,7 +219,7 @@ def test_wav2vec2_probes_read_the_chosen_hidden_state(digits, tmp_path):
     assert set(accuracies) == {"probe_digit_accuracy", "probe_speaker_accuracy"}
     assert accuracies["probe_digit_accuracy"] > 0.9  # the tones' pitch survives random layers
     with pytest.raises(UserError, match="examples.probe_layer=3 is not one of this network's 3"):
-        wav2vec2.check_frames(config.model_config(), fsdd_like(probe_layer=3))
+        wav2vec2.check_frames(config.model, fsdd_like(probe_layer=3))
 
 
 def test_real_fsdd_mfcc_baseline(shared_data, tmp_path):

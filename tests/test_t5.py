@@ -366,7 +366,7 @@ def test_shift_right_and_presets():
     assert shift_right(targets).tolist() == [[0, 7, 8, 9], [0, 5, 6, 0]]
     assert T5Config(feed_forward_proj="gated-gelu").activation == "gelu_tanh"
     base = make_config("t5_base")
-    examples, model = base.example_config(), base.model_config()
+    examples, model = base.examples, base.model
     assert (examples.raw_length, examples.inputs_length, examples.targets_length) == (
         568, 512, 114)
     assert (model.hidden_size, model.intermediate_size, model.num_layers, model.decoder_layers,
@@ -374,4 +374,4 @@ def test_shift_right_and_presets():
         768, 3072, 12, 12, 12, 64, "relu", True)
     assert (base.optim.optimizer, base.train.steps, base.train.batch_size) == (
         "adafactor", 2**19, 128)
-    assert make_config("bart_tiny").example_config().noise == "text_infilling"
+    assert make_config("bart_tiny").examples.noise == "text_infilling"

@@ -412,7 +412,7 @@ def electra_reference(run: dict[str, Any], optimizer: AdamWeightDecayReference,
     sum(w nll) / (sum(w) + 1e-6), Gumbel-max samples (no gradient) written into the unmasked
     input, label = sampled != original, discriminator sigmoid cross-entropy averaged over
     input_mask with epsilon 1e-6, total = 1 x MLM + 50 x RTD."""
-    objective = run["config"].objective_config()
+    objective = run["config"].objective
     generator = tf_embeddings(
         transformers.ElectraForMaskedLM.from_pretrained(run["hf"] / "generator").eval())
     discriminator = tf_embeddings(transformers.ElectraForPreTraining.from_pretrained(
@@ -491,10 +491,10 @@ GPT = ["model.vocab_size=120", "model.hidden_size=32", "model.num_heads=2",
 def gpt_batches(config: Config) -> list[dict[str, np.ndarray]]:
     """Blocks of max_seq_length + 1 random tokens; two rows end in padding (mask 0, id 0)."""
     rng = np.random.default_rng(0)
-    length = config.example_config().max_seq_length + 1
+    length = config.examples.max_seq_length + 1
     batches = []
     for _ in range(STEPS):
-        tokens = rng.integers(1, config.model["vocab_size"], (config.train.batch_size, length))
+        tokens = rng.integers(1, config.model.vocab_size, (config.train.batch_size, length))
         mask = np.ones_like(tokens)
         mask[1, 16:], mask[5, 9:] = 0, 0
         batches.append({"tokens": (tokens * mask).astype(np.int32),
@@ -1027,7 +1027,7 @@ def simclr_reference(run: dict[str, Any], optimizer: LarsReference,
     backbone = transformers.ResNetModel.from_pretrained(run["hf"])
     model = TorchSimCLR(backbone, run["initial"]).train()
     config = run["config"]
-    o, temperature = config.optim, config.objective_config().temperature
+    o, temperature = config.optim, config.objective.temperature
 
     def loss_fn(step: int) -> Any:
         views = torch.tensor(run["views"][step])

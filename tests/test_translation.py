@@ -280,10 +280,10 @@ def test_cli_translate_from_a_bilingual_mass_model_scores_bleu(toy, tmp_path):
     assert evaluations[-1]["loss"] < evaluations[0]["loss"] - 0.3, evaluations
     assert result["held_out_pairs"] == 30 and "tok:13a" in result["bleu_signature"]
     config = config_from_dict(export.read_json_object(workdir / "config.json"))
-    assert config.method == "translation" and config.model["num_languages"] == 2
+    assert config.method == "translation" and config.model.num_languages == 2
     # Decoded here in one batch, cut at EOS and detokenised, against the corpus's sentences.
     model, tokenizer = export.load_model(workdir), toy["tokenizer"]
-    records, references = te.held_out_pairs(toy["val"], tokenizer, config.example_config(),
+    records, references = te.held_out_pairs(toy["val"], tokenizer, config.examples,
                                             {"de": 0, "en": 1})
     tokens = greedy_seq2seq(model, records["inputs"], records["input_mask"], max_new_tokens=20,
                             source_language_ids=records["source_language_ids"],
@@ -297,7 +297,7 @@ def test_cli_translate_from_a_bilingual_mass_model_scores_bleu(toy, tmp_path):
     # The from-scratch baseline: same architecture and tokenizer, no init.
     baseline = translate.translation_config("", toy["train"], toy["val"],
                                             architecture=str(toy["init"]))
-    assert baseline.model["init"] == "" and baseline.model["num_languages"] == 2
+    assert baseline.model.init == "" and baseline.model.num_languages == 2
     assert baseline.data.tokenizer == config.data.tokenizer
 
 
@@ -331,9 +331,9 @@ def test_prophetnet_and_xlm_fine_tune_on_translation_from_their_pretrained_weigh
     is new): the method is the family's, the held-out loss falls, BLEU is reported."""
     folder, pretrained = pretrained_directory(toy, kind)
     config = translate.translation_config(str(folder), toy["train"], toy["val"])
-    assert config.method == method and config.model["init"] == str(folder)
+    assert config.method == method and config.model.init == str(folder)
     family = translation.FAMILIES[method]
-    started = translation.pretrained_translator(config.model_config(), 0,
+    started = translation.pretrained_translator(config.model, 0,
                                                 export.load_pretrained, family=family)
     sides = (started.encoder, started.decoder) if kind == "xlm" else (started,)
     for side in sides:

@@ -148,7 +148,7 @@ def test_hf_import_initialises_the_update_count():
 def test_host_masks_keep_the_samplers_statistics():
     """Per-utterance draws: about p x n spans of M frames over the real frames only, distractors
     drawn from the other masked frames; the same record and rng seed give the same draws."""
-    config = make_config("wav2vec2_tiny").model_config()
+    config = make_config("wav2vec2_tiny").model
     settings = Wav2Vec2ObjectiveConfig()
     masking = SpanMasking(config, settings)
     num_frames = int(feature_lengths(config, 16000))

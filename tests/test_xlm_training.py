@@ -258,7 +258,7 @@ def test_glue_finetune_from_a_pretrained_xlm_workdir_and_export_to_hf(corpora, t
     config = finetune_config("sst2", str(workdir), str(glue.parent),
                              ["examples.max_seq_length=16", "optim.learning_rate=5e-3",
                               "train.progress=false"], epochs=2)
-    assert (config.model["head"], config.examples["layout"]) == ("xlm", "xlm")
+    assert (config.model.head, config.examples.layout) == ("xlm", "xlm")
     assert (config.train.batch_size, config.optim.schedule, config.optim.warmup_steps,
             config.optim.eps, config.train.steps) == (8, "constant", 0, 1e-8, 40)
     trainer = Trainer(config, tmp_path / "run")
