@@ -38,7 +38,7 @@ from pretext_jax.models import conversion, hf_tables  # noqa: F401  (hf_tables r
 from pretext_jax.models.conversion import from_hf, method_name, to_hf
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain import hf_tokenizer
-from pretext_jax.pretrain.export import make_readable
+from pretext_jax.pretrain.directories import make_readable
 
 __all__ = ["CONFIG_FILE", "JOINT_METHODS", "MODEL_CARD", "from_hf", "load", "method_name",
            "save", "to_hf"]

@@ -328,7 +328,7 @@ def test_masking_statistics():
 def test_trained_workdir_gives_the_discriminator_in_one_call(tmp_path):
     from pretext_jax import run
     from pretext_jax.pretrain.config import make_config
-    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.loading import load_model
     from pretext_jax.pretrain.trainer import Trainer
 
     overrides = {"model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,

@@ -24,8 +24,8 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import load_tokenizer
 from pretext_jax.objectives.classification import classification_loss
 from pretext_jax.pretrain import hf
-from pretext_jax.pretrain.export import load_model
 from pretext_jax.pretrain.finetune import evaluate, finetune, finetune_config, recipe, run_glue
+from pretext_jax.pretrain.loading import load_model
 from pretext_jax.pretrain.optim import layer_depth_factors, make_optimizer
 from pretext_jax.pretrain.trainer import Trainer
 
@@ -349,7 +349,8 @@ def test_glue_sweep_picks_the_best_learning_rate_on_dev(tmp_path, bert_dir, glue
 def test_pretext_model_directory_needs_and_takes_a_tokenizer(tmp_path, bert_dir, glue_folder):
     """A model directory converted from HF carries the folder's tokenizer; one without a
     tokenizer needs data.tokenizer."""
-    from pretext_jax.pretrain.export import TOKENIZER_DIR, convert
+    from pretext_jax.pretrain.directories import TOKENIZER_DIR
+    from pretext_jax.pretrain.export import convert
 
     model_dir = convert(bert_dir, tmp_path / "model", to="pretext")
     config = finetune_config("sst2", str(model_dir), glue_folder, FAST)

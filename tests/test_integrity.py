@@ -316,7 +316,7 @@ def test_two_pretrain_processes_on_one_workdir(tmp_path, corpus_and_cache):
     """A second `run.py pretrain` on a workdir in use is refused with one line naming the
     first, which finishes unharmed (every row logged once); a reader loads the workdir beside
     it."""
-    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.loading import load_model
 
     corpus, cache = corpus_and_cache
     workdir = tmp_path / "w"
@@ -348,7 +348,7 @@ def test_two_pretrain_processes_on_one_workdir(tmp_path, corpus_and_cache):
 
 
 def test_loading_a_workdir_verifies_its_latest_checkpoint(tmp_path, corpus_and_cache):
-    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.loading import load_model
 
     workdir = tmp_path / "w"
     trainer_at(workdir, corpus_and_cache).run(stop_after=3)

@@ -294,7 +294,7 @@ def test_tiny_model_trains_on_a_mixed_mesh(tmp_path):
     # The trained workdir converts to a HF checkpoint that computes the same logits.
     transformers = pytest.importorskip("transformers")
     from pretext_jax import run
-    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.loading import load_model
 
     assert run.main(["convert", str(tmp_path / "w"), str(tmp_path / "hf"), "--to", "hf"]) == 0
     reference = transformers.MPNetForMaskedLM.from_pretrained(tmp_path / "hf").eval()

@@ -25,7 +25,7 @@ from pretext_jax.models.xlm import XLM, XLMConfig
 from pretext_jax.objectives import translation
 from pretext_jax.objectives.registry import PreparedData
 from pretext_jax.objectives.translation import T5TranslationConfig
-from pretext_jax.pretrain import export, hf, translate
+from pretext_jax.pretrain import directories, hf, loading, translate
 from pretext_jax.pretrain.config import config_from_dict
 from pretext_jax.pretrain.export import save_model
 
@@ -183,7 +183,7 @@ def toy(tmp_path_factory):
     model = T5(T5Config(**{f.name: getattr(config, f.name)
                            for f in dataclasses.fields(T5Config)}), rngs=nnx.Rngs(0))
     save_model(model, "mass", root / "mass")
-    export.write_tokenizer(root / "mass", tokenizer)
+    directories.write_tokenizer(root / "mass", tokenizer)
     return {"root": root, "train": train, "val": val, "tokenizer": tokenizer,
             "init": root / "mass"}
 
@@ -234,19 +234,19 @@ def test_loss_is_hf_t5_loss_with_labels(hf_pair):
 
 def test_pretrained_model_keeps_its_weights_and_must_match(toy):
     family = translation.FAMILIES["translation"]
-    saved = export.load_model(toy["init"])
+    saved = loading.load_model(toy["init"])
     config = T5TranslationConfig(**{**dataclasses.asdict(saved.config), "init": str(toy["init"]),
                                     "hidden_dropout": 0.2})
-    model = translation.pretrained_translator(config, 0, export.load_pretrained, family=family)
+    model = translation.pretrained_translator(config, 0, loading.load_pretrained, family=family)
     assert model.config.hidden_dropout == 0.2
     np.testing.assert_array_equal(model.language_embeddings.embedding.get_value(),
                                   saved.language_embeddings.embedding.get_value())
     with pytest.raises(UserError, match=r"^model.num_languages=0 differs .* set "
                                         r"model.num_languages=2$"):
         translation.pretrained_translator(dataclasses.replace(config, num_languages=0), 0,
-                                          export.load_pretrained, family=family)
+                                          loading.load_pretrained, family=family)
     assert translation.pretrained_translator(dataclasses.replace(config, init=""), 0,
-                                             export.load_pretrained, family=family) is None
+                                             loading.load_pretrained, family=family) is None
     # A language the model has no embedding for (fr = 2 of de, en, fr) is refused.
     data = PreparedData(train=None, eval={"source_language_ids": np.array([[2, 2]]),
                                           "target_language_ids": np.array([[0, 0]])},
@@ -279,10 +279,10 @@ def test_cli_translate_from_a_bilingual_mass_model_scores_bleu(toy, tmp_path):
     result, evaluations = translate_toy(toy, toy["init"], workdir, tmp_path / "cache")
     assert evaluations[-1]["loss"] < evaluations[0]["loss"] - 0.3, evaluations
     assert result["held_out_pairs"] == 30 and "tok:13a" in result["bleu_signature"]
-    config = config_from_dict(export.read_json_object(workdir / "config.json"))
+    config = config_from_dict(directories.read_json_object(workdir / "config.json"))
     assert config.method == "translation" and config.model["num_languages"] == 2
     # Decoded here in one batch, cut at EOS and detokenised, against the corpus's sentences.
-    model, tokenizer = export.load_model(workdir), toy["tokenizer"]
+    model, tokenizer = loading.load_model(workdir), toy["tokenizer"]
     records, references = te.held_out_pairs(toy["val"], tokenizer, config.example_config(),
                                             {"de": 0, "en": 1})
     tokens = greedy_seq2seq(model, records["inputs"], records["input_mask"], max_new_tokens=20,
@@ -318,7 +318,7 @@ def pretrained_directory(toy, kind: str):
             max_position_embeddings=64, embed_init_std=32 ** -0.5), rngs=nnx.Rngs(0))
     if not folder.exists():
         save_model(model, kind, folder)
-        export.write_tokenizer(folder, tokenizer)
+        directories.write_tokenizer(folder, tokenizer)
     return folder, model
 
 
@@ -334,7 +334,7 @@ def test_prophetnet_and_xlm_fine_tune_on_translation_from_their_pretrained_weigh
     assert config.method == method and config.model["init"] == str(folder)
     family = translation.FAMILIES[method]
     started = translation.pretrained_translator(config.model_config(), 0,
-                                                export.load_pretrained, family=family)
+                                                loading.load_pretrained, family=family)
     sides = (started.encoder, started.decoder) if kind == "xlm" else (started,)
     for side in sides:
         own = dict(nnx.to_flat_state(nnx.state(side, nnx.Param)))
@@ -345,4 +345,4 @@ def test_prophetnet_and_xlm_fine_tune_on_translation_from_their_pretrained_weigh
     chance = np.log(toy["tokenizer"].vocab_size)  # a uniform prediction's loss
     assert evaluations[-1]["loss"] < min(evaluations[0]["loss"], chance - 0.3), evaluations
     assert result["held_out_pairs"] == 30 and result["bleu"] >= 0.0
-    assert type(export.load_model(workdir)) is family.model_class
+    assert type(loading.load_model(workdir)) is family.model_class

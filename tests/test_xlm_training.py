@@ -194,7 +194,7 @@ def test_killed_run_resumes_bit_for_bit(corpora, tmp_path):
 def test_workdir_converts_to_hf_and_back(corpora, tmp_path):
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.loading import load_model
 
     settings = {**task_settings("mlm", corpora), "train.steps": 2, "train.eval_every": 2,
                 "train.eval_batches": 1}
@@ -237,8 +237,8 @@ def test_glue_finetune_from_a_pretrained_xlm_workdir_and_export_to_hf(corpora, t
     exports to HF `XLMForSequenceClassification` with the same logits."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    from pretext_jax.pretrain.export import load_model
     from pretext_jax.pretrain.finetune import finetune, finetune_config
+    from pretext_jax.pretrain.loading import load_model
 
     workdir = tmp_path / "pretrained"
     Trainer(make_config("xlm_tiny", {**task_settings("mlm", corpora), "train.steps": 2,

@@ -187,7 +187,7 @@ def test_trained_workdir_loads_with_its_memory_and_converts_to_hf(tmp_path):
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     from pretext_jax import run
-    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.loading import load_model
 
     overrides = ["model.hidden_size=16", "model.num_layers=1", "model.num_heads=2",
                  "model.intermediate_size=32", "model.mem_len=12", "model.reuse_len=8",
