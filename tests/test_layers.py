@@ -87,7 +87,6 @@ def test_layer_check_catches_a_planted_import(layer, module, line):
     assert layer_violations(layer, module, "from pretext_jax.errors import UserError") == []
 
 
-
 def package_sources(root: Path) -> dict[str, str]:
     """The source of every module of the package by dotted name (a package's `__init__.py`
     under the package's name): the `.py` files of `root` and of its folders that are packages
@@ -192,6 +191,7 @@ def test_cycle_check_catches_a_planted_cycle_in_the_package():
     cycle = find_cycle(import_graph(sources))
     assert len(cycle) >= 3 and cycle[0] == cycle[-1] and hf in cycle, cycle
     assert "pretext_jax.pretrain.export" in cycle
+
 
 def method_names() -> set[str]:
     return set(registry.names())
