@@ -268,13 +268,14 @@ def _generation_model(path: str, tokenizer_spec: str | None) -> tuple[Any, Any]:
     finds it) or of a HuggingFace GPT-2 folder (its vocab.json + merges.txt)."""
     from pretext_jax.errors import UserError
     from pretext_jax.input_pipeline.tokenizers import load_tokenizer
-    from pretext_jax.pretrain import export, hf
+    from pretext_jax.pretrain import hf
     from pretext_jax.pretrain.finetune import tokenizer_of
+    from pretext_jax.pretrain.loading import load_model
 
     if hf._is_hf_checkpoint(Path(path)):
         model, tokenizer = hf.load(path), tokenizer_spec or path
     else:
-        model, tokenizer = export.load_model(path), tokenizer_spec or tokenizer_of(path)
+        model, tokenizer = load_model(path), tokenizer_spec or tokenizer_of(path)
     if not hasattr(model, "prefill"):
         raise UserError(f"{path} holds a {type(model).__name__}, not a causal language model; "
                         "generate needs a GPT workdir (method gpt) or a GPT-2 folder")

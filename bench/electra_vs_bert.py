@@ -37,7 +37,7 @@ from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.input_pipeline import sources, tokenizers
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain.config import make_config
-from pretext_jax.pretrain.export import load_model
+from pretext_jax.pretrain.loading import load_model
 from pretext_jax.pretrain.trainer import Trainer
 
 SEQ_LEN = 64  # SST-2 sentences are short; 64 pieces cover all but a handful

@@ -44,7 +44,7 @@ from pretext_jax.objectives import registry
 from pretext_jax.objectives.evaluation import extract_features, knn_accuracy, linear_probe_accuracy
 from pretext_jax.objectives.two_view import backbone_features
 from pretext_jax.pretrain.config import make_config
-from pretext_jax.pretrain.export import load_model
+from pretext_jax.pretrain.loading import load_model
 from pretext_jax.pretrain.trainer import Trainer
 
 TABLE = report.Table("image_cifar10", (

@@ -5,7 +5,7 @@ BERT and ELECTRA's generator once held their masked-LM head's parameters themsel
 `lm_head` (`lm_head.dense`, `lm_head.layer_norm`, `lm_head.bias`), as RoBERTa, ALBERT and MPNet
 always did. Workdirs (training state: parameters and optimizer moments) and pretext model
 directories written before keep their old names on disk; `pretrain.trainer` and
-`pretrain.export` rename them on restore with `migrate_path` / `migrate`. HF exports are not
+`pretrain.loading` rename them on restore with `migrate_path` / `migrate`. HF exports are not
 affected (they hold HF names).
 
 The old names are unique to the old layouts, so a rename applies wherever such a key occurs in a

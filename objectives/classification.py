@@ -128,7 +128,7 @@ def glue_monitor(model: SequenceClassifier, data: PreparedData, examples: GlueEx
 
 def read_pretrained(init: str, load: Callable[[str], nnx.Module]) -> nnx.Module:
     """The model of `init`, a pretext workdir/model directory or a HuggingFace folder, read by
-    `load` (the trainer's checkpoint loader, `pretrain.export.load_pretrained`: the checkpoint
+    `load` (the trainer's checkpoint loader, `pretrain.loading.load_pretrained`: the checkpoint
     formats live with the trainer)."""
     if not Path(init).is_dir():
         raise UserError(f"model.init={init} is not a directory; pass a pretext workdir, a "

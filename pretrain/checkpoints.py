@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import shutil
 import sys
 import time
@@ -25,12 +24,9 @@ import orbax.checkpoint as ocp
 from pretext_jax.errors import UserError
 from pretext_jax.models import migration
 from pretext_jax.pretrain import integrity, resilience
-from pretext_jax.pretrain.config import Config, config_from_dict
-from pretext_jax.pretrain.export import saved_layout
+from pretext_jax.pretrain.config import Config, config_difference
+from pretext_jax.pretrain.directories import saved_layout
 
-# Settings that may change when a run is resumed; everything else must match the saved run.
-RESUMABLE_KEYS = {"steps", "log_every", "eval_every", "eval_batches", "checkpoint_every",
-                  "keep_checkpoints", "progress", "on_nonfinite", "profile_steps", "prefetch"}
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt_checkpoints"
 
@@ -89,28 +85,6 @@ def _in_layout(source: Any, layout: Any) -> Any:
               for path, leaf in jax.tree_util.tree_leaves_with_path(source)}
     return jax.tree_util.tree_map_with_path(lambda path, _: leaves[_checkpoint_path(path)],
                                             layout)
-
-
-def config_difference(recorded: dict[str, Any], config: Config) -> str | None:
-    """The first setting in which a recorded run config differs from `config` (settings that
-    may change on resume excepted). Read through the config types, so fields added since it
-    was saved take their defaults; a config not valid in this version is compared as written
-    (so it differs). Both sides as JSON values: a tuple in a preset is the list that
-    config.json holds."""
-    with contextlib.suppress(UserError, TypeError):
-        recorded = config_from_dict(recorded).to_dict()
-    saved, wanted = json.loads(json.dumps(recorded)), json.loads(config.to_json())
-    for section, values in wanted.items():
-        if not isinstance(values, dict):
-            if saved.get(section) != values:
-                return f"{section}: {saved.get(section)!r} vs {values!r}"
-            continue
-        for key, value in values.items():
-            if section == "train" and key in RESUMABLE_KEYS:
-                continue
-            if saved.get(section, {}).get(key) != value:
-                return f"{section}.{key}: {saved.get(section, {}).get(key)!r} vs {value!r}"
-    return None
 
 
 class CheckpointStore:

@@ -13,6 +13,7 @@ written by earlier versions (fields added since take their defaults; loss settin
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -379,6 +380,33 @@ def config_from_dict(tree: dict[str, Any]) -> Config:
     config = Config(method=method.name, **sections)
     validate(config)
     return config
+
+
+# Settings that may change when a run is resumed; everything else must match the saved run.
+RESUMABLE_KEYS = {"steps", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+                  "keep_checkpoints", "progress", "on_nonfinite", "profile_steps", "prefetch"}
+
+
+def config_difference(recorded: dict[str, Any], config: Config) -> str | None:
+    """The first setting in which a recorded run config differs from `config` (settings that
+    may change on resume excepted). Read through the config types, so fields added since it
+    was saved take their defaults; a config not valid in this version is compared as written
+    (so it differs). Both sides as JSON values: a tuple in a preset is the list that
+    config.json holds."""
+    with contextlib.suppress(UserError, TypeError):
+        recorded = config_from_dict(recorded).to_dict()
+    saved, wanted = json.loads(json.dumps(recorded)), json.loads(config.to_json())
+    for section, values in wanted.items():
+        if not isinstance(values, dict):
+            if saved.get(section) != values:
+                return f"{section}: {saved.get(section)!r} vs {values!r}"
+            continue
+        for key, value in values.items():
+            if section == "train" and key in RESUMABLE_KEYS:
+                continue
+            if saved.get(section, {}).get(key) != value:
+                return f"{section}.{key}: {saved.get(section, {}).get(key)!r} vs {value!r}"
+    return None
 
 
 @functools.cache

@@ -23,7 +23,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import glue
 from pretext_jax.objectives import registry
 from pretext_jax.objectives.classification import as_encoder, read_pretrained
-from pretext_jax.pretrain import export
+from pretext_jax.pretrain import directories
 from pretext_jax.pretrain.config import (
     Config,
     as_override,
@@ -31,7 +31,9 @@ from pretext_jax.pretrain.config import (
     make_config,
     read_config_file,
 )
-from pretext_jax.pretrain.trainer import CONFIG_FILE, Trainer
+from pretext_jax.pretrain.directories import CONFIG_FILE
+from pretext_jax.pretrain.loading import load_pretrained
+from pretext_jax.pretrain.trainer import Trainer
 
 RESULTS_FILE = "results.json"
 TABLE_FILE = "results.md"
@@ -41,11 +43,11 @@ GLUE_ORDER = ("cola", "sst2", "mrpc", "stsb", "rte")
 def tokenizer_of(init: str) -> str:
     """The tokenizer a starting point was trained with: a HuggingFace folder's own vocab
     (BERT's `vocab.txt`, XLNet's `spiece.model`), or the one a pretext workdir or model
-    directory recorded (`export.find_tokenizer`)."""
+    directory recorded (`directories.find_tokenizer`)."""
     path = Path(init)
     if any((path / name).is_file() for name in ("vocab.txt", "spiece.model", "tokenizer.json")):
         return str(path)
-    found = export.find_tokenizer(path)
+    found = directories.find_tokenizer(path)
     if found is None:
         raise UserError(f"no tokenizer found for {init}; pass one with data.tokenizer=...")
     return found
@@ -71,7 +73,7 @@ def file_overrides(path: str | Path | None) -> list[str]:
 def _saved_run_config(source: str) -> dict[str, Any]:
     """The run config a pretext workdir saved ({} for model directories and HF folders)."""
     path = Path(source) / CONFIG_FILE
-    return export.read_json_object(path) if path.is_file() else {}
+    return directories.read_json_object(path) if path.is_file() else {}
 
 
 def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = (), *,
@@ -88,7 +90,7 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
     if not source:
         raise UserError("give a starting point (--init) or, for a random encoder, the "
                         "checkpoint whose architecture to copy (--architecture)")
-    pretrained = read_pretrained(source, export.load_pretrained)
+    pretrained = read_pretrained(source, load_pretrained)
     chosen = registry.downstream_recipe(pretrained, spec, _saved_run_config(source))
     if chosen is None:  # no family claims it: say what the classifier starts from
         as_encoder(source, pretrained)
@@ -151,7 +153,7 @@ def evaluate(workdir: str | Path) -> dict[str, Any]:
     if not (path / CONFIG_FILE).is_file():
         raise UserError(f"{workdir} is not a fine-tuning workdir ({CONFIG_FILE} missing); pass "
                         "the --workdir of run.py finetune")
-    config = config_from_dict(export.read_json_object(path / CONFIG_FILE))
+    config = config_from_dict(directories.read_json_object(path / CONFIG_FILE))
     if not is_glue_finetuning(registry.get(config.method)):
         raise UserError(f"{workdir} holds a {config.method} pre-training run; evaluate a "
                         "fine-tuning workdir (run.py finetune)")

@@ -39,7 +39,7 @@ from pretext_jax.models import conversion, hf_tables  # noqa: F401  (hf_tables r
 from pretext_jax.models.conversion import from_hf, to_hf
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain import hf_tokenizer
-from pretext_jax.pretrain.export import make_readable
+from pretext_jax.pretrain.directories import make_readable
 
 __all__ = ["CONFIG_FILE", "MODEL_CARD", "from_hf", "load", "method_name", "save", "to_hf"]
 

@@ -24,23 +24,16 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import prepare
 from pretext_jax.objectives import registry
-from pretext_jax.pretrain import integrity, resilience
+from pretext_jax.pretrain import directories, integrity, resilience
 from pretext_jax.pretrain import mesh as mesh_lib
 from pretext_jax.pretrain.checkpoints import (
     CheckpointStore,
     CorruptCheckpoint,  # noqa: F401  (part of the trainer's interface)
     TrainState,
-    config_difference,
 )
 from pretext_jax.pretrain.config import Config
-from pretext_jax.pretrain.export import (
-    CONFIG_FILE,
-    load_pretrained,
-    read_json_object,
-    write_model_json,
-    write_tokenizer,
-)
 from pretext_jax.pretrain.feed import StepFeed, open_loader
+from pretext_jax.pretrain.loading import load_pretrained
 from pretext_jax.pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
 from pretext_jax.pretrain.optim import learning_rate_schedule, make_optimizer
 from pretext_jax.pretrain.profiling import PROFILE_DIR, Profile
@@ -76,7 +69,7 @@ class Trainer:
         self.mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
                                        devices)
         mesh_lib.check_batch(self.mesh, config.train.batch_size, config.optim.grad_accum_steps)
-        self._check_existing_workdir()
+        directories.check_workdir(self.workdir, self.config)
         self.example_config = config.examples
         cache = data_cache(config, self.workdir)
         created = [p for p in (self.workdir, cache) if not p.exists()]
@@ -112,21 +105,6 @@ class Trainer:
                                    self.config.train.seed)
 
     # ----------------------------------------------------------------------- validation
-    def _check_existing_workdir(self) -> None:
-        saved = self.workdir / CONFIG_FILE
-        if self.workdir.exists() and not self.workdir.is_dir():
-            raise UserError(f"--workdir {self.workdir} is a file; name a folder for the run")
-        checkpoints = self.workdir / "checkpoints"
-        if checkpoints.exists() and not checkpoints.is_dir():
-            raise UserError(f"{checkpoints} is not a folder; move it away (a run keeps its "
-                            "checkpoints there) or use a new --workdir")
-        if not saved.is_file():
-            return
-        difference = config_difference(read_json_object(saved), self.config)
-        if difference:
-            raise UserError(f"workdir {self.workdir} holds a run with another config "
-                            f"({difference}); use a new --workdir or the saved settings")
-
     def _window_sums(self, saved: dict[str, list[float]]) -> Any:
         """Metric sums of a saved log window as replicated float32 scalars on the mesh (the
         float32 values survive JSON exactly, so the sums continue bit for bit)."""
@@ -382,7 +360,8 @@ class Trainer:
         """(the state to continue from, the feed positioned for its next step, the unlogged
         metrics window): the latest readable checkpoint or a fresh state. Nothing is written to
         the workdir before the resume checks (config, checkpoint, data position) have passed."""
-        self._check_existing_workdir()  # again: another run may have written it meanwhile
+        # Again: another run may have written the workdir meanwhile.
+        directories.check_workdir(self.workdir, self.config)
         feed = StepFeed(self.data, self.config, self.per_process_batch, self.model_of,
                         self.begin_segment)
         restored = self.checkpoints.restore_latest_readable()
@@ -397,10 +376,8 @@ class Trainer:
             state = self.init_state()
         if self.is_writer:  # the checks passed: this run owns the workdir now
             lock.record_owner()
-            (self.workdir / CONFIG_FILE).write_text(self.config.to_json())
-            write_model_json(self.workdir, self.method.name, self.model_config, self.objective)
-            if self.data.tokenizer is not None:  # the text methods' (`export.find_tokenizer`)
-                write_tokenizer(self.workdir, self.data.tokenizer)
+            directories.record_run(self.workdir, self.config, self.model_config,
+                                   self.objective, self.data.tokenizer)
         return state, feed, log_window
 
     def _train(self, lock: integrity.WorkdirLock, stop_after: int | None) -> dict[str, Any]:

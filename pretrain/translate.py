@@ -18,8 +18,9 @@ from typing import Any
 
 from pretext_jax.errors import UserError
 from pretext_jax.objectives import registry, translation
-from pretext_jax.pretrain import export
 from pretext_jax.pretrain.config import Config, as_override, make_config
+from pretext_jax.pretrain.directories import find_tokenizer
+from pretext_jax.pretrain.loading import load_pretrained
 from pretext_jax.pretrain.trainer import Trainer
 
 RESULTS_FILE = "results.json"
@@ -36,8 +37,8 @@ def translation_config(init: str, data: str, eval_data: str, overrides: Sequence
     if not source:
         raise UserError("give a starting point (--init) or, for a random model, the run whose "
                         "architecture and tokenizer to copy (--architecture)")
-    model = export.load_pretrained(source)
-    tokenizer = export.find_tokenizer(Path(source))
+    model = load_pretrained(source)
+    tokenizer = find_tokenizer(Path(source))
     if tokenizer is None:
         raise UserError(f"no tokenizer found for {source}; pass data.tokenizer=...")
     recipe = registry.preset(RECIPE)

@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from parity_utils import (
-    assert_same_params,
-    padded_inputs,
-    perturbed,
-    random_params,
-    torch_forward,
-)
+from parity_utils import converted, encoder_pretraining, padded_inputs, random_model
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import bert_examples
@@ -51,63 +44,28 @@ SMALL = AlbertConfig(vocab_size=50, embedding_size=12, hidden_size=24, num_layer
                      num_heads=3, intermediate_size=40, max_position_embeddings=24)
 
 
-def hf_model(seed: int, **config):
-    torch.manual_seed(seed)
-    return perturbed(transformers.AlbertForPreTraining(transformers.AlbertConfig(**config)),
-                     seed)
-
-
-def hf_outputs(model, ids, types, mask):
-    out = torch_forward(model, ids, types, mask, output_hidden_states=True)
-    return (out.hidden_states[-1].numpy(), out.prediction_logits.numpy(),
-            out.sop_logits.numpy())
-
-
-def our_outputs(model, ids, types, mask):
-    out = model(*map(jnp.asarray, (ids, types, mask)))
-    return tuple(np.asarray(a) for a in (out.hidden_states, out.mlm_logits, out.sop_logits))
-
-
-def assert_close(ours, theirs, atol=1e-5):
-    for name, a, b in zip(("hidden_states", "mlm_logits", "sop_logits"), ours, theirs,
-                          strict=True):
-        np.testing.assert_allclose(a, b, atol=atol, rtol=0, err_msg=name)
+ALBERT = encoder_pretraining("AlbertForPreTraining", pair_head="sop")
 
 
 @pytest.mark.usefixtures("deterministic_torch")
 @pytest.mark.parametrize("index", range(len(CONFIGS)))
 def test_parity_with_hf_albert_for_pretraining(index, tmp_path):
     config = CONFIGS[index]
-    reference = hf_model(index, **config)
-    reference.save_pretrained(tmp_path)
-    inputs = padded_inputs(config["vocab_size"], config["type_vocab_size"], index)
-    expected = hf_outputs(reference, *inputs)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a complete checkpoint loads without any warning
-        model = hf.load(tmp_path)
+    reference = ALBERT.reference(index, **config)
+    model = converted(reference, tmp_path)
     assert isinstance(model, Albert)
-    assert_close(our_outputs(model, *inputs), expected)
+    inputs = padded_inputs(config["vocab_size"], config["type_vocab_size"], index)
+    ALBERT.assert_parity(model, reference, *inputs)
 
 
 @pytest.mark.usefixtures("deterministic_torch")
 def test_our_model_round_trips_through_transformers(tmp_path):
-    ours = random_params(nnx.eval_shape(lambda: Albert(SMALL, rngs=nnx.Rngs(0))), 0)
-    hf.save(ours, tmp_path / "exported")
-    hf_config = json.loads((tmp_path / "exported" / "config.json").read_text())
-    assert hf_config["architectures"] == ["AlbertForPreTraining"]
+    ours = random_model(Albert, SMALL, 0)
+    _, hf_config = ALBERT.round_trip(ours, tmp_path / "exported", *padded_inputs(50, 2, 5))
     assert hf_config["hidden_act"] == "gelu_new" and hf_config["embedding_size"] == 12
-    reloaded, info = transformers.AlbertForPreTraining.from_pretrained(
-        tmp_path / "exported", output_loading_info=True)
-    assert not any(info.values()), info  # no missing, unexpected or mismatched keys
-    inputs = padded_inputs(50, 2, 5)
-    assert_close(hf_outputs(reloaded.eval(), *inputs), our_outputs(ours, *inputs))
-    back = hf.load(tmp_path / "exported")
-    assert back.config == ours.config
-    assert_same_params(back, ours)
     # Several layer groups (not ALBERT's sharing of one layer) are refused in one line.
-    config = json.loads((tmp_path / "exported" / "config.json").read_text())
     with pytest.raises(UserError, match="num_hidden_groups=2, inner_group_num=1; only 1 and 1"):
-        hf.from_hf({**config, "num_hidden_groups": 2}, {})
+        hf.from_hf({**hf_config, "num_hidden_groups": 2}, {})
 
 
 # --- Cross-layer sharing ---------------------------------------------------------------------

@@ -160,6 +160,7 @@ def test_dynamic_masking(documents, vocab):
     assert set(records[0]) == {"input_ids", "input_mask", "segment_ids", "next_sentence_labels"}
     assert len(records) < 1.5 * len(static)  # dupe_factor does not apply
     masking = be.DynamicMasking(vocab, config)
+    original = {key: value.copy() for key, value in records[0].items()}
     first = masking.random_map(records[0], np.random.default_rng(1))
     same = masking.random_map(records[0], np.random.default_rng(1))
     other = masking.random_map(records[0], np.random.default_rng(2))
@@ -169,7 +170,9 @@ def test_dynamic_masking(documents, vocab):
         assert first[key].dtype == static[0][key].dtype
         np.testing.assert_array_equal(first[key], same[key])
     assert not np.array_equal(first["masked_lm_positions"], other["masked_lm_positions"])
-    np.testing.assert_array_equal(records[0]["input_ids"], records[0]["input_ids"])  # not mutated
+    assert set(records[0]) == set(original)  # the record is not mutated
+    for key, value in original.items():
+        np.testing.assert_array_equal(records[0][key], value, err_msg=key)
 
 
 def test_majority_baseline():

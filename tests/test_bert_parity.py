@@ -3,19 +3,18 @@ the HF round trips, storage formats and error cases of `pretrain.hf`."""
 
 from __future__ import annotations
 
-import json
-import warnings
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from parity_utils import (
+    MASKED_POSITIONS,
+    assert_close,
+    assert_gathered,
     assert_same_params,
+    converted,
+    encoder_pretraining,
     padded_inputs,
-    perturbed,
-    random_params,
-    torch_forward,
+    random_model,
 )
 from safetensors.numpy import load_file
 
@@ -38,101 +37,58 @@ CONFIGS = [
          intermediate_size=16, max_position_embeddings=24, type_vocab_size=2,
          hidden_act="relu"),
 ]
-POSITIONS = np.array([[1, 4, 9], [0, 2, 3], [7, 8, 16]])
 
 
 pytestmark = pytest.mark.usefixtures("deterministic_torch")
 
 
-def hf_model(seed: int, **config):
-    torch.manual_seed(seed)
-    return perturbed(transformers.BertForPreTraining(transformers.BertConfig(**config)), seed)
+BERT = encoder_pretraining("BertForPreTraining")
 
 
 def batch(config: dict, seed: int = 0):
     return padded_inputs(config["vocab_size"], config["type_vocab_size"], seed)
 
 
-def hf_outputs(model, ids, types, mask):
-    out = torch_forward(model, ids, types, mask, output_hidden_states=True)
-    return (out.hidden_states[-1].numpy(), out.prediction_logits.numpy(),
-            out.seq_relationship_logits.numpy())
-
-
-@nnx.jit
-def _forward(model, ids, types, mask):
-    out = model(ids, types, mask)
-    return out.hidden_states, out.mlm_logits, out.nsp_logits
-
-
-def our_outputs(model, ids, types, mask):
-    return tuple(map(np.asarray, _forward(model, *map(jnp.asarray, (ids, types, mask)))))
-
-
-def assert_close(ours, theirs, atol=1e-5):
-    for name, a, b in zip(("hidden_states", "mlm_logits", "nsp_logits"), ours, theirs,
-                          strict=True):
-        np.testing.assert_allclose(a, b, atol=atol, rtol=0, err_msg=name)
-
-
 @pytest.mark.parametrize("index", range(len(CONFIGS)))
 def test_parity_with_hf_bert_for_pretraining(index, tmp_path):
     config = CONFIGS[index]
-    reference = hf_model(index, **config)
-    reference.save_pretrained(tmp_path)
-    inputs = batch(config, index)
-    expected = hf_outputs(reference, *inputs)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a complete checkpoint loads without any warning
-        model = hf.load(tmp_path)
+    reference = BERT.reference(index, **config)
+    model = converted(reference, tmp_path)
     assert model.config.hidden_act == {"gelu": "gelu", "gelu_new": "gelu_tanh",
                                        "relu": "relu"}[config["hidden_act"]]
-    assert_close(our_outputs(model, *inputs), expected)
+    inputs = batch(config, index)
+    expected = BERT.assert_parity(model, reference, *inputs)
     # The masked-LM head at `masked_positions` equals the full logits gathered there.
-    gathered = model(*map(jnp.asarray, inputs), masked_positions=jnp.asarray(POSITIONS))
-    np.testing.assert_allclose(gathered.mlm_logits,
-                               np.take_along_axis(expected[1], POSITIONS[..., None], 1),
-                               atol=1e-5, rtol=0)
+    gathered = model(*map(jnp.asarray, inputs), masked_positions=jnp.asarray(MASKED_POSITIONS))
+    assert_gathered(gathered.mlm_logits, expected["mlm_logits"])
 
 
 def test_python_loop_and_remat_compute_the_same(tmp_path):
     config = CONFIGS[1]
-    hf_model(1, **config).save_pretrained(tmp_path)
     inputs = batch(config, 1)
-    scanned = our_outputs(hf.load(tmp_path), *inputs)
+    scanned = BERT.our_outputs(converted(BERT.reference(1, **config), tmp_path), *inputs)
     looped = hf.load(tmp_path, scan_layers=False, remat="full")
     assert not looped.config.scan_layers and looped.config.remat == "full"
-    assert_close(our_outputs(looped, *inputs), scanned, atol=1e-6)
+    assert_close(BERT.our_outputs(looped, *inputs), scanned, atol=1e-6)
 
 
 def random_bert(seed: int, **fields) -> Bert:
-    """Our Bert with every parameter random (shapes from `nnx.eval_shape`, no init cost)."""
-    return random_params(nnx.eval_shape(lambda: Bert(EncoderConfig(**fields),
-                                                     rngs=nnx.Rngs(0))), seed)
+    return random_model(Bert, EncoderConfig(**fields), seed)
 
 
 def test_our_model_round_trips_through_transformers(tmp_path):
+    """hf.save -> transformers (all keys, our outputs) -> hf.load: the very same model."""
     ours = random_bert(0, vocab_size=50, hidden_size=24, num_layers=2, num_heads=3,
                        intermediate_size=40, max_position_embeddings=20, type_vocab_size=3,
                        hidden_act="gelu_tanh", layer_norm_eps=1e-6, hidden_dropout=0.2,
                        attention_dropout=0.3, initializer_range=0.05)
-    hf.save(ours, tmp_path / "exported")
-    assert json.loads((tmp_path / "exported" / "config.json").read_text())["architectures"] == [
-        "BertForPreTraining"]
-    reloaded, info = transformers.BertForPreTraining.from_pretrained(
-        tmp_path / "exported", output_loading_info=True)
-    assert not any(info.values()), info  # no missing, unexpected or mismatched keys
+    reloaded, _ = BERT.round_trip(ours, tmp_path / "exported",
+                                  *batch(dict(vocab_size=50, type_vocab_size=3), 5))
     assert reloaded.config.hidden_act == "gelu_new" and reloaded.config.layer_norm_eps == 1e-6
-    inputs = batch(dict(vocab_size=50, type_vocab_size=3), 5)
-    assert_close(hf_outputs(reloaded.eval(), *inputs), our_outputs(ours, *inputs))
-    # ... and back: load(save(model)) has the very same config and parameters.
-    back = hf.load(tmp_path / "exported")
-    assert back.config == ours.config
-    assert_same_params(back, ours)
 
 
 def test_hf_load_save_gives_identical_tensors(tmp_path):
-    reference = hf_model(3, **CONFIGS[0])
+    reference = BERT.reference(3, **CONFIGS[0])
     reference.save_pretrained(tmp_path / "hf")
     hf.save(hf.load(tmp_path / "hf"), tmp_path / "exported")
     theirs, ours = (load_file(tmp_path / d / "model.safetensors") for d in ("hf", "exported"))
@@ -148,7 +104,7 @@ def test_hf_load_save_gives_identical_tensors(tmp_path):
 
 def test_pytorch_bin_sharded_and_bfloat16_checkpoints(tmp_path):
     config = CONFIGS[0]
-    reference = hf_model(7, **config)
+    reference = BERT.reference(7, **config)
     reference.save_pretrained(tmp_path / "safetensors")
     single = hf.load(tmp_path / "safetensors")
     # transformers 5 has no safe_serialization=False any more: write the .bin by hand.
@@ -157,7 +113,7 @@ def test_pytorch_bin_sharded_and_bfloat16_checkpoints(tmp_path):
     torch.save(reference.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
     from_bin = hf.load(tmp_path / "bin")
     inputs = batch(config, 2)
-    assert_close(our_outputs(from_bin, *inputs), hf_outputs(reference, *inputs))
+    BERT.assert_parity(from_bin, reference, *inputs)
     assert_same_params(from_bin, single)
     reference.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
@@ -172,14 +128,15 @@ def test_pytorch_bin_sharded_and_bfloat16_checkpoints(tmp_path):
 
 def test_bare_and_legacy_checkpoints(tmp_path):
     config = CONFIGS[0]
-    reference = hf_model(8, **config)
+    reference = BERT.reference(8, **config)
     inputs = batch(config, 3)
-    expected = hf_outputs(reference, *inputs)
+    expected = BERT.hf_outputs(reference, *inputs)
     # BertModel: no "bert." prefix, no pre-training heads -> encoder + pooler, heads at init.
     reference.bert.save_pretrained(tmp_path / "bare")
     with pytest.warns(UserWarning, match="has no cls.predictions, cls.seq_relationship;"):
         bare = hf.load(tmp_path / "bare")
-    np.testing.assert_allclose(our_outputs(bare, *inputs)[0], expected[0], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(BERT.our_outputs(bare, *inputs)["hidden_states"],
+                               expected["hidden_states"], atol=1e-5, rtol=0)
     np.testing.assert_array_equal(bare.lm_head.bias.get_value(), np.zeros(config["vocab_size"]))
     # An old-style checkpoint: TF LayerNorm names, explicit tied decoder tensors (no
     # cls.predictions.bias), the position_ids buffer, and a classifier we have no place for.
@@ -198,7 +155,7 @@ def test_bare_and_legacy_checkpoints(tmp_path):
         model = hf.load(legacy)
     assert [str(w.message).split(": ", 1)[1] for w in record] == [
         "ignoring 1 tensors that Bert has no place for: classifier.weight"]
-    assert_close(our_outputs(model, *inputs), expected)
+    assert_close(BERT.our_outputs(model, *inputs), expected)
     # An untied decoder weight cannot be represented: say so.
     del state["classifier.weight"]
     state["cls.predictions.decoder.weight"] = state["cls.predictions.decoder.weight"] + 1
@@ -216,7 +173,7 @@ def test_bad_checkpoints_are_user_errors(tmp_path):
     (tmp_path / "llama" / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(UserError, match="model_type 'llama' is not supported"):
         hf.load(tmp_path / "llama")
-    hf_model(0, **CONFIGS[0]).save_pretrained(tmp_path / "shape")
+    BERT.reference(0, **CONFIGS[0]).save_pretrained(tmp_path / "shape")
     (tmp_path / "shape" / "model.safetensors").rename(tmp_path / "weights.safetensors")
     with pytest.raises(UserError, match="no model.safetensors or pytorch_model.bin"):
         hf.load(tmp_path / "shape")
@@ -248,7 +205,7 @@ def test_save_never_clobbers_unrelated_files(tmp_path):
     assert (unrelated / "config.json").read_text() == '{"steps": 10}'
     # Overwriting a HF checkpoint replaces its weights and keeps its other files.
     target = tmp_path / "hf"
-    hf_model(0, **CONFIGS[2]).save_pretrained(target)
+    BERT.reference(0, **CONFIGS[2]).save_pretrained(target)
     (target / "vocab.txt").write_text("[PAD]\n")
     torch.save({}, target / "pytorch_model.bin")
     hf.save(model, target)

@@ -5,14 +5,12 @@ and the move of pre-trained weights into a classifier."""
 
 from __future__ import annotations
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from parity_utils import assert_same_params, padded_inputs, perturbed, random_params, torch_forward
+from parity_utils import classifier_parity, converted, hf_reference, padded_inputs, random_params
 
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.classifier import (
@@ -27,7 +25,6 @@ from pretext_jax.models.electra import ElectraDiscriminator
 from pretext_jax.models.encoder import EncoderConfig
 from pretext_jax.models.xlm import XLM, XLMConfig
 from pretext_jax.models.xlnet import XLNet, XLNetConfig
-from pretext_jax.pretrain import hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -35,10 +32,10 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("deterministic_torch")
 
 CASES = {
-    "bert": ("BertConfig", "BertForSequenceClassification",
+    "bert": ("BertForSequenceClassification",
              dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=48, max_position_embeddings=40, type_vocab_size=2)),
-    "electra": ("ElectraConfig", "ElectraForSequenceClassification",
+    "electra": ("ElectraForSequenceClassification",
                 dict(vocab_size=70, embedding_size=16, hidden_size=24, num_hidden_layers=2,
                      num_attention_heads=3, intermediate_size=40, max_position_embeddings=40,
                      type_vocab_size=2, hidden_act="gelu_new")),
@@ -64,45 +61,35 @@ def xlnet_inputs(vocab_size: int, seed: int = 0):
     return ids, types, mask
 
 
-def hf_and_ours(model_class: str, config, tmp_path):
-    """A perturbed HF classifier of `config` (eval mode) and ours loaded from its folder."""
-    torch.manual_seed(config.num_labels)
-    reference = perturbed(getattr(transformers, model_class)(config), config.num_labels)
-    reference.save_pretrained(tmp_path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a complete checkpoint loads without any warning
-        return reference, hf.load(tmp_path)
-
-
-def assert_same_logits(reference, model, batch) -> None:
-    np.testing.assert_allclose(np.asarray(model(*map(jnp.asarray, batch))),
-                               torch_forward(reference, *batch).logits.numpy(), atol=1e-5, rtol=0)
+def hf_and_ours(architecture: str, fields: dict, tmp_path):
+    """A perturbed HF classifier of `fields` and ours converted from its folder."""
+    reference = hf_reference(architecture, fields["num_labels"], **fields)
+    return reference, converted(reference, tmp_path)
 
 
 @pytest.mark.parametrize("num_labels", [3, 1])
 @pytest.mark.parametrize("head", ["bert", "electra"])
 def test_parity_with_hf(head, num_labels, tmp_path):
-    config_class, model_class, fields = CASES[head]
-    config = getattr(transformers, config_class)(**fields, num_labels=num_labels)
-    reference, model = hf_and_ours(model_class, config, tmp_path)
+    architecture, fields = CASES[head]
+    reference, model = hf_and_ours(architecture, {**fields, "num_labels": num_labels}, tmp_path)
     assert isinstance(model, SequenceClassifier)
     assert (model.config.head, model.config.num_labels) == (head, num_labels)
-    assert_same_logits(reference, model, padded_inputs(fields["vocab_size"], 2, num_labels))
+    classifier_parity(architecture).assert_parity(model, reference,
+                                           *padded_inputs(fields["vocab_size"], 2, num_labels))
 
 
 @pytest.mark.parametrize("case", XLNET_CASES)
 def test_xlnet_parity_with_hf(case, tmp_path):
     fields = XLNET_CASES[case]
-    reference, model = hf_and_ours("XLNetForSequenceClassification",
-                                   transformers.XLNetConfig(**fields), tmp_path)
+    reference, model = hf_and_ours("XLNetForSequenceClassification", fields, tmp_path)
     assert isinstance(model, SequenceClassifier)
     assert (model.config.head, model.config.num_labels) == ("xlnet", fields["num_labels"])
     assert model.config.head_dropout == fields.get("summary_last_dropout", 0.1)
-    batch = xlnet_inputs(fields["vocab_size"], fields["num_labels"])
-    assert_same_logits(reference, model, batch)
+    ids, types, mask = xlnet_inputs(fields["vocab_size"], fields["num_labels"])
+    parity = classifier_parity("XLNetForSequenceClassification")
+    parity.assert_parity(model, reference, ids, types, mask)
     # Only the real tokens matter: other ids and segments at the padding change nothing.
-    ids, types, mask = batch
-    assert_same_logits(reference, model, (np.where(mask, ids, 5), np.where(mask, types, 0), mask))
+    parity.assert_parity(model, reference, np.where(mask, ids, 5), np.where(mask, types, 0), mask)
 
 
 # HF XLMConfig fields: a 3-class head with language embeddings, and a regression head with
@@ -123,37 +110,19 @@ def xlm_inputs(vocab_size: int, seed: int = 0):
     return np.where(mask == 1, np.maximum(ids, 3), 2), np.zeros_like(ids), mask
 
 
-def hf_xlm_logits(reference, ids, mask) -> np.ndarray:
-    """HF's logits without token types (HF adds token type ids as word embeddings; XLM's
-    reference has no token types)."""
-    with torch.no_grad():
-        return reference(input_ids=torch.tensor(ids),
-                         attention_mask=torch.tensor(mask)).logits.numpy()
-
-
 @pytest.mark.parametrize("case", XLM_CASES)
 def test_xlm_parity_with_hf(case, tmp_path):
     fields = XLM_CASES[case]
-    torch.manual_seed(0)
-    reference = transformers.XLMForSequenceClassification(transformers.XLMConfig(**fields))
-    sinusoids = reference.transformer.position_embeddings.weight.detach().clone()
-    reference = perturbed(reference, fields["num_labels"])
-    with torch.no_grad():  # perturbed moved HF's fixed table too: restore it
-        reference.transformer.position_embeddings.weight.copy_(sinusoids)
-    reference.save_pretrained(tmp_path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        model = hf.load(tmp_path)
+    reference, model = hf_and_ours("XLMForSequenceClassification", fields, tmp_path)
     assert isinstance(model, SequenceClassifier) and model.head_dense is None
     assert (model.config.head, model.config.num_labels) == ("xlm", fields["num_labels"])
     assert model.config.head_dropout == fields.get("summary_first_dropout", 0.1)
     ids, types, mask = xlm_inputs(fields["vocab_size"], fields["num_labels"])
-    expected = hf_xlm_logits(reference, ids, mask)
-    np.testing.assert_allclose(model(*map(jnp.asarray, (ids, types, mask))), expected,
-                               atol=1e-5, rtol=0)
+    parity = classifier_parity("XLMForSequenceClassification")
+    expected = parity.assert_parity(model, reference, ids, types, mask)
     # The head reads the first position only: other ids at the padding change nothing.
-    np.testing.assert_allclose(model(jnp.asarray(np.where(mask, ids, 5)), None, mask), expected,
-                               atol=1e-5, rtol=0)
+    np.testing.assert_allclose(model(jnp.asarray(np.where(mask, ids, 5)), None, mask),
+                               expected["logits"], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("head", ["bert", "electra", "xlnet", "xlm"])
@@ -161,33 +130,22 @@ def test_classifier_exports_to_transformers(head, tmp_path):
     shape = dict(vocab_size=50, hidden_size=24, num_layers=2, num_heads=3, intermediate_size=40)
     if head == "xlnet":
         config = XLNetClassifierConfig(**shape, num_labels=2, classifier_dropout=0.2)
-        model_class, batch = "XLNetForSequenceClassification", xlnet_inputs(50, 3)
+        architecture, batch = "XLNetForSequenceClassification", xlnet_inputs(50, 3)
     elif head == "xlm":
         config = XLMClassifierConfig(**{**shape, "intermediate_size": 96}, n_langs=3,
                                      max_position_embeddings=20, num_labels=2,
                                      classifier_dropout=0.2)
-        model_class, batch = "XLMForSequenceClassification", xlm_inputs(50, 3)
+        architecture, batch = "XLMForSequenceClassification", xlm_inputs(50, 3)
     else:
         config = ClassifierConfig(**shape, embedding_size=12 if head == "electra" else 0,
                                   max_position_embeddings=20, head=head, num_labels=2)
-        model_class, batch = CASES[head][1], padded_inputs(50, 2, 3)
+        architecture, batch = CASES[head][0], padded_inputs(50, 2, 3)
     ours = random_params(SequenceClassifier(config, rngs=nnx.Rngs(0)), 1)
-    hf.save(ours, tmp_path / "out")
-    reloaded, info = getattr(transformers, model_class).from_pretrained(
-        tmp_path / "out", output_loading_info=True)
-    assert not any(info.values()), info
-    if head == "xlm":
-        np.testing.assert_allclose(ours(*map(jnp.asarray, batch)), hf_xlm_logits(
-            reloaded.eval(), batch[0], batch[2]), atol=1e-5, rtol=0)
-    else:
-        assert_same_logits(reloaded.eval(), ours, batch)
-    back = hf.load(tmp_path / "out")
-    assert back.config == ours.config
-    assert_same_params(back, ours)
+    classifier_parity(architecture).round_trip(ours, tmp_path / "out", *batch)
 
 
 @pytest.mark.parametrize("pretrained_class", [Bert, ElectraDiscriminator])
-def test_pretrained_encoder_moves_into_the_classifier(pretrained_class):
+def test_pretrained_encoder_moves_into_the_classifier_parity(pretrained_class):
     encoder = EncoderConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2,
                             intermediate_size=32, max_position_embeddings=32,
                             hidden_dropout=0.0, attention_dropout=0.0)
@@ -209,7 +167,7 @@ def test_pretrained_encoder_moves_into_the_classifier(pretrained_class):
     np.testing.assert_array_equal(dropping(ids, types, mask), model(ids, types, mask))
 
 
-def test_pretrained_xlnet_moves_into_the_classifier():
+def test_pretrained_xlnet_moves_into_the_classifier_parity():
     config = XLNetConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2,
                          intermediate_size=32, mem_len=6, reuse_len=4, memory_batch_size=3,
                          bi_data=True, same_length=True, hidden_dropout=0.0,
@@ -237,7 +195,7 @@ def test_pretrained_xlnet_moves_into_the_classifier():
     assert not np.allclose(first, model(ids, types, mask, rng=jax.random.key(1)))
 
 
-def test_pretrained_xlm_moves_into_the_classifier():
+def test_pretrained_xlm_moves_into_the_classifier_parity():
     config = XLMConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2,
                        intermediate_size=64, max_position_embeddings=32, n_langs=2, causal=True,
                        hidden_dropout=0.0, attention_dropout=0.0)

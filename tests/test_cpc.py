@@ -25,7 +25,7 @@ from pretext_jax.input_pipeline.audio import AudioExampleConfig
 from pretext_jax.models.cpc import CPC, GRU, CPCConfig, frame_lengths, frame_mask
 from pretext_jax.objectives.cpc import build_cpc, check_windows, info_nce, sample_negatives
 from pretext_jax.pretrain.config import make_config
-from pretext_jax.pretrain.export import load_model
+from pretext_jax.pretrain.loading import load_model
 from pretext_jax.pretrain.trainer import Trainer
 
 TINY = CPCConfig(conv_channels=8, context_size=6, prediction_steps=3)

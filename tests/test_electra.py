@@ -4,15 +4,21 @@ shared embeddings, the objective checked by hand, masking, example packing, expo
 from __future__ import annotations
 
 import dataclasses
-import json
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from parity_utils import assert_same_params, padded_inputs, perturbed, random_params, torch_forward
+from parity_utils import (
+    MASKED_POSITIONS,
+    Parity,
+    assert_gathered,
+    assert_same_params,
+    converted,
+    padded_inputs,
+    random_params,
+)
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.bert_examples import DynamicMasking, MaskingVocab
@@ -58,26 +64,20 @@ PAPER_LOSS = ElectraLossSettings()  # gen_weight 1, disc_weight 50, temperature 
 pytestmark = pytest.mark.usefixtures("deterministic_torch")
 
 
-def perturbed_hf_model(kind: str, seed: int, **config):
-    torch.manual_seed(seed)
-    model = getattr(transformers, HF_CLASSES[kind])(transformers.ElectraConfig(**config))
-    return perturbed(model, seed)
-
-
 def hf_outputs(model, ids, types, mask):
-    out = torch_forward(model, ids, types, mask, output_hidden_states=True)
-    return out.hidden_states[-1].numpy(), out.logits.numpy()
+    out = model(input_ids=ids, token_type_ids=types, attention_mask=mask,
+                output_hidden_states=True)
+    return {"hidden_states": out.hidden_states[-1], "logits": out.logits}
 
 
 def our_outputs(model, ids, types, mask):
-    out = model(*map(jnp.asarray, (ids, types, mask)))
+    out = model(ids, types, mask)
     logits = out.rtd_logits if isinstance(model, ElectraDiscriminator) else out.mlm_logits
-    return np.asarray(out.hidden_states), np.asarray(logits)
+    return {"hidden_states": out.hidden_states, "logits": logits}
 
 
-def assert_outputs_close(ours, theirs, atol=1e-5):
-    for name, a, b in zip(("hidden_states", "logits"), ours, theirs, strict=True):
-        np.testing.assert_allclose(a, b, atol=atol, rtol=0, err_msg=name)
+PARITY = {kind: Parity(architecture, hf_outputs, our_outputs)
+          for kind, architecture in HF_CLASSES.items()}
 
 
 @pytest.mark.parametrize("kind", ["discriminator", "generator"])
@@ -86,22 +86,16 @@ def test_parity_with_hf(kind, index, tmp_path):
     config = CONFIGS[index]
     if kind == "generator":  # HF's generator head is always exact GELU (see pretrain/hf.py)
         config = {**config, "hidden_act": "gelu"}
-    reference = perturbed_hf_model(kind, index, **config)
-    reference.save_pretrained(tmp_path)
-    batch = padded_inputs(config["vocab_size"], config["type_vocab_size"], index)
-    expected = hf_outputs(reference, *batch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a complete checkpoint loads without any warning
-        model = hf.load(tmp_path)
+    reference = PARITY[kind].reference(index, **config)
+    model = converted(reference, tmp_path)
     assert isinstance(model, OUR_CLASSES[kind])
     assert model.config.embedding_width == config["embedding_size"]
-    assert_outputs_close(our_outputs(model, *batch), expected)
+    batch = padded_inputs(config["vocab_size"], config["type_vocab_size"], index)
+    expected = PARITY[kind].assert_parity(model, reference, *batch)
     if kind == "generator":  # the head at `masked_positions` = the full logits gathered there
-        positions = np.array([[1, 4, 9], [0, 2, 3], [7, 8, 16]])
-        gathered = model(*map(jnp.asarray, batch), masked_positions=jnp.asarray(positions))
-        np.testing.assert_allclose(gathered.mlm_logits,
-                                   np.take_along_axis(expected[1], positions[..., None], 1),
-                                   atol=1e-5, rtol=0)
+        gathered = model(*map(jnp.asarray, batch),
+                         masked_positions=jnp.asarray(MASKED_POSITIONS))
+        assert_gathered(gathered.mlm_logits, expected["logits"])
 
 
 @pytest.mark.parametrize("kind", ["discriminator", "generator"])
@@ -110,17 +104,8 @@ def test_parts_round_trip_through_transformers(kind, tmp_path):
                            num_heads=3, intermediate_size=40, max_position_embeddings=20,
                            type_vocab_size=3, layer_norm_eps=1e-6)
     ours = random_params(OUR_CLASSES[kind](config, rngs=nnx.Rngs(0)), 1)
-    hf.save(ours, tmp_path / "exported")
-    saved = json.loads((tmp_path / "exported" / "config.json").read_text())
-    assert saved["architectures"] == [HF_CLASSES[kind]] and saved["embedding_size"] == 12
-    reloaded, info = getattr(transformers, HF_CLASSES[kind]).from_pretrained(
-        tmp_path / "exported", output_loading_info=True)
-    assert not any(info.values()), info  # no missing, unexpected or mismatched keys
-    batch = padded_inputs(50, 3, 5)
-    assert_outputs_close(hf_outputs(reloaded.eval(), *batch), our_outputs(ours, *batch))
-    back = hf.load(tmp_path / "exported")
-    assert back.config == ours.config
-    assert_same_params(back, ours)
+    _, saved = PARITY[kind].round_trip(ours, tmp_path / "exported", *padded_inputs(50, 3, 5))
+    assert saved["embedding_size"] == 12
 
 
 def test_embeddings_exist_once_and_learn_from_both_losses():
@@ -328,7 +313,7 @@ def test_masking_statistics():
 def test_trained_workdir_gives_the_discriminator_in_one_call(tmp_path):
     from pretext_jax import run
     from pretext_jax.pretrain.config import make_config
-    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.loading import load_model
     from pretext_jax.pretrain.trainer import Trainer
 
     overrides = {"model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,
@@ -350,8 +335,7 @@ def test_trained_workdir_gives_the_discriminator_in_one_call(tmp_path):
     assert run.main(["convert", str(tmp_path / "w"), str(tmp_path / "hf"), "--to", "hf"]) == 0
     reloaded = transformers.ElectraForPreTraining.from_pretrained(tmp_path / "hf" /
                                                                   "discriminator").eval()
-    batch = padded_inputs(800, 2, 3)
-    assert_outputs_close(hf_outputs(reloaded, *batch), our_outputs(discriminator, *batch))
+    PARITY["discriminator"].assert_parity(discriminator, reloaded, *padded_inputs(800, 2, 3))
     assert run.main(["convert", str(tmp_path / "hf"), str(tmp_path / "back"), "--to",
                      "pretext"]) == 0
     assert_same_params(load_model(tmp_path / "back"), load_model(tmp_path / "w"))

@@ -30,7 +30,7 @@ from pretext_jax.input_pipeline import elmo_examples as ee
 from pretext_jax.models.elmo import ElmoConfig, ElmoLM, lstm_layer
 from pretext_jax.objectives import elmo
 from pretext_jax.pretrain.config import make_config
-from pretext_jax.pretrain.export import load_model
+from pretext_jax.pretrain.loading import load_model
 from pretext_jax.pretrain.trainer import Trainer
 
 CONFIG = ElmoConfig(vocab_size=40, char_embedding_dim=4, char_filters="1:3,2:4,3:5",

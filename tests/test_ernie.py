@@ -7,13 +7,15 @@ mesh."""
 from __future__ import annotations
 
 import importlib.resources
-import json
-import warnings
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from parity_utils import assert_same_params, padded_inputs, perturbed, torch_forward
+from parity_utils import (
+    assert_close,
+    converted,
+    encoder_pretraining,
+    padded_inputs,
+)
 from resilience_utils import (
     GRADIENT_STEP,
     TINY_BERT,
@@ -40,7 +42,6 @@ from pretext_jax.input_pipeline.ernie_examples import (
 )
 from pretext_jax.input_pipeline.tokenizers import load_tokenizer
 from pretext_jax.models.bert import Ernie
-from pretext_jax.pretrain import hf
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.trainer import Trainer
 
@@ -161,47 +162,22 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 HF_CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=37, max_position_embeddings=40, type_vocab_size=2)
-
-
-def outputs_of_hf(model, inputs):
-    out = torch_forward(model, *inputs, output_hidden_states=True)
-    return (out.hidden_states[-1].numpy(), out.prediction_logits.numpy(),
-            out.seq_relationship_logits.numpy())
-
-
-def outputs_of_ours(model, inputs):
-    out = model(*map(jnp.asarray, inputs))
-    return tuple(np.asarray(x) for x in (out.hidden_states, out.mlm_logits, out.nsp_logits))
+ERNIE = encoder_pretraining("ErnieForPreTraining")
 
 
 @pytest.mark.usefixtures("deterministic_torch")
 @pytest.mark.parametrize("use_task_id", [False, True])
 def test_parity_with_hf_ernie_and_back(use_task_id, tmp_path):
-    torch.manual_seed(0)
-    reference = perturbed(transformers.ErnieForPreTraining(transformers.ErnieConfig(
-        **HF_CONFIG, use_task_id=use_task_id, task_type_vocab_size=3)), 0)
-    reference.save_pretrained(tmp_path / "hf")
-    inputs = padded_inputs(99, 2, 1)
-    expected = outputs_of_hf(reference, inputs)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a complete checkpoint loads without any warning
-        ours = hf.load(tmp_path / "hf")
+    reference = ERNIE.reference(0, **HF_CONFIG, use_task_id=use_task_id, task_type_vocab_size=3)
+    ours = converted(reference, tmp_path / "hf")
     assert isinstance(ours, Ernie)
     assert ours.config.task_type_vocab_size == (3 if use_task_id else 0)
-    for name, a, b in zip(("hidden", "mlm", "nsp"), outputs_of_ours(ours, inputs), expected,
-                          strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0, err_msg=name)
-    hf.save(ours, tmp_path / "exported")  # export -> transformers reads it back, all keys
-    config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    inputs = padded_inputs(99, 2, 1)
+    expected = ERNIE.assert_parity(ours, reference, *inputs)
+    # export -> transformers reads it back, all keys, and computes the reference's outputs
+    reloaded, config = ERNIE.round_trip(ours, tmp_path / "exported", *inputs)
     assert config["model_type"] == "ernie" and config["use_task_id"] == use_task_id
-    reloaded, info = transformers.ErnieForPreTraining.from_pretrained(
-        tmp_path / "exported", output_loading_info=True)
-    assert not any(info.values()), info
-    for a, b in zip(outputs_of_hf(reloaded.eval(), inputs), expected, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
-    back = hf.load(tmp_path / "exported")
-    assert back.config == ours.config
-    assert_same_params(back, ours)
+    assert_close(ERNIE.hf_outputs(reloaded, *inputs), expected, atol=1e-6)
 
 
 def annotated_corpus(root) -> dict[str, str]:

@@ -29,7 +29,7 @@ from pretext_jax.input_pipeline.tokenizers import (
 )
 from pretext_jax.models.resnet import ResNet
 from pretext_jax.objectives import registry
-from pretext_jax.pretrain import export, hf, hf_tokenizer
+from pretext_jax.pretrain import directories, export, hf, hf_tokenizer, loading
 from pretext_jax.pretrain.config import make_config
 
 transformers = pytest.importorskip("transformers")
@@ -260,7 +260,7 @@ def test_trained_workdir_converts_with_its_tokenizer_and_a_model_card(tmp_path, 
         "train.progress": False})
     Trainer(config, workdir).run()
     assert (workdir / "tokenizer" / "vocab.txt").read_text() == BERT_VOCAB.read_text()
-    assert export.find_tokenizer(workdir) == str(workdir / "tokenizer")
+    assert directories.find_tokenizer(workdir) == str(workdir / "tokenizer")
 
     assert run.main(["convert", str(workdir), str(tmp_path / "hf"), "--to", "hf"]) == 0
     pretext = load_tokenizer(BERT_VOCAB)
@@ -269,7 +269,7 @@ def test_trained_workdir_converts_with_its_tokenizer_and_a_model_card(tmp_path, 
         assert theirs(text, add_special_tokens=False)["input_ids"] == pretext.encode(text), text
 
     card = (tmp_path / "hf" / "README.md").read_text()
-    model = export.load_model(workdir)
+    model = loading.load_model(workdir)
     params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     last_eval = [row for row in rows if row["split"] == "eval"][-1]
@@ -295,16 +295,16 @@ def test_older_workdirs_find_the_tokenizer_in_their_data_cache(tokenizers, tmp_p
     workdir = tmp_path / "w"
     (workdir / "data" / "a").mkdir(parents=True)
     (workdir / "config.json").write_text(json.dumps({"data": {"tokenizer": "", "cache_dir": ""}}))
-    assert export.find_tokenizer(workdir) is None
+    assert directories.find_tokenizer(workdir) is None
     model = Path(tokenizers["sentencepiece"].model_file)
     shutil.copy(model, workdir / "data" / "a" / "tokenizer-1.model")
-    assert export.find_tokenizer(workdir) == str(workdir / "data" / "a" / "tokenizer-1.model")
+    assert directories.find_tokenizer(workdir) == str(workdir / "data" / "a" / "tokenizer-1.model")
     shutil.copy(model, workdir / "data" / "a" / "tokenizer-2.model")
-    assert export.find_tokenizer(workdir) is None
+    assert directories.find_tokenizer(workdir) is None
     (workdir / "config.json").write_text(json.dumps({"data": {"tokenizer": str(BERT_VOCAB)}}))
-    assert export.find_tokenizer(workdir) == str(BERT_VOCAB)
+    assert directories.find_tokenizer(workdir) == str(BERT_VOCAB)
     (workdir / "tokenizer").mkdir()
-    assert export.find_tokenizer(workdir) == str(workdir / "tokenizer")
+    assert directories.find_tokenizer(workdir) == str(workdir / "tokenizer")
 
 
 def test_convert_without_a_tokenizer_says_so(tokenizers, tmp_path, capsys):
@@ -330,7 +330,7 @@ def test_image_models_need_no_tokenizer(tmp_path, capsys):
     hf.save(ResNet(config, rngs=nnx.Rngs(0)), tmp_path / "hf")
     model_dir = export.convert(tmp_path / "hf", tmp_path / "model", to="pretext")
     assert capsys.readouterr().out == ""
-    assert not (model_dir / export.TOKENIZER_DIR).exists()
+    assert not (model_dir / directories.TOKENIZER_DIR).exists()
 
 
 def test_exported_files_are_readable_by_others(tokenizers, tmp_path):

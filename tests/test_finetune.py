@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from parity_utils import perturbed, xlnet_spiece
+from parity_utils import classifier_parity, hf_reference, xlnet_spiece
 from tfds_utils import build_glue_dataset
 
 from pretext_jax import (
@@ -26,8 +26,8 @@ from pretext_jax.objectives import bert
 from pretext_jax.objectives.classification import classification_loss
 from pretext_jax.objectives.classifier_recipes import ClassifierSettings
 from pretext_jax.pretrain import hf
-from pretext_jax.pretrain.export import load_model
 from pretext_jax.pretrain.finetune import evaluate, finetune, finetune_config, run_glue
+from pretext_jax.pretrain.loading import load_model
 from pretext_jax.pretrain.optim import layer_depth_factors, make_optimizer
 from pretext_jax.pretrain.trainer import Trainer
 
@@ -76,13 +76,11 @@ def glue_folder(tmp_path_factory):
 
 def hf_folder(path, kind: str):
     """A small random HF BERT (BertForPreTraining) or ELECTRA discriminator with a vocab."""
-    torch.manual_seed(0)
     if kind == "bert":
-        model = transformers.BertForPreTraining(transformers.BertConfig(**TINY))
+        model = hf_reference("BertForPreTraining", 0, **TINY)
     else:
-        model = transformers.ElectraForPreTraining(transformers.ElectraConfig(
-            **TINY, embedding_size=16))
-    perturbed(model, 0).save_pretrained(path)
+        model = hf_reference("ElectraForPreTraining", 0, **TINY, embedding_size=16)
+    model.save_pretrained(path)
     (path / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     (path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
     return str(path)
@@ -150,10 +148,8 @@ def test_xlnet_from_a_hf_folder(tmp_path, glue_folder):
     folder.mkdir()
     rng = np.random.default_rng(1)
     vocab = xlnet_spiece(folder, sentences(rng, 300)[0], 60)
-    torch.manual_seed(0)
-    model = transformers.XLNetLMHeadModel(transformers.XLNetConfig(
-        vocab_size=load_tokenizer(vocab).vocab_size, d_model=32, n_layer=2, n_head=4, d_inner=64))
-    perturbed(model, 0).save_pretrained(folder)
+    hf_reference("XLNetLMHeadModel", 0, vocab_size=load_tokenizer(vocab).vocab_size, d_model=32,
+                 n_layer=2, n_head=4, d_inner=64).save_pretrained(folder)
     recipe = finetune_config("sst2", str(folder), glue_folder, FAST)
     # XLNet Table 8 (MNLI): lr 2e-5, no weight decay, no layer-wise decay, Adam epsilon 1e-6.
     assert (recipe.optim.learning_rate, recipe.optim.weight_decay,
@@ -201,15 +197,13 @@ def test_xlnet_from_a_pretext_workdir_and_back_to_hf(tmp_path, glue_folder):
                                   pretrained.layers.q[...])
     finetune(config, tmp_path / "run")
     assert run.main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
-    reference = transformers.XLNetForSequenceClassification.from_pretrained(tmp_path / "hf")
-    ours = load_model(tmp_path / "run")
+    architecture = "XLNetForSequenceClassification"
+    reference = getattr(transformers, architecture).from_pretrained(tmp_path / "hf").eval()
     ids = np.array([[10, 11, 12, 3, 2], [0, 0, 13, 3, 2]])  # A [SEP] [CLS], padded on the left
     types = np.array([[0, 0, 0, 0, 2], [4, 4, 0, 0, 2]])
     mask = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
-    with torch.no_grad():
-        expected = reference.eval()(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(
-            types), attention_mask=torch.tensor(mask)).logits.numpy()
-    np.testing.assert_allclose(np.asarray(ours(ids, types, mask)), expected, atol=1e-5)
+    classifier_parity(architecture).assert_parity(load_model(tmp_path / "run"), reference, ids,
+                                                  types, mask)
 
 
 def test_losses_equal_numpy():
@@ -351,7 +345,8 @@ def test_glue_sweep_picks_the_best_learning_rate_on_dev(tmp_path, bert_dir, glue
 def test_pretext_model_directory_needs_and_takes_a_tokenizer(tmp_path, bert_dir, glue_folder):
     """A model directory converted from HF carries the folder's tokenizer; one without a
     tokenizer needs data.tokenizer."""
-    from pretext_jax.pretrain.export import TOKENIZER_DIR, convert
+    from pretext_jax.pretrain.directories import TOKENIZER_DIR
+    from pretext_jax.pretrain.export import convert
 
     model_dir = convert(bert_dir, tmp_path / "model", to="pretext")
     config = finetune_config("sst2", str(model_dir), glue_folder, FAST)

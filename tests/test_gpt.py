@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from parity_utils import assert_same_params, perturbed, random_params
+from parity_utils import Parity, assert_close, converted, random_model
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
@@ -38,27 +37,24 @@ CONFIGS = [
 ]
 
 
+def hf_logits(model, ids, mask, positions=None):
+    return {"logits": model(input_ids=ids, attention_mask=mask, position_ids=positions).logits}
+
+
+def model_logits(model, ids, mask, positions=None):
+    positions = jnp.arange(ids.shape[1])[None] if positions is None else positions
+    return {"logits": model(ids, mask, position_ids=positions)}
+
+
+GPT2 = Parity("GPT2LMHeadModel", hf_logits, model_logits)
+
+
 def hf_gpt2(seed: int, **config):
-    torch.manual_seed(seed)
-    config = transformers.GPT2Config(**config, bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    return perturbed(transformers.GPT2LMHeadModel(config), seed)
-
-
-def hf_logits(model, ids, mask, positions=None) -> np.ndarray:
-    with torch.no_grad():
-        return model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                     position_ids=None if positions is None else torch.tensor(positions)
-                     ).logits.numpy()
-
-
-@nnx.jit
-def _logits(model, ids, mask, positions):
-    return model(ids, mask, position_ids=positions)
+    return GPT2.reference(seed, **config, bos_token_id=0, eos_token_id=0, pad_token_id=0)
 
 
 def our_logits(model, ids, mask, positions=None) -> np.ndarray:
-    positions = jnp.arange(ids.shape[1])[None] if positions is None else jnp.asarray(positions)
-    return np.asarray(_logits(model, jnp.asarray(ids), jnp.asarray(mask), positions))
+    return GPT2.our_outputs(model, ids, mask, positions)["logits"]
 
 
 def batch(vocab_size: int, seed: int = 0, left: bool = False):
@@ -78,10 +74,7 @@ def reference(tmp_path_factory):
     """(HF model, our model loaded from its saved folder, the folder) for CONFIGS[0]."""
     folder = tmp_path_factory.mktemp("gpt2")
     model = hf_gpt2(0, **CONFIGS[0])
-    model.save_pretrained(folder)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a complete checkpoint loads without any warning
-        return model, hf.load(folder), folder
+    return model, converted(model, folder), folder
 
 
 @pytest.mark.usefixtures("deterministic_torch")
@@ -91,29 +84,23 @@ def test_parity_with_hf_gpt2_lm_head_model(index, reference, tmp_path):
         theirs, ours, _ = reference
     else:
         theirs = hf_gpt2(index, **CONFIGS[index])
-        theirs.save_pretrained(tmp_path)
-        ours = hf.load(tmp_path)
+        ours = converted(theirs, tmp_path)
         assert ours.config.hidden_act == "relu" and ours.config.intermediate_size == 40
     vocab = CONFIGS[index]["vocab_size"]
     # Right padding: every position equals HF's (pad queries still see the real keys before).
-    ids, mask = batch(vocab, index)
-    np.testing.assert_allclose(our_logits(ours, ids, mask), hf_logits(theirs, ids, mask),
-                               atol=1e-5, rtol=0)
+    GPT2.assert_parity(ours, theirs, *batch(vocab, index))
     # Left padding: the real tokens' logits; a pad query sees no key at all, which HF's SDPA
-    # and our attention fill differently (meaningless rows, never used).
+    # and our attention fill differently (meaningless rows, never used). Given position ids
+    # (generate's cumsum of the mask) are used as HF uses them.
     ids, mask = batch(vocab, index, left=True)
     real = mask.astype(bool)
-    np.testing.assert_allclose(our_logits(ours, ids, mask)[real],
-                               hf_logits(theirs, ids, mask)[real], atol=1e-5, rtol=0)
-    # Given position ids (generate's cumsum of the mask) are used as HF uses them.
-    positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
-    np.testing.assert_allclose(our_logits(ours, ids, mask, positions)[real],
-                               hf_logits(theirs, ids, mask, positions)[real], atol=1e-5, rtol=0)
+    for positions in (None, np.maximum(np.cumsum(mask, 1) - 1, 0)):
+        assert_close({"logits": our_logits(ours, ids, mask, positions)[real]},
+                     {"logits": GPT2.hf_outputs(theirs, ids, mask, positions)["logits"][real]})
 
 
 def random_gpt(seed: int, **fields) -> GPT:
-    return random_params(nnx.eval_shape(lambda: GPT(GPTConfig(**fields), rngs=nnx.Rngs(0))),
-                         seed)
+    return random_model(GPT, GPTConfig(**fields), seed)
 
 
 @pytest.mark.usefixtures("deterministic_torch")
@@ -122,19 +109,9 @@ def test_our_model_round_trips_through_transformers(tmp_path):
                       intermediate_size=40, max_position_embeddings=20, hidden_act="gelu_tanh",
                       layer_norm_eps=1e-6, hidden_dropout=0.2, attention_dropout=0.3,
                       embedding_dropout=0.05, eos_token_id=7)
-    hf.save(ours, tmp_path / "exported")
-    saved = json.loads((tmp_path / "exported" / "config.json").read_text())
-    assert saved["architectures"] == ["GPT2LMHeadModel"] and saved["eos_token_id"] == 7
-    reloaded, info = transformers.GPT2LMHeadModel.from_pretrained(
-        tmp_path / "exported", output_loading_info=True)
-    assert not any(info.values()), info  # no missing, unexpected or mismatched keys
+    reloaded, saved = GPT2.round_trip(ours, tmp_path / "exported", *batch(50, 2))
+    assert saved["eos_token_id"] == 7
     assert (reloaded.config.embd_pdrop, reloaded.config.attn_pdrop) == (0.05, 0.3)
-    ids, mask = batch(50, 2)
-    np.testing.assert_allclose(hf_logits(reloaded.eval(), ids, mask), our_logits(ours, ids, mask),
-                               atol=1e-5, rtol=0)
-    back = hf.load(tmp_path / "exported")
-    assert back.config == ours.config
-    assert_same_params(back, ours)
 
 
 @pytest.mark.usefixtures("deterministic_torch")

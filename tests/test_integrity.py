@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 from resilience_utils import TINY_BERT, small_corpus
 
 from pretext_jax import (
@@ -23,6 +24,7 @@ from pretext_jax import (
     run,
 )
 from pretext_jax.errors import UserError
+from pretext_jax.models.bert import Bert
 from pretext_jax.pretrain import integrity
 from pretext_jax.pretrain.config import RANGES, make_config
 from pretext_jax.pretrain.metrics import read_rows, truncate_after
@@ -316,7 +318,7 @@ def test_two_pretrain_processes_on_one_workdir(tmp_path, corpus_and_cache):
     """A second `run.py pretrain` on a workdir in use is refused with one line naming the
     first, which finishes unharmed (every row logged once); a reader loads the workdir beside
     it."""
-    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.loading import load_model
 
     corpus, cache = corpus_and_cache
     workdir = tmp_path / "w"
@@ -336,7 +338,7 @@ def test_two_pretrain_processes_on_one_workdir(tmp_path, corpus_and_cache):
         while not (workdir / "checkpoints" / "20").is_dir() and first.poll() is None:
             time.sleep(0.2)
         # a reader (eval, convert, generate) beside the running job sees finished checkpoints
-        assert load_model(workdir) is not None and first.poll() is None
+        assert isinstance(load_model(workdir), Bert) and first.poll() is None
     finally:
         first_err = first.communicate(timeout=600)[1]
     assert first.returncode == 0, first_err[-2000:]
@@ -348,11 +350,13 @@ def test_two_pretrain_processes_on_one_workdir(tmp_path, corpus_and_cache):
 
 
 def test_loading_a_workdir_verifies_its_latest_checkpoint(tmp_path, corpus_and_cache):
-    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.loading import load_model
 
     workdir = tmp_path / "w"
-    trainer_at(workdir, corpus_and_cache).run(stop_after=3)
-    assert load_model(workdir) is not None
+    summary = trainer_at(workdir, corpus_and_cache).run(stop_after=3)
+    loaded = nnx.to_pure_dict(nnx.state(load_model(workdir), nnx.Param))
+    jax.tree.map(np.testing.assert_array_equal, loaded,
+                 nnx.to_pure_dict(jax.device_get(summary["state"].params)))
     (data,) = [p for p in (workdir / "checkpoints" / "3" / "state").rglob("*") if p.is_file()
                and p.stat().st_size > 1000][:1]
     raw = data.read_bytes()

@@ -1,12 +1,14 @@
 """The dependency direction (README, "Layout"): `run.py` -> `pretrain/` -> `objectives/` ->
 `models/` and `input_pipeline/`, `errors.py` under all of them; a method's file imports no other
-method's; `pretrain/` names methods only where they are registered. Checked on the source
-(ast, nothing imported), each check with a planted violation that it must catch. Also: the
-CLI's summary lines come from the methods, unchanged."""
+method's; `pretrain/` names methods only where they are registered; no two modules of the
+package import each other, directly or in a loop. Checked on the source (ast, nothing imported),
+each check with a planted violation that it must catch. Also: the CLI's summary lines come from
+the methods, unchanged."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -84,6 +86,112 @@ def test_no_import_runs_up_or_sideways():
 def test_layer_check_catches_a_planted_import(layer, module, line):
     assert len(layer_violations(layer, module, line)) == 1
     assert layer_violations(layer, module, "from pretext_jax.errors import UserError") == []
+
+
+def package_sources(root: Path) -> dict[str, str]:
+    """The source of every module of the package by dotted name (a package's `__init__.py`
+    under the package's name): the `.py` files of `root` and of its folders that are packages
+    (tests/ and docs/ are not, and nothing imports them)."""
+    sources = {}
+    for path in sorted(root.rglob("*.py")):
+        folders = path.relative_to(root).parts[:-1]
+        if all((root.joinpath(*folders[:i + 1]) / "__init__.py").is_file()
+               for i in range(len(folders))):
+            parts = [PACKAGE, *folders, *([] if path.stem == "__init__" else [path.stem])]
+            sources[".".join(parts)] = path.read_text()
+    return sources
+
+
+def import_graph(sources: Mapping[str, str]) -> dict[str, set[str]]:
+    """Module -> the modules of `sources` that its imports name, top-level or inside functions,
+    relative ones resolved: `from pretext_jax.x import y` names module `pretext_jax.x.y` when
+    that is a module, else `pretext_jax.x`; `import pretext_jax.x.y` names the longest module
+    prefix; `bench.x` (imported from the checkout root, where `bench` is not installed) is
+    `pretext_jax.bench.x`. (Python also runs a package's `__init__` before a module of it; that
+    edge is left out: the `objectives` package's registration list imports every method by
+    design.)"""
+    packages = {name.rsplit(".", 1)[0] for name in sources if "." in name}
+    subpackages = {name.split(".")[1] for name in packages if name.count(".") == 1}
+
+    def module_of(dotted: str) -> str | None:
+        if dotted.split(".")[0] in subpackages:
+            dotted = f"{PACKAGE}.{dotted}"
+        while dotted and dotted not in sources:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    graph = {}
+    for name, source in sources.items():
+        here = name if name in packages else name.rpartition(".")[0]
+        named = []
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                named += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = here.split(".")[:len(here.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                named += [f"{base}.{alias.name}" for alias in node.names]
+        graph[name] = {target for target in map(module_of, named) if target} - {name}
+    return graph
+
+
+def find_cycle(graph: Mapping[str, set[str]]) -> list[str]:
+    """One import cycle of `graph` as [a, b, ..., a] (a imports b, ...), or [] when there is
+    none; depth first, in sorted order."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        path, branches = [start], [iter(sorted(graph[start]))]
+        while path:
+            following = next(branches[-1], None)
+            if following is None:
+                done.add(path.pop())
+                branches.pop()
+            elif following in path:
+                return [*path[path.index(following):], following]
+            elif following not in done:
+                path.append(following)
+                branches.append(iter(sorted(graph.get(following, ()))))
+    return []
+
+
+def test_no_two_modules_import_each_other():
+    sources = package_sources(ROOT)
+    assert {"pretext_jax.run", "pretext_jax.pretrain.hf", "pretext_jax.objectives",
+            "pretext_jax.bench.throughput"} <= set(sources)
+    cycle = find_cycle(import_graph(sources))
+    assert cycle == [], " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("planted,cycle", [
+    ({"pretext_jax.pretrain.a": "from pretext_jax.pretrain import b",
+      "pretext_jax.pretrain.b": "from pretext_jax.pretrain.a import x"},
+     ["pretext_jax.pretrain.a", "pretext_jax.pretrain.b", "pretext_jax.pretrain.a"]),
+    ({"pretext_jax.models.a": "import pretext_jax.models.b as b",
+      "pretext_jax.models.b": "def f():\n    from pretext_jax.models.c import y",
+      "pretext_jax.models.c": "from pretext_jax.models import a"},
+     ["pretext_jax.models.a", "pretext_jax.models.b", "pretext_jax.models.c",
+      "pretext_jax.models.a"]),
+    ({"pretext_jax.bench": "", "pretext_jax.bench.a": "from .b import x",
+      "pretext_jax.bench.b": "from bench import a"},
+     ["pretext_jax.bench.a", "pretext_jax.bench.b", "pretext_jax.bench.a"]),
+])
+def test_cycle_check_catches_a_planted_cycle(planted, cycle):
+    assert find_cycle(import_graph(planted)) == cycle
+    acyclic = {**planted, cycle[0]: "from pretext_jax.errors import UserError"}
+    assert find_cycle(import_graph(acyclic)) == []
+
+
+def test_cycle_check_catches_a_planted_cycle_in_the_package():
+    """hf.py importing export.py inside a function (as `make_readable` once did) closes the loop
+    export -> hf -> export."""
+    sources = package_sources(ROOT)
+    hf = "pretext_jax.pretrain.hf"
+    sources[hf] += "\n\ndef f():\n    from pretext_jax.pretrain.export import convert\n"
+    cycle = find_cycle(import_graph(sources))
+    assert len(cycle) >= 3 and cycle[0] == cycle[-1] and hf in cycle, cycle
+    assert "pretext_jax.pretrain.export" in cycle
 
 
 def method_names() -> set[str]:

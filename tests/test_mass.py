@@ -34,7 +34,7 @@ from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.objectives import mass
 from pretext_jax.objectives.mass import mass_loss
 from pretext_jax.pretrain.config import make_config
-from pretext_jax.pretrain.export import load_model
+from pretext_jax.pretrain.loading import load_model
 from pretext_jax.pretrain.trainer import Trainer
 
 VOCAB = MaskingVocab(vocab_size=500, pad_id=0, cls_id=2, sep_id=3, mask_id=4,

@@ -363,7 +363,7 @@ def test_moco_trains_on_a_mixed_mesh_and_keeps_its_queue(tmp_path, colour_folder
     holds real keys, falls well below it; the kNN monitor runs at evaluation; the queue, its
     pointer and the key encoder come back from the checkpoint; linear evaluation gets the
     query backbone."""
-    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.loading import load_model
 
     summary, losses = train("moco_tiny", tmp_path / "moco", colour_folder, (2, 2, 2),
                             **{"model.queue_size": 64, "objective.shuffle_bn_groups": 4,

@@ -8,13 +8,12 @@ import dataclasses
 import functools
 import json
 import math
-import warnings
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from parity_utils import assert_same_params, perturbed, random_params
+from parity_utils import Parity, assert_close, converted, random_model
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
@@ -55,50 +54,39 @@ def padded_batch(vocab_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray
     return ids, mask
 
 
-def hf_logits(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        return model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)
-                     ).logits.numpy()
+def hf_logits(model, ids, mask):
+    return {"logits": model(input_ids=ids, attention_mask=mask).logits}
 
 
-def test_parity_with_hf_on_padded_batches(deterministic_torch, tmp_path):
-    transformers = pytest.importorskip("transformers")
-    torch = deterministic_torch
-    torch.manual_seed(0)
-    reference = perturbed(transformers.MPNetForMaskedLM(transformers.MPNetConfig(**HF_CONFIG)),
-                          0)
-    reference.save_pretrained(tmp_path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        model = hf.load(tmp_path)
+def our_logits(model: MPNet, ids, mask):
+    return {"logits": model(ids, mask).logits}
+
+
+MPNET = Parity("MPNetForMaskedLM", hf_logits, our_logits)
+
+
+@pytest.mark.usefixtures("deterministic_torch")
+def test_parity_with_hf_on_padded_batches(tmp_path):
+    pytest.importorskip("transformers")
+    reference = MPNET.reference(0, **HF_CONFIG)
+    model = converted(reference, tmp_path)
     assert isinstance(model, MPNet) and model.config.layer_norm_eps == 1e-5
     ids, mask = padded_batch(61)
-    ours = forward(model, jnp.asarray(ids), mask=jnp.asarray(mask))
-    np.testing.assert_allclose(ours.logits, hf_logits(reference, ids, mask), atol=1e-5, rtol=0)
+    MPNET.assert_parity(model, reference, ids, mask)
     looped = hf.load(tmp_path, scan_layers=False, remat="full")
-    np.testing.assert_allclose(forward(looped, jnp.asarray(ids), mask=jnp.asarray(mask)).logits,
-                               ours.logits, atol=1e-6, rtol=0)
+    assert_close(MPNET.our_outputs(looped, ids, mask), MPNET.our_outputs(model, ids, mask),
+                 atol=1e-6)
 
 
-def test_round_trip_through_transformers(deterministic_torch, tmp_path):
-    transformers = pytest.importorskip("transformers")
+@pytest.mark.usefixtures("deterministic_torch")
+def test_round_trip_through_transformers(tmp_path):
+    pytest.importorskip("transformers")
     config = dataclasses.replace(SMALL, vocab_size=45, max_position_embeddings=64,
                                  hidden_act="gelu_tanh")
-    ours = random_params(nnx.eval_shape(lambda: MPNet(config, rngs=nnx.Rngs(0))), 3)
-    hf.save(ours, tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["architectures"] == ["MPNetForMaskedLM"] and saved["model_type"] == "mpnet"
-    reloaded, info = transformers.MPNetForMaskedLM.from_pretrained(tmp_path,
-                                                                   output_loading_info=True)
-    assert not any(info.values()), info
-    ids, mask = padded_batch(45, 1)
-    np.testing.assert_allclose(forward(ours, jnp.asarray(ids), mask=jnp.asarray(mask)).logits,
-                               hf_logits(reloaded.eval(), ids, mask), atol=1e-5, rtol=0)
-    back = hf.load(tmp_path, hidden_dropout=0.0, attention_dropout=0.0)
-    assert back.config == ours.config
-    assert_same_params(back, ours)
+    ours = random_model(MPNet, config, 3)
+    _, saved = MPNET.round_trip(ours, tmp_path, *padded_batch(45, 1), hidden_dropout=0.0,
+                                attention_dropout=0.0)
+    assert saved["model_type"] == "mpnet"
 
 
 def reference_visibility(n: int, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -141,7 +129,7 @@ def two_stream_case(seed: int = 0, n: int = 12, b: int = 4):
 
 @pytest.fixture(scope="module")
 def small_model():
-    return random_params(nnx.eval_shape(lambda: MPNet(SMALL, rngs=nnx.Rngs(0))), 5)
+    return random_model(MPNet, SMALL, 5)
 
 
 def test_content_stream_is_the_plain_forward_on_the_masked_sentence(small_model):
@@ -294,11 +282,8 @@ def test_tiny_model_trains_on_a_mixed_mesh(tmp_path):
     # The trained workdir converts to a HF checkpoint that computes the same logits.
     transformers = pytest.importorskip("transformers")
     from pretext_jax import run
-    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.loading import load_model
 
     assert run.main(["convert", str(tmp_path / "w"), str(tmp_path / "hf"), "--to", "hf"]) == 0
     reference = transformers.MPNetForMaskedLM.from_pretrained(tmp_path / "hf").eval()
-    ids, mask = padded_batch(1000, 2)
-    np.testing.assert_allclose(forward(load_model(tmp_path / "w"), jnp.asarray(ids),
-                                       mask=jnp.asarray(mask)).logits,
-                               hf_logits(reference, ids, mask), atol=1e-4, rtol=0)
+    MPNET.assert_parity(load_model(tmp_path / "w"), reference, *padded_batch(1000, 2), atol=1e-4)

@@ -22,12 +22,13 @@ def test_aligned_files_with_languages_from_suffixes_and_names(tmp_path):
     de = write(tmp_path / "train.de", ["Ein Hund rennt.", "Zwei Katzen.", ""])
     source = open_parallel(f"{en},{de}")
     assert source.languages == ("en", "de")
-    assert list(source) == [{"en": "A dog runs.", "de": "Ein Hund rennt."},
-                            {"en": "Two cats.", "de": "Zwei Katzen."}, {"en": "", "de": ""}]
+    pairs = [{"en": "A dog runs.", "de": "Ein Hund rennt."},
+             {"en": "Two cats.", "de": "Zwei Katzen."}, {"en": "", "de": ""}]
+    assert list(source) == pairs
     named = open_parallel(f"fr={write(tmp_path / 'a.txt', ['Un chien.'])},"
                           f"en={write(tmp_path / 'b.txt', ['A dog.'])}")
     assert named.languages == ("fr", "en") and list(named) == [{"fr": "Un chien.", "en": "A dog."}]
-    assert list(source) == list(source)  # every iteration reads the files again
+    assert list(source) == pairs  # every iteration reads the files again
 
 
 def test_tsv_with_a_header_of_languages(tmp_path):

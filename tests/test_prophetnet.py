@@ -13,14 +13,13 @@ bias lookup is replaced by `reference_layout` (every stream, and the loss)."""
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from parity_utils import assert_same_params, perturbed, random_params
+from parity_utils import Parity, assert_close, assert_same_params, converted, random_model
 from resilience_utils import (
     GRADIENT_STEP,
     assert_same_step_on_every_mesh,
@@ -69,12 +68,6 @@ def reference_layout(self, hidden_states, attn_weights, position_ids, buckets):
     return torch.gather(values, 3, index).permute(0, 2, 4, 1, 3)  # [B, ngram, heads, T, K]
 
 
-def hf_model(seed: int):
-    torch.manual_seed(seed)
-    config = transformers.ProphetNetConfig(**CONFIG)
-    return perturbed(transformers.ProphetNetForConditionalGeneration(config), seed)
-
-
 def batch(seed: int):
     """Encoder [3, 17] ids padded at the end of two rows, decoder [3, 19] ids, and labels with
     ignored (-100) positions."""
@@ -87,15 +80,14 @@ def batch(seed: int):
 
 
 def hf_forward(model, ids, mask, dec, labels=None):
-    """(encoder states, main-stream logits, [B, ngram, T, V] stream logits, loss)."""
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                    decoder_input_ids=torch.tensor(dec), output_hidden_states=True,
-                    use_cache=False, labels=None if labels is None else torch.tensor(labels))
-        main = model.lm_head(out.decoder_hidden_states[-1])
-        streams = torch.cat([out.logits[:, None], out.logits_ngram], 1)
-    return (out.encoder_last_hidden_state.numpy(), main.numpy(), streams.numpy(),
-            None if labels is None else out.loss.item())
+    """The encoder states, the main stream's logits, the [B, ngram, T, V] logits of the
+    predicting streams and, with `labels`, the loss."""
+    out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec,
+                output_hidden_states=True, use_cache=False, labels=labels)
+    outputs = {"encoder_hidden_states": out.encoder_last_hidden_state,
+               "main_logits": model.lm_head(out.decoder_hidden_states[-1]),
+               "ngram_logits": torch.cat([out.logits[:, None], out.logits_ngram], 1)}
+    return outputs if labels is None else {**outputs, "loss": out.loss}
 
 
 def hf_cached_decoding(model, ids, mask, dec):
@@ -116,23 +108,17 @@ def hf_cached_decoding(model, ids, mask, dec):
 
 
 @nnx.jit
-def _forward(model, ids, mask, dec):
-    out = model(ids, mask, dec)
-    return out.encoder_hidden_states, out.logits, out.ngram_logits
-
-
-@nnx.jit
 def _generation_logits(model, ids, mask, dec):
     return model.logits(model.decode(dec, model.encode(ids, mask), mask))
 
 
-def ours(model, ids, mask, dec):
-    return tuple(map(np.asarray, _forward(model, *map(jnp.asarray, (ids, mask, dec)))))
+def our_forward(model, ids, mask, dec):
+    out = model(ids, mask, dec)
+    return {"encoder_hidden_states": out.encoder_hidden_states, "main_logits": out.logits,
+            "ngram_logits": out.ngram_logits}
 
 
-def assert_close(a, b, names=("encoder_hidden_states", "main_logits", "ngram_logits")):
-    for name, x, y in zip(names, a, b, strict=True):
-        np.testing.assert_allclose(x, y, atol=1e-5, rtol=0, err_msg=name)
+PROPHETNET = Parity("ProphetNetForConditionalGeneration", hf_forward, our_forward)
 
 
 @pytest.mark.usefixtures("deterministic_torch")
@@ -141,22 +127,22 @@ def test_parity_with_hf_prophetnet_for_conditional_generation(tmp_path, monkeypa
     stream and HF's loss (labels given, eps 0.1) against HF's forward with the reference's
     bias layout. Loading warns about nothing, the in-memory state dict converts the same, and
     layers in a Python loop under remat compute the same."""
-    reference = hf_model(seed=1)
-    reference.save_pretrained(tmp_path)
-    ids, mask, dec, labels = batch(seed=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        model = hf.load(tmp_path)
+    reference = PROPHETNET.reference(1, **CONFIG)
+    model = converted(reference, tmp_path)
     assert (model.config.ngram, model.config.num_decoder_layers) == (3, 3)
-    encoded, main, streams = ours(model, ids, mask, dec)
-    hf_encoded, hf_main, hf_streams, _ = hf_forward(reference, ids, mask, dec)
-    assert_close((encoded, main), (hf_encoded, hf_main), ("encoder_hidden_states", "main"))
+    ids, mask, dec, labels = batch(seed=2)
+    ours = PROPHETNET.our_outputs(model, ids, mask, dec)
+    theirs = PROPHETNET.hf_outputs(reference, ids, mask, dec)
+    first = ("encoder_hidden_states", "main_logits")
+    assert_close({name: ours[name] for name in first}, {name: theirs[name] for name in first})
+    streams = ours["ngram_logits"]
     # HF's full-sequence predicting streams are not the reference's (the module docstring).
-    assert np.abs(streams - hf_streams).max() > 1e-2
+    assert np.abs(streams - theirs["ngram_logits"]).max() > 1e-2
     monkeypatch.setattr(modeling.ProphetNetNgramSelfAttention,
                         "get_predict_relative_pos_embeddings", reference_layout)
-    *expected, hf_loss = hf_forward(reference, ids, mask, dec, labels)
-    assert_close((encoded, main, streams), expected)
+    expected = PROPHETNET.hf_outputs(reference, ids, mask, dec, labels)
+    hf_loss = expected.pop("loss")
+    assert_close(ours, expected)
     targets = jnp.asarray(np.where(labels < 0, 0, labels))
     loss, metrics = ngram_loss(jnp.asarray(streams), targets, ProphetNetLossSettings(
         label_smoothing=0.1, streams_within_span=False))
@@ -165,7 +151,8 @@ def test_parity_with_hf_prophetnet_for_conditional_generation(tmp_path, monkeypa
     state = {k: v.numpy() for k, v in reference.state_dict().items()}
     assert_same_params(hf.from_hf(reference.config.to_dict(), state), model)
     looped = hf.load(tmp_path, scan_layers=False, remat="full")
-    np.testing.assert_allclose(ours(looped, ids, mask, dec)[2], streams, atol=1e-6)
+    np.testing.assert_allclose(PROPHETNET.our_outputs(looped, ids, mask, dec)["ngram_logits"],
+                               streams, atol=1e-6)
 
 
 @pytest.mark.usefixtures("deterministic_torch")
@@ -173,12 +160,12 @@ def test_stream_0_and_decode_are_hf_cached_decoding(tmp_path):
     """Stream 0 of the teacher-forced forward, and `logits(decode(...))` (the generation path:
     the main stream and stream 0 only), equal HF's logits fed one token at a time through its
     cache (HF's generation path) within 1e-5."""
-    reference = hf_model(seed=5)
-    reference.save_pretrained(tmp_path)
-    model = hf.load(tmp_path)
+    reference = PROPHETNET.reference(5, **CONFIG)
+    model = converted(reference, tmp_path)
     ids, mask, dec, _ = batch(seed=6)
     cached = hf_cached_decoding(reference, ids, mask, dec)
-    np.testing.assert_allclose(ours(model, ids, mask, dec)[2][:, 0], cached, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(PROPHETNET.our_outputs(model, ids, mask, dec)["ngram_logits"][:, 0],
+                               cached, atol=1e-5, rtol=0)
     generated = np.asarray(_generation_logits(model, *map(jnp.asarray, (ids, mask, dec))))
     np.testing.assert_allclose(generated, cached, atol=1e-5, rtol=0)
     assert model.config.decoder_start_token_id == 0 and model.config.eos_token_id == 2
@@ -189,20 +176,13 @@ def test_our_prophetnet_round_trips_through_transformers(tmp_path, monkeypatch):
     """Export: transformers loads every tensor with nothing missing or unexpected and computes
     our logits (with the reference's bias layout); import gives our parameters back."""
     config = prophetnet_hf.config_from_hf(CONFIG | {"dropout": 0.2, "eos_token_id": 5})
-    model = random_params(nnx.eval_shape(lambda: ProphetNet(config, rngs=nnx.Rngs(0))), seed=3)
-    hf.save(model, tmp_path / "exported")
-    reloaded, info = transformers.ProphetNetForConditionalGeneration.from_pretrained(
-        tmp_path / "exported", output_loading_info=True)
-    assert not any(info.values()), info
-    assert reloaded.lm_head.weight is reloaded.prophetnet.word_embeddings.weight
-    assert (reloaded.config.dropout, reloaded.config.eos_token_id) == (0.2, 5)
+    model = random_model(ProphetNet, config, 3)
     monkeypatch.setattr(modeling.ProphetNetNgramSelfAttention,
                         "get_predict_relative_pos_embeddings", reference_layout)
     ids, mask, dec, _ = batch(seed=4)
-    assert_close(ours(model, ids, mask, dec), hf_forward(reloaded.eval(), ids, mask, dec)[:3])
-    back = hf.load(tmp_path / "exported")
-    assert back.config == model.config
-    assert_same_params(back, model)
+    reloaded, _ = PROPHETNET.round_trip(model, tmp_path / "exported", ids, mask, dec)
+    assert reloaded.lm_head.weight is reloaded.prophetnet.word_embeddings.weight
+    assert (reloaded.config.dropout, reloaded.config.eos_token_id) == (0.2, 5)
     with pytest.raises(UserError, match="pad_token_id"):
         prophetnet_hf.config_from_hf(CONFIG | {"pad_token_id": 1})
 

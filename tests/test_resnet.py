@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
-from parity_utils import assert_same_params, random_params
+from parity_utils import Parity, assert_close, converted, random_model
 
 from pretext_jax.errors import UserError
 from pretext_jax.models.resnet import ResNet, ResNetConfig
@@ -48,25 +48,32 @@ def images(seed: int = 0, size: int = 33) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((3, 3, size, size)).astype(np.float32)
 
 
+def hf_features(model, pixels):
+    out = model(pixels)
+    return {"features": out.last_hidden_state, "pooled": out.pooler_output[:, :, 0, 0]}
+
+
+def our_features(model: ResNet, pixels):
+    nhwc = pixels.transpose(0, 2, 3, 1)
+    return {"features": model.feature_map(nhwc, train=False).transpose(0, 3, 1, 2),
+            "pooled": model(nhwc, train=False)}
+
+
+# Features and pooled output within 1e-5 absolute and relative (|a - b| <= tol + tol |b|):
+# after 17-50 convolutions + BatchNorms, float32 results of two correct implementations differ
+# by summation order at the 1e-5 relative level.
+RESNET = Parity("ResNetModel", hf_features, our_features, rtol=1e-5)
+
+
 def compare(model, reference, pixels, tolerance):
-    """Features and pooled output within `tolerance`, absolute and relative (|a - b| <= tol +
-    tol |b|): after 17-50 convolutions + BatchNorms, float32 results of two correct
-    implementations differ by summation order at the 1e-5 relative level."""
-    with torch.no_grad():
-        expected = reference(torch.tensor(pixels).to(next(reference.parameters()).dtype))
-    nhwc = jnp.asarray(pixels.transpose(0, 2, 3, 1))
-    features = np.asarray(model.feature_map(nhwc, train=False)).transpose(0, 3, 1, 2)
-    np.testing.assert_allclose(features, expected.last_hidden_state.numpy(), atol=tolerance,
-                               rtol=tolerance)
-    np.testing.assert_allclose(np.asarray(model(nhwc, train=False)),
-                               expected.pooler_output.numpy()[:, :, 0, 0], atol=tolerance,
-                               rtol=tolerance)
+    """`RESNET`'s outputs within `tolerance`, absolute and relative."""
+    assert_close(RESNET.our_outputs(model, pixels), RESNET.hf_outputs(reference, pixels),
+                 tolerance, rtol=tolerance)
 
 
 def test_parity_with_hf_resnet18_layout_float32(tmp_path):
     reference = hf_resnet(0, **RESNET18)
-    reference.save_pretrained(tmp_path)
-    model = hf.load(tmp_path)
+    model = converted(reference, tmp_path)
     assert isinstance(model, ResNet) and model.config.depth == 18
     assert model.config.base_width == 8
     compare(model, reference, images(0), 1e-5)
@@ -76,27 +83,20 @@ def test_parity_with_hf_resnet50_layout_in_float64(tmp_path):
     """50 layers of convolutions in float32 differ by summation order alone (~1e-5 relative);
     in float64 the two computations agree to 1e-9, which pins down the arithmetic."""
     reference = hf_resnet(1, **RESNET50)
-    reference.save_pretrained(tmp_path)
     with jax.enable_x64(True):
-        model = hf.load(tmp_path, dtype="float64")
+        model = converted(reference, tmp_path, dtype="float64")
         assert model.config.depth == 50
         compare(model, reference.double(), images(1).astype(np.float64), 1e-9)
 
 
 def test_round_trip_through_transformers(tmp_path):
     config = ResNetConfig(depth=18, base_width=4)
-    ours = random_params(nnx.eval_shape(lambda: ResNet(config, rngs=nnx.Rngs(0))), 0)
+    ours = random_model(ResNet, config, 0)
     rng = np.random.default_rng(1)
     for _, variable in nnx.to_flat_state(nnx.state(ours, nnx.BatchStat)):
         shape = variable.get_value().shape  # positive, so also valid variances
         variable.set_value(jnp.asarray(rng.uniform(0.5, 1.5, shape), jnp.float32))
-    hf.save(ours, tmp_path)
-    reloaded, info = transformers.ResNetModel.from_pretrained(tmp_path, output_loading_info=True)
-    assert not any(info.values()), info
-    compare(ours, reloaded.eval(), images(2, 17), 1e-5)
-    back = hf.load(tmp_path)
-    assert back.config == ours.config
-    assert_same_params(back, ours)
+    RESNET.round_trip(ours, tmp_path, images(2, 17))
     cifar = nnx.eval_shape(lambda: ResNet(ResNetConfig(depth=18, stem="cifar", base_width=4),
                                           rngs=nnx.Rngs(0)))
     with pytest.raises(UserError, match="CIFAR"):

@@ -5,13 +5,19 @@ Trainer on a mixed mesh."""
 from __future__ import annotations
 
 import json
-import warnings
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from parity_utils import assert_same_params, padded_inputs, perturbed, random_params
+from parity_utils import (
+    MASKED_POSITIONS,
+    Parity,
+    assert_gathered,
+    converted,
+    padded_inputs,
+    random_model,
+)
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.bert_examples import MaskingVocab
@@ -23,7 +29,6 @@ from pretext_jax.input_pipeline.roberta_examples import (
 from pretext_jax.models.encoder import padded_position_ids
 from pretext_jax.models.roberta import Roberta, RobertaConfig
 from pretext_jax.objectives.roberta import prepare_roberta
-from pretext_jax.pretrain import hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -39,11 +44,6 @@ CONFIGS = [
 ]
 
 
-def hf_model(seed: int, **config):
-    torch.manual_seed(seed)
-    return perturbed(transformers.RobertaForMaskedLM(transformers.RobertaConfig(**config)), seed)
-
-
 def roberta_batch(vocab_size: int, pad: int, seed: int):
     """[3, 17] ids padded with the padding id where the mask is 0 (and nowhere else)."""
     ids, _, mask = padded_inputs(vocab_size, 1, seed)
@@ -52,42 +52,32 @@ def roberta_batch(vocab_size: int, pad: int, seed: int):
 
 
 def hf_outputs(model, ids, mask):
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                    output_hidden_states=True)
-    return out.hidden_states[-1].numpy(), out.logits.numpy()
+    out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    return {"hidden_states": out.hidden_states[-1], "mlm_logits": out.logits}
 
 
 def our_outputs(model, ids, mask):
-    out = model(jnp.asarray(ids), None, jnp.asarray(mask))
-    return np.asarray(out.hidden_states), np.asarray(out.mlm_logits)
+    out = model(ids, None, mask)
+    return {"hidden_states": out.hidden_states, "mlm_logits": out.mlm_logits}
 
 
-def assert_close(ours, theirs):
-    """Every position, padding included (HF gives pads the padding position, as we do)."""
-    for name, a, b in zip(("hidden_states", "mlm_logits"), ours, theirs, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0, err_msg=name)
+# Every position is compared, padding included (HF gives pads the padding position, as we do).
+ROBERTA = Parity("RobertaForMaskedLM", hf_outputs, our_outputs)
 
 
 @pytest.mark.usefixtures("deterministic_torch")
 @pytest.mark.parametrize("index", range(len(CONFIGS)))
 def test_parity_with_hf_roberta_for_masked_lm(index, tmp_path):
     config = CONFIGS[index]
-    reference = hf_model(index, **config)
-    reference.save_pretrained(tmp_path)
-    ids, mask = roberta_batch(config["vocab_size"], config["pad_token_id"], index)
-    expected = hf_outputs(reference, ids, mask)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a complete checkpoint loads without any warning
-        model = hf.load(tmp_path)
+    reference = ROBERTA.reference(index, **config)
+    model = converted(reference, tmp_path)
     assert isinstance(model, Roberta)
     assert model.config.position_padding_id == config["pad_token_id"]
-    assert_close(our_outputs(model, ids, mask), expected)
-    positions = np.array([[1, 4, 9], [0, 2, 3], [7, 8, 16]])
+    ids, mask = roberta_batch(config["vocab_size"], config["pad_token_id"], index)
+    expected = ROBERTA.assert_parity(model, reference, ids, mask)
     gathered = model(jnp.asarray(ids), None, jnp.asarray(mask),
-                     masked_positions=jnp.asarray(positions)).mlm_logits
-    np.testing.assert_allclose(gathered, np.take_along_axis(expected[1], positions[..., None], 1),
-                               atol=1e-5, rtol=0)
+                     masked_positions=jnp.asarray(MASKED_POSITIONS)).mlm_logits
+    assert_gathered(gathered, expected["mlm_logits"])
 
 
 @pytest.mark.usefixtures("deterministic_torch")
@@ -95,19 +85,9 @@ def test_our_model_round_trips_through_transformers(tmp_path):
     config = RobertaConfig(vocab_size=50, hidden_size=24, num_layers=2, num_heads=3,
                            intermediate_size=40, max_position_embeddings=24,
                            position_padding_id=1, layer_norm_eps=1e-6, hidden_dropout=0.2)
-    ours = random_params(nnx.eval_shape(lambda: Roberta(config, rngs=nnx.Rngs(0))), 0)
-    hf.save(ours, tmp_path / "exported")
-    hf_config = json.loads((tmp_path / "exported" / "config.json").read_text())
-    assert hf_config["architectures"] == ["RobertaForMaskedLM"]
+    ours = random_model(Roberta, config, 0)
+    _, hf_config = ROBERTA.round_trip(ours, tmp_path / "exported", *roberta_batch(50, 1, 4))
     assert hf_config["pad_token_id"] == 1 and hf_config["type_vocab_size"] == 1
-    reloaded, info = transformers.RobertaForMaskedLM.from_pretrained(
-        tmp_path / "exported", output_loading_info=True)
-    assert not any(info.values()), info  # no missing, unexpected or mismatched keys
-    ids, mask = roberta_batch(50, 1, 4)
-    assert_close(hf_outputs(reloaded.eval(), ids, mask), our_outputs(ours, ids, mask))
-    back = hf.load(tmp_path / "exported")
-    assert back.config == ours.config
-    assert_same_params(back, ours)
 
 
 def test_position_ids_count_non_padding_tokens():

@@ -33,7 +33,7 @@ from pretext_jax.objectives.rotation import (
     rotation_loss,
 )
 from pretext_jax.pretrain.config import OptimConfig, make_config
-from pretext_jax.pretrain.export import load_model
+from pretext_jax.pretrain.loading import load_model
 from pretext_jax.pretrain.optim import learning_rate_schedule, make_optimizer
 from pretext_jax.pretrain.trainer import Trainer
 

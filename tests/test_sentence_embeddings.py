@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from parity_utils import perturbed
+from parity_utils import hf_reference
 
 from pretext_jax.errors import UserError
 from pretext_jax.pretrain import sentence_embeddings
@@ -112,17 +112,14 @@ TINY_TEXTS = ["The cat sat on the mat.", "Hello, world!", "dogs running", "Café
 TINY_MAX_SEQ_LENGTH = 12
 
 
-def write_sentence_transformer(torch, folder, pooling, normalize, transformer_path=""):
+def write_sentence_transformer(folder, pooling, normalize, transformer_path=""):
     """A random BERT (BertModel.save_pretrained) with a lowercasing WordPiece tokenizer, in the
     layout sentence-transformers saves: modules.json, the Transformer at `transformer_path`,
     1_Pooling/config.json with `pooling` set, and 2_Normalize when `normalize`."""
-    from transformers import BertConfig, BertModel
-
     transformer = folder / transformer_path
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=4, intermediate_size=37, max_position_embeddings=16)
-    perturbed(BertModel(config), seed=1).save_pretrained(transformer)
+    hf_reference("BertModel", 1, vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2,
+                 num_attention_heads=4, intermediate_size=37, max_position_embeddings=16
+                 ).save_pretrained(transformer)
     (transformer / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     (transformer / "tokenizer_config.json").write_text(json.dumps(
         {"do_lower_case": True, "tokenizer_class": "BertTokenizer", "model_max_length": 512}))
@@ -154,8 +151,7 @@ def write_sentence_transformer(torch, folder, pooling, normalize, transformer_pa
 ], ids=["mean-normalize", "cls", "max+mean_sqrt_len"])
 def test_tiny_model_matches_torch(tmp_path, deterministic_torch, pooling, modes, normalize,
                                   transformer_path):
-    folder = write_sentence_transformer(deterministic_torch, tmp_path, pooling, normalize,
-                                        transformer_path)
+    folder = write_sentence_transformer(tmp_path, pooling, normalize, transformer_path)
     encoder = load_sentence_transformer(folder)
     assert (encoder.pooling, encoder.normalize) == (modes, normalize)
     assert encoder.max_seq_length == TINY_MAX_SEQ_LENGTH
@@ -168,9 +164,9 @@ def test_tiny_model_matches_torch(tmp_path, deterministic_torch, pooling, modes,
     np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-5)
 
 
-def test_unsupported_pooling_mode_is_a_user_error(tmp_path, deterministic_torch):
-    folder = write_sentence_transformer(deterministic_torch, tmp_path,
-                                        ("pooling_mode_weightedmean_tokens",), False)
+@pytest.mark.usefixtures("deterministic_torch")
+def test_unsupported_pooling_mode_is_a_user_error(tmp_path):
+    folder = write_sentence_transformer(tmp_path, ("pooling_mode_weightedmean_tokens",), False)
     with pytest.raises(UserError, match="pooling mode 'weightedmean' is not supported"):
         load_sentence_transformer(folder)
 

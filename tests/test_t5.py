@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
-from parity_utils import assert_same_params, perturbed, random_params
+from parity_utils import Parity, assert_close, assert_same_params, converted, random_model
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import seq2seq_examples as s2s
@@ -44,14 +42,6 @@ CONFIGS = {
 }
 
 
-def hf_model(name: str, seed: int):
-    torch.manual_seed(seed)
-    model = transformers.T5ForConditionalGeneration(transformers.T5Config(**CONFIGS[name]))
-    if not CONFIGS[name]["tie_word_embeddings"]:  # transformers 5 ties at init regardless
-        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
-    return perturbed(model, seed)
-
-
 def batch(vocab_size: int, seed: int):
     """Encoder [3, 17] and decoder [3, 11] ids, both padded at the end of two rows."""
     rng = np.random.default_rng(seed)
@@ -62,47 +52,36 @@ def batch(vocab_size: int, seed: int):
 
 
 def hf_outputs(model, ids, mask, dec, dec_mask):
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                    decoder_input_ids=torch.tensor(dec),
-                    decoder_attention_mask=torch.tensor(dec_mask))
-    return out.encoder_last_hidden_state.numpy(), out.logits.numpy()
+    out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec,
+                decoder_attention_mask=dec_mask)
+    return {"encoder_hidden_states": out.encoder_last_hidden_state, "logits": out.logits}
 
 
-@nnx.jit
-def _forward(model, ids, mask, dec, dec_mask):
+def our_outputs(model, ids, mask, dec, dec_mask):
     out = model(ids, mask, dec, dec_mask)
-    return out.encoder_hidden_states, out.logits
+    return {"encoder_hidden_states": out.encoder_hidden_states, "logits": out.logits}
 
 
-def our_outputs(model, *inputs):
-    return tuple(map(np.asarray, _forward(model, *map(jnp.asarray, inputs))))
-
-
-def assert_close(ours, theirs, atol=1e-5):
-    for name, a, b in zip(("encoder_hidden_states", "logits"), ours, theirs, strict=True):
-        np.testing.assert_allclose(a, b, atol=atol, rtol=0, err_msg=name)
+T5_PARITY = Parity("T5ForConditionalGeneration", hf_outputs, our_outputs)
 
 
 @pytest.mark.usefixtures("deterministic_torch")
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_parity_with_hf_t5_for_conditional_generation(name, tmp_path):
-    reference = hf_model(name, seed=len(name))
-    reference.save_pretrained(tmp_path)
-    inputs = batch(CONFIGS[name]["vocab_size"], seed=3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a complete checkpoint loads without any warning
-        model = hf.load(tmp_path)
+    reference = T5_PARITY.reference(len(name), **CONFIGS[name])
+    model = converted(reference, tmp_path)
     c = model.config
     assert (c.tie_word_embeddings, c.gated, c.inner_size) == (
         name == "v1.0", name == "v1.1", CONFIGS[name]["num_heads"] * CONFIGS[name]["d_kv"])
-    assert_close(our_outputs(model, *inputs), hf_outputs(reference, *inputs))
+    inputs = batch(CONFIGS[name]["vocab_size"], seed=3)
+    T5_PARITY.assert_parity(model, reference, *inputs)
     # The state dict in memory (tied copies included) converts the same way.
     state = {k: v.numpy() for k, v in reference.state_dict().items()}
     assert_same_params(hf.from_hf(reference.config.to_dict(), state), model)
     # Layers in a Python loop under remat compute the same.
     looped = hf.load(tmp_path, scan_layers=False, remat="full")
-    assert_close(our_outputs(looped, *inputs), our_outputs(model, *inputs), atol=1e-6)
+    assert_close(T5_PARITY.our_outputs(looped, *inputs), T5_PARITY.our_outputs(model, *inputs),
+                 atol=1e-6)
     # The objective's loss is HF's with labels: targets shifted right from 0, pads ignored.
     ids, mask, targets, target_mask = inputs
     ids, targets = ids * mask, targets * target_mask
@@ -121,18 +100,11 @@ def test_parity_with_hf_t5_for_conditional_generation(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_our_t5_round_trips_through_transformers(name, tmp_path):
     hf_config = t5_hf.config_from_hf(CONFIGS[name] | {"dropout_rate": 0.2})
-    ours = random_params(nnx.eval_shape(lambda: T5(hf_config, rngs=nnx.Rngs(0))), seed=5)
-    hf.save(ours, tmp_path / "exported")
-    reloaded, info = transformers.T5ForConditionalGeneration.from_pretrained(
-        tmp_path / "exported", output_loading_info=True)
-    assert not any(info.values()), info  # no missing, unexpected or mismatched keys
+    ours = random_model(T5, hf_config, 5)
+    reloaded, _ = T5_PARITY.round_trip(ours, tmp_path / "exported",
+                                       *batch(CONFIGS[name]["vocab_size"], seed=4))
     assert (reloaded.lm_head.weight is reloaded.shared.weight) == (name == "v1.0")
     assert reloaded.config.dropout_rate == 0.2
-    inputs = batch(CONFIGS[name]["vocab_size"], seed=4)
-    assert_close(hf_outputs(reloaded.eval(), *inputs), our_outputs(ours, *inputs))
-    back = hf.load(tmp_path / "exported")
-    assert back.config == ours.config
-    assert_same_params(back, ours)
 
 
 def test_attention_bias_and_scale_on_the_dropout_path():

@@ -16,10 +16,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
+from parity_utils import encoder_pretraining
 
 from pretext_jax.errors import UserError
 from pretext_jax.models import migration
-from pretext_jax.pretrain import export, integrity
+from pretext_jax.pretrain import directories, integrity, loading
 from pretext_jax.pretrain.config import config_from_dict, make_config
 from pretext_jax.pretrain.trainer import Trainer
 
@@ -231,7 +232,7 @@ def test_simclr_workdir_with_view_settings_under_model_loads_and_resumes(tmp_pat
     (`model.image_size`, `model.jitter_strength`, ... in config.json, the checkpoint's config
     and model.json; the temperature already under `objective`) reads into today's layout, its
     model loads, and it resumes; so does the layout with every loss setting under `model`."""
-    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.loading import load_model
 
     settings = {"train.steps": 2, "train.checkpoint_every": 1,
                 "objective.jitter_strength": 0.25}
@@ -284,7 +285,7 @@ def test_checkpoint_of_other_records_is_refused_with_a_clear_error(tmp_path, dat
 
 
 def test_model_is_restored_from_workdir(tmp_path, data_cache):
-    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.loading import load_model
 
     summary = make_trainer(tmp_path / "w", data_cache, **{"train.steps": 2}).run()
     model = load_model(tmp_path / "w")
@@ -295,7 +296,7 @@ def test_model_is_restored_from_workdir(tmp_path, data_cache):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
     # A process with one device (a plain shell) loads the workdir written on 8.
     script = ("import sys, jax, numpy as np; from flax import nnx; "
-              "from pretext_jax.pretrain.export import load_model; m = load_model(sys.argv[1]); "
+              "from pretext_jax.pretrain.loading import load_model; m = load_model(sys.argv[1]); "
               "print(len(jax.devices()), "
               "sum(float(np.abs(np.asarray(v)).sum()) for v in "
               "jax.tree.leaves(nnx.state(m, nnx.Param))))")
@@ -334,16 +335,16 @@ def test_workdir_with_old_parameter_names_restores_and_resumes(tmp_path, data_ca
     make_trainer(new, data_cache, preset=preset, **settings).run(stop_after=2)
     shutil.copytree(new, old)
     state_dir = old / "checkpoints" / "2" / "state"
-    old_layout = with_old_names(export._restore_on_one_device(state_dir))
+    old_layout = with_old_names(loading.restore_on_one_device(state_dir))
     assert migration.has_old_names(old_layout)
     shutil.rmtree(state_dir)
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(state_dir.resolve(), old_layout)
     checkpointer.wait_until_finished()
     integrity.seal(old / "checkpoints" / "2")
-    assert migration.has_old_names(export.saved_layout(state_dir))
+    assert migration.has_old_names(directories.saved_layout(state_dir))
 
-    loaded = [nnx.to_pure_dict(nnx.state(export.load_model(w), nnx.Param)) for w in (new, old)]
+    loaded = [nnx.to_pure_dict(nnx.state(loading.load_model(w), nnx.Param)) for w in (new, old)]
     jax.tree.map(np.testing.assert_array_equal, loaded[0], loaded[1])
     trainers = [make_trainer(w, data_cache, preset=preset, **settings) for w in (new, old)]
     restored = []
@@ -372,19 +373,17 @@ def test_convert_workdir_to_hf_and_back(tmp_path, data_cache):
     """`run.py convert` both ways: a trained workdir -> HF folder that transformers loads with
     the same outputs -> pretext model directory with the same parameters."""
     transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from pretext_jax import run
-    from pretext_jax.pretrain.export import load_model
+    from pretext_jax.pretrain.loading import load_model
 
     make_trainer(tmp_path / "w", data_cache, **{"train.steps": 1}).run()
     assert run.main(["convert", str(tmp_path / "w"), str(tmp_path / "hf"), "--to", "hf"]) == 0
     ours = load_model(tmp_path / "w")
     reference = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
     ids = np.arange(24).reshape(2, 12) % ours.config.vocab_size
-    with torch.no_grad():
-        expected = reference(input_ids=torch.tensor(ids)).prediction_logits.numpy()
-    np.testing.assert_allclose(np.asarray(ours(jax.numpy.asarray(ids)).mlm_logits), expected,
-                               atol=1e-5)
+    encoder_pretraining("BertForPreTraining").assert_parity(ours, reference, ids,
+                                                            np.zeros_like(ids), np.ones_like(ids))
     assert run.main(["convert", str(tmp_path / "hf"), str(tmp_path / "back"), "--to",
                      "pretext"]) == 0
     back = nnx.to_pure_dict(nnx.state(load_model(tmp_path / "back"), nnx.Param))
@@ -412,7 +411,8 @@ def test_dynamic_masking_stream_is_reproducible_and_trains(tmp_path, data_cache)
 def test_simclr_evaluation_reports_the_knn_monitor(tmp_path, data_cache):
     """The kNN monitor runs at evaluation; the workdir's model comes back with its trained
     BatchNorm statistics (model state, not parameters), also through a model directory."""
-    from pretext_jax.pretrain.export import load_model, save_model
+    from pretext_jax.pretrain.export import save_model
+    from pretext_jax.pretrain.loading import load_model
 
     summary = make_trainer(tmp_path / "w", data_cache, preset="simclr_tiny",
                            **{"train.steps": 1, "train.eval_every": 1}).run()

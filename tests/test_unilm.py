@@ -42,7 +42,7 @@ from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
 from pretext_jax.objectives.unilm import attention_masks, check_unilm, unilm_loss
 from pretext_jax.pretrain.config import make_config
-from pretext_jax.pretrain.export import load_model
+from pretext_jax.pretrain.loading import load_model
 from pretext_jax.pretrain.trainer import Trainer
 
 VOCAB = MaskingVocab(100, 0, 2, 3, 4, np.zeros(100, bool))  # pad 0, [CLS] 2, [SEP] 3, [MASK] 4

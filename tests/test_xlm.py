@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
-from parity_utils import assert_same_params, perturbed, random_params
+from parity_utils import (
+    MASKED_POSITIONS,
+    XLM_LM,
+    assert_close,
+    assert_gathered,
+    converted,
+    perturbed,
+    random_model,
+)
 
 from pretext_jax.errors import UserError
 from pretext_jax.models.xlm import XLM, XLMConfig, sinusoidal_positions
@@ -29,17 +35,6 @@ VARIANTS = {"mlm": {}, "clm": {"causal": True},
             "sinusoidal_relu": {"sinusoidal_embeddings": True, "gelu_activation": False}}
 
 
-def hf_model(seed: int, **config):
-    torch.manual_seed(seed)
-    model = transformers.XLMWithLMHeadModel(transformers.XLMConfig(**config))
-    positions = model.transformer.position_embeddings.weight.detach().clone()
-    model = perturbed(model, seed)
-    if config.get("sinusoidal_embeddings"):  # perturbed moved HF's fixed table too: restore it
-        with torch.no_grad():
-            model.transformer.position_embeddings.weight.copy_(positions)
-    return model
-
-
 def xlm_batch(vocab_size: int, seed: int):
     """[3, 17] ids (never the padding id among the tokens) right-padded with it, the mask, and
     language ids 0/1 (two languages in one row, as TLM's pairs)."""
@@ -52,42 +47,12 @@ def xlm_batch(vocab_size: int, seed: int):
     return ids, mask, langs
 
 
-def hf_outputs(model, ids, mask, langs, positions=None):
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                    langs=torch.tensor(langs), output_hidden_states=True,
-                    position_ids=None if positions is None else torch.tensor(positions))
-    return out.hidden_states[-1].numpy(), out.logits.numpy()
-
-
-@nnx.jit
-def forward(model: XLM, ids, mask, langs, positions=None, masked_positions=None):
-    return model(ids, mask, langs=langs, position_ids=positions, masked_positions=masked_positions)
-
-
-def our_outputs(model, ids, mask, langs, positions=None):
-    out = forward(model, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(langs),
-                  None if positions is None else jnp.asarray(positions))
-    return np.asarray(out.hidden_states), np.asarray(out.logits)
-
-
-def assert_close(ours, theirs, atol=1e-5):
-    """Every position, padding included (zeroed hidden states, bias-only logits in both)."""
-    for name, a, b in zip(("hidden_states", "logits"), ours, theirs, strict=True):
-        np.testing.assert_allclose(a, b, atol=atol, rtol=0, err_msg=name)
-
-
 @pytest.mark.usefixtures("deterministic_torch")
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_parity_with_hf_xlm_with_lm_head(variant, tmp_path):
     config = {**HF_CONFIG, **VARIANTS[variant]}
-    reference = hf_model(len(variant), **config)
-    reference.save_pretrained(tmp_path)
-    ids, mask, langs = xlm_batch(config["vocab_size"], len(variant))
-    expected = hf_outputs(reference, ids, mask, langs)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a complete checkpoint loads without any warning
-        model = hf.load(tmp_path)
+    reference = XLM_LM.reference(len(variant), **config)
+    model = converted(reference, tmp_path)
     assert isinstance(model, XLM) and model.lang_embeddings is not None
     assert model.config.causal == config.get("causal", False)
     assert (model.position_embeddings is None) == config.get("sinusoidal_embeddings", False)
@@ -95,21 +60,19 @@ def test_parity_with_hf_xlm_with_lm_head(variant, tmp_path):
         np.testing.assert_allclose(sinusoidal_positions(40, 32),
                                    reference.transformer.position_embeddings.weight.detach(),
                                    atol=1e-7, rtol=0)
-    assert_close(our_outputs(model, ids, mask, langs), expected)
+    ids, mask, langs = xlm_batch(config["vocab_size"], len(variant))
+    expected = XLM_LM.assert_parity(model, reference, ids, mask, langs)
     # TLM restarts the positions for the translation: explicit position ids agree too.
     positions = np.concatenate([np.arange(9), np.arange(8)])[None].repeat(3, 0)
-    assert_close(our_outputs(model, ids, mask, langs, positions),
-                 hf_outputs(reference, ids, mask, langs, positions))
-    picked = np.array([[1, 4, 9], [0, 2, 3], [7, 8, 16]])
-    gathered = forward(model, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(langs),
-                       masked_positions=jnp.asarray(picked)).logits
-    np.testing.assert_allclose(gathered, np.take_along_axis(expected[1], picked[..., None], 1),
-                               atol=1e-5, rtol=0)
+    XLM_LM.assert_parity(model, reference, ids, mask, langs, positions)
+    gathered = model(jnp.asarray(ids), jnp.asarray(mask), langs=jnp.asarray(langs),
+                     masked_positions=jnp.asarray(MASKED_POSITIONS)).logits
+    assert_gathered(gathered, expected["logits"])
     # Without a mask, padding is where the ids are the padding id (HF's lengths).
     default = model(jnp.asarray(ids), langs=jnp.asarray(langs))
-    np.testing.assert_allclose(default.logits, expected[1], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(default.logits, expected["logits"], atol=1e-5, rtol=0)
     looped = hf.load(tmp_path, scan_layers=False, remat="full")
-    assert_close(our_outputs(looped, ids, mask, langs), expected)
+    assert_close(XLM_LM.our_outputs(looped, ids, mask, langs), expected)
 
 
 @pytest.mark.usefixtures("deterministic_torch")
@@ -122,22 +85,9 @@ def test_our_model_round_trips_through_transformers(variant, tmp_path):
     if variant != "mlm":
         config = dataclasses.replace(config, sinusoidal_embeddings=True, hidden_act="relu",
                                      causal=True)
-    ours = random_params(nnx.eval_shape(lambda: XLM(config, rngs=nnx.Rngs(0))), 0)
-    hf.save(ours, tmp_path / "exported")
-    hf_config = json.loads((tmp_path / "exported" / "config.json").read_text())
-    assert hf_config["architectures"] == ["XLMWithLMHeadModel"] and hf_config["n_langs"] == 2
-    reloaded, info = transformers.XLMWithLMHeadModel.from_pretrained(
-        tmp_path / "exported", output_loading_info=True)
-    assert not any(info.values()), info  # no missing, unexpected or mismatched keys
-    assert reloaded.config.causal == config.causal
-    ids, mask, langs = xlm_batch(50, 4)
-    assert_close(hf_outputs(reloaded.eval(), ids, mask, langs),
-                 our_outputs(ours, ids, mask, langs))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        back = hf.load(tmp_path / "exported")
-    assert back.config == ours.config
-    assert_same_params(back, ours)
+    ours = random_model(XLM, config, 0)
+    reloaded, hf_config = XLM_LM.round_trip(ours, tmp_path / "exported", *xlm_batch(50, 4))
+    assert hf_config["n_langs"] == 2 and reloaded.config.causal == config.causal
 
 
 @pytest.mark.usefixtures("deterministic_torch")
@@ -152,7 +102,7 @@ def test_bad_checkpoints_and_configs_are_refused(tmp_path):
         hf.load(tmp_path / "trained")
     model = hf.load(tmp_path / "trained", sinusoidal_embeddings=False)
     ids, mask, langs = xlm_batch(config["vocab_size"], 1)
-    assert_close(our_outputs(model, ids, mask, langs), hf_outputs(reference, ids, mask, langs))
+    XLM_LM.assert_parity(model, reference, ids, mask, langs)
     saved = json.loads((tmp_path / "trained" / "config.json").read_text())
     (tmp_path / "trained" / "config.json").write_text(json.dumps({**saved, "asm": True}))
     with pytest.raises(UserError, match="adaptive softmax"):

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flax import nnx
+from parity_utils import XLM_LM, classifier_parity
 from resilience_utils import (
     GRADIENT_STEP,
     assert_same_step_on_every_mesh,
@@ -193,8 +194,8 @@ def test_killed_run_resumes_bit_for_bit(corpora, tmp_path):
 
 def test_workdir_converts_to_hf_and_back(corpora, tmp_path):
     transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
-    from pretext_jax.pretrain.export import load_model
+    pytest.importorskip("torch")
+    from pretext_jax.pretrain.loading import load_model
 
     settings = {**task_settings("mlm", corpora), "train.steps": 2, "train.eval_every": 2,
                 "train.eval_batches": 1}
@@ -204,9 +205,7 @@ def test_workdir_converts_to_hf_and_back(corpora, tmp_path):
     ours = load_model(tmp_path / "w")
     ids = np.array([[5, 9, 12, 3, 7, 11]], np.int64)
     langs = np.array([[0, 0, 0, 1, 1, 1]], np.int64)
-    with torch.no_grad():
-        expected = theirs(torch.tensor(ids), langs=torch.tensor(langs)).logits.numpy()
-    np.testing.assert_allclose(np.asarray(ours(ids, langs=langs).logits), expected, atol=1e-5)
+    XLM_LM.assert_parity(ours, theirs, ids, None, langs)
     assert run.main(["convert", str(tmp_path / "hf"), str(tmp_path / "back"), "--to",
                      "pretext"]) == 0
     back = load_model(tmp_path / "back")
@@ -236,9 +235,9 @@ def test_glue_finetune_from_a_pretrained_xlm_workdir_and_export_to_hf(corpora, t
     sentence) with XLM's recipe and input layout, starting from its weights, and the classifier
     exports to HF `XLMForSequenceClassification` with the same logits."""
     transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
-    from pretext_jax.pretrain.export import load_model
+    pytest.importorskip("torch")
     from pretext_jax.pretrain.finetune import finetune, finetune_config
+    from pretext_jax.pretrain.loading import load_model
 
     workdir = tmp_path / "pretrained"
     Trainer(make_config("xlm_tiny", {**task_settings("mlm", corpora), "train.steps": 2,
@@ -276,10 +275,8 @@ def test_glue_finetune_from_a_pretrained_xlm_workdir_and_export_to_hf(corpora, t
     result = finetune(config, tmp_path / "run")
     assert result["dev"]["accuracy"] > 0.8 and not result["at_majority_baseline"], result
     assert run.main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
-    reference = transformers.XLMForSequenceClassification.from_pretrained(tmp_path / "hf")
-    ours = load_model(tmp_path / "run")
-    ids, mask = dev["input_ids"][:4], dev["attention_mask"][:4]
-    with torch.no_grad():
-        expected = reference.eval()(input_ids=torch.tensor(ids, dtype=torch.long),
-                                    attention_mask=torch.tensor(mask)).logits.numpy()
-    np.testing.assert_allclose(np.asarray(ours(ids, None, mask)), expected, atol=1e-5)
+    architecture = "XLMForSequenceClassification"
+    reference = getattr(transformers, architecture).from_pretrained(tmp_path / "hf").eval()
+    classifier_parity(architecture).assert_parity(
+        load_model(tmp_path / "run"), reference, dev["input_ids"][:4].astype(np.int64), None,
+        dev["attention_mask"][:4])

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from parity_utils import random_params
+from parity_utils import random_model
 
 from pretext_jax.errors import UserError
 from pretext_jax.models.xlm import (
@@ -39,7 +39,7 @@ def flat(module: nnx.Module) -> dict[tuple, np.ndarray]:
 
 def pretrained() -> XLM:
     """A 'pretrained' XLM: random parameters (biases and norms too, so copies are visible)."""
-    return random_params(nnx.eval_shape(lambda: XLM(CONFIG, rngs=nnx.Rngs(0))), 7)
+    return random_model(XLM, CONFIG, 7)
 
 
 def source_batch(seed: int = 0):
@@ -111,9 +111,8 @@ def numpy_decoder(params, config, ids, langs, encoded, source_mask):
 
 
 def test_decoder_equals_a_numpy_computation_of_the_reference_decoder():
-    model = random_params(nnx.eval_shape(lambda: XLMTranslation(
-        XLMTranslationConfig(**dataclasses.asdict(CONFIG), eos_token_id=EOS),
-        rngs=nnx.Rngs(0))), 3)
+    model = random_model(
+        XLMTranslation, XLMTranslationConfig(**dataclasses.asdict(CONFIG), eos_token_id=EOS), 3)
     source, source_mask, source_langs, target, target_langs = source_batch()
     target = target.at[1, 4:].set(PAD)  # a padded target row too
     encoded = model.encode(source, source_mask, language_ids=source_langs)
