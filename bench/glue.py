@@ -30,7 +30,7 @@ from bench import report
 from bench.pretrain_wikitext import shared_data_dir
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.input_pipeline.glue import glue_task, read_glue
-from pretext_jax.objectives.glue_metrics import constant_baseline
+from pretext_jax.objectives.common.glue_metrics import constant_baseline
 from pretext_jax.pretrain.finetune import GLUE_ORDER, glue_table, run_glue
 from pretext_jax.pretrain.sentence_embeddings import minilm_path
 

@@ -148,7 +148,7 @@ def jpeg_folder(workdir: Path, count: int, photos: bool) -> Path | None:
 # ------------------------------------------------------------------------ our host path
 def our_source(root: Path, crop_size: int = CROP_SIZE, seed: int = 0) -> Any:
     """The training images of `root` as SimCLR's preparation hands them to the trainer
-    (`objectives.two_view.prepare_two_view_images` with `examples.host_crop_size`; one image
+    (`objectives.common.two_view.prepare_two_view_images` with `examples.host_crop_size`; one image
     held out)."""
     from pretext_jax import objectives  # noqa: F401  (registers the methods)
     from pretext_jax.objectives import registry

@@ -41,8 +41,12 @@ from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.input_pipeline.images import read_cifar10
 from pretext_jax.models.cmc import CMCConfig
 from pretext_jax.objectives import registry
-from pretext_jax.objectives.evaluation import extract_features, knn_accuracy, linear_probe_accuracy
-from pretext_jax.objectives.two_view import backbone_features
+from pretext_jax.objectives.common.evaluation import (
+    extract_features,
+    knn_accuracy,
+    linear_probe_accuracy,
+)
+from pretext_jax.objectives.common.two_view import backbone_features
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.loading import load_model
 from pretext_jax.pretrain.trainer import Trainer

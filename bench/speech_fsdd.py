@@ -7,9 +7,10 @@ Data: $PRETEXT_SHARED_DATA/fsdd/recordings or ../shared/data/fsdd/recordings (3,
 recordings, resampled to 16 kHz; FSDD's official split: index 0-4 held out, 300 utterances),
 or --data (any folder of {digit}_{speaker}_{index}.wav files).
 Pre-trains the preset (`cpc_digits` or `wav2vec2_digits`: both read FSDD's labels from the file
-names) on the 2,700 training recordings, then reports the linear probes of `objectives.speech`
-for the spoken digit and the speaker on the held-out recordings: the trained network, the same
-network at its random initialisation, and the MFCC baseline, with the steps and the wall-clock.
+names) on the 2,700 training recordings, then reports the linear probes of
+`objectives.common.speech` for the spoken digit and the speaker on the held-out recordings: the
+trained network, the same network at its random initialisation, and the MFCC baseline, with the
+steps and the wall-clock.
 Prints one JSON line and writes the Markdown row of docs/benchmarks.md ("Speech on FSDD",
 `bench.report`). Needs the `audio` extra.
 """

@@ -44,8 +44,8 @@ import jax
 import numpy as np
 
 from bench import report
-from pretext_jax.input_pipeline.bert_examples import MaskingVocab, mask_tokens, to_features
-from pretext_jax.input_pipeline.xlnet_examples import PermutationSampling
+from pretext_jax.input_pipeline.examples.bert import MaskingVocab, mask_tokens, to_features
+from pretext_jax.input_pipeline.examples.xlnet import PermutationSampling
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain.config import Config, make_config
 from pretext_jax.pretrain.trainer import Trainer

@@ -90,7 +90,7 @@ class AudioExampleConfig:
     """Most held-out utterances evaluated (evenly spaced; each max_samples floats in memory)."""
     probe_labels: str = ""
     """Comma-separated label fields that the linear probes classify from frozen features
-    (`objectives.speech`), e.g. digit,speaker; empty = every label but `held_out_rule`'s."""
+    (`objectives.common.speech`), e.g. digit,speaker; empty = every label but `held_out_rule`'s."""
     probe_layer: int = -1
     """Which layer's output the probes pool, indexed as the method's `probe_layers` (wav2vec
     2.0: 0 = the Transformer's input .. L = its last block; CPC: 0 = z, 1 = c); -1 = last."""

@@ -32,7 +32,7 @@ class GlueTask:
 
     `columns` names every TSV column; `has_header` says whether the first row repeats those
     names. `labels` is None for regression (STS-B), whose label is a float in `score_range`.
-    `main_metric` is the key of `objectives.glue_metrics.task_metrics` used to pick the best
+    `main_metric` is the key of `objectives.common.glue_metrics.task_metrics` used to pick the best
     checkpoint; for tasks with two metrics (MRPC, STS-B) it is `glue_score`, their unweighted
     mean, which is how the GLUE paper and leaderboard score such a task, so model selection
     optimises the number GLUE ranks by rather than one of its two halves.

@@ -71,4 +71,4 @@ class Ernie(Bert):
     """ERNIE 1.0's network (Sun et al. 2019 §3.1: BERT's encoder and pre-training heads; its
     novelty is the masking), optionally with ERNIE 2.0's task-type embeddings
     (`EncoderConfig.task_type_vocab_size`); a class of its own so that it converts to HF
-    `ErnieForPreTraining` (`models/ernie_hf.py`)."""
+    `ErnieForPreTraining` (`models/hf/ernie.py`)."""

@@ -1,7 +1,7 @@
 """The shared Transformer encoder (BERT-style, post-LayerNorm) in Flax NNX.
 
 Reference: google-research/bert modeling.py (`embedding_postprocessor`, `transformer_model`) and
-HF transformers modeling_bert.py, whose weights convert one-to-one (`models/encoder_hf.py`).
+HF transformers modeling_bert.py, whose weights convert one-to-one (`models/hf/encoder.py`).
 Used by BERT, ELECTRA, RoBERTa (`position_padding_id`: positions counted over non-padding
 tokens) and ALBERT (`shared_layers`: one layer applied `num_layers` times).
 

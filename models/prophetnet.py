@@ -4,7 +4,7 @@ Qi et al. 2020 ("ProphetNet: Predicting Future N-gram for Sequence-to-Sequence P
 
 Reference: microsoft/ProphetNet (fairseq, `ngram_s2s_model.py`, `ngram_multihead_attention.py`)
 and HF transformers modeling_prophetnet.py (`ProphetNetForConditionalGeneration`), whose weights
-convert one-to-one (`models.prophetnet_hf`) and which is the parity oracle
+convert one-to-one (`models.hf.prophetnet`) and which is the parity oracle
 (tests/test_prophetnet.py).
 
 The encoder is a post-LN Transformer with learned positions (1 .. S, as HF counts them from the

@@ -5,7 +5,7 @@ project context and quantised vectors into the space of the contrastive task.
 
 Reference: fairseq `models/wav2vec/wav2vec2.py` (`Wav2Vec2Model`) and HF transformers
 modeling_wav2vec2.py (`Wav2Vec2ForPreTraining`), whose weights convert one-to-one
-(`models/wav2vec2_hf.py`) and which is the parity oracle (tests/test_wav2vec2.py). The losses
+(`models/hf/wav2vec2.py`) and which is the parity oracle (tests/test_wav2vec2.py). The losses
 built on these outputs (contrastive, diversity, feature penalty) and the host-side span masks
 and negatives are in `objectives/wav2vec2.py`.
 

@@ -15,10 +15,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pretext_jax.input_pipeline import albert_examples
+from pretext_jax.input_pipeline.examples import albert as albert_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.albert import Albert, AlbertConfig
-from pretext_jax.objectives.preset_parts import (
+from pretext_jax.objectives.common.losses import weighted_cross_entropy
+from pretext_jax.objectives.common.masked_lm import check_max_seq_length, prepare_masked_lm
+from pretext_jax.objectives.common.preset_parts import (
     TINY_TEXT_MODEL,
     TINY_TEXT_OPTIM,
     TINY_TEXT_TRAIN,
@@ -33,11 +35,6 @@ from pretext_jax.objectives.registry import (
     Start,
     register,
     summary_of,
-)
-from pretext_jax.objectives.text import (
-    check_max_seq_length,
-    prepare_masked_lm,
-    weighted_cross_entropy,
 )
 
 

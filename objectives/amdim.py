@@ -40,9 +40,8 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import image_augment
 from pretext_jax.models.infomax import AMDIM, AMDIMConfig, AMDIMEncoder
-from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
-from pretext_jax.objectives.two_view import (
+from pretext_jax.objectives.common.preset_parts import TINY_IMAGE_TRAIN
+from pretext_jax.objectives.common.two_view import (
     EVAL_AUGMENT_SEED,
     ImageExampleConfig,
     evaluation_view,
@@ -50,6 +49,7 @@ from pretext_jax.objectives.two_view import (
     knn_summary,
     prepare_two_view_images,
 )
+from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
 
 ASPECT = (0.7, 1.4)  # datasets.py RandomResizedCrop(ratio=(0.7, 1.4))
 

@@ -13,12 +13,14 @@ from pathlib import Path
 import jax
 from flax import nnx
 
-from pretext_jax.input_pipeline import bert_examples
+from pretext_jax.input_pipeline.examples import bert as bert_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
-from pretext_jax.objectives.classifier_recipes import ClassifierSettings, claims_encoders
-from pretext_jax.objectives.preset_parts import (
+from pretext_jax.objectives.common.classifier_recipes import ClassifierSettings, claims_encoders
+from pretext_jax.objectives.common.losses import mlm_and_pair_loss
+from pretext_jax.objectives.common.masked_lm import check_max_seq_length, prepare_masked_lm
+from pretext_jax.objectives.common.preset_parts import (
     NO_DROPOUT,
     TINY_TEXT_MODEL,
     TINY_TEXT_OPTIM,
@@ -35,11 +37,6 @@ from pretext_jax.objectives.registry import (
     declare_default,
     register,
     summary_of,
-)
-from pretext_jax.objectives.text import (
-    check_max_seq_length,
-    mlm_and_pair_loss,
-    prepare_masked_lm,
 )
 
 

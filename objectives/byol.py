@@ -34,10 +34,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pretext_jax.models.momentum import BYOL, BYOLConfig, ema_update
-from pretext_jax.objectives.contrastive import l2_normalize
-from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
-from pretext_jax.objectives.two_view import (
+from pretext_jax.objectives.common.contrastive import l2_normalize
+from pretext_jax.objectives.common.preset_parts import TINY_IMAGE_TRAIN
+from pretext_jax.objectives.common.two_view import (
     ImageExampleConfig,
     TwoViewAugmentation,
     check_two_view_method,
@@ -46,6 +45,7 @@ from pretext_jax.objectives.two_view import (
     prepare_two_view_images,
     two_views,
 )
+from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,8 +36,8 @@ from pretext_jax.models.classifier import (
     XLNetClassifierConfig,
     from_pretrained,
 )
-from pretext_jax.objectives.classifier_recipes import CLASSIFY, layout_of
-from pretext_jax.objectives.glue_metrics import constant_baseline, task_metrics
+from pretext_jax.objectives.common.classifier_recipes import CLASSIFY, layout_of
+from pretext_jax.objectives.common.glue_metrics import constant_baseline, task_metrics
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,

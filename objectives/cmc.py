@@ -42,18 +42,9 @@ from flax import nnx
 from pretext_jax.input_pipeline.indexed import IndexedRecords
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.cmc import CMC, CMCConfig
-from pretext_jax.objectives.contrastive import info_nce, l2_normalize
-from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import (
-    Batch,
-    Evaluation,
-    Method,
-    Metrics,
-    PreparedData,
-    Resolution,
-    register,
-)
-from pretext_jax.objectives.two_view import (
+from pretext_jax.objectives.common.contrastive import info_nce, l2_normalize
+from pretext_jax.objectives.common.preset_parts import TINY_IMAGE_TRAIN
+from pretext_jax.objectives.common.two_view import (
     EVAL_AUGMENT_SEED,
     ImageExampleConfig,
     ViewSettings,
@@ -64,6 +55,15 @@ from pretext_jax.objectives.two_view import (
     knn_summary,
     prepare_two_view_images,
     single_view,
+)
+from pretext_jax.objectives.registry import (
+    Batch,
+    Evaluation,
+    Method,
+    Metrics,
+    PreparedData,
+    Resolution,
+    register,
 )
 
 

@@ -29,14 +29,14 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.audio import AudioExampleConfig
 from pretext_jax.models.cpc import CPC, CPCConfig, frame_lengths
-from pretext_jax.objectives.preset_parts import FSDD_EXAMPLES
-from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
-from pretext_jax.objectives.speech import (
+from pretext_jax.objectives.common.preset_parts import FSDD_EXAMPLES
+from pretext_jax.objectives.common.speech import (
     check_probe_layer,
     prepare_speech,
     probe_monitor,
     probe_summary,
 )
+from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
 
 EVALUATION_SEED = 0  # the negatives' key when the loss gets no rng (evaluation)
 

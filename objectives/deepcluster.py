@@ -5,7 +5,7 @@ Training alternates, in rounds of `objective.recluster_every` steps (the referen
 1. at the start of a round (`begin_round`), the backbone's evaluation-mode features of every
    training image (streamed in batches of `objective.cluster_batch_size`; only the [N, d]
    features are kept), PCA-whitened to `objective.pca_dim` and L2-normalised, are clustered
-   by k-means into `model.num_clusters` groups (`objectives.clustering`, numpy, seeded by the
+   by k-means into `model.num_clusters` groups (`objectives.common.clustering`, numpy, seeded by the
    run's seed and the round; empty clusters re-seeded as the paper's §3.3); the assignments
    become the images' pseudo-labels (model state, so checkpointed) and the top layer is
    re-initialised, its optimizer moments restarting from zero (main.py builds a new top-layer
@@ -43,8 +43,18 @@ from pretext_jax.input_pipeline.descriptions import describe
 from pretext_jax.input_pipeline.indexed import WithField
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.deepcluster import DeepCluster, DeepClusterConfig
-from pretext_jax.objectives.clustering import kmeans, pca_whiten, uniform_cluster_order
-from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
+from pretext_jax.objectives.common.clustering import kmeans, pca_whiten, uniform_cluster_order
+from pretext_jax.objectives.common.preset_parts import TINY_IMAGE_TRAIN
+from pretext_jax.objectives.common.two_view import (
+    ImageExampleConfig,
+    ViewSettings,
+    backbone_features,
+    check_host_crops,
+    cropped_and_flipped,
+    knn_monitor,
+    knn_summary,
+    prepare_two_view_images,
+)
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
@@ -55,16 +65,6 @@ from pretext_jax.objectives.registry import (
     Segment,
     Segments,
     register,
-)
-from pretext_jax.objectives.two_view import (
-    ImageExampleConfig,
-    ViewSettings,
-    backbone_features,
-    check_host_crops,
-    cropped_and_flipped,
-    knn_monitor,
-    knn_summary,
-    prepare_two_view_images,
 )
 
 

@@ -27,9 +27,8 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.models.infomax import DIM, DIMConfig
-from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
-from pretext_jax.objectives.two_view import (
+from pretext_jax.objectives.common.preset_parts import TINY_IMAGE_TRAIN
+from pretext_jax.objectives.common.two_view import (
     ImageExampleConfig,
     check_host_crops,
     evaluation_view,
@@ -38,6 +37,7 @@ from pretext_jax.objectives.two_view import (
     prepare_two_view_images,
     single_view,
 )
+from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
 
 
 @dataclasses.dataclass(frozen=True)

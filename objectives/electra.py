@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from pretext_jax.input_pipeline import electra_examples
+from pretext_jax.input_pipeline.examples import electra as electra_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.electra import (
     Electra,
@@ -40,8 +40,10 @@ from pretext_jax.models.electra import (
     ElectraGenerator,
 )
 from pretext_jax.models.layers import split_rng
-from pretext_jax.objectives.classifier_recipes import ClassifierSettings, claims_encoders
-from pretext_jax.objectives.preset_parts import (
+from pretext_jax.objectives.common.classifier_recipes import ClassifierSettings, claims_encoders
+from pretext_jax.objectives.common.losses import weighted_cross_entropy
+from pretext_jax.objectives.common.masked_lm import check_max_seq_length, prepare_masked_lm
+from pretext_jax.objectives.common.preset_parts import (
     NO_DROPOUT,
     TINY_TEXT_MODEL,
     TINY_TEXT_OPTIM,
@@ -57,11 +59,6 @@ from pretext_jax.objectives.registry import (
     Start,
     register,
     summary_of,
-)
-from pretext_jax.objectives.text import (
-    check_max_seq_length,
-    prepare_masked_lm,
-    weighted_cross_entropy,
 )
 
 # Held-out evaluation has no step rng; the generator's samples then come from this fixed key.

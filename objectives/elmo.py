@@ -3,7 +3,7 @@ representations (`models.elmo`), and the task-specific scalar mix of its layers 
 
 Pre-training (`elmo`; allenai/bilm-tf bilm/training.py `LanguageModel._build_loss`): the
 forward LM predicts the next token and the backward LM the previous one from the same window
-(`input_pipeline.elmo_examples`), through one softmax shared by the directions. Each
+(`input_pipeline.examples.elmo`), through one softmax shared by the directions. Each
 direction's loss is the mean negative log-likelihood over its targets, and the loss is their
 average, 0.5 (forward + backward), as bilm-tf's `total_loss` (the paper's objective is the sum of
 the two log-likelihoods; the average halves its gradient). In training with
@@ -39,7 +39,7 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import corpus, glue
-from pretext_jax.input_pipeline import elmo_examples as ee
+from pretext_jax.input_pipeline.examples import elmo as ee
 from pretext_jax.input_pipeline.prepare import (
     DataConfig,
     fingerprint,
@@ -49,7 +49,9 @@ from pretext_jax.input_pipeline.prepare import (
 )
 from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
 from pretext_jax.models.elmo import BiLM, ElmoClassifier, ElmoClassifierConfig, ElmoConfig, ElmoLM
-from pretext_jax.objectives.glue_metrics import constant_baseline, task_metrics
+from pretext_jax.objectives.common.glue_metrics import constant_baseline, task_metrics
+from pretext_jax.objectives.common.held_out import held_out_examples
+from pretext_jax.objectives.common.losses import weighted_cross_entropy
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
@@ -61,7 +63,6 @@ from pretext_jax.objectives.registry import (
     Start,
     register,
 )
-from pretext_jax.objectives.text import held_out_examples, weighted_cross_entropy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,7 +249,7 @@ PRESETS = {
     # GPU x 3 GPUs (384) x 20 unrolled steps, Adagrad lr 0.2 (initial accumulator 1), gradients
     # clipped to global norm 10, 10 epochs of 768,648,884 tokens = 10 x 768.6M / (384 x 20)
     # ~ 1,000,000 steps. bilm-tf keeps the LSTM states between batches; we start each window
-    # from zero (input_pipeline/elmo_examples.py).
+    # from zero (input_pipeline/examples/elmo.py).
     "elmo_original": {
         "model": {"vocab_size": 0},
         "examples": {"max_seq_length": 20, "max_characters_per_token": 50},

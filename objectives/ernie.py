@@ -1,6 +1,6 @@
 """ERNIE 1.0 pre-training (Sun et al. 2019, §3.1-3.3): BERT's network and loss (masked LM +
 next-sentence prediction, `text.mlm_and_pair_loss`) on knowledge-masked examples
-(`input_pipeline.ernie_examples`: basic, phrase or entity units masked whole, from inline
+(`input_pipeline.examples.ernie`: basic, phrase or entity units masked whole, from inline
 [[ENT:...]] / [[PHR:...]] annotations or the built-in phrase chunker). The model is
 `models.bert.Ernie`, which converts to HF `ErnieForPreTraining`; `model.task_type_vocab_size`
 adds ERNIE 2.0's task-type embeddings (task 0 in pre-training) for HF checkpoints that have them.
@@ -13,11 +13,13 @@ from pathlib import Path
 import jax
 from flax import nnx
 
-from pretext_jax.input_pipeline import ernie_examples
+from pretext_jax.input_pipeline.examples import ernie as ernie_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.bert import Ernie
 from pretext_jax.models.encoder import EncoderConfig
-from pretext_jax.objectives.preset_parts import (
+from pretext_jax.objectives.common.losses import mlm_and_pair_loss
+from pretext_jax.objectives.common.masked_lm import check_max_seq_length, prepare_masked_lm
+from pretext_jax.objectives.common.preset_parts import (
     NO_DROPOUT,
     TINY_TEXT_MODEL,
     TINY_TEXT_OPTIM,
@@ -33,11 +35,6 @@ from pretext_jax.objectives.registry import (
     Start,
     register,
     summary_of,
-)
-from pretext_jax.objectives.text import (
-    check_max_seq_length,
-    mlm_and_pair_loss,
-    prepare_masked_lm,
 )
 
 

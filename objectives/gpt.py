@@ -1,7 +1,7 @@
 """GPT pre-training objective: causal language modelling, the next token's cross-entropy
 (Radford et al. 2018 §3.1 L1; 2019 §2).
 
-On a block of `input_pipeline.gpt_examples` (T + 1 tokens), the model reads tokens 0..T-1 and
+On a block of `input_pipeline.examples.gpt` (T + 1 tokens), the model reads tokens 0..T-1 and
 token t + 1 is the target at position t; padding (the last block's tail) is neither read as a
 key nor counted as a target. The loss is the mean negative log-likelihood over targets,
 computed in float32 (`weighted_cross_entropy`); metrics are exact (sum, count) pairs, so
@@ -20,10 +20,13 @@ import jax
 import numpy as np
 from flax import nnx
 
-from pretext_jax.input_pipeline import gpt_examples
+from pretext_jax.input_pipeline.examples import gpt as gpt_examples
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.gpt import GPT, GPTConfig
-from pretext_jax.objectives.preset_parts import (
+from pretext_jax.objectives.common.held_out import held_out_examples
+from pretext_jax.objectives.common.losses import weighted_cross_entropy
+from pretext_jax.objectives.common.masked_lm import check_max_seq_length
+from pretext_jax.objectives.common.preset_parts import (
     NO_DROPOUT,
     TINY_TEXT_MODEL,
     TINY_TEXT_OPTIM,
@@ -37,11 +40,6 @@ from pretext_jax.objectives.registry import (
     Resolution,
     Start,
     register,
-)
-from pretext_jax.objectives.text import (
-    check_max_seq_length,
-    held_out_examples,
-    weighted_cross_entropy,
 )
 
 

@@ -4,9 +4,9 @@ reference microsoft/MASS MASS-unsupNMT) on the T5 encoder-decoder of `models.t5`
 Each segment's encoder input has a consecutive fragment of about half its tokens masked
 (80/10/10) and the decoder predicts exactly that fragment from its shifted-right tokens, every
 other decoder position being [MASK]; the loss is cross-entropy on the fragment's tokens only
-(`objectives.text.encoder_decoder_loss`). The masks, the fragment and the positions are built in
-`input_pipeline.mass_examples`, whose docstring says how T5's relative positions keep the
-paper's positions.
+(`objectives.common.losses.encoder_decoder_loss`). The masks, the fragment and the positions are
+built in `input_pipeline.examples.mass`, whose docstring says how T5's relative positions keep
+the paper's positions.
 
 Bilingual pre-training (§3.1, unsupervised NMT): with `data.source=en=SOURCE,de=SOURCE` the
 segments of each language carry its id, the model gets a language embedding per language
@@ -20,12 +20,12 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from pretext_jax.input_pipeline import mass_examples
+from pretext_jax.input_pipeline.examples import mass as mass_examples
 from pretext_jax.models.t5 import T5, T5Config
-from pretext_jax.objectives.masked_span import prepare_mass
-from pretext_jax.objectives.preset_parts import T5_OPTIM, TINY_T5_MODEL, TINY_TEXT_TRAIN
+from pretext_jax.objectives.common.losses import encoder_decoder_loss
+from pretext_jax.objectives.common.masked_span import prepare_mass
+from pretext_jax.objectives.common.preset_parts import T5_OPTIM, TINY_T5_MODEL, TINY_TEXT_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, register
-from pretext_jax.objectives.text import encoder_decoder_loss
 
 
 def mass_loss(model: T5, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:

@@ -35,10 +35,9 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.models.momentum import MoCo, MoCoConfig, call_in_groups, ema_update
-from pretext_jax.objectives.contrastive import info_nce, l2_normalize
-from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
-from pretext_jax.objectives.two_view import (
+from pretext_jax.objectives.common.contrastive import info_nce, l2_normalize
+from pretext_jax.objectives.common.preset_parts import TINY_IMAGE_TRAIN
+from pretext_jax.objectives.common.two_view import (
     ImageExampleConfig,
     TwoViewAugmentation,
     check_two_view_method,
@@ -47,6 +46,7 @@ from pretext_jax.objectives.two_view import (
     prepare_two_view_images,
     two_views,
 )
+from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
 
 
 @dataclasses.dataclass(frozen=True)

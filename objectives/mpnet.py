@@ -19,11 +19,14 @@ import numpy as np
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import mpnet_examples
-from pretext_jax.input_pipeline.bert_examples import MaskingVocab
+from pretext_jax.input_pipeline.examples import mpnet as mpnet_examples
+from pretext_jax.input_pipeline.examples.bert import MaskingVocab
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.mpnet import MPNet, MPNetConfig
-from pretext_jax.objectives.preset_parts import (
+from pretext_jax.objectives.common.held_out import held_out_examples
+from pretext_jax.objectives.common.losses import weighted_cross_entropy
+from pretext_jax.objectives.common.masked_lm import build_with_vocab, unigram_baselines
+from pretext_jax.objectives.common.preset_parts import (
     FAIRSEQ_ROBERTA_OPTIM,
     NO_DROPOUT,
     TINY_TEXT_MODEL,
@@ -40,12 +43,6 @@ from pretext_jax.objectives.registry import (
     Start,
     register,
     summary_of,
-)
-from pretext_jax.objectives.text import (
-    build_with_vocab,
-    held_out_examples,
-    unigram_baselines,
-    weighted_cross_entropy,
 )
 
 

@@ -13,10 +13,11 @@ sum over the vocabulary of -log p, per target token. `disable_ngram_loss` keeps 
 
 Data. §3 pre-trains as MASS does: a contiguous span of 15% of the tokens is masked in the
 encoder input (80/10/10) and the decoder predicts it. The records, the span and the decoder
-inputs are MASS's (`input_pipeline.mass_examples`, `objectives.masked_span.prepare_mass`), with the
-span's start uniform (the paper: "randomly pick a starting position u"). The decoder inputs keep
-the segment's length, the span shifted right at its own positions and [MASK] elsewhere, so the
-learned positions are the sentence's, as the paper's. The one adaptation: stream s >= 1 at the
+inputs are MASS's (`input_pipeline.examples.mass`,
+`objectives.common.masked_span.prepare_mass`), with the span's start uniform (the paper:
+"randomly pick a starting position u"). The decoder inputs keep the segment's length, the span
+shifted right at its own positions and [MASK] elsewhere, so the learned positions are the
+sentence's, as the paper's. The one adaptation: stream s >= 1 at the
 first s positions of the span would read only [MASK] inputs before the span, so, as the
 reference criterion does with its `target_idx` (stream s only predicts span tokens at index >= s
 within the span), stream s counts target t only where t - s is also a target
@@ -36,11 +37,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import mass_examples
+from pretext_jax.input_pipeline.examples import mass as mass_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.prophetnet import PAD_ID, ProphetNet, ProphetNetConfig
-from pretext_jax.objectives.masked_span import prepare_mass
-from pretext_jax.objectives.preset_parts import NO_DROPOUT, TINY_TEXT_OPTIM, TINY_TEXT_TRAIN
+from pretext_jax.objectives.common.masked_span import prepare_mass
+from pretext_jax.objectives.common.preset_parts import NO_DROPOUT, TINY_TEXT_OPTIM, TINY_TEXT_TRAIN
 from pretext_jax.objectives.registry import (
     Batch,
     Method,

@@ -1,6 +1,6 @@
 """RoBERTa pre-training objective: masked LM only (Liu et al. 2019, §4.1-4.2).
 
-No next-sentence task; FULL-SENTENCES inputs (`input_pipeline.roberta_examples`) masked anew
+No next-sentence task; FULL-SENTENCES inputs (`input_pipeline.examples.roberta`) masked anew
 every time they are loaded (dynamic masking, BERT's 80/10/10). The loss is BERT's MLM loss
 over the gathered masked positions, sum(w * nll) / (sum(w) + 1e-5) (fairseq's masked_lm
 criterion: the mean over masked tokens).
@@ -17,10 +17,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import roberta_examples
+from pretext_jax.input_pipeline.examples import roberta as roberta_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.roberta import Roberta, RobertaConfig
-from pretext_jax.objectives.preset_parts import (
+from pretext_jax.objectives.common.losses import weighted_cross_entropy
+from pretext_jax.objectives.common.masked_lm import prepare_masked_lm
+from pretext_jax.objectives.common.preset_parts import (
     FAIRSEQ_ROBERTA_OPTIM,
     NO_DROPOUT,
     TINY_TEXT_MODEL,
@@ -38,7 +40,6 @@ from pretext_jax.objectives.registry import (
     register,
     summary_of,
 )
-from pretext_jax.objectives.text import prepare_masked_lm, weighted_cross_entropy
 
 
 def roberta_loss(model: Roberta, batch: Batch, rng: jax.Array | None

@@ -21,10 +21,9 @@ from flax import nnx
 from pretext_jax.input_pipeline import image_augment
 from pretext_jax.models.image_tasks import RotationNet
 from pretext_jax.models.resnet import ResNetConfig
-from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
-from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
-from pretext_jax.objectives.text import weighted_cross_entropy
-from pretext_jax.objectives.two_view import (
+from pretext_jax.objectives.common.losses import weighted_cross_entropy
+from pretext_jax.objectives.common.preset_parts import TINY_IMAGE_TRAIN
+from pretext_jax.objectives.common.two_view import (
     ImageExampleConfig,
     check_host_crops,
     evaluation_view,
@@ -33,6 +32,7 @@ from pretext_jax.objectives.two_view import (
     prepare_two_view_images,
     single_view,
 )
+from pretext_jax.objectives.registry import Batch, Evaluation, Method, Metrics, Resolution, register
 
 
 @dataclasses.dataclass(frozen=True)

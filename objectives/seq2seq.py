@@ -1,6 +1,6 @@
 """Encoder-decoder denoising pre-training (method `t5`): T5's span corruption (Raffel et al.
 2020, §3.1.4, §3.3.4) or BART's text infilling (Lewis et al. 2020, §2.2) on one T5 model,
-chosen by `examples.noise` (see `input_pipeline.seq2seq_examples`).
+chosen by `examples.noise` (see `input_pipeline.examples.seq2seq`).
 
 The loss is teacher-forced cross-entropy on the target tokens in float32: the decoder reads the
 targets shifted right with the start token 0 (= pad), pads (0) are ignored, and the loss is
@@ -19,12 +19,13 @@ import jax
 import numpy as np
 from flax import nnx
 
-from pretext_jax.input_pipeline import seq2seq_examples
+from pretext_jax.input_pipeline.examples import seq2seq as seq2seq_examples
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.t5 import PAD_ID, T5, T5Config, shift_right
-from pretext_jax.objectives.preset_parts import T5_OPTIM, TINY_T5_MODEL, TINY_TEXT_TRAIN
+from pretext_jax.objectives.common.held_out import held_out_examples
+from pretext_jax.objectives.common.losses import encoder_decoder_loss
+from pretext_jax.objectives.common.preset_parts import T5_OPTIM, TINY_T5_MODEL, TINY_TEXT_TRAIN
 from pretext_jax.objectives.registry import Batch, Method, Metrics, PreparedData, Start, register
-from pretext_jax.objectives.text import encoder_decoder_loss, held_out_examples
 
 
 def seq2seq_loss(model: T5, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:

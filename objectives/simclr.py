@@ -18,8 +18,17 @@ from flax import nnx
 from pretext_jax.input_pipeline import image_augment
 from pretext_jax.models.resnet import ResNet
 from pretext_jax.models.simclr import SimCLR, SimCLRConfig
-from pretext_jax.objectives.contrastive import nt_xent
-from pretext_jax.objectives.preset_parts import TINY_IMAGE_TRAIN
+from pretext_jax.objectives.common.contrastive import nt_xent
+from pretext_jax.objectives.common.preset_parts import TINY_IMAGE_TRAIN
+from pretext_jax.objectives.common.two_view import (
+    ImageExampleConfig,
+    ViewSettings,
+    check_host_crops,
+    knn_monitor,
+    knn_summary,
+    prepare_two_view_images,
+    two_views,
+)
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
@@ -28,15 +37,6 @@ from pretext_jax.objectives.registry import (
     Resolution,
     Start,
     register,
-)
-from pretext_jax.objectives.two_view import (
-    ImageExampleConfig,
-    ViewSettings,
-    check_host_crops,
-    knn_monitor,
-    knn_summary,
-    prepare_two_view_images,
-    two_views,
 )
 
 

@@ -21,11 +21,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import structbert_examples
+from pretext_jax.input_pipeline.examples import structbert as structbert_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
-from pretext_jax.objectives.preset_parts import (
+from pretext_jax.objectives.common.losses import weighted_cross_entropy
+from pretext_jax.objectives.common.masked_lm import check_max_seq_length, prepare_masked_lm
+from pretext_jax.objectives.common.preset_parts import (
     NO_DROPOUT,
     TINY_TEXT_MODEL,
     TINY_TEXT_OPTIM,
@@ -40,11 +42,6 @@ from pretext_jax.objectives.registry import (
     Resolution,
     register,
     summary_of,
-)
-from pretext_jax.objectives.text import (
-    check_max_seq_length,
-    prepare_masked_lm,
-    weighted_cross_entropy,
 )
 
 SENTENCE_CLASSES = 3  # next, previous, random (§2.3)

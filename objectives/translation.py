@@ -4,7 +4,7 @@ whose two sides start from a pre-trained XLM, Lample & Conneau 2019 §5.2), with
 of the held-out pairs scored by BLEU (sacrebleu, Post 2018): the
 Multi30K check of MASS (Song et al. 2019 §4.1 fine-tunes its pre-trained model on translation).
 
-Data (`input_pipeline.translation_examples`): `data.source` a parallel corpus
+Data (`input_pipeline.examples.translation`): `data.source` a parallel corpus
 (`input_pipeline.parallel`: `train.en,train.de`), `data.eval_source` the held-out one
 (`val.en,val.de`), `examples.source_language` -> `examples.target_language`, the tokenizer
 `data.tokenizer` (the pre-trained run's). Loss: teacher-forced cross-entropy on the target's
@@ -38,16 +38,17 @@ import numpy as np
 from flax import nnx
 
 from pretext_jax.errors import UserError, require
-from pretext_jax.input_pipeline import translation_examples as te
+from pretext_jax.input_pipeline.examples import translation as te
+from pretext_jax.input_pipeline.examples.xlm import language_ids
 from pretext_jax.input_pipeline.parallel import open_parallel
 from pretext_jax.input_pipeline.prepare import DataConfig, load_tokenizer, source_fingerprint
-from pretext_jax.input_pipeline.xlm_examples import language_ids
 from pretext_jax.models.generate import greedy_seq2seq
 from pretext_jax.models.layers import split_rng
 from pretext_jax.models.prophetnet import ProphetNet, ProphetNetConfig
 from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.models.xlm import XLM, XLMTranslation, XLMTranslationConfig, load_both_sides
-from pretext_jax.objectives.preset_parts import T5_OPTIM, TINY_T5_MODEL
+from pretext_jax.objectives.common.losses import weighted_cross_entropy
+from pretext_jax.objectives.common.preset_parts import T5_OPTIM, TINY_T5_MODEL
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
@@ -58,7 +59,6 @@ from pretext_jax.objectives.registry import (
     Start,
     register,
 )
-from pretext_jax.objectives.text import weighted_cross_entropy
 
 # Fields that may differ between the pre-trained model and the fine-tuned one.
 RUN_FIELDS = frozenset({"init", "hidden_dropout", "attention_dropout", "dropout",

@@ -1,6 +1,6 @@
 """UniLM pre-training: one BERT encoder, four self-attention masks (Dong et al. 2019, §2).
 
-Each example carries its objective (`input_pipeline.unilm_examples`: 1/3 bidirectional, 1/3
+Each example carries its objective (`input_pipeline.examples.unilm`: 1/3 bidirectional, 1/3
 sequence-to-sequence, 1/6 left-to-right, 1/6 right-to-left, §2.3); `attention_masks` turns
 (objective, token types, padding) into the [B, T, T] mask M of §2.1 on the device, inside the
 loss, and BERT's encoder (`models.bert.Bert`, unchanged apart from taking a per-query mask)
@@ -19,9 +19,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import unilm_examples
-from pretext_jax.input_pipeline.prepare import DataConfig
-from pretext_jax.input_pipeline.unilm_examples import (
+from pretext_jax.input_pipeline.examples import unilm as unilm_examples
+from pretext_jax.input_pipeline.examples.unilm import (
     BIDIRECTIONAL,
     LEFT_TO_RIGHT,
     OBJECTIVES,
@@ -29,9 +28,12 @@ from pretext_jax.input_pipeline.unilm_examples import (
     SEQ2SEQ,
     TYPE_VOCAB_SIZE,
 )
+from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
-from pretext_jax.objectives.preset_parts import (
+from pretext_jax.objectives.common.losses import weighted_cross_entropy
+from pretext_jax.objectives.common.masked_lm import check_max_seq_length, prepare_masked_lm
+from pretext_jax.objectives.common.preset_parts import (
     NO_DROPOUT,
     TINY_TEXT_MODEL,
     TINY_TEXT_OPTIM,
@@ -46,11 +48,6 @@ from pretext_jax.objectives.registry import (
     Resolution,
     register,
     summary_of,
-)
-from pretext_jax.objectives.text import (
-    check_max_seq_length,
-    prepare_masked_lm,
-    weighted_cross_entropy,
 )
 
 

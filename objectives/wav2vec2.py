@@ -44,7 +44,14 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.audio import AudioExampleConfig
 from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
-from pretext_jax.objectives.preset_parts import FAIRSEQ_ROBERTA_OPTIM, FSDD_EXAMPLES
+from pretext_jax.objectives.common.held_out import mask_records
+from pretext_jax.objectives.common.preset_parts import FAIRSEQ_ROBERTA_OPTIM, FSDD_EXAMPLES
+from pretext_jax.objectives.common.speech import (
+    check_probe_layer,
+    prepare_speech,
+    probe_monitor,
+    probe_summary,
+)
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
@@ -55,13 +62,6 @@ from pretext_jax.objectives.registry import (
     Start,
     register,
 )
-from pretext_jax.objectives.speech import (
-    check_probe_layer,
-    prepare_speech,
-    probe_monitor,
-    probe_summary,
-)
-from pretext_jax.objectives.text import mask_records
 
 COSINE_EPS = 1e-8  # torch.cosine_similarity's
 HELD_OUT_MASK_SEED = 0  # held-out masks and distractors: drawn once, the same in every run

@@ -3,7 +3,7 @@ Representations of Words and Phrases and their Compositionality"; reference tmik
 word2vec.c `TrainModelThread`, `InitUnigramTable`).
 
 Everything random is drawn on device inside the jitted step, from the batch of word-id windows
-(`input_pipeline.word2vec_examples`) and the step's key, so the step is sharded over the batch
+(`input_pipeline.examples.word2vec`) and the step's key, so the step is sharded over the batch
 like every other method and is the same for a seed:
 
 1. Subsampling (§2.3): each word w is kept with probability min(1, sqrt(t / f(w))), f(w) its
@@ -47,7 +47,7 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import corpus
-from pretext_jax.input_pipeline import word2vec_examples as we
+from pretext_jax.input_pipeline.examples import word2vec as we
 from pretext_jax.input_pipeline.prepare import (
     LOADER_ONLY_FIELDS,
     DataConfig,
@@ -58,7 +58,8 @@ from pretext_jax.input_pipeline.prepare import (
 )
 from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
 from pretext_jax.models.word2vec import SkipGram, Word2VecConfig
-from pretext_jax.objectives.contrastive import l2_normalize
+from pretext_jax.objectives.common.contrastive import l2_normalize
+from pretext_jax.objectives.common.held_out import held_out_examples
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
@@ -68,7 +69,6 @@ from pretext_jax.objectives.registry import (
     Resolution,
     register,
 )
-from pretext_jax.objectives.text import held_out_examples
 
 EVAL_KEY = 2  # the fixed key of held-out subsampling, windows and negatives
 SUBSAMPLING = ("paper", "code")

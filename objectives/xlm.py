@@ -5,7 +5,7 @@ TLM"), on one XLM model with language embeddings; `examples.task` picks one (the
 differ, so it is a data setting, as t5's `examples.noise`; the model is causal exactly for CLM,
 set from the data).
 
-Data (`input_pipeline.xlm_examples`): CLM / MLM read `data.source` = `en=PATH,de=PATH` (any text
+Data (`input_pipeline.examples.xlm`): CLM / MLM read `data.source` = `en=PATH,de=PATH` (any text
 sources), one shared sentencepiece vocabulary sampled by q ~ p^0.5, 256-token streams per
 language; held-out = `data.held_out_fraction` of every language. TLM reads a parallel corpus
 (`input_pipeline.parallel`) in `data.source`, one record set per direction, and holds out the
@@ -36,14 +36,16 @@ import numpy as np
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import xlm_examples
-from pretext_jax.input_pipeline.bert_examples import MaskingVocab, majority_baseline_accuracy
+from pretext_jax.input_pipeline.examples import xlm as xlm_examples
+from pretext_jax.input_pipeline.examples.bert import MaskingVocab, majority_baseline_accuracy
 from pretext_jax.input_pipeline.parallel import open_parallel
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.input_pipeline.records import RecordDirectory
 from pretext_jax.models.xlm import XLM, XLMConfig
-from pretext_jax.objectives.classifier_recipes import ClassifierSettings, claims_encoders
-from pretext_jax.objectives.preset_parts import (
+from pretext_jax.objectives.common.classifier_recipes import ClassifierSettings, claims_encoders
+from pretext_jax.objectives.common.held_out import MAX_EVAL_EXAMPLES, mask_records, stacked_records
+from pretext_jax.objectives.common.losses import weighted_cross_entropy
+from pretext_jax.objectives.common.preset_parts import (
     NO_DROPOUT,
     TINY_TEXT_MODEL,
     TINY_TEXT_OPTIM,
@@ -61,12 +63,6 @@ from pretext_jax.objectives.registry import (
     per_step_source,
     register,
     summary_of,
-)
-from pretext_jax.objectives.text import (
-    MAX_EVAL_EXAMPLES,
-    mask_records,
-    stacked_records,
-    weighted_cross_entropy,
 )
 
 

@@ -3,7 +3,7 @@
 `finetune_config` turns (task, starting point, data) into the run of the downstream method
 that claims what the starting point holds (`registry.downstream_recipe`): each family declares
 its paper's recipe as its `Start.finetunes` (BERT, ELECTRA, XLNet and XLM fine-tune under the
-transformer classifier `classify`, `objectives.classifier_recipes`; an ELMo biLM under its
+transformer classifier `classify`, `objectives.common.classifier_recipes`; an ELMo biLM under its
 scalar mix). `glue` runs every task over several seeds and reports the median, as the papers
 do.
 """

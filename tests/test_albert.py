@@ -15,8 +15,8 @@ from flax import nnx
 from parity_utils import converted, encoder_pretraining, padded_inputs, random_model
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import bert_examples
-from pretext_jax.input_pipeline.albert_examples import (
+from pretext_jax.input_pipeline.examples import bert as bert_examples
+from pretext_jax.input_pipeline.examples.albert import (
     AlbertExampleConfig,
     choose_ngram_spans,
     create_training_examples,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import bert_examples as be
+from pretext_jax.input_pipeline.examples import bert as be
 
 VOCAB_SIZE = 1000
 PAD, UNK, CLS, SEP, MASK = range(5)

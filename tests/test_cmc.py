@@ -34,7 +34,7 @@ from pretext_jax.objectives.cmc import (
     cmc_loss,
     cross_view_contrast,
 )
-from pretext_jax.objectives.two_view import cropped_and_flipped
+from pretext_jax.objectives.common.two_view import cropped_and_flipped
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.loading import load_model
 from pretext_jax.pretrain.trainer import Trainer

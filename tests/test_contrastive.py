@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 from jax.test_util import check_grads
 
-from pretext_jax.objectives.contrastive import nt_xent
+from pretext_jax.objectives.common.contrastive import nt_xent
 from pretext_jax.pretrain.mesh import make_mesh
 
 

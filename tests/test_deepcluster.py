@@ -15,7 +15,7 @@ from tfds_utils import write_cifar10_folder
 
 from pretext_jax import run
 from pretext_jax.models.deepcluster import SOBEL_X, sobel
-from pretext_jax.objectives.clustering import (
+from pretext_jax.objectives.common.clustering import (
     SPLIT_EPS,
     kmeans,
     pca_whiten,

@@ -40,6 +40,7 @@ from pretext_jax.objectives.amdim import (
     nce_scores,
     source_locations,
 )
+from pretext_jax.objectives.common.two_view import ImageExampleConfig
 from pretext_jax.objectives.dim import (
     DIMSettings,
     build_dim,
@@ -47,7 +48,6 @@ from pretext_jax.objectives.dim import (
     dim_loss,
     jsd_mi_loss,
 )
-from pretext_jax.objectives.two_view import ImageExampleConfig
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.trainer import Trainer
 

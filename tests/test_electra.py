@@ -21,8 +21,8 @@ from parity_utils import (
 )
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline.bert_examples import DynamicMasking, MaskingVocab
-from pretext_jax.input_pipeline.electra_examples import (
+from pretext_jax.input_pipeline.examples.bert import DynamicMasking, MaskingVocab
+from pretext_jax.input_pipeline.examples.electra import (
     ElectraExampleConfig,
     create_training_examples,
 )

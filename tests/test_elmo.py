@@ -26,7 +26,7 @@ from resilience_utils import (
 )
 
 from pretext_jax import run
-from pretext_jax.input_pipeline import elmo_examples as ee
+from pretext_jax.input_pipeline.examples import elmo as ee
 from pretext_jax.models.elmo import ElmoConfig, ElmoLM, lstm_layer
 from pretext_jax.objectives import elmo
 from pretext_jax.pretrain.config import make_config

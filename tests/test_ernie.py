@@ -28,8 +28,8 @@ from resilience_utils import (
 )
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import bert_examples
-from pretext_jax.input_pipeline.ernie_examples import (
+from pretext_jax.input_pipeline.examples import bert as bert_examples
+from pretext_jax.input_pipeline.examples.ernie import (
     ID_BITS,
     JOINS,
     ErnieExampleConfig,

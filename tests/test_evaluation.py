@@ -9,7 +9,11 @@ import numpy as np
 from flax import nnx
 
 from pretext_jax.models.resnet import ResNet, ResNetConfig
-from pretext_jax.objectives.evaluation import extract_features, knn_accuracy, linear_probe_accuracy
+from pretext_jax.objectives.common.evaluation import (
+    extract_features,
+    knn_accuracy,
+    linear_probe_accuracy,
+)
 
 
 def numpy_knn(bank, bank_labels, queries, num_classes, k, temperature):

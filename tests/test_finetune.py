@@ -24,7 +24,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import load_tokenizer
 from pretext_jax.objectives import bert
 from pretext_jax.objectives.classification import classification_loss
-from pretext_jax.objectives.classifier_recipes import ClassifierSettings
+from pretext_jax.objectives.common.classifier_recipes import ClassifierSettings
 from pretext_jax.pretrain import hf
 from pretext_jax.pretrain.finetune import evaluate, finetune, finetune_config, run_glue
 from pretext_jax.pretrain.loading import load_model
@@ -365,7 +365,7 @@ def test_majority_class_baseline_and_runs_that_end_at_it():
     from sklearn import metrics as sk
 
     from pretext_jax.input_pipeline.glue import glue_task
-    from pretext_jax.objectives.glue_metrics import constant_baseline
+    from pretext_jax.objectives.common.glue_metrics import constant_baseline
     from pretext_jax.pretrain.finetune import _against_baseline, glue_table
 
     dev = np.array([1, 1, 0, 1, 0, 1, 1])

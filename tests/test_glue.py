@@ -25,7 +25,7 @@ from pretext_jax.input_pipeline.glue import (
     truncate_seq_pair,
 )
 from pretext_jax.input_pipeline.tokenizers import SPECIALS, WordPieceTokenizer, load_tokenizer
-from pretext_jax.objectives import glue_metrics
+from pretext_jax.objectives.common import glue_metrics
 
 # ---------------------------------------------------------------------------------- metrics
 

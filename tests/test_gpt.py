@@ -18,7 +18,7 @@ from parity_utils import Parity, assert_close, converted, random_model
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import gpt_examples
+from pretext_jax.input_pipeline.examples import gpt as gpt_examples
 from pretext_jax.input_pipeline.tokenizers import ByteLevelBPETokenizer, load_tokenizer
 from pretext_jax.models.generate import Sampling, filter_logits, generate, left_pad
 from pretext_jax.models.gpt import GPT, GPTConfig

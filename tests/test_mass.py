@@ -1,4 +1,4 @@
-"""MASS (input_pipeline/mass_examples.py, objectives/mass.py) against the paper's definition
+"""MASS (input_pipeline/examples/mass.py, objectives/mass.py) against the paper's definition
 (Song et al. 2019 §2.2, §3.1) and microsoft/MASS's sampling: the fragment's length k =
 round(0.5 m), contiguity and start distribution; 80/10/10 inside the fragment only; the decoder
 reading the fragment shifted right with everything else masked; loss only on the fragment; the
@@ -28,8 +28,8 @@ from resilience_utils import (
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import mass_examples as me
-from pretext_jax.input_pipeline.bert_examples import MaskingVocab
+from pretext_jax.input_pipeline.examples import mass as me
+from pretext_jax.input_pipeline.examples.bert import MaskingVocab
 from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.objectives import mass
 from pretext_jax.objectives.mass import mass_loss

@@ -23,13 +23,13 @@ from pretext_jax.objectives.byol import (
     byol_loss,
     target_decay,
 )
+from pretext_jax.objectives.common.two_view import two_views
 from pretext_jax.objectives.moco import (
     MoCoLossSettings,
     build_moco,
     info_nce,
     moco_loss,
 )
-from pretext_jax.objectives.two_view import two_views
 from pretext_jax.pretrain.config import OptimConfig, make_config
 from pretext_jax.pretrain.optim import make_optimizer
 from pretext_jax.pretrain.trainer import Trainer

@@ -16,8 +16,8 @@ from flax import nnx
 from parity_utils import Parity, assert_close, converted, random_model
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline.bert_examples import MaskingVocab
-from pretext_jax.input_pipeline.mpnet_examples import (
+from pretext_jax.input_pipeline.examples.bert import MaskingVocab
+from pretext_jax.input_pipeline.examples.mpnet import (
     MaskedPermutation,
     MPNetExampleConfig,
     create_training_examples,

@@ -16,7 +16,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.models.classifier import XLNetClassifierConfig
 from pretext_jax.models.t5 import T5Config
 from pretext_jax.objectives import registry
-from pretext_jax.objectives.text import weighted_cross_entropy
+from pretext_jax.objectives.common.losses import weighted_cross_entropy
 from pretext_jax.pretrain.config import OptimConfig
 from pretext_jax.pretrain.optim import decay_mask, learning_rate_schedule, make_optimizer
 

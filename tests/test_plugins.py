@@ -45,7 +45,7 @@ NEW_METHOD = '''"""A method from one file: BERT's masked LM alone, from the shar
 
 from flax import nnx
 
-from pretext_jax.input_pipeline import bert_examples
+from pretext_jax.input_pipeline.examples import bert as bert_examples
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
 from pretext_jax.objectives.registry import (
@@ -55,11 +55,8 @@ from pretext_jax.objectives.registry import (
     register,
     summary_of,
 )
-from pretext_jax.objectives.text import (
-    check_max_seq_length,
-    prepare_masked_lm,
-    weighted_cross_entropy,
-)
+from pretext_jax.objectives.common.losses import weighted_cross_entropy
+from pretext_jax.objectives.common.masked_lm import check_max_seq_length, prepare_masked_lm
 
 
 def mlm_only_loss(model, batch, rng):

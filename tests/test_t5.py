@@ -16,8 +16,8 @@ import pytest
 from parity_utils import Parity, assert_close, assert_same_params, converted, random_model
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import seq2seq_examples as s2s
-from pretext_jax.models import t5_hf
+from pretext_jax.input_pipeline.examples import seq2seq as s2s
+from pretext_jax.models.hf import t5 as t5_hf
 from pretext_jax.models.layers import attention
 from pretext_jax.models.t5 import T5, T5Config, shift_right
 from pretext_jax.objectives.seq2seq import seq2seq_loss

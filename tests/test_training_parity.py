@@ -907,10 +907,10 @@ def simclr_state(model: nnx.Module) -> dict[str, np.ndarray]:
 
 def augmented_views(trainer: Trainer, step: int, images: np.ndarray) -> np.ndarray:
     """The two views our step `step` makes of `images` [2N, H, W, 3], recomputed on the host
-    with `objectives.two_view.two_views` and the step's key fold_in(key(seed), step): the
+    with `objectives.common.two_view.two_views` and the step's key fold_in(key(seed), step): the
     augmentations are ours, tested in tests/test_image_augment.py; here the reference trains
     on the same pixels."""
-    from pretext_jax.objectives.two_view import two_views
+    from pretext_jax.objectives.common.two_view import two_views
 
     views = trainer.objective.view_augmentations
     key = jax.random.fold_in(jax.random.key(trainer.config.train.seed), step)

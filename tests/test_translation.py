@@ -15,10 +15,10 @@ from parity_utils import hf_reference, random_model
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import translation_examples as te
+from pretext_jax.input_pipeline.examples import translation as te
 from pretext_jax.input_pipeline.tokenizers import SentencePieceTokenizer
-from pretext_jax.models import t5_hf
 from pretext_jax.models.generate import greedy_seq2seq
+from pretext_jax.models.hf import t5 as t5_hf
 from pretext_jax.models.prophetnet import ProphetNet, ProphetNetConfig
 from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.models.xlm import XLM, XLMConfig

@@ -27,9 +27,9 @@ from resilience_utils import (
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline.albert_examples import choose_ngram_spans
-from pretext_jax.input_pipeline.bert_examples import MaskingVocab, prediction_budget
-from pretext_jax.input_pipeline.unilm_examples import (
+from pretext_jax.input_pipeline.examples.albert import choose_ngram_spans
+from pretext_jax.input_pipeline.examples.bert import MaskingVocab, prediction_budget
+from pretext_jax.input_pipeline.examples.unilm import (
     BIDIRECTIONAL,
     LEFT_TO_RIGHT,
     OBJECTIVE_RATES,

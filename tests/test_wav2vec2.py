@@ -285,7 +285,7 @@ def test_bad_configs():
         MaskingSettings(mask_start_fraction=0.0)
     with pytest.raises(ValueError, match="gumbel_start_temperature"):
         Wav2Vec2LossSettings(gumbel_start_temperature=0.1)
-    from pretext_jax.models import conversion
+    from pretext_jax.models.hf import conversion
 
     with pytest.raises(UserError, match="adapter"):
         conversion.converter_and_config({"model_type": "wav2vec2", "add_adapter": True},

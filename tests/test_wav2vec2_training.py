@@ -14,8 +14,8 @@ from flax import nnx
 from resilience_utils import GRADIENT_STEP, assert_same_training, kill_and_resume, run_in_process
 
 from pretext_jax import run
-from pretext_jax.models import hf_tables  # noqa: F401  (registers the HF tables)
-from pretext_jax.models.conversion import from_hf, to_hf
+from pretext_jax.models.hf import tables as hf_tables  # noqa: F401  (registers the HF tables)
+from pretext_jax.models.hf.conversion import from_hf, to_hf
 from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
 from pretext_jax.objectives.wav2vec2 import (
     SpanMasking,

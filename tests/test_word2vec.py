@@ -23,7 +23,7 @@ from scipy import stats
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import word2vec_examples as we
+from pretext_jax.input_pipeline.examples import word2vec as we
 from pretext_jax.objectives import word2vec as w2v
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.trainer import Trainer

@@ -1,4 +1,4 @@
-"""XLM's data (input_pipeline/xlm_examples.py, Lample & Conneau 2019 §3.1-3.3): language
+"""XLM's data (input_pipeline/examples/xlm.py, Lample & Conneau 2019 §3.1-3.3): language
 sampling q ~ p^0.5, 256-token streams, MLM positions drawn by sqrt(1/frequency) with 80/10/10,
 TLM pairs with positions reset and per-half language ids, determinism per seed, a small build
 on the real Multi30K with a shared vocabulary, and one-line errors."""
@@ -13,11 +13,8 @@ import numpy as np
 import pytest
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline.bert_examples import MaskingVocab
-from pretext_jax.input_pipeline.parallel import open_parallel
-from pretext_jax.input_pipeline.prepare import DataConfig
-from pretext_jax.input_pipeline.records import RecordDirectory, make_loader, write_records
-from pretext_jax.input_pipeline.xlm_examples import (
+from pretext_jax.input_pipeline.examples.bert import MaskingVocab
+from pretext_jax.input_pipeline.examples.xlm import (
     LineSplit,
     StepSchedule,
     XLMExampleConfig,
@@ -38,6 +35,9 @@ from pretext_jax.input_pipeline.xlm_examples import (
     train_shared_tokenizer,
     weighted_mask,
 )
+from pretext_jax.input_pipeline.parallel import open_parallel
+from pretext_jax.input_pipeline.prepare import DataConfig
+from pretext_jax.input_pipeline.records import RecordDirectory, make_loader, write_records
 
 VOCAB = MaskingVocab(vocab_size=1000, pad_id=0, cls_id=2, sep_id=3, mask_id=4,
                      continuation=np.zeros(1000, bool))

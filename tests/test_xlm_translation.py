@@ -18,6 +18,7 @@ from flax import nnx
 from parity_utils import random_model
 
 from pretext_jax.errors import UserError
+from pretext_jax.models.hf.xlm import config_to_hf
 from pretext_jax.models.xlm import (
     XLM,
     XLMConfig,
@@ -25,7 +26,6 @@ from pretext_jax.models.xlm import (
     XLMTranslationConfig,
     translation_from_pretrained,
 )
-from pretext_jax.models.xlm_hf import config_to_hf
 
 PAD, EOS = 2, 1
 CONFIG = XLMConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2,

@@ -12,8 +12,8 @@ import pytest
 from flax import nnx
 from parity_utils import XLNET_LM
 
-from pretext_jax.input_pipeline.bert_examples import MaskingVocab
-from pretext_jax.input_pipeline.xlnet_examples import (
+from pretext_jax.input_pipeline.examples.bert import MaskingVocab
+from pretext_jax.input_pipeline.examples.xlnet import (
     PermutationSampling,
     XLNetExampleConfig,
     batchify,

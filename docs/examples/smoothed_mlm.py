@@ -17,12 +17,12 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from pretext_jax.input_pipeline.bert_examples import BertExampleConfig
+from pretext_jax.input_pipeline.examples.bert import BertExampleConfig
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
 from pretext_jax.objectives.bert import prepare_bert
+from pretext_jax.objectives.common.masked_lm import check_max_seq_length
 from pretext_jax.objectives.registry import Batch, Method, Metrics, Resolution, register
-from pretext_jax.objectives.text import check_max_seq_length
 
 
 @dataclasses.dataclass(frozen=True)

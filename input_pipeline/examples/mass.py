@@ -1,0 +1,207 @@
+"""MASS examples (Song et al. 2019, "MASS: Masked Sequence to Sequence Pre-training for Language
+Generation", §2.2 and §3.1; reference microsoft/MASS MASS-unsupNMT/src/trainer.py
+`restricted_mask_sent`, `shuffle_segments`, `mask_word`).
+
+Preparation (`create_training_examples`, stored once) keeps each sentence of the corpus as one
+segment: its tokens followed by EOS ([SEP]), cut into pieces of at most `max_seq_length` tokens
+(EOS included) where a sentence is longer; pieces of fewer than `min_length` tokens before EOS
+are dropped (MASS trains with --min_len 5). Records hold the segment's tokens, padded with 0.
+
+Masking (`MassMasking`, a Grain `RandomMap`, drawn every time a record is loaded, as
+`seq2seq_examples.Seq2SeqNoising`) of a segment x of m tokens (EOS included):
+- The fragment x[u : u + k] is k = max(1, round(fragment_fraction x m)) consecutive tokens
+  (Python's round halves to even, as the reference), or `fragment_length` (capped at m) when
+  set. Its start u is 0 with probability `fragment_at_start_prob` (0.2), m - k with
+  `fragment_at_end_prob` (0.2), and otherwise uniform over 0 .. m - k (the reference's
+  `shuffle_segments`: the fragment at the sentence start 20% of the time, at its end 20%, at a
+  random place 60%). With both probabilities 0 the start is uniform.
+- Encoder input: x with the fragment's tokens replaced 80/10/10 (§3.1, as BERT): [MASK] with
+  `mask_token_prob`, a random id of the whole vocabulary with `random_token_prob`, unchanged
+  otherwise (`bert_examples.corrupt`, the reference's `mask_word`). `input_mask` marks the m
+  tokens of the segment (a random token may be 0 = pad, so the mask is explicit).
+- Decoder: it predicts exactly the fragment (`targets` = x at u .. u + k - 1, 0 elsewhere; the
+  loss is on non-zero targets only). Its input at position j of the fragment is x[j - 1], the
+  fragment shifted right, the first being the token before the fragment (or the decoder start
+  token 0 when u = 0, which plays the reference's sentence-start </s>); every other position of
+  the segment is [MASK].
+
+Positions: the paper keeps the decoder's tokens at their positions in the sentence; to save
+computation it drops the masked decoder positions and keeps the absolute position embeddings of
+the fragment tokens (§3.1; the reference passes `positions` to its decoder). The T5 model has
+no absolute positions: its decoder knows where the fragment sits only through its relative
+position bias to the decoder positions before it. So the decoder input and the targets keep the
+segment's full length, with the fragment at its original positions and [MASK] elsewhere (the
+paper's Figure 1); positions after the fragment cannot affect it (causal attention) and carry
+no loss. The one difference from the paper's figure: where it draws [MASK] as the first
+decoder input, the reference (and we) feed the token before the fragment, which the encoder
+sees unmasked anyway, so the decoder learns no fragment token from it.
+
+Edge cases (§2.2, Table 1): k = 1 is BERT's masked LM (one masked token, the decoder's only
+non-[MASK] input is a token the encoder sees); k = m is a standard LM (the whole encoder input
+is masked, the decoder reads x shifted right from the start token and predicts all of x).
+
+Bilingual pre-training (§3.1 and §4.1, unsupervised NMT; MASS-unsupNMT on XLM, which trains
+`--mass_steps 'en,fr'` with one monolingual batch of each language in turn and language
+embeddings in encoder and decoder): `data.source` names monolingual text per language,
+`en=SOURCE,de=SOURCE` (`language_corpora`; not aligned, each side is its own corpus), with one
+sentencepiece vocabulary trained on both (`xlm_examples.prepare_languages`, languages sampled in
+proportion to their sentences: alpha 1, as a vocabulary learned on the concatenation) and
+held-out text per language (`data.eval_source` of the same form, or `data.held_out_fraction`
+of each). Language ids are the sorted order of the languages (`xlm_examples.language_ids`:
+de = 0, en = 1), stored per segment (`language`) and given to every token of the encoder and
+decoder inputs (`language_ids`). Every training step reads one language, drawn as XLM's
+`shuf_order` draws the `--mass_steps` languages (uniform: MASS-unsupNMT leaves
+`lg_sampling_factor` at -1), through `xlm_examples.StepSchedule`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grain
+import numpy as np
+
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline.examples.bert import Document, MaskingVocab, corrupt
+from pretext_jax.input_pipeline.examples.xlm import parse_corpora
+
+DECODER_START = 0  # T5's decoder start token (= pad), models.t5.PAD_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class MassExampleConfig:
+    """Segment length, fragment length and start, and the 80/10/10 of the fragment in the
+    encoder input (see the module docstring)."""
+
+    max_seq_length: int = 100
+    """Tokens per segment incl. EOS; longer sentences are cut (MASS/XLM --max_len 100)."""
+    min_length: int = 5
+    """Segments with fewer tokens (before EOS) are dropped (MASS --min_len 5)."""
+    fragment_fraction: float = 0.5
+    """k = max(1, round(fraction x m)) masked consecutive tokens of m (MASS --word_mass 0.5)."""
+    fragment_length: int = 0
+    """A fixed k instead (capped at m); 0 = use fragment_fraction. 1 gives BERT's MLM (§2.2)."""
+    fragment_at_start_prob: float = 0.2
+    """Probability that the fragment starts the segment (the reference's 0.2)."""
+    fragment_at_end_prob: float = 0.2
+    """Probability that the fragment ends the segment (the reference's 0.2); else uniform."""
+    mask_token_prob: float = 0.8
+    """Share of fragment tokens given [MASK] in the encoder input (MASS §3.1 0.8)."""
+    random_token_prob: float = 0.1
+    """Share of fragment tokens given a random token (0.1; the rest stay unchanged)."""
+
+    def __post_init__(self) -> None:
+        if self.max_seq_length < 2:
+            raise UserError(f"examples.max_seq_length={self.max_seq_length} is too small; use "
+                            "at least 2 (a token and EOS)")
+        if not 1 <= self.min_length < self.max_seq_length:
+            raise UserError(f"examples.min_length={self.min_length} must be in [1, "
+                            f"examples.max_seq_length) (MASS: 5)")
+        if not 0.0 < self.fragment_fraction <= 1.0 or self.fragment_length < 0:
+            raise UserError("examples.fragment_fraction must be in (0, 1] and "
+                            "examples.fragment_length >= 0 (MASS: 0.5 and 0 = use the fraction)")
+        probabilities = (self.fragment_at_start_prob, self.fragment_at_end_prob)
+        if min(probabilities) < 0.0 or sum(probabilities) > 1.0:
+            raise UserError("examples.fragment_at_start_prob and examples.fragment_at_end_prob "
+                            "must be >= 0 with a sum <= 1 (MASS: 0.2 and 0.2)")
+        if (min(self.mask_token_prob, self.random_token_prob) < 0.0
+                or self.mask_token_prob + self.random_token_prob > 1.0):
+            raise UserError(
+                f"examples.mask_token_prob={self.mask_token_prob} and examples.random_token_prob"
+                f"={self.random_token_prob} must be >= 0 with a sum <= 1 (MASS: 0.8 and 0.1)")
+
+    def fragment_size(self, length: int) -> int:
+        """k for a segment of `length` tokens (EOS included)."""
+        if self.fragment_length:
+            return min(self.fragment_length, length)
+        return min(max(1, int(round(self.fragment_fraction * length))), length)
+
+
+def fragment_start(length: int, size: int, config: MassExampleConfig,
+                   rng: np.random.Generator) -> int:
+    """The fragment's first position u in 0 .. length - size (see the module docstring)."""
+    last = length - size
+    draw = rng.random()
+    if draw < config.fragment_at_start_prob:
+        return 0
+    if draw < config.fragment_at_start_prob + config.fragment_at_end_prob:
+        return last
+    return int(rng.integers(0, last + 1))
+
+
+def segments(documents: Sequence[Document], config: MassExampleConfig, eos_id: int
+             ) -> Iterator[np.ndarray]:
+    """Every sentence's tokens in pieces of at most max_seq_length - 1, each followed by EOS;
+    pieces shorter than min_length are dropped."""
+    piece = config.max_seq_length - 1
+    for document in documents:
+        for sentence in document:
+            tokens = np.asarray(sentence, np.int32)
+            for start in range(0, len(tokens), piece):
+                chunk = tokens[start:start + piece]
+                if len(chunk) >= config.min_length:
+                    yield np.append(chunk, np.int32(eos_id))
+
+
+def create_training_examples(documents: Sequence[Document], config: MassExampleConfig,
+                             eos_id: int, language: int | None = None
+                             ) -> Iterator[dict[str, np.ndarray]]:
+    """Records {"tokens": [max_seq_length] int32}: one segment each, padded with 0; with a
+    `language` id (bilingual corpora) also {"language": [1] int32}."""
+    if not documents:
+        raise UserError("the corpus has no documents; pass a non-empty corpus")
+    for segment in segments(documents, config, eos_id):
+        tokens = np.zeros(config.max_seq_length, np.int32)
+        tokens[:len(segment)] = segment
+        yield {"tokens": tokens} if language is None else {
+            "tokens": tokens, "language": np.array([language], np.int32)}
+
+
+def language_corpora(spec: str) -> dict[str, str] | None:
+    """{language: source} of a bilingual `data.source` (`en=SOURCE,de=SOURCE`, as XLM's), or
+    None for one monolingual source (no `LANG=` in it)."""
+    if "=" not in spec:
+        return None
+    return parse_corpora(spec)
+
+
+def mass_example(tokens: np.ndarray, start: int, size: int, vocab: MaskingVocab,
+                 config: MassExampleConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The features of a segment (`tokens`, padded with 0) with the fragment tokens[start :
+    start + size]: `inputs`, `input_mask`, `decoder_inputs` and `targets`, each [len(tokens)]
+    int32 (see the module docstring). A bilingual segment's `language_ids` are added by
+    `MassMasking`."""
+    length = int(np.count_nonzero(tokens))
+    fragment = np.arange(start, start + size)
+    inputs = tokens.copy()
+    corrupt(inputs, fragment, vocab, config, rng)
+    previous = np.concatenate([[DECODER_START], tokens[:-1]]).astype(np.int32)
+    decoder_inputs = np.zeros_like(tokens)
+    decoder_inputs[:length] = vocab.mask_id
+    decoder_inputs[fragment] = previous[fragment]
+    targets = np.zeros_like(tokens)
+    targets[fragment] = tokens[fragment]
+    return {"inputs": inputs, "input_mask": (np.arange(len(tokens)) < length).astype(np.int32),
+            "decoder_inputs": decoder_inputs, "targets": targets}
+
+
+class MassMasking(grain.transforms.RandomMap):
+    """Draws the fragment and its 80/10/10 each time a record is loaded, with Grain's
+    per-record RNG (so reruns and resumes see the same masks)."""
+
+    def __init__(self, vocab: MaskingVocab, config: MassExampleConfig):
+        self.vocab = vocab
+        self.config = config
+
+    def random_map(self, element: dict[str, Any], rng: np.random.Generator
+                   ) -> dict[str, np.ndarray]:
+        tokens = np.asarray(element["tokens"], np.int32)
+        length = int(np.count_nonzero(tokens))
+        size = self.config.fragment_size(length)
+        start = fragment_start(length, size, self.config, rng)
+        example = mass_example(tokens, start, size, self.vocab, self.config, rng)
+        if "language" in element:  # every token of encoder and decoder is of that language
+            example["language_ids"] = np.full(len(tokens), element["language"][0], np.int32)
+        return example

@@ -1,0 +1,156 @@
+"""wav2vec 2.0's HF conversion (transformers models/wav2vec2/modeling_wav2vec2.py,
+configuration_wav2vec2.py): `Wav2Vec2ForPreTraining` (e.g. facebook/wav2vec2-base) <->
+`models.wav2vec2.Wav2Vec2`; bare `Wav2Vec2Model` checkpoints load too, their quantiser and
+heads left at their initial values.
+
+The position convolution's weight normalisation is stored as torch's parametrisation names
+(`parametrizations.weight.original0` = the gain g, `original1` = the direction v), which this
+transformers writes; checkpoints saved before torch's parametrisations (the released
+facebook/wav2vec2-* ones) name them `weight_g` / `weight_v` and are read under either name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pretext_jax.errors import UserError
+from pretext_jax.models.hf.conversion import (
+    HF_ACTIVATIONS,
+    OUR_TO_HF_ACTIVATION,
+    Converter,
+    Tensor,
+    layer_norm,
+    linear,
+    register,
+)
+from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config
+
+TORCH_CONV1D = (2, 1, 0)  # torch Conv1d weight [O, I, K] -> flax [K, I, O]
+POSITION_CONV = "wav2vec2.encoder.pos_conv_embed.conv"
+# Pre-parametrisation names of the weight-normalised position convolution -> current names.
+WEIGHT_NORM_ALIASES = {f"{POSITION_CONV}.weight_g": f"{POSITION_CONV}.parametrizations.weight"
+                       ".original0",
+                       f"{POSITION_CONV}.weight_v": f"{POSITION_CONV}.parametrizations.weight"
+                       ".original1"}
+
+
+def _conv_layer(config: Wav2Vec2Config, index: int) -> list[Tensor]:
+    hf, ours = f"wav2vec2.feature_extractor.conv_layers.{index}", f"conv_layers.{index}"
+    tensors = [Tensor(f"{hf}.conv.weight", f"{ours}.conv.kernel", TORCH_CONV1D)]
+    if config.conv_bias:
+        tensors.append(Tensor(f"{hf}.conv.bias", f"{ours}.conv.bias"))
+    if config.conv_norm == "layer" or index == 0:
+        tensors += layer_norm(f"{hf}.layer_norm", f"{ours}.norm")
+    return tensors
+
+
+def tensors(config: Wav2Vec2Config) -> tuple[Tensor, ...]:
+    """`Wav2Vec2ForPreTraining`: `wav2vec2` (`feature_extractor.conv_layers.{i}`,
+    `feature_projection`, `masked_spec_embed`, `encoder` with `pos_conv_embed`, `layer_norm`
+    and `layers.{i}`), `quantizer` (`weight_proj`, `codevectors`), `project_hid`, `project_q`."""
+    layer, ours = "wav2vec2.encoder.layers.{i}", "encoder.layers"
+    return (
+        *(t for i in range(len(config.conv_channels)) for t in _conv_layer(config, i)),
+        *layer_norm("wav2vec2.feature_projection.layer_norm", "feature_layer_norm"),
+        *linear("wav2vec2.feature_projection.projection", "feature_projection"),
+        Tensor("wav2vec2.masked_spec_embed", "masked_spec_embed"),
+        Tensor(f"{POSITION_CONV}.parametrizations.weight.original0",
+               "encoder.position_conv.weight_g", TORCH_CONV1D),
+        Tensor(f"{POSITION_CONV}.parametrizations.weight.original1",
+               "encoder.position_conv.weight_v", TORCH_CONV1D),
+        Tensor(f"{POSITION_CONV}.bias", "encoder.position_conv.bias"),
+        *layer_norm("wav2vec2.encoder.layer_norm", "encoder.layer_norm"),
+        *linear(f"{layer}.attention.q_proj", f"{ours}.query"),
+        *linear(f"{layer}.attention.k_proj", f"{ours}.key"),
+        *linear(f"{layer}.attention.v_proj", f"{ours}.value"),
+        *linear(f"{layer}.attention.out_proj", f"{ours}.attention_output"),
+        *layer_norm(f"{layer}.layer_norm", f"{ours}.attention_layer_norm"),
+        *linear(f"{layer}.feed_forward.intermediate_dense", f"{ours}.intermediate"),
+        *linear(f"{layer}.feed_forward.output_dense", f"{ours}.output"),
+        *layer_norm(f"{layer}.final_layer_norm", f"{ours}.output_layer_norm"),
+        *linear("quantizer.weight_proj", "quantizer.weight_proj"),
+        Tensor("quantizer.codevectors", "quantizer.codevectors"),
+        *linear("project_hid", "project_hid"),
+        *linear("project_q", "project_q"),
+    )
+
+
+def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> Wav2Vec2Config:
+    """A HF `Wav2Vec2Config` -> ours (HF's defaults where a field is absent); the adapter, the
+    CTC and classification heads' fields and the masking and loss settings are not the
+    network's and are ignored."""
+    for field, ours in (("hidden_act", "hidden_act"),
+                        ("feat_extract_activation", "the feature encoder's activation")):
+        if HF_ACTIVATIONS.get(hf.get(field, "gelu")) != "gelu":
+            raise UserError(f"{field} {hf.get(field)!r} is not supported ({ours} is the exact "
+                            "GELU here); use a wav2vec2 checkpoint with 'gelu'")
+    if hf.get("add_adapter", False):
+        raise UserError("config.json has add_adapter=true; the adapter is not supported, "
+                        "convert a checkpoint without it")
+    return Wav2Vec2Config(**{
+        "conv_channels": tuple(hf.get("conv_dim", (512,) * 7)),
+        "conv_kernel_sizes": tuple(hf.get("conv_kernel", (10, 3, 3, 3, 3, 2, 2))),
+        "conv_strides": tuple(hf.get("conv_stride", (5, 2, 2, 2, 2, 2, 2))),
+        "conv_bias": hf.get("conv_bias", False),
+        "conv_norm": hf.get("feat_extract_norm", "group"),
+        "hidden_size": hf.get("hidden_size", 768),
+        "num_layers": hf.get("num_hidden_layers", 12),
+        "num_heads": hf.get("num_attention_heads", 12),
+        "intermediate_size": hf.get("intermediate_size", 3072),
+        "layer_norm_eps": hf.get("layer_norm_eps", 1e-5),
+        "pre_layer_norm": hf.get("do_stable_layer_norm", False),
+        "position_conv_kernel": hf.get("num_conv_pos_embeddings", 128),
+        "position_conv_groups": hf.get("num_conv_pos_embedding_groups", 16),
+        "num_codevector_groups": hf.get("num_codevector_groups", 2),
+        "codevectors_per_group": hf.get("num_codevectors_per_group", 320),
+        "codevector_dim": hf.get("codevector_dim", 256),
+        "projection_dim": hf.get("proj_codevector_dim", 256),
+        "hidden_dropout": hf.get("hidden_dropout", 0.1),
+        "attention_dropout": hf.get("attention_dropout", 0.1),
+        "activation_dropout": hf.get("activation_dropout", 0.1),
+        "feature_projection_dropout": hf.get("feat_proj_dropout", 0.0),
+        "quantizer_input_dropout": hf.get("feat_quantizer_dropout", 0.0),
+        "layerdrop": hf.get("layerdrop", 0.1),
+        "initializer_range": hf.get("initializer_range", 0.02),
+        **overrides,
+    })
+
+
+def config_to_hf(config: Wav2Vec2Config) -> dict[str, Any]:
+    """Ours -> a HF `Wav2Vec2Config` dict. `mask_time_prob` > 0 makes HF build
+    `masked_spec_embed`; the masking and loss values written are HF's defaults, not ours."""
+    return {
+        "model_type": "wav2vec2", "architectures": ["Wav2Vec2ForPreTraining"],
+        "conv_dim": list(config.conv_channels), "conv_kernel": list(config.conv_kernel_sizes),
+        "conv_stride": list(config.conv_strides), "conv_bias": config.conv_bias,
+        "num_feat_extract_layers": len(config.conv_channels),
+        "feat_extract_norm": config.conv_norm,
+        "feat_extract_activation": OUR_TO_HF_ACTIVATION[config.hidden_act],
+        "hidden_act": OUR_TO_HF_ACTIVATION[config.hidden_act],
+        "hidden_size": config.hidden_size, "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads, "intermediate_size": config.intermediate_size,
+        "layer_norm_eps": config.layer_norm_eps, "do_stable_layer_norm": config.pre_layer_norm,
+        "num_conv_pos_embeddings": config.position_conv_kernel,
+        "num_conv_pos_embedding_groups": config.position_conv_groups,
+        "num_codevector_groups": config.num_codevector_groups,
+        "num_codevectors_per_group": config.codevectors_per_group,
+        "codevector_dim": config.codevector_dim, "proj_codevector_dim": config.projection_dim,
+        "hidden_dropout": config.hidden_dropout, "attention_dropout": config.attention_dropout,
+        "activation_dropout": config.activation_dropout,
+        "feat_proj_dropout": config.feature_projection_dropout,
+        "feat_quantizer_dropout": config.quantizer_input_dropout,
+        "layerdrop": config.layerdrop, "initializer_range": config.initializer_range,
+        "mask_time_prob": 0.05, "add_adapter": False,
+    }
+
+
+register("wav2vec2", Converter(
+    model_type="wav2vec2", model_class=Wav2Vec2,
+    architectures=("Wav2Vec2ForPreTraining", "Wav2Vec2Model"),
+    config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors,
+    prefix="wav2vec2.",
+    optional=("wav2vec2.masked_spec_embed", "quantizer.", "project_hid.", "project_q."),
+    # Not tied weights: `tied` renames the old weight-norm names (copy -> source) on load.
+    tied=WEIGHT_NORM_ALIASES,
+))

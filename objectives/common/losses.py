@@ -1,0 +1,72 @@
+"""The token losses the text methods share: the weighted cross-entropy every token loss uses,
+BERT's masked-LM + sentence-pair loss (BERT, ERNIE) and the teacher-forced encoder-decoder loss
+(T5, BART, MASS).
+
+Reference: google-research/bert run_pretraining.py (`get_masked_lm_output`: the weighted loss).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pretext_jax.models.t5 import PAD_ID, T5
+from pretext_jax.objectives.registry import Metrics
+
+
+def weighted_cross_entropy(
+    logits: jax.Array, labels: jax.Array, weights: jax.Array, epsilon: float = 1e-5
+) -> tuple[jax.Array, Metrics]:
+    """sum(w * nll) / (sum(w) + epsilon) with float32 log-softmax, plus weighted accuracy
+    (BERT's epsilon is 1e-5, ELECTRA's 1e-6; with unit weights and epsilon 0 it is the plain
+    mean, as BERT's NSP loss)."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    weights = weights.astype(jnp.float32)
+    loss = jnp.sum(weights * nll) / (jnp.sum(weights) + epsilon)
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return loss, {"accuracy": (jnp.sum(weights * correct), jnp.sum(weights)),
+                  "loss": (jnp.sum(weights * nll), jnp.sum(weights))}
+
+
+
+def mlm_and_pair_loss(model: Any, batch: dict[str, jax.Array], rng: jax.Array | None,
+                      pair: str = "nsp") -> tuple[jax.Array, Metrics]:
+    """BERT's pre-training loss (run_pretraining.py `get_masked_lm_output`,
+    `get_next_sentence_output`) for a model returning `BertOutput`: the weighted MLM loss at the
+    gathered positions + the plain batch mean (`tf.reduce_mean`, no epsilon) of the pair
+    classifier's loss on `next_sentence_labels`; its metrics are named `{pair}_loss`,
+    `{pair}_accuracy` (BERT and ERNIE: nsp)."""
+    out = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                masked_positions=batch["masked_lm_positions"], rng=rng)
+    mlm_loss, mlm = weighted_cross_entropy(out.mlm_logits, batch["masked_lm_ids"],
+                                           batch["masked_lm_weights"])
+    labels = batch["next_sentence_labels"]
+    pair_loss, pair_metrics = weighted_cross_entropy(out.nsp_logits, labels,
+                                                     jnp.ones(labels.shape), epsilon=0.0)
+    total = mlm_loss + pair_loss
+    return total, {"loss": (total, jnp.ones((), jnp.float32)), "mlm_loss": mlm["loss"],
+                   "mlm_accuracy": mlm["accuracy"], f"{pair}_loss": pair_metrics["loss"],
+                   f"{pair}_accuracy": pair_metrics["accuracy"]}
+
+
+
+def encoder_decoder_loss(model: T5, inputs: jax.Array, input_mask: jax.Array,
+                         decoder_inputs: jax.Array, targets: jax.Array, rng: jax.Array | None,
+                         language_ids: jax.Array | None = None) -> tuple[jax.Array, Metrics]:
+    """Teacher-forced cross-entropy of a T5 model's predictions of `targets` from the encoder's
+    `inputs` (non-pad where `input_mask`) and the decoder's `decoder_inputs`, on the non-pad
+    (non-0) targets, in float32: the mean over the batch's target tokens (HF
+    `T5ForConditionalGeneration`'s loss; metrics are exact sums). `rng=None` is evaluation.
+    `language_ids` (a model with language embeddings): the language of every encoder and
+    decoder position, inputs and decoder inputs being of one length and language (MASS)."""
+    out = model(inputs, input_mask, decoder_inputs, rng=rng, language_ids=language_ids,
+                decoder_language_ids=language_ids)
+    weights = (targets != PAD_ID).astype(jnp.float32)
+    loss, metrics = weighted_cross_entropy(out.logits, targets, weights, epsilon=1e-6)
+    return loss, {"loss": metrics["loss"], "accuracy": metrics["accuracy"],
+                  "target_tokens": (jnp.sum(weights), jnp.float32(targets.shape[0])),
+                  "input_tokens": (jnp.sum(input_mask.astype(jnp.float32)),
+                                   jnp.float32(inputs.shape[0]))}

@@ -1,0 +1,194 @@
+"""What the speech methods (wav2vec 2.0, CPC) share: their data preparation from the audio
+source (`input_pipeline.audio`) and the downstream measure of their representations.
+
+The measure is a linear probe on frozen features, as CPC §3.1 evaluates speaker
+classification ("a linear classifier on top of these features") and SUPERB probes wav2vec 2.0:
+each utterance's first `examples.probe_samples` samples go through the network, the real frames
+of one layer (`examples.probe_layer`, indexed as the method's `probe_layers`) are averaged over
+time, and a multinomial logistic regression (`evaluation.linear_probe_accuracy`) fitted on
+the training utterances classifies the held-out ones (at most `examples.probe_examples` of
+each, evenly spaced), once per label in `examples.probe_labels` (FSDD: the spoken digit and the
+speaker). The same probe on the mean MFCCs of the same windows (`mfcc_means`) is the
+hand-made baseline, computed once while preparing; the CLI adds the same network untrained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline.audio import (
+    AudioExampleConfig,
+    AudioRecords,
+    held_out_rule,
+    mfcc_means,
+    prepare_audio,
+)
+from pretext_jax.input_pipeline.prepare import DataConfig
+from pretext_jax.objectives.common.evaluation import linear_probe_accuracy
+from pretext_jax.objectives.registry import PreparedData, Summarize, summary_of
+
+PROBE_BATCH = 32  # utterances per feature batch (fixed, so one compiled shape)
+# (model, audio [B, S], attention_mask [B, S], layer) -> (features [B, T, D], frames [B, T])
+LayerOutput = Callable[[Any, jax.Array, jax.Array, int], tuple[jax.Array, jax.Array]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeData:
+    """The records the probes read (`PreparedData.monitor_data`): which utterances fit the
+    probe (`train_indices` of `train`), which it classifies (`held_out_indices` of
+    `held_out`), the label fields probed and the window length."""
+
+    train: AudioRecords
+    train_indices: list[int]
+    held_out: AudioRecords
+    held_out_indices: list[int]
+    labels: tuple[str, ...]
+    samples: int
+
+    def batches(self, split: str) -> Iterator[dict[str, np.ndarray]]:
+        """The split's probe windows, `PROBE_BATCH` utterances at a time."""
+        records, indices = ((self.train, self.train_indices) if split == "train"
+                            else (self.held_out, self.held_out_indices))
+        for start in range(0, len(indices), PROBE_BATCH):
+            yield records.examples(indices[start:start + PROBE_BATCH], self.samples)
+
+    def accuracies(self, features: Callable[[dict[str, np.ndarray]], np.ndarray]
+                   ) -> dict[str, float]:
+        """{label: held-out accuracy} of one probe per label on `features(batch)` [b, D];
+        the classes are 0 .. the largest label either split holds."""
+        pooled, labels = {}, {}
+        for split in ("train", "held_out"):
+            parts = [(features(batch), {name: batch[name] for name in self.labels})
+                     for batch in self.batches(split)]  # no waveforms kept
+            pooled[split] = np.concatenate([part[0] for part in parts])
+            labels[split] = {name: np.concatenate([part[1][name] for part in parts])
+                             for name in self.labels}
+        return {name: linear_probe_accuracy(
+                    pooled["train"], labels["train"][name], pooled["held_out"],
+                    labels["held_out"][name],
+                    int(max(labels["train"][name].max(), labels["held_out"][name].max())) + 1)
+                for name in self.labels}
+
+
+def probed_labels(records: AudioRecords, examples: AudioExampleConfig) -> tuple[str, ...]:
+    """`examples.probe_labels`, checked against the records' labels; by default every label
+    except the one `examples.held_out_rule` splits by (FSDD: digit and speaker, not index)."""
+    if examples.probe_labels:
+        names = tuple(name.strip() for name in examples.probe_labels.split(","))
+        unknown = [name for name in names if name not in records.label_fields]
+        if unknown:
+            raise UserError(f"examples.probe_labels={examples.probe_labels!r} names "
+                            f"{', '.join(unknown)}, not a label of the audio (it has "
+                            f"{', '.join(records.label_fields) or 'none'}); name those, or "
+                            "give labels with examples.label_pattern")
+        return names
+    split_by = held_out_rule(examples.held_out_rule)[0] if examples.held_out_rule else ""
+    return tuple(name for name in records.label_fields if name != split_by)
+
+
+def probe_data(train: AudioRecords, held_out: AudioRecords, examples: AudioExampleConfig
+               ) -> ProbeData | None:
+    """What the probes read, or None where the audio has no labels to probe."""
+    labels = probed_labels(train, examples)
+    if not labels:
+        return None
+    return ProbeData(train, train.spaced_indices(examples.probe_examples), held_out,
+                     held_out.spaced_indices(examples.probe_examples), labels,
+                     examples.probe_samples or examples.max_samples)
+
+
+def prepare_speech(data: DataConfig, examples: AudioExampleConfig, cache_dir: Path,
+                   seed: int) -> PreparedData:
+    """Audio records (`input_pipeline.audio.prepare_audio`): random `max_samples` crops for
+    training, the first window of at most `max_eval_examples` held-out utterances for
+    evaluation, the probes' records and the MFCC baseline's accuracies (`report`:
+    `mfcc_probe_<label>_accuracy`)."""
+    train, held_out = prepare_audio(data.source, data.eval_source, cache_dir, examples,
+                                    held_out_fraction=data.held_out_fraction, seed=seed,
+                                    tfds_split=data.tfds_split,
+                                    tfds_data_dir=data.tfds_data_dir or None)
+    probes = probe_data(train, held_out, examples)
+    report = {}
+    if probes is not None:
+        mfcc = probes.accuracies(lambda batch: mfcc_means(batch["audio"], batch["attention_mask"],
+                                                          examples.sample_rate))
+        report = {f"mfcc_probe_{name}_accuracy": value for name, value in mfcc.items()}
+    return PreparedData(train=train, eval=held_out.evaluation_examples(examples.max_eval_examples),
+                        monitor_data=probes, report=report)
+
+
+@functools.partial(nnx.jit, static_argnames=("layer_output", "layer"))
+def pooled_features(model: nnx.Module, audio: jax.Array, attention_mask: jax.Array,
+                    layer_output: LayerOutput, layer: int) -> jax.Array:
+    """[B, D]: `layer_output`'s features of `layer`, averaged over each utterance's real
+    frames; module-level, so every evaluation reuses the compiled function."""
+    features, frames = layer_output(model, audio, attention_mask, layer)
+    weights = frames.astype(jnp.float32)[..., None]  # [B, T, 1]
+    return (jnp.sum(features.astype(jnp.float32) * weights, axis=1)
+            / jnp.maximum(jnp.sum(weights, axis=1), 1.0))
+
+
+def probe_monitor(layer_output: LayerOutput) -> Callable[..., dict[str, float]]:
+    """An `Evaluation.monitor`: `probe_<label>_accuracy` of the linear probe on the frozen, pooled
+    features of `examples.probe_layer` (module docstring); nothing where there are no labels."""
+
+    def monitor(model: nnx.Module, data: PreparedData, examples: AudioExampleConfig,
+                objective: Any) -> dict[str, float]:
+        del objective
+        probes: ProbeData | None = data.monitor_data
+        if probes is None:
+            return {}
+
+        def features(batch: dict[str, np.ndarray]) -> np.ndarray:
+            count = len(batch["audio"])
+            padding = ((0, PROBE_BATCH - count), (0, 0))  # one shape for every batch
+            pooled = pooled_features(model, jnp.asarray(np.pad(batch["audio"], padding)),
+                                     jnp.asarray(np.pad(batch["attention_mask"], padding)),
+                                     layer_output, examples.probe_layer)
+            return np.asarray(jax.device_get(pooled))[:count]
+
+        return {f"probe_{name}_accuracy": value
+                for name, value in probes.accuracies(features).items()}
+
+    return monitor
+
+
+def check_probe_layer(examples: AudioExampleConfig, num_layers: int) -> None:
+    """`examples.probe_layer` indexes one of the `num_layers` outputs (negative from the end)."""
+    if not -num_layers <= examples.probe_layer < num_layers:
+        raise UserError(f"examples.probe_layer={examples.probe_layer} is not one of this "
+                        f"network's {num_layers} probe layers (0 .. {num_layers - 1}, or "
+                        "negative from the end); e.g. examples.probe_layer=-1")
+
+
+def probe_summary(metrics: tuple[str, ...]) -> Summarize:
+    """`summary_of(metrics=...)`, then per probed label the held-out probe accuracy of the
+    trained network beside the same network untrained and the MFCC baseline."""
+    held_out = summary_of(metrics=metrics)
+
+    def summarize(evaluation: dict[str, float], report: dict[str, Any],
+                  untrained: Callable[[], dict[str, float]]) -> list[str]:
+        lines = held_out(evaluation, report, untrained)
+        probed = [key for key in evaluation if key.startswith("probe_")]
+        if probed:
+            baseline = untrained()
+            lines.append("  held-out linear probe on frozen features (mean over time):")
+        for key in probed:
+            label = key.removeprefix("probe_").removesuffix("_accuracy")
+            line = (f"    {label}: {evaluation[key]:.3f} trained vs {baseline[key]:.3f} "
+                    "untrained")
+            mfcc = report.get(f"mfcc_{key}")
+            lines.append(line + (f" vs {mfcc:.3f} MFCC" if mfcc is not None else ""))
+        return lines
+
+    return summarize
