@@ -175,7 +175,7 @@ def test_method_name_check_allows_registrations_and_other_vocabularies():
 
 
 def untrained() -> dict[str, float]:
-    return {"knn_accuracy": 0.25}
+    return {"knn_accuracy": 0.25, "few_label_probe_accuracy": 0.125}
 
 
 @pytest.mark.parametrize("method,evaluation,report,expected", [
@@ -199,6 +199,13 @@ def untrained() -> dict[str, float]:
       "  held-out kNN accuracy of the backbone's features 0.500 vs 0.250 for the same network "
       "untrained"]),
     ("byol", {"loss": 2.0}, {}, ["  held-out loss: 2.000"]),
+    ("simclr", {"loss": 2.0, "knn_accuracy": 0.5, "few_label_probe_accuracy": 0.375},
+     {"probe_labels_per_class": 10},
+     ["  held-out loss: 2.000",
+      "  held-out kNN accuracy of the backbone's features 0.500 vs 0.250 for the same network "
+      "untrained",
+      "  held-out accuracy of a linear probe on the backbone's features fitted to 10 labelled "
+      "training images per class 0.375 vs 0.125 for the same network untrained"]),
 ])
 def test_summaries_come_from_the_methods(method, evaluation, report, expected):
     assert registry.get(method).summarize(evaluation, report, untrained) == expected
