@@ -46,9 +46,19 @@ def machine() -> str:
 
 
 def figures(output: str) -> list[str]:
-    """The summary lines a demo printed: its held-out figures and the finishing step."""
-    lines = [line.strip() for line in output.splitlines()]
-    return [line for line in lines if line.startswith(("held-out", "finished step"))]
+    """The summary a demo printed after its last step ("finished step ..." and the held-out
+    figures), without the paths of its files; a line ending in ":" heads the next ones."""
+    lines = output.splitlines()
+    finished = max(i for i, line in enumerate(lines) if line.startswith("finished step"))
+    kept: list[str] = []
+    for line in lines[finished:]:
+        if not line.strip() or " : " in line:  # "  checkpoints : PATH" and the like
+            continue
+        if kept and kept[-1].endswith(":"):
+            kept[-1] += " " + line.strip()
+        else:
+            kept.append(line.strip())
+    return kept
 
 
 def run_demo(name: str, arguments: list[str], workdir: Path) -> dict[str, object]:

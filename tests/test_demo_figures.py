@@ -43,3 +43,16 @@ def test_demo_figures_runs_the_demo_and_writes_its_row(tmp_path, monkeypatch, ca
                           "200 in 150 s; held-out loss: 9.721; held-out kNN accuracy")
     assert "-core" in row and "load average" in row and row.endswith(
         "| `python run.py demo --images` |")
+
+
+def test_figures_keep_the_summary_without_paths_and_join_headings():
+    printed = ("[eval @ step 500] loss=0.67\n\nfinished step 500 in 450 s\n"
+               "  checkpoints : runs/s/checkpoints\n  metrics     : runs/s/metrics.jsonl\n"
+               "  held-out loss: 0.674\n"
+               "  held-out linear probe on frozen features (mean over time):\n"
+               "    digit: 0.880 trained vs 0.513 untrained vs 0.827 MFCC\n"
+               "    speaker: 0.997 trained vs 0.880 untrained vs 0.970 MFCC\n")
+    assert demo_figures.figures(printed) == [
+        "finished step 500 in 450 s", "held-out loss: 0.674",
+        "held-out linear probe on frozen features (mean over time): digit: 0.880 trained vs "
+        "0.513 untrained vs 0.827 MFCC", "speaker: 0.997 trained vs 0.880 untrained vs 0.970 MFCC"]
