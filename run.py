@@ -232,9 +232,15 @@ def _demo(args: argparse.Namespace) -> tuple[str, str, list[str]]:
 
 
 def _pretrain(config: Any, workdir: str) -> tuple[dict, Any]:
+    import jax
+
+    from pretext_jax.pretrain.metrics import full_size_note
     from pretext_jax.pretrain.trainer import Trainer
 
     trainer = Trainer(config, workdir)
+    note = full_size_note(sum(leaf.size for leaf in jax.tree.leaves(trainer.abstract_state.params)))
+    if note and jax.process_index() == 0:
+        print(note, flush=True)
     return trainer.run(), trainer
 
 

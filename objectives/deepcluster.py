@@ -66,6 +66,7 @@ from pretext_jax.objectives.registry import (
     Segments,
     register,
 )
+from pretext_jax.progress import progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,9 +155,11 @@ def training_features(model: DeepCluster, train: Any, objective: DeepClusterSett
                       ) -> np.ndarray:
     """The backbone's evaluation-mode features [N, d] of every training image, in batches."""
     count, size = len(train), objective.cluster_batch_size
+    starts = range(0, count, size)
     return np.concatenate([
         np.asarray(backbone_features(model, train.examples(range(i, min(i + size, count)))[
-            "image"], objective.image_size), np.float32) for i in range(0, count, size)])
+            "image"], objective.image_size), np.float32)
+        for i in progress(starts, "features to cluster", total=len(starts), unit="batch")])
 
 
 def begin_round(model: DeepCluster, train: Any, objective: DeepClusterSettings, seed: int,

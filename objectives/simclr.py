@@ -109,17 +109,21 @@ PRESETS = {
                   "weight_decay": 1e-4},
         "train": {"steps": 97656, "batch_size": 512, "eval_every": 2000},
     },
-    # The offline image demo: scikit-learn's 1,797 scanned 8x8 digits, upsampled to 16 px by the
-    # random resized crop, a narrow ResNet-18 with the CIFAR stem, CIFAR's augmentation settings.
+    # The offline image demo: scikit-learn's 1,797 scanned 8x8 digits at their own 8 px, a
+    # narrow ResNet-10 with the CIFAR stem, CIFAR's augmentation settings but crops of at least
+    # 40% of a digit (SimCLR's 8% leave a few pixels of a digit this small), 200 steps of 256
+    # (about 36 passes over the 1,438 training digits). With every label, random features of
+    # 8x8 digits already vote well (kNN about 0.90), so the monitor also fits a linear probe to
+    # 10 labelled digits per class, where the gain over the untrained network shows.
     "simclr_digits": {
-        "model": {"depth": 18, "stem": "cifar", "base_width": 16},
-        "objective": {"temperature": 0.5, "image_size": 16, "jitter_strength": 0.5,
-                      "blur_probability": 0.0},
-        "examples": {"knn_k": 20},
+        "model": {"depth": 10, "stem": "cifar", "base_width": 16},
+        "objective": {"temperature": 0.5, "image_size": 8, "crop_area_min": 0.4,
+                      "jitter_strength": 0.5, "blur_probability": 0.0},
+        "examples": {"knn_k": 20, "probe_labels_per_class": 10},
         "data": {"source": "digits", "held_out_fraction": 0.2},
-        "optim": {**_LARS_COSINE, "learning_rate": 1.0, "warmup_steps": 20, "weight_decay": 1e-4},
-        "train": {"steps": 400, "batch_size": 256, "log_every": 25, "eval_every": 100,
-                  "checkpoint_every": 200, "eval_batches": 1},
+        "optim": {**_LARS_COSINE, "learning_rate": 1.0, "warmup_steps": 10, "weight_decay": 1e-4},
+        "train": {"steps": 200, "batch_size": 256, "log_every": 20, "eval_every": 100,
+                  "checkpoint_every": 100, "eval_batches": 1},
     },
     # SimCLR on ImageNet (Chen et al. 2020, Appendix B.1): ResNet-50, batch 4096, 100 epochs of
     # 1,281,167 images (31,278 steps) with 10 of warmup, LARS lr 4.8 (= 0.3 x 4096/256), weight

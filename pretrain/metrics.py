@@ -1,4 +1,5 @@
-"""Metric sinks for the trainer: progress bar, JSONL, TensorBoard, PNG curves (process 0 only).
+"""Metric sinks for the trainer: progress bar, JSONL, TensorBoard, PNG curves (process 0 only),
+and the estimate of a long run's duration from its first step after compilation.
 
 TensorBoard events are written with tensorboardX, which needs no TensorFlow.
 """
@@ -9,16 +10,23 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 from tqdm import tqdm
 
+from pretext_jax import progress as phase_progress
 from pretext_jax.errors import optional_import
 
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
+LONG_RUN_S = 3600.0
+"""A run estimated to last longer than this says so after its first timed step."""
+FULL_SIZE_PARAMETERS = 3_000_000
+"""A network this large is noted before it trains on a CPU (`full_size_note`)."""
 
 
 def reduce_metrics(sums: dict[str, tuple[Any, Any]]) -> dict[str, float]:
@@ -57,8 +65,60 @@ def truncate_after(path: Path, step: int) -> None:
         os.replace(temporary, path)
 
 
+class _CompileClock:
+    """Seconds this process has spent tracing, lowering and compiling with JAX since the clock
+    was first read (`jax.monitoring`'s compile-duration events)."""
+
+    EVENTS = "/jax/core/compile/"
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.listening = False
+
+    def read(self) -> float:
+        if not self.listening:
+            jax.monitoring.register_event_duration_secs_listener(self.count)
+            self.listening = True
+        return self.seconds
+
+    def count(self, event: str, duration: float, **_: Any) -> None:
+        if event.startswith(self.EVENTS):
+            self.seconds += duration
+
+
+COMPILE_CLOCK = _CompileClock()
+
+
+def long_run_warning(step_seconds: float, steps: int) -> str | None:
+    """The line saying how long `steps` more steps of `step_seconds` take, if that is longer
+    than `LONG_RUN_S`; else None."""
+    total = step_seconds * steps
+    if total <= LONG_RUN_S:
+        return None
+    duration = f"{total / 3600:.1f} h" if total < 48 * 3600 else f"{total / 86400:.0f} days"
+    return (f"warning: estimated {duration} for the {steps:,} steps left at "
+            f"{step_seconds:.3g} s/step (step 2, after compilation) on this machine "
+            f"({jax.default_backend()}); lower train.steps, choose a smaller preset or run on "
+            "an accelerator")
+
+
+def full_size_note(parameters: int) -> str | None:
+    """One line before training, on a CPU backend, for a network of at least
+    `FULL_SIZE_PARAMETERS` parameters (every full-size preset; the tiny ones have under a
+    million); else None."""
+    if parameters < FULL_SIZE_PARAMETERS or jax.default_backend() != "cpu":
+        return None
+    return (f"note: this network has {parameters / 1e6:.1f} M parameters, a full-size one; on a "
+            "CPU its steps may take minutes (the *_tiny presets and `run.py demo` are sized for "
+            "one); an estimate of the run's length follows step 2 if it is long")
+
+
 class MetricWriter:
-    """Writes every logged row to stdout (a tqdm bar), `metrics.jsonl` and TensorBoard."""
+    """Writes every logged row to stdout (a tqdm bar), `metrics.jsonl` and TensorBoard; after
+    the second step of the run (the first compiles and starts the loader), a line estimating
+    the run's length if it is long (`long_run_warning`).
+    `progress` also shows or hides the bars of long phases between steps (`pretext_jax.progress`:
+    feature banks, probes, clustering)."""
 
     def __init__(self, workdir: Path, *, total_steps: int, start_step: int, enabled: bool,
                  progress: bool):
@@ -66,6 +126,10 @@ class MetricWriter:
         self.enabled = enabled
         self.bar = None
         self.tensorboard = None
+        # Steps advanced so far and (time, compile seconds) when step 2 began, until timed.
+        self.advanced, self.timing = 0, None
+        self.steps_left = total_steps - start_step
+        phase_progress.set_enabled(enabled and progress)
         if not enabled:
             return
         truncate_after(workdir / METRICS_FILE, start_step)
@@ -98,6 +162,17 @@ class MetricWriter:
     def advance(self, steps: int) -> None:
         if self.bar is not None:
             self.bar.update(steps)
+        self.advanced += steps
+        if not self.enabled or self.advanced > 2:
+            return
+        if self.advanced == 1:
+            self.timing = (time.perf_counter(), COMPILE_CLOCK.read())
+            return
+        started, compiling = self.timing
+        seconds = time.perf_counter() - started - (COMPILE_CLOCK.read() - compiling)
+        warning = long_run_warning(seconds, self.steps_left - 2)
+        if warning:
+            self.print(warning)
 
     def print(self, text: str) -> None:
         if not self.enabled:

@@ -1,9 +1,9 @@
 """The dependency direction (README, "Layout"): `run.py` -> `pretrain/` -> `objectives/` ->
-`models/` and `input_pipeline/`, `errors.py` under all of them; a method's file imports no other
-method's; `pretrain/` names methods only where they are registered; no two modules of the
-package import each other, directly or in a loop. Checked on the source (ast, nothing imported),
-each check with a planted violation that it must catch. Also: the CLI's summary lines come from
-the methods, unchanged."""
+`models/` and `input_pipeline/`, `errors.py` and `progress.py` under all of them; a method's file
+imports no other method's; `pretrain/` names methods only where they are registered; no two
+modules of the package import each other, directly or in a loop. Checked on the source (ast,
+nothing imported), each check with a planted violation that it must catch. Also: the CLI's
+summary lines come from the methods, unchanged."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ PACKAGE = "pretext_jax"
 # what every method may import from objectives/: the registry and the shared folder (no method
 # is registered in them); every other module of objectives/ is one method family
 SHARED_OBJECTIVES = {"registry", "common"}
-# what each layer may import from the package, besides itself and `errors`
+# the package-root modules below every layer
+ROOT_MODULES = ("errors", "progress")
+# what each layer may import from the package, besides itself and `ROOT_MODULES`
 # pretrain/ modules that drive one method's workflow, and that method's objectives/ module:
 # finetune.py holds the GLUE recipes and sweeps of `classify` (objectives/classification.py),
 # translate.py the translation runs from a pre-trained encoder-decoder (objectives/translation.py)
@@ -50,7 +52,7 @@ def layer_violations(layer: str, module: str, source: str) -> list[str]:
         if parts[0] != PACKAGE or len(parts) < 2:
             continue
         target = parts[1]
-        if target in ("errors", layer):
+        if target in (*ROOT_MODULES, layer):
             if (layer == "objectives" and target == layer and len(parts) > 2
                     and parts[2] not in SHARED_OBJECTIVES and parts[2] != module):
                 problems.append(f"{layer}/{module}.py:{line} imports the method module {name}")
@@ -281,7 +283,7 @@ def test_method_name_check_allows_registrations_and_other_vocabularies():
 
 
 def untrained() -> dict[str, float]:
-    return {"knn_accuracy": 0.25}
+    return {"knn_accuracy": 0.25, "few_label_probe_accuracy": 0.125}
 
 
 @pytest.mark.parametrize("method,evaluation,report,expected", [
@@ -305,6 +307,13 @@ def untrained() -> dict[str, float]:
       "  held-out kNN accuracy of the backbone's features 0.500 vs 0.250 for the same network "
       "untrained"]),
     ("byol", {"loss": 2.0}, {}, ["  held-out loss: 2.000"]),
+    ("simclr", {"loss": 2.0, "knn_accuracy": 0.5, "few_label_probe_accuracy": 0.375},
+     {"probe_labels_per_class": 10},
+     ["  held-out loss: 2.000",
+      "  held-out kNN accuracy of the backbone's features 0.500 vs 0.250 for the same network "
+      "untrained",
+      "  held-out accuracy of a linear probe on the backbone's features fitted to 10 labelled "
+      "training images per class 0.375 vs 0.125 for the same network untrained"]),
 ])
 def test_summaries_come_from_the_methods(method, evaluation, report, expected):
     assert registry.get(method).evaluation.summarize(evaluation, report, untrained) == expected

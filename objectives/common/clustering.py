@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from pretext_jax.errors import UserError
+from pretext_jax.progress import progress
 
 SPLIT_EPS = 1.0 / 1024.0  # faiss Clustering.cpp's EPS for split centroids
 WHITEN_EPS = 1e-8  # added to the eigenvalues before whitening (faiss adds none)
@@ -85,7 +86,7 @@ def kmeans(points: np.ndarray, k: int, iterations: int, seed: int
     rng = np.random.default_rng(seed)
     centroids = points[np.sort(rng.choice(len(points), k, replace=False))].astype(np.float64)
     splits = 0
-    for _ in range(iterations):
+    for _ in progress(range(iterations), f"k-means (k={k})", unit="iteration"):
         labels = assign(points, centroids)
         counts = np.bincount(labels, minlength=k)
         sums = np.zeros_like(centroids)

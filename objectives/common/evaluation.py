@@ -17,13 +17,17 @@ import numpy as np
 import optax
 
 from pretext_jax.objectives.common.contrastive import l2_normalize
+from pretext_jax.progress import progress
 
 
 def extract_features(encode: Callable[[jax.Array], jax.Array], inputs: np.ndarray,
-                     batch_size: int = 256) -> np.ndarray:
-    """`encode` (jit-compiled by the caller) over `inputs` in batches; returns host arrays."""
-    return np.concatenate([np.asarray(jax.lax.stop_gradient(encode(inputs[i:i + batch_size])))
-                           for i in range(0, len(inputs), batch_size)])
+                     batch_size: int = 256, description: str = "features") -> np.ndarray:
+    """`encode` (jit-compiled by the caller) over `inputs` in batches, with progress named
+    `description`; returns host arrays."""
+    starts = range(0, len(inputs), batch_size)
+    return np.concatenate([
+        np.asarray(jax.lax.stop_gradient(encode(inputs[i:i + batch_size])))
+        for i in progress(starts, description, total=len(starts), unit="batch")])
 
 
 def knn_accuracy(bank: np.ndarray, bank_labels: np.ndarray, queries: np.ndarray,
@@ -43,7 +47,8 @@ def knn_accuracy(bank: np.ndarray, bank_labels: np.ndarray, queries: np.ndarray,
         return jnp.argmax(votes, axis=-1)
 
     correct = 0
-    for start in range(0, len(queries), chunk):
+    starts = range(0, len(queries), chunk)
+    for start in progress(starts, "kNN", total=len(starts), unit="chunk"):
         predicted = predict(jnp.asarray(queries[start:start + chunk], jnp.float32))
         correct += int(np.sum(np.asarray(predicted) == query_labels[start:start + chunk]))
     return correct / len(queries)
@@ -72,7 +77,7 @@ def linear_probe_accuracy(train: np.ndarray, train_labels: np.ndarray, test: np.
         return optax.apply_updates(p, updates), state
 
     state = tx.init(params)
-    for _ in range(steps):
+    for _ in progress(range(steps), "linear probe", unit="step"):
         params, state = step(params, state)
     predicted = np.asarray(jnp.argmax(x_test @ params["w"] + params["b"], axis=-1))
     return float(np.mean(predicted == test_labels))

@@ -36,6 +36,7 @@ from pretext_jax.input_pipeline.audio import (
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.objectives.common.evaluation import linear_probe_accuracy
 from pretext_jax.objectives.registry import PreparedData, Summarize, summary_of
+from pretext_jax.progress import progress
 
 PROBE_BATCH = 32  # utterances per feature batch (fixed, so one compiled shape)
 # (model, audio [B, S], attention_mask [B, S], layer) -> (features [B, T, D], frames [B, T])
@@ -68,8 +69,11 @@ class ProbeData:
         the classes are 0 .. the largest label either split holds."""
         pooled, labels = {}, {}
         for split in ("train", "held_out"):
+            count = len(self.train_indices if split == "train" else self.held_out_indices)
+            batches = progress(self.batches(split), f"probe features ({split})",
+                               total=-(-count // PROBE_BATCH), unit="batch")
             parts = [(features(batch), {name: batch[name] for name in self.labels})
-                     for batch in self.batches(split)]  # no waveforms kept
+                     for batch in batches]  # no waveforms kept
             pooled[split] = np.concatenate([part[0] for part in parts])
             labels[split] = {name: np.concatenate([part[1][name] for part in parts])
                              for name in self.labels}

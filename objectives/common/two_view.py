@@ -18,17 +18,24 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import image_augment
 from pretext_jax.input_pipeline.images import HostCrop, prepare_images
 from pretext_jax.input_pipeline.prepare import DataConfig
-from pretext_jax.objectives.common.evaluation import extract_features, knn_accuracy
+from pretext_jax.objectives.common.evaluation import (
+    extract_features,
+    knn_accuracy,
+    linear_probe_accuracy,
+)
 from pretext_jax.objectives.registry import PreparedData, Summarize, summary_of
 
 # Held-out evaluation has no step rng; its views come from this fixed key.
 EVAL_AUGMENT_SEED = 0
+# The few-label probe's labelled images are drawn with this seed.
+PROBE_LABELS_SEED = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +49,9 @@ class ImageExampleConfig:
     (`eval_crop_proportion`, 0.875 as data_util.py) when cropped on the host. The kNN monitor
     uses a bank of the first `knn_bank_size` training images, `knn_k` neighbours and vote
     temperature `knn_temperature` (solo-learn / lightly: k 200, temperature 0.1) against at
-    most `max_eval_examples` held-out images.
+    most `max_eval_examples` held-out images; with `probe_labels_per_class` > 0 it also fits a
+    linear probe to the features of that many labelled bank images per class (a few-label
+    evaluation, for data where every label makes even random features look good).
     """
 
     host_crop_size: int = 0
@@ -59,6 +68,13 @@ class ImageExampleConfig:
     """Neighbours voting in the kNN monitor (solo-learn, lightly: 200)."""
     knn_temperature: float = 0.1
     """Temperature of the kNN monitor's similarity-weighted vote (0.1)."""
+    probe_labels_per_class: int = 0
+    """Labelled bank images per class (a seeded draw) for the monitor's linear probe; 0: none."""
+
+    def __post_init__(self) -> None:
+        if self.probe_labels_per_class < 0:
+            raise ValueError(f"probe_labels_per_class={self.probe_labels_per_class} must be >= 0 "
+                             "(0: no few-label probe)")
 
     def host_crop(self) -> HostCrop:
         return HostCrop(size=self.host_crop_size,
@@ -201,20 +217,37 @@ def backbone_features(model: nnx.Module, images: jax.Array, size: int) -> jax.Ar
     return model.backbone(evaluation_view(images, size), train=False)
 
 
+def labelled_subset(labels: np.ndarray, count: int) -> np.ndarray:
+    """Sorted indices of `count` entries of every class in `labels` (all of a smaller class),
+    drawn with a fixed seed (`PROBE_LABELS_SEED`): the same images at every evaluation."""
+    rng = np.random.default_rng(PROBE_LABELS_SEED)
+    return np.sort(np.concatenate([rng.permutation(np.flatnonzero(labels == label))[:count]
+                                   for label in np.unique(labels)]))
+
+
 def knn_monitor(model: nnx.Module, data: PreparedData, examples: ImageExampleConfig,
                 objective: ViewSettings) -> dict[str, float]:
     """Held-out kNN accuracy of the backbone's features (at `objective.image_size`) against a
-    labelled training bank."""
+    labelled training bank, and with `examples.probe_labels_per_class` the held-out accuracy
+    of a linear probe fitted to that many bank images per class."""
     bank = data.train.examples(range(min(len(data.train), examples.knn_bank_size)))
     if (bank["label"] < 0).any() or (data.eval["label"] < 0).any():
         return {}  # unlabelled images: nothing to vote with
-    features = [extract_features(
-        lambda x: backbone_features(model, x, objective.image_size), images)
-                for images in (bank["image"], data.eval["image"])]
+    bank_features, held_out_features = (
+        extract_features(lambda x: backbone_features(model, x, objective.image_size), images,
+                         description=description)
+        for images, description in ((bank["image"], "kNN bank features"),
+                                    (data.eval["image"], "held-out features")))
     num_classes = int(max(bank["label"].max(), data.eval["label"].max())) + 1
-    return {"knn_accuracy": knn_accuracy(features[0], bank["label"], features[1],
-                                         data.eval["label"], num_classes, examples.knn_k,
-                                         examples.knn_temperature)}
+    results = {"knn_accuracy": knn_accuracy(bank_features, bank["label"], held_out_features,
+                                            data.eval["label"], num_classes, examples.knn_k,
+                                            examples.knn_temperature)}
+    if examples.probe_labels_per_class:
+        labelled = labelled_subset(bank["label"], examples.probe_labels_per_class)
+        results["few_label_probe_accuracy"] = linear_probe_accuracy(
+            bank_features[labelled], bank["label"][labelled], held_out_features,
+            data.eval["label"], num_classes)
+    return results
 
 
 def prepare_two_view_images(data: DataConfig, examples: ImageExampleConfig, cache_dir: Path,
@@ -225,7 +258,9 @@ def prepare_two_view_images(data: DataConfig, examples: ImageExampleConfig, cach
         data.source, data.eval_source, cache_dir, examples.max_eval_examples,
         crop=examples.host_crop(), held_out_fraction=data.held_out_fraction, seed=seed,
         tfds_split=data.tfds_split, tfds_data_dir=data.tfds_data_dir or None)
-    return PreparedData(train=train, eval=held_out)
+    report = ({"probe_labels_per_class": examples.probe_labels_per_class}
+              if examples.probe_labels_per_class else {})
+    return PreparedData(train=train, eval=held_out, report=report)
 
 
 def check_host_crops(model: Any, examples: ImageExampleConfig, objective: ViewSettings
@@ -253,17 +288,23 @@ def check_two_view_method(model: Any, examples: ImageExampleConfig, objective: V
 
 
 def knn_summary(metrics: tuple[str, ...] = ("loss",)) -> Summarize:
-    """`summary_of(metrics=...)` and the kNN accuracy of the backbone's features beside the
-    same network's at its random initialisation."""
+    """`summary_of(metrics=...)` and the kNN accuracy of the backbone's features (and the
+    few-label probe's, if the monitor fitted one) beside the same network's at its random
+    initialisation."""
     held_out = summary_of(metrics=metrics)
 
     def summarize(evaluation: dict[str, float], report: dict[str, Any],
                   untrained: Callable[[], dict[str, float]]) -> list[str]:
         lines = held_out(evaluation, report, untrained)
-        if "knn_accuracy" in evaluation:
-            lines.append(f"  held-out kNN accuracy of the backbone's features "
-                         f"{evaluation['knn_accuracy']:.3f} vs {untrained()['knn_accuracy']:.3f} "
-                         "for the same network untrained")
+        baseline = functools.cache(untrained)  # one untrained evaluation for every line
+        described = {"knn_accuracy": "kNN accuracy of the backbone's features",
+                     "few_label_probe_accuracy": "accuracy of a linear probe on the backbone's "
+                     f"features fitted to {report.get('probe_labels_per_class')} labelled "
+                     "training images per class"}
+        for key, description in described.items():
+            if key in evaluation:
+                lines.append(f"  held-out {description} {evaluation[key]:.3f} vs "
+                             f"{baseline()[key]:.3f} for the same network untrained")
         return lines
 
     return summarize
