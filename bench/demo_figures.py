@@ -8,24 +8,22 @@ Runs each demo as its own `python run.py ...` process in a fresh workdir under
 data preparation, compilation, training, the untrained network's evaluation), and keeps the
 summary lines it prints. The speech demo reads FSDD's recordings (`--data`, else
 $PRETEXT_SHARED_DATA/fsdd/recordings or ../shared/data/fsdd/recordings) and is skipped, with a
-note, when there are none. Prints one Markdown table, a row per demo: the demo, its printed
-figures and wall-clock, the machine (cores, load average at the start and end, JAX backend)
-and date, and the command; `--output` appends the rows to a file as well.
+note, when there are none. Writes a Markdown row per demo (`bench.report`): the demo, its printed
+figures and wall-clock, the machine (with its load average when the demo started), the date
+and the demo's command, printed and appended to `--markdown`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import jax
-
+from bench import report
 from bench.pretrain_wikitext import shared_data_dir
 from pretext_jax import run
 
@@ -34,15 +32,7 @@ DEMOS = {  # name: (what it is, the arguments after `run.py`)
     "images": ("SimCLR on scikit-learn's digits (`simclr_digits`)", ["demo", "--images"]),
     "speech": ("CPC on FSDD (`cpc_digits`)", ["demo", "--speech", "--data"]),
 }
-HEADER = ["| demo | printed figures | wall-clock | machine, date | command |",
-          "|---|---|---|---|---|"]
-
-
-def machine() -> str:
-    """Cores, architecture, JAX's backend and the load average now."""
-    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    return (f"{os.cpu_count()}-core {platform.machine()} {jax.default_backend().upper()}, "
-            f"{jax.device_count()} device(s), load average {load}")
+TABLE = report.Table("demo_figures", ("demo", "printed figures", "wall-clock s"))
 
 
 def figures(output: str) -> list[str]:
@@ -65,7 +55,7 @@ def run_demo(name: str, arguments: list[str], workdir: Path) -> dict[str, object
     """One demo in a fresh `workdir`: its printed figures, wall-clock and the machine."""
     shutil.rmtree(workdir, ignore_errors=True)
     command = [sys.executable, str(Path(run.__file__)), *arguments, "--workdir", str(workdir)]
-    before = machine()
+    before = report.this_machine()
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start
@@ -73,24 +63,17 @@ def run_demo(name: str, arguments: list[str], workdir: Path) -> dict[str, object
         raise SystemExit(f"{name} demo failed ({done.returncode}): {done.stderr.strip()[-500:]}")
     shown = " ".join(["python run.py", *arguments]).replace(str(Path.cwd()) + os.sep, "")
     return {"demo": name, "figures": figures(done.stdout), "wall_clock_s": round(seconds),
-            "machine": f"{before}; after: {machine().rsplit('load average ', 1)[1]}",
-            "date": time.strftime("%Y-%m-%d"), "command": shown}
-
-
-def markdown_row(row: dict[str, object]) -> str:
-    """The table row of one demo's result."""
-    return (f"| {DEMOS[row['demo']][0]} | {'; '.join(row['figures'])} | "
-            f"{row['wall_clock_s']} s | {row['machine']}, {row['date']} | `{row['command']}` |")
+            "machine": before, "command": shown}
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, object]]:
-    """Runs the demos; prints (and returns) their rows."""
+    """Runs the demos; writes (and returns) their rows."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demos", default="text,images,speech",
                         help=f"comma-separated, of {', '.join(DEMOS)}")
     parser.add_argument("--data", default="", help="FSDD's recordings/ folder (speech demo)")
     parser.add_argument("--workdir-root", default="runs/demo_figures")
-    parser.add_argument("--output", default="", help="also append the rows to this file")
+    report.add_markdown_argument(parser, "demo_figures")
     args = parser.parse_args(argv)
     rows = []
     for name in args.demos.split(","):
@@ -104,12 +87,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
                       "(--data FOLDER)", file=sys.stderr)
                 continue
             arguments.append(str(recordings))
-        rows.append(run_demo(name, arguments, Path(args.workdir_root) / name))
-    table = "\n".join([*HEADER, *map(markdown_row, rows)])
-    print(table)
-    if args.output:
-        with Path(args.output).open("a") as file:
-            file.write(table + "\n")
+        row = run_demo(name, arguments, Path(args.workdir_root) / name)
+        report.write_row(TABLE, [DEMOS[name][0], "; ".join(row["figures"]),
+                                 row["wall_clock_s"]], row["command"], args.markdown,
+                         machine=row["machine"])
+        rows.append(row)
     return rows
 
 
