@@ -126,8 +126,8 @@ class MetricWriter:
         self.enabled = enabled
         self.bar = None
         self.tensorboard = None
-        # Steps advanced so far and (time, compile seconds) when step 2 began, until timed.
-        self.advanced, self.timing = 0, None
+        # Calls of `advance` so far, and (time, compile seconds) at the last of them.
+        self.advances, self.timing = 0, None
         self.steps_left = total_steps - start_step
         phase_progress.set_enabled(enabled and progress)
         if not enabled:
@@ -162,17 +162,18 @@ class MetricWriter:
     def advance(self, steps: int) -> None:
         if self.bar is not None:
             self.bar.update(steps)
-        self.advanced += steps
-        if not self.enabled or self.advanced > 2:
+        self.steps_left -= steps
+        self.advances += 1
+        if not self.enabled or self.advances > 2:
             return
-        if self.advanced == 1:
-            self.timing = (time.perf_counter(), COMPILE_CLOCK.read())
-            return
-        started, compiling = self.timing
-        seconds = time.perf_counter() - started - (COMPILE_CLOCK.read() - compiling)
-        warning = long_run_warning(seconds, self.steps_left - 2)
-        if warning:
-            self.print(warning)
+        now = (time.perf_counter(), COMPILE_CLOCK.read())
+        if self.advances == 2:  # the steps since the first: compiled, the loader running
+            (started, compiling), (ended, compiled) = self.timing, now
+            seconds = (ended - started - (compiled - compiling)) / steps
+            warning = long_run_warning(seconds, self.steps_left)
+            if warning:
+                self.print(warning)
+        self.timing = now
 
     def print(self, text: str) -> None:
         if not self.enabled:
