@@ -371,6 +371,9 @@ def config_from_dict(tree: dict[str, Any]) -> Config:
         if unknown:
             raise UserError(f"unknown config keys {sorted(unknown)} in {section}; valid: "
                             f"{sorted(_field_types(cls))}")
+        for name, value in given.items():  # before the sections' own range checks run
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UserError(f"{section}.{name}={value} must be a finite number")
         try:
             sections[section] = cls(**given)
         except (TypeError, ValueError) as e:
