@@ -52,9 +52,9 @@ def test_image_demo_is_sized_for_a_few_minutes_on_a_cpu():
     """The preset the image demo runs (its measured figures: `python -m bench.demo_figures`)."""
     config = make_config(run._demo(argparse.Namespace(images=True))[0])
     assert (config.train.steps, config.train.batch_size) == (200, 256)
-    assert (config.model["depth"], config.model["base_width"], config.objective["image_size"]) == (
+    assert (config.model.depth, config.model.base_width, config.objective.image_size) == (
         10, 16, 8)
-    assert config.examples["probe_labels_per_class"] == 10
+    assert config.examples.probe_labels_per_class == 10
 
 
 def test_image_summary_evaluates_the_untrained_network_once():
@@ -64,7 +64,7 @@ def test_image_summary_evaluates_the_untrained_network_once():
         calls.append(1)
         return {"knn_accuracy": 0.5, "few_label_probe_accuracy": 0.5}
 
-    lines = registry.get("simclr").summarize(
+    lines = registry.get("simclr").evaluation.summarize(
         {"knn_accuracy": 0.75, "few_label_probe_accuracy": 0.75}, {"probe_labels_per_class": 10},
         untrained)
     assert len(lines) == 2 and len(calls) == 1

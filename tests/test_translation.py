@@ -272,7 +272,7 @@ def rescored_bleu(toy, workdir) -> float:
     corpus's sentences."""
     config = config_from_dict(directories.read_json_object(workdir / "config.json"))
     model, tokenizer = loading.load_model(workdir), toy["tokenizer"]
-    records, references = te.held_out_pairs(toy["val"], tokenizer, config.example_config(),
+    records, references = te.held_out_pairs(toy["val"], tokenizer, config.examples,
                                             {"de": 0, "en": 1})
     languages = translation.FAMILIES[config.method].languages(model.config) > 0
     tokens = greedy_seq2seq(
