@@ -40,14 +40,14 @@ def mass_loss(model: T5, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array
 # MASS (Song et al. 2019, §3.1; microsoft/MASS MASS-unsupNMT README): a 6 + 6-layer Transformer
 # of width 1024, FFN 4096, 8 heads (of 128), GELU, dropout 0.1 (attention 0.1), embeddings
 # shared by encoder, decoder and output; Adam (b2 0.98, eps 1e-8) at lr 1e-4 with XLM's
-# adam_inverse_sqrt schedule (4,000 warmup updates), gradients clipped to norm 5 (XLM's
+# adam_inverse_sqrt schedule (from 1e-7 over 4,000 warmup updates), gradients clipped to norm 5
+# (XLM's
 # default); 3,000 tokens per GPU on 8 GPUs; sentences of 5 to 100 BPE tokens; fragment 50%,
 # 80/10/10. The paper gives no step count: 83,334 steps of 240 rows are the README's 100
 # epochs of 200,000 sentences. Departures: T5's relative position bias,
 # pre-norm RMS layers and bias-free projections instead of learned absolute positions and
 # post-LN layers (the model is `models.t5`); the tied LM head scales by d_model^-0.5 (T5 v1.0);
-# the schedule holds the peak for the 4,000 warmup steps instead of ramping up to it
-# (`inverse_sqrt` here is T5's); fixed rows of 100 tokens, 240 per step (<= 24,000 tokens,
+# fixed rows of 100 tokens, 240 per step (<= 24,000 tokens,
 # padding included) instead of batches of 3,000 real tokens grouped by length; a 60,000-piece
 # sentencepiece vocabulary instead of 60k BPE codes shared by the two languages. The
 # unsupervised-NMT runs are bilingual: `data.source=en=...,fr=...` adds the language embeddings
@@ -82,8 +82,8 @@ PRESETS = {
         "examples": {"max_seq_length": 100, "min_length": 5, "fragment_fraction": 0.5,
                      "mask_token_prob": 0.8, "random_token_prob": 0.1},
         "data": {"vocab_size": 60000},
-        "optim": {"optimizer": "adamw", "learning_rate": 1e-4, "schedule": "inverse_sqrt",
-                  "warmup_steps": 4000, "b1": 0.9, "b2": 0.98, "eps": 1e-8,
+        "optim": {"optimizer": "adamw", "learning_rate": 1e-4, "schedule": "inverse_sqrt_warmup",
+                  "warmup_steps": 4000, "warmup_init_learning_rate": 1e-7, "b1": 0.9, "b2": 0.98, "eps": 1e-8,
                   "bias_correction": True, "weight_decay": 0.0, "clip_norm": 5.0},
         "train": {"steps": 83334, "batch_size": 240},
     },

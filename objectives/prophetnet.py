@@ -153,8 +153,8 @@ SPAN_MASKING = {"fragment_fraction": 0.15, "fragment_at_start_prob": 0.0,
 # FFN 4096, 16 heads, GELU, n = 2, 32 buckets up to 128, 512 positions; Adam at lr 3e-4, 1,024
 # sequences per batch, 500K steps; spans of 15% with one span per 64 tokens. Not in the paper,
 # taken from the reference's fine-tuning recipe (README: fairseq Adam b2 0.999, weight decay
-# 0.01, clipping 0.1, dropout 0.1, inverse_sqrt): those settings; warmup 10,000 steps is our
-# choice (the paper gives none), and `inverse_sqrt` here holds the peak during warmup.
+# 0.01, clipping 0.1, dropout 0.1, fairseq's inverse_sqrt from --warmup-init-lr 1e-07): those
+# settings; warmup 10,000 steps is our choice (the paper gives none).
 # Departures: 64-token sentence segments with one span each (the per-64-token span rate) instead
 # of 512-token inputs; a sentencepiece vocabulary of 30,522 pieces trained on the corpus instead
 # of BERT's uncased WordPiece.
@@ -182,8 +182,8 @@ PRESETS = {
                   "eos_token_id": 0},
         "examples": {"max_seq_length": 64, "min_length": 5, **SPAN_MASKING},
         "data": {"vocab_size": 30522},
-        "optim": {"optimizer": "adamw", "learning_rate": 3e-4, "schedule": "inverse_sqrt",
-                  "warmup_steps": 10000, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
+        "optim": {"optimizer": "adamw", "learning_rate": 3e-4, "schedule": "inverse_sqrt_warmup",
+                  "warmup_steps": 10000, "warmup_init_learning_rate": 1e-7, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
                   "bias_correction": True, "eps_before_bias_correction": True,
                   "weight_decay": 0.01, "decay_norms_and_biases": True, "clip_norm": 0.1},
         "train": {"steps": 500000, "batch_size": 1024},

@@ -237,8 +237,9 @@ _DATA_SIZED = {"vocab_size": 0, "n_langs": 0, "pad_token_id": 0}
 # batches of 64, languages and masks sampled with alpha 0.5, Adam (b2 0.98 as the README's
 # `adam_inverse_sqrt,beta1=0.9,beta2=0.98,lr=0.0001`; bias-corrected, eps 1e-8, no weight
 # decay) with gradients clipped at norm 5 (train.py `clip_grad_norm`). 6 layers as the
-# unsupervised-MT models (12 for XNLI). Departures: `inverse_sqrt` here holds the peak for the
-# 4,000 warmup steps instead of XLM's linear ramp from 1e-7, the vocabulary is sentencepiece
+# unsupervised-MT models (12 for XNLI); the rate ramps from 1e-7 over 4,000 updates, then
+# decays as 1/sqrt(step) (src/optim.py `AdamInverseSqrtWithWarmup`). Departures: the vocabulary
+# is sentencepiece
 # (XLM: fastBPE, 95k codes for XNLI-15), and the step count is ours (XLM stops on held-out
 # perplexity).
 PRESETS = {
@@ -259,8 +260,8 @@ PRESETS = {
         "examples": {"stream_length": 256, "max_sentence_length": 100, "language_alpha": 0.5,
                      "mask_alpha": 0.5},
         "data": {"vocab_size": 95000},
-        "optim": {"optimizer": "adamw", "learning_rate": 1e-4, "schedule": "inverse_sqrt",
-                  "warmup_steps": 4000, "b1": 0.9, "b2": 0.98, "eps": 1e-8,
+        "optim": {"optimizer": "adamw", "learning_rate": 1e-4, "schedule": "inverse_sqrt_warmup",
+                  "warmup_steps": 4000, "warmup_init_learning_rate": 1e-7, "b1": 0.9, "b2": 0.98, "eps": 1e-8,
                   "weight_decay": 0.0, "bias_correction": True, "clip_norm": 5.0},
         "train": {"steps": 500000, "batch_size": 64},
     },

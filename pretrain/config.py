@@ -54,8 +54,10 @@ class OptimConfig:
     is linear (BERT: lr * step / warmup during warmup, then lr * (1 - step / steps)), electra_linear
     (ELECTRA's optimization.py: lr * (1 - step / steps) * min(1, step / warmup), the ramp
     multiplying the decayed value), cosine, constant, step (lr x `decay_factor` after each step
-    of `decay_boundaries`: Caffe's step policy, RotNet's `LUT_lr`) or inverse_sqrt (T5: lr *
-    sqrt(warmup / max(step, warmup))), linear_from_peak (fairseq's polynomial_decay, XLNet's
+    of `decay_boundaries`: Caffe's step policy, RotNet's `LUT_lr`), inverse_sqrt (T5: lr *
+    sqrt(warmup / max(step, warmup))), inverse_sqrt_warmup (fairseq's `inverse_sqrt` and XLM's
+    `adam_inverse_sqrt`: linear from `warmup_init_learning_rate` to lr over the warmup, then lr *
+    sqrt(warmup / step)), linear_from_peak (fairseq's polynomial_decay, XLNet's
     poly decay: lr * step / warmup, then linear from lr at the end of warmup to end_learning_rate at
     `steps`); `end_learning_rate` is where linear, electra_linear, linear_from_peak and cosine
     end. `eps_before_bias_correction` (with `bias_correction`): Adam's eps added to sqrt(v)
@@ -70,11 +72,14 @@ class OptimConfig:
     learning_rate: float = 1e-4
     """Peak learning rate (BERT 1e-4)."""
     schedule: str = "linear"
-    """linear, electra_linear, linear_from_peak, cosine, constant, step or inverse_sqrt."""
+    """linear, electra_linear, linear_from_peak, cosine, constant, step, inverse_sqrt (T5) or
+    inverse_sqrt_warmup (fairseq, XLM)."""
     warmup_steps: int = 10000
     """Steps of the linear warmup (BERT 10,000)."""
     end_learning_rate: float = 0.0
     """Where linear, electra_linear, linear_from_peak and cosine end."""
+    warmup_init_learning_rate: float = 0.0
+    """Where inverse_sqrt_warmup's ramp starts (fairseq and XLM `warmup_init_lr`; XLM 1e-7)."""
     weight_decay: float = 0.01
     """Decoupled weight decay (BERT 0.01; not on LayerNorm or biases by default)."""
     b1: float = 0.9
@@ -464,7 +469,8 @@ def describe(config: Config) -> str:
 # The valid range of every numeric key of the generic sections, in interval notation.
 RANGES = {
     "optim.learning_rate": "[0, inf)", "optim.warmup_steps": "[0, inf)",
-    "optim.end_learning_rate": "[0, inf)", "optim.weight_decay": "[0, inf)",
+    "optim.end_learning_rate": "[0, inf)", "optim.warmup_init_learning_rate": "[0, inf)",
+    "optim.weight_decay": "[0, inf)",
     "optim.b1": "[0, 1)", "optim.b2": "[0, 1)", "optim.eps": "[0, inf)",
     "optim.clip_norm": "[0, inf)", "optim.grad_accum_steps": "[1, inf)",
     "optim.momentum": "[0, 1)", "optim.trust_coefficient": "[0, inf)",

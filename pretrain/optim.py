@@ -26,7 +26,7 @@ from pretext_jax.errors import UserError
 NO_DECAY_PARAMETERS = ("bias", "scale")
 NO_DECAY_SUFFIX = "_bias"
 SCHEDULES = ("linear", "electra_linear", "linear_from_peak", "cosine", "constant",
-             "inverse_sqrt", "step")
+             "inverse_sqrt", "inverse_sqrt_warmup", "step")
 
 
 class ScaleByAdamEpsHatState(NamedTuple):
@@ -143,7 +143,8 @@ def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
     `linear_from_peak` (warmup to the peak, then linear from the peak to end_learning_rate over
     the remaining steps: fairseq's `polynomial_decay` with power 1, XLNet's `get_train_op`
     with decay_method poly), `cosine` (warmup then cosine
-    to end), `constant` (warmup then flat), `inverse_sqrt` (T5) or `step` (warmup, then the
+    to end), `constant` (warmup then flat), `inverse_sqrt` (T5), `inverse_sqrt_warmup`
+    (fairseq, XLM: `inverse_sqrt_warmup_schedule`) or `step` (warmup, then the
     peak times `decay_factor` after each of the steps in `decay_boundaries`: Caffe's `step`
     policy, RotNet's `LUT_lr`). Steps count from 0: update
     n (the n-th, 0-based) uses schedule(n), the value of the references' global step (fairseq:
@@ -167,6 +168,9 @@ def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
         after = optax.constant_schedule(peak)
     elif config.schedule == "inverse_sqrt":
         return inverse_sqrt_schedule(peak, warmup)
+    elif config.schedule == "inverse_sqrt_warmup":
+        return inverse_sqrt_warmup_schedule(peak, config.warmup_steps,
+                                            config.warmup_init_learning_rate)
     elif config.schedule == "step":
         after = optax.piecewise_constant_schedule(peak, {
             boundary - warmup: config.decay_factor
@@ -216,6 +220,27 @@ def inverse_sqrt_schedule(peak: float, warmup: int) -> optax.Schedule:
     `learning_rate` is the peak: T5's is learning_rate 0.01 with warmup_steps k = 10^4."""
     k = float(max(warmup, 1))
     return lambda step: peak * jnp.sqrt(k / jnp.maximum(jnp.asarray(step, jnp.float32), k))
+
+
+def inverse_sqrt_warmup_schedule(peak: float, warmup: int, start: float) -> optax.Schedule:
+    """fairseq's `inverse_sqrt` (fairseq/optim/lr_scheduler/inverse_square_root_schedule.py) and
+    XLM's `AdamInverseSqrtWithWarmup` (XLM src/optim.py): for update n < warmup the rate is
+    start + n * (peak - start) / warmup (`warmup_init_lr` + num_updates * `lr_step`), from then
+    on peak * sqrt(warmup) / sqrt(n) (`decay_factor` * num_updates ** -0.5). Both set the
+    optimizer's rate to `warmup_init_lr` before the first update and recompute it after each
+    from the incremented count, so update n (0-based) uses the value at n, as optax counts.
+    `warmup` 0: peak * sqrt(1 / max(n, 1)), the decay from the first update."""
+    if warmup <= 0:
+        return lambda step: peak * jax.lax.rsqrt(jnp.maximum(jnp.asarray(step, jnp.float32), 1.0))
+    slope = (peak - start) / warmup
+
+    def schedule(step: Any) -> jax.Array:
+        n = jnp.asarray(step, jnp.float32)
+        ramp = start + n * slope
+        decay = peak * jnp.sqrt(float(warmup)) * jax.lax.rsqrt(jnp.maximum(n, 1.0))
+        return jnp.where(n < warmup, ramp, decay)
+
+    return schedule
 
 
 def adafactor(schedule: optax.Schedule, weight_decay: float) -> optax.GradientTransformation:

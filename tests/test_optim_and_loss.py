@@ -85,6 +85,41 @@ def test_fairseq_schedule_decays_from_the_peak_after_warmup():
     assert float(schedule(10)) == pytest.approx(1e-3)  # BERT's `linear` is at 0.9e-3 there
 
 
+class XLMInverseSqrtReference:
+    """XLM src/optim.py `AdamInverseSqrtWithWarmup`'s rate as its `step` sets it, re-stated in
+    plain Python: the rate starts at `warmup_init_lr`; after each update the count is
+    incremented and the rate recomputed (fairseq's inverse_sqrt `step_update` is the same)."""
+
+    def __init__(self, peak: float, warmup: int, start: float):
+        self.peak, self.warmup, self.start = peak, warmup, start
+        self.lr, self.num_updates = start, 0
+
+    def step(self) -> float:
+        """One update: returns the rate it used, then advances."""
+        used = self.lr
+        self.num_updates += 1
+        if self.num_updates < self.warmup:
+            self.lr = self.start + self.num_updates * (self.peak - self.start) / self.warmup
+        else:
+            self.lr = self.peak * self.warmup ** 0.5 * self.num_updates ** -0.5
+        return used
+
+
+def test_inverse_sqrt_warmup_is_xlm_and_fairseq_schedule():
+    config = OptimConfig(learning_rate=1e-3, warmup_steps=40, schedule="inverse_sqrt_warmup",
+                         warmup_init_learning_rate=1e-7)
+    schedule = learning_rate_schedule(config, total_steps=200)
+    reference = XLMInverseSqrtReference(1e-3, 40, 1e-7)
+    used = [reference.step() for _ in range(300)]  # past total_steps: no end clipping
+    ours = [float(schedule(n)) for n in range(300)]
+    np.testing.assert_allclose(ours, used, rtol=3e-6, atol=1e-12)
+    assert ours[0] == pytest.approx(1e-7) and ours[40] == pytest.approx(1e-3)
+    # Negative control: T5's inverse_sqrt holds the peak during warmup.
+    t5 = learning_rate_schedule(dataclasses.replace(config, schedule="inverse_sqrt"), 200)
+    assert float(t5(10)) == pytest.approx(1e-3) and ours[10] == pytest.approx(2.5e-4, rel=1e-3)
+    assert not np.allclose([float(t5(n)) for n in range(40)], used[:40])
+
+
 def test_fairseq_adam_matches_numpy():
     """fairseq/optim/adam.py `Adam.step`, three steps: m, v moments, p -= wd lr p on every
     parameter (biases and LayerNorm too), then p -= lr sqrt(1 - b2^t) / (1 - b1^t) m /
