@@ -20,8 +20,9 @@ from flax import nnx
 
 from pretext_jax.models.resnet import ResNet, ResNetConfig
 
-# ITU-R 601 luma weights, the reference's grayscale 1x1 convolution.
-LUMA = (0.299, 0.587, 0.114)
+# The reference's grayscale 1x1 convolution (models/alexnet.py `sobel`: weights filled with
+# 1/3, bias 0): the plain mean of the channels, not a luma weighting.
+GRAY_MEAN = (1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0)
 # The Sobel derivative along the width; its transpose is the one along the height.
 SOBEL_X = ((1.0, 0.0, -1.0), (2.0, 0.0, -2.0), (1.0, 0.0, -1.0))
 HEAD_INIT_STD = 0.01
@@ -52,9 +53,9 @@ class DeepClusterConfig(ResNetConfig):
 
 
 def sobel(images: jax.Array) -> jax.Array:
-    """[B, H, W, 3] floats -> [B, H, W, 2]: the luma image's derivatives along the width and
-    the height (3x3 Sobel kernels, zero padding 1, as the reference's `sobel` layers)."""
-    gray = images @ jnp.asarray(LUMA, images.dtype)
+    """[B, H, W, 3] floats -> [B, H, W, 2]: the channel-mean image's derivatives along the width
+    and the height (3x3 Sobel kernels, zero padding 1, as the reference's `sobel` layers)."""
+    gray = images @ jnp.asarray(GRAY_MEAN, images.dtype)
     kx = jnp.asarray(SOBEL_X, images.dtype)
     kernel = jnp.stack([kx, kx.T], axis=-1)[:, :, None, :]  # [3, 3, 1, 2], HWIO
     return jax.lax.conv_general_dilated(gray[..., None], kernel, (1, 1), ((1, 1), (1, 1)),

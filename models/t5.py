@@ -356,15 +356,20 @@ class T5(nnx.Module):
         rng: jax.Array | None = None,
         language_ids: jax.Array | None = None,
         decoder_language_ids: jax.Array | None = None,
+        cross_attention_mask: jax.Array | None = None,
     ) -> T5Output:
         """Teacher-forced forward pass; `attention_mask` defaults to `input_ids != 0`, `rng`
         enables dropout (None = deterministic); the language ids of the encoder and decoder
-        tokens only for a model with language embeddings."""
+        tokens only for a model with language embeddings. `cross_attention_mask` [B, S]: the
+        encoder positions the decoder may attend to, if fewer than `attention_mask`'s (XLM's
+        `enc_mask` in `TransformerModel.fwd`)."""
         if attention_mask is None:
             attention_mask = input_ids != PAD_ID
         encoder_rng, decoder_rng = split_rng(rng, 2)
         encoded = self.encode(input_ids, attention_mask, encoder_rng, language_ids=language_ids)
-        decoded = self.decode(decoder_input_ids, encoded, attention_mask,
+        if cross_attention_mask is None:
+            cross_attention_mask = attention_mask
+        decoded = self.decode(decoder_input_ids, encoded, cross_attention_mask,
                               decoder_attention_mask, decoder_rng,
                               language_ids=decoder_language_ids)
         return T5Output(encoder_hidden_states=encoded, decoder_hidden_states=decoded,

@@ -262,9 +262,10 @@ class PositionConv(nnx.Module):
     def __init__(self, config: Wav2Vec2Config, *, rngs: nnx.Rngs):
         k, h = config.position_conv_kernel, config.hidden_size
         self.config = config
-        # fairseq: normal(0, sqrt(4 / (k * h))) before weight_norm, whose gain starts at ||v||
-        v = jax.random.normal(rngs.params(), (k, h // config.position_conv_groups, h)) * math.sqrt(
-            4.0 / (k * h))
+        # fairseq (wav2vec2.py `TransformerEncoder`): normal(0, sqrt(4 (1 - dropout) / (k h)))
+        # before weight_norm, whose gain starts at ||v||; `dropout` is fairseq's, hidden_dropout.
+        std = math.sqrt(4.0 * (1.0 - config.hidden_dropout) / (k * h))
+        v = jax.random.normal(rngs.params(), (k, h // config.position_conv_groups, h)) * std
         self.weight_v = nnx.Param(v, out_sharding=(None, None, "embed"))  # [k, H/groups, H]
         self.weight_g = nnx.Param(jnp.sqrt(jnp.sum(v * v, axis=(1, 2), keepdims=True)),
                                   out_sharding=(None, None, None))  # [k, 1, 1]

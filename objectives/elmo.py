@@ -71,11 +71,17 @@ class ElmoObjectiveConfig:
 
     negative_samples: int = 8192
     """Sampled-softmax candidates per direction and step (bilm-tf 8192); 0 = full softmax."""
+    loss_scale: float = 1.0
+    """The gradient is of loss_scale x the mean loss (bilm-tf training.py differentiates
+    `loss * options['unroll_steps']`: 20); the logged loss is the mean."""
 
     def __post_init__(self) -> None:
         if self.negative_samples < 0:
             raise UserError(f"objective.negative_samples={self.negative_samples} must be >= 0 "
                             "(0 = full softmax); e.g. 8192")
+        if not self.loss_scale > 0:
+            raise UserError(f"objective.loss_scale={self.loss_scale} must be > 0 "
+                            "(bilm-tf: its unroll_steps, 20)")
 
 
 # --- Losses -----------------------------------------------------------------------------------
@@ -118,7 +124,8 @@ def sampled_softmax_nll(hidden: jax.Array, targets: jax.Array, kernel: jax.Array
 
 def elmo_loss(model: ElmoLM, batch: Batch, rng: jax.Array | None, *,
               objective: ElmoObjectiveConfig) -> tuple[jax.Array, Metrics]:
-    """0.5 (forward + backward) mean NLL of a batch of windows (`chars`, `ids`, `mask`)."""
+    """0.5 (forward + backward) mean NLL of a batch of windows (`chars`, `ids`, `mask`), times
+    `objective.loss_scale` for the gradient (the `loss` metric is the unscaled mean)."""
     ids, mask = batch["ids"], batch["mask"]
     real = mask[:, 1:-1]
     model_rng, *sample_rngs = (None, None, None) if rng is None else jax.random.split(rng, 3)
@@ -141,7 +148,8 @@ def elmo_loss(model: ElmoLM, batch: Batch, rng: jax.Array | None, *,
         total, count = jnp.sum(weights * nll), jnp.sum(weights)
         loss = loss + 0.5 * total / jnp.maximum(count, 1.0)
         metrics[f"{name}_loss"] = (total, count)
-    return loss, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
+    scaled = loss * objective.loss_scale
+    return scaled, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
 
 
 # --- Data -------------------------------------------------------------------------------------
@@ -246,14 +254,15 @@ PRESETS = {
     # LSTMP layers, cell/proj clip 3, residual, 2 highway layers over 2,048 filters, dropout 0.1,
     # sampled softmax with 8,192 candidates over its 793,471-word vocabulary (give it as
     # data.tokenizer, a vocab file; else the corpus's most frequent 793,471 words), batch 128 per
-    # GPU x 3 GPUs (384) x 20 unrolled steps, Adagrad lr 0.2 (initial accumulator 1), gradients
+    # GPU x 3 GPUs (384) x 20 unrolled steps, Adagrad lr 0.2 (initial accumulator 1) on the
+    # gradient of 20 x the mean loss (training.py: loss * unroll_steps), gradients
     # clipped to global norm 10, 10 epochs of 768,648,884 tokens = 10 x 768.6M / (384 x 20)
     # ~ 1,000,000 steps. bilm-tf keeps the LSTM states between batches; we start each window
     # from zero (input_pipeline/examples/elmo.py).
     "elmo_original": {
         "model": {"vocab_size": 0},
         "examples": {"max_seq_length": 20, "max_characters_per_token": 50},
-        "objective": {"negative_samples": 8192},
+        "objective": {"negative_samples": 8192, "loss_scale": 20.0},
         "data": {"vocab_size": 793471},
         "optim": {"optimizer": "adagrad", "learning_rate": 0.2, "schedule": "constant",
                   "warmup_steps": 0, "weight_decay": 0.0, "clip_norm": 10.0},

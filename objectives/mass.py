@@ -30,11 +30,11 @@ from pretext_jax.objectives.registry import Batch, Method, Metrics, register
 
 def mass_loss(model: T5, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
     """Cross-entropy of the decoder's predictions of the fragment (`targets`, 0 elsewhere) from
-    the masked segment (`inputs`, `input_mask`) and `decoder_inputs`; `rng=None` is
-    evaluation."""
+    the masked segment (`inputs`, `input_mask`) and `decoder_inputs`, the decoder attending to
+    the encoder's non-[MASK] positions (`cross_attention_mask`); `rng=None` is evaluation."""
     return encoder_decoder_loss(model, batch["inputs"], batch["input_mask"],
                                 batch["decoder_inputs"], batch["targets"], rng,
-                                batch.get("language_ids"))
+                                batch.get("language_ids"), batch["cross_attention_mask"])
 
 
 # MASS (Song et al. 2019, §3.1; microsoft/MASS MASS-unsupNMT README): a 6 + 6-layer Transformer

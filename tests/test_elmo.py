@@ -181,6 +181,14 @@ def test_elmo_loss_averages_the_directions_over_their_targets():
         means.append(np.mean(nll))
     np.testing.assert_allclose(float(loss), 0.5 * sum(means), rtol=1e-5)
     assert float(metrics["forward_loss"][1]) == 5 and float(metrics["backward_loss"][1]) == 5
+    # bilm-tf differentiates loss * unroll_steps: objective.loss_scale scales the loss the
+    # gradient is taken of, not the logged mean.
+    scaled, scaled_metrics = nnx.jit(lambda m, b: elmo.elmo_loss(
+        m, b, None, objective=elmo.ElmoObjectiveConfig(8, loss_scale=20.0)))(
+        model, {k: jnp.asarray(v) for k, v in batch.items()})
+    np.testing.assert_allclose(float(scaled), 20 * float(loss), rtol=1e-6)
+    assert float(scaled_metrics["loss"][0]) == pytest.approx(float(metrics["loss"][0]))
+    assert make_config("elmo_original").objective.loss_scale == 20.0
 
 
 def test_log_uniform_sampler_follows_its_distribution():

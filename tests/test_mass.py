@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from pretext_jax.input_pipeline.examples import mass as me
 from pretext_jax.input_pipeline.examples.bert import MaskingVocab
 from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.objectives import mass
+from pretext_jax.objectives.common.losses import weighted_cross_entropy
 from pretext_jax.objectives.mass import mass_loss
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.loading import load_model
@@ -198,8 +200,9 @@ def test_loss_is_cross_entropy_on_the_fragment_only(tiny_t5):
     examples = [draw(config, segment(int(n), rng, pad_to=16), rng) for n in (16, 9, 5)]
     batch = batch_of(examples)
     loss, metrics = mass_loss(tiny_t5, batch, None)
-    logits = np.asarray(tiny_t5(batch["inputs"], batch["input_mask"],
-                                batch["decoder_inputs"]).logits, np.float64)
+    logits = np.asarray(tiny_t5(batch["inputs"], batch["input_mask"], batch["decoder_inputs"],
+                                cross_attention_mask=batch["cross_attention_mask"]).logits,
+                        np.float64)
     targets = np.asarray(batch["targets"])
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     nll = -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
@@ -209,6 +212,41 @@ def test_loss_is_cross_entropy_on_the_fragment_only(tiny_t5):
                                rtol=1e-5)
     assert float(metrics["target_tokens"][0]) == weights.sum()
     assert float(metrics["input_tokens"][0]) == 16 + 9 + 5
+
+
+def test_decoder_attends_to_the_unmasked_encoder_positions_only(tiny_t5):
+    """`cross_attention_mask` is the segment's positions whose encoder input is not [MASK]
+    (MASS `mass_step`: enc_mask = x1 != mask_index): the fragment's random and kept tokens stay
+    visible. The loss uses it: the decoder's logits do not change when the encoder's output at
+    the [MASK]ed positions does, and they differ from a decoder that sees every position."""
+    rng = np.random.default_rng(11)
+    config = me.MassExampleConfig(max_seq_length=16)
+    examples = [draw(config, segment(int(n), rng, pad_to=16), rng) for n in (16, 11)] * 40
+    for example in examples:
+        expected = (example["input_mask"] == 1) & (example["inputs"] != VOCAB.mask_id)
+        np.testing.assert_array_equal(example["cross_attention_mask"], expected)
+    # Over many draws, some fragment tokens are random or kept and stay visible (80/10/10).
+    visible_in_fragment = sum(int(e["cross_attention_mask"][fragment_of(e)].sum())
+                              for e in examples)
+    assert 0 < visible_in_fragment < sum(len(fragment_of(e)) for e in examples) * 0.4
+    batch = batch_of(examples[:2])
+    encoded = tiny_t5.encode(batch["inputs"], batch["input_mask"])
+    noise = jnp.where(batch["cross_attention_mask"][..., None] == 0,
+                      jax.random.normal(jax.random.key(0), encoded.shape), 0.0)
+    decoded, noisy, unmasked = (
+        tiny_t5.decode(batch["decoder_inputs"], states, mask)
+        for states, mask in ((encoded, batch["cross_attention_mask"]),
+                             (encoded + noise, batch["cross_attention_mask"]),
+                             (encoded, batch["input_mask"])))
+    np.testing.assert_allclose(decoded, noisy, atol=1e-5)
+    assert np.abs(np.asarray(decoded - unmasked)).max() > 1e-3
+    loss, _ = mass_loss(tiny_t5, batch, None)
+    with_mask = tiny_t5(batch["inputs"], batch["input_mask"], batch["decoder_inputs"],
+                        cross_attention_mask=batch["cross_attention_mask"])
+    targets = batch["targets"]
+    reference, _ = weighted_cross_entropy(with_mask.logits, targets,
+                                          (targets != 0).astype(jnp.float32), epsilon=1e-6)
+    np.testing.assert_allclose(float(loss), float(reference), rtol=1e-6)
 
 
 def test_segments_and_settings():

@@ -418,3 +418,17 @@ def test_gumbel_temperature_schedule():
     steps = jnp.array([0, 50_000])
     np.testing.assert_allclose(jax.jit(gumbel_temperature, static_argnums=1)(steps, settings),
                                [2.0, 2.0 * 0.999995 ** 50_000], rtol=1e-5)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_position_conv_init_std_is_fairseqs(dropout):
+    """fairseq's wav2vec2.py draws the position convolution's weight from
+    normal(0, sqrt(4 (1 - dropout) / (kernel * hidden))) before weight normalisation: the
+    sample std of a wide draw is that value (5 % apart for dropout 0 vs 0.1; the draw's own
+    error is ~0.1 %)."""
+    config = dataclasses.replace(TINY, hidden_size=256, num_heads=4, position_conv_kernel=128,
+                                 position_conv_groups=16, hidden_dropout=dropout)
+    with nnx.use_eager_sharding(False):
+        weight = np.asarray(PositionConv(config, rngs=nnx.Rngs(0)).weight_v[...])
+    expected = np.sqrt(4 * (1 - dropout) / (128 * 256))
+    assert weight.std() == pytest.approx(expected, rel=0.005)

@@ -18,7 +18,10 @@ Masking (`MassMasking`, a Grain `RandomMap`, drawn every time a record is loaded
 - Encoder input: x with the fragment's tokens replaced 80/10/10 (§3.1, as BERT): [MASK] with
   `mask_token_prob`, a random id of the whole vocabulary with `random_token_prob`, unchanged
   otherwise (`bert_examples.corrupt`, the reference's `mask_word`). `input_mask` marks the m
-  tokens of the segment (a random token may be 0 = pad, so the mask is explicit).
+  tokens of the segment (a random token may be 0 = pad, so the mask is explicit); the encoder
+  attends over all of them. `cross_attention_mask` marks those of them that are not [MASK]: the
+  decoder's cross-attention skips the [MASK]ed encoder positions (the reference's `mass_step`
+  passes `enc_mask = x1 != mask_index` to its decoder), not the random or kept ones.
 - Decoder: it predicts exactly the fragment (`targets` = x at u .. u + k - 1, 0 elsewhere; the
   loss is on non-zero targets only). Its input at position j of the fragment is x[j - 1], the
   fragment shifted right, the first being the token before the fragment (or the decoder start
@@ -170,8 +173,8 @@ def language_corpora(spec: str) -> dict[str, str] | None:
 def mass_example(tokens: np.ndarray, start: int, size: int, vocab: MaskingVocab,
                  config: MassExampleConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """The features of a segment (`tokens`, padded with 0) with the fragment tokens[start :
-    start + size]: `inputs`, `input_mask`, `decoder_inputs` and `targets`, each [len(tokens)]
-    int32 (see the module docstring). A bilingual segment's `language_ids` are added by
+    start + size]: `inputs`, `input_mask`, `cross_attention_mask`, `decoder_inputs` and
+    `targets`, each [len(tokens)] int32 (see the module docstring). A bilingual segment's `language_ids` are added by
     `MassMasking`."""
     length = int(np.count_nonzero(tokens))
     fragment = np.arange(start, start + size)
@@ -183,7 +186,9 @@ def mass_example(tokens: np.ndarray, start: int, size: int, vocab: MaskingVocab,
     decoder_inputs[fragment] = previous[fragment]
     targets = np.zeros_like(tokens)
     targets[fragment] = tokens[fragment]
-    return {"inputs": inputs, "input_mask": (np.arange(len(tokens)) < length).astype(np.int32),
+    input_mask = np.arange(len(tokens)) < length
+    return {"inputs": inputs, "input_mask": input_mask.astype(np.int32),
+            "cross_attention_mask": (input_mask & (inputs != vocab.mask_id)).astype(np.int32),
             "decoder_inputs": decoder_inputs, "targets": targets}
 
 

@@ -55,15 +55,19 @@ def mlm_and_pair_loss(model: Any, batch: dict[str, jax.Array], rng: jax.Array | 
 
 def encoder_decoder_loss(model: T5, inputs: jax.Array, input_mask: jax.Array,
                          decoder_inputs: jax.Array, targets: jax.Array, rng: jax.Array | None,
-                         language_ids: jax.Array | None = None) -> tuple[jax.Array, Metrics]:
+                         language_ids: jax.Array | None = None,
+                         cross_attention_mask: jax.Array | None = None
+                         ) -> tuple[jax.Array, Metrics]:
     """Teacher-forced cross-entropy of a T5 model's predictions of `targets` from the encoder's
     `inputs` (non-pad where `input_mask`) and the decoder's `decoder_inputs`, on the non-pad
     (non-0) targets, in float32: the mean over the batch's target tokens (HF
     `T5ForConditionalGeneration`'s loss; metrics are exact sums). `rng=None` is evaluation.
     `language_ids` (a model with language embeddings): the language of every encoder and
-    decoder position, inputs and decoder inputs being of one length and language (MASS)."""
+    decoder position, inputs and decoder inputs being of one length and language (MASS).
+    `cross_attention_mask`: the encoder positions the decoder attends to, if not all of
+    `input_mask`'s (MASS: not the [MASK]ed ones)."""
     out = model(inputs, input_mask, decoder_inputs, rng=rng, language_ids=language_ids,
-                decoder_language_ids=language_ids)
+                decoder_language_ids=language_ids, cross_attention_mask=cross_attention_mask)
     weights = (targets != PAD_ID).astype(jnp.float32)
     loss, metrics = weighted_cross_entropy(out.logits, targets, weights, epsilon=1e-6)
     return loss, {"loss": metrics["loss"], "accuracy": metrics["accuracy"],
