@@ -174,8 +174,8 @@ def mass_example(tokens: np.ndarray, start: int, size: int, vocab: MaskingVocab,
                  config: MassExampleConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """The features of a segment (`tokens`, padded with 0) with the fragment tokens[start :
     start + size]: `inputs`, `input_mask`, `cross_attention_mask`, `decoder_inputs` and
-    `targets`, each [len(tokens)] int32 (see the module docstring). A bilingual segment's `language_ids` are added by
-    `MassMasking`."""
+    `targets`, each [len(tokens)] int32 (see the module docstring). A bilingual segment's
+    `language_ids` are added by `MassMasking`."""
     length = int(np.count_nonzero(tokens))
     fragment = np.arange(start, start + size)
     inputs = tokens.copy()
