@@ -7,16 +7,25 @@ text models (the files `load_tokenizer` reads). A *workdir* holds the same `mode
 `tokenizer/`, its run config `config.json` and training checkpoints under
 `checkpoints/<step>/`. `pretrain.loading` builds models from these files, `pretrain.export`
 writes model directories and converts them.
+
+Outputs that must appear whole (a model directory, a HuggingFace folder) are written through
+`staged`: one hidden staging folder beside the target, renamed into place last.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import itertools
 import json
 import logging
 import os
+import re
 import shutil
+import signal
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +39,23 @@ from pretext_jax.pretrain.config import Config, config_difference
 MODEL_FILE = "model.json"
 TOKENIZER_DIR = "tokenizer"
 CONFIG_FILE = "config.json"  # a workdir's run config (pretrain.trainer)
+SOURCE_KEY = "source"  # model.json's record of a model converted from HF (`write_model_json`)
+# Tests set it to k: the process kills itself (SIGKILL) at the k-th step of a staged write.
+KILL_AT_WRITE = "PRETEXT_KILL_AT_WRITE"
+_writes = itertools.count(1)
 
 
 def write_model_json(directory: Path, method: str, model_config: Any,
-                     objective: Any = None) -> None:
-    """`directory/model.json`: the method, its model config and (when it has any fields) the
-    objective settings."""
-    info = {"method": method, "model": dataclasses.asdict(model_config)}
+                     objective: Any = None, source: dict[str, Any] | None = None) -> None:
+    """`directory/model.json`: the method, its model config, (when it has any fields) the
+    objective settings and, for a model converted from elsewhere, `source`: where it came from
+    (`name`, `license`, `folder`) and `untrained`, the paths of parameters the source lacked,
+    which hold initial values."""
+    info: dict[str, Any] = {"method": method, "model": dataclasses.asdict(model_config)}
     if objective is not None and dataclasses.fields(objective):
         info["objective"] = dataclasses.asdict(objective)
+    if source is not None:
+        info[SOURCE_KEY] = source
     (directory / MODEL_FILE).write_text(json.dumps(info, indent=2))
 
 
@@ -61,6 +78,103 @@ def make_readable(root: Path) -> None:
     for path in [root, *root.rglob("*")]:
         if not path.is_symlink():
             path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def step_written() -> None:
+    """Marks one more step of a staged write done. With `PRETEXT_KILL_AT_WRITE=k` set (tests)
+    the k-th kills this process outright, no cleanup of any kind, as SIGKILL or a power loss
+    would."""
+    kill_at = os.environ.get(KILL_AT_WRITE)
+    if kill_at and next(_writes) == int(kill_at):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _lock(folder: Path, wait: bool = False) -> int | None:
+    """An exclusive `flock` on `folder`, its writer's mark for as long as that process lives
+    (the OS drops it when the process dies, however it dies); None when another holds it."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def is_leftover(name: str, output: str) -> bool:
+    """Whether `name` is a staging folder of an output named `output`, or its previous content
+    moved aside (`staged`'s hidden names, `.<output>.<hex>.tmp` / `.old`)."""
+    return re.fullmatch(rf"\.{re.escape(output)}\.[0-9a-f]{{12,32}}\.(tmp|old)", name) is not None
+
+
+def _clean_leftovers(target: Path) -> None:
+    """What writers of `target` that died mid-write left beside it: their staging folders
+    (`.<name>.<hex>.tmp`) are removed; a previous `target` they had moved aside
+    (`.<name>.<hex>.old`) is put back when `target` is missing, else removed. Leftovers of a
+    live writer (it holds their lock) are left alone."""
+    leftovers = sorted((p for p in target.parent.glob(f".{target.name}.*")
+                        if is_leftover(p.name, target.name) and p.is_dir()),
+                       key=lambda p: p.suffix != ".old")  # put a previous output back first
+    for leftover in leftovers:
+        fd = _lock(leftover)
+        if fd is None:
+            continue
+        try:
+            if leftover.suffix == ".old" and not target.exists():
+                os.replace(leftover, target)
+            else:
+                shutil.rmtree(leftover)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def staged(target: Path) -> Iterator[Path]:
+    """An empty staging folder for everything `target` will hold, beside it (same file system)
+    and locked by this process (`_lock`). When the block ends without an error the folder, made
+    readable by others, is renamed to `target` in one step (an existing `target` is moved aside
+    first and removed after), so `target` is the old output or the new one, whole, or absent,
+    never partial, however the process ends; on an error it is removed. What a killed writer
+    left is cleaned first (`_clean_leftovers`)."""
+    target = Path(target).resolve()  # a symlinked output is replaced where it points
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _clean_leftovers(target)
+    stage = target.with_name(f".{target.name}.{uuid.uuid4().hex[:16]}.tmp")
+    stage.mkdir()
+    fd = _lock(stage)
+    try:
+        yield stage
+        make_readable(stage)
+        step_written()
+        if target.is_dir() and any(target.iterdir()):
+            _replace(stage, target)
+        else:
+            os.replace(stage, target)  # onto nothing or an empty folder
+        step_written()
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)  # nothing left there after the rename
+        if fd is not None:
+            os.close(fd)
+
+
+def _replace(stage: Path, target: Path) -> None:
+    """Puts `stage` in place of the non-empty folder `target`, which is moved aside (locked, so
+    that a writer that finds it there leaves it) and removed."""
+    fd = _lock(target, wait=True)
+    aside = target.with_name(f".{target.name}.{uuid.uuid4().hex[:16]}.old")
+    try:
+        os.replace(target, aside)
+        step_written()
+        try:
+            os.replace(stage, target)
+        except BaseException:
+            os.replace(aside, target)
+            raise
+        step_written()
+        shutil.rmtree(aside)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def write_tokenizer(directory: Path, tokenizer: Tokenizer) -> None:

@@ -2,14 +2,16 @@
 HuggingFace folders (`convert`, with the tokenizer's HF files and a model card).
 
 The files of workdirs and model directories are `pretrain.directories`'; loading them back into
-a model is `pretrain.loading`'s.
+a model is `pretrain.loading`'s. Every output is written whole or not at all
+(`directories.staged`), after everything that can refuse it has been checked.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -23,10 +25,12 @@ from pretext_jax.pretrain import hf, hf_tokenizer
 from pretext_jax.pretrain.directories import (
     CONFIG_FILE,
     MODEL_FILE,
+    SOURCE_KEY,
     checkpoint_step,
     find_tokenizer,
-    make_readable,
     read_json_object,
+    staged,
+    step_written,
     write_model_json,
     write_tokenizer,
 )
@@ -35,51 +39,63 @@ from pretext_jax.pretrain.metrics import METRICS_FILE
 
 
 def save_model(model: nnx.Module, method: str, path: str | Path,
-               tokenizer: Tokenizer | None = None) -> Path:
-    """Writes a pretext model directory: `model.json`, `params/`, when the model has any
-    `state/` (BatchNorm statistics, memory), and `tokenizer/` when one is given. Refuses to
-    overwrite a non-empty folder. Files are 0644 and folders 0755 (readable by others)."""
+               tokenizer: Tokenizer | None = None, source: dict[str, Any] | None = None
+               ) -> Path:
+    """Writes a pretext model directory: `model.json` (with `source`, for a model converted
+    from elsewhere: `write_model_json`), `params/`, when the model has any `state/` (BatchNorm
+    statistics, memory), and `tokenizer/` when one is given; all or nothing
+    (`directories.staged`). Refuses to overwrite a non-empty folder. Files are 0644 and
+    folders 0755 (readable by others)."""
     path = Path(path)
-    if path.exists() and any(path.iterdir()):
-        raise UserError(f"{path} exists and is not empty; choose a new output directory")
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write_model_json(tmp, method, model.config)
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save((tmp / "params").resolve(), nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-    rest = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
-    if jax.tree.leaves(rest):
+    _check_new_folder(path)
+    with staged(path) as stage:
+        write_model_json(stage, method, model.config, source=source)
+        step_written()
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save((stage / "params").resolve(),
+                          nnx.to_pure_dict(nnx.state(model, nnx.Param)))
         checkpointer.wait_until_finished()
-        checkpointer.save((tmp / "state").resolve(), rest)
-    checkpointer.wait_until_finished()
-    if tokenizer is not None:
-        write_tokenizer(tmp, tokenizer)
-    make_readable(tmp)
-    if path.exists():
-        path.rmdir()
-    tmp.rename(path)
+        step_written()
+        rest = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
+        if jax.tree.leaves(rest):
+            checkpointer.save((stage / "state").resolve(), rest)
+            checkpointer.wait_until_finished()
+            step_written()
+        if tokenizer is not None:
+            write_tokenizer(stage, tokenizer)
+            step_written()
     return path
+
+
+def _check_new_folder(path: Path) -> None:
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UserError(f"{path} exists and is not an empty folder; choose a new output "
+                        "directory")
 
 
 def convert(source: str | Path, target: str | Path, *, to: str,
             tokenizer: str | None = None) -> Path:
     """`to="hf"`: pretext workdir or model dir -> HuggingFace directory (ELECTRA: one folder per
     part, `discriminator/` and `generator/`) with the tokenizer's HF files (`find_tokenizer`'s,
-    or the `tokenizer` spec given) and a model card, `README.md`; `to="pretext"`: back, with
-    the HF folder's tokenizer when pretext reads it (or the `tokenizer` given)."""
+    or the `tokenizer` spec given) and a model card, `README.md`; parameters that a model
+    converted from HF lacked there and never trained since are left out. `to="pretext"`: back,
+    with the HF folder's tokenizer when pretext reads it (or the `tokenizer` given), its name
+    and licence, and which parameters it lacked, in `model.json`. Either way all or nothing:
+    every refusal comes before the first file is written, and a killed convert leaves no
+    partial output (`directories.staged`)."""
     source, target = Path(source), Path(target)
     if to == "hf":
         model = load_model(source)
+        origin = read_json_object(source / MODEL_FILE).get(SOURCE_KEY)
         found = _export_tokenizer(source, target, model, tokenizer)
-        hf.save(model, target, found)
-        card = target / hf.MODEL_CARD
-        card.write_text(model_card(source, target, model, found))
-        card.chmod(0o644)
-        return target
-    model = hf.load(source)
+        converted = hf.checkpoints(model, (origin or {}).get("untrained", ()))
+        return hf.write(converted, target, found,
+                        model_card(source, target, model, found, converted, origin))
+    _check_new_folder(target)
+    model, untrained = hf.read(source)
     return save_model(model, hf.method_name(model), target,
-                      _hf_tokenizer(source, target, model, tokenizer))
+                      _hf_tokenizer(source, target, model, tokenizer),
+                      {**hf.source_of(source), "untrained": untrained})
 
 
 def _has_vocabulary(model: nnx.Module) -> bool:
@@ -127,28 +143,43 @@ SIZE_KEYS = ("hidden_size", "d_model", "n_embd", "embedding_size", "num_hidden_l
              "n_positions", "depths", "hidden_sizes")
 
 
-def model_card(source: Path, target: Path, model: nnx.Module,
-               tokenizer: Tokenizer | None) -> str:
+def model_card(source: Path, target: Path, model: nnx.Module, tokenizer: Tokenizer | None,
+               converted: Mapping[str, hf.Checkpoint], origin: Mapping[str, Any] | None) -> str:
     """The `README.md` of a HF export: method, architecture and size, data, tokenizer, steps
     trained and the latest held-out evaluation, all read from the workdir (a model directory
-    records no training details)."""
+    records no training details); for a model converted from HF (`origin`, model.json's
+    `source`), its name as the title, its licence in the front matter, and what was left out."""
     method = read_json_object(source / MODEL_FILE)["method"]
-    params = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    folders = ([target] if (target / hf.CONFIG_FILE).is_file()
-               else sorted(p.parent for p in target.glob(f"*/{hf.CONFIG_FILE}")))
-    lines = [f"# {target.name}", "", f"A `{method}` model trained with pretext, converted from "
-             f"`{source}` by `run.py convert --to hf`.", "", f"- Method: `{method}`"]
+    untrained = set((origin or {}).get("untrained", ()))
+    params = sum(int(np.prod(leaf.shape)) for path, leaf in nnx.to_flat_state(
+        nnx.state(model, nnx.Param)) if ".".join(map(str, path)) not in untrained)
+    if origin:
+        licence = origin.get("license")
+        lines = [*(["---", f"license: {licence}", "---", ""] if licence else []),
+                 f"# {origin['name']}", "", f"`{origin['name']}`, a `{method}` model converted "
+                 f"from the HuggingFace folder `{origin['folder']}` to pretext (`{source}`) and "
+                 "back by `run.py convert`, with no training in between.", "",
+                 f"- Source: `{origin['name']}`, licence "
+                 f"{f'`{licence}`' if licence else 'not stated there (check its terms)'}"]
+    else:
+        lines = [f"# {target.name}", "", f"A `{method}` model trained with pretext, converted "
+                 f"from `{source}` by `run.py convert --to hf`.", ""]
+    lines.append(f"- Method: `{method}`")
     usage = ["", "```python", "import transformers", ""]
     if tokenizer is not None:
-        usage.append(f'tokenizer = transformers.AutoTokenizer.from_pretrained("{folders[0]}")')
-    for folder in folders:
-        config = json.loads((folder / hf.CONFIG_FILE).read_text())
+        usage.append(f'tokenizer = transformers.AutoTokenizer.from_pretrained("{target}")')
+    for name, checkpoint in converted.items():
+        config = checkpoint.config
         architecture = config["architectures"][0]
-        part = "" if folder == target else f"`{folder.name}/`: "
+        part = f"`{name}/`: " if name else ""
         sizes = ", ".join(f"{key} {config[key]}" for key in SIZE_KEYS if key in config)
         lines.append(f"- Model: {part}`{architecture}` ({sizes})")
-        usage.append(f"{'model' if folder == target else folder.name} = "
-                     f'transformers.{architecture}.from_pretrained("{folder}")')
+        if checkpoint.left_out:
+            left_out = ", ".join(f"`{n}`" for n in checkpoint.left_out)
+            lines.append(f"- Not exported: {part}{left_out} (neither in the source nor trained, "
+                         "so transformers reports them missing)")
+        usage.append(f"{name or 'model'} = "
+                     f'transformers.{architecture}.from_pretrained("{target / name}")')
     lines.append(f"- Parameters: {params:,}")
     run = read_json_object(source / CONFIG_FILE) if (source / CONFIG_FILE).is_file() else None
     step = checkpoint_step(source) if (source / "checkpoints").is_dir() else None
@@ -162,6 +193,8 @@ def model_card(source: Path, target: Path, model: nnx.Module,
         train = run["train"]
         lines.append(f"- Training: {step:,} steps (of {train['steps']:,} configured), batch "
                      f"{train['batch_size']:,}, seed {train['seed']}")
+    elif origin:
+        lines.append("- Training: none since it was converted from HuggingFace")
     else:
         lines.append("- Training: not recorded (converted from a pretext model directory)")
     rows = []

@@ -68,14 +68,31 @@ def describe(tokenizer: Tokenizer) -> str:
     return f"byte-level BPE, {tokenizer.vocab_size:,} tokens"
 
 
-def save(tokenizer: Tokenizer, directory: Path, model_type: str, vocab_size: int) -> None:
-    """Writes `tokenizer`'s HF files into `directory` for a model of HF `model_type` with
-    `vocab_size` embedding rows (T5's: the tokenizer's and the sentinels); see the module
-    docstring. A tokenizer of another size is refused (it is not the model's)."""
+def check(tokenizer: Tokenizer, model_type: str, vocab_size: int) -> None:
+    """Refuses a tokenizer that `save` cannot write for a model of HF `model_type` with
+    `vocab_size` embedding rows: one of another size (it is not the model's), or a
+    sentencepiece model that is not unigram."""
     if not (tokenizer.vocab_size <= vocab_size if model_type == "t5"
             else tokenizer.vocab_size == vocab_size):
         raise UserError(f"the tokenizer has {tokenizer.vocab_size} ids but the model "
                         f"{vocab_size}; pass the model's own (run.py convert --tokenizer PATH)")
+    if (isinstance(tokenizer, SentencePieceTokenizer)
+            and _proto(tokenizer).trainer_spec.model_type != UNIGRAM):
+        raise UserError(f"{tokenizer.model_file} is not a unigram sentencepiece model, which "
+                        "is the only kind exported to HuggingFace; train with model_type=unigram")
+
+
+def _proto(tokenizer: SentencePieceTokenizer) -> Any:
+    from sentencepiece import sentencepiece_model_pb2
+
+    return sentencepiece_model_pb2.ModelProto.FromString(Path(tokenizer.model_file).read_bytes())
+
+
+def save(tokenizer: Tokenizer, directory: Path, model_type: str, vocab_size: int) -> None:
+    """Writes `tokenizer`'s HF files into `directory` for a model of HF `model_type` with
+    `vocab_size` embedding rows (T5's: the tokenizer's and the sentinels); see the module
+    docstring. What `check` refuses is refused."""
+    check(tokenizer, model_type, vocab_size)
     specials = _special_tokens(tokenizer)
     sentinels = ([f"<extra_id_{i}>" for i in range(vocab_size - tokenizer.vocab_size)][::-1]
                  if model_type == "t5" else [])
@@ -130,15 +147,10 @@ def _sentencepiece_backend(tokenizer: SentencePieceTokenizer, model_type: str,
                            specials: dict[str, str]) -> Any:
     """The `tokenizers.Tokenizer` of a unigram sentencepiece model (convert_slow_tokenizer.py
     `SpmConverter`, `XLNetConverter`)."""
-    from sentencepiece import sentencepiece_model_pb2
     from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as Backend
 
-    proto = sentencepiece_model_pb2.ModelProto.FromString(
-        Path(tokenizer.model_file).read_bytes())
-    if proto.trainer_spec.model_type != UNIGRAM:
-        raise UserError(f"{tokenizer.model_file} is not a unigram sentencepiece model, which "
-                        "is the only kind exported to HuggingFace; train with model_type=unigram")
+    proto = _proto(tokenizer)
     xlnet = isinstance(tokenizer, XLNetSentencePieceTokenizer)
     pieces = [(p.piece, p.score - 100 if xlnet and _digit_comma(p.piece) else p.score)
               for p in proto.pieces]

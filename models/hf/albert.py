@@ -75,6 +75,7 @@ register("albert", Converter(
     architectures=("AlbertForPreTraining",), config_from_hf=config_from_hf,
     config_to_hf=config_to_hf, tensors=tensors, prefix="albert.",
     optional=("albert.pooler.", "predictions.", "sop_classifier."),
+    base_architecture="AlbertModel",
     tied={"predictions.decoder.weight": "albert.embeddings.word_embeddings.weight",
           "predictions.decoder.bias": "predictions.bias"},
     ignored=encoder_hf.BUFFERS,

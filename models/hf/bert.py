@@ -61,6 +61,7 @@ register("bert", Converter(
     model_type="bert", model_class=Bert, architectures=("BertForPreTraining",),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors, prefix="bert.",
     optional=("bert.pooler.", "cls.predictions.", "cls.seq_relationship."),
+    base_architecture="BertModel",
     tied={"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
           "cls.predictions.decoder.bias": "cls.predictions.bias"},
     ignored=encoder_hf.BUFFERS, refuses=three_way_sentence_head,

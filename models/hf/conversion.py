@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import jax
@@ -128,6 +128,8 @@ class Converter:
       store names without it.
     - `optional`: HF name prefixes that a checkpoint may lack (pooler, pre-training heads); those
       parameters keep their initial values, with a warning. Anything else missing is an error.
+    - `base_architecture`: HF's bare base-model class (`BertModel`), the form `to_hf` writes
+      when every tensor outside `prefix` is left out (none was trained); "" for none.
     - `tied`: HF's `_tied_weights_keys` (copy -> source). HF saves only the source; old
       checkpoints may hold the copy instead, or both.
     - `ignored`: HF names that carry no parameter (buffers such as `position_ids`).
@@ -147,17 +149,22 @@ class Converter:
     tensors: Callable[[Any], tuple[Tensor, ...]]
     prefix: str
     optional: tuple[str, ...] = ()
+    base_architecture: str = ""
     tied: Mapping[str, str] = dataclasses.field(default_factory=dict)
     ignored: tuple[str, ...] = ()
     buffers: Callable[[Any], dict[str, np.ndarray]] = lambda config: {}
     accepts: Callable[[Any], bool] = lambda config: True
     refuses: Callable[[nnx.Module], str | None] = lambda model: None
 
-    def params_to_hf(self, model: nnx.Module) -> dict[str, np.ndarray]:
-        """Our parameters -> a flat HF state dict of contiguous float32 numpy arrays."""
+    def params_to_hf(self, model: nnx.Module,
+                     leave_out: Collection[str] = ()) -> dict[str, np.ndarray]:
+        """Our parameters -> a flat HF state dict of contiguous float32 numpy arrays, without
+        those at the paths `leave_out`."""
         tensors = self.tensors(model.config)
         params, state = parameters(model, tensors), {}
         for tensor in tensors:
+            if tensor.ours in leave_out:
+                continue
             value = np.asarray(params[tensor.ours].get_value(), np.float32)
             slices = ([value] * tensor.shared_layers if tensor.shared_layers
                       else list(value) if tensor.stacked else [value])
@@ -218,6 +225,12 @@ class Converter:
                           stacklevel=4)
         return missing
 
+    def part_names(self, hf_names: Collection[str]) -> list[str]:
+        """The parts (`optional` prefixes, without the dot) that these HF tensor names fall
+        under, for messages; a name under none is itself."""
+        return sorted({next((p.rstrip(".") for p in self.optional if name.startswith(p)), name)
+                       for name in hf_names})
+
     def _normalize(self, state: Mapping[str, np.ndarray], source: str) -> dict[str, np.ndarray]:
         renamed = {}
         for name, value in state.items():
@@ -277,13 +290,35 @@ def parts(model: nnx.Module) -> dict[str, nnx.Module] | None:
     return model.parts() if hasattr(model, "parts") else None
 
 
-def to_hf(model: nnx.Module) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Our model -> (HF config dict, flat HF state dict of float32 numpy arrays)."""
+def part_paths(model: nnx.Module) -> dict[str, dict[str, str]]:
+    """Each part of `model` (`parts`; "" for a single model) -> its parameter paths -> the same
+    parameter's path in `model` (a parameter two parts share has one)."""
+    def flat(module: nnx.Module) -> dict[str, nnx.Variable]:
+        state = nnx.state(module, (nnx.Param, nnx.BatchStat))
+        return {".".join(str(k) for k in path): v for path, v in nnx.to_flat_state(state)}
+
+    in_model = {id(variable): path for path, variable in flat(model).items()}
+    return {name: {path: in_model[id(variable)] for path, variable in flat(part).items()}
+            for name, part in (parts(model) or {"": model}).items()}
+
+
+def to_hf(model: nnx.Module, leave_out: Collection[str] = ()
+          ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Our model -> (HF config dict, flat HF state dict of float32 numpy arrays), without the
+    parameters at the paths `leave_out` (never trained: transformers reports them missing). A
+    model whose tensors outside the base model are all left out is written as the bare base
+    model (`Converter.base_architecture`, its tensors without `prefix`) where HF has one."""
     converter = converter_for(model)
     reason = converter.refuses(model)
     if reason is not None:
         raise UserError(reason)
-    return converter.config_to_hf(model.config), converter.params_to_hf(model)
+    config = converter.config_to_hf(model.config)
+    state = converter.params_to_hf(model, leave_out)
+    if (leave_out and converter.base_architecture and converter.prefix
+            and all(name.startswith(converter.prefix) for name in state)):
+        config["architectures"] = [converter.base_architecture]
+        state = {name.removeprefix(converter.prefix): value for name, value in state.items()}
+    return config, state
 
 
 def converter_and_config(hf_config: Mapping[str, Any], source: str,
@@ -310,9 +345,10 @@ def converter_and_config(hf_config: Mapping[str, Any], source: str,
 
 
 def build(converter: Converter, config: Any, state: Mapping[str, np.ndarray],
-          source: str) -> nnx.Module:
-    """Our model of `config` with the weights of a flat HF state dict; `optional` tensors the
-    state lacks keep their initial values, with a warning naming them."""
+          source: str) -> tuple[nnx.Module, list[str]]:
+    """Our model of `config` with the weights of a flat HF state dict, and the paths of the
+    parameters the state lacks (`optional` ones), which keep their initial values, with a
+    warning naming them."""
 
     def init() -> nnx.Module:
         return converter.model_class(config, rngs=nnx.Rngs(0))
@@ -329,11 +365,10 @@ def build(converter: Converter, config: Any, state: Mapping[str, np.ndarray],
         initial, params = parameters(init(), tensors), parameters(model, tensors)
         for tensor in missing:
             params[tensor.ours].set_value(initial[tensor.ours].get_value())
-        absent = sorted({p.rstrip(".") for p in converter.optional for t in missing
-                         if t.hf.startswith(p)})
+        absent = converter.part_names([t.hf for t in missing])
         warnings.warn(f"{source} has no {', '.join(absent)}; they keep their initial values "
                       "(fine for fine-tuning, not for evaluating them)", stacklevel=3)
-    return model
+    return model, [tensor.ours for tensor in missing]
 
 
 def from_hf(hf_config: Mapping[str, Any], state: Mapping[str, np.ndarray],
@@ -342,4 +377,4 @@ def from_hf(hf_config: Mapping[str, Any], state: Mapping[str, np.ndarray],
     `pretrain.hf.load`. `source`
     names the checkpoint in messages."""
     converter, config = converter_and_config(hf_config, source, config_overrides)
-    return build(converter, config, state, source)
+    return build(converter, config, state, source)[0]

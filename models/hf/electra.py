@@ -60,6 +60,7 @@ register("electra-discriminator", Converter(
     architectures=("ElectraForPreTraining",), config_from_hf=config_from_hf,
     config_to_hf=config_to_hf("ElectraForPreTraining"), tensors=discriminator_tensors,
     prefix="electra.", optional=("discriminator_predictions.",), ignored=encoder_hf.BUFFERS,
+    base_architecture="ElectraModel",
 ))
 register("electra-generator", Converter(
     model_type="electra", model_class=ElectraGenerator,

@@ -40,6 +40,7 @@ register("ernie", Converter(
     model_type="ernie", model_class=Ernie, architectures=("ErnieForPreTraining",),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors, prefix=PREFIX,
     optional=(f"{PREFIX}pooler.", "cls.predictions.", "cls.seq_relationship."),
+    base_architecture="ErnieModel",
     tied={"cls.predictions.decoder.weight": f"{PREFIX}embeddings.word_embeddings.weight",
           "cls.predictions.decoder.bias": "cls.predictions.bias"},
     ignored=encoder_hf.BUFFERS,

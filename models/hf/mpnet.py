@@ -74,7 +74,7 @@ def config_to_hf(config: MPNetConfig) -> dict[str, Any]:
 register("mpnet", Converter(
     model_type="mpnet", model_class=MPNet, architectures=("MPNetForMaskedLM",),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors, prefix="mpnet.",
-    optional=("lm_head.",),
+    optional=("lm_head.",), base_architecture="MPNetModel",
     tied={"lm_head.decoder.weight": "mpnet.embeddings.word_embeddings.weight",
           "lm_head.decoder.bias": "lm_head.bias"},
     ignored=("embeddings.position_ids",),

@@ -35,6 +35,7 @@ register("roberta", Converter(
     model_type="roberta", model_class=Roberta,
     architectures=("RobertaForMaskedLM",), config_from_hf=config_from_hf,
     config_to_hf=config_to_hf, tensors=tensors, prefix="roberta.", optional=("lm_head.",),
+    base_architecture="RobertaModel",
     tied={"lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
           "lm_head.decoder.bias": "lm_head.bias"},
     ignored=(*encoder_hf.BUFFERS, "pooler.dense.weight", "pooler.dense.bias"),

@@ -117,7 +117,7 @@ def classifier_tensors(config: HeadConfig) -> tuple[Tensor, ...]:
 register("xlnet", Converter(
     model_type="xlnet", model_class=XLNet, architectures=("XLNetLMHeadModel",),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors,
-    prefix="transformer.", optional=("lm_loss.",),
+    prefix="transformer.", optional=("lm_loss.",), base_architecture="XLNetModel",
     tied={"lm_loss.weight": "transformer.word_embedding.weight"},
 ))
 register("xlnet-classifier", classifier_hf.classifier_converter(
