@@ -5,9 +5,10 @@ Markdown row of docs/testing.md.
 
 Runs `python -m pytest tests -q -n 2 --dist loadfile --durations=30` (plus any extra
 arguments) in the checkout with this Python, streaming its output, and reads pytest's closing
-summary line ("1084 passed, 2 skipped in 2349.12s (0:39:09)"): the count of each outcome and pytest's own
-seconds, beside the wall-clock of the whole command. The compilation cache (`tests/conftest.py`)
-makes a second run faster than the first; say which one a row is. A run whose summary line
+summary line ("1084 passed, 2 skipped in 2349.12s (0:39:09)"): the count of each outcome and
+pytest's own seconds, beside the wall-clock of the whole command. The compilation cache
+(`tests/conftest.py`) makes a second run faster than the first; say which one a row is. A run
+whose summary line
 cannot be read writes no row.
 """
 
