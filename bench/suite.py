@@ -8,8 +8,7 @@ arguments) in the checkout with this Python, streaming its output, and reads pyt
 summary line ("1084 passed, 2 skipped in 2349.12s (0:39:09)"): the count of each outcome and
 pytest's own seconds, beside the wall-clock of the whole command. The compilation cache
 (`tests/conftest.py`) makes a second run faster than the first; say which one a row is. A run
-whose summary line
-cannot be read writes no row.
+whose summary line cannot be read writes no row.
 """
 
 from __future__ import annotations
