@@ -7,10 +7,16 @@ loss, and BERT's encoder (`models.bert.Bert`, unchanged apart from taking a per-
 reads it. The loss is the masked-LM cross-entropy over all masked tokens of the batch, every
 objective alike (§2.3 "the sum of different types of LM objectives"), plus next-sentence
 prediction on the bidirectional examples only (§2.2), as BERT's: mean NLL over those examples.
+
+The paper's model continues from BERT-Large (§2.3): `model.init` names a BERT (HF folder,
+pretext workdir or model directory) whose weights start the run, its two token-type rows
+widened to UniLM's six as unilm-v1's `from_pretrained` widens them (`widen_token_types`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +52,24 @@ from pretext_jax.objectives.registry import (
     Metrics,
     PreparedData,
     Resolution,
+    Start,
     register,
     summary_of,
 )
+
+# Fields a starting BERT may differ in from the run's model: the run's own settings and the
+# token types, which `widen_token_types` widens.
+FREE_FIELDS = frozenset({"init", "type_vocab_size", "hidden_dropout", "attention_dropout",
+                         "dtype", "scan_layers", "remat", "attention_implementation"})
+
+
+@dataclasses.dataclass(frozen=True)
+class UnilmConfig(EncoderConfig):
+    """BERT's encoder with UniLM's token types, and the BERT it may start from."""
+
+    init: str = ""
+    """Start from this BERT: an HF folder (the paper: bert-large-cased), a pretext workdir or
+    model directory of the same architecture; '' = random initialisation."""
 
 
 def attention_masks(objective: jax.Array, segment_ids: jax.Array, input_mask: jax.Array
@@ -94,8 +115,51 @@ def unilm_loss(model: Bert, batch: Batch, rng: jax.Array | None) -> tuple[jax.Ar
     return total, metrics
 
 
-def build_unilm(config: EncoderConfig, seed: int) -> Bert:
+def build_unilm(config: UnilmConfig, seed: int) -> Bert:
     return Bert(config, rngs=nnx.Rngs(seed))
+
+
+def widen_token_types(bert_rows: jax.Array, count: int) -> jax.Array:
+    """A BERT's two token-type embedding rows [2, E] as UniLM's `count` rows, as unilm-v1's
+    `BertPreTrainedModel.from_pretrained` widens them: rows 0 and 1 kept, the left-to-right
+    (2), right-to-left (3) and seq2seq source (4) rows copies of row 0, the seq2seq target row
+    (5) and any later one copies of row 1. A BERT with `count` rows or more keeps its first
+    `count`."""
+    if bert_rows.shape[0] >= count:
+        return bert_rows[:count]
+    sources = [0, 1, 0, 0, 0, 1] + [1] * max(count - 6, 0)
+    return bert_rows[jnp.asarray(sources[:count])]
+
+
+def pretrained_unilm(config: UnilmConfig, seed: int, load: Callable[[str], nnx.Module]
+                     ) -> Bert | None:
+    """The run's model with the weights of the BERT at `config.init` (§2.3: UniLM continues
+    from BERT-Large), or None for a random start. Every parameter is the BERT's, the
+    token-type rows widened (`widen_token_types`); an architecture that differs is a
+    UserError naming the setting."""
+    if not config.init:
+        return None
+    if not Path(config.init).is_dir():
+        raise UserError(f"model.init={config.init} is not a directory; download the BERT to "
+                        "start from (the paper: bert-large-cased, e.g. huggingface-cli download "
+                        "bert-large-cased --local-dir FOLDER) and pass model.init=FOLDER")
+    loaded = load(config.init)
+    if type(loaded) is not Bert:
+        raise UserError(f"{config.init} holds a {type(loaded).__name__}, not the BERT that "
+                        "UniLM continues from")
+    for field in dataclasses.fields(loaded.config):
+        ours, theirs = getattr(config, field.name), getattr(loaded.config, field.name)
+        if field.name not in FREE_FIELDS and ours != theirs:
+            raise UserError(f"model.{field.name}={ours} differs from the BERT's {theirs} "
+                            f"({config.init}); set model.{field.name}={theirs}")
+    fresh = build_unilm(config, seed)
+    weights = dict(nnx.to_flat_state(nnx.state(loaded, nnx.Param)))
+    for key, variable in nnx.to_flat_state(nnx.state(fresh, nnx.Param)):
+        value = weights[key][...]
+        if "token_type_embeddings" in key:
+            value = widen_token_types(value, config.type_vocab_size)
+        variable.set_value(value)
+    return fresh
 
 
 def prepare_unilm(data: DataConfig, examples: unilm_examples.UnilmExampleConfig,
@@ -105,7 +169,7 @@ def prepare_unilm(data: DataConfig, examples: unilm_examples.UnilmExampleConfig,
                              unilm_examples.create_training_examples, dynamic_masking=False)
 
 
-def check_unilm(model: EncoderConfig, examples: unilm_examples.UnilmExampleConfig,
+def check_unilm(model: UnilmConfig, examples: unilm_examples.UnilmExampleConfig,
                 objective: Any = None) -> None:
     """Positions for every token, and a token type for each objective's segments."""
     check_max_seq_length(model, examples)
@@ -115,12 +179,17 @@ def check_unilm(model: EncoderConfig, examples: unilm_examples.UnilmExampleConfi
                         f"model.type_vocab_size={TYPE_VOCAB_SIZE}")
 
 
-# UniLM (Dong et al. 2019 §2.3): BERT-Large initialised from BERT-Large, 28,996 cased
-# WordPieces, max length 512, 15% masking 80/10/10 with 20% bi/trigram spans, Adam
-# (b2 0.999) lr 3e-5 with linear warmup over 40k steps then linear decay, dropout 0.1, weight
-# decay 0.01, batch 330, ~770k steps. `unilm_base` keeps the recipe at BERT-Base size and
-# trains from scratch (no BERT-Large initialisation); its optimizer is BERT's AdamW without
-# bias correction (unilm-v1 trains with pytorch_pretrained_bert's BertAdam, clip norm 1.0).
+# UniLM (Dong et al. 2019 §2.3; unilm-v1's run_seq2seq-style pre-training with
+# pytorch_pretrained_bert's BertAdam): BERT-Large initialised from BERT-Large, 28,996 cased
+# WordPieces, max length 512, 15% masking 80/10/10 with 20% bi/trigram spans, Adam (b2 0.999,
+# no bias correction, clip norm 1.0) lr 3e-5 with linear warmup over 40k steps then linear decay
+# to 0 from the peak (BertAdam's warmup_linear), dropout 0.1, weight decay 0.01, batch 330,
+# ~770k steps: `unilm_large`, whose `model.init` and `data.tokenizer` name the bert-large-cased
+# folder to download (a relative path: pass model.init=FOLDER data.tokenizer=FOLDER/vocab.txt).
+# `unilm_base_from_scratch` trains BERT-Base size from a random start at BERT's from-scratch
+# rate (1e-4, 10k warmup; 3e-5 is a rate for continuing), the rest of the recipe kept: our
+# choice, not the paper's. Departure (both): objectives and masks are drawn once per
+# `dupe_factor` pass rather than on every load.
 PRESETS = {
     "unilm_tiny": {
         "model": {**TINY_TEXT_MODEL, "vocab_size": 0, "type_vocab_size": TYPE_VOCAB_SIZE,
@@ -130,11 +199,21 @@ PRESETS = {
         "optim": TINY_TEXT_OPTIM,
         "train": TINY_TEXT_TRAIN,
     },
-    "unilm_base": {
+    "unilm_large": {
+        "model": {"hidden_size": 1024, "num_layers": 24, "num_heads": 16,
+                  "intermediate_size": 4096, "vocab_size": 28996,
+                  "type_vocab_size": TYPE_VOCAB_SIZE, "init": "bert-large-cased"},
+        "examples": {"max_seq_length": 512, "max_predictions_per_seq": 77},
+        "data": {"tokenizer": "bert-large-cased/vocab.txt", "vocab_size": 28996},
+        "optim": {"learning_rate": 3e-5, "schedule": "linear_from_peak", "warmup_steps": 40000,
+                  "weight_decay": 0.01},
+        "train": {"steps": 770000, "batch_size": 330},
+    },
+    "unilm_base_from_scratch": {
         "model": {"vocab_size": 28996, "type_vocab_size": TYPE_VOCAB_SIZE},
         "examples": {"max_seq_length": 512, "max_predictions_per_seq": 77},
         "data": {"vocab_size": 28996},
-        "optim": {"learning_rate": 3e-5, "schedule": "linear_from_peak", "warmup_steps": 40000,
+        "optim": {"learning_rate": 1e-4, "schedule": "linear_from_peak", "warmup_steps": 10000,
                   "weight_decay": 0.01},
         "train": {"steps": 770000, "batch_size": 330},
     },
@@ -143,7 +222,7 @@ PRESETS = {
 
 register(Method(
     name="unilm",
-    model_config=EncoderConfig,
+    model_config=UnilmConfig,
     example_config=unilm_examples.UnilmExampleConfig,
     build_model=build_unilm,
     loss=unilm_loss,
@@ -154,4 +233,5 @@ register(Method(
     presets=PRESETS,
     resolution=Resolution(check=check_unilm),
     evaluation=Evaluation(summarize=summary_of(accuracy="mlm", metrics=("loss", "nsp_accuracy"))),
+    start=Start(pretrained=pretrained_unilm),
 ))

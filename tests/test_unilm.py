@@ -6,6 +6,7 @@ covers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -40,9 +41,15 @@ from pretext_jax.input_pipeline.examples.unilm import (
 )
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
-from pretext_jax.objectives.unilm import attention_masks, check_unilm, unilm_loss
+from pretext_jax.objectives.unilm import (
+    UnilmConfig,
+    attention_masks,
+    check_unilm,
+    pretrained_unilm,
+    unilm_loss,
+)
 from pretext_jax.pretrain.config import make_config
-from pretext_jax.pretrain.loading import load_model
+from pretext_jax.pretrain.loading import load_model, load_pretrained
 from pretext_jax.pretrain.trainer import Trainer
 
 VOCAB = MaskingVocab(100, 0, 2, 3, 4, np.zeros(100, bool))  # pad 0, [CLS] 2, [SEP] 3, [MASK] 4
@@ -341,3 +348,46 @@ def test_killed_run_resumes_bit_for_bit(tmp_path):
     ours = kill_and_resume("unilm_tiny", overrides, tmp_path, step=5)
     executed = assert_same_training("unilm_tiny", overrides, ours, reference)
     assert len(executed) > 8
+
+
+def test_unilm_continues_from_an_hf_bert_with_unilm_v1s_token_types(tmp_path):
+    """`model.init` = an HF BertForPreTraining folder (§2.3: UniLM starts from BERT-Large):
+    every weight is the BERT's, its two token-type rows widened to six as unilm-v1's
+    `from_pretrained` does (2, 3, 4 <- 0; 5 <- 1), so the network computes the BERT's function
+    for token types 0 and 1, and type 4 is type 0. A differing architecture or a missing
+    folder is a one-line error naming the fix."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    reference = transformers.BertForPreTraining(transformers.BertConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=37, max_position_embeddings=64, type_vocab_size=2))
+    reference.save_pretrained(tmp_path / "bert")
+    bert = load_pretrained(tmp_path / "bert")
+    config = UnilmConfig(**{**dataclasses.asdict(bert.config), "type_vocab_size": 6,
+                            "init": str(tmp_path / "bert")})
+    model = pretrained_unilm(config, 0, load_pretrained)
+    rows = reference.bert.embeddings.token_type_embeddings.weight.detach().numpy()
+    np.testing.assert_array_equal(model.encoder.embeddings.token_type_embeddings.embedding[...],
+                                  rows[[0, 1, 0, 0, 0, 1]])
+    theirs = dict(nnx.to_flat_state(nnx.state(bert, nnx.Param)))
+    for key, value in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        if "token_type_embeddings" not in key:
+            np.testing.assert_array_equal(value[...], theirs[key][...])
+    ids = jnp.asarray(np.random.default_rng(0).integers(5, 99, (2, 10)))
+    types = jnp.asarray(np.repeat([[0] * 5 + [1] * 5], 2, axis=0))
+    mask = jnp.ones_like(ids)
+    np.testing.assert_allclose(model(ids, types, mask).hidden_states,
+                               bert(ids, types, mask).hidden_states, atol=1e-6)
+    np.testing.assert_allclose(model(ids, jnp.where(types == 0, 4, 5), mask).hidden_states,
+                               bert(ids, types, mask).hidden_states, atol=1e-6)
+    assert pretrained_unilm(dataclasses.replace(config, init=""), 0, load_pretrained) is None
+    with pytest.raises(UserError, match="model.hidden_size=48 differs .* set model.hidden_size=32"):
+        pretrained_unilm(dataclasses.replace(config, hidden_size=48), 0, load_pretrained)
+    with pytest.raises(UserError, match="not a directory; download"):
+        pretrained_unilm(dataclasses.replace(config, init=str(tmp_path / "none")), 0,
+                         load_pretrained)
+    large = make_config("unilm_large")
+    assert (large.model.num_layers, large.model.hidden_size, large.model.init,
+            large.optim.learning_rate, large.optim.warmup_steps) == (
+        24, 1024, "bert-large-cased", 3e-5, 40000)
