@@ -155,9 +155,12 @@ SPAN_MASKING = {"fragment_fraction": 0.15, "fragment_at_start_prob": 0.0,
 # taken from the reference's fine-tuning recipe (README: fairseq Adam b2 0.999, weight decay
 # 0.01, clipping 0.1, dropout 0.1, fairseq's inverse_sqrt from --warmup-init-lr 1e-07): those
 # settings; warmup 10,000 steps is our choice (the paper gives none).
-# Departures: 64-token sentence segments with one span each (the per-64-token span rate) instead
-# of 512-token inputs; a sentencepiece vocabulary of 30,522 pieces trained on the corpus instead
-# of BERT's uncased WordPiece.
+# Inputs are a document's consecutive sentences with one 15% span in every 64-token block
+# (`examples.pack_sentences`, `examples.fragment_block`), 510 tokens long: the paper's 512 less
+# the two positions the 512 learned ones reserve (HF's checkpoints: positions 1 .. T + 1
+# below 512). Departure: a
+# sentencepiece vocabulary of 30,522 pieces trained on the corpus instead of BERT's uncased
+# WordPiece (give BERT's vocab.txt as data.tokenizer for the reference's).
 PRESETS = {
     "prophetnet_tiny": {
         "model": {"hidden_size": 64, "num_encoder_layers": 2, "num_decoder_layers": 2,
@@ -180,7 +183,8 @@ PRESETS = {
                   "relative_max_distance": 128, "hidden_dropout": 0.1,
                   "attention_dropout": 0.1, "activation_dropout": 0.1, "vocab_size": 0,
                   "eos_token_id": 0},
-        "examples": {"max_seq_length": 64, "min_length": 5, **SPAN_MASKING},
+        "examples": {"max_seq_length": 510, "min_length": 5, "pack_sentences": True,
+                     "fragment_block": 64, **SPAN_MASKING},
         "data": {"vocab_size": 30522},
         "optim": {"optimizer": "adamw", "learning_rate": 3e-4, "schedule": "inverse_sqrt_warmup",
                   "warmup_steps": 10000, "warmup_init_learning_rate": 1e-7,

@@ -387,3 +387,32 @@ def test_cli_trains_mass_bilingual_tiny_with_language_embeddings(tmp_path):
     assert len(evaluations) == 2 and evaluations[-1] < evaluations[0] - 0.5, evaluations
     model = load_model(workdir)
     assert model.config.num_languages == 2 and model.language_embeddings is not None
+
+
+def test_a_fragment_in_every_block_of_packed_segments():
+    """ProphetNet's inputs (§4.1): a document's sentences packed into segments of
+    max_seq_length, with one 15 % span in every 64-token block. Each block holds exactly one
+    run of round(0.15 x its length) masked positions inside it; the last, shorter block gets
+    its own; without blocks a segment has one fragment (MASS)."""
+    rng = np.random.default_rng(3)
+    config = me.MassExampleConfig(max_seq_length=200, min_length=5, fragment_fraction=0.15,
+                                  fragment_at_start_prob=0.0, fragment_at_end_prob=0.0,
+                                  fragment_block=64, pack_sentences=True)
+    document = [list(range(10 + i, 10 + i + n)) for i, n in enumerate([50, 70, 90, 40])]
+    pieces = list(me.segments([document], config, eos_id=3))
+    stream = np.concatenate([np.append(s, 3) for s in document])
+    assert [len(p) for p in pieces] == [200, 54] and np.array_equal(np.concatenate(pieces),
+                                                                    stream)
+    for _ in range(50):
+        tokens = np.zeros(256, np.int32)
+        tokens[:200] = pieces[0]
+        example = draw(config, tokens, rng)
+        positions = fragment_of(example)
+        for first, size in ((0, 10), (64, 10), (128, 10), (192, 1)):  # 8 tokens: round(1.2)
+            inside = positions[(positions >= first) & (positions < first + 64)]
+            assert len(inside) == size and np.array_equal(inside, inside[0] + np.arange(size))
+        previous = np.concatenate([[0], tokens[:-1]])
+        np.testing.assert_array_equal(example["decoder_inputs"][positions], previous[positions])
+    single = dataclasses.replace(config, fragment_block=0)
+    positions = fragment_of(draw(single, tokens, rng))
+    assert len(positions) == 30 and np.array_equal(positions, positions[0] + np.arange(30))

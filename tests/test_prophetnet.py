@@ -248,6 +248,13 @@ def test_settings_and_presets():
         1024, 12, 12, 16, 4096, 2)
     assert (examples.fragment_fraction, examples.fragment_at_start_prob,
             examples.mask_token_prob) == (0.15, 0.0, 0.8)
+    # §4.1: 512-token inputs (510 + the two reserved positions) of packed sentences, a span
+    # in every 64 tokens; fairseq's inverse_sqrt warmup from 1e-7.
+    check_prophetnet(model, examples)
+    assert (examples.max_seq_length, examples.pack_sentences, examples.fragment_block) == (
+        510, True, 64)
+    assert (base.optim.schedule, base.optim.warmup_init_learning_rate) == (
+        "inverse_sqrt_warmup", 1e-7)
     assert (base.optim.learning_rate, base.train.batch_size, base.train.steps) == (
         3e-4, 1024, 500000)
 

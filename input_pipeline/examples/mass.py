@@ -5,7 +5,9 @@ Generation", §2.2 and §3.1; reference microsoft/MASS MASS-unsupNMT/src/trainer
 Preparation (`create_training_examples`, stored once) keeps each sentence of the corpus as one
 segment: its tokens followed by EOS ([SEP]), cut into pieces of at most `max_seq_length` tokens
 (EOS included) where a sentence is longer; pieces of fewer than `min_length` tokens before EOS
-are dropped (MASS trains with --min_len 5). Records hold the segment's tokens, padded with 0.
+are dropped (MASS trains with --min_len 5). With `pack_sentences` (ProphetNet's 512-token
+inputs) a document's sentences, each followed by EOS, are joined and cut into pieces of
+`max_seq_length`. Records hold the segment's tokens, padded with 0.
 
 Masking (`MassMasking`, a Grain `RandomMap`, drawn every time a record is loaded, as
 `seq2seq_examples.Seq2SeqNoising`) of a segment x of m tokens (EOS included):
@@ -14,7 +16,9 @@ Masking (`MassMasking`, a Grain `RandomMap`, drawn every time a record is loaded
   set. Its start u is 0 with probability `fragment_at_start_prob` (0.2), m - k with
   `fragment_at_end_prob` (0.2), and otherwise uniform over 0 .. m - k (the reference's
   `shuffle_segments`: the fragment at the sentence start 20% of the time, at its end 20%, at a
-  random place 60%). With both probabilities 0 the start is uniform.
+  random place 60%). With both probabilities 0 the start is uniform. With `fragment_block` B
+  (ProphetNet §4.1: a span of 15 % in every 64 tokens) there is one such fragment in every
+  block of B tokens, sized and placed within its block (`fragment_positions`).
 - Encoder input: x with the fragment's tokens replaced 80/10/10 (§3.1, as BERT): [MASK] with
   `mask_token_prob`, a random id of the whole vocabulary with `random_token_prob`, unchanged
   otherwise (`bert_examples.corrupt`, the reference's `mask_word`). `input_mask` marks the m
@@ -94,6 +98,12 @@ class MassExampleConfig:
     """Share of fragment tokens given [MASK] in the encoder input (MASS §3.1 0.8)."""
     random_token_prob: float = 0.1
     """Share of fragment tokens given a random token (0.1; the rest stay unchanged)."""
+    fragment_block: int = 0
+    """One fragment in every block of this many tokens (ProphetNet §4.1: 64, a span of 15 %
+    in every 64 tokens); 0 = one fragment per segment (MASS)."""
+    pack_sentences: bool = False
+    """Fill each segment with a document's consecutive sentences (each ending in EOS) up to
+    max_seq_length (ProphetNet's 512-token inputs); False = one sentence per segment (MASS)."""
 
     def __post_init__(self) -> None:
         if self.max_seq_length < 2:
@@ -109,6 +119,9 @@ class MassExampleConfig:
         if min(probabilities) < 0.0 or sum(probabilities) > 1.0:
             raise UserError("examples.fragment_at_start_prob and examples.fragment_at_end_prob "
                             "must be >= 0 with a sum <= 1 (MASS: 0.2 and 0.2)")
+        if self.fragment_block < 0:
+            raise UserError(f"examples.fragment_block={self.fragment_block} must be >= 0 "
+                            "(0 = one fragment per segment; ProphetNet: 64)")
         if (min(self.mask_token_prob, self.random_token_prob) < 0.0
                 or self.mask_token_prob + self.random_token_prob > 1.0):
             raise UserError(
@@ -134,10 +147,30 @@ def fragment_start(length: int, size: int, config: MassExampleConfig,
     return int(rng.integers(0, last + 1))
 
 
+def fragment_positions(length: int, config: MassExampleConfig, rng: np.random.Generator
+                       ) -> np.ndarray:
+    """The masked positions of a segment of `length` tokens: one fragment (MASS), or with
+    `fragment_block` one in every block of that many tokens (the last block may be shorter),
+    each sized by `fragment_size` of its block and placed in it by `fragment_start`."""
+    block = config.fragment_block or length
+    fragments = []
+    for first in range(0, length, block):
+        block_length = min(block, length - first)
+        size = config.fragment_size(block_length)
+        start = first + fragment_start(block_length, size, config, rng)
+        fragments.append(np.arange(start, start + size))
+    return np.concatenate(fragments)
+
+
 def segments(documents: Sequence[Document], config: MassExampleConfig, eos_id: int
              ) -> Iterator[np.ndarray]:
     """Every sentence's tokens in pieces of at most max_seq_length - 1, each followed by EOS;
-    pieces shorter than min_length are dropped."""
+    pieces shorter than min_length are dropped. With `pack_sentences`, a document's sentences
+    (each followed by EOS) are joined and cut into pieces of max_seq_length; a shorter last
+    piece is kept if it has min_length tokens."""
+    if config.pack_sentences:
+        yield from packed_segments(documents, config, eos_id)
+        return
     piece = config.max_seq_length - 1
     for document in documents:
         for sentence in document:
@@ -146,6 +179,19 @@ def segments(documents: Sequence[Document], config: MassExampleConfig, eos_id: i
                 chunk = tokens[start:start + piece]
                 if len(chunk) >= config.min_length:
                     yield np.append(chunk, np.int32(eos_id))
+
+
+def packed_segments(documents: Sequence[Document], config: MassExampleConfig, eos_id: int
+                    ) -> Iterator[np.ndarray]:
+    """Each document's sentences, each followed by EOS, as one stream cut into pieces of
+    max_seq_length tokens (`segments` with `pack_sentences`)."""
+    for document in documents:
+        stream = np.concatenate([np.append(np.asarray(sentence, np.int32), np.int32(eos_id))
+                                 for sentence in document] or [np.zeros(0, np.int32)])
+        for start in range(0, len(stream), config.max_seq_length):
+            piece = stream[start:start + config.max_seq_length]
+            if len(piece) >= config.min_length:
+                yield piece
 
 
 def create_training_examples(documents: Sequence[Document], config: MassExampleConfig,
@@ -170,14 +216,13 @@ def language_corpora(spec: str) -> dict[str, str] | None:
     return parse_corpora(spec)
 
 
-def mass_example(tokens: np.ndarray, start: int, size: int, vocab: MaskingVocab,
+def mass_example(tokens: np.ndarray, fragment: np.ndarray, vocab: MaskingVocab,
                  config: MassExampleConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """The features of a segment (`tokens`, padded with 0) with the fragment tokens[start :
-    start + size]: `inputs`, `input_mask`, `cross_attention_mask`, `decoder_inputs` and
-    `targets`, each [len(tokens)] int32 (see the module docstring). A bilingual segment's
+    """The features of a segment (`tokens`, padded with 0) with the fragment positions
+    `fragment` (`fragment_positions`): `inputs`, `input_mask`, `cross_attention_mask`,
+    `decoder_inputs` and `targets`, each [len(tokens)] int32 (see the module docstring). A bilingual segment's
     `language_ids` are added by `MassMasking`."""
     length = int(np.count_nonzero(tokens))
-    fragment = np.arange(start, start + size)
     inputs = tokens.copy()
     corrupt(inputs, fragment, vocab, config, rng)
     previous = np.concatenate([[DECODER_START], tokens[:-1]]).astype(np.int32)
@@ -204,9 +249,8 @@ class MassMasking(grain.transforms.RandomMap):
                    ) -> dict[str, np.ndarray]:
         tokens = np.asarray(element["tokens"], np.int32)
         length = int(np.count_nonzero(tokens))
-        size = self.config.fragment_size(length)
-        start = fragment_start(length, size, self.config, rng)
-        example = mass_example(tokens, start, size, self.vocab, self.config, rng)
+        fragment = fragment_positions(length, self.config, rng)
+        example = mass_example(tokens, fragment, self.vocab, self.config, rng)
         if "language" in element:  # every token of encoder and decoder is of that language
             example["language_ids"] = np.full(len(tokens), element["language"][0], np.int32)
         return example
