@@ -220,8 +220,8 @@ def mass_example(tokens: np.ndarray, fragment: np.ndarray, vocab: MaskingVocab,
                  config: MassExampleConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """The features of a segment (`tokens`, padded with 0) with the fragment positions
     `fragment` (`fragment_positions`): `inputs`, `input_mask`, `cross_attention_mask`,
-    `decoder_inputs` and `targets`, each [len(tokens)] int32 (see the module docstring). A bilingual segment's
-    `language_ids` are added by `MassMasking`."""
+    `decoder_inputs` and `targets`, each [len(tokens)] int32 (see the module docstring). A
+    bilingual segment's `language_ids` are added by `MassMasking`."""
     length = int(np.count_nonzero(tokens))
     inputs = tokens.copy()
     corrupt(inputs, fragment, vocab, config, rng)
