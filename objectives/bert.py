@@ -54,21 +54,20 @@ def prepare_bert(
     data: DataConfig, examples: bert_examples.BertExampleConfig, cache_dir: Path, seed: int
 ) -> PreparedData:
     """Corpus -> tokenizer -> NSP pairs (+ static masks with dupe_factor, or dynamic masking
-    while loading) -> ArrayRecord, as create_pretraining_data.py does."""
+    while loading) -> ArrayRecord, as create_pretraining_data.py does (and again at the long
+    phase's length with `examples.long_phase_fraction`: `masked_lm.prepare_masked_lm`)."""
     return prepare_masked_lm(data, examples, cache_dir, seed,
                              bert_examples.create_training_examples, examples.dynamic_masking)
 
 
-
-
-
-
-
-
-
-
-_BERT_RECIPE = {  # Devlin et al. 2019 §A.2: 1M steps of 256 sequences, lr 1e-4, 10k warmup
-    "examples": {"max_seq_length": 128, "max_predictions_per_seq": 20},
+# Devlin et al. 2019 §A.2: 1M steps of 256 sequences, lr 1e-4, 10k warmup; 90 % of the steps
+# at 128 tokens (20 predictions), the last 10 % at 512 (80), the google-research/bert README's
+# recipe "so that positions 128-511 are learned" (run_pretraining.py run again from the 128
+# checkpoint on 512-token data, its schedule continuing: here one run of two phases).
+_BERT_RECIPE = {
+    "examples": {"max_seq_length": 128, "max_predictions_per_seq": 20,
+                 "long_phase_fraction": 0.1, "long_max_seq_length": 512,
+                 "long_max_predictions_per_seq": 80},
     "data": {"vocab_size": 30522},
     "optim": {"learning_rate": 1e-4, "warmup_steps": 10000},
     "train": {"steps": 1000000, "batch_size": 256},
@@ -98,7 +97,6 @@ PRESETS = {
         **_BERT_RECIPE,
     },
 }
-
 
 
 def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:

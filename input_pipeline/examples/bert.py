@@ -54,7 +54,7 @@ class BertExampleConfig:
     each time an example is loaded."""
 
     max_seq_length: int = 128
-    """Tokens per example incl. [CLS] and [SEP], at least 5 (BERT 128, then 512)."""
+    """Tokens per example incl. [CLS] and [SEP], at least 5 (BERT 128; see long_phase_*)."""
     max_predictions_per_seq: int = 20
     """Most masked positions per example (BERT 20 at 128 tokens, 80 at 512)."""
     masked_lm_prob: float = 0.15
@@ -71,8 +71,30 @@ class BertExampleConfig:
     """Share of chosen tokens replaced by [MASK] (BERT 0.8)."""
     random_token_prob: float = 0.1
     """Share of chosen tokens replaced by a random token (BERT 0.1; the rest stay)."""
+    long_phase_fraction: float = 0.0
+    """The last fraction of the run's steps trains on examples of long_max_seq_length tokens
+    (google-research/bert README: 0.1, the last 10 % at 512); 0 = one phase."""
+    long_max_seq_length: int = 512
+    """Tokens per example in the long phase (BERT 512)."""
+    long_max_predictions_per_seq: int = 80
+    """Most masked positions per example in the long phase (BERT 80)."""
+
+    def long_phase(self) -> BertExampleConfig:
+        """The examples of the long phase: the same settings at the long length."""
+        return dataclasses.replace(self, max_seq_length=self.long_max_seq_length,
+                                   max_predictions_per_seq=self.long_max_predictions_per_seq,
+                                   long_phase_fraction=0.0)
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.long_phase_fraction < 1.0:
+            raise UserError(f"examples.long_phase_fraction={self.long_phase_fraction} must be in "
+                            "[0, 1) (BERT: 0.1; 0 = one phase)")
+        if self.long_phase_fraction and self.long_max_seq_length < self.max_seq_length:
+            raise UserError(f"examples.long_max_seq_length={self.long_max_seq_length} must be at "
+                            f"least examples.max_seq_length={self.max_seq_length}")
+        if self.long_phase_fraction and self.dynamic_masking:
+            raise UserError("examples.long_phase_fraction needs static masks (BERT's); set "
+                            "examples.dynamic_masking=false or examples.long_phase_fraction=0")
         if self.max_seq_length < 5:
             raise UserError(f"examples.max_seq_length={self.max_seq_length} is too small; "
                             "use at least 5 ([CLS] A [SEP] B [SEP])")
