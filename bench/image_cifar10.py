@@ -1,7 +1,8 @@
 """Any image method on CIFAR-10: pre-train a preset for N steps, then kNN and linear evaluation
 of its frozen backbone against the same backbone untrained.
 
-    python -m bench.image_cifar10 --preset PRESET [--steps N] [--workdir DIR] [key=value ...]
+    python -m bench.image_cifar10 --preset PRESET [--steps N] [--workdir DIR] [--recipe]
+        [--train-seconds S] [key=value ...]
 
 Data: $PRETEXT_SHARED_DATA/cifar10 or ../shared/data/cifar10 (python pickles; rebuilt from JPEG
 copies, so pixels are lossy). Every preset runs with CPU-sized defaults: a ResNet of 16 base
@@ -14,7 +15,10 @@ MoCo: batch 128 at the CIFAR demo's lr scaled to it; DeepCluster: batch 128, re-
 times in the run, PCA to 64 of the 128 features; CMC: two ResNets of 8 base channels, the L and
 ab halves of one 16-wide network as the reference's half-width `v1` models, its lr steps at
 50/67/83% as 120/160/200 of 240 epochs; AMDIM: warmup min(500, 5% of the run), the lr steps at
-epochs 250 and 280 of 300 as fractions of the run). Overrides after them win. After training:
+epochs 250 and 280 of 300 as fractions of the run); `--recipe` keeps the preset's own model
+and recipe instead (GPU runs). Overrides after them win. `--train-seconds` stops pre-training
+with a checkpoint after that long (printing a JSON line with `stopped_by`, evaluating nothing);
+the same command resumes the workdir exactly. After training:
 kNN (k 200, temperature 0.1) with the 50,000 training images as the bank, and a linear probe on
 frozen features (train 50,000, test 10,000), for the trained backbone and for the same backbone
 at its random initialisation (the baseline any learning has to beat). Prints one JSON line
@@ -81,8 +85,13 @@ def decay_boundaries(steps: int, *fractions: float) -> str:
     return "optim.decay_boundaries=" + ",".join(map(str, boundaries))
 
 
-def preset_defaults(preset: str, steps: int) -> list[str]:
-    """The CPU-sized settings of `preset` for a run of `steps` (module docstring)."""
+def preset_defaults(preset: str, steps: int, cpu_sized: bool = True) -> list[str]:
+    """The settings of `preset` for a run of `steps`: the run length and evaluation settings,
+    and unless `cpu_sized` is False the CPU-sized model and recipe (module docstring)."""
+    run = [f"train.steps={steps}", f"train.eval_every={steps}", f"train.checkpoint_every={steps}",
+           "train.eval_batches=4", "train.log_every=50", "examples.knn_bank_size=10000"]
+    if not cpu_sized:
+        return run
     width = (["model.ndf=16", "model.n_rkhs=256"] if preset.startswith("amdim")
              else ["model.base_width=16"])
     own = {
@@ -99,9 +108,7 @@ def preset_defaults(preset: str, steps: int) -> list[str]:
         "amdim_cifar10": [f"optim.warmup_steps={min(500, steps // 20)}",
                           decay_boundaries(steps, 250 / 300, 280 / 300)],
     }
-    return [*width, f"train.steps={steps}", f"train.eval_every={steps}",
-            f"train.checkpoint_every={steps}", "train.eval_batches=4", "train.log_every=50",
-            "examples.knn_bank_size=10000", *own.get(preset, [])]
+    return [*width, *run, *own.get(preset, [])]
 
 
 def describe(model: Any) -> str:
@@ -134,18 +141,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--preset", required=True, help="an image preset, e.g. simclr_cifar10")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--workdir", default="", help="default runs/bench_<preset>")
+    parser.add_argument("--recipe", action="store_true",
+                        help="keep the preset's own model and recipe (a GPU run) instead of the "
+                             "CPU-sized defaults; only the run length and evaluation are set")
+    parser.add_argument("--train-seconds", type=float, default=None,
+                        help="stop pre-training after this many seconds with a checkpoint and "
+                             "evaluate nothing; the same command again resumes the workdir")
     parser.add_argument("overrides", nargs="*")
     report.add_markdown_argument(parser, "image_cifar10")
     args = parser.parse_args(argv)
     data = shared_data_dir() / "cifar10"
     workdir = Path(args.workdir or f"runs/bench_{args.preset}")
     config = make_config(args.preset, [f"data.source={data}",
-                                       *preset_defaults(args.preset, args.steps),
+                                       *preset_defaults(args.preset, args.steps,
+                                                        cpu_sized=not args.recipe),
                                        *args.overrides])
     method = registry.get(config.method)
     start = time.perf_counter()
-    summary = Trainer(config, workdir).run()
+    deadline = None if args.train_seconds is None else time.monotonic() + args.train_seconds
+    summary = Trainer(config, workdir).run(deadline=deadline)
     seconds = time.perf_counter() - start
+    if summary["stopped_by"]:
+        stopped = {"benchmark": "image_cifar10", "preset": args.preset,
+                   "stopped_by": summary["stopped_by"], "step": summary["step"],
+                   "steps": config.train.steps, "workdir": str(workdir),
+                   "pretrain_wall_clock_s": round(seconds, 1)}
+        print(json.dumps(stopped))
+        return stopped
     view_size = config.objective.image_size
     trained = frozen_evaluation(load_model(workdir), view_size, data)
     untrained = frozen_evaluation(method.build_model(config.model, config.train.seed),

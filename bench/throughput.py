@@ -8,7 +8,9 @@ torch_text.py / torch_vision.py). The step timed is `Trainer.train_step`'s compi
 batches made by the method's own example code (masking, permutation sampling) from random
 token ids or pixels, already on the device: the figure is the device step, not the host input
 pipeline. Prints one JSON object: compile seconds, steps/s, sequences (or images) per second,
-tokens/s, model TFLOP/s, MFU against the device's dense bf16 peak, peak device memory.
+tokens/s, model TFLOP/s, MFU against the device's dense bf16 peak, peak device memory (this
+process's: run one workload per process for a figure of its own), whether the step's donated
+state buffers were freed (`state_donated`).
 
 Model FLOPs per step (`model_flops`) count the matrix products a training step needs, forward
 plus backward = 3 x forward (2 FLOPs per multiply-add), without rematerialisation:
@@ -308,6 +310,7 @@ def measure(name: str, overrides: list[str] = (), steps: int = 20,
     compile_s = time.perf_counter() - started
     if steps < 1:
         raise SystemExit("--steps must be at least 1")
+    initial = jax.tree.leaves(state.params)[0]  # freed by the first step where donation works
     for step in range(warmup):
         state, _ = compiled(state, batches[step % pool])
     jax.block_until_ready(state)
@@ -335,6 +338,7 @@ def measure(name: str, overrides: list[str] = (), steps: int = 20,
         "model_tflop_per_step": flops / 1e12, "model_tflops": flops / seconds / 1e12,
         "mfu": flops / seconds / 1e12 / (peak * jax.device_count()) if peak else None,
         "peak_memory_gib": (lambda b: b / 2**30 if b else None)(peak_memory_bytes(device)),
+        "state_donated": initial.is_deleted(),
         "loss": float(jax.device_get(metrics["loss"][0] / metrics["loss"][1])),
     }
     if config.method == "bert" and peak:

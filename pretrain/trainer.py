@@ -340,19 +340,25 @@ class Trainer:
             opt_state=jax.device_put(opt_state, self.state_sharding.opt_state))
 
     # ---------------------------------------------------------------------------- loop
-    def run(self, stop_after: int | None = None) -> dict[str, Any]:
+    def run(self, stop_after: int | None = None, deadline: float | None = None
+            ) -> dict[str, Any]:
         """Trains to `train.steps`, resuming from the latest checkpoint in the workdir.
 
         `stop_after` ends this call early at that step (with a checkpoint), as a preemption
-        would; the schedule still spans `train.steps`. Returns a summary: final step, last
-        train/eval metrics, and where things were written.
+        would; the schedule still spans `train.steps`. `deadline` (a `time.monotonic()` value;
+        one process only) likewise ends it after the first step begun past it, so a
+        time-boxed job stops with a checkpoint. Returns a summary: final step, last train/eval
+        metrics, where things were written, and `stopped_by` (the signal, "time limit" or None).
         """
+        if deadline is not None and jax.process_count() > 1:
+            raise ValueError("run(deadline=...) is for one process: each process's clock "
+                             "would stop it at a different step")
         self.workdir.mkdir(parents=True, exist_ok=True)
         lock = integrity.WorkdirLock(self.workdir)
         if self.is_writer:  # one training job per workdir; its other processes write nothing
             lock.acquire()
         try:
-            return self._train(lock, stop_after)
+            return self._train(lock, stop_after, deadline)
         finally:
             lock.release()
 
@@ -380,7 +386,8 @@ class Trainer:
                                    self.objective, self.data.tokenizer)
         return state, feed, log_window
 
-    def _train(self, lock: integrity.WorkdirLock, stop_after: int | None) -> dict[str, Any]:
+    def _train(self, lock: integrity.WorkdirLock, stop_after: int | None,
+               deadline: float | None) -> dict[str, Any]:
         """`run` under the workdir lock."""
         t = self.config.train
         state, feed, log_window = self._start(lock)
@@ -419,7 +426,8 @@ class Trainer:
                 sums = metrics if sums is None else jax.tree.map(jnp.add, sums, metrics)
                 window += 1
                 timed += 1
-                preempted = watch.should_stop(step)
+                preempted = watch.should_stop(step) or (
+                    deadline is not None and time.monotonic() >= deadline)
                 if (step % t.log_every == 0 or step % t.eval_every == 0 or step == end
                         or step % t.checkpoint_every == 0 or preempted):
                     skipped += self._check_finite(flags)  # one host read per boundary
@@ -443,7 +451,7 @@ class Trainer:
                         "sums": {name: [float(v) for v in pair] for name, pair in
                                  jax.device_get(sums).items()} if sums is not None else {}})
                 if preempted:
-                    stopped_by = watch.received
+                    stopped_by = watch.received or "time limit"
                     writer.print(f"{stopped_by}: stopped after step {step} with a checkpoint; "
                                  "run the same command again to resume")
                     break

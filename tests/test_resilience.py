@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -84,6 +85,19 @@ def test_killed_and_restarted_run_equals_an_uninterrupted_one(sig, tmp_path, cac
         assert len(executed) == STEPS  # nothing was lost or redone
     else:
         assert len(executed) > STEPS  # kills lost work that was redone
+
+
+def test_a_deadline_stops_with_a_checkpoint_and_the_rerun_ends_as_uninterrupted(
+        tmp_path, cache, uninterrupted):
+    """`run(deadline=...)` (a time-boxed GPU job) stops like SIGTERM: after the step that
+    passes it, with a checkpoint; the same run again ends with the uninterrupted parameters."""
+    workdir = tmp_path / "w"
+    stopped = trainer_for(workdir, cache).run(deadline=time.monotonic())
+    assert (stopped["step"], stopped["stopped_by"]) == (1, "time limit")
+    assert trainer_for(workdir, cache).run()["step"] == STEPS
+    reference = final_params(uninterrupted[0], cache)
+    for path, value in final_params(workdir, cache).items():
+        np.testing.assert_array_equal(value, reference[path], err_msg=path)
 
 
 def test_unreadable_latest_checkpoint_falls_back_to_the_previous(tmp_path, cache, capfd,

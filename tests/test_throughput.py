@@ -33,6 +33,7 @@ def test_harness_times_the_real_step(workload):
     assert per_s > 0 and result["steps_per_s"] > 0 and result["compile_s"] > 0
     assert result["model_tflop_per_step"] > 0 and np.isfinite(result["loss"])
     assert result["batch_size"] == throughput.WORKLOADS[workload].batch_size
+    assert result["state_donated"] is True  # the step freed the state it was given
 
 
 def test_cli_appends_json_lines(tmp_path, capsys):
