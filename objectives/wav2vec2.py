@@ -9,8 +9,12 @@ transformers modeling_wav2vec2.py (`_compute_mask_indices`, `_sample_negative_in
 
 - Masking (§3.1): a fraction p = 0.065 of the frames of each utterance start a span of M = 10
   masked frames (spans may overlap, so about half the frames end up masked), at least
-  `min_spans` spans per utterance. One uniform draw per batch rounds the span count
-  probabilistically, as both references do.
+  `min_spans` spans per utterance. A uniform draw rounds the span count probabilistically:
+  `span_mask` draws one per call, as HF and fairseq do per batch (fairseq per utterance when
+  the batch is padded); the registered method calls it per utterance while loading, so each
+  utterance gets its own draw. Span starts are HF's, uniform over [0, n - M]; fairseq's
+  `compute_mask_indices` draws them from [0, n - M), so it never masks an utterance's last
+  frame (tests/test_reference_samplers.py measures the difference).
 - Distractors (§3.2): K = 100 frames drawn uniformly (with replacement) from the other masked
   frames of the same utterance.
 - Loss per masked frame: the contrastive loss -log softmax over [positive, K distractors] of
