@@ -293,29 +293,115 @@ def _generation_model(path: str, tokenizer_spec: str | None) -> tuple[Any, Any]:
 
 
 def _import_plugin(name: str) -> None:
-    """Imports a user's objective: a .py file by path, else a module by dotted name."""
+    """Imports a user's objective: a .py file by path (checked to exist by `_check_paths`),
+    else a module by dotted name. An error the plugin raises is one line naming its file and
+    line (`_plugin_error`)."""
     import importlib
     import importlib.util
 
     from pretext_jax.errors import UserError
 
     path = Path(name)
-    if name.endswith(".py"):
-        if not path.is_file():
-            raise UserError(f"--import {name}: no such file; give the path of your objective's "
-                            ".py file or an importable module name")
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[path.stem] = module
-        spec.loader.exec_module(module)
-        # Preparation workers are new processes: they import the objective by its name.
-        sys.path.append(str(path.resolve().parent))
-        return
     try:
+        if name.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[path.stem] = module
+            spec.loader.exec_module(module)
+            # Preparation workers are new processes: they import the objective by its name.
+            sys.path.append(str(path.resolve().parent))
+            return
         importlib.import_module(name)
     except ModuleNotFoundError as error:
+        if error.name is None or not name.startswith(error.name):
+            raise _plugin_error(name, error) from error
         raise UserError(f"--import {name}: {error}; give a .py file or a module on "
                         "PYTHONPATH") from None
+    except Exception as error:  # noqa: BLE001  (whatever the user's code raises)
+        raise _plugin_error(name, error) from error
+
+
+def _plugin_error(name: str, error: Exception) -> Exception:
+    """A one-line error for `error` raised while importing the plugin `name`, at the plugin's
+    own line: a syntax error's, else the deepest frame in a file of the plugin (its .py file,
+    or its package's folder), else the deepest frame."""
+    import traceback
+
+    from pretext_jax.errors import UserError
+
+    where, message = "", str(error)
+    if isinstance(error, SyntaxError) and error.filename:
+        where, message = f"{error.filename}, line {error.lineno}", error.msg
+    else:
+        frames = traceback.extract_tb(error.__traceback__)
+        if name.endswith(".py"):
+            own = [f for f in frames if Path(f.filename).resolve() == Path(name).resolve()]
+        else:  # a file of the module, or of its package's folder
+            own = [f for f in frames if f"{os.sep}{name.split('.')[0]}" in f.filename]
+        if own or frames:
+            frame = (own or frames)[-1]
+            where = f"{frame.filename}, line {frame.lineno}"
+    message = message.splitlines()[0][:200] if message else ""
+    return UserError(f"--import {name} failed at {where}: {type(error).__name__}"
+                     f"{': ' + message if message else ''}; fix the plugin (--traceback shows "
+                     "the whole traceback)")
+
+
+# Path arguments checked before anything heavy is imported: (command or None for every command,
+# argument, what to give instead).
+_PATH_ARGUMENTS = [
+    (None, "imports", "give the path of your objective's .py file or an importable module name"),
+    ("pretrain", "tokenizer", "give a sentencepiece .model, a BERT vocab.txt or a HuggingFace "
+     "tokenizer folder"),
+    ("prepare", "tokenizer", "give a sentencepiece .model, a BERT vocab.txt or a HuggingFace "
+     "tokenizer folder"),
+    ("convert", "source", "give a pretext workdir or model directory, or a HuggingFace folder"),
+    ("convert", "tokenizer", "give a sentencepiece .model, a BERT vocab.txt or a tokenizer "
+     "folder"),
+    ("finetune", "init", "give a pretext workdir or model directory, or a HuggingFace folder"),
+    ("finetune", "architecture", "give a pretext workdir or model directory"),
+    ("glue", "init", "give a pretext workdir or model directory, or a HuggingFace folder"),
+    ("glue", "architecture", "give a pretext workdir or model directory"),
+    ("translate", "init", "give a pretext workdir or model directory"),
+    ("translate", "architecture", "give a pretext workdir or model directory"),
+    ("eval", "workdir", "give the --workdir of a run.py finetune"),
+    ("generate", "workdir", "give a GPT workdir or model directory, or a GPT-2 folder"),
+    ("generate", "tokenizer", "give a tokenizer file or folder, or leave --tokenizer out"),
+]
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Refuses a path argument that names nothing, before JAX and the methods are imported
+    (seconds, more under load): the files and folders above, --config, and the paths in
+    --data / --eval-data (a GLUE folder for finetune and glue; corpus items otherwise, see
+    `corpus.missing_paths`)."""
+    from pretext_jax.errors import UserError
+    from pretext_jax.input_pipeline.corpus import missing_paths
+
+    for command, name, hint in _PATH_ARGUMENTS:
+        if command not in (None, args.command):
+            continue
+        values = getattr(args, name, None)
+        for value in values if isinstance(values, list) else [values]:
+            if name == "imports" and not value.endswith(".py"):
+                continue  # a module name
+            if value and not Path(value).exists():
+                flag = "--import" if name == "imports" else f"--{name}"
+                raise UserError(f"{flag} {value}: no such file or folder; {hint}")
+    config = getattr(args, "config", None)
+    if config and not Path(config).is_file():
+        raise UserError(f"--config {config}: no such file; give a .yaml or .py config file")
+    data = getattr(args, "data", None)
+    if args.command in ("finetune", "glue"):
+        if data != "tfds" and not data.startswith("tfds:") and not Path(data).exists():
+            raise UserError(f"--data {data}: no such folder; give the GLUE folder (holding "
+                            "SST-2/, CoLA/, ...; download_glue_data.py writes it) or tfds")
+        return
+    for option, value in (("--data", data), ("--eval-data", getattr(args, "eval_data", None))):
+        missing = missing_paths(value) if value else []
+        if missing:
+            raise UserError(f"{option} {missing[0]}: no such file or folder; check the path "
+                            "(a file, folder or glob; or tfds:NAME)")
 
 
 def _workdir(text: str) -> str:
@@ -368,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     from pretext_jax.errors import UserError
 
     try:
+        _check_paths(args)
         from pretext_jax.pretrain.resilience import initialize_distributed
 
         initialize_distributed(args.coordinator, args.num_processes, args.process_id,

@@ -60,6 +60,46 @@ class InputShard:
         return sum(p.stop - p.start for p in self.pieces)
 
 
+def source_items(spec: str) -> list[str]:
+    """The sources a `data.source` names: its comma-separated items (XLM's and MASS's
+    `en=wiki.en,de=wiki.de`, a parallel corpus's `train.en,train.de`), each without its `LANG=`
+    prefix unless the whole item is a path that exists."""
+    items = []
+    for item in (part.strip() for part in spec.split(",")):
+        language, equals, rest = item.partition("=")
+        if equals and "/" not in language and not Path(item).exists():
+            item = rest
+        if item:
+            items.append(item)
+    return items
+
+
+def missing_paths(spec: str) -> list[str]:
+    """The items of `spec` (`source_items`) that name a file or folder (a `/` or `.` in them;
+    not tfds:NAME, a glob or a demo's name such as python-docs) that does not exist: checked
+    before anything heavy is imported."""
+    return [item for item in source_items(spec)
+            if any(c in item for c in "/.") and not item.startswith("tfds:")
+            and not any(c in item for c in "*?[") and not Path(item).exists()]
+
+
+def read_files_identity(spec: str, tfds_data_dir: str = "") -> tuple[int, list[Any]]:
+    """(how many files, what identifies them) of what a corpus `spec` reads, item by item
+    (`source_items`): the paths, sizes and modification times of the files a text reader reads
+    (`sources.text_files`: a folder's `*.txt` files), a TFDS dataset's or the demo corpus's
+    `source_fingerprint`. Missing paths count as no files (preparation says so)."""
+    identities: list[Any] = []
+    files = 0
+    for item in source_items(spec):
+        if item == DEMO_CORPUS or item.startswith("tfds:"):
+            identities.append(source_fingerprint(item, tfds_data_dir))
+            continue
+        paths = sources.text_files(item)
+        files += len(paths)
+        identities.append([_file_identity(p) for p in paths])
+    return files, identities
+
+
 def source_fingerprint(spec: str, tfds_data_dir: str = "") -> Any:
     """Paths with their sizes and mtimes (so edited files invalidate the cache): every file of a
     file, folder (recursively) or glob; a TFDS dataset's name, version and `dataset_info.json`

@@ -13,6 +13,7 @@ both readers agree.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,12 @@ import numpy as np
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.corpus import source_fingerprint
-from pretext_jax.input_pipeline.sources import open_tfds, tfds_builder, tfds_fingerprint
+from pretext_jax.input_pipeline.sources import (
+    open_tfds,
+    tfds_builder,
+    tfds_data_dir,
+    tfds_fingerprint,
+)
 from pretext_jax.input_pipeline.tokenizers import Tokenizer
 
 
@@ -263,7 +269,22 @@ def read_glue(spec: str | Path, task: str | GlueTask, split: str,
     name = _tfds_name(str(spec), task)
     if name is None:
         return read_glue_tsv(spec, task, split)
+    _check_tfds_prepared(task, name, data_dir)
     return read_glue_tfds(task, split, data_dir, name=name)
+
+
+def _check_tfds_prepared(task: GlueTask, name: str, data_dir: str | None) -> None:
+    """Refuses TFDS GLUE data that is not there (TFDS not installed, or `name` not prepared),
+    naming the GLUE folder first: the usual way to give the data."""
+    installed = importlib.util.find_spec("tensorflow_datasets") is not None
+    where = tfds_data_dir(data_dir) if installed else "~/tensorflow_datasets"
+    if installed and (Path(where) / name.split(":")[0]).is_dir():
+        return
+    raise UserError(f"no GLUE data for {task.name}: give --data GLUE_FOLDER (the GLUE root "
+                    f"holding {task.folder}/, as download_glue_data.py writes it), or prepare "
+                    f"TFDS {name} once with `tfds build {name} --file_format=array_record "
+                    f"--data_dir={where}`{'' if installed else ' (pip install pretext-jax[tfds])'}"
+                    " and set data.tfds_data_dir if elsewhere; pretext never downloads")
 
 
 def glue_fingerprint(spec: str, task: str | GlueTask, data_dir: str | None = None) -> Any:

@@ -5,7 +5,8 @@
 - TFDS image datasets by name (`tfds:cifar10`, `tfds:imagenet2012`, ...) through
   `sources.open_tfds` (prepared as ArrayRecord, read without TensorFlow, never downloaded);
 - an image folder (`root/<class>/<image>`, the ImageNet / torchvision layout, optionally with
-  `train/` and `val/` inside), decoded with Pillow;
+  `train/` and `val/` inside), decoded with Pillow; with `skip_unreadable` every image is
+  decoded once first and those Pillow cannot read are left out (listed in the data cache);
 - `digits`: scikit-learn's 1,797 scanned 8x8 handwritten digits, the offline image demo.
 
 Images of one fixed size go to the device whole and are cropped there
@@ -23,8 +24,11 @@ import dataclasses
 import functools
 import hashlib
 import io
+import json
+import os
 import pickle
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,6 +42,7 @@ from pretext_jax.input_pipeline.image_augment import CropConfig, window_from_uni
 from pretext_jax.input_pipeline.prepare import DEMO_CORPUS, fingerprint
 from pretext_jax.input_pipeline.records import RecordDirectory, write_records
 from pretext_jax.input_pipeline.sources import TfdsSplit, open_tfds
+from pretext_jax.progress import progress
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm", ".tif",
                             ".tiff"})
@@ -45,6 +50,9 @@ DIGITS_SOURCE = "digits"
 EVAL_SPLIT_NAMES = ("val", "validation", "test")
 
 CIFAR10_SPLITS = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+SKIP_OPTION = "examples.skip_unreadable_images=true"
+# What Pillow raises for bytes it cannot read as an image.
+_UNREADABLE = (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError)
 
 
 def _find(root: Path, name: str) -> Path:
@@ -114,19 +122,33 @@ def _as_rgb_array(data: Any) -> np.ndarray | None:
     return None
 
 
+def _open(data: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, UnidentifiedImageError):
+        return "not in a format Pillow reads"
+    return str(error).splitlines()[0][:120] if str(error) else type(error).__name__
+
+
 def load_image(data: bytes | np.ndarray, name: str) -> np.ndarray | Image.Image:
     """An image array as uint8 [H, W, 3] (see `decode_image`), or encoded bytes decoded to an
     RGB Pillow image (any format Pillow reads; grey, palette and alpha images become RGB; an
-    RGB image is used as decoded, without a copy)."""
+    RGB image is used as decoded, without a copy). `name` names the image in errors (its file)."""
     array = _as_rgb_array(data)
     if array is not None:
         return array
     try:
-        image = Image.open(io.BytesIO(bytes(data)))
-        image.load()
+        image = _open(bytes(data))
         return image if image.mode == "RGB" else image.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise UserError(f"{name} is not a readable image ({e}); remove or re-encode it") from None
+    except _UNREADABLE as e:
+        raise UserError(f"{name} is not a readable image ({_reason(e)}); remove or re-encode "
+                        "it (a run with checkpoints then starts again in a new --workdir), or "
+                        f"start with {SKIP_OPTION} to leave out every unreadable image"
+                        ) from None
 
 
 def decode_image(data: bytes | np.ndarray, name: str) -> np.ndarray:
@@ -207,35 +229,38 @@ def keep_freed_heap() -> None:
     mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
 
 
-class _TwoViews(grain.transforms.RandomMap):
-    def __init__(self, crop: HostCrop, name: str):
-        self.crop, self.name = crop, name
-
-    def random_map(self, element: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-        keep_freed_heap()
-        image = load_image(element["image"], f"{self.name} record {element['index']}")
-        return {"image": self.crop.views(image, rng), "label": element["label"]}
-
-
-class _WholeImage(grain.transforms.Map):
-    def __init__(self, shape: tuple[int, ...], name: str):
-        self.shape, self.name = shape, name
-
-    def map(self, element: dict[str, Any]) -> dict[str, Any]:
-        image = decode_image(element["image"], f"{self.name} record {element['index']}")
-        if image.shape != self.shape:
-            raise UserError(f"{self.name} record {element['index']} is {image.shape[:2]}, "
-                            f"others {self.shape[:2]}; images of different sizes need "
-                            "examples.host_crop_size (e.g. 224)")
-        return {"image": image, "label": element["label"]}
-
-
 class ImageReader(Protocol):
-    """Image `index` as (encoded bytes or uint8 array, label), and which images these are."""
+    """Image `index` as (encoded bytes or uint8 array, label), which images these are, and how
+    errors name image `index` (its file, where it has one)."""
 
     def __call__(self, index: int) -> tuple[Any, int]: ...
 
     def identity(self) -> dict[str, Any]: ...
+
+    def name(self, index: int) -> str: ...
+
+
+class _TwoViews(grain.transforms.RandomMap):
+    def __init__(self, crop: HostCrop, read: ImageReader):
+        self.crop, self.read = crop, read
+
+    def random_map(self, element: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        keep_freed_heap()
+        image = load_image(element["image"], self.read.name(element["index"]))
+        return {"image": self.crop.views(image, rng), "label": element["label"]}
+
+
+class _WholeImage(grain.transforms.Map):
+    def __init__(self, shape: tuple[int, ...], read: ImageReader):
+        self.shape, self.read = shape, read
+
+    def map(self, element: dict[str, Any]) -> dict[str, Any]:
+        name = self.read.name(element["index"])
+        image = decode_image(element["image"], name)
+        if image.shape != self.shape:
+            raise UserError(f"{name} is {image.shape[:2]}, others {self.shape[:2]}; images of "
+                            "different sizes need examples.host_crop_size (e.g. 224)")
+        return {"image": image, "label": element["label"]}
 
 
 class ImageSource:
@@ -263,9 +288,8 @@ class ImageSource:
     def _evaluation_view(self, index: int) -> np.ndarray:
         record = self[index]
         if self.crop.size:
-            return self.crop.evaluation_view(load_image(record["image"],
-                                                        f"{self.name} record {index}"))
-        return _WholeImage(self.image_shape(), self.name).map(record)["image"]
+            return self.crop.evaluation_view(load_image(record["image"], self.read.name(index)))
+        return _WholeImage(self.image_shape(), self.read).map(record)["image"]
 
     @functools.cached_property
     def description(self) -> str:
@@ -281,13 +305,13 @@ class ImageSource:
 
     def image_shape(self) -> tuple[int, ...]:
         if self._shape is None:
-            self._shape = decode_image(self[0]["image"], f"{self.name} record 0").shape
+            self._shape = decode_image(self[0]["image"], self.read.name(0)).shape
         return self._shape
 
     def load_transforms(self) -> list[grain.transforms.Map | grain.transforms.RandomMap]:
         if self.crop.size:
-            return [_TwoViews(self.crop, self.name)]
-        return [_WholeImage(self.image_shape(), self.name)]
+            return [_TwoViews(self.crop, self.read)]
+        return [_WholeImage(self.image_shape(), self.read)]
 
     def examples(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
         return {"image": np.stack([self._evaluation_view(i) for i in indices]),
@@ -325,6 +349,9 @@ class _FileReader:
                 "images": len(self.files),
                 "files": files_fingerprint(self.root, self.files, self.labels)}
 
+    def name(self, index: int) -> str:
+        return str(self.files[index])
+
 
 @dataclasses.dataclass(frozen=True)
 class _ArrayReader:
@@ -342,6 +369,9 @@ class _ArrayReader:
         return {"kind": DIGITS_SOURCE, "images": len(self.indices),
                 "content": digest.hexdigest()[:16]}
 
+    def name(self, index: int) -> str:
+        return f"{DIGITS_SOURCE} image {self.indices[index]}"
+
 
 @dataclasses.dataclass(frozen=True)
 class _TfdsReader:
@@ -356,6 +386,48 @@ class _TfdsReader:
         return {"kind": "TFDS images", "data.source": f"tfds:{self.source.name}",
                 **self.source.fields}
 
+    def name(self, index: int) -> str:
+        return (f"tfds:{self.source.name}[{self.source.fields['data.tfds_split']}] record "
+                f"{index}")
+
+
+def _is_readable(path: Path) -> bool:
+    try:
+        _open(path.read_bytes())
+    except _UNREADABLE:
+        return False
+    return True
+
+
+def _readable(files: list[Path], labels: list[int], cache_root: Path
+              ) -> tuple[list[Path], list[int]]:
+    """`files` (and their `labels`) without those Pillow cannot read, each decoded once on as
+    many threads as cores; what was left out is printed and kept in
+    `cache_root/unreadable-images-<digest of the files>.json`, which later runs over the same
+    files read instead of decoding them again."""
+    resolved = [str(p.resolve()) for p in files]
+    key = fingerprint("unreadable images", [[path, p.stat().st_size, p.stat().st_mtime_ns]
+                                            for path, p in zip(resolved, files, strict=True)])
+    listing = Path(cache_root) / f"unreadable-images-{key}.json"
+    if listing.is_file():
+        unreadable = set(json.loads(listing.read_text()))
+    else:
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            checked = list(progress(pool.map(_is_readable, files), "checking images",
+                                    total=len(files), unit="image"))
+        unreadable = {path for path, ok in zip(resolved, checked, strict=True) if not ok}
+        listing.parent.mkdir(parents=True, exist_ok=True)
+        staged = listing.with_suffix(f".{os.getpid()}.tmp")
+        staged.write_text(json.dumps(sorted(unreadable)))
+        os.replace(staged, listing)
+    kept = [i for i, path in enumerate(resolved) if path not in unreadable]
+    left_out = sorted(str(files[i]) for i in set(range(len(files))) - set(kept))
+    if left_out:
+        print(f"left out {len(left_out)} unreadable image{'s' if len(left_out) > 1 else ''} "
+              f"({', '.join(left_out[:3])}{', ...' if len(left_out) > 3 else ''}; all listed "
+              f"in {listing})", flush=True)
+    return [files[i] for i in kept], [labels[i] for i in kept]
+
 
 def _folder_source(root: Path, files: list[Path], labels: list[int], crop: HostCrop
                    ) -> ImageSource:
@@ -363,19 +435,25 @@ def _folder_source(root: Path, files: list[Path], labels: list[int], crop: HostC
 
 
 def image_folder_sources(root: Path, eval_root: Path | None, held_out_fraction: float,
-                         seed: int, crop: HostCrop) -> tuple[ImageSource, ImageSource]:
+                         seed: int, crop: HostCrop, skipping_in: Path | None = None
+                         ) -> tuple[ImageSource, ImageSource]:
     """(train, held out) from an image folder: `root/train` + `root/val|validation|test`,
-    or `root` + `eval_root`, or `root` with `held_out_fraction` of its images held out."""
+    or `root` + `eval_root`, or `root` with `held_out_fraction` of its images held out.
+    `skipping_in`: leave out the images Pillow cannot read, listed in this cache (`_readable`)."""
     splits = {d.name: d for d in root.iterdir() if d.is_dir()}
     if eval_root is None and "train" in splits and any(n in splits for n in EVAL_SPLIT_NAMES):
         eval_root = splits[next(n for n in EVAL_SPLIT_NAMES if n in splits)]
         root = splits["train"]
     files, labels, classes = _image_files(root)
+    if skipping_in is not None:
+        files, labels = _readable(files, labels, skipping_in)
     if not files:
         raise UserError(f"{root} has no images ({', '.join(sorted(IMAGE_SUFFIXES))}); use "
                         "root/<class>/<image> or point data.source at a CIFAR-10 folder")
     if eval_root is not None:
         eval_files, eval_labels, eval_classes = _image_files(eval_root)
+        if skipping_in is not None:
+            eval_files, eval_labels = _readable(eval_files, eval_labels, skipping_in)
         if eval_classes and eval_classes != classes:
             raise UserError(f"{eval_root} has classes {eval_classes[:5]}..., {root} has "
                             f"{classes[:5]}...; the held-out folder needs the same class "
@@ -443,10 +521,11 @@ def digits_sources(held_out_fraction: float, seed: int, crop: HostCrop
 
 def prepare_images(source: str, eval_source: str, cache_root: Path, max_eval: int, *,
                    crop: HostCrop, held_out_fraction: float, seed: int,
-                   tfds_split: str = "train", tfds_data_dir: str | None = None
-                   ) -> tuple[Any, dict[str, np.ndarray]]:
+                   tfds_split: str = "train", tfds_data_dir: str | None = None,
+                   skip_unreadable: bool = False) -> tuple[Any, dict[str, np.ndarray]]:
     """(training images for the loader, the held-out evaluation views in memory, capped at
-    `max_eval`) from any of the sources above."""
+    `max_eval`) from any of the sources above; `skip_unreadable`: an image folder's unreadable
+    images are left out (`image_folder_sources`)."""
     if not source or source == DEMO_CORPUS:
         raise UserError("data.source must be images: a CIFAR-10 python folder, tfds:NAME, an "
                         f"image folder or {DIGITS_SOURCE!r} (e.g. --data path/to/cifar10)")
@@ -466,5 +545,6 @@ def prepare_images(source: str, eval_source: str, cache_root: Path, max_eval: in
             images, labels = read_cifar10(root, "test")
             return train, {"image": images[:max_eval], "label": labels[:max_eval]}
         train, held_out = image_folder_sources(
-            root, Path(eval_source) if eval_source else None, held_out_fraction, seed, crop)
+            root, Path(eval_source) if eval_source else None, held_out_fraction, seed, crop,
+            Path(cache_root) if skip_unreadable else None)
     return train, held_out.examples(range(min(len(held_out), max_eval)))

@@ -138,6 +138,18 @@ def source_fingerprint(spec: str, tfds_data_dir: str = "") -> Any:
     return corpus.source_fingerprint(spec, tfds_data_dir)
 
 
+def inputs_fingerprint(data: DataConfig) -> dict[str, tuple[int, str]]:
+    """What a run's input files are, saved in its checkpoints so that a resume compares them
+    before anything is prepared: for `data.source` and `data.eval_source`, (the number of files,
+    a digest of their paths, sizes and modification times; `corpus.read_files_identity`)."""
+    inputs = {}
+    for setting, spec in (("data.source", data.source), ("data.eval_source", data.eval_source)):
+        if spec:
+            files, identities = corpus.read_files_identity(spec, data.tfds_data_dir)
+            inputs[setting] = (files, fingerprint(identities))
+    return inputs
+
+
 def shard_seed(seed: int, split: str, index: int) -> int:
     """The seed of one shard's examples: a function of (seed, split, shard index) only."""
     entropy = [seed, {"train": 0, "eval": 1, "eval_source": 2}[split], index]

@@ -44,22 +44,30 @@ def expand_paths(spec: str | Path | Iterable[str | Path]) -> list[Path]:
     paths: list[Path] = []
     for item in specs:
         text = str(item)
-        if any(c in text for c in "*?[") and not Path(text).exists():
-            matches = sorted(glob.glob(text, recursive=True))
-            if not matches:
-                raise UserError(f"no file matches {text}; check the pattern in data.source")
-            paths.extend(Path(m) for m in matches)
-        elif Path(text).is_dir():
-            found = sorted(Path(text).glob("*.txt"))
-            if not found:
-                raise UserError(f"folder {text} has no *.txt files; point data.source at a file")
-            paths.extend(found)
-        elif Path(text).is_file():
-            paths.append(Path(text))
-        else:
+        found = text_files(text)
+        if not found and _is_glob(text):
+            raise UserError(f"no file matches {text}; check the pattern in data.source")
+        if not found and Path(text).is_dir():
+            raise UserError(f"folder {text} has no *.txt files; point data.source at a file")
+        if not found:
             raise UserError(f"corpus {text} not found; check the path given to --data / "
                             "data.source")
+        paths.extend(found)
     return paths
+
+
+def _is_glob(text: str) -> bool:
+    return any(c in text for c in "*?[") and not Path(text).exists()
+
+
+def text_files(text: str) -> list[Path]:
+    """The files a corpus path names, sorted: a glob's matches, a folder's `*.txt` files, the
+    file itself; none when there are none (`expand_paths` says why)."""
+    if _is_glob(text):
+        return [Path(m) for m in sorted(glob.glob(text, recursive=True))]
+    if Path(text).is_dir():
+        return sorted(Path(text).glob("*.txt"))
+    return [Path(text)] if Path(text).is_file() else []
 
 
 def _read_lines(path: Path) -> list[str]:

@@ -252,6 +252,20 @@ def check_workdir(workdir: Path, config: Config) -> None:
                         "use a new --workdir or the saved settings")
 
 
+def check_writable(workdir: Path) -> None:
+    """Refuses a workdir, or its `checkpoints` folder, that this process cannot write: checked
+    before anything is written (a read-only `checkpoints` otherwise fails at the first
+    checkpoint, in Orbax's background threads). A workdir still to be made needs a writable
+    parent."""
+    existing = workdir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    for path in (existing, workdir / "checkpoints"):
+        if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+            raise UserError(f"{path} is not writable by this process; fix its permissions "
+                            f"(e.g. chmod u+w {path}) or use another --workdir")
+
+
 def record_run(workdir: Path, config: Config, model_config: Any, objective: Any,
                tokenizer: Tokenizer | None) -> None:
     """Writes what a workdir says about its run: `config.json`, `model.json` (the resolved

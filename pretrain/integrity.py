@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,10 @@ def is_sealed(directory: Path) -> bool:
     return (directory / CHECKSUM_FILE).is_file()
 
 
-def verify(directory: Path) -> str | None:
+def verify(directory: Path, within: Sequence[str] = ()) -> str | None:
     """None when `directory` matches its seal (or has none); else what differs, naming the
-    first file that is missing, resized, changed or unexpected."""
+    first file that is missing, resized, changed or unexpected. `within`: only the files under
+    these sub-folders (e.g. a checkpoint's small `config` and `data` items)."""
     seal_file = directory / CHECKSUM_FILE
     if not seal_file.is_file():
         return None
@@ -68,6 +70,10 @@ def verify(directory: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError):
         return f"{seal_file.name} is damaged"
     present = {str(p.relative_to(directory)): p for p in _files(directory)}
+    if within:
+        inside = tuple(f"{folder}/" for folder in within)
+        expected = {name: entry for name, entry in expected.items() if name.startswith(inside)}
+        present = {name: path for name, path in present.items() if name.startswith(inside)}
     for name, (size, crc) in sorted(expected.items()):
         path = present.get(name)
         if path is None:

@@ -30,6 +30,7 @@ from pretext_jax.pretrain.checkpoints import (
     CheckpointStore,
     CorruptCheckpoint,  # noqa: F401  (part of the trainer's interface)
     TrainState,
+    check_resume,
 )
 from pretext_jax.pretrain.config import Config
 from pretext_jax.pretrain.feed import StepFeed, open_loader
@@ -44,9 +45,22 @@ def data_cache(config: Config, workdir: str | Path) -> Path:
     return Path(config.data.cache_dir) if config.data.cache_dir else Path(workdir) / "data"
 
 
+def check_before_writing(config: Config, workdir: Path) -> dict[str, Any]:
+    """The checks a run passes before it prepares or writes anything: the workdir
+    (`directories.check_workdir`) and, when it holds checkpoints, that they continue this config
+    on the same input files (`checkpoints.check_resume`). Returns the inputs' fingerprint
+    (`prepare.inputs_fingerprint`) that the checkpoints save."""
+    directories.check_workdir(workdir, config)
+    inputs = prepare.inputs_fingerprint(config.data)
+    check_resume(workdir, config, inputs)
+    return inputs
+
+
 def prepare_data(config: Config, workdir: str | Path) -> registry.PreparedData:
     """The method's data preparation alone (`run.py prepare`): the records that `pretrain` with
-    the same config and workdir (or `data.cache_dir`) then reuses; nothing else is written."""
+    the same config and workdir (or `data.cache_dir`) then reuses; nothing else is written, and
+    nothing at all for a workdir that `pretrain` would refuse (`check_before_writing`)."""
+    check_before_writing(config, Path(workdir).absolute())
     method = registry.get(config.method)
     return method.prepare(config.data, config.examples, data_cache(config, workdir),
                           config.train.seed)
@@ -55,8 +69,10 @@ def prepare_data(config: Config, workdir: str | Path) -> registry.PreparedData:
 class Trainer:
     """Builds everything for `config` in `workdir`; `run()` trains (resuming if possible).
 
-    Nothing is written to `workdir` until the config, mesh, batch layout and data have been
-    validated, so bad input never changes an existing workdir.
+    Nothing is written to `workdir` until the config, mesh, batch layout, the workdir and its
+    checkpoints (`check_before_writing`, then `run`'s `check_writable`) and data have been
+    validated, so bad input never changes an existing workdir; a run stopped by bad input
+    before its first checkpoint takes back what it wrote (`run`).
     """
 
     def __init__(self, config: Config, workdir: str | Path, *, devices: list[Any] | None = None,
@@ -69,7 +85,7 @@ class Trainer:
         self.mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
                                        devices)
         mesh_lib.check_batch(self.mesh, config.train.batch_size, config.optim.grad_accum_steps)
-        directories.check_workdir(self.workdir, self.config)
+        self.inputs = check_before_writing(config, self.workdir)
         self.example_config = config.examples
         cache = data_cache(config, self.workdir)
         created = [p for p in (self.workdir, cache) if not p.exists()]
@@ -162,8 +178,9 @@ class Trainer:
         self._eval_step = jax.jit(
             self._evaluate, in_shardings=(self.state_sharding, self.batch_sharding),
             out_shardings=metric_sharding)
-        self.checkpoints = CheckpointStore(self.workdir, self.config, self.abstract_state,
-                                           self.state_sharding, is_writer=self.is_writer)
+        self.checkpoints = CheckpointStore(self.workdir, self.config, self.inputs,
+                                           self.abstract_state, self.state_sharding,
+                                           is_writer=self.is_writer)
 
     def _init_state(self) -> TrainState:
         model = self.method.build_model(self.model_config, self.config.train.seed)
@@ -353,14 +370,39 @@ class Trainer:
         if deadline is not None and jax.process_count() > 1:
             raise ValueError("run(deadline=...) is for one process: each process's clock "
                              "would stop it at a different step")
+        directories.check_writable(self.workdir)  # only training writes (eval reads)
+        existed = self.workdir.is_dir()
         self.workdir.mkdir(parents=True, exist_ok=True)
         lock = integrity.WorkdirLock(self.workdir)
         if self.is_writer:  # one training job per workdir; its other processes write nothing
             lock.acquire()
+        before = set(self.workdir.iterdir())
         try:
             return self._train(lock, stop_after, deadline)
+        except UserError as error:
+            if self.is_writer and not isinstance(error, resilience.NonFiniteStep):
+                self._take_back(before, existed)
+            raise
         finally:
             lock.release()
+
+    def _take_back(self, before: set[Path], existed: bool) -> None:
+        """After bad input (an unreadable image, a file system that refuses the checkpoint)
+        stopped a run before the workdir held any checkpoint: removes what the run added to the
+        workdir (`before`: its entries when the run took it; `existed`: whether it was there),
+        the data cache excepted (prepared records are reused by the rerun), so nothing
+        half-made is left behind. A non-finite step keeps its metrics: they show how the loss
+        diverged."""
+        if any(p.name.isdigit() for p in self.checkpoints.directory.glob("*")):
+            return
+        cache = data_cache(self.config, self.workdir)
+        for path in set(self.workdir.iterdir()) - before - {cache}:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        if not existed and not any(self.workdir.iterdir()):
+            self.workdir.rmdir()
 
     def _start(self, lock: integrity.WorkdirLock) -> tuple[TrainState, StepFeed, dict[str, Any]]:
         """(the state to continue from, the feed positioned for its next step, the unlogged
@@ -373,10 +415,10 @@ class Trainer:
         restored = self.checkpoints.restore_latest_readable()
         log_window: dict[str, Any] = {}
         if restored is not None:
-            state, data_states = restored
+            state, saved = restored
             latest = int(jax.device_get(state.step))
-            log_window = self.checkpoints.checked_log_window(latest)
-            feed.resume(state, latest + 1, data_states,
+            log_window = saved["log_window"]
+            feed.resume(state, latest + 1, saved["iterators"],
                         f"the checkpoint at step {latest} in {self.workdir}")
         else:
             state = self.init_state()

@@ -262,3 +262,54 @@ def test_help_everywhere(capsys):
             run.main([*command, "--help"])
         assert exit_info.value.code == 0
         assert "usage:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["pretrain", "--data", "{tmp}/nope.txt"], "--data {tmp}/nope.txt: no such file or folder"),
+    (["translate", "--data", "en={tmp}/train.en,{tmp}/train.de", "--eval-data", "{tmp}/v.en"],
+     "--data {tmp}/train.en: no such file or folder"),
+    (["pretrain", "--tokenizer", "{tmp}/vocab.txt"], "--tokenizer {tmp}/vocab.txt: no such"),
+    (["--import", "{tmp}/mine.py", "pretrain"], "--import {tmp}/mine.py: no such file"),
+    (["finetune", "--task", "rte", "--init", "{tmp}/run"], "--init {tmp}/run: no such file"),
+    (["finetune", "--task", "rte", "--init", "{tmp}", "--data", "{tmp}/glue"],
+     "--data {tmp}/glue: no such folder; give the GLUE folder"),
+    (["eval"], "--workdir {tmp}/w: no such file or folder; give the --workdir of a run.py "
+               "finetune"),
+])
+def test_missing_paths_are_reported_before_jax_is_imported(args, message, tmp_path):
+    """Under load, importing JAX and the methods takes seconds: a path that names nothing is
+    refused before, in one line."""
+    args = [arg.format(tmp=tmp_path) for arg in args]
+    code = (f"import sys; from pretext_jax import run; "
+            f"code = run.main({[*args, '--workdir', str(tmp_path / 'w')]!r}); "
+            "print(code, 'jax' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.stdout.split() == ["2", "False"], result.stderr[-2000:]
+    assert result.stderr.startswith(f"error: {message.format(tmp=tmp_path)}"), result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_a_plugin_that_raises_is_one_line_naming_its_file_and_line(tmp_path, capsys):
+    plugin = tmp_path / "broken_objective.py"
+    plugin.write_text("import json\n\n\ndef register():\n    raise ValueError('no such method')"
+                      "\n\n\nregister()\n")
+    assert run.main(["--import", str(plugin), "presets"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: --import {plugin} failed at {plugin}, line 5: ValueError: no such "
+                   "method; fix the plugin (--traceback shows the whole traceback)")
+    plugin.write_text("def broken(:\n")
+    assert run.main(["--import", str(plugin), "presets"]) == 2
+    assert f"failed at {plugin}, line 1: SyntaxError: " in capsys.readouterr().err
+
+
+def test_glue_data_that_is_not_there_names_the_glue_folder_first(tmp_path):
+    """`finetune` without --data reads TFDS; when that is not prepared the error leads with the
+    usual way, the GLUE folder."""
+    from pretext_jax.errors import UserError
+    from pretext_jax.input_pipeline import glue
+
+    with pytest.raises(UserError, match=r"^no GLUE data for rte: give --data GLUE_FOLDER \(the "
+                                        r"GLUE root holding RTE/.*\), or prepare TFDS glue/rte "
+                                        r"once with `tfds build glue/rte"):
+        glue.read_glue("tfds", "rte", "train", data_dir=str(tmp_path))

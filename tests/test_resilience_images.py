@@ -78,3 +78,30 @@ def test_resuming_on_changed_images_names_what_changed(tmp_path):
     with pytest.raises(UserError, match=r"at step 1 .* other data records \(images: 24 vs 26\); "
                                         "restore that data or use a new --workdir"):
         Trainer(make_config("simclr_tiny", {**overrides, "train.steps": 2}), tmp_path / "w").run()
+
+
+def test_an_unreadable_image_is_named_with_the_ways_to_go_on(tmp_path, capsys):
+    """A broken file among the training images stops a fresh run naming the file and both ways
+    on, and takes back the run's workdir; with `examples.skip_unreadable_images` a new run
+    leaves it out, says so, and resumes after the file is removed (the same images)."""
+    write_png_folder(tmp_path / "train", 8)
+    write_png_folder(tmp_path / "val", 4, seed=1)
+    broken = tmp_path / "train" / "dog" / "007.jpg"
+    broken.write_bytes(b"not an image")
+    overrides = {**SIMCLR, "data.source": str(tmp_path / "train"),
+                 "data.eval_source": str(tmp_path / "val"), "train.steps": 6,
+                 "train.checkpoint_every": 1000, "data.cache_dir": str(tmp_path / "cache")}
+    with pytest.raises(UserError, match=rf"^{broken} is not a readable image \(not in a format "
+                                        r"Pillow reads\); remove or re-encode it \(a run with "
+                                        r"checkpoints then starts again in a new --workdir\), "
+                                        "or start with examples.skip_unreadable_images=true"):
+        Trainer(make_config("simclr_tiny", overrides), tmp_path / "w").run()
+    assert not (tmp_path / "w").exists()
+    skipping = {**overrides, "examples.skip_unreadable_images": True, "train.steps": 1,
+                "train.checkpoint_every": 1}
+    Trainer(make_config("simclr_tiny", skipping), tmp_path / "w").run()
+    assert f"left out 1 unreadable image ({broken}; all listed in " in capsys.readouterr().out
+    broken.unlink()
+    summary = Trainer(make_config("simclr_tiny", {**skipping, "train.steps": 2}),
+                      tmp_path / "w").run()
+    assert summary["step"] == 2 and "resumed from step 1" in capsys.readouterr().out

@@ -177,10 +177,10 @@ def test_resume_is_exact(tmp_path, data_cache, preset):
     # The data stream continued where it stopped: batch 4 of a fresh stream is the next batch.
     fresh = resumed_trainer.data_iterator()
     expected = [next(fresh) for _ in range(4)][-1]
-    _, data_states = resumed_trainer.checkpoints.restore(3)
+    _, saved = resumed_trainer.checkpoints.restore(3)
     resumed_trainer.checkpoints.close()
     continued = resumed_trainer.data_iterator()
-    continued.set_state(data_states[0].encode())
+    continued.set_state(saved["iterators"][0].encode())
     got = next(continued)
     for key in expected:
         np.testing.assert_array_equal(got[key], expected[key])
@@ -214,7 +214,7 @@ def test_workdir_of_the_old_config_layout_loads_and_resumes(tmp_path, data_cache
     stored.write_text(json.dumps(old))  # the checkpoint's own copy, in the old layout
     integrity.seal(workdir / "checkpoints" / "1")  # as if written so, not damaged
     resumed = make_trainer(workdir, data_cache, preset="electra_tiny", **settings)
-    resumed.checkpoints.checked_log_window(1)  # the checkpoint's config is this run's
+    resumed.checkpoints.restore(1)  # compares the checkpoint's config with this run's first
     resumed.checkpoints.close()
     assert resumed.run()["step"] == 2
     other = {**settings, "objective.discriminator_weight": 50.0, "train.steps": 3}
@@ -260,7 +260,7 @@ def test_simclr_workdir_with_view_settings_under_model_loads_and_resumes(tmp_pat
                                       "model": {**info["model"], **info["objective"]}}))
     assert type(load_model(workdir)).__name__ == "SimCLR"
     resumed = make_trainer(workdir, data_cache, preset="simclr_tiny", **settings)
-    resumed.checkpoints.checked_log_window(1)  # the checkpoint's config is this run's
+    resumed.checkpoints.restore(1)  # compares the checkpoint's config with this run's first
     resumed.checkpoints.close()
     assert resumed.run()["step"] == 2
     with pytest.raises(UserError, match="model.image_size moved to the objective section; "

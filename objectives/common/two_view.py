@@ -52,6 +52,9 @@ class ImageExampleConfig:
     most `max_eval_examples` held-out images; with `probe_labels_per_class` > 0 it also fits a
     linear probe to the features of that many labelled bank images per class (a few-label
     evaluation, for data where every label makes even random features look good).
+    `skip_unreadable_images`: an image folder's images are each decoded once before training
+    (remembered in the data cache per set of files) and those Pillow cannot read are left out
+    and listed; otherwise the first unreadable image stops the run, naming its file.
     """
 
     host_crop_size: int = 0
@@ -70,6 +73,8 @@ class ImageExampleConfig:
     """Temperature of the kNN monitor's similarity-weighted vote (0.1)."""
     probe_labels_per_class: int = 0
     """Labelled bank images per class (a seeded draw) for the monitor's linear probe; 0: none."""
+    skip_unreadable_images: bool = False
+    """Image folders: decode every image once first and leave out those Pillow cannot read."""
 
     def __post_init__(self) -> None:
         if self.probe_labels_per_class < 0:
@@ -257,7 +262,8 @@ def prepare_two_view_images(data: DataConfig, examples: ImageExampleConfig, cach
     train, held_out = prepare_images(
         data.source, data.eval_source, cache_dir, examples.max_eval_examples,
         crop=examples.host_crop(), held_out_fraction=data.held_out_fraction, seed=seed,
-        tfds_split=data.tfds_split, tfds_data_dir=data.tfds_data_dir or None)
+        tfds_split=data.tfds_split, tfds_data_dir=data.tfds_data_dir or None,
+        skip_unreadable=examples.skip_unreadable_images)
     report = ({"probe_labels_per_class": examples.probe_labels_per_class}
               if examples.probe_labels_per_class else {})
     return PreparedData(train=train, eval=held_out, report=report)
