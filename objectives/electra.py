@@ -212,7 +212,7 @@ PRESETS = {
     "electra_base": {
         "model": {"hidden_size": 768, "embedding_size": 768, "num_layers": 12, "num_heads": 12,
                   "intermediate_size": 3072, "generator_hidden_size": 1 / 3, "vocab_size": 0},
-        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 19},
+        "examples": {"max_seq_length": 512, "max_predictions_per_seq": 79},
         "data": {"vocab_size": 30522},
         "optim": {"learning_rate": 2e-4, "schedule": "electra_linear", "warmup_steps": 10000},
         "train": {"steps": 766000, "batch_size": 256},

@@ -256,8 +256,8 @@ PRESETS = {
     # data.tokenizer, a vocab file; else the corpus's most frequent 793,471 words), batch 128 per
     # GPU x 3 GPUs (384) x 20 unrolled steps, Adagrad lr 0.2 (initial accumulator 1) on the
     # gradient of 20 x the mean loss (training.py: loss * unroll_steps), gradients
-    # clipped to global norm 10, 10 epochs of 768,648,884 tokens = 10 x 768.6M / (384 x 20)
-    # ~ 1,000,000 steps. bilm-tf keeps the LSTM states between batches; we start each window
+    # clipped to global norm 10, 10 epochs of 768,648,884 tokens = 10 x int(768.6M / (384 x 20))
+    # = 1,000,840 steps. bilm-tf keeps the LSTM states between batches; we start each window
     # from zero (input_pipeline/examples/elmo.py).
     "elmo_original": {
         "model": {"vocab_size": 0},
@@ -266,7 +266,7 @@ PRESETS = {
         "data": {"vocab_size": 793471},
         "optim": {"optimizer": "adagrad", "learning_rate": 0.2, "schedule": "constant",
                   "warmup_steps": 0, "weight_decay": 0.0, "clip_norm": 10.0},
-        "train": {"steps": 1000800, "batch_size": 384},
+        "train": {"steps": 1000840, "batch_size": 384},
     },
 }
 

@@ -151,7 +151,8 @@ PRESETS = {
         "examples": {"max_seq_length": 512, "reuse_len": 256, "perm_size": 256,
                      "num_predict": 85, "num_streams": 256, "bi_data": True},
         "data": {"vocab_size": 32000},
-        "optim": {"learning_rate": 4e-4, "warmup_steps": 40000},
+        "optim": {"learning_rate": 4e-4, "warmup_steps": 40000, "schedule": "linear_from_peak",
+                  "end_learning_rate": 4e-7},
         "train": {"steps": 500000, "batch_size": 256},
     },
 }
