@@ -101,6 +101,8 @@ class DataConfig:
     """Pieces of the sentencepiece unigram model trained when data.tokenizer is empty."""
     tokenizer_sentences: int = 1_000_000
     """At most this many training sentences (a seeded uniform sample) train the tokenizer."""
+    tokenizer_max_sentence_bytes: int | None = None
+    """Longer training lines (UTF-8 bytes) are left out of tokenizer training; none = 4192."""
     held_out_fraction: float = 0.05
     """Fraction of each input shard's documents held out for evaluation (no eval_source)."""
     input_shard_mb: float = 8.0
@@ -122,6 +124,9 @@ class DataConfig:
         if self.tokenizer_sentences < 1:
             raise UserError(f"data.tokenizer_sentences={self.tokenizer_sentences} must be >= 1; "
                             "e.g. 1000000")
+        if not 1 <= (self.tokenizer_max_sentence_bytes or 1) < 2**31:
+            raise UserError(f"data.tokenizer_max_sentence_bytes={self.tokenizer_max_sentence_bytes}"
+                            " must be in [1, 2147483647]; e.g. 100000")
         for name in ("prepare_workers", "worker_count"):
             if getattr(self, name) < 0:
                 raise UserError(f"data.{name}={getattr(self, name)} must be >= 0 (0 = automatic)")
@@ -354,12 +359,15 @@ def _process() -> tuple[int, int]:
 def prepare_text(
     data: DataConfig, build_examples: ExampleBuilder, example_settings: Any, cache_root: Path,
     seed: int, ordered: bool = False, markup: Markup | None = None,
+    check_tokenizer: Callable[[Any], Any] | None = None,
 ) -> tuple[RecordDirectory, RecordDirectory, Any]:
     """Returns (train records, held-out records, tokenizer), building what is not cached.
     `build_examples(documents, tokenizer, seed)` must be picklable (a module-level function or
     a `functools.partial` of one). `ordered`: the records are read in the order they were built
     (shard by shard), as XLNet's streams need. `markup`: annotations inline in the text that
-    the builder reads (`Markup`). Called by every JAX process at once.
+    the builder reads (`Markup`). `check_tokenizer(tokenizer)` raises a UserError where the
+    builder cannot use the tokenizer (a vocabulary without [MASK]), before any shard is
+    prepared. Called by every JAX process at once.
 
     The held-out split is made at document level before tokenizer training, so evaluation text
     is never seen by the tokenizer or the model.
@@ -383,6 +391,8 @@ def prepare_text(
     eval_shards = corpus.plan_shards(data.eval_source, data) if data.eval_source else []
     _make_dirs(base / "shards")
     tokenizer = _ensure_tokenizer(data, base, corpus_key, train_shards, seed, process, markup)
+    if check_tokenizer is not None:
+        check_tokenizer(tokenizer)
     tokenizer_spec = data.tokenizer or str(base / f"tokenizer-{corpus_key}.model")
     tokenizer_id = tokenizer_identity if data.tokenizer else _file_digest(tokenizer_spec)
     jobs = [ShardJob(shard, data, tokenizer_spec, build_examples, split,
@@ -494,7 +504,8 @@ def _train_tokenizer(data: DataConfig, base: Path, model: Path,
             try:
                 tokenizers.SentencePieceTokenizer.train(
                     sentences(), prefix, vocab_size=data.vocab_size,
-                    sample_sentences=data.tokenizer_sentences, seed=seed)
+                    sample_sentences=data.tokenizer_sentences, seed=seed,
+                    max_sentence_bytes=data.tokenizer_max_sentence_bytes)
             finally:
                 if failures:
                     raise failures[0]
