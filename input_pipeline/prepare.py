@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import gc
 import hashlib
 import json
 import multiprocessing
@@ -48,6 +49,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import corpus, tokenizers
 from pretext_jax.input_pipeline.records import (
     SPEC_FILE,
+    ExampleBatch,
     RecordDirectory,
     temporary_path,
     write_shard,
@@ -59,7 +61,7 @@ LOADER_ONLY_FIELDS = ("cache_dir", "worker_count", "prepare_workers")
 SPLITS = ("train", "eval")
 
 Documents = list[list[list[int]]]
-ExampleBuilder = Callable[[Documents, Any, int], Iterable[dict[str, np.ndarray]]]
+ExampleBuilder = Callable[[Documents, Any, int], Iterable[dict[str, np.ndarray] | ExampleBatch]]
 
 
 class Markup(Protocol):
@@ -220,6 +222,25 @@ def load_tokenizer(data: DataConfig, spec: str | Path | None = None) -> Any:
 def prepare_shard(job: ShardJob) -> dict[str, Any]:
     """Reads, splits, tokenises and builds one shard; writes its record files, then its summary
     (the mark of a finished shard). Returns the summary."""
+    with _no_cycle_collection():
+        return _prepare_shard(job)
+
+
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Python's cycle collector paused: a shard's millions of short-lived lists and strings
+    (tokenised sentences) have no cycles, and its passes over them cost a fifth of the
+    tokenisation; reference counting still frees everything."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _prepare_shard(job: ShardJob) -> dict[str, Any]:
     tokenizer = load_tokenizer(job.data, job.tokenizer)
     documents = list(corpus.read_shard(job.shard, job.data))
     if job.split == "train":
@@ -247,12 +268,13 @@ def prepare_shard(job: ShardJob) -> dict[str, Any]:
     return summary
 
 
-def _counted(examples: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+def _counted(examples: Iterable[dict[str, np.ndarray] | ExampleBatch]
+             ) -> Iterator[dict[str, np.ndarray] | ExampleBatch]:
     pending = 0
     for example in examples:
         yield example
-        pending += 1
-        if pending == 256:
+        pending += len(example) if isinstance(example, ExampleBatch) else 1
+        if pending >= 256:
             _count("examples", pending)
             pending = 0
     _count("examples", pending)

@@ -56,7 +56,7 @@ def prepare_bert(
     """Corpus -> tokenizer -> NSP pairs (+ static masks with dupe_factor, or dynamic masking
     while loading) -> ArrayRecord, as create_pretraining_data.py does."""
     return prepare_masked_lm(data, examples, cache_dir, seed,
-                             bert_examples.create_training_examples, examples.dynamic_masking)
+                             bert_examples.bert_training_examples, examples.dynamic_masking)
 
 
 

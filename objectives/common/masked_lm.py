@@ -32,9 +32,10 @@ def prepare_masked_lm(
     across runs; it is kept in memory, so a huge held-out split is capped. `markup`: inline
     annotations the builder reads (`prepare.Markup`, ERNIE's spans)."""
 
-    build = functools.partial(build_with_vocab, create_examples, examples)
-    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed,
-                                              markup=markup)
+    build = functools.partial(bert_examples.build_with_vocab, create_examples, examples)
+    train, held_out, tokenizer = prepare_text(
+        data, build, examples, cache_dir, seed, markup=markup,
+        check_tokenizer=bert_examples.MaskingVocab.from_tokenizer)
     vocab = bert_examples.MaskingVocab.from_tokenizer(tokenizer)
     transforms = (bert_examples.DynamicMasking(vocab, examples),) if dynamic_masking else ()
     eval_examples = held_out_examples(held_out, transforms[0] if transforms else None, seed)
@@ -47,16 +48,6 @@ def prepare_masked_lm(
                 bert_examples.majority_baseline_accuracy(eval_examples)},
         tokenizer=tokenizer,
     )
-
-
-
-def build_with_vocab(create_examples: Callable[..., Iterable[dict[str, np.ndarray]]],
-                     examples: Any, documents: Any, tokenizer: Any, seed: int
-                     ) -> Iterable[dict[str, np.ndarray]]:
-    """A `prepare_text` builder (picklable as a `functools.partial` of this):
-    `create_examples(documents, masking vocab, examples, seed)`."""
-    return create_examples(documents, bert_examples.MaskingVocab.from_tokenizer(tokenizer),
-                           examples, seed)
 
 
 
