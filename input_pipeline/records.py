@@ -18,12 +18,13 @@ import errno
 import functools
 import hashlib
 import json
+import math
 import os
 import shutil
 import socket
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -88,16 +89,32 @@ class FeatureSpec:
             parts.append(value.tobytes())
         return b"".join(parts)
 
+    @functools.cached_property
+    def _layout(self) -> tuple[tuple[str, np.dtype, tuple[int, ...], int], ...]:
+        """(name, dtype, shape, elements) per feature; elements -1: the variable last one."""
+        return tuple((name, dtype, shape, -1 if shape[:1] == (VARIABLE,) else math.prod(shape))
+                     for (name, _, shape), dtype in zip(self.features, self.dtypes, strict=True))
+
     def decode(self, record: bytes) -> dict[str, np.ndarray]:
         out, offset = {}, 0
-        for name, dtype, shape in self.features:
-            dt = np.dtype(dtype)
-            if shape[:1] == (VARIABLE,):  # the last feature: the rest of the record
-                out[name] = np.frombuffer(record, dt, -1, offset).reshape(shape)
-                break
-            count = int(np.prod(shape, dtype=np.int64))
-            out[name] = np.frombuffer(record, dt, count, offset).reshape(shape)
-            offset += count * dt.itemsize
+        for name, dtype, shape, count in self._layout:  # a variable feature is the rest
+            out[name] = np.frombuffer(record, dtype, count, offset).reshape(shape)
+            offset += count * dtype.itemsize
+        return out
+
+    def decode_stacked(self, records: Sequence[bytes]) -> dict[str, np.ndarray]:
+        """Records decoded and stacked (a variable-length feature must have one length)."""
+        if any(count < 0 for *_, count in self._layout):
+            rows = [self.decode(record) for record in records]
+            return {name: np.stack([row[name] for row in rows]) for name in rows[0]}
+        width = sum(count * dtype.itemsize for _, dtype, _, count in self._layout)
+        table = np.frombuffer(b"".join(records), np.uint8).reshape(len(records), width)
+        out, offset = {}, 0
+        for name, dtype, shape, count in self._layout:
+            width = count * dtype.itemsize
+            out[name] = table[:, offset:offset + width].copy().view(dtype).reshape(
+                len(records), *shape)
+            offset += width
         return out
 
     def to_json(self) -> str:
@@ -106,6 +123,35 @@ class FeatureSpec:
     @classmethod
     def from_json(cls, text: str) -> FeatureSpec:
         return cls(tuple((n, d, tuple(s)) for n, d, s in json.loads(text)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExampleBatch:
+    """Examples as arrays with a leading example dimension, one record per row: what a builder
+    yields instead of single examples where it makes them in bulk (BERT's `bert_batches`), so
+    that they are encoded in one pass. Every row has the same fixed-shape features."""
+
+    features: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.features.values())))
+
+    def rows(self) -> Iterator[dict[str, np.ndarray]]:
+        """The examples one by one (views into the arrays)."""
+        for index in range(len(self)):
+            yield {name: value[index] for name, value in self.features.items()}
+
+    def encode(self, spec: FeatureSpec) -> list[bytes]:
+        """Each row as `spec.encode` would write it."""
+        count, columns = len(self), []
+        for (name, _, shape), dtype in zip(spec.features, spec.dtypes, strict=True):
+            value = np.ascontiguousarray(self.features[name], dtype)
+            if value.shape != (count, *shape):
+                raise ValueError(f"feature {name} has shape {value.shape[1:]}, spec says {shape}")
+            columns.append(value.reshape(count, -1).view(np.uint8))
+        table = np.concatenate(columns, axis=1)
+        width, data = table.shape[1], table.tobytes()
+        return [data[i * width:(i + 1) * width] for i in range(count)]
 
 
 def temporary_path(path: Path) -> Path:
@@ -130,21 +176,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def write_shard(examples: Iterable[dict[str, np.ndarray]], path: str | Path
+def write_shard(examples: Iterable[dict[str, np.ndarray] | ExampleBatch], path: str | Path
                 ) -> tuple[int, FeatureSpec | None]:
-    """Writes examples into one ArrayRecord file as they come, under a temporary name renamed at
-    the end (a half-written file is never read). Returns (count, spec); nothing is written for
-    no examples. A full disk or write error is a UserError naming the directory."""
+    """Writes examples (or `ExampleBatch`es of them) into one ArrayRecord file as they come,
+    under a temporary name renamed at the end (a half-written file is never read). Returns
+    (count, spec); nothing is written for no examples. A full disk or write error is a
+    UserError naming the directory."""
     path = Path(path)
     tmp = temporary_path(path)
     writer, spec, count = None, None, 0
     try:
         for example in examples:
+            batch = example if isinstance(example, ExampleBatch) else None
+            if batch is not None and not len(batch):
+                continue
             if writer is None:
-                spec = FeatureSpec.of(example)
+                spec = FeatureSpec.of(example if batch is None else next(batch.rows()))
                 writer = ArrayRecordWriter(str(tmp), SHARD_OPTIONS)
-            writer.write(spec.encode(example))
-            count += 1
+            for record in ([spec.encode(example)] if batch is None else batch.encode(spec)):
+                writer.write(record)
+            count += 1 if batch is None else len(batch)
         if writer is not None:
             writer.close()
             writer = None
@@ -260,8 +311,7 @@ class RecordDirectory:
 
     def examples(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
         """Decoded examples at `indices`, stacked (used for evaluation sets and tests)."""
-        rows = [self.spec.decode(self.source[int(i)]) for i in indices]
-        return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+        return self.spec.decode_stacked([self.source[int(i)] for i in indices])
 
 
 def _record_count(path: str) -> int:

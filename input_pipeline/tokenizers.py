@@ -12,13 +12,15 @@ documents by the causal LM; [SEP] where the vocabulary has no own one), `special
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 import json
 import re
 import shutil
 import sys
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -28,12 +30,19 @@ import sentencepiece as spm
 from pretext_jax.errors import UserError
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# What BERT's specials other than [UNK] are for: a vocab.txt may lack them (encoding does not
+# use them); a method that needs one is refused, naming it and this use.
+SPECIAL_USES = {"[PAD]": "to pad sequences", "[CLS]": "to start a sequence",
+                "[SEP]": "to end segments and documents", "[MASK]": "to mask tokens"}
 # A HF folder's tokenizer settings; `load_tokenizer` reads its `do_lower_case`.
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SENTENCEPIECE_FILE = "spiece.model"
 
 
 class Tokenizer(Protocol):
+    """A WordPiece vocabulary may lack [PAD], [CLS], [SEP] or [MASK]: reading that id is then
+    a UserError naming it (`WordPieceTokenizer.missing`)."""
+
     vocab_size: int
     pad_id: int
     unk_id: int
@@ -57,14 +66,6 @@ def _write_lowercase(directory: Path, lowercase: bool) -> None:
     (directory / TOKENIZER_CONFIG).write_text(json.dumps({"do_lower_case": lowercase}) + "\n")
 
 
-def _is_whitespace(char: str) -> bool:
-    return char in " \t\n\r" or unicodedata.category(char) == "Zs"
-
-
-def _is_control(char: str) -> bool:
-    return char not in "\t\n\r" and unicodedata.category(char) in ("Cc", "Cf")
-
-
 def _is_punctuation(char: str) -> bool:
     """ASCII non-alphanumeric symbols are punctuation too (tokenization.py `_is_punctuation`)."""
     cp = ord(char)
@@ -73,38 +74,143 @@ def _is_punctuation(char: str) -> bool:
     return unicodedata.category(char).startswith("P")
 
 
-def _is_cjk(cp: int) -> bool:
-    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
-            or 0x2A700 <= cp <= 0x2B73F or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF
-            or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
+# tokenization.py `_is_chinese_char`: the CJK Unified Ideographs blocks.
+_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+               (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
+@functools.cache
+def _categories() -> np.ndarray:
+    """The Unicode general category of every code point (the running Python's version), as
+    two ASCII bytes per row: [major, minor] (e.g. "P", "d")."""
+    names = "".join(map(unicodedata.category, map(chr, range(sys.maxunicode + 1))))
+    return np.frombuffer(names.encode("ascii"), np.uint8).reshape(-1, 2)
+
+
+def _is(major: str, minor: str = "") -> np.ndarray:
+    """A flag per code point: its category starts with `major` (and then `minor`)."""
+    categories = _categories()
+    flags = categories[:, 0] == ord(major)
+    return flags & (categories[:, 1] == ord(minor)) if minor else flags
+
+
+def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
+    """The inclusive (first, last) code point ranges where `flags` (one per code point) holds."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], flags.astype(np.int8), [0]])))
+    return list(zip(edges[::2].tolist(), (edges[1::2] - 1).tolist(), strict=True))
+
+
+def _class_body(ranges: Iterable[tuple[int, int]]) -> str:
+    """A regex character class body (no brackets) of inclusive code point ranges."""
+    return "".join(f"\\U{a:08x}-\\U{b:08x}" if b > a else f"\\U{a:08x}" for a, b in ranges)
+
+
+@dataclasses.dataclass(frozen=True)
+class _BasicTokenizerTables:
+    """tokenization.py `BasicTokenizer`'s character classes, as regexes and `str.translate`
+    tables built once from `unicodedata` (the running Python's Unicode version)."""
+
+    dropped: re.Pattern
+    """`_clean_text`'s removals in the BMP: NUL, U+FFFD and `_is_control`'s characters: every
+    category "C*" (control, format, surrogate, private use, unassigned) but tab, newline and
+    carriage return (spaces)."""
+    dropped_astral: re.Pattern
+    """The same above U+FFFF (apart: `re` matches a BMP-only class by table, others by range)."""
+    cjk: re.Pattern
+    """`_tokenize_chinese_chars`' code points (`_is_chinese_char`), spaced out."""
+    split: dict[int, str]
+    """`_run_split_on_punc`: each punctuation character becomes a word of its own."""
+    split_lower: dict[int, str | None]
+    """`split`, and combining marks (Mn) removed (`_run_strip_accents`, after NFD)."""
+    ascii_words: re.Pattern
+    """All of `BasicTokenizer.tokenize` for printable ASCII text: letter and digit runs, and
+    single punctuation characters."""
+    ascii_words_lower: re.Pattern
+    """`ascii_words` for lowercased text."""
+
+    @classmethod
+    @functools.cache
+    def build(cls) -> _BasicTokenizerTables:
+        dropped = _is("C")
+        dropped[[9, 10, 13]] = False
+        dropped[0xFFFD] = True
+        punctuation = _is("P")
+        punctuation[:128] = [_is_punctuation(chr(cp)) for cp in range(128)]
+        split = {cp: f" {chr(cp)} " for cp in np.flatnonzero(punctuation).tolist()}
+        marks = dict.fromkeys(np.flatnonzero(_is("M", "n")).tolist())
+        ascii_punctuation = "".join(re.escape(chr(cp)) for cp in split if cp < 128)
+        runs = _runs(dropped)
+        bmp = [(first, min(last, 0xFFFF)) for first, last in runs if first <= 0xFFFF]
+        astral = [(max(first, 0x10000), last) for first, last in runs if last > 0xFFFF]
+        return cls(re.compile(f"[{_class_body(bmp)}]"), re.compile(f"[{_class_body(astral)}]"),
+                   re.compile(f"[{_class_body(_CJK_RANGES)}]"), split, split | marks,
+                   re.compile(f"[A-Za-z0-9]+|[{ascii_punctuation}]"),
+                   re.compile(f"[a-z0-9]+|[{ascii_punctuation}]"))
 
 
 class WordPieceTokenizer:
     """BERT's tokenizer (google-research/bert tokenization.py `FullTokenizer`): basic
     tokenisation (clean text, CJK split, optional lowercasing + accent stripping, punctuation
-    split), then greedy longest-match-first WordPiece with `##` continuations."""
+    split), then greedy longest-match-first WordPiece with `##` continuations.
+
+    The basic tokenisation runs on whole strings (`_BasicTokenizerTables`: regexes,
+    `str.translate`, `str.lower`, NFD) instead of character by character; its words are the
+    reference's for every code point (tests/test_tokenizers.py checks them all), since the
+    reference's per-word steps never cross the whitespace between words. Words map to ids
+    through a bounded cache."""
 
     max_input_chars_per_word = 100
+    cached_words = 1 << 18
+    """Distinct words whose ids are kept; the cache starts again when full."""
 
-    def __init__(self, vocab: list[str], lowercase: bool):
+    def __init__(self, vocab: list[str], lowercase: bool, source: str = "the vocabulary"):
         self.tokens = vocab
         self.vocab = {token: i for i, token in enumerate(vocab)}
         self.lowercase = lowercase
+        self.source = source
         self.vocab_size = len(vocab)
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-            self.vocab[t] for t in SPECIALS)
-        self.eos_id = self.sep_id
-        self.special_ids = frozenset((self.pad_id, self.cls_id, self.sep_id, self.mask_id))
+        self.unk_id = self.vocab["[UNK]"]
+        self.missing = tuple(token for token in SPECIAL_USES if token not in self.vocab)
+        self.special_ids = frozenset(self.vocab[t] for t in SPECIAL_USES if t in self.vocab)
         self.continuation = np.array([t.startswith("##") for t in vocab], bool)
-        self._cache: dict[str, list[int]] = {}
+        self._cache = _WordPieces(self)
+
+    def _special(self, token: str) -> int:
+        if token not in self.vocab:
+            raise UserError(f"{self.source} lacks {', '.join(self.missing)}; this method needs "
+                            f"{token} ({SPECIAL_USES[token]}): add it to the vocabulary (e.g. in "
+                            "place of an [unused] line) or choose a method that does without")
+        return self.vocab[token]
+
+    @property
+    def pad_id(self) -> int:
+        return self._special("[PAD]")
+
+    @property
+    def cls_id(self) -> int:
+        return self._special("[CLS]")
+
+    @property
+    def sep_id(self) -> int:
+        return self._special("[SEP]")
+
+    @property
+    def eos_id(self) -> int:
+        """The end of a document for the causal LM: [SEP]."""
+        return self._special("[SEP]")
+
+    @property
+    def mask_id(self) -> int:
+        return self._special("[MASK]")
 
     @classmethod
     def from_vocab_file(cls, path: str | Path, lowercase: bool | None = None
                         ) -> WordPieceTokenizer:
-        """Loads a `vocab.txt` (one token per line, id = line number). `lowercase=None` infers
-        an uncased vocabulary when no token other than the bracketed specials has an ASCII
-        uppercase letter (bert-base-uncased's holds `ℝ`, so any uppercase would read it as
-        cased)."""
+        """Loads a `vocab.txt` (one token per line, id = line number). Only [UNK] is required,
+        as in tokenization.py; [PAD], [CLS], [SEP] and [MASK] are refused where a method asks
+        for them (`SPECIAL_USES`). `lowercase=None` infers an uncased vocabulary when no token
+        other than the bracketed specials has an ASCII uppercase letter (bert-base-uncased's
+        holds `ℝ`, so any uppercase would read it as cased)."""
         path = Path(path)
         if not path.is_file():
             raise UserError(f"vocab file {path} not found; pass a BERT vocab.txt or a "
@@ -117,50 +223,33 @@ class WordPieceTokenizer:
         vocab = [line.rstrip("\n") for line in vocab]
         while vocab and not vocab[-1].strip():
             vocab.pop()
-        missing = [s for s in SPECIALS if s not in vocab]
-        if missing:
-            raise UserError(f"vocab file {path} lacks {', '.join(missing)}; pass a BERT "
-                            "WordPiece vocab.txt (it has [PAD] [UNK] [CLS] [SEP] [MASK])")
+        if "[UNK]" not in vocab:  # WordPiece's id for a word it cannot spell
+            raise UserError(f"vocab file {path} lacks [UNK]; pass a BERT WordPiece vocab.txt "
+                            "(it has [PAD] [UNK] [CLS] [SEP] [MASK])")
         if lowercase is None:  # ASCII only: uncased vocabularies keep symbols such as ℝ
             lowercase = not any("A" <= c <= "Z" for t in vocab
                                 if not (t.startswith("[") and t.endswith("]")) for c in t)
-        return cls(vocab, lowercase)
+        return cls(vocab, lowercase, f"vocab file {path}")
 
     def _basic_tokens(self, text: str) -> list[str]:
-        chars = []
-        for char in text:
-            cp = ord(char)
-            if cp == 0 or cp == 0xFFFD or _is_control(char):
-                continue
-            if _is_whitespace(char):
-                chars.append(" ")
-            elif _is_cjk(cp):
-                chars.append(f" {char} ")
-            else:
-                chars.append(char)
-        words = []
-        for word in "".join(chars).split():
+        """tokenization.py `BasicTokenizer.tokenize`."""
+        tables = _BasicTokenizerTables.build()
+        if text.isascii() and text.isprintable():
             if self.lowercase:
-                word = "".join(c for c in unicodedata.normalize("NFD", word.lower())
-                               if unicodedata.category(c) != "Mn")
-            current = ""
-            for char in word:
-                if _is_punctuation(char):
-                    if current:
-                        words.append(current)
-                    words.append(char)
-                    current = ""
-                else:
-                    current += char
-            if current:
-                words.append(current)
-        return words
+                return tables.ascii_words_lower.findall(text.lower())
+            return tables.ascii_words.findall(text)
+        text = tables.dropped.sub("", text)
+        if max(text, default="") > "\uffff":
+            text = tables.dropped_astral.sub("", text)
+        text = tables.cjk.sub(r" \g<0> ", text)
+        if not self.lowercase:
+            return text.translate(tables.split).split()
+        return unicodedata.normalize("NFD", text.lower()).translate(tables.split_lower).split()
 
-    def _word_pieces(self, word: str) -> list[int]:
-        if word in self._cache:
-            return self._cache[word]
+    def _word_pieces(self, word: str) -> tuple[int, ...]:
+        """tokenization.py `WordpieceTokenizer.tokenize` of one word."""
         if len(word) > self.max_input_chars_per_word:
-            return [self.unk_id]
+            return (self.unk_id,)
         pieces, start = [], 0
         while start < len(word):
             end = len(word)
@@ -171,14 +260,15 @@ class WordPieceTokenizer:
                     break
                 end -= 1
             else:
-                pieces = [self.unk_id]
-                break
+                return (self.unk_id,)
             start = end
-        self._cache[word] = pieces
-        return pieces
+        return tuple(pieces)
 
     def encode(self, text: str) -> list[int]:
-        return [i for word in self._basic_tokens(text) for i in self._word_pieces(word)]
+        if len(self._cache) > self.cached_words:
+            self._cache.clear()
+        return list(itertools.chain.from_iterable(map(self._cache.__getitem__,
+                                                      self._basic_tokens(text))))
 
     def id_to_token(self, index: int) -> str:
         return self.tokens[index]
@@ -192,6 +282,18 @@ class WordPieceTokenizer:
         (directory / "vocab.txt").write_text("".join(t + "\n" for t in self.tokens),
                                              encoding="utf-8")
         _write_lowercase(directory, self.lowercase)
+
+
+class _WordPieces(dict):
+    """word -> its WordPiece ids, computed on first use."""
+
+    def __init__(self, tokenizer: WordPieceTokenizer):
+        super().__init__()
+        self.tokenizer = tokenizer
+
+    def __missing__(self, word: str) -> tuple[int, ...]:
+        pieces = self[word] = self.tokenizer._word_pieces(word)
+        return pieces
 
 
 class SentencePieceTokenizer:
@@ -223,25 +325,29 @@ class SentencePieceTokenizer:
     @classmethod
     def train(cls, sentences: Iterable[str], model_prefix: str | Path, vocab_size: int,
               model_type: str = "unigram", sample_sentences: int = 0, seed: int = 0,
-              ) -> SentencePieceTokenizer:
+              max_sentence_bytes: int | None = None) -> SentencePieceTokenizer:
         """Trains on an iterator of sentences; writes `<model_prefix>.model` and loads it.
         `sample_sentences` > 0 keeps a uniform random sample of that many sentences
         (sentencepiece's `input_sentence_size` reservoir, seeded by `seed`), so memory does not
-        grow with the corpus. Deterministic for the same input (single-threaded)."""
+        grow with the corpus. Sentences longer than `max_sentence_bytes` UTF-8 bytes (None:
+        sentencepiece's default) are skipped by sentencepiece; a failure names that, or text
+        without visible characters, where it is the cause. Deterministic for the same input
+        (single-threaded)."""
         prefix = str(model_prefix)
+        text = _TrainingText(sentences, max_sentence_bytes or SENTENCEPIECE_MAX_SENTENCE_BYTES)
         spm.set_random_generator_seed(seed)
         try:
             spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
+                sentence_iterator=iter(text), model_prefix=prefix, vocab_size=vocab_size,
                 model_type=model_type, pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
                 pad_piece="[PAD]", unk_piece="[UNK]",
                 control_symbols=["[CLS]", "[SEP]", "[MASK]"], character_coverage=0.9995,
                 num_threads=1, shuffle_input_sentence=sample_sentences > 0,
                 input_sentence_size=sample_sentences, minloglevel=2, hard_vocab_limit=True,
+                max_sentence_length=text.limit,
             )
         except RuntimeError as e:
-            raise UserError(f"sentencepiece training failed ({str(e).splitlines()[0]}); lower "
-                            "data.vocab_size or give more text") from None
+            raise UserError(text.failure(str(e).splitlines()[0])) from None
         return cls(prefix + ".model")
 
     def encode(self, text: str) -> list[int]:
@@ -256,6 +362,51 @@ class SentencePieceTokenizer:
     def save(self, directory: Path) -> None:
         """The model file as `spiece.model` (the name of HF's sentencepiece folders)."""
         shutil.copyfile(self.model_file, directory / SENTENCEPIECE_FILE)
+
+
+# sentencepiece's `max_sentence_length`: longer training sentences are skipped without a word.
+SENTENCEPIECE_MAX_SENTENCE_BYTES = 4192
+
+
+class _TrainingText:
+    """The sentences handed to sentencepiece's trainer, counted on the way: lines with visible
+    text (a character that is neither a space nor of category C, the characters BERT's
+    `_clean_text` drops), and how many of those are longer than `limit` bytes (which
+    sentencepiece skips), for a failure's message."""
+
+    def __init__(self, sentences: Iterable[str], limit: int):
+        self.sentences, self.limit = sentences, limit
+        self.lines = self.visible = self.too_long = self.longest = 0
+        tables = _BasicTokenizerTables.build()
+        self._visible = re.compile(f"[^\\s{tables.dropped.pattern[1:-1]}]")
+
+    def __iter__(self) -> Iterator[str]:
+        for sentence in self.sentences:
+            self.lines += 1
+            if self._visible.search(sentence):
+                self.visible += 1
+                size = len(sentence) if sentence.isascii() else len(sentence.encode("utf-8"))
+                if size > self.limit:
+                    self.too_long += 1
+                    self.longest = max(self.longest, size)
+            yield sentence
+
+    def failure(self, error: str) -> str:
+        """A one-line message for sentencepiece's `error`, naming the cause it can tell."""
+        if not self.visible:
+            return (f"the tokenizer cannot be trained: the corpus has no usable text (its "
+                    f"{self.lines:,} lines hold only spaces and control characters such as NUL "
+                    "bytes); give a text file")
+        if self.too_long == self.visible:
+            return (f"the tokenizer cannot be trained: every line with text is longer than "
+                    f"{self.limit:,} bytes (the longest has {self.longest:,}), and sentencepiece "
+                    "skips such lines; put one sentence or paragraph per line, or raise the limit "
+                    f"with data.tokenizer_max_sentence_bytes={self.longest}")
+        skipped = (f"; {self.too_long:,} of {self.visible:,} lines were longer than "
+                   f"{self.limit:,} bytes and skipped (data.tokenizer_max_sentence_bytes raises "
+                   "that)" if self.too_long else "")
+        return (f"sentencepiece training failed ({error}); lower data.vocab_size or give more "
+                f"text{skipped}")
 
 
 # The specials of a released XLNet `spiece.model` in SPECIALS' order (zihangdai/xlnet
@@ -320,21 +471,6 @@ def bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def _category_class(major: str) -> str:
-    """A regex character class body of every code point whose Unicode general category starts
-    with `major` (`L` = \\p{L}, `N` = \\p{N}), as ranges."""
-    ranges, start = [], None
-    for cp in range(sys.maxunicode + 2):
-        inside = cp <= sys.maxunicode and unicodedata.category(chr(cp)).startswith(major)
-        if inside and start is None:
-            start = cp
-        elif not inside and start is not None:
-            ranges.append(f"\\U{start:08x}-\\U{cp - 1:08x}" if cp - 1 > start
-                          else f"\\U{start:08x}")
-            start = None
-    return "".join(ranges)
-
-
 # `\s` of the `regex` module (Unicode White_Space): Python's `\s` minus U+001C-U+001F.
 _WHITESPACE = ("\\t\\n\\x0b\\x0c\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f"
                "\\u205f\\u3000")
@@ -347,7 +483,8 @@ def gpt2_pretokenizer() -> re.Pattern:
     written for the standard library's `re` (the `regex` package is not a dependency of
     pretext): the Unicode classes are spelled out from `unicodedata` (Python's Unicode
     version)."""
-    letters, numbers, space = _category_class("L"), _category_class("N"), _WHITESPACE
+    letters, numbers = (_class_body(_runs(_is(major))) for major in "LN")
+    space = _WHITESPACE
     return re.compile(
         rf"'s|'t|'re|'ve|'m|'ll|'d| ?[{letters}]+| ?[{numbers}]+| ?[^{space}{letters}{numbers}]+"
         rf"|[{space}]+(?![^{space}])|[{space}]+")

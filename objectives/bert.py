@@ -57,7 +57,7 @@ def prepare_bert(
     while loading) -> ArrayRecord, as create_pretraining_data.py does (and again at the long
     phase's length with `examples.long_phase_fraction`: `masked_lm.prepare_masked_lm`)."""
     return prepare_masked_lm(data, examples, cache_dir, seed,
-                             bert_examples.create_training_examples, examples.dynamic_masking)
+                             bert_examples.bert_training_examples, examples.dynamic_masking)
 
 
 # Devlin et al. 2019 §A.2: 1M steps of 256 sequences, lr 1e-4, 10k warmup; 90 % of the steps

@@ -21,13 +21,13 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.examples import xlnet as xlnet_examples
-from pretext_jax.input_pipeline.examples.bert import MaskingVocab
+from pretext_jax.input_pipeline.examples.bert import MaskingVocab, build_with_vocab
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.xlnet import XLNet, XLNetConfig
 from pretext_jax.objectives.common.classifier_recipes import ClassifierSettings, claims_encoders
 from pretext_jax.objectives.common.held_out import MAX_EVAL_EXAMPLES, mask_records
 from pretext_jax.objectives.common.losses import weighted_cross_entropy
-from pretext_jax.objectives.common.masked_lm import build_with_vocab, unigram_baselines
+from pretext_jax.objectives.common.masked_lm import unigram_baselines
 from pretext_jax.objectives.common.preset_parts import NO_DROPOUT, TINY_TEXT_OPTIM, TINY_TEXT_TRAIN
 from pretext_jax.objectives.registry import (
     Batch,

@@ -123,14 +123,21 @@ def save(tokenizer: Tokenizer, directory: Path, model_type: str, vocab_size: int
 
 def _special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
     """The HF special-token roles, as pretext's tokenizer has them; GPT-2's vocabulary has one
-    end-of-text token, which is its bos, eos, unk (as in HF GPT-2) and pad (as in pretext)."""
-    ids = {"pad_token": tokenizer.pad_id, "unk_token": tokenizer.unk_id,
-           "cls_token": tokenizer.cls_id, "sep_token": tokenizer.sep_id,
-           "mask_token": tokenizer.mask_id, "bos_token": tokenizer.cls_id,
-           "eos_token": tokenizer.eos_id}
+    end-of-text token, which is its bos, eos, unk (as in HF GPT-2) and pad (as in pretext). A
+    role whose token a WordPiece vocabulary lacks is left out."""
+    roles = {"pad_token": "pad_id", "unk_token": "unk_id", "cls_token": "cls_id",
+             "sep_token": "sep_id", "mask_token": "mask_id", "bos_token": "cls_id",
+             "eos_token": "eos_id"}
     if isinstance(tokenizer, ByteLevelBPETokenizer) and GPT2_EOT in tokenizer.vocab:
-        ids = {role: ids[role] for role in ("bos_token", "eos_token", "unk_token", "pad_token")}
-    return {role: tokenizer.id_to_token(index) for role, index in ids.items()}
+        roles = {role: roles[role] for role in ("bos_token", "eos_token", "unk_token",
+                                                "pad_token")}
+    specials = {}
+    for role, attribute in roles.items():
+        try:
+            specials[role] = tokenizer.id_to_token(getattr(tokenizer, attribute))
+        except UserError:  # WordPieceTokenizer.missing
+            continue
+    return specials
 
 
 def _class_name(tokenizer: Tokenizer, model_type: str) -> str:

@@ -36,7 +36,6 @@ from pretext_jax.input_pipeline.prepare import (
     split_held_out,
     tokenize_documents,
 )
-from pretext_jax.objectives.common.masked_lm import build_with_vocab
 from pretext_jax.objectives.gpt import build_blocks
 from pretext_jax.objectives.seq2seq import build_raw_pieces
 
@@ -71,7 +70,7 @@ def write_corpus(path: Path, documents: int, seed: int, *, wikitext: bool = Fals
 def bert_builder(dupe_factor: int = 2) -> tuple[functools.partial, bert_examples.BertExampleConfig]:
     config = bert_examples.BertExampleConfig(max_seq_length=64, max_predictions_per_seq=10,
                                              dupe_factor=dupe_factor)
-    return functools.partial(build_with_vocab, bert_examples.create_training_examples,
+    return functools.partial(bert_examples.build_with_vocab, bert_examples.bert_training_examples,
                              config), config
 
 
@@ -190,7 +189,7 @@ def test_killed_preparation_restarts_to_the_same_records(tmp_path):
                                          "data.input_shard_mb": 0.01,
                                          "examples.dupe_factor": 2})
     uninterrupted = prepare_text(settings.data, functools.partial(
-        build_with_vocab, bert_examples.create_training_examples, settings.examples),
+        bert_examples.build_with_vocab, bert_examples.bert_training_examples, settings.examples),
         settings.examples, tmp_path / "reference", settings.train.seed)
     assert all_records(train) == all_records(uninterrupted[0])
     assert all_records(held) == all_records(uninterrupted[1])
@@ -294,7 +293,8 @@ def _masked_lm_stats(rows: dict[str, np.ndarray]) -> dict[str, float]:
 
 
 def _stack(examples) -> dict[str, np.ndarray]:
-    rows = list(examples)
+    rows = [row for example in examples for row in (
+        example.rows() if isinstance(example, records.ExampleBatch) else [example])]
     return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
 
@@ -307,7 +307,7 @@ def _length_stats(key: str):
 
 
 METHODS = {
-    "bert": (bert_examples.create_training_examples,
+    "bert": (bert_examples.bert_training_examples,
              bert_examples.BertExampleConfig(max_seq_length=128, dupe_factor=1,
                                              short_seq_prob=0.0),
              _masked_lm_stats),
@@ -365,7 +365,7 @@ def test_streaming_builders_keep_the_in_memory_statistics(wikitext_articles, tmp
         build, stats = functools.partial(build_raw_pieces, config), _length_stats("tokens")
     else:
         create, config, stats = METHODS[method]
-        build = functools.partial(build_with_vocab, create, config)
+        build = functools.partial(bert_examples.build_with_vocab, create, config)
     documents = tokenize_documents(sources.read_documents(str(path)), tokenizer)
     seeds = [stats(_stack(build(documents, tokenizer, seed))) for seed in range(4)]
     data = DataConfig(source=str(path), tokenizer=VOCAB, input_shard_mb=0.25,

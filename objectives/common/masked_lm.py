@@ -35,15 +35,17 @@ def prepare_masked_lm(
     the long phase's length (`examples.long_phase()`), and they feed the run's last steps
     (`phases`); held-out evaluation stays at the first phase's length."""
 
-    build = functools.partial(build_with_vocab, create_examples, examples)
-    train, held_out, tokenizer = prepare_text(data, build, examples, cache_dir, seed,
-                                              markup=markup)
+    build = functools.partial(bert_examples.build_with_vocab, create_examples, examples)
+    train, held_out, tokenizer = prepare_text(
+        data, build, examples, cache_dir, seed, markup=markup,
+        check_tokenizer=bert_examples.MaskingVocab.from_tokenizer)
     vocab = bert_examples.MaskingVocab.from_tokenizer(tokenizer)
     transforms = (bert_examples.DynamicMasking(vocab, examples),) if dynamic_masking else ()
     eval_examples = held_out_examples(held_out, transforms[0] if transforms else None, seed)
     segments = None
     if getattr(examples, "long_phase_fraction", 0.0):
-        long_build = functools.partial(build_with_vocab, create_examples, examples.long_phase())
+        long_build = functools.partial(bert_examples.build_with_vocab, create_examples,
+                                       examples.long_phase())
         long_train, _, _ = prepare_text(data, long_build, examples.long_phase(), cache_dir, seed,
                                         markup=markup)
         segments = phases(train, long_train, examples.long_phase_fraction)
@@ -77,16 +79,6 @@ def phases(short: Any, long: Any, fraction: float) -> Segments:
         return Segment(first_step=first_long, last_step=None, records=lambda model: long)
 
     return segment
-
-
-
-def build_with_vocab(create_examples: Callable[..., Iterable[dict[str, np.ndarray]]],
-                     examples: Any, documents: Any, tokenizer: Any, seed: int
-                     ) -> Iterable[dict[str, np.ndarray]]:
-    """A `prepare_text` builder (picklable as a `functools.partial` of this):
-    `create_examples(documents, masking vocab, examples, seed)`."""
-    return create_examples(documents, bert_examples.MaskingVocab.from_tokenizer(tokenizer),
-                           examples, seed)
 
 
 
