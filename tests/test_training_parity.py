@@ -125,14 +125,16 @@ def run_ours(trainer: Trainer, batches: list[dict[str, np.ndarray]],
 def family_run(preset: str, overrides: list[str], workdir: Path,
                make_batches: Callable[[Config], list[dict[str, np.ndarray]]],
                export: Callable[[nnx.Module], dict[str, np.ndarray]] = hf_state,
-               exported_part: Callable[[nnx.Module], nnx.Module] = lambda model: model
+               exported_part: Callable[[nnx.Module], nnx.Module] | None = lambda model: model
                ) -> dict[str, Any]:
     """Our run of `preset` + `overrides` on `make_batches(config)`, with the initial weights
-    (of `exported_part(model)`) saved as a HF checkpoint in `workdir/hf` for the reference."""
+    (of `exported_part(model)`; None: no HF class, the reference reads `initial`) saved as a
+    HF checkpoint in `workdir/hf` for the reference."""
     trainer = make_trainer(preset, overrides, workdir)
     batches = make_batches(trainer.config)
     initial, ours = run_ours(trainer, batches, export)
-    hf.save(exported_part(initial), workdir / "hf")
+    if exported_part is not None:
+        hf.save(exported_part(initial), workdir / "hf")
     return {"ours": ours, "batches": batches, "hf": workdir / "hf", "config": trainer.config,
             "trainer": trainer, "initial": initial}
 
@@ -156,6 +158,21 @@ def padded(batch: dict[str, np.ndarray], lengths: dict[int, int]) -> dict[str, n
         for key in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights"):
             batch[key][row, cut] = 0
     return batch
+
+
+def masked_lm_batches(config: Config, finish: Callable[[dict[str, np.ndarray],
+                                                         np.random.Generator], None]
+                      ) -> list[dict[str, np.ndarray]]:
+    """STEPS of bench/throughput.py's masked-LM batches for a method it has no synthetic batch
+    for (one rng, seed 0), two rows padded (`padded`), each changed in place by
+    `finish(batch, rng)`."""
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(STEPS):
+        batch = padded(masked_lm_batch(config, config.train.batch_size, rng), {1: 15, 5: 9})
+        finish(batch, rng)
+        batches.append(batch)
+    return batches
 
 
 # ------------------------------------------------------------------------- torch references
@@ -195,8 +212,12 @@ class AdamWeightDecayReference:
     """AdamWeightDecayOptimizer of google-research/bert (and electra) optimization.py:
     m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, update = m / (sqrt(v) + eps), plus
     weight_decay * w unless the variable name matches LayerNorm / layer_norm / bias,
-    w -= lr * update; gradients clipped to global norm 1.0 first. `clip_norm` 0,
-    `bias_correction` and `decay_everything` are the negative controls' departures."""
+    w -= lr * update; gradients clipped to global norm 1.0 first. `layer_adaptation`: the
+    LAMBOptimizer of google-research/albert lamb_optimizer.py, the same update times the trust
+    ratio ||w|| / ||update|| (1 if either is 0) on the variables the decay takes (its
+    exclude_from_layer_adaptation defaults to exclude_from_weight_decay). `clip_norm` 0,
+    `bias_correction`, `decay_everything` and `adapt_everything` are the negative controls'
+    departures."""
 
     weight_decay: float
     b1: float = 0.9
@@ -205,10 +226,18 @@ class AdamWeightDecayReference:
     clip_norm: float = 1.0
     bias_correction: bool = False
     decay_everything: bool = False
+    layer_adaptation: bool = False
+    adapt_everything: bool = False
+
+    @staticmethod
+    def excluded(name: str) -> bool:
+        return any(word in name for word in ("LayerNorm", "layer_norm", "bias"))
 
     def decays(self, name: str) -> bool:
-        excluded = ("LayerNorm", "layer_norm", "bias")
-        return self.decay_everything or not any(word in name for word in excluded)
+        return self.decay_everything or not self.excluded(name)
+
+    def adapts(self, name: str) -> bool:
+        return self.layer_adaptation and (self.adapt_everything or not self.excluded(name))
 
     def run(self, named: list[tuple[str, Any]], loss_fn: Callable[[int], Any],
             learning_rate: Callable[[int], float], steps: int) -> list[float]:
@@ -234,6 +263,10 @@ class AdamWeightDecayReference:
                         update = m_i / (torch.sqrt(v_i) + self.eps)
                     if self.weight_decay and self.decays(name):
                         update = update + self.weight_decay * p
+                    if self.adapts(name):
+                        w_norm, u_norm = torch.linalg.norm(p), torch.linalg.norm(update)
+                        if w_norm > 0 and u_norm > 0:
+                            update = update * (w_norm / u_norm)
                     p.sub_(lr * update)
         return losses
 
@@ -301,10 +334,12 @@ def bert_run(tmp_path_factory) -> dict[str, Any]:
 
 
 def bert_reference(run: dict[str, Any], optimizer: AdamWeightDecayReference,
-                   learning_rate: Callable[[int], float]) -> dict[str, np.ndarray]:
-    """BertForPreTraining trained by run_pretraining.py's loss: MLM sum(w nll) / (sum(w) +
-    1e-5) over the gathered positions plus the mean NSP loss."""
-    model = tf_embeddings(transformers.BertForPreTraining.from_pretrained(run["hf"]).eval())
+                   learning_rate: Callable[[int], float], architecture: str = "BertForPreTraining",
+                   pair_logits: str = "seq_relationship_logits") -> dict[str, np.ndarray]:
+    """BertForPreTraining (or `architecture`, whose sentence-pair head gives `pair_logits`)
+    trained by run_pretraining.py's loss: MLM sum(w nll) / (sum(w) + 1e-5) over the gathered
+    positions plus the mean NSP (ALBERT: SOP) loss."""
+    model = tf_embeddings(getattr(transformers, architecture).from_pretrained(run["hf"]).eval())
     batches = run["batches"]
 
     def loss_fn(step: int) -> Any:
@@ -315,7 +350,7 @@ def bert_reference(run: dict[str, Any], optimizer: AdamWeightDecayReference,
         weights = torch.tensor(b["masked_lm_weights"])
         nll = log_softmax_nll(logits, long(b["masked_lm_ids"]))
         mlm = torch.sum(weights * nll) / (torch.sum(weights) + 1e-5)
-        nsp = torch.mean(log_softmax_nll(out.seq_relationship_logits,
+        nsp = torch.mean(log_softmax_nll(getattr(out, pair_logits),
                                          long(b["next_sentence_labels"]).reshape(-1)))
         return mlm + nsp
 
@@ -324,9 +359,9 @@ def bert_reference(run: dict[str, Any], optimizer: AdamWeightDecayReference,
                                 if k in run["ours"]})
 
 
-def adam_weight_decay(config: Config) -> AdamWeightDecayReference:
+def adam_weight_decay(config: Config, **changes: Any) -> AdamWeightDecayReference:
     return AdamWeightDecayReference(config.optim.weight_decay, config.optim.b1, config.optim.b2,
-                                    config.optim.eps, config.optim.clip_norm)
+                                    config.optim.eps, config.optim.clip_norm, **changes)
 
 
 def bert_schedule(config: Config, offset: int = 0) -> Callable[[int], float]:
@@ -569,18 +604,15 @@ ROBERTA = [o for o in MASKED_LM if not o.startswith(("optim.bias_correction", "o
 
 
 def roberta_batches(config: Config) -> list[dict[str, np.ndarray]]:
-    """bench/throughput.py's masked-LM rows (one segment type), two of them padded. BERT's
-    masking may draw the padding id as a random token; fairseq's never draws a special token,
-    and both RoBERTas treat that id as padding (positions, zero gradient in fairseq), so such
-    draws become another word here."""
-    rng = np.random.default_rng(0)
-    batches = []
-    for _ in range(STEPS):
-        batch = padded(masked_lm_batch(config, config.train.batch_size, rng), {1: 15, 5: 9})
+    """`masked_lm_batches` (one segment type). BERT's masking may draw the padding id as a
+    random token; fairseq's never draws a special token, and both RoBERTas treat that id as
+    padding (positions, zero gradient in fairseq), so such draws become another word here."""
+
+    def no_stray_padding(batch: dict[str, np.ndarray], _: np.random.Generator) -> None:
         stray = (batch["input_ids"] == 0) & (batch["input_mask"] > 0)
         batch["input_ids"][stray] = 5
-        batches.append(batch)
-    return batches
+
+    return masked_lm_batches(config, no_stray_padding)
 
 
 @pytest.fixture(scope="module")
@@ -1068,4 +1100,265 @@ def test_simclr_negative_controls(simclr_run, control):
                                      batch_norm_groups=8)
     difference = max_relative_difference(simclr_run["ours"], reference)
     print(f"simclr {control}: {difference:.2e}")
+    assert difference > CONTROL_MINIMUM
+
+
+# ------------------------------------------------------------------------------------- ALBERT
+# The masked-LM sizes with E = 16 < H = 32, the shared layer applied twice, LAMB as albert's
+# optimization.py `create_optimizer` builds it (BERT's schedule, clip 1.0, weight decay 0.1
+# instead of 0.01 for the same reason as BERT's).
+ALBERT = [*MASKED_LM, "model.embedding_size=16", "optim.optimizer=lamb", "optim.schedule=linear"]
+
+
+def albert_batches(config: Config) -> list[dict[str, np.ndarray]]:
+    """`masked_lm_batches` with a random sentence-order label per row."""
+
+    def sentence_order(batch: dict[str, np.ndarray], rng: np.random.Generator) -> None:
+        batch["next_sentence_labels"] = rng.integers(0, 2, len(batch["input_ids"])).astype(
+            np.int32)
+
+    return masked_lm_batches(config, sentence_order)
+
+
+@pytest.fixture(scope="module")
+def albert_run(tmp_path_factory) -> dict[str, Any]:
+    return family_run("albert_tiny", ALBERT, tmp_path_factory.mktemp("albert"), albert_batches)
+
+
+def albert_reference(run: dict[str, Any], **changes: Any) -> dict[str, np.ndarray]:
+    """AlbertForPreTraining on run_pretraining.py's MLM + mean SOP loss, trained by albert's
+    LAMBOptimizer (`AdamWeightDecayReference` with `layer_adaptation`) with `changes`."""
+    config = run["config"]
+    return bert_reference(run, adam_weight_decay(config, layer_adaptation=True, **changes),
+                          bert_schedule(config), "AlbertForPreTraining", "sop_logits")
+
+
+def test_albert_trains_as_google_research_albert_lamb(albert_run):
+    difference = max_relative_difference(albert_run["ours"], albert_reference(albert_run))
+    print(f"albert: {difference:.2e}")
+    assert difference <= TOLERANCE
+
+
+@pytest.mark.parametrize("control", ["adapt_layer_norm_and_bias", "bias_correction"])
+def test_albert_negative_controls(albert_run, control):
+    """The trust ratio on LayerNorm and biases too (optax.lamb's), Adam's bias correction
+    (optax.lamb's, the LAMB paper's)."""
+    changes = ({"adapt_everything": True} if control == "adapt_layer_norm_and_bias"
+               else {"bias_correction": True})
+    difference = max_relative_difference(albert_run["ours"],
+                                         albert_reference(albert_run, **changes))
+    print(f"albert {control}: {difference:.2e}")
+    assert difference > CONTROL_MINIMUM
+
+
+# --------------------------------------------------------------------------------------- ELMo
+# elmo_original's optimisation (Adagrad lr 0.2 with initial accumulator 1, the gradient of 20 x
+# the mean loss, global-norm clip 10, sampled softmax) on a tiny biLM: 8-dim characters, three
+# filters, 2 highway layers, 2 LSTMP layers of 32 cells -> 16 per direction, a vocabulary of
+# 120 words and 32 sampled candidates, 20-token windows of 16 characters, no dropout.
+ELMO = ["model.char_embedding_dim=8", "model.char_filters=1:8,2:8,3:16", "model.lstm_dim=32",
+        "model.projection_dim=16", "model.dropout=0.0", "model.vocab_size=120",
+        "examples.max_characters_per_token=16", "objective.negative_samples=32",
+        "train.batch_size=8", "train.steps=10"]
+
+
+def param_state(model: nnx.Module, kind: Any = nnx.Param) -> dict[str, np.ndarray]:
+    """`model`'s variables of `kind` by their paths ("bilm/lstm_kernel"), copied: the names
+    of a torch re-statement that holds the same arrays, where no HF class exists."""
+    return {"/".join(map(str, path)): np.array(variable.get_value(), copy=True)
+            for path, variable in nnx.to_flat_state(nnx.state(model, kind))}
+
+
+def torch_parameters(state: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Leaf tensors (requires_grad) of `state`'s arrays, under the same names."""
+    return {name: torch.tensor(value, requires_grad=True) for name, value in state.items()}
+
+
+def elmo_batches(config: Config) -> list[dict[str, np.ndarray]]:
+    """Windows of random sentences (over 200 random words, some outside the 120-word
+    vocabulary) made by the method's own `windows`; the stream's last, padded window is the
+    last row."""
+    from pretext_jax.input_pipeline.examples import elmo as ee
+
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghij"), rng.integers(1, 9))) for _ in range(200)]
+    sentences = [" ".join(rng.choice(words, rng.integers(3, 15))) for _ in range(80)]
+    vocabulary = ee.vocabulary_from_counts(ee.count_words(sentences), config.model.vocab_size)
+    records = list(ee.windows(sentences, vocabulary, config.examples))
+    rows = config.train.batch_size * STEPS
+    assert len(records) > rows and records[-1]["mask"].min() == 0
+    records = records[:rows - 1] + records[-1:]
+    return [{key: np.stack([r[key] for r in records[i:i + config.train.batch_size]])
+             for key in records[0]} for i in range(0, rows, config.train.batch_size)]
+
+
+@pytest.fixture(scope="module")
+def elmo_run(tmp_path_factory) -> dict[str, Any]:
+    run = family_run("elmo_original", ELMO, tmp_path_factory.mktemp("elmo"), elmo_batches,
+                     export=param_state, exported_part=None)
+    run["candidates"] = [elmo_candidates(run["trainer"], step) for step in range(STEPS)]
+    return run
+
+
+def elmo_candidates(trainer: Trainer, step: int) -> list[np.ndarray]:
+    """The sampled-softmax candidates our step `step` draws for the forward and backward LM,
+    recomputed on the host from the step key fold_in(key(seed), step) as `elmo_loss` splits it
+    (model, forward, backward); their distribution is tested in tests/test_elmo.py."""
+    from pretext_jax.objectives.elmo import sample_log_uniform
+
+    key = jax.random.fold_in(jax.random.key(trainer.config.train.seed), step)
+    objective, vocab = trainer.objective, trainer.model_config.vocab_size
+    return [np.asarray(sample_log_uniform(k, objective.negative_samples, vocab))
+            for k in jax.random.split(key, 3)[1:]]
+
+
+def torch_char_cnn(p: Mapping[str, Any], config: Any, chars: np.ndarray) -> Any:
+    """bilm-tf training.py `_build_word_char_embeddings`: character embeddings, a convolution
+    per filter (with bias) max-pooled over the characters, relu, the highway layers
+    (carry = sigmoid(x Wc + bc), y = carry relu(x Wt + bt) + (1 - carry) x), projection."""
+    prefix = "bilm/token_encoder/"
+    x = p[prefix + "char_embedding"][long(chars)]  # [B, T, C, d]
+    batch, length, width, depth = x.shape
+    x = x.reshape(batch * length, width, depth).transpose(1, 2)
+    features = []
+    for i in range(len(config.filters)):
+        kernel = p[f"{prefix}conv_kernels/{i}"].permute(2, 1, 0)  # [filters, d, width]
+        conv = torch.nn.functional.conv1d(x, kernel, p[f"{prefix}conv_biases/{i}"])
+        features.append(torch.relu(torch.max(conv, -1).values))
+    h = torch.cat(features, -1)
+    for layer in range(config.highway_layers):
+        carry = torch.sigmoid(h @ p[prefix + "highway_carry"][layer]
+                              + p[prefix + "highway_carry_bias"][layer])
+        transform = torch.relu(h @ p[prefix + "highway_transform"][layer]
+                               + p[prefix + "highway_transform_bias"][layer])
+        h = carry * transform + (1.0 - carry) * h
+    h = h @ p[prefix + "projection"] + p[prefix + "projection_bias"]
+    return h.reshape(batch, length, -1)
+
+
+def torch_lstm_stack(p: Mapping[str, Any], config: Any, direction: int, x: Any,
+                     mask: Any) -> Any:
+    """One direction's LSTM layers, tf.nn.rnn_cell.LSTMCell(num_proj, cell_clip, proj_clip)
+    with forget bias 1: gates i, j, f, o of [x, h] W + b, c = sigmoid(f + 1) c +
+    sigmoid(i) tanh(j) clipped, h = (sigmoid(o) tanh(c)) P clipped; from the second layer on
+    the input is added (use_skip_connections). From a zero state; at padding the state is
+    kept (bilm-tf's training stream has none: pretext's windows end in padding)."""
+    for layer in range(config.num_layers):
+        kernel, bias, projection = (p[f"bilm/lstm_{name}"][direction, layer]
+                                    for name in ("kernel", "bias", "projection"))
+        h = torch.zeros(x.shape[0], projection.shape[1])
+        c = torch.zeros(x.shape[0], projection.shape[0])
+        outputs = []
+        for t in range(x.shape[1]):
+            i, j, f, o = torch.chunk(torch.cat([x[:, t], h], -1) @ kernel + bias, 4, -1)
+            new_c = torch.clamp(torch.sigmoid(f + 1.0) * c + torch.sigmoid(i) * torch.tanh(j),
+                                -config.cell_clip, config.cell_clip)
+            new_h = torch.clamp((torch.sigmoid(o) * torch.tanh(new_c)) @ projection,
+                                -config.proj_clip, config.proj_clip)
+            keep = mask[:, t:t + 1] > 0
+            h, c = torch.where(keep, new_h, h), torch.where(keep, new_c, c)
+            outputs.append(h)
+        out = torch.stack(outputs, 1)
+        x = out + x if config.residual and layer else out
+    return x
+
+
+def tf_sampled_softmax_nll(hidden: Any, targets: Any, kernel: Any, bias: Any,
+                           candidates: np.ndarray) -> Any:
+    """tf.nn.sampled_softmax_loss (`_compute_sampled_logits`, remove_accidental_hits,
+    subtract_log_q) with the given candidates: true and sampled logits less the log of their
+    expected counts, a candidate equal to the row's target pushed to -FLOAT_MAX, softmax
+    cross-entropy with the true class first. The expected count is S P(k) for candidates drawn
+    with replacement (pretext's documented departure from TF's unique sampler)."""
+    vocab, count = kernel.shape[0], len(candidates)
+    ids = torch.arange(vocab, dtype=torch.float32)
+    log_q = torch.log(count * (torch.log(ids + 2) - torch.log(ids + 1)) / math.log(vocab + 1))
+    sampled_ids = long(candidates)
+    true_logits = torch.sum(hidden * kernel[targets], -1) + bias[targets] - log_q[targets]
+    sampled = hidden @ kernel[sampled_ids].T + bias[sampled_ids]
+    hits = sampled_ids[None] == targets[:, None]
+    sampled = sampled + torch.where(hits, torch.finfo(torch.float32).min, 0.0)
+    sampled = sampled - log_q[sampled_ids]
+    logits = torch.cat([true_logits[:, None], sampled], 1)
+    return -torch.log_softmax(logits, -1)[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class AdagradReference:
+    """bilm-tf training.py `train`: tf.train.AdagradOptimizer(lr, initial_accumulator_value=1.0)
+    on the gradient of loss * unroll_steps (`loss_scale`), clipped to global norm
+    all_clip_norm_val (10): a += g^2, w -= lr g / sqrt(a). Negative controls: no loss scale,
+    TF's default accumulator 0.1."""
+
+    loss_scale: float
+    clip_norm: float
+    initial_accumulator: float = 1.0
+
+    def run(self, named: list[tuple[str, Any]], loss_fn: Callable[[int], Any],
+            learning_rate: Callable[[int], float], steps: int) -> list[float]:
+        accumulators = [torch.full_like(p, self.initial_accumulator) for _, p in named]
+        losses = []
+        for step in range(steps):
+            scaled = loss_and_gradients(named, lambda s: loss_fn(s) * self.loss_scale, step)
+            losses.append(scaled / self.loss_scale)
+            grads = [p.grad.detach().clone() for _, p in named]
+            if self.clip_norm:
+                tf_clip_by_global_norm(grads, self.clip_norm)
+            with torch.no_grad():
+                for (_, p), g, a in zip(named, grads, accumulators, strict=True):
+                    a.add_(g * g)
+                    p.sub_(learning_rate(step) * g / torch.sqrt(a))
+        return losses
+
+
+def elmo_reference(run: dict[str, Any], **changes: Any) -> dict[str, np.ndarray]:
+    """The biLM re-stated in torch from bilm-tf training.py `LanguageModel` on our initial
+    parameters, with its `_build_loss`: per direction the mean sampled-softmax loss over the
+    real targets (the candidates our step drew), total 0.5 (forward + backward), trained by
+    `AdagradReference` with elmo_original's settings and `changes`."""
+    config, batches = run["config"], run["batches"]
+    model = run["initial"].config
+    p = torch_parameters(param_state(run["initial"]))
+
+    def loss_fn(step: int) -> Any:
+        b = batches[step]
+        ids, mask = long(b["ids"]), torch.tensor(b["mask"], dtype=torch.float32)
+        real = mask[:, 1:-1]
+        tokens = torch_char_cnn(p, model, b["chars"])
+        forward = torch_lstm_stack(p, model, 0, tokens, real)
+        backward = torch.flip(torch_lstm_stack(p, model, 1, torch.flip(tokens, [1]),
+                                               torch.flip(real, [1])), [1])
+        loss = 0.0
+        for hidden, targets, present, candidates in (
+                (forward, ids[:, 2:], mask[:, 2:], run["candidates"][step][0]),
+                (backward, ids[:, :-2], mask[:, :-2], run["candidates"][step][1])):
+            nll = tf_sampled_softmax_nll(hidden.reshape(-1, hidden.shape[-1]),
+                                         targets.reshape(-1), p["softmax_kernel"],
+                                         p["softmax_bias"], candidates)
+            weights = (real * present).reshape(-1)
+            loss = loss + 0.5 * torch.sum(weights * nll) / torch.sum(weights)
+        return loss
+
+    optimizer = AdagradReference(**{"loss_scale": config.objective.loss_scale,
+                                    "clip_norm": config.optim.clip_norm, **changes})
+    losses = optimizer.run(list(p.items()), loss_fn, lambda step: config.optim.learning_rate,
+                           len(batches))
+    return with_losses(losses, {name: value.detach().numpy() for name, value in p.items()})
+
+
+def test_elmo_trains_as_bilm_tf_adagrad(elmo_run):
+    difference = max_relative_difference(elmo_run["ours"], elmo_reference(elmo_run))
+    print(f"elmo: {difference:.2e}")
+    assert difference <= TOLERANCE
+
+
+@pytest.mark.parametrize("control", ["no_loss_scale", "tf_default_accumulator", "no_clipping"])
+def test_elmo_negative_controls(elmo_run, control):
+    """The gradient of the mean loss (no x unroll_steps), Adagrad's TF default initial
+    accumulator 0.1, no gradient clipping."""
+    changes = {"no_loss_scale": {"loss_scale": 1.0},
+               "tf_default_accumulator": {"initial_accumulator": 0.1},
+               "no_clipping": {"clip_norm": 0.0}}[control]
+    difference = max_relative_difference(elmo_run["ours"], elmo_reference(elmo_run, **changes))
+    print(f"elmo {control}: {difference:.2e}")
     assert difference > CONTROL_MINIMUM
