@@ -104,6 +104,9 @@ class OptimConfig:
     """Momentum of lars and sgd."""
     trust_coefficient: float = 0.001
     """LARS trust coefficient (eta; SimCLR and BYOL 1e-3)."""
+    learning_rate_after_momentum: bool = False
+    """lars: v = m v + update, w -= lr v (BYOL's optimizers.py) instead of v = m v + lr update,
+    w -= v (SimCLR's classic momentum); they differ while the rate changes."""
     layerwise_lr_decay: float = 1.0
     """Each Transformer layer's lr x decay^(depth from the top) (ELECTRA fine-tuning 0.8)."""
     decay_boundaries: str = ""

@@ -333,6 +333,15 @@ def make_optimizer(config: Any, total_steps: int) -> optax.GradientTransformatio
                            optax.add_decayed_weights(config.weight_decay, mask=decayed),
                            scale_by_layer_trust_ratio(mask=decayed),
                            optax.scale_by_learning_rate(schedule))
+    elif config.optimizer == "lars" and config.learning_rate_after_momentum:
+        # BYOL's utils/optimizers.py `lars`: decay -> trust ratio -> momentum trace -> lr
+        # (v = m v + trust * (g + wd w), w -= lr v): the rate scales the whole velocity.
+        core = optax.chain(
+            optax.add_decayed_weights(config.weight_decay, mask=decay_mask),
+            optax.masked(optax.scale_by_trust_ratio(trust_coefficient=config.trust_coefficient),
+                         decay_mask),
+            optax.trace(decay=config.momentum),
+            optax.scale_by_learning_rate(schedule))
     elif config.optimizer == "lars":
         # optax.lars = decay -> trust ratio -> lr -> momentum trace, i.e. SimCLR's
         # lars_optimizer.py with classic momentum (v = m v + lr * trust * (g + wd w)).

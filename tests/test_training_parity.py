@@ -888,10 +888,10 @@ def test_t5_negative_control_factoring_every_matrix(t5_run):
 # At lr 0.003 the layer-wise steps are lr x trust_coefficient of each kernel's norm, so the
 # trust coefficient is 0.3 (SimCLR: 0.001) for them to show, and weight decay 0.03 (SimCLR:
 # 1e-4 or 1e-6) for the decay to matter against the gradients; the formulas are the reference's.
-SIMCLR = ["model.stem=imagenet", "model.base_width=4", "model.projection_dim=16",
-          "train.batch_size=16", "train.steps=10", "optim.warmup_steps=2",
-          "optim.learning_rate=0.003", "optim.weight_decay=0.03", "optim.momentum=0.9",
-          "optim.trust_coefficient=0.3"]
+LARS_STEPS = ["train.batch_size=16", "train.steps=10", "optim.warmup_steps=2",
+              "optim.learning_rate=0.003", "optim.weight_decay=0.03", "optim.momentum=0.9",
+              "optim.trust_coefficient=0.3"]
+SIMCLR = ["model.stem=imagenet", "model.base_width=4", "model.projection_dim=16", *LARS_STEPS]
 
 
 def image_batches(config: Config) -> list[dict[str, np.ndarray]]:
@@ -923,12 +923,18 @@ def simclr_run(tmp_path_factory) -> dict[str, Any]:
     return run
 
 
+def resnet_state(backbone: nnx.Module, prefix: str = "resnet.") -> dict[str, np.ndarray]:
+    """A ResNet's parameters under HF names (ResNetModel's, after `prefix`), BatchNorm
+    statistics left out: they are not trained, and torch keeps an unbiased running variance."""
+    return {prefix + k.removeprefix("resnet."): np.array(v, copy=True)
+            for k, v in hf.to_hf(backbone)[1].items()
+            if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
+
+
 def simclr_state(model: nnx.Module) -> dict[str, np.ndarray]:
-    """The backbone's parameters under HF names (BatchNorm statistics left out: they are not
-    trained, and torch keeps an unbiased running variance) and the head's under the names of
-    `TorchSimCLR`'s."""
-    state = {k: np.array(v, copy=True) for k, v in hf.to_hf(model.backbone)[1].items()
-             if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
+    """The backbone's parameters under HF names (`resnet_state`) and the head's under the
+    names of `TorchSimCLR`'s."""
+    state = resnet_state(model.backbone)
     for i, layer in enumerate(model.head):
         state[f"head.{i}.dense.weight"] = np.array(layer.dense.kernel[...]).T
         state[f"head.{i}.normalization.weight"] = np.array(layer.normalization.scale[...])
@@ -937,16 +943,22 @@ def simclr_state(model: nnx.Module) -> dict[str, np.ndarray]:
     return state
 
 
-def augmented_views(trainer: Trainer, step: int, images: np.ndarray) -> np.ndarray:
-    """The two views our step `step` makes of `images` [2N, H, W, 3], recomputed on the host
-    with `objectives.common.two_view.two_views` and the step's key fold_in(key(seed), step): the
-    augmentations are ours, tested in tests/test_image_augment.py; here the reference trains
-    on the same pixels."""
+def step_key(trainer: Trainer, step: int) -> jax.Array:
+    """The key our step `step` hands the loss: fold_in(key(seed), step)."""
+    return jax.random.fold_in(jax.random.key(trainer.config.train.seed), step)
+
+
+def augmented_views(trainer: Trainer, step: int, images: np.ndarray,
+                    key_of: Callable[[jax.Array], jax.Array] = lambda key: key) -> np.ndarray:
+    """The two views our step `step` makes of `images` [N, H, W, 3], [2N, ...] (first views,
+    then second), recomputed on the host with `objectives.common.two_view.two_views` and
+    `key_of` the step's key (the loss's own split of it): the augmentations are ours, tested
+    in tests/test_image_augment.py; here the reference trains on the same pixels."""
     from pretext_jax.objectives.common.two_view import two_views
 
     views = trainer.objective.view_augmentations
-    key = jax.random.fold_in(jax.random.key(trainer.config.train.seed), step)
-    first, second = jax.jit(lambda k, x: two_views(k, x, views))(key, images)
+    first, second = jax.jit(lambda k, x: two_views(k, x, views))(
+        key_of(step_key(trainer, step)), images)
     return np.concatenate([np.asarray(first), np.asarray(second)])
 
 
@@ -972,19 +984,13 @@ class TorchSimCLR(torch.nn.Module):
         self.backbone = backbone
         self.head = torch.nn.ModuleList()
         for layer in initial.head:
-            kernel = np.array(layer.dense.kernel[...])
             scale = np.array(layer.normalization.scale[...])
             epsilon = layer.normalization.epsilon
             module = torch.nn.Module()
-            module.dense = torch.nn.Linear(*kernel.shape, bias=False)
-            module.dense.weight.data = torch.tensor(kernel.T.copy())
-            if layer.normalization.bias is None:
-                module.normalization = ScaleOnlyBatchNorm(scale, epsilon)
-            else:
-                module.normalization = torch.nn.BatchNorm1d(len(scale), eps=epsilon)
-                module.normalization.weight.data = torch.tensor(scale)
-                module.normalization.bias.data = torch.tensor(
-                    np.array(layer.normalization.bias[...]))
+            module.dense = torch_linear(layer.dense)
+            module.normalization = (ScaleOnlyBatchNorm(scale, epsilon)
+                                    if layer.normalization.bias is None
+                                    else torch_batch_norm(layer.normalization))
             self.head.append(module)
 
     def forward(self, views: Any) -> Any:
@@ -994,6 +1000,24 @@ class TorchSimCLR(torch.nn.Module):
             if i < len(self.head) - 1:
                 x = torch.relu(x)
         return x
+
+
+def torch_linear(layer: nnx.Module) -> Any:
+    """torch.nn.Linear holding an nnx.Linear's kernel (transposed) and bias, if it has one."""
+    kernel = np.array(layer.kernel[...])
+    linear = torch.nn.Linear(*kernel.shape, bias=layer.bias is not None)
+    linear.weight.data = torch.tensor(kernel.T.copy())
+    if layer.bias is not None:
+        linear.bias.data = torch.tensor(np.array(layer.bias[...]))
+    return linear
+
+
+def torch_batch_norm(norm: nnx.Module) -> Any:
+    """torch.nn.BatchNorm1d holding an nnx.BatchNorm's scale, offset and epsilon."""
+    module = torch.nn.BatchNorm1d(norm.num_features, eps=norm.epsilon)
+    module.weight.data = torch.tensor(np.array(norm.scale[...]))
+    module.bias.data = torch.tensor(np.array(norm.bias[...]))
+    return module
 
 
 def nt_xent_reference(projections: Any, temperature: float) -> Any:
@@ -1026,12 +1050,17 @@ class LarsReference:
     momentum: float = 0.9
     eeta: float = 0.001
     adapt_everything: bool = False
+    learning_rate_after_momentum: bool = False
 
     def excluded(self, name: str) -> bool:
         return not self.adapt_everything and ("normalization" in name or "bias" in name)
 
     def run(self, named: list[tuple[str, Any]], loss_fn: Callable[[int], Any],
-            learning_rate: Callable[[int], float], steps: int) -> list[float]:
+            learning_rate: Callable[[int], float], steps: int,
+            after_update: Callable[[int], None] = lambda step: None) -> list[float]:
+        """`learning_rate_after_momentum`: deepmind byol utils/optimizers.py `lars` instead,
+        v = m v + trust g (with the same decay and exclusions), w -= lr v. `after_update(step)`
+        runs after each update (BYOL's target update)."""
         velocity = [torch.zeros_like(p) for _, p in named]
         losses = []
         for step in range(steps):
@@ -1045,8 +1074,13 @@ class LarsReference:
                         w_norm, g_norm = torch.linalg.norm(p), torch.linalg.norm(grad)
                         if w_norm > 0 and g_norm > 0:
                             trust = self.eeta * w_norm / g_norm
-                    v.mul_(self.momentum).add_(lr * trust * grad)
-                    p.sub_(v)
+                    if self.learning_rate_after_momentum:
+                        v.mul_(self.momentum).add_(trust * grad)
+                        p.sub_(lr * v)
+                    else:
+                        v.mul_(self.momentum).add_(lr * trust * grad)
+                        p.sub_(v)
+            after_update(step)
         return losses
 
 
@@ -1085,7 +1119,8 @@ def test_simclr_trains_as_google_research_simclr(simclr_run):
 
 def simclr_lars(config: Config, **changes: Any) -> LarsReference:
     o = config.optim
-    return LarsReference(o.weight_decay, o.momentum, o.trust_coefficient, **changes)
+    return LarsReference(o.weight_decay, o.momentum, o.trust_coefficient, **{
+        "learning_rate_after_momentum": o.learning_rate_after_momentum, **changes})
 
 
 @pytest.mark.parametrize("control", ["lars_on_batch_norm", "batch_norm_per_device"])
@@ -1362,3 +1397,279 @@ def test_elmo_negative_controls(elmo_run, control):
     difference = max_relative_difference(elmo_run["ours"], elmo_reference(elmo_run, **changes))
     print(f"elmo {control}: {difference:.2e}")
     assert difference > CONTROL_MINIMUM
+
+
+# ------------------------------------------------------------------------------- MoCo, BYOL
+# SimCLR's narrow ResNet-18 (ImageNet stem, for HF's ResNetModel) on the same 16 images. The
+# momentum/EMA rates are lower than the papers' (MoCo 0.9, BYOL's base 0.9: 0.99 and 0.996 in
+# them) so that four updates move the key/target encoders by more than the comparison's
+# resolution; the formulas are the references'. MoCo's keys come out of the key encoder's
+# forward with BatchNorm over 8 images (two groups of the shuffle), where float32 alone is off
+# by up to 7e-6 in a normalised key (torch float32 against float64, ours closer): at moco_tiny's
+# lr 0.0075 that noise in the logits (/ T = 0.2) grows past 1e-2 in the parameters within four
+# steps, in either implementation, so lr 0.001 here. The queue holds those keys as computed and
+# is compared within KEY_TOLERANCE, a few times torch's own float32 error.
+MOCO = ["model.stem=imagenet", "model.base_width=4", "model.projection_dim=16",
+        "model.queue_size=64", "objective.momentum=0.9", "objective.shuffle_bn_groups=2",
+        "train.batch_size=16", "train.steps=10", "optim.learning_rate=0.001"]
+KEY_TOLERANCE = 3e-4
+BYOL = ["model.stem=imagenet", "model.base_width=4", "model.projection_hidden_dim=32",
+        "model.projection_dim=16", "model.predictor_hidden_dim=32",
+        "objective.base_target_decay=0.9", *LARS_STEPS]
+
+
+def with_params(module: nnx.Module) -> nnx.Module:
+    """A copy of `module` whose `EMA` variables (a momentum encoder's) are `nnx.Param`s again,
+    as the HF conversion and `encoder_state` read them (models/momentum.py `momentum_copy`
+    the other way)."""
+    from pretext_jax.models.momentum import EMA
+
+    graphdef, ema, rest = nnx.split(nnx.clone(module), EMA, ...)
+    params = jax.tree.map(lambda v: nnx.Param(v.get_value(), **v.get_metadata()), ema,
+                          is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.merge(graphdef, params, rest)
+
+
+def mlp_state(mlp: nnx.Module, prefix: str) -> dict[str, np.ndarray]:
+    """models/momentum.py `MLP`'s parameters under the names of `TorchMLP`'s."""
+    state = {}
+    for name in ("hidden", "output"):
+        layer = getattr(mlp, name)
+        state[f"{prefix}{name}.weight"] = np.array(layer.kernel[...]).T
+        if layer.bias is not None:
+            state[f"{prefix}{name}.bias"] = np.array(layer.bias[...])
+    if mlp.normalization is not None:
+        state[f"{prefix}normalization.weight"] = np.array(mlp.normalization.scale[...])
+        state[f"{prefix}normalization.bias"] = np.array(mlp.normalization.bias[...])
+    return state
+
+
+def encoder_state(encoder: nnx.Module, prefix: str) -> dict[str, np.ndarray]:
+    """A momentum `Encoder`'s (backbone + MLP head) under the names of `TorchEncoder`'s."""
+    return {**resnet_state(encoder.backbone, prefix + "backbone."),
+            **mlp_state(encoder.head, prefix + "head.")}
+
+
+class TorchMLP(torch.nn.Module):
+    """dense, [BatchNorm, training mode], ReLU, dense: MoCo builder.py's `--mlp` head
+    (Linear, ReLU, fc; no BatchNorm), BYOL's projector and predictor (utils/networks.py `MLP`:
+    Linear, BatchNorm, ReLU, Linear without bias), holding an `MLP`'s weights."""
+
+    def __init__(self, mlp: nnx.Module):
+        super().__init__()
+        self.hidden = torch_linear(mlp.hidden)
+        self.normalization = (None if mlp.normalization is None
+                              else torch_batch_norm(mlp.normalization))
+        self.output = torch_linear(mlp.output)
+
+    def forward(self, x: Any) -> Any:
+        x = self.hidden(x)
+        if self.normalization is not None:
+            x = self.normalization(x)
+        return self.output(torch.relu(x))
+
+
+class TorchEncoder(torch.nn.Module):
+    """HF ResNetModel (pooled features) + `TorchMLP` head, in training mode."""
+
+    def __init__(self, backbone_folder: Path, head: nnx.Module):
+        super().__init__()
+        self.backbone = transformers.ResNetModel.from_pretrained(backbone_folder)
+        self.head = TorchMLP(head)
+        self.train()
+
+    def forward(self, images: Any) -> Any:
+        return self.head(self.backbone(pixel_values=images.permute(0, 3, 1, 2))
+                         .pooler_output.flatten(1))
+
+
+def in_groups(module: Any, images: Any, groups: int) -> Any:
+    """`module` on `groups` consecutive slices of `images`, BatchNorm per slice (one GPU's
+    batch of the reference's DistributedDataParallel runs, no SyncBatchNorm)."""
+    return torch.cat([module(part) for part in torch.chunk(images, groups)])
+
+
+def moco_state(model: nnx.Module) -> dict[str, np.ndarray]:
+    return {**encoder_state(model.online, "query."),
+            **encoder_state(with_params(model.target), "key."),
+            "queue": np.array(model.queue[...], copy=True),
+            "queue_pointer": np.array(model.queue_pointer[...], copy=True)}
+
+
+@pytest.fixture(scope="module")
+def moco_run(tmp_path_factory) -> dict[str, Any]:
+    run = family_run("moco_tiny", MOCO, tmp_path_factory.mktemp("moco"), image_batches,
+                     export=moco_state, exported_part=lambda model: model.online.backbone)
+    trainer, size = run["trainer"], run["config"].train.batch_size
+    run["views"] = [augmented_views(trainer, step, batch["image"],
+                                    lambda key: jax.random.split(key)[0])
+                    for step, batch in enumerate(run["batches"])]
+    run["shuffles"] = [np.asarray(jax.random.permutation(
+        jax.random.split(step_key(trainer, step))[1], size)) for step in range(STEPS)]
+    return run
+
+
+def moco_reference(run: dict[str, Any], momentum_update: bool = True,
+                   enqueue_first: bool = False) -> dict[str, np.ndarray]:
+    """facebookresearch/moco builder.py `MoCo.forward` and main_moco.py `train`: the key
+    encoder starts as a copy of the query encoder; each step first moves it, k <- m k +
+    (1 - m) q, then computes q = normalize(f_q(view 1)), the keys of the shuffled view 2
+    (the shuffle our step drew; BatchNorm per GPU: `shuffle_bn_groups` slices), normalised
+    and unshuffled, logits [q.k, q.queue] / T against label 0 (CrossEntropyLoss), and
+    enqueues the keys after the loss; torch.optim.SGD(momentum, weight_decay) on the query
+    encoder with `adjust_learning_rate`'s cosine (one epoch per step here). Negative
+    controls: no momentum update; the keys enqueued before the loss."""
+    import copy
+
+    config, initial = run["config"], run["initial"]
+    objective, o = config.objective, config.optim
+    query = TorchEncoder(run["hf"], initial.online.head)
+    key = copy.deepcopy(query)
+    for p in key.parameters():
+        p.requires_grad = False
+    queue = torch.tensor(np.array(initial.queue[...])).T.contiguous()  # builder's [dim, K]
+    pointer = [0]
+    groups = objective.shuffle_bn_groups
+
+    def enqueue(keys: Any) -> None:
+        queue[:, pointer[0]:pointer[0] + len(keys)] = keys.T
+        pointer[0] = (pointer[0] + len(keys)) % queue.shape[1]
+
+    def loss_fn(step: int) -> Any:
+        first, second = torch.chunk(torch.tensor(run["views"][step]), 2)
+        q = torch.nn.functional.normalize(in_groups(query, first, groups), dim=1)
+        with torch.no_grad():
+            if momentum_update:
+                for p_k, p_q in zip(key.parameters(), query.parameters(), strict=True):
+                    p_k.data = p_k.data * objective.momentum + p_q.data * (1.0 - objective.momentum)
+            shuffle = torch.tensor(run["shuffles"][step])
+            k = torch.nn.functional.normalize(in_groups(key, second[shuffle], groups), dim=1)
+            k = k[torch.argsort(shuffle)]
+        if enqueue_first:
+            enqueue(k)
+        logits = torch.cat([torch.sum(q * k, 1, keepdim=True), q @ queue.clone().detach()], 1)
+        loss = torch.nn.functional.cross_entropy(logits / objective.temperature,
+                                                 torch.zeros(len(q), dtype=torch.long))
+        if not enqueue_first:
+            enqueue(k)
+        return loss
+
+    optimizer = torch.optim.SGD(query.parameters(), lr=o.learning_rate, momentum=o.momentum,
+                                weight_decay=o.weight_decay)
+    named, losses = list(query.named_parameters()), []
+    for step in range(len(run["batches"])):
+        losses.append(loss_and_gradients(named, loss_fn, step))
+        for group in optimizer.param_groups:
+            group["lr"] = cosine_learning_rate(step, o.learning_rate, 0, config.train.steps)
+        optimizer.step()
+    state = {**torch_state(query, "query."), **torch_state(key, "key."),
+             "queue": queue.T.numpy().copy(), "queue_pointer": np.int32(pointer[0])}
+    return with_losses(losses, {k: v for k, v in state.items() if k in run["ours"]})
+
+
+def test_moco_trains_as_facebookresearch_moco(moco_run):
+    """Losses, query and key encoders within TOLERANCE, the queue (its keys) within
+    KEY_TOLERANCE (see the notes above MOCO)."""
+    reference = moco_reference(moco_run)
+    queue = ("queue", "queue_pointer")
+    difference = max_relative_difference(
+        *({k: v for k, v in state.items() if k not in queue}
+          for state in (moco_run["ours"], reference)))
+    keys = max_relative_difference(*({k: state[k] for k in queue}
+                                     for state in (moco_run["ours"], reference)))
+    print(f"moco: {difference:.2e}, queue {keys:.2e}")
+    assert difference <= TOLERANCE and keys <= KEY_TOLERANCE
+
+
+@pytest.mark.parametrize("control", ["no_momentum_update", "keys_enqueued_before_the_loss"])
+def test_moco_negative_controls(moco_run, control):
+    changes = ({"momentum_update": False} if control == "no_momentum_update"
+               else {"enqueue_first": True})
+    difference = max_relative_difference(moco_run["ours"], moco_reference(moco_run, **changes))
+    print(f"moco {control}: {difference:.2e}")
+    assert difference > CONTROL_MINIMUM
+
+
+def byol_state(model: nnx.Module) -> dict[str, np.ndarray]:
+    return {**encoder_state(model.online, "online."),
+            **mlp_state(model.predictor, "predictor."),
+            **encoder_state(with_params(model.target), "target.")}
+
+
+@pytest.fixture(scope="module")
+def byol_run(tmp_path_factory) -> dict[str, Any]:
+    workdir = tmp_path_factory.mktemp("byol")
+    run = family_run("byol_tiny", BYOL, workdir, image_batches, export=byol_state,
+                     exported_part=lambda model: model.online.backbone)
+    run["hf_target"] = workdir / "hf_target"
+    hf.save(with_params(run["initial"].target).backbone, run["hf_target"])
+    run["views"] = [augmented_views(run["trainer"], step, batch["image"])
+                    for step, batch in enumerate(run["batches"])]
+    return run
+
+
+def byol_reference(run: dict[str, Any], target_update: bool = True,
+                   **lars: Any) -> dict[str, np.ndarray]:
+    """deepmind byol byol_experiment.py `_update_fn`: online (ResNet, projector, predictor)
+    and an independently initialised target (ResNet, projector; ours, converted), each view
+    through each network on its own (BatchNorm per view), loss = mean over images of
+    regression_loss(p_1, z'_2) + regression_loss(p_2, z'_1) (||a/|a| - b/|b|||^2), the
+    optimizer's LARS (`LarsReference` with `learning_rate_after_momentum`, exclude_bias_and_norm)
+    with warmup then cosine, then the target update target <- tau target + (1 - tau) online
+    with schedules.py `target_ema` tau_t = 1 - (1 - base) (cos(pi t / K) + 1) / 2. Our state
+    after step t holds the target the reference's step t used (objectives/byol.py), so the
+    reference's update after the last step, which no step here uses, is left out. Negative
+    controls: no target update; SimCLR's LARS (the rate inside the momentum)."""
+    config, initial = run["config"], run["initial"]
+    objective, o = run["trainer"].objective, config.optim  # target_decay_steps resolved
+    online = TorchEncoder(run["hf"], initial.online.head)
+    predictor = TorchMLP(initial.predictor).train()
+    target = TorchEncoder(run["hf_target"], with_params(initial.target).head)
+    for p in target.parameters():
+        p.requires_grad = False
+
+    def regression(x: Any, y: Any) -> Any:
+        difference = (torch.nn.functional.normalize(x, dim=-1, eps=1e-6)
+                      - torch.nn.functional.normalize(y, dim=-1, eps=1e-6))
+        return torch.sum(difference * difference, -1)
+
+    def loss_fn(step: int) -> Any:
+        first, second = torch.chunk(torch.tensor(run["views"][step]), 2)
+        with torch.no_grad():
+            target_first, target_second = target(first), target(second)
+        return torch.mean(regression(predictor(online(first)), target_second)
+                          + regression(predictor(online(second)), target_first))
+
+    def update_target(step: int) -> None:
+        total = objective.target_decay_steps
+        tau = 1.0 - (1.0 - objective.base_target_decay) * (math.cos(math.pi * step / total)
+                                                           + 1.0) / 2.0
+        if target_update and step < len(run["batches"]) - 1:
+            with torch.no_grad():
+                for p_t, p_o in zip(target.parameters(), online.parameters(), strict=True):
+                    p_t.mul_(tau).add_((1.0 - tau) * p_o)
+
+    losses = simclr_lars(config, **lars).run(
+        unique_parameters(online, predictor), loss_fn,
+        lambda step: cosine_learning_rate(step, o.learning_rate, o.warmup_steps,
+                                          config.train.steps),
+        len(run["batches"]), update_target)
+    state = {**torch_state(online, "online."), **torch_state(predictor, "predictor."),
+             **torch_state(target, "target.")}
+    return with_losses(losses, {k: v for k, v in state.items() if k in run["ours"]})
+
+
+def test_byol_trains_as_deepmind_byol(byol_run):
+    difference = max_relative_difference(byol_run["ours"], byol_reference(byol_run))
+    print(f"byol: {difference:.2e}")
+    assert difference <= TOLERANCE
+
+
+@pytest.mark.parametrize("control", ["no_target_update", "simclr_lars_momentum"])
+def test_byol_negative_controls(byol_run, control):
+    changes = ({"target_update": False} if control == "no_target_update"
+               else {"learning_rate_after_momentum": False})
+    difference = max_relative_difference(byol_run["ours"], byol_reference(byol_run, **changes))
+    print(f"byol {control}: {difference:.2e}")
+    assert difference > CONTROL_MINIMUM
+
