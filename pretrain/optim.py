@@ -21,10 +21,12 @@ from pretext_jax.errors import UserError
 # biases and the scales of LayerNorm, RMSNorm and BatchNorm. optimization.py excludes
 # "LayerNorm", "layer_norm" and "bias" by name; a normalisation layer's parameters here are its
 # `scale` and `bias`, so the two rules pick the same ones. A name ending in `_bias` (XLNet's
-# `r_w_bias` and `lm_bias`, ELMo's `lstm_bias`) is a bias too, as the substring match of
-# xlnet's model_utils.py and HF's `no_decay` lists treat it.
+# `lm_bias`, ELMo's `lstm_bias`) is a bias too, as the substring match of xlnet's
+# model_utils.py and HF's `no_decay` lists treat it, except XLNet's attention biases, which
+# model_utils.py's AdamWeightDecayOptimizer decays (its `include_in_weight_decay`).
 NO_DECAY_PARAMETERS = ("bias", "scale")
 NO_DECAY_SUFFIX = "_bias"
+DECAYED_BIASES = ("r_w_bias", "r_r_bias", "r_s_bias")
 SCHEDULES = ("linear", "electra_linear", "linear_from_peak", "cosine", "constant",
              "inverse_sqrt", "inverse_sqrt_warmup", "step")
 
@@ -84,10 +86,13 @@ def scale_by_adam_without_bias_correction(
 
 def decay_mask(params: Any) -> Any:
     """True where weight decay applies: on every parameter but biases and normalisation scales
-    (`NO_DECAY_PARAMETERS` or a `NO_DECAY_SUFFIX`, matched against the parameter's own name)."""
+    (`NO_DECAY_PARAMETERS` or a `NO_DECAY_SUFFIX` but not `DECAYED_BIASES`, matched against the
+    parameter's own name)."""
 
     def keep(path: tuple[Any, ...], _: Any) -> bool:
         name = _parameter_name(path)
+        if name in DECAYED_BIASES:
+            return True
         return name not in NO_DECAY_PARAMETERS and not name.endswith(NO_DECAY_SUFFIX)
 
     return jax.tree_util.tree_map_with_path(keep, params)
