@@ -53,6 +53,11 @@ assert the same number exceeds 1e-4, so the comparison can see that detail.
   r_w/r_r/r_s biases too, warmup then poly decay from the peak, clip 1.0; the two-stream loss
   with our perm_mask and the memory carried between steps. Controls: those biases not decayed,
   BERT's schedule.
+- wav2vec 2.0 (fairseq wav2vec2.py, criterions/wav2vec_criterion.py, optim/adam.py):
+  Wav2Vec2ForPreTraining with fairseq's GradMultiply (feature_grad_mult 0.1) and features_pen
+  added by a hook, our masks, distractors and Gumbel noise (`wav2vec2_run`) at the annealed
+  temperature; contrastive + 0.1 diversity + 10 feature penalty per masked frame, fairseq's
+  Adam and polynomial schedule. Controls: no gradient scaling, no feature penalty.
 
 Forward-computed states that a step carries (MoCo's queue of keys, XLNet's memory) are compared
 within STATE_TOLERANCE (`state_parity`), the losses and parameters within TOLERANCE.
@@ -1821,4 +1826,152 @@ def test_xlnet_negative_controls(xlnet_run, control):
     difference = max_relative_difference(xlnet_run["ours"],
                                          xlnet_reference(xlnet_run, optimizer, schedule))
     print(f"xlnet {control}: {difference:.2e}")
+    assert difference > CONTROL_MINIMUM
+
+
+# ---------------------------------------------------------------------------------- wav2vec 2.0
+# The tiny model (3 convolutions to 32 channels, 2 layers of 64, 2 x 32 codevectors) on 4,000
+# samples (49 frames) per utterance, no padding (fairseq crops a batch to its shortest
+# utterance), 10 distractors; wav2vec2_tiny's fairseq Adam (decay on every parameter, eps
+# before the bias correction, no clipping) with warmup 2 then the polynomial decay.
+WAV2VEC2 = ["model.activation_dropout=0.0", "examples.max_samples=4000",
+            "objective.num_negatives=10", "train.batch_size=8", "train.steps=10",
+            "optim.warmup_steps=2"]
+
+
+def wav2vec2_batches(config: Config) -> list[dict[str, np.ndarray]]:
+    """Tones of random pitch and amplitude in noise, unpadded, with the masks and distractors
+    of the method's own host-side sampler (`mask_batch`, the data pipeline's)."""
+    from pretext_jax.objectives.wav2vec2 import mask_batch
+
+    rng = np.random.default_rng(0)
+    size, samples = config.train.batch_size, config.examples.max_samples
+    time = np.arange(samples) / 16000.0
+    batches = []
+    for _ in range(STEPS):
+        pitch = rng.uniform(100, 2000, (size, 1))
+        audio = (rng.uniform(0.2, 1.0, (size, 1)) * np.sin(2 * np.pi * pitch * time)
+                 + 0.1 * rng.normal(size=(size, samples))).astype(np.float32)
+        attention_mask = np.ones((size, samples), np.int32)
+        batches.append({"audio": audio, "attention_mask": attention_mask,
+                        **mask_batch(config.model, attention_mask, config.objective, rng)})
+    return batches
+
+
+@pytest.fixture(scope="module")
+def wav2vec2_run(tmp_path_factory) -> dict[str, Any]:
+    from pretext_jax.objectives.wav2vec2 import gumbel_temperature
+
+    run = family_run("wav2vec2_tiny", WAV2VEC2, tmp_path_factory.mktemp("wav2vec2"),
+                     wav2vec2_batches)
+    trainer, config = run["trainer"], run["initial"].config
+    frames = run["batches"][0]["mask_time_indices"].shape
+    shape = (*frames, config.num_codevector_groups, config.codevectors_per_group)
+    # The Gumbel noise of our step: `Wav2Vec2.__call__` splits the step key in four, the third
+    # for the quantizer's jax.random.gumbel.
+    run["gumbel"] = [np.asarray(jax.random.gumbel(jax.random.split(step_key(trainer, step), 4)[2],
+                                                  shape)) for step in range(STEPS)]
+    run["temperatures"] = [float(gumbel_temperature(step, trainer.objective))
+                           for step in range(STEPS)]
+    return run
+
+
+class GradMultiply(torch.autograd.Function):
+    """fairseq modules/grad_multiply.py: the identity forward, the gradient times `scale`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, scale: float) -> Any:
+        ctx.scale = scale
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> tuple[Any, None]:
+        return grad * ctx.scale, None
+
+
+def wav2vec2_reference(run: dict[str, Any], feature_grad_mult: float | None = None,
+                       feature_penalty: bool = True) -> dict[str, np.ndarray]:
+    """Wav2Vec2ForPreTraining in training mode (dropout and LayerDrop 0) with fairseq
+    wav2vec2.py's pieces HF leaves out: the feature encoder's output through GradMultiply
+    (`feature_grad_mult`) and its mean square (`features_pen`); the quantizer's Gumbel-softmax
+    on our step's noise at fairseq's annealed temperature, straight-through with a forward of
+    exactly the one-hot codes (models/wav2vec2.py's note; torch's hard - soft + soft is not
+    exact, and the distractor check compares codes exactly). The loss: wav2vec_criterion.py
+    with our masks and distractors, cross-entropy over [positive, distractors] of cosine / 0.1
+    (distractors equal to the positive at -inf) summed over the masked frames, + 0.1 x the
+    diversity loss x sample_size + 10 x features_pen x sample_size, divided by sample_size
+    (fairseq's trainer scales the gradients by 1 / sample_size); fairseq's Adam and polynomial
+    schedule. Negative controls: no gradient scaling of the feature encoder; no feature
+    penalty."""
+    from unittest import mock
+
+    config, objective = run["config"], run["trainer"].objective
+    model = transformers.Wav2Vec2ForPreTraining.from_pretrained(run["hf"]).train()
+    scale = objective.feature_grad_mult if feature_grad_mult is None else feature_grad_mult
+    captured: dict[str, Any] = {}
+
+    def scaled_features(module: Any, inputs: Any, output: Any) -> Any:
+        captured["features"] = GradMultiply.apply(output, scale)
+        return captured["features"]
+
+    model.wav2vec2.feature_extractor.register_forward_hook(scaled_features)
+    batches, groups = run["batches"], run["initial"].config.num_codevector_groups
+    codevectors = groups * run["initial"].config.codevectors_per_group
+
+    def loss_fn(step: int) -> Any:
+        b = batches[step]
+        noise = torch.tensor(run["gumbel"][step]).reshape(-1, run["gumbel"][step].shape[-1])
+
+        def gumbel_softmax(logits: Any, tau: float, hard: bool) -> Any:
+            assert hard
+            soft = torch.softmax((logits + noise) / tau, -1)
+            index = torch.argmax(soft, -1, keepdim=True)
+            return torch.zeros_like(soft).scatter_(-1, index, 1.0) + (soft - soft.detach())
+
+        model.set_gumbel_temperature(run["temperatures"][step])
+        mask = torch.tensor(b["mask_time_indices"]).to(torch.bool)
+        with mock.patch.object(torch.nn.functional, "gumbel_softmax", gumbel_softmax):
+            out = model(torch.tensor(b["audio"]), mask_time_indices=mask)
+        positives = out.projected_quantized_states  # [B, T, P]
+        index = long(b["sampled_negative_indices"])  # [B, T, K] frames of the same utterance
+        negatives = positives[torch.arange(len(index))[:, None, None], index]  # [B, T, K, P]
+        targets = torch.cat([positives[:, :, None], negatives], 2)
+        logits = torch.cosine_similarity(out.projected_states[:, :, None].float(),
+                                         targets.float(), dim=-1)
+        logits = logits / objective.contrastive_temperature
+        same = (negatives == positives[:, :, None]).all(-1)
+        logits = torch.cat([logits[..., :1], logits[..., 1:].masked_fill(same, float("-inf"))],
+                           -1)
+        nll = -torch.log_softmax(logits, -1)[..., 0]
+        sample_size = mask.sum()
+        loss = torch.sum(nll[mask])
+        loss = loss + objective.diversity_weight * sample_size * (
+            codevectors - out.codevector_perplexity) / codevectors
+        if feature_penalty:
+            penalty = captured["features"].float().pow(2).mean()
+            loss = loss + objective.feature_penalty_weight * sample_size * penalty
+        return loss / sample_size
+
+    o = config.optim
+    losses = fairseq_adam(config).run(
+        unique_parameters(model), loss_fn,
+        lambda step: fairseq_learning_rate(step, o.learning_rate, o.warmup_steps,
+                                           config.train.steps),
+        len(batches))
+    return with_losses(losses, {k: v for k, v in torch_state(model).items() if k in run["ours"]})
+
+
+def test_wav2vec2_trains_as_fairseq_wav2vec2(wav2vec2_run):
+    difference = max_relative_difference(wav2vec2_run["ours"], wav2vec2_reference(wav2vec2_run))
+    print(f"wav2vec2: {difference:.2e}")
+    assert difference <= TOLERANCE
+
+
+@pytest.mark.parametrize("control", ["no_feature_grad_mult", "no_feature_penalty"])
+def test_wav2vec2_negative_controls(wav2vec2_run, control):
+    changes = ({"feature_grad_mult": 1.0} if control == "no_feature_grad_mult"
+               else {"feature_penalty": False})
+    difference = max_relative_difference(wav2vec2_run["ours"],
+                                         wav2vec2_reference(wav2vec2_run, **changes))
+    print(f"wav2vec2 {control}: {difference:.2e}")
     assert difference > CONTROL_MINIMUM
