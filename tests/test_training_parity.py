@@ -127,6 +127,14 @@ def state_parity(ours: Mapping[str, np.ndarray], reference: Mapping[str, np.ndar
             max_relative_difference(part(ours, True), part(reference, True)))
 
 
+def difference_to(label: str, ours: Mapping[str, np.ndarray],
+                  reference: Mapping[str, np.ndarray]) -> float:
+    """`max_relative_difference`, printed after `label` (`pytest -s` shows every number)."""
+    difference = max_relative_difference(ours, reference)
+    print(f"{label}: {difference:.2e}")
+    return difference
+
+
 def with_losses(losses: list[float], params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One flat dict of the per-step losses and the final parameters, for the comparison."""
     return {**{f"loss/{i}": np.float64(v) for i, v in enumerate(losses)}, **params}
@@ -420,9 +428,7 @@ def bert_schedule(config: Config, offset: int = 0) -> Callable[[int], float]:
 def test_bert_trains_as_google_research_bert(bert_run):
     reference = bert_reference(bert_run, adam_weight_decay(bert_run["config"]),
                                bert_schedule(bert_run["config"]))
-    difference = max_relative_difference(bert_run["ours"], reference)
-    print(f"bert: {difference:.2e}")
-    assert difference <= TOLERANCE
+    assert difference_to("bert", bert_run["ours"], reference) <= TOLERANCE
 
 
 @pytest.mark.parametrize("control", ["bias_correction", "decay_layer_norm_and_bias",
@@ -438,10 +444,8 @@ def test_bert_negative_controls(bert_run, control):
         schedule = bert_schedule(bert_run["config"], offset=1)
     else:
         optimizer = dataclasses.replace(optimizer, clip_norm=0.0)
-    difference = max_relative_difference(bert_run["ours"],
-                                         bert_reference(bert_run, optimizer, schedule))
-    print(f"bert {control}: {difference:.2e}")
-    assert difference > CONTROL_MINIMUM
+    reference = bert_reference(bert_run, optimizer, schedule)
+    assert difference_to(f"bert {control}", bert_run["ours"], reference) > CONTROL_MINIMUM
 
 
 # ------------------------------------------------------------------------------------ ELECTRA
@@ -544,17 +548,14 @@ def electra_schedule(config: Config, learning_rate: Callable[..., float] = elect
 def test_electra_trains_as_google_research_electra(electra_run):
     reference = electra_reference(electra_run, adam_weight_decay(electra_run["config"]),
                                   electra_schedule(electra_run["config"]))
-    difference = max_relative_difference(electra_run["ours"], reference)
-    print(f"electra: {difference:.2e}")
-    assert difference <= TOLERANCE
+    assert difference_to("electra", electra_run["ours"], reference) <= TOLERANCE
 
 
 def test_electra_negative_control_bert_schedule(electra_run):
     """BERT's warmup (peak * step / warmup) instead of ELECTRA's ramp times the decay."""
     reference = electra_reference(electra_run, adam_weight_decay(electra_run["config"]),
                                   electra_schedule(electra_run["config"], bert_learning_rate))
-    difference = max_relative_difference(electra_run["ours"], reference)
-    print(f"electra with BERT's schedule: {difference:.2e}")
+    difference = difference_to("electra with BERT's schedule", electra_run["ours"], reference)
     assert difference > CONTROL_MINIMUM
 
 
@@ -631,15 +632,13 @@ def gpt_reference(run: dict[str, Any], coupled_decay: bool = False) -> dict[str,
 
 
 def test_gpt_trains_as_torch_adamw(gpt_run):
-    difference = max_relative_difference(gpt_run["ours"], gpt_reference(gpt_run))
-    print(f"gpt: {difference:.2e}")
-    assert difference <= TOLERANCE
+    reference = gpt_reference(gpt_run)
+    assert difference_to("gpt", gpt_run["ours"], reference) <= TOLERANCE
 
 
 def test_gpt_negative_control_coupled_weight_decay(gpt_run):
-    difference = max_relative_difference(gpt_run["ours"],
-                                         gpt_reference(gpt_run, coupled_decay=True))
-    print(f"gpt with L2 (coupled) decay: {difference:.2e}")
+    reference = gpt_reference(gpt_run, coupled_decay=True)
+    difference = difference_to("gpt with L2 (coupled) decay", gpt_run["ours"], reference)
     assert difference > CONTROL_MINIMUM
 
 
@@ -750,9 +749,7 @@ def roberta_reference(run: dict[str, Any], optimizer: FairseqAdamReference,
 
 def test_roberta_trains_as_fairseq(roberta_run):
     reference = roberta_reference(roberta_run, fairseq_adam(roberta_run["config"]))
-    difference = max_relative_difference(roberta_run["ours"], reference)
-    print(f"roberta: {difference:.2e}")
-    assert difference <= TOLERANCE
+    assert difference_to("roberta", roberta_run["ours"], reference) <= TOLERANCE
 
 
 @pytest.mark.parametrize("control", ["torch_adamw_eps", "no_decay_on_norms_and_biases",
@@ -765,10 +762,8 @@ def test_roberta_negative_controls(roberta_run, control):
         optimizer = dataclasses.replace(optimizer, skip_norms_and_biases=True)
     else:
         schedule = bert_learning_rate
-    difference = max_relative_difference(roberta_run["ours"],
-                                         roberta_reference(roberta_run, optimizer, schedule))
-    print(f"roberta {control}: {difference:.2e}")
-    assert difference > CONTROL_MINIMUM
+    reference = roberta_reference(roberta_run, optimizer, schedule)
+    assert difference_to(f"roberta {control}", roberta_run["ours"], reference) > CONTROL_MINIMUM
 
 
 # ----------------------------------------------------------------------------------------- T5
@@ -912,16 +907,14 @@ def t5_reference(run: dict[str, Any], optimizer: Any) -> dict[str, np.ndarray]:
 def test_t5_trains_as_mesh_tensorflow_adafactor(t5_run):
     """Our per-layer Adafactor on stacked parameters against Mesh TF's, variable by
     variable."""
-    difference = max_relative_difference(t5_run["ours"],
-                                         t5_reference(t5_run, MeshAdafactorReference()))
-    print(f"t5: {difference:.2e}")
-    assert difference <= TOLERANCE
+    reference = t5_reference(t5_run, MeshAdafactorReference())
+    assert difference_to("t5", t5_run["ours"], reference) <= TOLERANCE
 
 
 def test_t5_negative_control_factoring_every_matrix(t5_run):
-    difference = max_relative_difference(t5_run["ours"],
-                                         t5_reference(t5_run, HFAdafactorReference()))
-    print(f"t5 with HF's Adafactor (every matrix factored): {difference:.2e}")
+    reference = t5_reference(t5_run, HFAdafactorReference())
+    difference = difference_to("t5 with HF's Adafactor (every matrix factored)",
+                               t5_run["ours"], reference)
     assert difference > CONTROL_MINIMUM
 
 
@@ -1159,9 +1152,7 @@ def simclr_reference(run: dict[str, Any], optimizer: LarsReference,
 
 def test_simclr_trains_as_google_research_simclr(simclr_run):
     reference = simclr_reference(simclr_run, simclr_lars(simclr_run["config"]))
-    difference = max_relative_difference(simclr_run["ours"], reference)
-    print(f"simclr: {difference:.2e}")
-    assert difference <= TOLERANCE
+    assert difference_to("simclr", simclr_run["ours"], reference) <= TOLERANCE
 
 
 def simclr_lars(config: Config, **changes: Any) -> LarsReference:
@@ -1180,9 +1171,7 @@ def test_simclr_negative_controls(simclr_run, control):
     else:
         reference = simclr_reference(simclr_run, simclr_lars(simclr_run["config"]),
                                      batch_norm_groups=8)
-    difference = max_relative_difference(simclr_run["ours"], reference)
-    print(f"simclr {control}: {difference:.2e}")
-    assert difference > CONTROL_MINIMUM
+    assert difference_to(f"simclr {control}", simclr_run["ours"], reference) > CONTROL_MINIMUM
 
 
 # ------------------------------------------------------------------------------------- ALBERT
@@ -1216,9 +1205,8 @@ def albert_reference(run: dict[str, Any], **changes: Any) -> dict[str, np.ndarra
 
 
 def test_albert_trains_as_google_research_albert_lamb(albert_run):
-    difference = max_relative_difference(albert_run["ours"], albert_reference(albert_run))
-    print(f"albert: {difference:.2e}")
-    assert difference <= TOLERANCE
+    reference = albert_reference(albert_run)
+    assert difference_to("albert", albert_run["ours"], reference) <= TOLERANCE
 
 
 @pytest.mark.parametrize("control", ["adapt_layer_norm_and_bias", "bias_correction"])
@@ -1227,10 +1215,8 @@ def test_albert_negative_controls(albert_run, control):
     (optax.lamb's, the LAMB paper's)."""
     changes = ({"adapt_everything": True} if control == "adapt_layer_norm_and_bias"
                else {"bias_correction": True})
-    difference = max_relative_difference(albert_run["ours"],
-                                         albert_reference(albert_run, **changes))
-    print(f"albert {control}: {difference:.2e}")
-    assert difference > CONTROL_MINIMUM
+    reference = albert_reference(albert_run, **changes)
+    assert difference_to(f"albert {control}", albert_run["ours"], reference) > CONTROL_MINIMUM
 
 
 # --------------------------------------------------------------------------------------- ELMo
@@ -1429,9 +1415,8 @@ def elmo_reference(run: dict[str, Any], **changes: Any) -> dict[str, np.ndarray]
 
 
 def test_elmo_trains_as_bilm_tf_adagrad(elmo_run):
-    difference = max_relative_difference(elmo_run["ours"], elmo_reference(elmo_run))
-    print(f"elmo: {difference:.2e}")
-    assert difference <= TOLERANCE
+    reference = elmo_reference(elmo_run)
+    assert difference_to("elmo", elmo_run["ours"], reference) <= TOLERANCE
 
 
 @pytest.mark.parametrize("control", ["no_loss_scale", "tf_default_accumulator", "no_clipping"])
@@ -1441,9 +1426,8 @@ def test_elmo_negative_controls(elmo_run, control):
     changes = {"no_loss_scale": {"loss_scale": 1.0},
                "tf_default_accumulator": {"initial_accumulator": 0.1},
                "no_clipping": {"clip_norm": 0.0}}[control]
-    difference = max_relative_difference(elmo_run["ours"], elmo_reference(elmo_run, **changes))
-    print(f"elmo {control}: {difference:.2e}")
-    assert difference > CONTROL_MINIMUM
+    reference = elmo_reference(elmo_run, **changes)
+    assert difference_to(f"elmo {control}", elmo_run["ours"], reference) > CONTROL_MINIMUM
 
 
 # ------------------------------------------------------------------------------- MoCo, BYOL
@@ -1626,9 +1610,8 @@ def test_moco_trains_as_facebookresearch_moco(moco_run):
 def test_moco_negative_controls(moco_run, control):
     changes = ({"momentum_update": False} if control == "no_momentum_update"
                else {"enqueue_first": True})
-    difference = max_relative_difference(moco_run["ours"], moco_reference(moco_run, **changes))
-    print(f"moco {control}: {difference:.2e}")
-    assert difference > CONTROL_MINIMUM
+    reference = moco_reference(moco_run, **changes)
+    assert difference_to(f"moco {control}", moco_run["ours"], reference) > CONTROL_MINIMUM
 
 
 def byol_state(model: nnx.Module) -> dict[str, np.ndarray]:
@@ -1701,18 +1684,16 @@ def byol_reference(run: dict[str, Any], target_update: bool = True,
 
 
 def test_byol_trains_as_deepmind_byol(byol_run):
-    difference = max_relative_difference(byol_run["ours"], byol_reference(byol_run))
-    print(f"byol: {difference:.2e}")
-    assert difference <= TOLERANCE
+    reference = byol_reference(byol_run)
+    assert difference_to("byol", byol_run["ours"], reference) <= TOLERANCE
 
 
 @pytest.mark.parametrize("control", ["no_target_update", "simclr_lars_momentum"])
 def test_byol_negative_controls(byol_run, control):
     changes = ({"target_update": False} if control == "no_target_update"
                else {"learning_rate_after_momentum": False})
-    difference = max_relative_difference(byol_run["ours"], byol_reference(byol_run, **changes))
-    print(f"byol {control}: {difference:.2e}")
-    assert difference > CONTROL_MINIMUM
+    reference = byol_reference(byol_run, **changes)
+    assert difference_to(f"byol {control}", byol_run["ours"], reference) > CONTROL_MINIMUM
 
 
 # -------------------------------------------------------------------------------------- XLNet
@@ -1823,10 +1804,8 @@ def test_xlnet_negative_controls(xlnet_run, control):
         optimizer = dataclasses.replace(optimizer, include_in_decay=())
     else:
         schedule = bert_schedule(config)
-    difference = max_relative_difference(xlnet_run["ours"],
-                                         xlnet_reference(xlnet_run, optimizer, schedule))
-    print(f"xlnet {control}: {difference:.2e}")
-    assert difference > CONTROL_MINIMUM
+    reference = xlnet_reference(xlnet_run, optimizer, schedule)
+    assert difference_to(f"xlnet {control}", xlnet_run["ours"], reference) > CONTROL_MINIMUM
 
 
 # ---------------------------------------------------------------------------------- wav2vec 2.0
@@ -1962,16 +1941,13 @@ def wav2vec2_reference(run: dict[str, Any], feature_grad_mult: float | None = No
 
 
 def test_wav2vec2_trains_as_fairseq_wav2vec2(wav2vec2_run):
-    difference = max_relative_difference(wav2vec2_run["ours"], wav2vec2_reference(wav2vec2_run))
-    print(f"wav2vec2: {difference:.2e}")
-    assert difference <= TOLERANCE
+    reference = wav2vec2_reference(wav2vec2_run)
+    assert difference_to("wav2vec2", wav2vec2_run["ours"], reference) <= TOLERANCE
 
 
 @pytest.mark.parametrize("control", ["no_feature_grad_mult", "no_feature_penalty"])
 def test_wav2vec2_negative_controls(wav2vec2_run, control):
     changes = ({"feature_grad_mult": 1.0} if control == "no_feature_grad_mult"
                else {"feature_penalty": False})
-    difference = max_relative_difference(wav2vec2_run["ours"],
-                                         wav2vec2_reference(wav2vec2_run, **changes))
-    print(f"wav2vec2 {control}: {difference:.2e}")
-    assert difference > CONTROL_MINIMUM
+    reference = wav2vec2_reference(wav2vec2_run, **changes)
+    assert difference_to(f"wav2vec2 {control}", wav2vec2_run["ours"], reference) > CONTROL_MINIMUM
