@@ -137,15 +137,17 @@ PRESETS = {
         "model": {"depth": 18, "stem": "cifar", "base_width": 8, "projection_hidden_dim": 256,
                   "projection_dim": 64, "predictor_hidden_dim": 256},
         "objective": {"base_target_decay": 0.99, "image_size": 32},
-        "optim": {"optimizer": "lars", "learning_rate": 0.5, "schedule": "cosine",
-                  "warmup_steps": 10, "weight_decay": 1.5e-6, "clip_norm": 0.0},
+        "optim": {"optimizer": "lars", "learning_rate_after_momentum": True,
+                  "learning_rate": 0.5, "schedule": "cosine", "warmup_steps": 10,
+                  "weight_decay": 1.5e-6, "clip_norm": 0.0},
         "train": TINY_IMAGE_TRAIN,
     },
     # BYOL on ImageNet (Grill et al. 2020 §3.3 and Appendix J; configs/byol.py for 1000
     # epochs): ResNet-50, projector and predictor 4096 -> 256, tau_base 0.996 with the cosine
     # schedule over the whole run, LARS (trust 1e-3, momentum 0.9, neither decay nor adaptation
-    # on biases and BatchNorm) lr 0.2 x 4096/256 = 3.2, weight decay 1.5e-6, batch 4096, 1000
-    # epochs = 312,785 steps with 10 of warmup (3,127), cosine; crops of area 0.08-1.
+    # on biases and BatchNorm; the rate scales the momentum, optimizers.py `lars`) lr 0.2 x
+    # 4096/256 = 3.2, weight decay 1.5e-6, batch 4096, 1000 epochs = 312,785 steps with 10 of
+    # warmup (3,127), cosine; crops of area 0.08-1.
     "byol_imagenet": {
         "model": {"depth": 50, "stem": "imagenet", "dtype": "bfloat16",
                   "projection_hidden_dim": 4096, "projection_dim": 256,
@@ -153,9 +155,10 @@ PRESETS = {
         "objective": {"base_target_decay": 0.996, "image_size": 224},
         "examples": {"host_crop_size": 224, "host_crop_area_min": 0.08},
         "data": {"source": "tfds:imagenet2012", "worker_count": 16},
-        "optim": {"optimizer": "lars", "learning_rate": 3.2, "schedule": "cosine",
-                  "warmup_steps": 3127, "weight_decay": 1.5e-6, "momentum": 0.9,
-                  "trust_coefficient": 1e-3, "clip_norm": 0.0},
+        "optim": {"optimizer": "lars", "learning_rate_after_momentum": True,
+                  "learning_rate": 3.2, "schedule": "cosine", "warmup_steps": 3127,
+                  "weight_decay": 1.5e-6, "momentum": 0.9, "trust_coefficient": 1e-3,
+                  "clip_norm": 0.0},
         "train": {"steps": 312785, "batch_size": 4096, "eval_every": 5000},
     },
 }

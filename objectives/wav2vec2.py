@@ -333,10 +333,12 @@ def build_wav2vec2(config: Wav2Vec2Config, seed: int) -> Wav2Vec2:
 def mask_audio(data: PreparedData, model_config: Wav2Vec2Config,
                objective: Wav2Vec2ObjectiveConfig) -> PreparedData:
     """`SpanMasking` while loading the training records; held-out examples masked once with a
-    fixed seed, so held-out numbers compare across runs."""
+    fixed seed, so held-out numbers compare across runs (none: a trainer fed its batches
+    directly, as bench's and the parity tests' are)."""
     masking = SpanMasking(model_config, objective)
-    return dataclasses.replace(data, transforms=(*data.transforms, masking),
-                               eval=mask_records(data.eval, masking, HELD_OUT_MASK_SEED))
+    held_out = None if data.eval is None else mask_records(data.eval, masking,
+                                                           HELD_OUT_MASK_SEED)
+    return dataclasses.replace(data, transforms=(*data.transforms, masking), eval=held_out)
 
 
 def probe_layers(model: Wav2Vec2, audio: jax.Array, attention_mask: jax.Array, layer: int

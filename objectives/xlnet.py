@@ -133,7 +133,10 @@ def check_xlnet(model: XLNetConfig, examples: xlnet_examples.XLNetExampleConfig,
 
 
 # XLNet (Yang et al. 2019, Table 7; train_gpu.py / data_utils.py): seq 512 of which 256 are
-# reused, memory 384, 85 targets (K = 6), bi_data, AdamWeightDecay, warmup, linear decay.
+# reused, memory 384, 85 targets (K = 6), bi_data, AdamWeightDecay (weight decay 0.01, eps
+# 1e-6; model_utils.py's, which also decays the r_w/r_r/r_s biases), warmup, then
+# model_utils.py `get_train_op`'s poly decay from the peak at the end of warmup to lr x
+# min_lr_ratio (0.001).
 PRESETS = {
     "xlnet_tiny": {
         "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 256,

@@ -46,11 +46,13 @@ class MeshConfig:
 class OptimConfig:
     """Optimizer and schedule. Defaults are BERT's AdamWeightDecay (optimization.py): lr 1e-4,
     wd 0.01 (not on LayerNorm or biases), b1 0.9, b2 0.999, eps 1e-6, no bias correction,
-    global-norm clip 1.0, linear warmup then linear decay to 0. `optimizer` is adamw, lamb,
-    lars (SimCLR, BYOL: `momentum` 0.9, `trust_coefficient` 0.001, neither decay nor adaptation
-    on normalisation parameters and biases), sgd (MoCo: torch's SGD with `momentum`, decay on
-    every parameter; `nesterov` as torch's SGD(nesterov=True)), adafactor (T5;
-    `pretrain.optim.adafactor`) or adagrad (ELMo: bilm-tf's initial accumulator 1). `schedule`
+    global-norm clip 1.0, linear warmup then linear decay to 0. `optimizer` is adamw, lamb
+    (ALBERT's lamb_optimizer.py: these Adam moments and decay times the trust ratio, which skips
+    what the decay skips, per layer on stacked layers), lars (SimCLR, BYOL: `momentum` 0.9,
+    `trust_coefficient` 0.001, neither decay nor adaptation on normalisation parameters and
+    biases), sgd (MoCo: torch's SGD with `momentum`, decay on every parameter; `nesterov` as
+    torch's SGD(nesterov=True)), adafactor (T5; `pretrain.optim.adafactor`) or adagrad (ELMo:
+    bilm-tf's initial accumulator 1). `schedule`
     is linear (BERT: lr * step / warmup during warmup, then lr * (1 - step / steps)), electra_linear
     (ELECTRA's optimization.py: lr * (1 - step / steps) * min(1, step / warmup), the ramp
     multiplying the decayed value), cosine, constant, step (lr x `decay_factor` after each step
@@ -102,6 +104,9 @@ class OptimConfig:
     """Momentum of lars and sgd."""
     trust_coefficient: float = 0.001
     """LARS trust coefficient (eta; SimCLR and BYOL 1e-3)."""
+    learning_rate_after_momentum: bool = False
+    """lars: v = m v + update, w -= lr v (BYOL's optimizers.py) instead of v = m v + lr update,
+    w -= v (SimCLR's classic momentum); they differ while the rate changes."""
     layerwise_lr_decay: float = 1.0
     """Each Transformer layer's lr x decay^(depth from the top) (ELECTRA fine-tuning 0.8)."""
     decay_boundaries: str = ""

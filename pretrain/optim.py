@@ -21,10 +21,12 @@ from pretext_jax.errors import UserError
 # biases and the scales of LayerNorm, RMSNorm and BatchNorm. optimization.py excludes
 # "LayerNorm", "layer_norm" and "bias" by name; a normalisation layer's parameters here are its
 # `scale` and `bias`, so the two rules pick the same ones. A name ending in `_bias` (XLNet's
-# `r_w_bias` and `lm_bias`, ELMo's `lstm_bias`) is a bias too, as the substring match of
-# xlnet's model_utils.py and HF's `no_decay` lists treat it.
+# `lm_bias`, ELMo's `lstm_bias`) is a bias too, as the substring match of xlnet's
+# model_utils.py and HF's `no_decay` lists treat it, except XLNet's attention biases, which
+# model_utils.py's AdamWeightDecayOptimizer decays (its `include_in_weight_decay`).
 NO_DECAY_PARAMETERS = ("bias", "scale")
 NO_DECAY_SUFFIX = "_bias"
+DECAYED_BIASES = ("r_w_bias", "r_r_bias", "r_s_bias")
 SCHEDULES = ("linear", "electra_linear", "linear_from_peak", "cosine", "constant",
              "inverse_sqrt", "inverse_sqrt_warmup", "step")
 
@@ -84,10 +86,13 @@ def scale_by_adam_without_bias_correction(
 
 def decay_mask(params: Any) -> Any:
     """True where weight decay applies: on every parameter but biases and normalisation scales
-    (`NO_DECAY_PARAMETERS` or a `NO_DECAY_SUFFIX`, matched against the parameter's own name)."""
+    (`NO_DECAY_PARAMETERS` or a `NO_DECAY_SUFFIX` but not `DECAYED_BIASES`, matched against the
+    parameter's own name)."""
 
     def keep(path: tuple[Any, ...], _: Any) -> bool:
         name = _parameter_name(path)
+        if name in DECAYED_BIASES:
+            return True
         return name not in NO_DECAY_PARAMETERS and not name.endswith(NO_DECAY_SUFFIX)
 
     return jax.tree_util.tree_map_with_path(keep, params)
@@ -281,26 +286,67 @@ def adafactor(schedule: optax.Schedule, weight_decay: float) -> optax.GradientTr
     return optax.GradientTransformation(init, update)
 
 
+def adam_moments(config: Any) -> optax.GradientTransformation:
+    """Adam's m / (sqrt(v) + eps) as `config` places the bias correction and eps (adamw, lamb)."""
+    if not config.bias_correction:
+        return scale_by_adam_without_bias_correction(config.b1, config.b2, config.eps)
+    if config.eps_before_bias_correction:
+        return scale_by_adam_eps_hat(config.b1, config.b2, config.eps)
+    return optax.scale_by_adam(config.b1, config.b2, config.eps)
+
+
+def scale_by_layer_trust_ratio(mask: Any = None) -> optax.GradientTransformation:
+    """LAMB's layer adaptation (You et al. 2020; albert lamb_optimizer.py): each update times
+    ||w|| / ||update||, 1 where either norm is 0, for the parameters `mask` selects (None: all).
+    The norms are per variable of the reference, so per layer on stacked layer parameters (a
+    `layers` axis), where optax's `scale_by_trust_ratio` would take one norm over all layers."""
+
+    def update(updates: Any, state: optax.EmptyState, params: Any = None):
+        stacked = jax.tree_util.tree_map_with_path(lambda path, _: "layers" in _names(path),
+                                                   updates)
+
+        def scale(u: jax.Array, p: jax.Array, per_layer: bool) -> jax.Array:
+            axes = tuple(range(1, u.ndim)) if per_layer and u.ndim > 1 else None
+            w_norm = jnp.sqrt(jnp.sum(jnp.square(p.astype(jnp.float32)), axes, keepdims=True))
+            u_norm = jnp.sqrt(jnp.sum(jnp.square(u.astype(jnp.float32)), axes, keepdims=True))
+            usable = (w_norm > 0) & (u_norm > 0)
+            ratio = jnp.where(usable, w_norm / jnp.where(usable, u_norm, 1.0), 1.0)
+            return (u * ratio).astype(u.dtype)
+
+        return jax.tree.map(scale, updates, params, stacked), state
+
+    transform = optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+    return transform if mask is None else optax.masked(transform, mask)
+
+
 def make_optimizer(config: Any, total_steps: int) -> optax.GradientTransformation:
     """The optax chain for `config` (OptimConfig): clip -> moments -> decoupled decay -> lr."""
     schedule = learning_rate_schedule(config, total_steps)
     # fairseq's Adam decays every parameter; the TF references skip LayerNorm and biases.
     decayed = None if config.decay_norms_and_biases else decay_mask
     if config.optimizer == "adamw":
-        if not config.bias_correction:
-            moments = scale_by_adam_without_bias_correction(config.b1, config.b2, config.eps)
-        elif config.eps_before_bias_correction:
-            moments = scale_by_adam_eps_hat(config.b1, config.b2, config.eps)
-        else:
-            moments = optax.scale_by_adam(config.b1, config.b2, config.eps)
         core = optax.chain(
-            moments,
+            adam_moments(config),
             optax.add_decayed_weights(config.weight_decay, mask=decayed),
             optax.scale_by_learning_rate(schedule),
         )
     elif config.optimizer == "lamb":
-        core = optax.lamb(schedule, config.b1, config.b2, config.eps,
-                          weight_decay=config.weight_decay, mask=decayed)
+        # google-research/albert lamb_optimizer.py `LAMBOptimizer`: Adam moments (without bias
+        # correction unless asked), + decay, the trust ratio, lr; the trust ratio skips what the
+        # decay skips (its exclude_from_layer_adaptation defaults to exclude_from_weight_decay).
+        core = optax.chain(adam_moments(config),
+                           optax.add_decayed_weights(config.weight_decay, mask=decayed),
+                           scale_by_layer_trust_ratio(mask=decayed),
+                           optax.scale_by_learning_rate(schedule))
+    elif config.optimizer == "lars" and config.learning_rate_after_momentum:
+        # BYOL's utils/optimizers.py `lars`: decay -> trust ratio -> momentum trace -> lr
+        # (v = m v + trust * (g + wd w), w -= lr v): the rate scales the whole velocity.
+        core = optax.chain(
+            optax.add_decayed_weights(config.weight_decay, mask=decay_mask),
+            optax.masked(optax.scale_by_trust_ratio(trust_coefficient=config.trust_coefficient),
+                         decay_mask),
+            optax.trace(decay=config.momentum),
+            optax.scale_by_learning_rate(schedule))
     elif config.optimizer == "lars":
         # optax.lars = decay -> trust ratio -> lr -> momentum trace, i.e. SimCLR's
         # lars_optimizer.py with classic momentum (v = m v + lr * trust * (g + wd w)).

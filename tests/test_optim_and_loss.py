@@ -221,7 +221,8 @@ def test_decay_mask_of_every_model_is_the_name_list_one(method, model_config):
     generator, once `mlm_transform`, `mlm_layer_norm`, `mlm_bias` and now `lm_head.dense`,
     `lm_head.layer_norm`, `lm_head.bias`, get the same verdict from the list under either name
     (kernel decayed; LayerNorm and biases not). A parameter whose own name ends in `_bias`
-    (XLNet's `r_w_bias`, ELMo's `lstm_bias`) is a bias; a module of that name (T5's
+    (XLNet's `lm_bias`, ELMo's `lstm_bias`) is a bias, except XLNet's r_w/r_r/r_s biases, which
+    xlnet's model_utils.py decays (`include_in_weight_decay`); a module of that name (T5's
     `relative_attention_bias` embedding) is not."""
     m = registry.get(method)
     model_config = model_config or m.model_config()
@@ -231,8 +232,9 @@ def test_decay_mask_of_every_model_is_the_name_list_one(method, model_config):
     params = nnx.state(model, nnx.Param)
     names = lambda path: [str(getattr(k, "key", getattr(k, "name", k))) for k in path]  # noqa: E731
     own_name = lambda path: [n for n in names(path) if n != "value"][-1]  # noqa: E731
-    expected = {tuple(names(path)): not (any(n in NAME_LIST_EXCLUSIONS for n in names(path))
-                                         or own_name(path).endswith("_bias"))
+    expected = {tuple(names(path)): own_name(path) in ("r_w_bias", "r_r_bias", "r_s_bias")
+                or not (any(n in NAME_LIST_EXCLUSIONS for n in names(path))
+                        or own_name(path).endswith("_bias"))
                 for path, _ in jax.tree_util.tree_leaves_with_path(params)}
     actual = {tuple(names(path)): bool(decays)
               for path, decays in jax.tree_util.tree_leaves_with_path(decay_mask(params))}
