@@ -423,6 +423,8 @@ def prepare_text(
     process, processes = _process()
     train_shards = corpus.plan_shards(data.source, data)
     eval_shards = corpus.plan_shards(data.eval_source, data) if data.eval_source else []
+    if data.tokenizer and check_tokenizer is not None:  # a given one is refused before writing
+        check_tokenizer(load_tokenizer(data))
     _make_dirs(base / "shards")
     tokenizer = _ensure_tokenizer(data, base, corpus_key, train_shards, seed, process, markup)
     if check_tokenizer is not None:
