@@ -45,13 +45,15 @@ def data_cache(config: Config, workdir: str | Path) -> Path:
     return Path(config.data.cache_dir) if config.data.cache_dir else Path(workdir) / "data"
 
 
-def check_before_writing(config: Config, workdir: Path) -> dict[str, Any]:
+def check_before_writing(config: Config, workdir: Path, read_inputs: bool = True
+                         ) -> dict[str, Any]:
     """The checks a run passes before it prepares or writes anything: the workdir
     (`directories.check_workdir`) and, when it holds checkpoints, that they continue this config
     on the same input files (`checkpoints.check_resume`). Returns the inputs' fingerprint
-    (`prepare.inputs_fingerprint`) that the checkpoints save."""
+    (`prepare.inputs_fingerprint`) that the checkpoints save; {} with `read_inputs` false (a
+    run given its data, which reads none of `config.data`'s files)."""
     directories.check_workdir(workdir, config)
-    inputs = prepare.inputs_fingerprint(config.data)
+    inputs = prepare.inputs_fingerprint(config.data) if read_inputs else {}
     check_resume(workdir, config, inputs)
     return inputs
 
@@ -85,7 +87,7 @@ class Trainer:
         self.mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
                                        devices)
         mesh_lib.check_batch(self.mesh, config.train.batch_size, config.optim.grad_accum_steps)
-        self.inputs = check_before_writing(config, self.workdir)
+        self.inputs = check_before_writing(config, self.workdir, read_inputs=data is None)
         self.example_config = config.examples
         cache = data_cache(config, self.workdir)
         created = [p for p in (self.workdir, cache) if not p.exists()]
