@@ -49,6 +49,7 @@ from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.models.xlm import XLM, XLMTranslation, XLMTranslationConfig, load_both_sides
 from pretext_jax.objectives.common.losses import weighted_cross_entropy
 from pretext_jax.objectives.common.preset_parts import T5_OPTIM, TINY_T5_MODEL
+from pretext_jax.objectives.common.starts import check_same_architecture
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
@@ -60,9 +61,6 @@ from pretext_jax.objectives.registry import (
     register,
 )
 
-# Fields that may differ between the pre-trained model and the fine-tuned one.
-RUN_FIELDS = frozenset({"init", "hidden_dropout", "attention_dropout", "dropout",
-                        "dtype", "scan_layers", "remat", "attention_implementation"})
 DECODE_BATCH = 128
 
 
@@ -267,11 +265,7 @@ def pretrained_translator(config: Any, seed: int, load: Callable[[str], nnx.Modu
     if type(loaded) is not family.starts_from:
         raise UserError(f"{config.init} holds a {type(loaded).__name__}, not the "
                         f"{family.starts_from.__name__} this method fine-tunes")
-    for field in dataclasses.fields(loaded.config):
-        ours, theirs = getattr(config, field.name), getattr(loaded.config, field.name)
-        if field.name not in RUN_FIELDS | family.free_fields and ours != theirs:
-            raise UserError(f"model.{field.name}={ours} differs from the pre-trained model's "
-                            f"{theirs} ({config.init}); set model.{field.name}={theirs}")
+    check_same_architecture(config, loaded.config, config.init, family.free_fields)
     fresh = family.build_model(config, seed)
     if family.load_pretrained is None:
         nnx.update(fresh, nnx.state(loaded, nnx.Param))

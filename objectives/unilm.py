@@ -45,6 +45,7 @@ from pretext_jax.objectives.common.preset_parts import (
     TINY_TEXT_OPTIM,
     TINY_TEXT_TRAIN,
 )
+from pretext_jax.objectives.common.starts import check_same_architecture
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
@@ -56,11 +57,6 @@ from pretext_jax.objectives.registry import (
     register,
     summary_of,
 )
-
-# Fields a starting BERT may differ in from the run's model: the run's own settings and the
-# token types, which `widen_token_types` widens.
-FREE_FIELDS = frozenset({"init", "type_vocab_size", "hidden_dropout", "attention_dropout",
-                         "dtype", "scan_layers", "remat", "attention_implementation"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,11 +143,8 @@ def pretrained_unilm(config: UnilmConfig, seed: int, load: Callable[[str], nnx.M
     if type(loaded) is not Bert:
         raise UserError(f"{config.init} holds a {type(loaded).__name__}, not the BERT that "
                         "UniLM continues from")
-    for field in dataclasses.fields(loaded.config):
-        ours, theirs = getattr(config, field.name), getattr(loaded.config, field.name)
-        if field.name not in FREE_FIELDS and ours != theirs:
-            raise UserError(f"model.{field.name}={ours} differs from the BERT's {theirs} "
-                            f"({config.init}); set model.{field.name}={theirs}")
+    # The token types are UniLM's own: `widen_token_types` widens the BERT's.
+    check_same_architecture(config, loaded.config, config.init, frozenset({"type_vocab_size"}))
     fresh = build_unilm(config, seed)
     weights = dict(nnx.to_flat_state(nnx.state(loaded, nnx.Param)))
     for key, variable in nnx.to_flat_state(nnx.state(fresh, nnx.Param)):
