@@ -364,7 +364,7 @@ _PATH_ARGUMENTS = [
     ("glue", "architecture", "give a pretext workdir or model directory"),
     ("translate", "init", "give a pretext workdir or model directory"),
     ("translate", "architecture", "give a pretext workdir or model directory"),
-    ("eval", "workdir", "give the --workdir of run.py finetune"),
+    ("eval", "workdir", "give the --workdir of a run.py finetune"),
     ("generate", "workdir", "give a GPT workdir or model directory, or a GPT-2 folder"),
     ("generate", "tokenizer", "give a tokenizer file or folder, or leave --tokenizer out"),
 ]

@@ -18,6 +18,7 @@ from typing import Any
 
 from pretext_jax.errors import UserError
 from pretext_jax.objectives import registry, translation
+from pretext_jax.objectives.common.starts import RUN_FIELDS
 from pretext_jax.pretrain.config import Config, as_override, make_config
 from pretext_jax.pretrain.directories import find_tokenizer
 from pretext_jax.pretrain.loading import load_pretrained
@@ -45,7 +46,7 @@ def translation_config(init: str, data: str, eval_data: str, overrides: Sequence
     values = {f"{section}.{key}": value for section, settings in recipe.items()
               if section not in ("method", "model") for key, value in settings.items()}
     method = translation.method_of(model)
-    skipped = translation.RUN_FIELDS | translation.FAMILIES[method].free_fields
+    skipped = RUN_FIELDS | translation.FAMILIES[method].free_fields
     values.update({f"model.{key}": value for key, value in
                    dataclasses.asdict(model.config).items() if key not in skipped})
     values.update({"method": method, "model.init": init,

@@ -289,7 +289,7 @@ def test_cli_finetune_eval_and_bad_input(tmp_path, bert_dir, glue_folder, capsys
     before = sorted(p.name for p in workdir.rglob("*"))
     for args, fix in ((["finetune", "--task", "qqp"], "one of"),
                       (["finetune", "--task", "sst2", "--data", str(tmp_path)], "SST-2"),
-                      (["eval"], "--workdir of run.py finetune")):
+                      (["eval"], "run.py finetune")):
         if args[0] == "eval":
             code = run.main([*args, "--workdir", str(tmp_path / "nothing")])
         else:
