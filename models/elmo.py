@@ -15,6 +15,9 @@ modules/scalar_mix.py).
   peepholes), dropout on each layer's input, and from the second layer on a residual connection
   (the layer's dropped input added to its output). The backward direction reads the window
   right to left; padding keeps the state unchanged, so a padded tail is no input to either.
+  Each layer of each direction starts from a given (h, c) state (zeros unless one is handed in)
+  and gives back its state after the window: bilm-tf's `init_lstm_state` / `final_lstm_state`,
+  through which its training carries the states from one batch to the next.
 - The softmax (`softmax_kernel` [vocab, projection_dim], `softmax_bias`) is one set of weights
   for both directions, on the top layer's output after dropout.
 - The representations for downstream use: layer 0 the token encoder's output duplicated for both
@@ -65,6 +68,9 @@ class ElmoConfig:
     """Dropout on every LSTM layer's input and on the top output (ELMo 0.1)."""
     dtype: str = "float32"
     """Compute dtype: float32, bfloat16 or float16 (parameters stay float32)."""
+    carried_state_rows: int = 0
+    """Rows of the LSTM states the LM keeps between training steps (its `carried_h`,
+    `carried_c`); 0 = none. Set from the data when pre-training reads stateful streams."""
 
     def __post_init__(self) -> None:
         check_dtype(self)
@@ -73,6 +79,8 @@ class ElmoConfig:
                      "char_vocab_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.carried_state_rows < 0:
+            raise ValueError(f"carried_state_rows={self.carried_state_rows} must be >= 0")
         if self.highway_layers < 0 or self.cell_clip < 0 or self.proj_clip < 0:
             raise ValueError("highway_layers, cell_clip and proj_clip must be >= 0")
         if self.char_activation not in ("relu", "tanh"):
@@ -135,12 +143,17 @@ def lstm_step(kernel: jax.Array, bias: jax.Array, projection: jax.Array, x: jax.
 
 
 def lstm_layer(kernel: jax.Array, bias: jax.Array, projection: jax.Array, x: jax.Array,
-               mask: jax.Array, cell_clip: float, proj_clip: float) -> jax.Array:
-    """An LSTMP layer over x [B, T, D] from a zero state, left to right; where `mask` [B, T] is
-    0 the state is kept (and the output is the kept h). Returns h [B, T, P]."""
+               mask: jax.Array, cell_clip: float, proj_clip: float,
+               initial: tuple[jax.Array, jax.Array] | None = None
+               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """An LSTMP layer over x [B, T, D], left to right, from `initial` (h [B, P], c [B, cells];
+    None: zeros); where `mask` [B, T] is 0 the state is kept (and the output is the kept h).
+    Returns (h [B, T, P], the final (h, c))."""
     batch = x.shape[0]
-    h0 = jnp.zeros((batch, projection.shape[1]), x.dtype)
-    c0 = jnp.zeros((batch, projection.shape[0]), x.dtype)
+    if initial is None:
+        initial = (jnp.zeros((batch, projection.shape[1]), x.dtype),
+                   jnp.zeros((batch, projection.shape[0]), x.dtype))
+    initial = tuple(state.astype(x.dtype) for state in initial)
 
     def step(state, inputs):
         h, c = state
@@ -150,8 +163,8 @@ def lstm_layer(kernel: jax.Array, bias: jax.Array, projection: jax.Array, x: jax
         h, c = jnp.where(keep, new_h, h), jnp.where(keep, new_c, c)
         return (h, c), h
 
-    _, hs = jax.lax.scan(step, (h0, c0), (jnp.swapaxes(x, 0, 1), jnp.swapaxes(mask, 0, 1)))
-    return jnp.swapaxes(hs, 0, 1)
+    final, hs = jax.lax.scan(step, initial, (jnp.swapaxes(x, 0, 1), jnp.swapaxes(mask, 0, 1)))
+    return jnp.swapaxes(hs, 0, 1), final
 
 
 class CharCNN(nnx.Module):
@@ -224,27 +237,44 @@ class BiLM(nnx.Module):
     def __call__(self, chars: jax.Array, mask: jax.Array, rng: jax.Array | None = None
                  ) -> tuple[jax.Array, jax.Array]:
         """chars [B, T, C], mask [B, T] -> (token representations [B, T, P], LSTM outputs
-        [2 (forward, backward), L, B, T, P], before the top output's dropout)."""
-        config = self.config
+        [2 (forward, backward), L, B, T, P], before the top output's dropout), both directions
+        over the same window from a zero state."""
         tokens = self.token_encoder(chars)
+        outputs, _ = self.lstm_stacks(jnp.stack([tokens, tokens]), jnp.stack([mask, mask]), rng)
+        return tokens, outputs
 
-        def direction(kernel, bias, projection, x, m, keys):  # one direction's stack
-            layers = []
+    def lstm_stacks(self, tokens: jax.Array, mask: jax.Array, rng: jax.Array | None = None,
+                    initial: tuple[jax.Array, jax.Array] | None = None
+                    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """The forward stack over tokens[0] [B, T, P] left to right and the backward stack over
+        tokens[1] right to left (mask [2, B, T]), each layer from `initial` (h [2, L, B, P],
+        c [2, L, B, cells]; None: zeros). Returns (outputs [2, L, B, T, P] in text order, the
+        final (h, c) of every layer, as `initial`)."""
+        config = self.config
+
+        def direction(kernel, bias, projection, x, m, keys, h0, c0):  # one direction's stack
+            layers, final_h, final_c = [], [], []
             for layer in range(config.num_layers):
                 inputs = dropout(x, config.dropout, None if keys is None else keys[layer])
-                h = lstm_layer(kernel[layer].astype(x.dtype), bias[layer].astype(x.dtype),
-                               projection[layer].astype(x.dtype), inputs, m,
-                               config.cell_clip, config.proj_clip)
+                h, (last_h, last_c) = lstm_layer(
+                    kernel[layer].astype(x.dtype), bias[layer].astype(x.dtype),
+                    projection[layer].astype(x.dtype), inputs, m, config.cell_clip,
+                    config.proj_clip, None if h0 is None else (h0[layer], c0[layer]))
                 x = h + inputs if config.residual and layer else h
                 layers.append(x)
-            return jnp.stack(layers)
+                final_h.append(last_h)
+                final_c.append(last_c)
+            return jnp.stack(layers), (jnp.stack(final_h), jnp.stack(final_c))
 
         # Both directions at once; the backward one reads time reversed (padding first).
         keys = None if rng is None else jax.random.split(rng, (2, config.num_layers))
-        outputs = jax.vmap(direction, in_axes=(0, 0, 0, 0, 0, None if keys is None else 0))(
+        h0, c0 = (None, None) if initial is None else initial
+        outputs, final = jax.vmap(direction, in_axes=(0, 0, 0, 0, 0, None if keys is None else 0,
+                                                      0, 0))(
             self.lstm_kernel[...], self.lstm_bias[...], self.lstm_projection[...],
-            jnp.stack([tokens, tokens[:, ::-1]]), jnp.stack([mask, mask[:, ::-1]]), keys)
-        return tokens, jnp.stack([outputs[0], outputs[1][:, :, ::-1]])
+            jnp.stack([tokens[0], tokens[1][:, ::-1]]), jnp.stack([mask[0], mask[1][:, ::-1]]),
+            keys, h0, c0)
+        return jnp.stack([outputs[0], outputs[1][:, :, ::-1]]), final
 
     def layer_representations(self, chars: jax.Array, mask: jax.Array,
                               rng: jax.Array | None = None) -> jax.Array:
@@ -256,8 +286,15 @@ class BiLM(nnx.Module):
             jnp.concatenate([outputs[0], outputs[1]], -1)], 0)
 
 
+class CarriedState(nnx.Variable):
+    """LSTM states kept from one training step to the next: model state, not a parameter."""
+
+
 class ElmoLM(nnx.Module):
-    """The biLM with its softmax shared by the directions (what pre-training trains)."""
+    """The biLM with its softmax shared by the directions (what pre-training trains). With
+    `carried_state_rows` > 0 it holds every layer's final state of both directions,
+    `carried_h` [2, L, rows, P] and `carried_c` [2, L, rows, cells] (zeros at first), for the
+    training loop to hand back as the next window's initial state."""
 
     def __init__(self, config: ElmoConfig, *, rngs: nnx.Rngs):
         if config.vocab_size < 1:
@@ -269,14 +306,33 @@ class ElmoLM(nnx.Module):
                                      (config.vocab_size, p), ("vocab", "embed"))
         self.softmax_bias = _param(rngs, nnx.initializers.zeros_init(), (config.vocab_size,),
                                    ("vocab",))
+        if config.carried_state_rows:
+            rows, layers = config.carried_state_rows, config.num_layers
+            with nnx.use_eager_sharding(False):  # rows split as the batch is (pretrain.mesh)
+                self.carried_h = CarriedState(jnp.zeros((2, layers, rows, p), jnp.float32),
+                                              out_sharding=(None, None, "batch", None))
+                self.carried_c = CarriedState(
+                    jnp.zeros((2, layers, rows, config.lstm_dim), jnp.float32),
+                    out_sharding=(None, None, "batch", None))
 
-    def __call__(self, chars: jax.Array, mask: jax.Array, rng: jax.Array | None = None
-                 ) -> jax.Array:
-        """The top forward and backward outputs after dropout, [2, B, T, P] (the softmax's
-        inputs)."""
+    def __call__(self, chars: jax.Array, mask: jax.Array, rng: jax.Array | None = None, *,
+                 backward_chars: jax.Array | None = None, backward_mask: jax.Array | None = None,
+                 initial: tuple[jax.Array, jax.Array] | None = None
+                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """The top forward and backward outputs after dropout, [2, B, T, P] in text order (the
+        softmax's inputs), and every layer's final (h, c) (`BiLM.lstm_stacks`). Both directions
+        read `chars` [B, T, C] (mask [B, T]), or the backward one `backward_chars` (another
+        window, `backward_mask`); from `initial` (h [2, L, B, P], c [2, L, B, cells]; None:
+        zeros)."""
         bilm_rng, out_rng = split_rng(rng, 2)
-        _, outputs = self.bilm(chars, mask, bilm_rng)
-        return dropout(outputs[:, -1], self.config.dropout, out_rng)
+        if backward_chars is None:
+            tokens = self.bilm.token_encoder(chars)
+            tokens, mask = jnp.stack([tokens, tokens]), jnp.stack([mask, mask])
+        else:
+            tokens = self.bilm.token_encoder(jnp.stack([chars, backward_chars]))
+            mask = jnp.stack([mask, backward_mask])
+        outputs, final = self.bilm.lstm_stacks(tokens, mask, bilm_rng, initial)
+        return dropout(outputs[:, -1], self.config.dropout, out_rng), final
 
     def downstream_model(self) -> BiLM:
         """What a downstream task starts from: the biLM without the softmax."""

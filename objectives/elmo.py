@@ -27,6 +27,7 @@ majority baseline, which `run.py finetune` / `glue` choose for an ELMo starting 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -62,6 +63,7 @@ from pretext_jax.objectives.registry import (
     Resolution,
     Start,
     register,
+    whole_run,
 )
 
 
@@ -125,20 +127,42 @@ def sampled_softmax_nll(hidden: jax.Array, targets: jax.Array, kernel: jax.Array
 def elmo_loss(model: ElmoLM, batch: Batch, rng: jax.Array | None, *,
               objective: ElmoObjectiveConfig) -> tuple[jax.Array, Metrics]:
     """0.5 (forward + backward) mean NLL of a batch of windows (`chars`, `ids`, `mask`), times
-    `objective.loss_scale` for the gradient (the `loss` metric is the unscaled mean)."""
+    `objective.loss_scale` for the gradient (the `loss` metric is the unscaled mean).
+
+    A batch of stateful streams (`input_pipeline.examples.elmo.StreamWindows`) holds the
+    backward LM's own window as `backward_chars`, `backward_ids`, `backward_mask`; in training
+    both LMs then start from the states the previous step left in `model.carried_h` /
+    `carried_c` and leave theirs there for the next step (bilm-tf training.py `train`: the
+    final states fed back as the next batch's initial ones). The carried states are values, not
+    functions of the parameters: no gradient crosses a step (truncated backpropagation through
+    time, as bilm-tf's fed states). Evaluation, and the independent windows, start from zero."""
     ids, mask = batch["ids"], batch["mask"]
-    real = mask[:, 1:-1]
+    backward_ids, backward_mask = batch.get("backward_ids", ids), batch.get("backward_mask", mask)
+    real, backward_real = mask[:, 1:-1], backward_mask[:, 1:-1]
+    streams = "backward_chars" in batch
+    carry = streams and rng is not None
+    if carry and not hasattr(model, "carried_h"):
+        raise ValueError("stateful streams need the model's carried states: set "
+                         "model.carried_state_rows to examples.stateful_streams")
     model_rng, *sample_rngs = (None, None, None) if rng is None else jax.random.split(rng, 3)
-    outputs = model(batch["chars"], real, model_rng)  # [2, B, T, P]
+    outputs, final = model(  # [2, B, T, P]
+        batch["chars"], real, model_rng,
+        backward_chars=batch["backward_chars"] if streams else None,
+        backward_mask=backward_real if streams else None,
+        initial=(model.carried_h[...], model.carried_c[...]) if carry else None)
+    if carry:
+        model.carried_h[...] = jax.lax.stop_gradient(final[0]).astype(jnp.float32)
+        model.carried_c[...] = jax.lax.stop_gradient(final[1]).astype(jnp.float32)
     kernel, bias = model.softmax_kernel[...], model.softmax_bias[...]
     vocab = kernel.shape[0]
     sampled = rng is not None and objective.negative_samples > 0
     loss, metrics = jnp.zeros((), jnp.float32), {}
-    for direction, (name, targets, present) in enumerate((
-            ("forward", ids[:, 2:], mask[:, 2:]), ("backward", ids[:, :-2], mask[:, :-2]))):
+    for direction, (name, targets, present, inputs) in enumerate((
+            ("forward", ids[:, 2:], mask[:, 2:], real),
+            ("backward", backward_ids[:, :-2], backward_mask[:, :-2], backward_real))):
         hidden = outputs[direction].reshape(-1, outputs.shape[-1])
         targets = targets.reshape(-1)
-        weights = (real * present).reshape(-1).astype(jnp.float32)
+        weights = (inputs * present).reshape(-1).astype(jnp.float32)
         if sampled:
             candidates = sample_log_uniform(sample_rngs[direction], objective.negative_samples,
                                             vocab)
@@ -173,12 +197,17 @@ def unigram_baseline_loss(counts: dict[str, int], vocabulary: list[str],
 def prepare_elmo(data: DataConfig, examples: ee.ElmoExampleConfig, cache_dir: Path,
                  seed: int) -> PreparedData:
     """Corpus -> word vocabulary (counted from the training sentences, or data.tokenizer: a
-    bilm-tf vocab file) -> windows of the training and held-out streams, cached."""
+    bilm-tf vocab file) -> windows of the training and held-out streams, cached. With
+    `examples.stateful_streams` = S the training windows are read as S stateful streams, in
+    order (`ee.StreamWindows`: stored as one shard, so that a record's index is its place in
+    the stream), and the model keeps S rows of LSTM states; held-out windows stay independent.
+    The stream count only decides how windows are read, so it is no part of the cache's key."""
     shards = corpus.plan_shards(data.source, data)
     settings = {k: v for k, v in dataclasses.asdict(data).items()
                 if k not in ("cache_dir", "worker_count", "prepare_workers")}
+    windows = {k: v for k, v in dataclasses.asdict(examples).items() if k != "stateful_streams"}
     base = Path(cache_dir) / fingerprint(
-        "elmo", settings, dataclasses.asdict(examples), seed,
+        "elmo", settings, windows, seed,
         source_fingerprint(data.source, data.tfds_data_dir),
         source_fingerprint(data.eval_source, data.tfds_data_dir) if data.eval_source else "",
         source_fingerprint(data.tokenizer) if data.tokenizer else "")
@@ -195,19 +224,37 @@ def prepare_elmo(data: DataConfig, examples: ee.ElmoExampleConfig, cache_dir: Pa
         counts[word] = int(n)
     vocabulary = (ee.read_vocabulary(data.tokenizer) if data.tokenizer
                   else ee.vocabulary_from_counts(counts, data.vocab_size))
-    splits = {"train": lambda: training_sentences(shards, data, seed),
-              "eval": lambda: held_out_sentences(shards, data, seed)}
-    for split, sentences in splits.items():
+    streams = examples.stateful_streams
+    train_split = "train-in-order" if streams else "train"
+    splits = {train_split: (lambda: training_sentences(shards, data, seed), 1 if streams else 4),
+              "eval": (lambda: held_out_sentences(shards, data, seed), 4)}
+    for split, (sentences, shard_count) in splits.items():
         if not (base / split / SPEC_FILE).is_file():
             write_records(ee.windows(sentences(), vocabulary, examples), base / split,
-                          metadata={"source": data.source})
-    train, held_out = RecordDirectory(base / "train"), RecordDirectory(base / "eval")
+                          num_shards=shard_count, metadata={"source": data.source})
+    train, held_out = RecordDirectory(base / train_split), RecordDirectory(base / "eval")
     eval_examples = held_out_examples(held_out)
     return PreparedData(
-        train=train, eval=eval_examples, model_fields={"vocab_size": len(vocabulary)},
+        train=train, eval=eval_examples,
+        model_fields={"vocab_size": len(vocabulary), "carried_state_rows": streams},
         report={"train_windows": len(train), "vocabulary": len(vocabulary),
                 "unigram_baseline_loss": unigram_baseline_loss(counts, vocabulary,
-                                                               eval_examples)})
+                                                               eval_examples)},
+        segments=whole_run(ee.StreamWindows(train, streams), shuffle=False,
+                           check=functools.partial(check_streams, streams=streams))
+        if streams else None)
+
+
+def check_streams(config: Any, streams: int) -> None:
+    """Stateful streams fix the batch: one row per stream (the carried states' rows), and one
+    micro-batch, since a micro-batch would see only some of the rows."""
+    if config.train.batch_size != streams:
+        raise UserError(f"train.batch_size={config.train.batch_size} must equal "
+                        f"examples.stateful_streams={streams} (one batch row per stream); set "
+                        "both to the same value, or examples.stateful_streams=0")
+    if config.optim.grad_accum_steps != 1:
+        raise UserError("examples.stateful_streams needs optim.grad_accum_steps=1 (the carried "
+                        "LSTM states are the whole batch's); use a smaller batch or more devices")
 
 
 def summarize_elmo(evaluation: dict[str, float], report: dict[str, Any],
@@ -257,11 +304,12 @@ PRESETS = {
     # GPU x 3 GPUs (384) x 20 unrolled steps, Adagrad lr 0.2 (initial accumulator 1) on the
     # gradient of 20 x the mean loss (training.py: loss * unroll_steps), gradients
     # clipped to global norm 10, 10 epochs of 768,648,884 tokens = 10 x int(768.6M / (384 x 20))
-    # = 1,000,840 steps. bilm-tf keeps the LSTM states between batches; we start each window
-    # from zero (input_pipeline/examples/elmo.py).
+    # = 1,000,840 steps. Each of the 384 batch rows is a continuing stream whose LSTM states
+    # carry from batch to batch (training.py `train`; input_pipeline/examples/elmo.py).
     "elmo_original": {
         "model": {"vocab_size": 0},
-        "examples": {"max_seq_length": 20, "max_characters_per_token": 50},
+        "examples": {"max_seq_length": 20, "max_characters_per_token": 50,
+                     "stateful_streams": 384},
         "objective": {"negative_samples": 8192, "loss_scale": 20.0},
         "data": {"vocab_size": 793471},
         "optim": {"optimizer": "adagrad", "learning_rate": 0.2, "schedule": "constant",
@@ -387,7 +435,7 @@ def pretrained_elmo_classifier(config: ElmoClassifierConfig, seed: int,
                         "the workdir of an elmo run")
     theirs, ours = bilm.config, config.bilm_config()
     differ = [f"model.{f.name}={getattr(theirs, f.name)}" for f in dataclasses.fields(ElmoConfig)
-              if f.name not in ("vocab_size", "dropout")
+              if f.name not in ("vocab_size", "dropout", "carried_state_rows")
               and getattr(theirs, f.name) != getattr(ours, f.name)]
     if differ:
         raise UserError(f"the biLM in {config.init} was trained with {', '.join(differ)}; "
@@ -410,7 +458,7 @@ def elmo_finetune_recipe(model: Any, task: glue.GlueTask, source_config: Mapping
     return FinetuneRecipe(values={
         "method": CLASSIFY_NAME,
         **{f"model.{f.name}": getattr(model.config, f.name) for f in dataclasses.fields(
-            ElmoConfig)},
+            ElmoConfig) if f.name != "carried_state_rows"},  # pre-training's streams
         "model.num_labels": task.num_labels, "examples.max_characters_per_token": chars,
         "optim.learning_rate": 1e-3, "optim.weight_decay": 0.0, "optim.bias_correction": True,
         "train.batch_size": 32}, epochs=3, warmup=0.1)

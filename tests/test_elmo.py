@@ -9,6 +9,7 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,17 +20,21 @@ from resilience_utils import (
     GRADIENT_STEP,
     assert_same_step_on_every_mesh,
     assert_same_training,
+    flat_params,
     kill_and_resume,
     mesh_overrides,
     run_in_process,
     small_corpus,
+    train_losses,
 )
 
 from pretext_jax import run
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.examples import elmo as ee
 from pretext_jax.models.elmo import ElmoConfig, ElmoLM, lstm_layer
 from pretext_jax.objectives import elmo
 from pretext_jax.pretrain.config import make_config
+from pretext_jax.pretrain.feed import open_loader
 from pretext_jax.pretrain.loading import load_model
 from pretext_jax.pretrain.trainer import Trainer
 
@@ -92,7 +97,7 @@ def test_lstm_projection_cell_matches_numpy_step_by_step():
     mask[1, 4:] = 0
     mask[2, :2] = 0  # a reversed padded row: padding first keeps the zero state
     ours = np.asarray(lstm_layer(*(jnp.asarray(a, jnp.float32) for a in (
-        kernel, bias, projection, x)), jnp.asarray(mask), 0.4, 0.3))
+        kernel, bias, projection, x)), jnp.asarray(mask), 0.4, 0.3)[0])
     expected = numpy_lstm(kernel, bias, projection, x, mask, 0.4, 0.3)
     np.testing.assert_allclose(ours, expected, atol=1e-5)
     assert np.isclose(np.abs(expected).max(), 0.3)  # the projection clip binds
@@ -168,7 +173,7 @@ def test_elmo_loss_averages_the_directions_over_their_targets():
              "mask": np.array([[0, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])}
     (loss, metrics), outputs = nnx.jit(lambda m, b: (
         elmo.elmo_loss(m, b, None, objective=elmo.ElmoObjectiveConfig(8)),
-        m(b["chars"], b["mask"][:, 1:-1])))(model, {k: jnp.asarray(v) for k, v in batch.items()})
+        m(b["chars"], b["mask"][:, 1:-1])[0]))(model, {k: jnp.asarray(v) for k, v in batch.items()})
     outputs = np.asarray(outputs)
     w, b = np.asarray(model.softmax_kernel[...]), np.asarray(model.softmax_bias[...])
     means = []
@@ -243,6 +248,129 @@ def test_same_step_on_one_device_and_a_mixed_mesh(tmp_path):
 
     batch = assert_same_step_on_every_mesh(trainer_at, tmp_path)
     assert np.asarray(batch["mask"]).sum() > 100
+
+
+# --- Stateful streams (bilm-tf's carried LSTM states) ------------------------------------------
+STREAMS = 4
+
+
+def stream_batches(root: Path, streams: int) -> tuple[Any, np.ndarray, int]:
+    """The training batches of `streams` rows (0: the independent windows, 4 rows), read as the
+    trainer reads them (`feed.open_loader` on the data's segment), the training split's token
+    stream (its windows' own tokens, in order) and T."""
+    config = make_config("elmo_tiny", {
+        **small_corpus(root), "data.vocab_size": 2000, "examples.max_seq_length": 12,
+        "examples.stateful_streams": streams, "train.batch_size": streams or STREAMS})
+    data = elmo.prepare_elmo(config.data, config.examples, Path(config.data.cache_dir), 0)
+    loader = open_loader(data, data.segment(1, config), None, config, config.train.batch_size)
+    ids = data.train.examples(range(len(data.train)))["ids"]
+    if streams:  # stored in stream order: each window's neighbours are the next one's ends
+        np.testing.assert_array_equal(ids[1:, :2], ids[:-1, -2:])
+    return loader, ids[:, 1:-1].reshape(-1), ids.shape[1] - 2
+
+
+def test_stateful_streams_continue_row_by_row(tmp_path):
+    """examples.stateful_streams=4: row r of batch t + 1 holds the forward window after row r's
+    window of batch t (r W .. r W + W - 1 of the stream over W batches, then again from r W) and
+    the backward window before its backward window (the same stretch read right to left), with
+    the tokens around each window (the first and last targets) those of the stream. Negative
+    control: the independent windows' rows do not continue."""
+    loader, stream, length = stream_batches(tmp_path, STREAMS)
+    per_row = len(stream) // length // STREAMS
+    batches = [next(loader) for _ in range(per_row + 1)]
+    for row in range(STREAMS):
+        mine = stream[row * per_row * length:(row + 1) * per_row * length]
+        forward = np.concatenate([b["ids"][row, 1:-1] for b in batches[:per_row]])
+        backward = np.concatenate([b["backward_ids"][row, 1:-1][::-1]
+                                   for b in batches[:per_row]])
+        np.testing.assert_array_equal(forward, mine)
+        np.testing.assert_array_equal(backward, mine[::-1])
+        for before, after in zip(batches[:per_row - 1], batches[1:per_row], strict=True):
+            np.testing.assert_array_equal(after["ids"][row, :2], before["ids"][row, -2:])
+            np.testing.assert_array_equal(after["backward_ids"][row, -2:],
+                                          before["backward_ids"][row, :2])
+    for key in batches[0]:  # after W batches each row starts its windows again
+        np.testing.assert_array_equal(batches[per_row][key], batches[0][key])
+    independent, _, _ = stream_batches(tmp_path, 0)
+    first, second = next(independent), next(independent)
+    assert "backward_ids" not in first
+    continued = [np.array_equal(second["ids"][row, :2], first["ids"][row, -2:])
+                 for row in range(STREAMS)]
+    assert not all(continued)
+
+
+def test_carried_state_equals_reading_both_windows_at_once():
+    """Two consecutive windows A, B: the forward LM reads A then B from A's final state, the
+    backward LM B then A (its stream runs right to left); each output equals that of the
+    window A B read at once, and so does the final state; from a zero state the second window's
+    outputs differ."""
+    model = ElmoLM(CONFIG, rngs=nnx.Rngs(4))
+    rng = np.random.default_rng(4)
+    chars = jnp.asarray(rng.integers(1, 262, (3, 10, 8)))
+    mask = jnp.ones((3, 10), jnp.int32)
+    a, b = chars[:, :5], chars[:, 5:]
+    call = nnx.jit(lambda m, c, k, bc, bk, s: m(c, k, backward_chars=bc, backward_mask=bk,
+                                                initial=s))
+    whole, whole_final = call(model, chars, mask, chars, mask, None)
+    first, state = call(model, a, mask[:, :5], b, mask[:, 5:], None)
+    second, final = call(model, b, mask[:, 5:], a, mask[:, :5], state)
+    zero, _ = call(model, b, mask[:, 5:], a, mask[:, :5], None)
+    for ours, expected in ((first[0], whole[0, :, :5]), (second[0], whole[0, :, 5:]),
+                           (first[1], whole[1, :, 5:]), (second[1], whole[1, :, :5])):
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), atol=1e-6)
+    for ours, expected in zip(final, whole_final, strict=True):  # (h, c) [2, L, B, .]
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), atol=1e-6)
+    for direction, expected in ((0, whole[0, :, 5:]), (1, whole[1, :, :5])):
+        assert np.abs(np.asarray(zero[direction]) - np.asarray(expected)).max() > 1e-2
+
+
+def test_stateful_streams_fix_the_batch():
+    config = make_config("elmo_original", {"train.batch_size": 256})
+    with pytest.raises(UserError, match=r"train.batch_size=256 must equal "
+                                        r"examples.stateful_streams=384"):
+        elmo.check_streams(config, 384)
+    with pytest.raises(UserError, match="grad_accum_steps=1"):
+        elmo.check_streams(make_config("elmo_original", {"optim.grad_accum_steps": 2}), 384)
+
+
+def test_stateful_training_resumes_exactly_with_its_states(tmp_path):
+    """elmo_tiny on 16 stateful streams over 8 devices (2 rows each): 6 steps straight
+    equal 3 steps, a new trainer restoring the step-3 checkpoint (states included), 3 more, bit
+    for bit (losses, parameters, carried states). The states carried after step 1 are the
+    model's final states on batch 1's windows from zero, row for row."""
+    settings = {**SHORT, **small_corpus(tmp_path), "examples.stateful_streams": 16,
+                "train.steps": 6, "train.checkpoint_every": 3, "train.eval_every": 6}
+
+    def trainer(workdir: Path) -> Trainer:
+        return Trainer(make_config("elmo_tiny", settings), workdir)
+
+    straight = trainer(tmp_path / "straight").run()
+    assert trainer(tmp_path / "resumed").run(stop_after=3)["step"] == 3
+    again = trainer(tmp_path / "resumed")
+    resumed = again.run()
+    assert resumed["step"] == 6
+    losses = [train_losses(tmp_path / name) for name in ("straight", "resumed")]
+    assert losses[0] == losses[1] and len(losses[0]) == 6
+    a, b = (flat_params(run_["state"].model_state) | flat_params(run_["state"].params)
+            for run_ in (straight, resumed))
+    assert a.keys() == b.keys() and any("carried_c" in key for key in a)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    carried = [key for key in a if "carried" in key]
+    assert all(np.abs(a[key]).max() > 1e-3 for key in carried)
+    # Step 1's carried states against the model's own reading of batch 1, on the host.
+    batch = next(again.data_iterator())
+    initial = again.init_state()
+    model = again.model_of(initial)
+    _, expected = nnx.jit(lambda m, b: m(b["chars"], b["mask"][:, 1:-1],
+                                         backward_chars=b["backward_chars"],
+                                         backward_mask=b["backward_mask"][:, 1:-1]))(
+        model, {k: jnp.asarray(v) for k, v in batch.items()})
+    expected = [np.asarray(x) for x in expected]
+    state, _ = again.train_step(initial, batch)
+    ours = again.model_of(state)
+    np.testing.assert_allclose(np.asarray(ours.carried_h[...]), expected[0], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(ours.carried_c[...]), expected[1], atol=1e-6)
 
 
 def test_scalar_mix_on_glue_sst2_from_the_frozen_bilm(pretrained, tmp_path):

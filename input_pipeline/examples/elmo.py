@@ -17,9 +17,26 @@ elmo_indexer.py `ELMoCharacterMapper`).
   in the vocabulary) and `ids` [T + 2]: the token before the window, the window's T tokens and
   the token after it, as vocabulary ids, with `mask` [T + 2] marking real tokens (the stream's
   ends and the last window's tail are padding). The forward LM at input t predicts ids[t + 2],
-  the backward LM ids[t]. bilm-tf cuts a forward and a separately reversed stream and carries
-  the LSTM states from batch to batch; here both directions read the same window from a zero
-  state, so every record is independent (shuffled by the loader).
+  the backward LM ids[t].
+- Independent windows (`stateful_streams` = 0, the default): both directions read the same
+  window from a zero state, so every record stands alone and the loader shuffles them.
+- Stateful streams (`stateful_streams` = S, bilm-tf's layout: data.py `_get_batch` fills each
+  of its S batch rows from a continuing stream of sentences, cut into `unroll_steps` windows,
+  and training.py `train` feeds each batch's final LSTM states in as the next batch's initial
+  ones): `StreamWindows` reads the training windows as S rows, row r being the consecutive
+  windows r W .. r W + W - 1 of the stream (W = windows // S; the last windows % S windows, fewer
+  than one batch, are never read), in order, so that row r of batch t + 1 is the window after
+  row r's window of batch t. The backward LM reads its own stream right to left, as bilm-tf's
+  reversed `LMDataset` (its sentences are `</S> wn .. w1 <S>`, our windows read backwards): row
+  r of batch t holds, beside the forward window r W + t, the backward window r W + W - 1 - t,
+  the window before row r's backward window of batch t - 1. After W batches each row starts its
+  windows again (its forward stream from its first window, its backward stream from its last):
+  one more jump between unrelated sentences, which bilm-tf's streams make at every sentence
+  (its shards' sentences are shuffled); nothing resets the states. Stream r is row r of every
+  global batch: each process reads the same rows of every batch (`records.ProcessRowsSampler`),
+  and the carried states are split over the devices as the batch rows are, so row r's state
+  stays with row r's data. The training windows are stored as one shard, in stream order
+  (`objectives.elmo.prepare_elmo`); the held-out split keeps the independent windows.
 """
 
 from __future__ import annotations
@@ -28,10 +45,13 @@ import collections
 import dataclasses
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
+import grain
 import numpy as np
 
 from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline.descriptions import describe
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
 SPECIAL = (EOS, BOS, UNK)
@@ -41,12 +61,16 @@ CHAR_VOCAB_SIZE = 262  # 261 character ids + 1 (0 = no token)
 
 @dataclasses.dataclass(frozen=True)
 class ElmoExampleConfig:
-    """Window length and characters per token (bilm-tf: `unroll_steps` 20, 50)."""
+    """Window length, characters per token (bilm-tf: `unroll_steps` 20, 50) and the layout of
+    the training windows (see the module docstring)."""
 
     max_seq_length: int = 20
     """Tokens per window, T (bilm-tf `unroll_steps` 20)."""
     max_characters_per_token: int = 50
     """Characters per token incl. begin/end of word (bilm-tf and allennlp 50)."""
+    stateful_streams: int = 0
+    """Parallel token streams whose LSTM states carry from batch to batch (bilm-tf's layout;
+    must equal train.batch_size); 0 = shuffled independent windows, each from a zero state."""
 
     def __post_init__(self) -> None:
         if self.max_seq_length < 1:
@@ -55,6 +79,9 @@ class ElmoExampleConfig:
         if self.max_characters_per_token < 3:
             raise UserError(f"examples.max_characters_per_token={self.max_characters_per_token}"
                             " must be >= 3 (begin, one character, end); e.g. 50")
+        if self.stateful_streams < 0:
+            raise UserError(f"examples.stateful_streams={self.stateful_streams} must be >= 0 "
+                            "(0 = independent windows; else train.batch_size)")
 
 
 def character_ids(word: str, max_characters: int = 50) -> np.ndarray:
@@ -138,3 +165,58 @@ def windows(sentences: Iterable[str], vocabulary: list[str], config: ElmoExample
             previous, buffer = buffer[length - 1], buffer[length:]
     if buffer:
         yield record(previous, buffer, None)
+
+
+class _Pair(grain.transforms.Map):
+    """A (forward, backward) pair of stored windows, each loaded by the records' own
+    transforms, as one record: the forward window's fields and the backward one's as
+    `backward_<field>`."""
+
+    def __init__(self, transforms: list[Any]):
+        self.transforms = transforms
+
+    def map(self, element: tuple[Any, Any]) -> dict[str, np.ndarray]:
+        loaded = []
+        for record in element:
+            for transform in self.transforms:
+                record = transform.map(record)
+            loaded.append(record)
+        forward, backward = loaded
+        return {**forward, **{f"backward_{k}": v for k, v in backward.items()}}
+
+
+class StreamWindows:
+    """The training windows (`records`, in stream order: a `records.RecordDirectory`) as
+    `streams` rows of consecutive windows, read in order (the module docstring's stateful
+    streams): record k is step k // streams of row k % streams. Its description (kept in
+    checkpoints) names the records and the row count."""
+
+    def __init__(self, records: Any, streams: int):
+        self.records, self.streams = records, streams
+        self.per_row = len(records) // streams
+        if self.per_row < 1:
+            raise UserError(f"the training split has {len(records)} windows, fewer than "
+                            f"examples.stateful_streams={streams}; use more text or fewer "
+                            "streams (and train.batch_size)")
+        self.source = self
+        self.description = describe("stateful streams", records=repr(records.source),
+                                    streams=streams)
+
+    def __len__(self) -> int:
+        return self.per_row * self.streams
+
+    def windows(self, index: int) -> tuple[int, int]:
+        """(forward window, backward window) of record `index`."""
+        step, row = divmod(int(index), self.streams)
+        first = row * self.per_row
+        return first + step, first + self.per_row - 1 - step
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        forward, backward = self.windows(index)
+        return self.records.source[forward], self.records.source[backward]
+
+    def __repr__(self) -> str:
+        return self.description
+
+    def load_transforms(self) -> list[Any]:
+        return [_Pair(self.records.load_transforms())]
