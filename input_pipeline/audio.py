@@ -26,7 +26,9 @@ labels in ArrayRecord (`records.write_records`, the waveform a variable-length f
 fingerprint of the files and the settings that decide the records, so later runs reuse them.
 Loading (`AudioRecords`) crops a random `max_samples` window of a longer utterance (fairseq
 `RawAudioDataset.crop_to_max_size`), pads a shorter one with zeros and marks real samples in
-`attention_mask`; held-out utterances give their first `max_samples`.
+`attention_mask`; held-out utterances give their first `max_samples`. `ShortestCropBatches`
+instead batches utterances of similar length and crops every row to its batch's shortest
+(fairseq's pre-training, `AudioBatchingConfig.crop_to_shortest`): no padding and no mask.
 """
 
 from __future__ import annotations
@@ -48,7 +50,12 @@ import numpy as np
 from pretext_jax.errors import UserError, require
 from pretext_jax.input_pipeline.descriptions import describe, files_fingerprint
 from pretext_jax.input_pipeline.prepare import fingerprint
-from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
+from pretext_jax.input_pipeline.records import (
+    SPEC_FILE,
+    UNENDING,
+    RecordDirectory,
+    write_records,
+)
 from pretext_jax.input_pipeline.sources import TfdsSplit, open_tfds, tfds_builder, tfds_fingerprint
 
 AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff",
@@ -143,6 +150,27 @@ class AudioExampleConfig:
         return {"sample_rate": self.sample_rate, "min_samples": self.min_samples,
                 "label_pattern": self.label_pattern, "held_out_rule": self.held_out_rule,
                 "downmix": self.downmix}
+
+
+@dataclasses.dataclass(frozen=True)
+class AudioBatchingConfig(AudioExampleConfig):
+    """`AudioExampleConfig` plus how training batches are formed (wav2vec 2.0): one padded
+    `max_samples` crop per row, or fairseq's pre-training batches (`ShortestCropBatches`)."""
+
+    crop_to_shortest: bool = False
+    """Training batches of utterances of similar length, every row a random window of its
+    batch's shortest utterance (at most max_samples): no padding (fairseq pre-training,
+    RawAudioDataset pad=False); false = one padded max_samples crop per row."""
+    length_buckets: int = 8
+    """With crop_to_shortest: a batch's length is rounded down to one of at most this many
+    lengths (percentiles of the utterances' lengths), so at most this many batch shapes
+    compile; 0 = the exact shortest (fairseq: a shape per distinct length)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.length_buckets < 0:
+            raise UserError(f"examples.length_buckets={self.length_buckets} must be >= 0 (0 = "
+                            "the exact shortest length), e.g. examples.length_buckets=8")
 
 
 def held_out_rule(rule: str) -> tuple[str, str, str]:
@@ -585,6 +613,7 @@ class AudioRecords(RecordDirectory):
             raise UserError(f"{directory} holds audio at {self.metadata.get('sample_rate')} Hz, "
                             f"not examples.sample_rate={examples.sample_rate}; delete it and "
                             "prepare again")
+        self.example_config = examples
         self.label_fields: tuple[str, ...] = tuple(self.metadata["label_fields"])
         self.vocabularies: dict[str, list[str]] = self.metadata["vocabularies"]
         self.window = _Window(self.label_fields, examples.max_samples, examples.normalize,
@@ -615,6 +644,99 @@ class AudioRecords(RecordDirectory):
     def evaluation_examples(self, limit: int) -> dict[str, np.ndarray]:
         """At most `limit` utterances, evenly spaced over the records, as fixed windows."""
         return self.examples(self.spaced_indices(limit))
+
+
+def bucket_lengths(sizes: np.ndarray, count: int) -> np.ndarray:
+    """The at most `count` lengths (ascending) that batch lengths are rounded down to: the
+    percentiles 0, 100 / (count - 1), ..., 100 of `sizes` (lower values, so each is a size;
+    fairseq `get_buckets` takes percentiles the same way, then pads up to them); empty for
+    `count` 0 (no rounding)."""
+    if count == 0:
+        return np.zeros(0, np.int64)
+    return np.unique(np.percentile(sizes, np.linspace(0, 100, count), method="lower")
+                     ).astype(np.int64)
+
+
+class ShortestCropBatches:
+    """Training rows of batches cropped to their shortest utterance (fairseq
+    `RawAudioDataset.collater` with pad=False, as its wav2vec 2.0 pre-training reads audio), a
+    random-access source for `records.make_loader` read in order: each `batch_size`
+    consecutive keys are one batch.
+
+    Each epoch (`plan`) sorts the utterances by length min(n, max_samples), longest first and
+    equal lengths in random order (fairseq `ordered_indices`), cuts the order into batches of
+    `batch_size` consecutive utterances (fairseq `batch_by_size` over that order, here with a
+    fixed row count) and reads them in random order (fairseq's `EpochBatchIterator` shuffles
+    its batches). The N mod batch_size utterances left over are dropped, from a random place in
+    the order each epoch (fairseq keeps them as one smaller batch). A batch's length is its
+    shortest utterance's, rounded down to a bucket (`bucket_lengths`), and every row is a
+    window of that length at a random offset (fairseq `crop_to_max_size`): rows of a batch are
+    equally long and hold no padding, so the examples have no `attention_mask`.
+
+    Key k's row depends on (seed, batch_size, k) alone, so the loader's position is the plan's
+    and a resumed loader continues it; `finish(example, k)`, if given, adds what a method
+    draws per row from its place in the batch (wav2vec 2.0: masks equal within groups)."""
+
+    def __init__(self, records: AudioRecords, examples: AudioBatchingConfig, batch_size: int,
+                 seed: int, finish: Callable[[dict[str, np.ndarray], int],
+                                             dict[str, np.ndarray]] | None = None):
+        self.records, self.batch_size, self.seed, self.finish = records, batch_size, seed, finish
+        self.max_samples, self.normalize = examples.max_samples, examples.normalize
+        self.sizes = np.minimum(records.variable_lengths(), examples.max_samples)
+        if len(self.sizes) < batch_size:
+            raise UserError(f"{len(self.sizes)} training utterances are fewer than one batch "
+                            f"(train.batch_size={batch_size}); lower it or give more audio")
+        self.length_buckets = examples.length_buckets
+        self.buckets = bucket_lengths(self.sizes, examples.length_buckets)
+        self.batches_per_epoch = len(self.sizes) // batch_size
+        self.source = self
+        self._plan: tuple[int, np.ndarray, np.ndarray] | None = None  # the last epoch planned
+
+    def __len__(self) -> int:
+        return UNENDING // self.batch_size * self.batch_size
+
+    def plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Epoch `epoch`'s batches in reading order: record indices [batches, batch_size]
+        (longest first within a batch) and each batch's length [batches]."""
+        if self._plan is not None and self._plan[0] == epoch:
+            return self._plan[1], self._plan[2]
+        rng = np.random.default_rng([self.seed, epoch])
+        count, rows = self.batches_per_epoch, self.batch_size
+        ties = rng.permutation(len(self.sizes))
+        order = np.lexsort((ties, self.sizes))[::-1]  # longest first, ties in random order
+        start = int(rng.integers(len(order) - count * rows + 1))
+        batches = order[start:start + count * rows].reshape(count, rows)[rng.permutation(count)]
+        lengths = self.sizes[batches[:, -1]]
+        if len(self.buckets):
+            lengths = self.buckets[np.searchsorted(self.buckets, lengths, side="right") - 1]
+        self._plan = (epoch, batches, lengths)
+        return batches, lengths
+
+    def __getitem__(self, key: int) -> dict[str, np.ndarray]:
+        key = int(key)
+        batch, row = divmod(key, self.batch_size)
+        epoch, index = divmod(batch, self.batches_per_epoch)
+        batches, lengths = self.plan(epoch)
+        element = self.records.spec.decode(self.records.source[int(batches[index, row])])
+        length = int(lengths[index])
+        start = random_start(len(element["audio"]), length,
+                             np.random.default_rng([self.seed, key, 0]))
+        window, _ = audio_window(element["audio"], length, start, self.normalize)
+        example = {"audio": window, **{field: np.int32(element[field])
+                                       for field in self.records.label_fields}}
+        return example if self.finish is None else self.finish(example, key)
+
+    def load_transforms(self) -> list[grain.transforms.Map]:
+        return []  # the rows are decoded and cropped here
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_plan": None}  # workers plan their own epochs
+
+    def __repr__(self) -> str:
+        return describe("audio batches cropped to their shortest", records=repr(
+            self.records.source), batch=self.batch_size, seed=self.seed, **{
+            "examples.max_samples": self.max_samples, "examples.normalize": self.normalize,
+            "examples.length_buckets": self.length_buckets})
 
 
 def mfcc_means(audio: np.ndarray, attention_mask: np.ndarray, sample_rate: int,

@@ -38,6 +38,10 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.descriptions import describe
 
 SPEC_FILE = "features.json"
+LENGTHS_FILE = "lengths.npy"  # the variable feature's length per record, in source order
+UNENDING = 2 ** 40
+"""Keys of a source read in order that draws its own order (XLM's step schedule, audio batches
+cropped to their shortest): a run never reaches its end."""
 VARIABLE = -1  # a first dimension that varies between records (FeatureSpec)
 # One record per chunk (random access for the shuffling loader), snappy-compressed: writing is
 # ~2.3x faster than ArrayRecord's default zstd:3 (9 vs 20 us per BERT record) for files ~1.5x
@@ -101,6 +105,12 @@ class FeatureSpec:
             out[name] = np.frombuffer(record, dtype, count, offset).reshape(shape)
             offset += count * dtype.itemsize
         return out
+
+    def variable_length(self, record: bytes) -> int:
+        """The first dimension of a record's variable feature, from the record's size alone."""
+        fixed = sum(count * dtype.itemsize for _, dtype, _, count in self._layout if count >= 0)
+        _, dtype, shape, _ = self._layout[-1]
+        return (len(record) - fixed) // (dtype.itemsize * math.prod(shape[1:]))
 
     def decode_stacked(self, records: Sequence[bytes]) -> dict[str, np.ndarray]:
         """Records decoded and stacked (a variable-length feature must have one length)."""
@@ -223,7 +233,8 @@ def write_records(
     metadata: dict[str, Any] | None = None, variable: str | None = None,
 ) -> int:
     """Writes examples round-robin into `num_shards` ArrayRecord files plus `features.json`;
-    `variable` names a feature whose first dimension varies (`FeatureSpec.of`).
+    `variable` names a feature whose first dimension varies (`FeatureSpec.of`), whose length
+    per record is stored too (`LENGTHS_FILE`, in the order `RecordDirectory.source` reads).
 
     Written to a temporary sibling of a unique name and renamed at the end, so an interrupted
     preparation never leaves a directory that looks complete, and two processes writing the same
@@ -235,6 +246,7 @@ def write_records(
     writers: list[ArrayRecordWriter] = []
     spec = None
     count = 0
+    lengths: list[list[int]] = [[] for _ in range(num_shards)]
     try:
         for example in examples:
             if spec is None:
@@ -246,6 +258,8 @@ def write_records(
                     for i in range(num_shards)
                 ]
             writers[count % num_shards].write(spec.encode(example))
+            if variable is not None:
+                lengths[count % num_shards].append(len(example[variable]))
             count += 1
     except BaseException:  # the examples' source failed (e.g. a bad file): leave nothing
         for writer in writers:
@@ -259,6 +273,9 @@ def write_records(
         shutil.rmtree(tmp)
         raise UserError(f"no examples could be built for {directory.name}: the corpus is too "
                         "small or its documents too short; give more text")
+    if variable is not None:  # shard files are read in order: shard 0's records first
+        np.save(tmp / LENGTHS_FILE, np.concatenate([np.asarray(shard, np.int64)
+                                                     for shard in lengths]))
     (tmp / SPEC_FILE).write_text(json.dumps({"spec": json.loads(spec.to_json()), "count": count,
                                              "metadata": metadata or {}}))
     if (directory / SPEC_FILE).is_file():  # another process finished the same records first
@@ -312,6 +329,20 @@ class RecordDirectory:
     def examples(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
         """Decoded examples at `indices`, stacked (used for evaluation sets and tests)."""
         return self.spec.decode_stacked([self.source[int(i)] for i in indices])
+
+    def variable_lengths(self) -> np.ndarray:
+        """int64 [records]: the variable feature's first dimension per record, in source
+        order, as preparation stored it (`LENGTHS_FILE`); records written before it was stored
+        are read once and their lengths saved beside them."""
+        path = self.directory / LENGTHS_FILE
+        if path.is_file():
+            return np.load(path)
+        lengths = np.fromiter((self.spec.variable_length(self.source[i])
+                               for i in range(len(self))), np.int64, len(self))
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.npy")
+        np.save(tmp, lengths)
+        tmp.replace(path)
+        return lengths
 
 
 def _record_count(path: str) -> int:

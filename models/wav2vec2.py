@@ -338,11 +338,13 @@ class Wav2Vec2Encoder(nnx.Module):
                                      rngs)
 
     def __call__(self, x: jax.Array, frames: jax.Array, rng: jax.Array | None, *,
-                 all_hidden_states: bool = False) -> tuple[jax.Array, jax.Array | None]:
+                 all_hidden_states: bool = False, groups: int = 1
+                 ) -> tuple[jax.Array, jax.Array | None]:
         """`x` [B, T, H], `frames` [B, T] (True = real frame) -> the output [B, T, H] and, with
         `all_hidden_states`, the first block's input and every block's output stacked
         [L+1, B, T, H] (else None; see `Wav2Vec2.hidden_states`). Pre-LN's final LayerNorm is in
-        the output only."""
+        the output only. LayerDrop draws its skips per group of B / `groups` consecutive rows,
+        as each GPU draws its own in fairseq (`TransformerEncoder.extract_features`)."""
         c = self.config
         dropout_rng, layer_rng, skip_rng = split_rng(rng, 3)
         x = jnp.where(frames[..., None], x, jnp.zeros_like(x))
@@ -355,13 +357,15 @@ class Wav2Vec2Encoder(nnx.Module):
             per_layer = None
         else:
             per_layer = (jax.random.split(layer_rng, c.num_layers),  # [L, 2]
-                         jax.random.bernoulli(skip_rng, c.layerdrop, (c.num_layers,)))  # [L]
+                         jax.random.bernoulli(skip_rng, c.layerdrop,
+                                              (c.num_layers, groups)))  # [L, groups]
 
         def apply(layer: Wav2Vec2Layer, h: jax.Array, layer_input):
             if layer_input is None:
                 h = layer(h, key_mask, None)
             else:
                 key, skip = layer_input
+                skip = jnp.repeat(skip, h.shape[0] // groups)[:, None, None]  # [B, 1, 1]
                 h = jnp.where(skip, h, layer(h, key_mask, key))
             return h, h if all_hidden_states else None
 
@@ -371,18 +375,23 @@ class Wav2Vec2Encoder(nnx.Module):
         return (self.layer_norm(x) if c.pre_layer_norm else x), hidden_states
 
 
-def codebook_perplexity(probs: jax.Array, mask: jax.Array | None) -> jax.Array:
-    """sum over groups of exp(entropy of the codebook usage averaged over the frames of `mask`
-    (all frames when None)): `probs` [B, T, G, V] -> scalar (HF `_compute_perplexity`; the
-    diversity loss of §3.2 drives it towards G x V)."""
+def codebook_perplexity(probs: jax.Array, mask: jax.Array | None, groups: int = 1
+                        ) -> jax.Array:
+    """Per group of B / `groups` consecutive rows, the sum over codebooks of exp(entropy of
+    the codebook usage averaged over the group's frames of `mask` (all frames when None)):
+    `probs` [B, T, G, V] -> [groups] (HF `_compute_perplexity` for one group; fairseq's
+    `prob_perplexity` is one GPU's batch, a group; the diversity loss of §3.2 drives it
+    towards G x V)."""
     probs = probs.astype(jnp.float32)
+    probs = probs.reshape(groups, -1, *probs.shape[1:])  # [groups, B / groups, T, G, V]
     if mask is None:
-        marginal = jnp.mean(probs, axis=(0, 1))  # [G, V]
+        marginal = jnp.mean(probs, axis=(1, 2))  # [groups, G, V]
     else:
-        weights = mask.astype(jnp.float32)[..., None, None]  # [B, T, 1, 1]
-        marginal = jnp.sum(probs * weights, axis=(0, 1)) / jnp.maximum(jnp.sum(weights), 1.0)
-    entropy = -jnp.sum(jax.scipy.special.xlogy(marginal, marginal), axis=-1)  # [G]
-    return jnp.sum(jnp.exp(entropy))
+        weights = mask.astype(jnp.float32).reshape(groups, -1, mask.shape[-1], 1, 1)
+        marginal = (jnp.sum(probs * weights, axis=(1, 2))
+                    / jnp.maximum(jnp.sum(weights, axis=(1, 2)), 1.0))
+    entropy = -jnp.sum(jax.scipy.special.xlogy(marginal, marginal), axis=-1)  # [groups, G]
+    return jnp.sum(jnp.exp(entropy), axis=-1)
 
 
 class GumbelQuantizer(nnx.Module):
@@ -403,16 +412,18 @@ class GumbelQuantizer(nnx.Module):
             out_sharding=(None, None, None))
 
     def __call__(self, features: jax.Array, mask: jax.Array | None, rng: jax.Array | None,
-                 temperature: float | jax.Array) -> tuple[jax.Array, jax.Array]:
+                 temperature: float | jax.Array, groups: int = 1
+                 ) -> tuple[jax.Array, jax.Array]:
         """`features` [B, T, C], `mask` [B, T] (the masked frames) -> quantised [B, T, Q] and
-        the perplexity (scalar); `rng` None = evaluation (argmax, no noise)."""
+        the perplexity of each of `groups` groups of rows [groups] (`codebook_perplexity`);
+        `rng` None = evaluation (argmax, no noise)."""
         c = self.config
         g, v = c.num_codevector_groups, c.codevectors_per_group
         logits = self.weight_proj(features).astype(jnp.float32)
         logits = logits.reshape(*logits.shape[:2], g, v)  # [B, T, G, V]
         if rng is None:
             probs = jax.nn.one_hot(jnp.argmax(logits, axis=-1), v, dtype=jnp.float32)
-            perplexity = codebook_perplexity(probs, mask)
+            perplexity = codebook_perplexity(probs, mask, groups)
         else:
             soft = jax.nn.softmax((logits + jax.random.gumbel(rng, logits.shape)) / temperature)
             hard = jax.nn.one_hot(jnp.argmax(soft, axis=-1), v, dtype=jnp.float32)
@@ -420,7 +431,7 @@ class GumbelQuantizer(nnx.Module):
             # torch's hard - soft + soft is not), so frames with the same codes get identical
             # quantised vectors, which the loss's distractor check compares exactly.
             probs = hard + (soft - jax.lax.stop_gradient(soft))
-            perplexity = codebook_perplexity(jax.nn.softmax(logits), mask)
+            perplexity = codebook_perplexity(jax.nn.softmax(logits), mask, groups)
         codebooks = self.codevectors[...].reshape(g, v, -1)  # [G, V, Q/G]
         quantized = jnp.einsum("btgv,gvq->btgq", probs.astype(c.compute_dtype),
                                codebooks.astype(c.compute_dtype))  # [B, T, G, Q/G]
@@ -435,7 +446,8 @@ class Wav2Vec2Output:
     - `last_hidden_state` [B, T, H]: the context network's output c_t.
     - `projected_states` [B, T, P]: `project_hid`(c_t), compared with the targets.
     - `projected_quantized_states` [B, T, P]: `project_q`(q_t), the targets and distractors.
-    - `codevector_perplexity`: scalar, see `GumbelQuantizer`.
+    - `codevector_perplexity` [groups]: per group of consecutive rows (one group: HF's
+      scalar), see `GumbelQuantizer`.
     - `conv_features` [B, T, C]: the feature encoder's output before its LayerNorm (after the
       gradient scaling), whose mean square is fairseq's feature penalty.
     - `frames` [B, T]: True at real (not padding) frames.
@@ -530,13 +542,16 @@ class Wav2Vec2(nnx.Module):
         *,
         gumbel_temperature: float | jax.Array = 2.0,
         feature_gradient_scale: float = 1.0,
+        groups: int = 1,
     ) -> Wav2Vec2Output:
         """`input_values` [B, S] waveforms (right-padded), `attention_mask` [B, S] (1 = real
         sample; None = all real), `mask_time_indices` [B, T] (True = frame masked for the
         contrastive task; None = none). `rng` None = evaluation: no dropout or LayerDrop, argmax
         quantisation. `gumbel_temperature` is the Gumbel-softmax temperature while training;
         `feature_gradient_scale` multiplies the gradient reaching the feature encoder (fairseq
-        `feature_grad_mult`)."""
+        `feature_grad_mult`). `groups` splits the batch into that many groups of consecutive
+        rows, as fairseq's GPUs split theirs: each has its own LayerDrop draws and codebook
+        perplexity; B must be a multiple of it."""
         c = self.config
         projection_rng, quantizer_dropout_rng, gumbel_rng, encoder_rng = split_rng(rng, 4)
         features, frames, normed, hidden = self._encoder_inputs(
@@ -545,10 +560,11 @@ class Wav2Vec2(nnx.Module):
             mask_time_indices = mask_time_indices.astype(bool)
             hidden = jnp.where(mask_time_indices[..., None],
                                self.masked_spec_embed[...].astype(hidden.dtype), hidden)
-        last_hidden_state = self.encoder(hidden, frames, encoder_rng)[0]  # [B, T, H]
+        last_hidden_state = self.encoder(hidden, frames, encoder_rng,
+                                         groups=groups)[0]  # [B, T, H]
         quantized, perplexity = self.quantizer(
             dropout(normed, c.quantizer_input_dropout, quantizer_dropout_rng),
-            mask_time_indices, gumbel_rng, gumbel_temperature)  # [B, T, Q]
+            mask_time_indices, gumbel_rng, gumbel_temperature, groups)  # [B, T, Q]
         return Wav2Vec2Output(
             last_hidden_state=last_hidden_state,
             projected_states=self.project_hid(last_hidden_state),  # [B, T, P]

@@ -9,12 +9,14 @@ transformers modeling_wav2vec2.py (`_compute_mask_indices`, `_sample_negative_in
 
 - Masking (§3.1): a fraction p = 0.065 of the frames of each utterance start a span of M = 10
   masked frames (spans may overlap, so about half the frames end up masked), at least
-  `min_spans` spans per utterance. A uniform draw rounds the span count probabilistically:
-  `span_mask` draws one per call, as HF and fairseq do per batch (fairseq per utterance when
-  the batch is padded); the registered method calls it per utterance while loading, so each
-  utterance gets its own draw. Span starts are HF's, uniform over [0, n - M]; fairseq's
-  `compute_mask_indices` draws them from [0, n - M), so it never masks an utterance's last
-  frame (tests/test_reference_samplers.py measures the difference).
+  `min_spans` spans per utterance, as fairseq's `compute_mask_indices` draws them (3d262bb:
+  the span count's rounding drawn per utterance, starts uniform over [0, n - M), so an
+  utterance's last frame is never masked; HF's `_compute_mask_indices` draws one rounding
+  per batch and starts over [0, n - M]). With `require_same_masks` (fairseq's pre-training
+  default) every utterance of a GPU's batch keeps the fewest masked frames any of them has,
+  the excess unmasked at random: here per group of `batch_groups` (`GroupMasks`), where
+  batches are cropped to their shortest utterance (`examples.crop_to_shortest`);
+  tests/test_reference_samplers.py compares both with a re-statement of fairseq's.
 - Distractors (§3.2): K = 100 frames drawn uniformly (with replacement) from the other masked
   frames of the same utterance.
 - Loss per masked frame: the contrastive loss -log softmax over [positive, K distractors] of
@@ -24,13 +26,20 @@ transformers modeling_wav2vec2.py (`_compute_mask_indices`, `_sample_negative_in
   (fairseq `features_pen`); the gradient reaching the feature encoder is scaled by 0.1
   (`feature_grad_mult`), and the Gumbel-softmax temperature anneals as
   max(2 x 0.999995^step, 0.5).
+- Per GPU: fairseq computes the perplexity, the feature penalty and LayerDrop's draws on each
+  GPU's batch. `batch_groups` splits a (micro-)batch into that many groups of consecutive rows
+  that do the same (fairseq BASE: 64 GPUs), whatever the device mesh.
 
 HF sums the contrastive and diversity terms over the masked frames; fairseq divides the sum by
-that count (its `sample_size`) before the update, which is what `wav2vec2_loss` returns.
+that count (its `sample_size`, summed over the GPUs) before the update, which is what
+`wav2vec2_loss` returns: the contrastive sum over every masked frame, and each group's
+diversity loss and feature penalty weighted by its share of the masked frames (fairseq's
+criterion multiplies them by the GPU's `sample_size`).
 
 Registered as the method `wav2vec2` on audio records (`input_pipeline.audio`): masks and
-distractors are drawn per record while loading (`SpanMasking`), and the model's update counter
-(`Wav2Vec2.updates`, checkpointed model state) gives the Gumbel temperature's step.
+distractors are drawn per record while loading (`SpanMasking` on padded crops, `GroupMasks` on
+batches cropped to their shortest), and the model's update counter (`Wav2Vec2.updates`,
+checkpointed model state) gives the Gumbel temperature's step.
 """
 
 from __future__ import annotations
@@ -46,7 +55,11 @@ import numpy as np
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline.audio import AudioExampleConfig
+from pretext_jax.input_pipeline.audio import (
+    AudioBatchingConfig,
+    AudioRecords,
+    ShortestCropBatches,
+)
 from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
 from pretext_jax.objectives.common.held_out import mask_records
 from pretext_jax.objectives.common.preset_parts import FAIRSEQ_ROBERTA_OPTIM, FSDD_EXAMPLES
@@ -63,6 +76,8 @@ from pretext_jax.objectives.registry import (
     Metrics,
     PreparedData,
     Resolution,
+    Segment,
+    Segments,
     Start,
     register,
 )
@@ -99,7 +114,8 @@ class MaskingSettings:
 
 @dataclasses.dataclass(frozen=True)
 class Wav2Vec2LossSettings:
-    """The loss's settings (fairseq `wav2vec2_base_librispeech`)."""
+    """The loss's settings (fairseq `wav2vec2_base_librispeech`'s, but one batch group: its
+    64 GPUs are the `wav2vec2_base` preset's `batch_groups`)."""
 
     contrastive_temperature: float = 0.1
     """kappa, dividing the cosine similarities (paper 0.1; HF `contrastive_logits_temperature`)."""
@@ -116,6 +132,10 @@ class Wav2Vec2LossSettings:
     """The temperature's floor."""
     gumbel_decay: float = 0.999995
     """Factor applied to the temperature per update, in (0, 1]."""
+    batch_groups: int = 1
+    """Groups of consecutive rows a (micro-)batch is split into, one per GPU of the reference
+    (fairseq BASE: 64): each has its own codebook perplexity, feature penalty, LayerDrop draws
+    and, with examples.crop_to_shortest, equal masked counts; 1 = the whole batch."""
 
     def __post_init__(self) -> None:
         for name in ("contrastive_temperature", "gumbel_end_temperature"):
@@ -129,28 +149,41 @@ class Wav2Vec2LossSettings:
                              "(wav2vec 2.0: 2.0 and 0.5)")
         if not 0.0 < self.gumbel_decay <= 1.0:
             raise ValueError(f"gumbel_decay={self.gumbel_decay} must be in (0, 1]")
+        if self.batch_groups < 1:
+            raise ValueError(f"batch_groups={self.batch_groups} must be >= 1 (1 = the whole "
+                             "batch)")
 
 
 # --- Host side (numpy) ---------------------------------------------------------------------
 
 def span_mask(frame_lengths: np.ndarray, num_frames: int, settings: MaskingSettings,
-              rng: np.random.Generator) -> np.ndarray:
+              rng: np.random.Generator, same_count: bool = False) -> np.ndarray:
     """[B, T] bool, True = masked, for utterances of `frame_lengths` real frames (right-padded
-    to `num_frames`), with HF `_compute_mask_indices` semantics: per utterance of length n,
-    int(p n + u) spans (u ~ U[0, 1), one draw per batch), at least `min_spans`, at most
-    num_frames // M and n - M + 1; distinct starts drawn uniformly from [0, n - M], each masking
-    M frames (spans may overlap). Unlike HF, an utterance too short for one span gets no mask
-    (HF masks a padding frame there to keep its arrays rectangular)."""
-    frame_lengths = np.asarray(frame_lengths, np.int64)
+    to `num_frames`), as fairseq's `compute_mask_indices` draws them for wav2vec2.py (static
+    spans, overlapping, `num_mask_ver` 2, `idc_select_ver` 1): per utterance of n frames,
+    int(p n + u) spans (u ~ U[0, 1) per utterance), at least `min_spans`; distinct starts
+    uniform over [0, n - M), each masking M frames (spans overlap). `same_count` (fairseq
+    `require_same_masks`): every row keeps as many masked frames as the row with fewest, its
+    others unmasked at random. An utterance of no more than M + count frames gets no mask
+    (fairseq falls back to count + 1 start places there, which can mask all of it, and then
+    raises)."""
     span = settings.mask_span
-    mask = np.zeros((len(frame_lengths), num_frames), bool)
-    rounding = rng.random()
-    for row, length in enumerate(frame_lengths):
-        starts_available = max(int(length) - span + 1, 0)
-        count = max(int(settings.mask_start_fraction * length + rounding), settings.min_spans)
-        count = min(count, num_frames // span, starts_available)
-        starts = rng.choice(starts_available, count, replace=False)
-        mask[row, (starts[:, None] + np.arange(span)).ravel()] = True
+    masked = []
+    for length in np.asarray(frame_lengths, np.int64).tolist():
+        count = max(int(settings.mask_start_fraction * length + rng.random()),
+                    settings.min_spans)
+        if length - span <= count:
+            masked.append(np.zeros(0, np.int64))
+            continue
+        starts = rng.choice(length - span, count, replace=False)
+        masked.append(np.unique(starts[:, None] + np.arange(span)))
+    if same_count and masked:
+        fewest = min(len(frames) for frames in masked)
+        masked = [rng.choice(frames, fewest, replace=False) if len(frames) > fewest else frames
+                  for frames in masked]
+    mask = np.zeros((len(masked), num_frames), bool)
+    for row, frames in enumerate(masked):
+        mask[row, frames] = True
     return mask
 
 
@@ -234,9 +267,11 @@ def diversity_loss(perplexity: jax.Array, num_codevectors: int) -> jax.Array:
     return (num_codevectors - perplexity) / num_codevectors
 
 
-def feature_penalty(conv_features: jax.Array) -> jax.Array:
-    """The mean square of the feature encoder's output (fairseq `features_pen`)."""
-    return jnp.mean(jnp.square(conv_features.astype(jnp.float32)))
+def feature_penalty(conv_features: jax.Array, groups: int = 1) -> jax.Array:
+    """[groups]: the mean square of the feature encoder's output (fairseq `features_pen`) over
+    each group of B / `groups` consecutive rows of `conv_features` [B, T, C]."""
+    squares = jnp.square(conv_features.astype(jnp.float32))
+    return jnp.mean(squares.reshape(groups, -1), axis=1)
 
 
 def wav2vec2_loss(model: Wav2Vec2, batch: Batch, rng: jax.Array | None, *,
@@ -246,24 +281,30 @@ def wav2vec2_loss(model: Wav2Vec2, batch: Batch, rng: jax.Array | None, *,
     `input_values` [B, S], optionally `attention_mask` [B, S], and `mask_batch`'s
     `mask_time_indices` [B, T] and `sampled_negative_indices` [B, T, K]. `step` is the update
     number the Gumbel temperature anneals with; `rng=None` (evaluation) quantises by argmax
-    without dropout."""
+    without dropout, over the batch as one group. Training splits it into
+    `objective.batch_groups` groups (module docstring); `codevector_perplexity` is their
+    mean, as fairseq logs its GPUs' mean."""
     objective = objective or Wav2Vec2LossSettings()
+    groups = objective.batch_groups if rng is not None else 1
     mask = batch["mask_time_indices"].astype(bool)
     out = model(batch["input_values"], batch.get("attention_mask"), mask, rng,
                 gumbel_temperature=gumbel_temperature(step, objective),
-                feature_gradient_scale=objective.feature_grad_mult)
+                feature_gradient_scale=objective.feature_grad_mult, groups=groups)
     contrastive_sum, correct = contrastive_loss(
         out.projected_states, out.projected_quantized_states,
         batch["sampled_negative_indices"], mask, objective.contrastive_temperature)
     count = jnp.sum(mask).astype(jnp.float32)
-    diversity = diversity_loss(out.codevector_perplexity, model.config.num_codevectors)
-    penalty = feature_penalty(out.conv_features)
+    group_counts = jnp.sum(mask.reshape(groups, -1), axis=1).astype(jnp.float32)  # [groups]
+    weights = jnp.where(count > 0, group_counts / jnp.maximum(count, 1.0), 1.0 / groups)
+    diversity = jnp.sum(weights * diversity_loss(out.codevector_perplexity,
+                                                 model.config.num_codevectors))
+    penalty = jnp.sum(weights * feature_penalty(out.conv_features, groups))
     loss = (contrastive_sum / jnp.maximum(count, 1.0) + objective.diversity_weight * diversity
             + objective.feature_penalty_weight * penalty)
     one = jnp.ones((), jnp.float32)
     return loss, {"loss": (loss, one), "contrastive_loss": (contrastive_sum, count),
                   "contrastive_accuracy": (correct, count), "diversity_loss": (diversity, one),
-                  "codevector_perplexity": (out.codevector_perplexity, one),
+                  "codevector_perplexity": (jnp.mean(out.codevector_perplexity), one),
                   "feature_penalty": (penalty, one)}
 
 
@@ -273,7 +314,7 @@ def wav2vec2_loss(model: Wav2Vec2, batch: Batch, rng: jax.Array | None, *,
 class Wav2Vec2ObjectiveConfig(Wav2Vec2LossSettings, MaskingSettings):
     """The `objective` section: the loss's settings (`Wav2Vec2LossSettings`) and the host-side
     masking and distractor sampling (`MaskingSettings`), fairseq `wav2vec2_base_librispeech`'s
-    by default."""
+    by default (one batch group)."""
 
     def __post_init__(self) -> None:
         Wav2Vec2LossSettings.__post_init__(self)
@@ -285,8 +326,8 @@ class SpanMasking(grain.transforms.RandomMap):
     `sampled_negative_indices` [T, K] (int32) over its T = `feature_lengths(max_samples)`
     frames, drawn from its real samples' frame count with Grain's per-record rng (derived from
     the loader seed and the record's position, so reruns and resumes draw the same masks, as
-    BERT's dynamic masking). The span count's rounding is drawn per utterance, not per batch
-    as in fairseq and HF."""
+    BERT's dynamic masking). Rows of a padded batch keep their own masked counts (fairseq's
+    `require_same_masks` is `GroupMasks`', on batches cropped to their shortest)."""
 
     def __init__(self, config: Wav2Vec2Config, settings: MaskingSettings):
         self.config, self.settings = config, settings
@@ -297,13 +338,40 @@ class SpanMasking(grain.transforms.RandomMap):
         return {**element, **{name: value[0] for name, value in drawn.items()}}
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupMasks:
+    """The masks and distractors of a row of a batch cropped to its shortest utterance
+    (`ShortestCropBatches`' `finish`), drawn as fairseq's `compute_mask_indices` draws them over
+    one GPU's batch with `require_same_masks`: the batch's rows come in groups of
+    `rows_per_group` consecutive keys (`batch_groups` per micro-batch), and every row of a group
+    keeps the fewest masked frames of its group (`span_mask(same_count=True)`). A group's masks
+    come from an rng seeded by (seed, group), a row's distractors from (seed, key): all rows of
+    a batch have one length, so a row draws its group's masks without its neighbours' audio,
+    the same in every worker and after a resume."""
+
+    config: Wav2Vec2Config
+    settings: MaskingSettings
+    rows_per_group: int
+    seed: int
+
+    def __call__(self, example: dict[str, np.ndarray], key: int) -> dict[str, np.ndarray]:
+        frames = int(feature_lengths(self.config, len(example["audio"])))
+        group, row = divmod(key, self.rows_per_group)
+        mask = span_mask(np.full(self.rows_per_group, frames), frames, self.settings,
+                         np.random.default_rng([self.seed, group, 1]), same_count=True)[row]
+        negatives = sample_negatives(mask[None], self.settings.num_negatives,
+                                     np.random.default_rng([self.seed, key, 2]))[0]
+        return {**example, "mask_time_indices": mask, "sampled_negative_indices": negatives}
+
+
 def pretraining_loss(model: Wav2Vec2, batch: Batch, rng: jax.Array | None, *,
                      objective: Wav2Vec2ObjectiveConfig) -> tuple[jax.Array, Metrics]:
-    """`wav2vec2_loss` of an audio batch (`audio`, `attention_mask` and `SpanMasking`'s
-    fields) at the Gumbel temperature of `model.updates` training updates; training advances
-    that count by one (evaluation, `rng=None`, quantises by argmax and leaves it)."""
+    """`wav2vec2_loss` of an audio batch (`audio`, `SpanMasking`'s or `GroupMasks`' fields and,
+    for padded crops, `attention_mask`) at the Gumbel temperature of `model.updates` training
+    updates; training advances that count by one (evaluation, `rng=None`, quantises by argmax
+    and leaves it)."""
     updates = model.updates.get_value()
-    inputs = {"input_values": batch["audio"], "attention_mask": batch["attention_mask"],
+    inputs = {"input_values": batch["audio"], "attention_mask": batch.get("attention_mask"),
               "mask_time_indices": batch["mask_time_indices"],
               "sampled_negative_indices": batch["sampled_negative_indices"]}
     loss, metrics = wav2vec2_loss(model, inputs, rng, objective=objective, step=updates)
@@ -312,6 +380,18 @@ def pretraining_loss(model: Wav2Vec2, batch: Batch, rng: jax.Array | None, *,
         metrics["gumbel_temperature"] = (gumbel_temperature(updates, objective),
                                          jnp.ones((), jnp.float32))
     return loss, metrics
+
+
+def resolve_for_run(objective: Wav2Vec2ObjectiveConfig, config: Any
+                    ) -> Wav2Vec2ObjectiveConfig:
+    """The run's objective settings (`per_loss_call_decay`), once a micro-batch is known to
+    split into `batch_groups` groups."""
+    micro = config.train.batch_size // config.optim.grad_accum_steps
+    if micro % objective.batch_groups:
+        raise UserError(f"a micro-batch of {micro} rows (train.batch_size / "
+                        f"optim.grad_accum_steps) does not split into objective.batch_groups="
+                        f"{objective.batch_groups} groups; use a multiple of it")
+    return per_loss_call_decay(objective, config)
 
 
 def per_loss_call_decay(objective: Wav2Vec2ObjectiveConfig, config: Any
@@ -330,14 +410,39 @@ def build_wav2vec2(config: Wav2Vec2Config, seed: int) -> Wav2Vec2:
     return Wav2Vec2(config, rngs=nnx.Rngs(seed))
 
 
+def shortest_crop_segments(records: AudioRecords, model_config: Wav2Vec2Config,
+                           objective: Wav2Vec2ObjectiveConfig) -> Segments:
+    """`PreparedData.segments` of batches cropped to their shortest utterance: the whole run
+    reads `ShortestCropBatches` of the run's batch size and seed, in order, each row masked by
+    `GroupMasks` in groups of train.batch_size / optim.grad_accum_steps / batch_groups rows."""
+
+    def segment(step: int, config: Any) -> Segment:
+        del step
+        rows = (config.train.batch_size // config.optim.grad_accum_steps
+                // objective.batch_groups)
+        source = ShortestCropBatches(
+            records, config.examples, config.train.batch_size, config.train.seed,
+            GroupMasks(model_config, objective, rows, config.train.seed))
+        return Segment(first_step=1, last_step=None, records=lambda model: source,
+                       shuffle=False)
+
+    return segment
+
+
 def mask_audio(data: PreparedData, model_config: Wav2Vec2Config,
                objective: Wav2Vec2ObjectiveConfig) -> PreparedData:
-    """`SpanMasking` while loading the training records; held-out examples masked once with a
-    fixed seed, so held-out numbers compare across runs (none: a trainer fed its batches
-    directly, as bench's and the parity tests' are)."""
+    """Training masks drawn while loading: `SpanMasking` of padded crops, or batches cropped
+    to their shortest utterance with `GroupMasks` (`examples.crop_to_shortest`); held-out
+    examples (padded first windows either way) masked once by `SpanMasking` with a fixed seed,
+    so held-out numbers compare across runs (none: a trainer fed its batches directly, as
+    bench's and the parity tests' are)."""
     masking = SpanMasking(model_config, objective)
     held_out = None if data.eval is None else mask_records(data.eval, masking,
                                                            HELD_OUT_MASK_SEED)
+    if (isinstance(data.train, AudioRecords)
+            and getattr(data.train.example_config, "crop_to_shortest", False)):
+        return dataclasses.replace(data, eval=held_out, segments=shortest_crop_segments(
+            data.train, model_config, objective))
     return dataclasses.replace(data, transforms=(*data.transforms, masking), eval=held_out)
 
 
@@ -349,7 +454,7 @@ def probe_layers(model: Wav2Vec2, audio: jax.Array, attention_mask: jax.Array, l
     return hidden_states[layer], frames
 
 
-def check_frames(model: Wav2Vec2Config, examples: AudioExampleConfig, objective: Any = None
+def check_frames(model: Wav2Vec2Config, examples: AudioBatchingConfig, objective: Any = None
                  ) -> None:
     """A `max_samples` window makes at least one frame through the feature encoder; the
     probes read one of the L + 1 hidden states."""
@@ -400,20 +505,25 @@ PRESETS = {
     # layerdrop 0.05, feature dropouts 0.1, feature gradient x 0.1; mask p 0.065 x span 10, 100
     # distractors, kappa 0.1, diversity 0.1, feature penalty 10, Gumbel 2 -> 0.5 by 0.999995).
     # fairseq's Adam (0.9, 0.98), eps 1e-6, decoupled weight decay 0.01, lr 5e-4 after 32k
-    # warmup updates then linear decay to 400k (polynomial_decay), no clipping; crops of at
-    # most 250,000 samples, utterances under 32,000 dropped, no normalisation.
-    # Where this departs: fairseq batches by total samples (max_tokens 1.4 M per GPU x 64 GPUs
-    # = 89.6 M samples an update, utterances of similar length batched together and cropped to
-    # the shortest); here every example is one padded 250,000-sample crop, so the batch is the
-    # closest count of such crops, 89.6 M / 250k = 358.4 -> 360 (a multiple of 8 devices).
-    # Mixed precision is bfloat16 compute (fairseq: fp16 with loss scaling), and the span
-    # count's rounding is drawn per utterance (fairseq: per batch).
+    # warmup updates then linear decay to 400k (polynomial_decay), no clipping; utterances under
+    # 32,000 samples dropped, no normalisation; batches of similar lengths cropped to their
+    # shortest utterance (at most 250,000 samples), so no padding; per GPU batch (64 groups of
+    # rows): equal masked counts, perplexity, feature penalty and LayerDrop draws.
+    # Where this departs: fairseq sizes each GPU's batch by total samples (max_tokens 1.4 M:
+    # 5 rows at the 250,000 cap, 8 at 175,000, 16 at 87,500); the trainer's batches have a
+    # fixed row count, here 6 per group, 384 in all, whose largest batch (every row at the
+    # 250,000 cap) is 6,000 s of audio against fairseq's at most 64 x 1.4 M samples = 5,600 s
+    # (the paper's "1.6 h"). Batch lengths are rounded down to 8 buckets, so at most 8 shapes
+    # compile.
+    # Mixed precision is bfloat16 compute (fairseq: fp16 with loss scaling).
     "wav2vec2_base": {
         "model": {"dtype": "bfloat16"},
-        "examples": {"max_samples": 250000, "min_samples": 32000},
+        "objective": {"batch_groups": 64},
+        "examples": {"max_samples": 250000, "min_samples": 32000, "crop_to_shortest": True,
+                     "length_buckets": 8},
         "data": {"source": "", "worker_count": 16},
         "optim": {**FAIRSEQ_ROBERTA_OPTIM, "learning_rate": 5e-4, "warmup_steps": 32000},
-        "train": {"steps": 400000, "batch_size": 360, "eval_every": 10000},
+        "train": {"steps": 400000, "batch_size": 384, "eval_every": 10000},
     },
 }
 
@@ -421,7 +531,7 @@ PRESETS = {
 register(Method(
     name="wav2vec2",
     model_config=Wav2Vec2Config,
-    example_config=AudioExampleConfig,
+    example_config=AudioBatchingConfig,
     objective_config=Wav2Vec2ObjectiveConfig,
     build_model=build_wav2vec2,
     loss=pretraining_loss,
@@ -431,7 +541,7 @@ register(Method(
     description="wav2vec 2.0: contrastive prediction of quantised speech features at masked "
                 "frames (Baevski et al. 2020)",
     presets=PRESETS,
-    resolution=Resolution(check=check_frames, run_settings=per_loss_call_decay,
+    resolution=Resolution(check=check_frames, run_settings=resolve_for_run,
                           complete_data=mask_audio),
     evaluation=Evaluation(monitor=probe_monitor(probe_layers), summarize=probe_summary(
         ("loss", "contrastive_accuracy", "codevector_perplexity"))),

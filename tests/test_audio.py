@@ -118,6 +118,83 @@ def test_normalize_gives_zero_mean_unit_variance_over_the_utterance(tmp_path):
     assert (example["audio"][0, 800:] == 0).all() and example["attention_mask"].sum() == 800
 
 
+def test_batches_cropped_to_their_shortest_utterance(tmp_path):
+    """24 ramps of 300 to 2,600 samples (a sample's value names its utterance and offset),
+    batches of 4: a batch holds utterances of neighbouring lengths, every row one window of its
+    utterance as long as the batch's shortest (at most max_samples) rounded down to one of at
+    most `length_buckets` lengths, with no padding and no mask; an epoch reads each utterance
+    at most once and leaves fewer than a batch; the same seed gives the same rows, another seed
+    other ones, and a loader moved to a saved position continues as the first one did."""
+    rng = np.random.default_rng(0)
+    lengths = rng.permutation(300 + 100 * np.arange(24))
+    bases = -32768 + np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    for k, (base, length) in enumerate(zip(bases, lengths, strict=True)):
+        write(tmp_path / "data" / f"{k:02d}.wav", ramp(int(base), int(length)), 16000)
+    train, _ = prepare(tmp_path / "data", tmp_path / "cache", max_samples=2000)
+    stored = train.variable_lengths()
+    assert stored.tolist() == [len(train.spec.decode(train.source[i])["audio"])
+                               for i in range(len(train))]
+    (train.directory / "lengths.npy").unlink()  # records prepared before lengths were stored
+    np.testing.assert_array_equal(train.variable_lengths(), stored)
+    sizes = np.minimum(stored, 2000)
+    config = audio.AudioBatchingConfig(max_samples=2000, crop_to_shortest=True,
+                                       length_buckets=3)
+    source = audio.ShortestCropBatches(train, config, batch_size=4, seed=3)
+    assert len(source.buckets) <= 3 and source.buckets[0] == sizes.min()
+    epoch = source.batches_per_epoch * 4
+    assert epoch == len(train) // 4 * 4
+    seen_lengths = set()
+    for first in range(0, 2 * epoch, epoch):
+        read = []
+        for batch in range(first, first + epoch, 4):
+            rows = [source[key] for key in range(batch, batch + 4)]
+            assert all(set(row) == {"audio"} for row in rows)  # no attention_mask
+            length = len(rows[0]["audio"])
+            seen_lengths.add(length)
+            utterances = []
+            for row in rows:
+                samples = np.rint(row["audio"] * 32768).astype(np.int64)
+                assert len(samples) == length  # equal rows, none padded
+                k = int(np.searchsorted(bases, samples[0], side="right")) - 1
+                offset = samples[0] - bases[k]
+                np.testing.assert_array_equal(samples, samples[0] + np.arange(length))
+                assert offset + length <= lengths[k]  # a window inside its utterance
+                utterances.append(k)
+            by_length = np.minimum(lengths[utterances], 2000)
+            assert length == source.buckets[source.buckets <= by_length.min()].max()
+            inside = (sizes > by_length.min()) & (sizes < by_length.max())
+            assert inside.sum() <= 4 - 2  # neighbours in the length order
+            read += utterances
+        assert len(set(read)) == len(read) == epoch  # each utterance at most once an epoch
+    assert seen_lengths <= set(source.buckets.tolist())
+    exact = audio.ShortestCropBatches(
+        train, audio.AudioBatchingConfig(max_samples=2000, crop_to_shortest=True,
+                                         length_buckets=0), batch_size=4, seed=3)
+    batches, batch_lengths = exact.plan(0)
+    np.testing.assert_array_equal(batch_lengths, sizes[batches].min(axis=1))
+
+    def rows(seed: int) -> list[np.ndarray]:
+        again = audio.ShortestCropBatches(train, config, batch_size=4, seed=seed)
+        return [again[key]["audio"] for key in range(2 * epoch)]
+
+    same, other = rows(3), rows(4)
+    assert all(np.array_equal(a, source[k]["audio"]) for k, a in enumerate(same))
+    assert not all(len(a) == len(b) and np.array_equal(a, b) for a, b in zip(same, other,
+                                                                             strict=True))
+    loader = iter(make_loader(source, batch_size=4, seed=0, shuffle=False))
+    for _ in range(3):
+        next(loader)
+    position, expected = loader.get_state(), next(loader)
+    resumed = iter(make_loader(audio.ShortestCropBatches(train, config, batch_size=4, seed=3),
+                               batch_size=4, seed=0, shuffle=False))
+    resumed.set_state(position)
+    np.testing.assert_array_equal(next(resumed)["audio"], expected["audio"])
+    np.testing.assert_array_equal(expected["audio"], np.stack([source[k]["audio"]
+                                                               for k in range(12, 16)]))
+    with pytest.raises(UserError, match="fewer than one batch"):
+        audio.ShortestCropBatches(train, config, batch_size=len(train) + 1, seed=3)
+
+
 def fsdd_like(root: Path, digits: int = 3, speakers: tuple[str, ...] = ("alice", "bob"),
               indices: int = 7) -> list[Path]:
     """FSDD's layout in miniature: {digit}_{speaker}_{index}.wav, 8 kHz, 0.05 s each."""

@@ -17,7 +17,7 @@ References read:
   `batch_sentences` (a sentence is `</s> words </s>`).
 - facebookresearch/fairseq `fairseq/data/data_utils.py` (3d262bb2): `compute_mask_indices` as
   `models/wav2vec/wav2vec2.py` calls it (static spans of 10, mask_prob 0.65, min_masks 2,
-  overlapping, one utterance).
+  overlapping; one utterance, and a batch with `require_same_masks`).
 - PaddlePaddle/ERNIE `batching.py` `mask` (ERNIE 1.0's release d8afc4d, unchanged in
   release/r2.0), the knowledge-masking branch (`mask_word`).
 
@@ -728,14 +728,13 @@ def wav2vec2_reference(frames: int, mask_prob: float = 0.65) -> dict[str, list]:
 
 @pytest.mark.parametrize("frames", [200, 40])
 def test_wav2vec2_span_mask_follows_compute_mask_indices(frames):
-    """The masked-frame count (mean, spread, histogram; spans overlap) and the masked frames'
-    positions before the utterance's last 10 frames agree. (The last 10 frames are the xfail
-    below; its one more start place also lets our spans overlap a little less: about 0.15
-    more masked frames of 200, 0.2 of 40, measured over 60,000 draws, below what 3,000 draws
-    resolve.)"""
+    """The masked-frame count (mean, spread, histogram; spans overlap), the masked frames'
+    positions (the last 10 frames each on its own) and whether the last frame is masked (never,
+    in both) agree."""
     ours, reference = wav2vec2_ours(frames), wav2vec2_reference(frames)
-    for name in ("masked", "masked position before the last span"):
+    for name in ("masked", "masked position before the last span", "masked position"):
         assert_agree(name, ours[name], reference[name])
+    assert not any(ours["last frame"]) and not any(reference["last frame"])
 
 
 def test_wav2vec2_negative_control():
@@ -745,17 +744,61 @@ def test_wav2vec2_negative_control():
     assert_rejected("masked", ours["masked"], altered["masked"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "unstated disagreement: fairseq's compute_mask_indices draws span starts from "
-    "[0, frames - 10) (`rng.choice(sz - min_len, ...)`), so an utterance's last frame is never "
-    "masked; ours follows HF's _compute_mask_indices, starts in [0, frames - 10], and masks "
-    "the last frame in about 7 % of 200-frame utterances (the last 10 frames more often than "
-    "fairseq). objectives/wav2vec2.py says HF semantics but cites fairseq as the reference "
-    "without naming this difference"))
-def test_wav2vec2_last_frames_follow_compute_mask_indices():
-    ours, reference = wav2vec2_ours(200), wav2vec2_reference(200)
-    assert_agree("last frame", ours["last frame"], reference["last frame"])
-    assert_agree("masked position", ours["masked position"], reference["masked position"])
+SAME_MASK_ROWS = 6
+
+
+def reference_same_masks(frames: int, rng: np.random.Generator, same: bool = True
+                         ) -> np.ndarray:
+    """[rows, frames]: `compute_mask_indices` over a batch of `SAME_MASK_ROWS` utterances of
+    `frames` frames (no padding, as fairseq's pre-training crops them), re-stated: each row's
+    masked frames drawn as above; with `require_same_masks` every row with more than the
+    fewest keeps that many of them, chosen uniformly without replacement."""
+    rows = [np.flatnonzero(reference_compute_mask_indices(frames, rng))
+            for _ in range(SAME_MASK_ROWS)]
+    fewest = min(len(row) for row in rows) if same else None
+    mask = np.zeros((SAME_MASK_ROWS, frames), bool)
+    for index, row in enumerate(rows):
+        if fewest is not None and len(row) > fewest:
+            row = rng.choice(row, fewest, replace=False)
+        mask[index, row] = True
+    return mask
+
+
+def same_mask_statistics(sampler, frames: int, seed: int) -> dict[str, list]:
+    """Per batch drawn: row 0's masked count, one masked position of one row, whether every
+    row has the same count."""
+    picker = np.random.default_rng(seed)
+    out: dict[str, list] = {"masked": [], "masked position": [], "equal counts": []}
+    for _ in range(WAV2VEC2_DRAWS):
+        mask = sampler(frames)
+        counts = mask.sum(axis=1)
+        out["masked"].append(int(counts[0]))
+        row = mask[int(picker.integers(SAME_MASK_ROWS))]
+        out["masked position"].append(int(pick(np.flatnonzero(row), picker)) * 20 // frames)
+        out["equal counts"].append(bool((counts == counts[0]).all()))
+    return out
+
+
+def same_masks_ours(frames: int, same: bool = True) -> dict[str, list]:
+    rng = np.random.default_rng(93)
+    return same_mask_statistics(
+        lambda n: span_mask(np.full(SAME_MASK_ROWS, n), n, MaskingSettings(), rng,
+                            same_count=same), frames, seed=103)
+
+
+def test_wav2vec2_equal_masked_counts_follow_require_same_masks():
+    """Every row of a batch keeps the same masked count, whose distribution (the fewest of six
+    rows' counts) and the masked positions agree with fairseq's; without the equalisation
+    (negative control) the counts differ between rows and their distribution is rejected."""
+    ours = same_masks_ours(200)
+    rng = np.random.default_rng(94)
+    reference = same_mask_statistics(lambda n: reference_same_masks(n, rng), 200, seed=104)
+    assert all(ours["equal counts"]) and all(reference["equal counts"])
+    for name in ("masked", "masked position"):
+        assert_agree(name, ours[name], reference[name])
+    unequal = same_masks_ours(200, same=False)
+    assert not all(unequal["equal counts"])
+    assert_rejected("masked", unequal["masked"], reference["masked"])
 
 
 # --- ERNIE 1.0: batching.py mask ----------------------------------------------------------------

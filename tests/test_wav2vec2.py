@@ -28,6 +28,7 @@ from pretext_jax.models.wav2vec2 import (
     PositionConv,
     Wav2Vec2,
     Wav2Vec2Config,
+    codebook_perplexity,
     feature_lengths,
 )
 from pretext_jax.objectives.wav2vec2 import (
@@ -300,8 +301,9 @@ def runs(row: np.ndarray) -> list[int]:
 
 def test_span_masks_follow_hf_statistics():
     """Per-utterance masked fractions as HF `_compute_mask_indices` gives for the same lengths
-    (p 0.065 of the frames start a span of 10, at least 2 spans); spans lie within the
-    utterance, runs are at least one span long; an utterance shorter than a span is unmasked."""
+    (p 0.065 of the frames start a span of 10, at least 2 spans; fairseq's sampler, which ours
+    follows, is compared in tests/test_reference_samplers.py); spans lie within the utterance,
+    runs are at least one span long; an utterance too short for its spans is unmasked."""
     torch = pytest.importorskip("torch")
     from transformers.models.wav2vec2.modeling_wav2vec2 import _compute_mask_indices
 
@@ -323,8 +325,10 @@ def test_span_masks_follow_hf_statistics():
     for draw in ours[:50]:
         for row in draw[:3]:
             assert min(runs(row)) >= 10
-    # min_spans 2, but an utterance with room for one span start gets one
-    assert span_mask([10], 10, MaskingSettings(), rng).all()
+    # 2 spans need more than 12 frames: fairseq's start places are n - 10 when that exceeds
+    # the span count
+    assert not span_mask([12], 12, MaskingSettings(), rng).any()
+    assert span_mask([13], 13, MaskingSettings(), rng).sum() in (11, 12)
 
 
 def test_negatives_come_from_the_other_masked_frames_of_the_utterance():
@@ -351,6 +355,55 @@ def test_negatives_come_from_the_other_masked_frames_of_the_utterance():
     np.testing.assert_allclose(counts[~np.eye(11, dtype=bool)], 0.1, atol=0.01)
     lone = sample_negatives(np.eye(1, 5, 2, dtype=bool), 4, rng)
     np.testing.assert_array_equal(lone[0, 2], [2, 2, 2, 2])  # masked out by the loss
+
+
+def test_batch_groups_are_per_gpu_perplexity_penalty_and_layerdrop():
+    """`groups` splits a batch into groups of consecutive rows, as fairseq's GPUs: each group's
+    codebook perplexity and feature penalty are its own, the loss weighs them by the group's
+    masked frames (fairseq's criterion scales them by the GPU's sample_size), and LayerDrop
+    draws per group: two copies of one utterance in two groups come out different under some
+    key, where one group (the negative control) treats them alike."""
+    rng = np.random.default_rng(0)
+    probs = jax.nn.softmax(jnp.asarray(rng.standard_normal((4, 7, 2, 8))), axis=-1)
+    mask = jnp.asarray(rng.random((4, 7)) < 0.5)
+    np.testing.assert_allclose(codebook_perplexity(probs, mask, 2), jnp.concatenate(
+        [codebook_perplexity(probs[:2], mask[:2]), codebook_perplexity(probs[2:], mask[2:])]),
+        rtol=1e-6)
+    assert codebook_perplexity(probs, mask).shape == (1,)
+    features = jnp.asarray(rng.standard_normal((4, 7, 3)))
+    np.testing.assert_allclose(feature_penalty(features, 2), [jnp.mean(features[:2] ** 2),
+                                                              jnp.mean(features[2:] ** 2)],
+                               rtol=1e-6)
+
+    model = Wav2Vec2(dataclasses.replace(TINY, layerdrop=0.5), rngs=nnx.Rngs(0))
+    waveform = rng.standard_normal((1, NUM_SAMPLES)).astype(np.float32)
+    twice = jnp.asarray(np.concatenate([waveform, waveform]))
+
+    def difference(groups: int, seed: int) -> float:
+        hidden = model(twice, None, None, jax.random.key(seed), groups=groups).last_hidden_state
+        return float(jnp.abs(hidden[0] - hidden[1]).max())
+
+    assert difference(1, 0) == 0.0 and difference(2, 0) > 1e-3
+
+    frames = int(feature_lengths(TINY, NUM_SAMPLES))
+    audio = jnp.asarray(rng.standard_normal((2, NUM_SAMPLES)).astype(np.float32))
+    mask = np.zeros((2, frames), bool)
+    mask[0, :30], mask[1, 5:25] = True, True  # 30 masked frames in the first group, 20 after
+    batch = {"input_values": audio, "mask_time_indices": jnp.asarray(mask),
+             "sampled_negative_indices": jnp.asarray(sample_negatives(mask, NUM_NEGATIVES, rng))}
+    settings = Wav2Vec2LossSettings(batch_groups=2)
+    key = jax.random.key(1)
+    _, metrics = wav2vec2_loss(model, batch, key, objective=settings)
+    out = model(audio, None, jnp.asarray(mask), key,
+                gumbel_temperature=gumbel_temperature(0, settings),
+                feature_gradient_scale=settings.feature_grad_mult, groups=2)
+    shares = np.array([0.6, 0.4])
+    np.testing.assert_allclose(metrics["diversity_loss"][0], np.sum(
+        shares * diversity_loss(out.codevector_perplexity, TINY.num_codevectors)), rtol=1e-5)
+    np.testing.assert_allclose(metrics["feature_penalty"][0], np.sum(
+        shares * feature_penalty(out.conv_features, 2)), rtol=1e-5)
+    np.testing.assert_allclose(metrics["codevector_perplexity"][0],
+                               np.mean(out.codevector_perplexity), rtol=1e-6)
 
 
 def test_feature_encoder_gradient_is_scaled():

@@ -8,12 +8,16 @@ from __future__ import annotations
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 from resilience_utils import GRADIENT_STEP, assert_same_training, kill_and_resume, run_in_process
+from test_recipe_cards import CARDS
+from test_recipe_cards import value as card_value
 
 from pretext_jax import run
+from pretext_jax.errors import UserError
 from pretext_jax.models.hf import tables as hf_tables  # noqa: F401  (registers the HF tables)
 from pretext_jax.models.hf.conversion import from_hf, to_hf
 from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
@@ -22,6 +26,7 @@ from pretext_jax.objectives.wav2vec2 import (
     Wav2Vec2ObjectiveConfig,
     gumbel_temperature,
     per_loss_call_decay,
+    resolve_for_run,
     span_mask,
 )
 from pretext_jax.pretrain.config import make_config
@@ -82,14 +87,15 @@ def test_tiny_preset_trains_and_its_loss_falls_on_a_repeated_batch(tmp_path, cli
 
 
 def test_same_step_on_every_mesh(tmp_path, clips):
-    """One gradient step (Gumbel sampling on) gives the same loss, parameters (so gradients)
-    and update count on one device and on the (2, 2, 2) mesh, and it moves the parameters."""
+    """One gradient step (Gumbel sampling on, two batch groups, each spanning two of the mixed
+    mesh's four data shards) gives the same loss, parameters (so gradients) and update count on
+    one device and on the (2, 2, 2) mesh, and it moves the parameters."""
     results = {}
     layouts = {"single": ((1, 1, 1), jax.devices()[:1]), "mixed": ((2, 2, 2), None)}
     batch = initial = None
     for name, (mesh, devices) in layouts.items():
         trainer = tiny_trainer(tmp_path / name, clips, mesh=mesh, devices=devices,
-                               **GRADIENT_STEP)
+                               **GRADIENT_STEP, **{"objective.batch_groups": 2})
         batch = next(trainer.data_iterator()) if batch is None else batch
         state = trainer.init_state()
         initial = jax.device_get(state.params) if initial is None else initial
@@ -109,6 +115,74 @@ def test_same_step_on_every_mesh(tmp_path, clips):
         for key, value in params0.items():
             np.testing.assert_allclose(params[key], value, atol=2e-6, rtol=1e-5,
                                        err_msg=f"{name} {key}")
+
+
+CROP = {"examples.crop_to_shortest": True, "examples.length_buckets": 2,
+        "objective.batch_groups": 2}
+
+
+def test_batches_cropped_to_their_shortest_have_no_padding_and_equal_masks(tmp_path, clips):
+    """examples.crop_to_shortest: a batch's rows are equally long (at most two lengths, the
+    buckets) and carry no attention_mask, so layer 0's GroupNorm and the feature penalty see
+    no padding: a row's conv features are its window's alone, where the padded layout (the same
+    window zero-padded to max_samples, as the tiny preset loads it) changes even the frames
+    whose receptive fields hold no padding, through the GroupNorm statistics. Masked counts are
+    equal within each of the batch_groups groups of 4 rows (the padded preset's are not: the
+    negative control). The loader's batches are the same on a second read and continue from a
+    saved position; a step trains."""
+    trainer = tiny_trainer(tmp_path / "w", clips, **CROP)
+    iterator = trainer.data_iterator()
+    batches = [next(iterator) for _ in range(4)]
+    position, following = iterator.get_state(), next(iterator)
+    for batch in batches:
+        assert set(batch) == {"audio", "mask_time_indices", "sampled_negative_indices"}
+        counts = batch["mask_time_indices"].sum(axis=1).reshape(2, 4)
+        assert (counts == counts[:, :1]).all() and counts.min() > 0
+    assert len({batch["audio"].shape[1] for batch in batches}) == 2
+    again = trainer.data_iterator()
+    for batch in batches:
+        np.testing.assert_array_equal(next(again)["audio"], batch["audio"])
+    again.set_state(position)
+    for key, value in next(again).items():
+        np.testing.assert_array_equal(value, following[key])
+    padded = next(tiny_trainer(tmp_path / "p", clips).data_iterator())
+    assert len(set(padded["mask_time_indices"].sum(axis=1).tolist())) > 1
+
+    short = next(batch for batch in batches if batch["audio"].shape[1] < MAX_SAMPLES)
+    state = trainer.init_state()
+    model = trainer.model_of(state)
+    row = jnp.asarray(short["audio"][:1])
+    alone = model.extract_features(row)
+    np.testing.assert_allclose(model.extract_features(jnp.asarray(short["audio"]))[:1], alone,
+                               atol=1e-5)
+    zero_padded = jnp.pad(row, ((0, 0), (0, MAX_SAMPLES - row.shape[1])))
+    early = alone.shape[1] // 2  # frames whose receptive fields end well before the padding
+    assert float(jnp.abs(model.extract_features(zero_padded)[:, :early]
+                         - alone[:, :early]).max()) > 1e-3
+    state, metrics = trainer.train_step(state, short)
+    assert np.isfinite(float(metrics["loss"][0]))
+
+
+def test_batch_groups_must_split_the_micro_batch():
+    config = make_config("wav2vec2_tiny", {"objective.batch_groups": 3})  # 16 rows
+    with pytest.raises(UserError, match="does not split into objective.batch_groups=3"):
+        resolve_for_run(config.objective, config)
+    accumulated = make_config("wav2vec2_tiny", {"objective.batch_groups": 8,
+                                                "optim.grad_accum_steps": 2})
+    assert resolve_for_run(accumulated.objective, accumulated).batch_groups == 8
+
+
+def test_the_cards_audio_per_update_is_the_presets():
+    """The wav2vec2_base card (docs/methods/speech.md) states the most audio an update holds:
+    ours from the preset (rows x max_samples / sample_rate), the paper's from fairseq's 64 GPUs
+    x max_tokens 1.4 M samples at 16 kHz (its "1.6 h")."""
+    row = next(row for row in CARDS["wav2vec2_base"].rows
+               if row.setting == "audio per update, at most")
+    config = make_config("wav2vec2_base")
+    assert card_value(row.ours.removesuffix(" s")) == (
+        config.train.batch_size * config.examples.max_samples / config.examples.sample_rate)
+    assert card_value(row.paper.removesuffix(" s")) == 64 * 1_400_000 / 16_000
+    assert config.train.batch_size % config.objective.batch_groups == 0
 
 
 def test_update_count_drives_the_gumbel_temperature(tmp_path, clips):

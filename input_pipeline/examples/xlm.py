@@ -66,7 +66,12 @@ from pretext_jax.input_pipeline.prepare import (
     split_held_out,
     training_sentences,
 )
-from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
+from pretext_jax.input_pipeline.records import (
+    SPEC_FILE,
+    UNENDING,
+    RecordDirectory,
+    write_records,
+)
 from pretext_jax.input_pipeline.tokenizers import SentencePieceTokenizer, Tokenizer
 
 FEATURES = ("input_ids", "input_mask", "positions", "langs")
@@ -364,8 +369,6 @@ def prepare_languages(corpora: Mapping[str, str], data: DataConfig,
 SHUF_ORDER_DRAWS = 5
 """Steps drawn per cycle from the monolingual and from the parallel sets (XLM `shuf_order`'s
 n = 5, which train.py never changes)."""
-UNENDING = 2 ** 40
-"""Keys of a schedule: it never wraps around to its first step in a run."""
 
 
 class StepSchedule:
