@@ -14,7 +14,11 @@ shared `EncoderLayer` (same post-LN block), stacked and run by `run_stacked`.
 Translation (§5.2): `is_decoder` adds the reference's cross-attention to each layer
 (`XLMDecoderLayer`), `XLMTranslation` pairs an XLM encoder with such a decoder behind the
 encode / decode / logits interface of greedy decoding, and `translation_from_pretrained`
-starts both from one pretrained XLM (reference: `build_model` with `--reload_model`).
+starts both from one pretrained XLM (reference: `build_model` with `--reload_model`). The
+decoder takes explicit `position_ids` (a decoder that reads a fragment of a sentence at the
+fragment's positions in it) and, with `cross_output_per_language`, one cross-attention output
+projection per language (microsoft/MASS MASS-unsupNMT/src/model/transformer.py,
+`MultiHeadAttention(n_langs=...)` under `attention_setting` v1, its default).
 """
 
 from __future__ import annotations
@@ -69,6 +73,11 @@ class XLMConfig(TransformerConfig):
     """A translation decoder (§5.2; the reference's `TransformerModel(is_encoder=False)`): each
     layer adds cross-attention to the encoder's states (`encoder_attn`, `layer_norm15`) between
     its causal self-attention and its feed-forward block. Needs `causal`."""
+    cross_output_per_language: bool = False
+    """A decoder's cross-attention has one output projection per language (n_langs of them,
+    when the model has language embeddings), each row using its language's (the largest
+    language id of the row, as the reference's `langs.max()` of a one-language batch); False =
+    one projection, as facebookresearch/XLM."""
     embed_init_std: float = 2048 ** -0.5
     """Std of the embedding init, N(0, dim ** -0.5) in the reference (HF `embed_init_std`)."""
     pad_token_id: int = 2
@@ -94,6 +103,12 @@ class XLMConfig(TransformerConfig):
         return self.n_langs > 1 and self.use_lang_emb
 
     @property
+    def cross_outputs(self) -> int:
+        """The decoder's cross-attention output projections: one per language with
+        `cross_output_per_language` (and language embeddings), else one."""
+        return self.n_langs if self.cross_output_per_language and self.has_lang_embeddings else 1
+
+    @property
     def is_xlm(self) -> bool:
         """Whether these fields describe an XLM, so that XLM's checks apply (a config holding
         several families' fields, as fine-tuning's, tells by its head)."""
@@ -114,7 +129,9 @@ class XLMDecoderLayer(EncoderLayer):
     self-attention, LayerNorm (`layer_norm1`); cross-attention to the encoder (`encoder_attn`),
     LayerNorm (`layer_norm15`); feed-forward, LayerNorm (`layer_norm2`); post-LN each, dropout on
     every block's output. The self-attention and feed-forward parameters are named as the
-    encoder's `EncoderLayer`, so a pretrained XLM's load into it one to one."""
+    encoder's `EncoderLayer`, so a pretrained XLM's load into it one to one. With
+    `config.cross_outputs` = n > 1, `cross_output` holds the n languages' projections side by
+    side ([H, n H]: language l's is columns l H .. (l + 1) H)."""
 
     def __init__(self, config: XLMConfig, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
@@ -122,19 +139,29 @@ class XLMDecoderLayer(EncoderLayer):
         self.cross_query = dense(config, h, h, ("embed", "heads"), rngs)
         self.cross_key = dense(config, h, h, ("embed", "heads"), rngs)
         self.cross_value = dense(config, h, h, ("embed", "heads"), rngs)
-        self.cross_output = dense(config, h, h, ("heads", "embed"), rngs)
+        self.cross_output = dense(config, h, config.cross_outputs * h, ("heads", "embed"), rngs)
         self.cross_layer_norm = layer_norm(config, h, rngs)
 
     def __call__(self, x: jax.Array, mask: jax.Array, encoded: jax.Array,  # type: ignore[override]
-                 cross_mask: jax.Array, rng: jax.Array | None) -> jax.Array:
+                 cross_mask: jax.Array, rng: jax.Array | None,
+                 language: jax.Array | None = None) -> jax.Array:
         """`x` [B, T, H] with its causal `mask` [B, 1, T, T]; `encoded` [B, S, H] with
-        `cross_mask` [B, 1, 1, S] (True = a source token) -> [B, T, H]."""
+        `cross_mask` [B, 1, 1, S] (True = a source token); `language` [B], each row's language
+        (needed with several cross-attention outputs) -> [B, T, H]."""
         c = self.config
         rngs = split_rng(rng, 5)
         x = post_ln_attention(c, (self.query, self.key, self.value, self.attention_output),
                               self.attention_layer_norm, x, x, mask, rngs[0], rngs[1])
+
+        def cross_output(context: jax.Array) -> jax.Array:  # [B, T, H] -> [B, T, H]
+            out = self.cross_output(context)
+            if c.cross_outputs == 1:
+                return out
+            out = out.reshape(*context.shape[:2], c.cross_outputs, c.hidden_size)
+            return jnp.take_along_axis(out, language[:, None, None, None], axis=2)[:, :, 0]
+
         x = post_ln_attention(c, (self.cross_query, self.cross_key, self.cross_value,
-                                  self.cross_output), self.cross_layer_norm, x, encoded,
+                                  cross_output), self.cross_layer_norm, x, encoded,
                               cross_mask, rngs[2], rngs[3])
         return self.feed_forward(x, rngs[4])
 
@@ -243,10 +270,16 @@ class XLM(nnx.Module):
         keys = None if layers_rng is None else jax.random.split(layers_rng, c.num_layers)
 
         cross_mask = None if encoder_mask is None else encoder_mask.astype(bool)[:, None, None, :]
+        language = None
+        if c.is_decoder and c.cross_outputs > 1:
+            if langs is None:
+                raise ValueError("a decoder with one cross-attention output per language "
+                                 "(cross_output_per_language) needs langs")
+            language = jnp.max(langs, axis=1)  # [B]
 
         def apply(layer: EncoderLayer, h: jax.Array, key: jax.Array | None):
             if c.is_decoder:
-                return layer(h, mask, encoded, cross_mask, key) * keep, None
+                return layer(h, mask, encoded, cross_mask, key, language) * keep, None
             return layer(h, mask, key) * keep, None
 
         return run_stacked(self.layers, apply, x, keys, c)[0]  # [B, T, H]
@@ -307,12 +340,16 @@ class XLMTranslation(nnx.Module):
 
     def decode(self, decoder_input_ids: jax.Array, encoded: jax.Array, attention_mask: jax.Array,
                decoder_attention_mask: jax.Array | None = None, rng: jax.Array | None = None,
-               *, language_ids: jax.Array | None = None) -> jax.Array:
+               *, language_ids: jax.Array | None = None,
+               position_ids: jax.Array | None = None) -> jax.Array:
         """Decoder states [B, T, H] of `decoder_input_ids` [B, T] (first token
         `decoder_start_token_id`; mask default: ids != pad), causal, attending to the `encoded`
-        [B, S, H] source positions where `attention_mask` [B, S] is 1."""
+        [B, S, H] source positions where `attention_mask` [B, S] is 1; `position_ids` [B, T]
+        (default 0 .. T - 1) are the decoder tokens' positions (the reference decoder's
+        `positions`)."""
         return self.decoder.hidden(decoder_input_ids, decoder_attention_mask, langs=language_ids,
-                                   encoded=encoded, encoder_mask=attention_mask, rng=rng)
+                                   position_ids=position_ids, encoded=encoded,
+                                   encoder_mask=attention_mask, rng=rng)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """[B, T, H] -> [B, T, V]: the decoder's prediction layer (tied to its embeddings)."""

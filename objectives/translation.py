@@ -11,7 +11,8 @@ Data (`input_pipeline.examples.translation`): `data.source` a parallel corpus
 tokens and EOS, the decoder reading the targets shifted right after
 `model.config.decoder_start_token_id` (`text.weighted_cross_entropy`, the mean over target
 tokens). The model starts from `model.init` (a pretext workdir or model directory of the same
-architecture, e.g. a MASS run; `Start.pretrained`), or at random with an empty `init`.
+architecture, e.g. a MASS run, T5's or XLM's encoder-decoder (`mass_xlm`); `Start.pretrained`),
+or at random with an empty `init`.
 
 Every evaluation decodes the first `examples.bleu_sentences` held-out sources greedily
 (`models.generate.greedy_seq2seq`, at most `max_target_length` tokens), detokenises them and
@@ -85,16 +86,18 @@ class Family:
     data_fields: Callable[[Any], dict[str, Any]]
     languages: Callable[[Any], int]
     pretrained_class: type | None = None
-    """The pre-trained model it starts from, if not `model_class` (XLM's encoder)."""
+    """A pre-trained model it also starts from, besides `model_class` (XLM's encoder)."""
     free_fields: frozenset[str] = frozenset()
-    """Fields of the pre-trained model's config that the translation model sets itself."""
+    """Fields of `pretrained_class`'s config that the translation model sets itself."""
     load_pretrained: Callable[[Any, Any], None] | None = None
-    """(fresh model, pre-trained model) -> None: puts the pre-trained weights into the fresh
-    model; None copies every parameter (same class)."""
+    """(fresh model, pre-trained `pretrained_class` model) -> None: puts the pre-trained weights
+    into the fresh model. A `model_class` start has every parameter copied."""
 
     @property
-    def starts_from(self) -> type:
-        return self.pretrained_class or self.model_class
+    def starts_from(self) -> tuple[type, ...]:
+        """The classes of the models it starts from: its own (e.g. a MASS run's encoder-decoder)
+        and `pretrained_class`."""
+        return (self.model_class,) + ((self.pretrained_class,) if self.pretrained_class else ())
 
     def build_model(self, config: Any, seed: int) -> Any:
         return self.model_class(config, rngs=nnx.Rngs(seed))
@@ -262,12 +265,15 @@ def pretrained_translator(config: Any, seed: int, load: Callable[[str], nnx.Modu
         raise UserError(f"model.init={config.init} is not a directory; pass a pretext workdir or "
                         "model directory of an encoder-decoder")
     loaded = load(config.init)
-    if type(loaded) is not family.starts_from:
+    if type(loaded) not in family.starts_from:
         raise UserError(f"{config.init} holds a {type(loaded).__name__}, not the "
-                        f"{family.starts_from.__name__} this method fine-tunes")
-    check_same_architecture(config, loaded.config, config.init, family.free_fields)
+                        f"{' or '.join(c.__name__ for c in family.starts_from)} this method "
+                        "fine-tunes")
+    own = type(loaded) is family.model_class
+    check_same_architecture(config, loaded.config, config.init,
+                            frozenset() if own else family.free_fields)
     fresh = family.build_model(config, seed)
-    if family.load_pretrained is None:
+    if own:
         nnx.update(fresh, nnx.state(loaded, nnx.Param))
     else:
         family.load_pretrained(fresh, loaded)
@@ -290,9 +296,9 @@ def summarize_translation(evaluation: dict[str, float], report: dict[str, Any],
 def method_of(model: Any) -> str:
     """The translation method that fine-tunes `model` (e.g. a MASS run's `T5`)."""
     for name, family in FAMILIES.items():
-        if type(model) is family.starts_from:
+        if type(model) in family.starts_from:
             return name
-    known = sorted(family.starts_from.__name__ for family in FAMILIES.values())
+    known = sorted(c.__name__ for family in FAMILIES.values() for c in family.starts_from)
     raise UserError(f"no translation method fine-tunes a {type(model).__name__}; start from one "
                     f"of {', '.join(known)}")
 

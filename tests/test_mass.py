@@ -5,7 +5,8 @@ reading the fragment shifted right with everything else masked; loss only on the
 edge cases k = 1 (BERT's masked LM) and k = m (a standard LM) built and checked on the model;
 mass_tiny from the CLI with falling held-out loss, one step equal on every mesh, and a killed
 run that resumes bit for bit; the bilingual setting: segments tagged with their language, one
-language per batch in turn, and mass_bilingual_tiny from the CLI with language embeddings."""
+language per batch in turn, and mass_bilingual_tiny from the CLI with language embeddings;
+mass_xlm_tiny (the reference's model and layout, tests/test_mass_xlm.py) from the CLI."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.examples import mass as me
 from pretext_jax.input_pipeline.examples.bert import MaskingVocab
 from pretext_jax.models.t5 import T5, T5Config
+from pretext_jax.models.xlm import XLMTranslation
 from pretext_jax.objectives import mass
 from pretext_jax.objectives.common.losses import weighted_cross_entropy
 from pretext_jax.objectives.mass import mass_loss
@@ -258,18 +260,15 @@ def test_segments_and_settings():
     assert lengths == [8, 8, 7, 7] and all(r[n - 1] == 3 for r, n in zip(records, lengths,
                                                                          strict=True))
     assert records[0][:7].tolist() == list(range(10, 17))
+    # drop_long_sentences (the reference's --max_len): the 20-token sentence is left out.
+    dropping = dataclasses.replace(config, drop_long_sentences=True)
+    assert [int(np.count_nonzero(r["tokens"])) for r in
+            me.create_training_examples(documents, dropping, 3)] == [7]
     for bad in ({"fragment_fraction": 0.0}, {"fragment_length": -1}, {"min_length": 100},
                 {"fragment_at_start_prob": 0.7, "fragment_at_end_prob": 0.4},
                 {"mask_token_prob": 0.95, "random_token_prob": 0.1}, {"max_seq_length": 1}):
         with pytest.raises(UserError, match="examples."):
             me.MassExampleConfig(**bad)
-    base = make_config("mass_base")
-    model, examples = base.model, base.examples
-    assert (model.hidden_size, model.intermediate_size, model.num_layers, model.decoder_layers,
-            model.num_heads, model.activation) == (1024, 4096, 6, 6, 8, "gelu")
-    assert (examples.fragment_fraction, examples.mask_token_prob, examples.random_token_prob,
-            examples.max_seq_length) == (0.5, 0.8, 0.1, 100)
-    assert (base.optim.learning_rate, base.optim.b2) == (1e-4, 0.98)
 
 
 # --- Training through the Trainer -----------------------------------------------------------
@@ -416,3 +415,24 @@ def test_a_fragment_in_every_block_of_packed_segments():
     single = dataclasses.replace(config, fragment_block=0)
     positions = fragment_of(draw(single, tokens, rng))
     assert len(positions) == 30 and np.array_equal(positions, positions[0] + np.arange(30))
+
+
+def test_cli_trains_mass_xlm_tiny_on_the_reference_model(tmp_path):
+    """`run.py pretrain --preset mass_xlm_tiny --data en=...,de=...`: XLM's encoder-decoder with
+    two language embeddings and a cross-attention output per language, on the reference's
+    layout (a step reads one language); the held-out loss falls, below the uniform guess."""
+    data = bilingual_corpus(tmp_path)
+    workdir = tmp_path / "run"
+    settings = [f"{key}={value}" for key, value in {**BILINGUAL, **data}.items()
+                if key not in ("data.source", "train.steps", "train.eval_every",
+                               "train.log_every")]
+    assert run.main(["pretrain", "--preset", "mass_xlm_tiny", "--data", data["data.source"],
+                     "--workdir", str(workdir), *settings, "model.intermediate_size=128",
+                     "train.steps=40", "train.eval_every=20", "train.log_every=10"]) == 0
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [row["loss"] for row in rows if row["split"] == "eval"]
+    assert len(evaluations) == 2 and evaluations[-1] < evaluations[0] - 0.3, evaluations
+    assert evaluations[-1] < np.log(80) - 0.5, evaluations  # below the uniform guess
+    model = load_model(workdir)
+    assert type(model) is XLMTranslation and model.config.n_langs == 2
+    assert model.decoder.layers.cross_output.kernel.shape == (2, 32, 64)  # [L, H, 2 H]

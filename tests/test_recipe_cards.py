@@ -30,7 +30,7 @@ PAGES = {
     **dict.fromkeys(("bert", "roberta", "albert", "electra", "structbert", "ernie", "mpnet"),
                     "masked_lm.md"),
     **dict.fromkeys(("gpt", "xlnet", "elmo", "word2vec"), "autoregressive.md"),
-    **dict.fromkeys(("t5", "mass", "prophetnet", "unilm", "xlm"), "seq2seq.md"),
+    **dict.fromkeys(("t5", "mass", "mass_xlm", "prophetnet", "unilm", "xlm"), "seq2seq.md"),
     **dict.fromkeys(("simclr", "moco", "byol", "rotation", "jigsaw", "deepcluster", "cmc", "dim",
                      "amdim"), "images.md"),
     **dict.fromkeys(("cpc", "wav2vec2"), "speech.md"),
@@ -40,6 +40,7 @@ PAGES = {
 TEST_SIZES = ("albert_tiny", "amdim_tiny", "bart_tiny", "bert_tiny", "byol_tiny", "cmc_tiny",
               "cpc_tiny", "deepcluster_tiny", "dim_tiny", "electra_tiny", "elmo_tiny",
               "ernie_tiny", "gpt_tiny", "jigsaw_tiny", "mass_tiny", "mass_bilingual_tiny",
+              "mass_xlm_tiny",
               "moco_tiny", "mpnet_tiny", "prophetnet_tiny", "roberta_tiny", "rotation_tiny",
               "simclr_tiny", "structbert_tiny", "t5_tiny", "translation_tiny", "unilm_tiny",
               "wav2vec2_tiny", "word2vec_tiny", "xlm_tiny", "xlnet_tiny")

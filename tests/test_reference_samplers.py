@@ -612,11 +612,13 @@ def reference_mass_corruption(size: int, rng: np.random.Generator) -> np.ndarray
     return np.where((kind == 2) & same, KEPT, np.asarray([MASKED, KEPT, REPLACED])[kind])
 
 
-def mass_ours(lengths) -> dict[str, list]:
+def mass_ours(lengths, xlm_layout: bool = False) -> dict[str, list]:
     """Per draw (segment lengths m = words + EOS, cycled): start, k, and what happened to the
-    fragment's tokens (pooled)."""
+    fragment's tokens (pooled). `xlm_layout`: `XLMMassMasking` (method mass_xlm), whose
+    encoder input starts with EOS and whose decoder positions are the fragment's."""
     rng = np.random.default_rng(81)
-    masking = mass_examples.MassMasking(VOCAB, MASS_CONFIG)
+    masking = (mass_examples.XLMMassMasking if xlm_layout else mass_examples.MassMasking)(
+        VOCAB, MASS_CONFIG)
     out: dict[str, list] = {"start": [], "size": [], "corruption": []}
     for draw in range(MASS_DRAWS):
         length = lengths[draw % len(lengths)]
@@ -624,10 +626,14 @@ def mass_ours(lengths) -> dict[str, list]:
         tokens[:length - 1] = rng.integers(FIRST_TEXT_ID, VOCAB_SIZE, length - 1)
         tokens[length - 1] = SEP
         example = masking.random_map({"tokens": tokens}, rng)
-        fragment = np.flatnonzero(example["targets"])
+        if xlm_layout:
+            fragment = example["decoder_positions"][example["decoder_mask"] == 1]
+            inputs = example["inputs"][1:]  # after the leading EOS
+        else:
+            fragment, inputs = np.flatnonzero(example["targets"]), example["inputs"]
         out["start"].append(int(fragment[0]))
         out["size"].append(len(fragment))
-        out["corruption"].extend(corruption(example["inputs"][fragment], tokens[fragment]))
+        out["corruption"].extend(corruption(inputs[fragment], tokens[fragment]))
     return out
 
 
@@ -659,15 +665,26 @@ def test_mass_negative_control():
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "unstated disagreement: MASS-unsupNMT's restricted_mask_sent takes round(0.5 x len(x)) "
-    "with len(x) counting the sentence-start </s> XLM puts before every sentence (words + 2), "
-    "ours round(0.5 x m) with m = words + EOS (words + 1), so for half of the lengths the "
-    "reference's fragment is one token longer (5 words: 4 tokens vs our 3; mean about 0.5 "
-    "longer); docs/methods/seq2seq.md states k = round(0.5 m)"))
+    "stated departure of the T5 layout (method mass): MASS-unsupNMT's restricted_mask_sent "
+    "takes round(0.5 x len(x)) with len(x) counting the sentence-start </s> XLM puts before "
+    "every sentence (words + 2), the T5 layout round(0.5 x m) with m = words + EOS (words + 1), "
+    "so for half of the lengths the reference's fragment is one token longer (5 words: 4 "
+    "tokens vs 3); docs/methods/seq2seq.md states k = round(0.5 m). The reference's layout "
+    "(mass_xlm) agrees: test_mass_xlm_layout_follows_restricted_mask_sent"))
 def test_mass_fragment_length_follows_restricted_mask_sent():
     lengths = list(range(6, 41))
     ours, reference = mass_ours(lengths), mass_reference(lengths)
     assert_agree("size", ours["size"], reference["size"])
+
+
+def test_mass_xlm_layout_follows_restricted_mask_sent():
+    """The reference's layout (`XLMMassMasking`) over sentence lengths 5 .. 39 words: the
+    fragment's length (with the leading </s>), its start and the 80/10/10 agree."""
+    lengths = list(range(6, 41))
+    ours, reference = mass_ours(lengths, xlm_layout=True), mass_reference(lengths)
+    for name in ("size", "start"):
+        assert_agree(name, ours[name], reference[name])
+    assert_agree("corruption", ours["corruption"], reference["corruption"], numeric=False)
 
 
 # --- wav2vec 2.0: fairseq compute_mask_indices ---------------------------------------------------

@@ -21,7 +21,7 @@ from pretext_jax.models.generate import greedy_seq2seq
 from pretext_jax.models.hf import t5 as t5_hf
 from pretext_jax.models.prophetnet import ProphetNet, ProphetNetConfig
 from pretext_jax.models.t5 import T5, T5Config
-from pretext_jax.models.xlm import XLM, XLMConfig
+from pretext_jax.models.xlm import XLM, XLMConfig, XLMTranslation, XLMTranslationConfig
 from pretext_jax.objectives import translation
 from pretext_jax.objectives.registry import PreparedData
 from pretext_jax.objectives.translation import T5TranslationConfig
@@ -351,3 +351,31 @@ def test_prophetnet_and_xlm_fine_tune_on_translation_from_their_pretrained_weigh
     # results.json's BLEU is sacrebleu's on the final model's greedy translations.
     assert result["bleu"] == pytest.approx(rescored_bleu(toy, workdir), abs=1e-9)
     assert type(loading.load_model(workdir)) is family.model_class
+
+
+def test_a_mass_xlm_run_starts_translation_xlm_with_all_its_weights(toy):
+    """A MASS run on XLM's encoder-decoder (method mass_xlm, one cross-attention output per
+    language) is fine-tuned by translation_xlm: every parameter copied, the per-language
+    outputs kept, greedy decoding runs through them."""
+    tokenizer, folder = toy["tokenizer"], toy["root"] / "mass_xlm"
+    pretrained = XLMTranslation(XLMTranslationConfig(
+        vocab_size=tokenizer.vocab_size, n_langs=2, pad_token_id=tokenizer.pad_id,
+        eos_token_id=tokenizer.eos_id, hidden_size=32, num_layers=1, num_heads=2,
+        intermediate_size=128, max_position_embeddings=64, embed_init_std=32 ** -0.5,
+        cross_output_per_language=True), rngs=nnx.Rngs(0))
+    save_model(pretrained, "mass_xlm", folder)
+    directories.write_tokenizer(folder, tokenizer)
+    config = translate.translation_config(str(folder), toy["train"], toy["val"])
+    assert config.method == "translation_xlm" and config.model.cross_output_per_language
+    started = translation.pretrained_translator(
+        config.model, 0, loading.load_pretrained, family=translation.FAMILIES[config.method])
+    own = dict(nnx.to_flat_state(nnx.state(started, nnx.Param)))
+    weights = list(nnx.to_flat_state(nnx.state(pretrained, nnx.Param)))
+    assert len(weights) == len(own)
+    for key, value in weights:
+        np.testing.assert_array_equal(own[key][...], value[...], err_msg=str(key))
+    sources = np.asarray([tokenizer.encode("A man sees a red car.") + [tokenizer.eos_id]])
+    tokens = greedy_seq2seq(started, sources, max_new_tokens=5,
+                            source_language_ids=np.ones_like(sources),
+                            target_language_ids=np.zeros(1, np.int32))
+    assert tokens.shape == (1, 5)

@@ -1,14 +1,14 @@
 """XLM's translation model (models/xlm.py `XLMTranslation`, Lample & Conneau 2019 §5.2): the
 decoder equals a plain numpy computation of the reference's `TransformerModel(is_encoder=False)`
 (causal self-attention, cross-attention + `layer_norm15`, feed-forward, post-LN, zeroed
-padding); initialising from a pretrained XLM copies every pretrained parameter into both sides
-and leaves only the cross-attention at its random init; the decoder is causal and the
-cross-attention reads only the non-pad source positions."""
+padding), also with explicit decoder positions and one cross-attention output per language;
+initialising from a pretrained XLM copies every pretrained parameter into both sides and leaves
+only the cross-attention at its random init; the decoder is causal and the cross-attention reads
+only the non-pad source positions."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from parity_utils import random_model
+from xlm_numpy import flat, numpy_xlm
 
 from pretext_jax.errors import UserError
 from pretext_jax.models.hf.xlm import config_to_hf
@@ -31,10 +32,6 @@ PAD, EOS = 2, 1
 CONFIG = XLMConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2,
                    intermediate_size=64, max_position_embeddings=32, n_langs=3,
                    embed_init_std=0.25, layer_norm_eps=1e-6, pad_token_id=PAD)
-
-
-def flat(module: nnx.Module) -> dict[tuple, np.ndarray]:
-    return {k: np.asarray(v[...]) for k, v in nnx.to_flat_state(nnx.state(module, nnx.Param))}
 
 
 def pretrained() -> XLM:
@@ -54,62 +51,6 @@ def source_batch(seed: int = 0):
             jnp.asarray(target), jnp.ones((2, 6), jnp.int32))
 
 
-# --------------------------------------------------------------- a numpy XLM decoder
-def layer_norm(x, p, eps):
-    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
-
-
-def linear(x, p):
-    return x @ p["kernel"] + p["bias"]
-
-
-def multi_head(x, kv, q, k, v, o, allowed, heads):
-    """Softmax(q k^T / sqrt(d)) v per head over the `allowed` [B, T, S] keys, then `o`."""
-    b, t, h = x.shape
-    split = lambda y: y.reshape(b, -1, heads, h // heads).transpose(0, 2, 1, 3)  # noqa: E731
-    scores = split(linear(x, q)) @ split(linear(kv, k)).transpose(0, 1, 3, 2) / math.sqrt(
-        h // heads)
-    scores = np.where(allowed[:, None], scores, -np.inf)
-    weights = np.exp(scores - scores.max(-1, keepdims=True))
-    weights /= weights.sum(-1, keepdims=True)
-    return linear((weights @ split(linear(kv, v))).transpose(0, 2, 1, 3).reshape(b, t, h), o)
-
-
-def numpy_decoder(params, config, ids, langs, encoded, source_mask):
-    """The reference's decoder `fwd(causal=True, src_enc, src_len)` in numpy: (token + position
-    + language) embeddings, LayerNorm, zero padding; per layer self-attention -> + -> LN1,
-    encoder attention -> + -> LN15, FFN (GELU) -> + -> LN2, zero padding; then the tied
-    prediction layer."""
-    tree: dict = {}
-    for path, value in params.items():
-        node = tree
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = np.asarray(value, np.float64)
-    eps, heads = config.layer_norm_eps, config.num_heads
-    mask = ids != config.pad_token_id
-    length = ids.shape[1]
-    x = (tree["word_embeddings"]["embedding"][ids]
-         + tree["position_embeddings"]["embedding"][np.arange(length)][None]
-         + tree["lang_embeddings"]["embedding"][langs])
-    x = layer_norm(x, tree["embedding_layer_norm"], eps) * mask[..., None]
-    causal = np.tril(np.ones((length, length), bool))[None] & mask[:, None, :]
-    cross = np.broadcast_to(source_mask[:, None, :], (len(ids), length, source_mask.shape[1]))
-    gelu = np.vectorize(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))
-    for i in range(config.num_layers):
-        p = jax.tree.map(lambda a, i=i: a[i], tree["layers"])
-        x = layer_norm(x + multi_head(x, x, p["query"], p["key"], p["value"],
-                                      p["attention_output"], causal, heads),
-                       p["attention_layer_norm"], eps)
-        x = layer_norm(x + multi_head(x, encoded, p["cross_query"], p["cross_key"],
-                                      p["cross_value"], p["cross_output"], cross, heads),
-                       p["cross_layer_norm"], eps)
-        x = layer_norm(x + linear(gelu(linear(x, p["intermediate"])), p["output"]),
-                       p["output_layer_norm"], eps) * mask[..., None]
-    return x, x @ tree["word_embeddings"]["embedding"].T + tree["output_bias"]
-
-
 def test_decoder_equals_a_numpy_computation_of_the_reference_decoder():
     model = random_model(
         XLMTranslation, XLMTranslationConfig(**dataclasses.asdict(CONFIG), eos_token_id=EOS), 3)
@@ -117,9 +58,10 @@ def test_decoder_equals_a_numpy_computation_of_the_reference_decoder():
     target = target.at[1, 4:].set(PAD)  # a padded target row too
     encoded = model.encode(source, source_mask, language_ids=source_langs)
     hidden = model.decode(target, encoded, source_mask, language_ids=target_langs)
-    expected_hidden, expected_logits = numpy_decoder(
+    expected_hidden, expected_logits = numpy_xlm(
         flat(model.decoder), model.config, np.asarray(target), np.asarray(target_langs),
-        np.asarray(encoded, np.float64), np.asarray(source_mask))
+        np.asarray(target != PAD), causal=True, encoded=np.asarray(encoded, np.float64),
+        source_mask=np.asarray(source_mask))
     np.testing.assert_allclose(hidden, expected_hidden, atol=1e-5, rtol=0)
     np.testing.assert_allclose(model.logits(hidden), expected_logits, atol=1e-5, rtol=0)
     # The encoder is the pretrained XLM run bidirectionally (its parity with HF is tested).
@@ -127,6 +69,34 @@ def test_decoder_equals_a_numpy_computation_of_the_reference_decoder():
         encoded, model.encoder(source, source_mask, langs=source_langs).hidden_states, atol=0)
     assert model.config.decoder_start_token_id == EOS and model.config.eos_token_id == EOS
     assert not model.encoder.config.causal and model.decoder.config.causal
+
+
+def test_decoder_positions_and_per_language_cross_outputs_equal_the_numpy_decoder():
+    """`position_ids` and `cross_output_per_language` (three languages, three output blocks):
+    each row's cross-attention output is its language's (rows of languages 2 and 1 in one
+    batch); another language's block or the default positions give other states."""
+    config = XLMTranslationConfig(**{**dataclasses.asdict(CONFIG),
+                                     "cross_output_per_language": True}, eos_token_id=EOS)
+    model = random_model(XLMTranslation, config, 4)
+    assert model.decoder.layers.cross_output.kernel.shape == (2, 16, 48)
+    source, source_mask, source_langs, target, _ = source_batch(2)
+    target_langs = jnp.asarray([[2] * 6, [1] * 6])
+    positions = jnp.asarray([[3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6]])
+    encoded = model.encode(source, source_mask, language_ids=source_langs)
+    hidden = model.decode(target, encoded, source_mask, language_ids=target_langs,
+                          position_ids=positions)
+
+    def expected(languages, positions):
+        return numpy_xlm(flat(model.decoder), config, np.asarray(target),
+                         np.asarray(target_langs), np.ones(target.shape, bool), causal=True,
+                         positions=np.asarray(positions), encoded=np.asarray(encoded, np.float64),
+                         source_mask=np.asarray(source_mask), cross_output_language=languages)[0]
+
+    np.testing.assert_allclose(hidden, expected([2, 1], positions), atol=1e-5, rtol=0)
+    assert np.abs(hidden - expected([0, 1], positions)).max() > 1e-2
+    assert np.abs(hidden - expected([2, 1], np.arange(6)[None])).max() > 1e-2
+    with pytest.raises(ValueError, match="needs langs"):
+        model.decode(target, encoded, source_mask)
 
 
 def test_initialisation_copies_the_pretrained_xlm_into_both_sides_but_not_cross_attention():

@@ -4,8 +4,9 @@ Generation", §2.2 and §3.1; reference microsoft/MASS MASS-unsupNMT/src/trainer
 
 Preparation (`create_training_examples`, stored once) keeps each sentence of the corpus as one
 segment: its tokens followed by EOS ([SEP]), cut into pieces of at most `max_seq_length` tokens
-(EOS included) where a sentence is longer; pieces of fewer than `min_length` tokens before EOS
-are dropped (MASS trains with --min_len 5). With `pack_sentences` (ProphetNet's 512-token
+(EOS included) where a sentence is longer, or with `drop_long_sentences` left out (the
+reference's `--max_len`); pieces of fewer than `min_length` tokens before EOS are dropped (MASS
+trains with --min_len 5). With `pack_sentences` (ProphetNet's 512-token
 inputs) a document's sentences, each followed by EOS, are joined and cut into pieces of
 `max_seq_length`. Records hold the segment's tokens, padded with 0.
 
@@ -42,6 +43,18 @@ paper's Figure 1); positions after the fragment cannot affect it (causal attenti
 no loss. The one difference from the paper's figure: where it draws [MASK] as the first
 decoder input, the reference (and we) feed the token before the fragment, which the encoder
 sees unmasked anyway, so the decoder learns no fragment token from it.
+
+The reference's layout (`XLMMassMasking`, for the XLM encoder-decoder of `models.xlm`, whose
+positions are absolute; MASS-unsupNMT/src/trainer.py `restricted_mask_sent` and `mass_step`):
+the sentence is `</s> x </s>` (XLM's batches start every sentence with EOS), l = m + 1 tokens,
+position p of it being position p - 1 of the segment. The fragment has k = round(fraction x l)
+tokens (at most m; the reference's `mask_len` of the sentence length with both EOS) among
+positions 1 .. l - 1 (the leading EOS is never masked), placed as above. The encoder reads the
+l tokens at positions 0 .. l - 1 with the fragment corrupted 80/10/10. The decoder reads only
+the k fragment tokens shifted right, `decoder_inputs` = sentence[p - 1] for each fragment
+position p, at `decoder_positions` p - 1 (the positions of the tokens it reads, the reference's
+`positions`), and predicts `targets` = sentence[p]; rows are padded to the longest fragment
+(`xlm_decoder_length`) and `decoder_mask` marks the k real ones.
 
 Edge cases (§2.2, Table 1): k = 1 is BERT's masked LM (one masked token, the decoder's only
 non-[MASK] input is a token the encoder sees); k = m is a standard LM (the whole encoder input
@@ -104,6 +117,9 @@ class MassExampleConfig:
     pack_sentences: bool = False
     """Fill each segment with a document's consecutive sentences (each ending in EOS) up to
     max_seq_length (ProphetNet's 512-token inputs); False = one sentence per segment (MASS)."""
+    drop_long_sentences: bool = False
+    """Leave out sentences longer than max_seq_length - 1 tokens (the reference's --max_len
+    removes them); False = cut them into pieces."""
 
     def __post_init__(self) -> None:
         if self.max_seq_length < 2:
@@ -164,8 +180,9 @@ def fragment_positions(length: int, config: MassExampleConfig, rng: np.random.Ge
 
 def segments(documents: Sequence[Document], config: MassExampleConfig, eos_id: int
              ) -> Iterator[np.ndarray]:
-    """Every sentence's tokens in pieces of at most max_seq_length - 1, each followed by EOS;
-    pieces shorter than min_length are dropped. With `pack_sentences`, a document's sentences
+    """Every sentence's tokens in pieces of at most max_seq_length - 1, each followed by EOS
+    (longer sentences left out with `drop_long_sentences`); pieces shorter than min_length are
+    dropped. With `pack_sentences`, a document's sentences
     (each followed by EOS) are joined and cut into pieces of max_seq_length; a shorter last
     piece is kept if it has min_length tokens."""
     if config.pack_sentences:
@@ -175,6 +192,8 @@ def segments(documents: Sequence[Document], config: MassExampleConfig, eos_id: i
     for document in documents:
         for sentence in document:
             tokens = np.asarray(sentence, np.int32)
+            if config.drop_long_sentences and len(tokens) > piece:
+                continue
             for start in range(0, len(tokens), piece):
                 chunk = tokens[start:start + piece]
                 if len(chunk) >= config.min_length:
@@ -253,4 +272,57 @@ class MassMasking(grain.transforms.RandomMap):
         example = mass_example(tokens, fragment, self.vocab, self.config, rng)
         if "language" in element:  # every token of encoder and decoder is of that language
             example["language_ids"] = np.full(len(tokens), element["language"][0], np.int32)
+        return example
+
+
+def xlm_fragment_size(length: int, config: MassExampleConfig) -> int:
+    """k of a segment of `length` tokens (EOS included) in the reference's layout, whose
+    sentence also starts with EOS: `fragment_size(length + 1)`, at most `length`."""
+    return min(config.fragment_size(length + 1), length)
+
+
+def xlm_decoder_length(config: MassExampleConfig) -> int:
+    """The decoder rows' length in the reference's layout: the longest fragment, that of a
+    segment of `max_seq_length` tokens (k grows with the segment's length)."""
+    return xlm_fragment_size(config.max_seq_length, config)
+
+
+def xlm_mass_example(tokens: np.ndarray, vocab: MaskingVocab, config: MassExampleConfig,
+                     rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The reference's layout of a segment (`tokens` [L], padded with 0; see the module
+    docstring): `inputs`, `input_mask`, `cross_attention_mask` [L + 1] (the sentence with its
+    leading EOS) and `decoder_inputs`, `decoder_positions`, `targets`, `decoder_mask`
+    [xlm_decoder_length], int32."""
+    length = int(np.count_nonzero(tokens))
+    size = xlm_fragment_size(length, config)
+    sentence = np.concatenate([[vocab.sep_id], tokens]).astype(np.int32)
+    fragment = 1 + fragment_start(length, size, config, rng) + np.arange(size)  # in sentence
+    inputs = sentence.copy()
+    corrupt(inputs, fragment, vocab, config, rng)
+    input_mask = np.arange(len(sentence)) < length + 1
+    decoder = {key: np.zeros(xlm_decoder_length(config), np.int32)
+               for key in ("decoder_inputs", "decoder_positions", "targets", "decoder_mask")}
+    decoder["decoder_inputs"][:size] = sentence[fragment - 1]
+    decoder["decoder_positions"][:size] = fragment - 1
+    decoder["targets"][:size] = sentence[fragment]
+    decoder["decoder_mask"][:size] = 1
+    return {"inputs": inputs, "input_mask": input_mask.astype(np.int32),
+            "cross_attention_mask": (input_mask & (inputs != vocab.mask_id)).astype(np.int32),
+            **decoder}
+
+
+class XLMMassMasking(MassMasking):
+    """`MassMasking` in the reference's layout (`xlm_mass_example`); a bilingual segment's
+    language is on every encoder (`language_ids`) and decoder (`decoder_language_ids`)
+    position."""
+
+    def random_map(self, element: dict[str, Any], rng: np.random.Generator
+                   ) -> dict[str, np.ndarray]:
+        example = xlm_mass_example(np.asarray(element["tokens"], np.int32), self.vocab,
+                                   self.config, rng)
+        if "language" in element:
+            language = element["language"][0]
+            example["language_ids"] = np.full(len(example["inputs"]), language, np.int32)
+            example["decoder_language_ids"] = np.full(len(example["targets"]), language,
+                                                      np.int32)
         return example

@@ -1,8 +1,8 @@
 """MASS's span-masking data (Song et al. 2019 §2.2, §3.1), shared by the methods trained on it:
-MASS itself (`objectives.mass`) and ProphetNet (`objectives.prophetnet`, whose paper trains
-with MASS-style span masking, Qi et al. 2020 §2.3). Monolingual text, or a bilingual corpus
-(`data.source=en=SOURCE,de=SOURCE`) whose training steps each read one language
-(`input_pipeline.examples.mass` docstring)."""
+MASS itself (`objectives.mass`, on T5 or in the reference's layout on XLM's encoder-decoder)
+and ProphetNet (`objectives.prophetnet`, whose paper trains with MASS-style span masking, Qi et
+al. 2020 §2.3). Monolingual text, or a bilingual corpus (`data.source=en=SOURCE,de=SOURCE`)
+whose training steps each read one language (`input_pipeline.examples.mass` docstring)."""
 
 from __future__ import annotations
 
@@ -37,11 +37,13 @@ def build_segments(examples: mass_examples.MassExampleConfig, documents: Any, to
 
 
 def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, cache_dir: Path,
-                 seed: int) -> PreparedData:
+                 seed: int, *, xlm_layout: bool = False) -> PreparedData:
     """Corpus -> tokenizer -> segments -> ArrayRecord; the fragment and its masks are drawn while
     loading, held-out records get one fixed draw. The model's vocabulary is the tokenizer's,
     its EOS the tokenizer's [SEP]; a bilingual corpus (`en=SOURCE,de=SOURCE`) also sets its
-    number of languages."""
+    number of languages. `xlm_layout`: the reference's inputs (`XLMMassMasking`) for XLM's
+    encoder-decoder, whose fields `n_langs` (1 for one language) and `pad_token_id` the data
+    sets too."""
     corpora = mass_examples.language_corpora(data.source)
     step_order = None
     if corpora is None:
@@ -52,7 +54,10 @@ def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, ca
         train, held_out, tokenizer = prepare_bilingual(corpora, data, examples, cache_dir, seed)
         languages = {"num_languages": len(corpora)}
         step_order = per_step_source(train.for_global_batch)
-    masking = mass_examples.MassMasking(MaskingVocab.from_tokenizer(tokenizer), examples)
+    if xlm_layout:
+        languages = {"n_langs": len(corpora or [None]), "pad_token_id": tokenizer.pad_id}
+    masking = (mass_examples.XLMMassMasking if xlm_layout else mass_examples.MassMasking)(
+        MaskingVocab.from_tokenizer(tokenizer), examples)
     share = MAX_EVAL_EXAMPLES // len(held_out)
     eval_examples = stacked_records([held_out_examples(part, masking, seed, share)
                                      for part in held_out if len(part)])
