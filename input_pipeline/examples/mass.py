@@ -11,9 +11,11 @@ inputs) a document's sentences, each followed by EOS, are joined and cut into pi
 
 Masking (`MassMasking`, a Grain `RandomMap`, drawn every time a record is loaded, as
 `seq2seq_examples.Seq2SeqNoising`) of a segment x of m tokens (EOS included):
-- The fragment x[u : u + k] is k = max(1, round(fragment_fraction x m)) consecutive tokens
-  (Python's round halves to even, as the reference), or `fragment_length` (capped at m) when
-  set. Its start u is 0 with probability `fragment_at_start_prob` (0.2), m - k with
+- The fragment x[u : u + k] is k = max(1, round(fragment_fraction x (m + 1))) consecutive
+  tokens, m + 1 counting the sentence-start </s> before every XLM sentence as the reference
+  does (`fragment_counts_sentence_start`; without it round(fragment_fraction x m); Python's
+  round halves to even, as the reference), or `fragment_length` (capped at m) when set. Its
+  start u is 0 with probability `fragment_at_start_prob` (0.2), m - k with
   `fragment_at_end_prob` (0.2), and otherwise uniform over 0 .. m - k (the reference's
   `shuffle_segments`: the fragment at the sentence start 20% of the time, at its end 20%, at a
   random place 60%). With both probabilities 0 the start is uniform. With `fragment_block` B
@@ -90,6 +92,11 @@ class MassExampleConfig:
     """k = max(1, round(fraction x m)) masked consecutive tokens of m (MASS --word_mass 0.5)."""
     fragment_length: int = 0
     """A fixed k instead (capped at m); 0 = use fragment_fraction. 1 gives BERT's MLM (§2.2)."""
+    fragment_counts_sentence_start: bool = True
+    """k = round(fraction x (m + 1)): the fraction of the sentence as MASS-unsupNMT's
+    `restricted_mask_sent` counts it, with the sentence-start </s> XLM puts before every
+    sentence (words + 2 positions, never itself masked). False = round(fraction x m) (ProphetNet's
+    15 % of each block)."""
     fragment_at_start_prob: float = 0.2
     """Probability that the fragment starts the segment (the reference's 0.2)."""
     fragment_at_end_prob: float = 0.2
@@ -132,7 +139,8 @@ class MassExampleConfig:
         """k for a segment of `length` tokens (EOS included)."""
         if self.fragment_length:
             return min(self.fragment_length, length)
-        return min(max(1, int(round(self.fragment_fraction * length))), length)
+        counted = length + 1 if self.fragment_counts_sentence_start else length
+        return min(max(1, int(round(self.fragment_fraction * counted))), length)
 
 
 def fragment_start(length: int, size: int, config: MassExampleConfig,
