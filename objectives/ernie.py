@@ -79,7 +79,8 @@ PRESETS = {
     "ernie_base": {
         "model": {"vocab_size": 0, "hidden_act": "relu", "layer_norm_eps": 1e-5,
                   "max_position_embeddings": 513},
-        "examples": {"max_seq_length": 512, "max_predictions_per_seq": 80, "masking": "entity"},
+        "examples": {"max_seq_length": 512, "max_predictions_per_seq": 160, "masking": "entity",
+                     "unit_selection": "bernoulli"},
         "data": {"vocab_size": 18000},
         "optim": {"learning_rate": 1e-4, "warmup_steps": 5000, "eps": 1e-8,
                   "bias_correction": True, "eps_before_bias_correction": True},

@@ -145,8 +145,9 @@ def check_prophetnet(model: ProphetNetConfig, examples: mass_examples.MassExampl
 
 
 # The span masking of §3 on MASS's records: 15% of a segment, start uniform, 80/10/10.
-SPAN_MASKING = {"fragment_fraction": 0.15, "fragment_at_start_prob": 0.0,
-                "fragment_at_end_prob": 0.0, "mask_token_prob": 0.8, "random_token_prob": 0.1}
+SPAN_MASKING = {"fragment_fraction": 0.15, "fragment_counts_sentence_start": False,
+                "fragment_at_start_prob": 0.0, "fragment_at_end_prob": 0.0,
+                "mask_token_prob": 0.8, "random_token_prob": 0.1}
 
 # ProphetNet pre-trained on the 16GB corpus (Qi et al. 2020 §3, §4.1; the microsoft/ProphetNet
 # README's ProphetNet-En-16GB, the same size as ProphetNet-large): 12 + 12 layers of width 1024,

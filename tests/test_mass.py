@@ -64,13 +64,14 @@ def draw(config: me.MassExampleConfig, tokens: np.ndarray, rng: np.random.Genera
 
 
 def test_fragment_is_half_the_segment_contiguous_and_predicted_exactly():
-    """For every length m the loss positions are k = round(0.5 m) consecutive positions; the
+    """For every length m the loss positions are k = round(0.5 (m + 1)) consecutive positions
+    (m + 1: the reference's sentence-start </s> counted, `fragment_counts_sentence_start`); the
     targets are the segment's tokens there; the decoder reads the token before each (the start
     token 0 at position 0) and [MASK] at every other position of the segment."""
     rng = np.random.default_rng(0)
     config = me.MassExampleConfig(max_seq_length=64)
     for length in range(2, 65):
-        assert config.fragment_size(length) == max(1, round(length / 2))
+        assert config.fragment_size(length) == min(length, round((length + 1) / 2))
         tokens = segment(length, rng)
         for _ in range(5):
             example = draw(config, tokens, rng)
@@ -85,8 +86,9 @@ def test_fragment_is_half_the_segment_contiguous_and_predicted_exactly():
             np.testing.assert_array_equal(example["input_mask"], np.arange(64) < length)
             outside = np.setdiff1d(np.arange(64), positions)
             np.testing.assert_array_equal(example["inputs"][outside], tokens[outside])
-    # Python's round halves to even, as the reference: m = 5 -> 2, m = 7 -> 4; k is capped.
-    assert [config.fragment_size(m) for m in (1, 3, 5, 7, 9)] == [1, 2, 2, 4, 4]
+    # Python's round halves to even, as the reference: m + 1 = 5 -> 2, 7 -> 4, 9 -> 4; k is
+    # capped at m.
+    assert [config.fragment_size(m) for m in (1, 2, 4, 6, 8)] == [1, 2, 2, 4, 4]
     assert me.MassExampleConfig(fragment_length=6).fragment_size(4) == 4
 
 
@@ -97,7 +99,7 @@ def test_start_distribution(at_start, at_end):
     rng = np.random.default_rng(1)
     config = me.MassExampleConfig(fragment_at_start_prob=at_start, fragment_at_end_prob=at_end)
     length, draws = 21, 40000
-    size = config.fragment_size(length)  # 10 (10.5 rounds to even)
+    size = config.fragment_size(length)  # 11 = round(0.5 x 22)
     slots = length - size + 1
     starts = np.array([me.fragment_start(length, size, config, rng) for _ in range(draws)])
     expected = np.full(slots, (1 - at_start - at_end) / slots)

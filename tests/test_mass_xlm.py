@@ -187,7 +187,7 @@ def test_layout_and_settings():
     assert batch["inputs"].shape == (2, 15) and batch["targets"].shape == (2, 8)
     assert me.xlm_decoder_length(EXAMPLES) == 8 == round(0.5 * 15)  # 7.5: to even
     assert (batch["inputs"][:, 0] == EOS).all() and (batch["decoder_mask"] == 1).all()
-    assert me.xlm_fragment_size(1, EXAMPLES) == 1  # never more than the segment
+    assert EXAMPLES.fragment_size(1) == 1  # never more than the segment
     base = make_config("mass_base")
     assert base.method == "mass_xlm"
     model, examples = base.model, base.examples

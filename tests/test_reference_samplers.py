@@ -36,6 +36,7 @@ Disagreements that no document states are `xfail(strict=True)` with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 
@@ -340,17 +341,15 @@ def test_bert_negative_controls():
                     reference_bert(False, short_seq_prob=0.5)["tokens"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "unstated disagreement: with whole-word masking, create_pretraining_data.py appends a `##` "
-    "piece to the LAST candidate group even across [SEP], so a B that starts with a "
-    "continuation piece (after truncating its front) joins A's last word; ours "
-    "(bert.masking_candidates) joins only adjacent positions and makes that piece a group of "
-    "its own"))
 def test_bert_whole_word_groups_across_sep_as_the_reference():
+    """create_pretraining_data.py appends a `##` piece to the last candidate group even across
+    [SEP]: a B whose front was truncated to a continuation piece joins A's last word. Without
+    whole-word masking every piece is its own group (the control)."""
     word, piece = 10, 710
     tokens = np.asarray([CLS, word, piece, SEP, piece, word, SEP])
     assert reference_bert_groups(tokens.tolist(), True) == [[1, 2, 4], [5]]
     assert bert_examples.masking_candidates(tokens, VOCAB, True) == [[1, 2, 4], [5]]
+    assert bert_examples.masking_candidates(tokens, VOCAB, False) == [[1], [2], [4], [5]]
 
 
 # --- XLNet: data_utils.py _sample_mask ---------------------------------------------------------
@@ -612,13 +611,14 @@ def reference_mass_corruption(size: int, rng: np.random.Generator) -> np.ndarray
     return np.where((kind == 2) & same, KEPT, np.asarray([MASKED, KEPT, REPLACED])[kind])
 
 
-def mass_ours(lengths, xlm_layout: bool = False) -> dict[str, list]:
+def mass_ours(lengths, config: mass_examples.MassExampleConfig = MASS_CONFIG,
+              xlm_layout: bool = False) -> dict[str, list]:
     """Per draw (segment lengths m = words + EOS, cycled): start, k, and what happened to the
     fragment's tokens (pooled). `xlm_layout`: `XLMMassMasking` (method mass_xlm), whose
     encoder input starts with EOS and whose decoder positions are the fragment's."""
     rng = np.random.default_rng(81)
     masking = (mass_examples.XLMMassMasking if xlm_layout else mass_examples.MassMasking)(
-        VOCAB, MASS_CONFIG)
+        VOCAB, config)
     out: dict[str, list] = {"start": [], "size": [], "corruption": []}
     for draw in range(MASS_DRAWS):
         length = lengths[draw % len(lengths)]
@@ -664,17 +664,16 @@ def test_mass_negative_control():
     assert_rejected("start", ours["start"], altered["start"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "stated departure of the T5 layout (method mass): MASS-unsupNMT's restricted_mask_sent "
-    "takes round(0.5 x len(x)) with len(x) counting the sentence-start </s> XLM puts before "
-    "every sentence (words + 2), the T5 layout round(0.5 x m) with m = words + EOS (words + 1), "
-    "so for half of the lengths the reference's fragment is one token longer (5 words: 4 "
-    "tokens vs 3); docs/methods/seq2seq.md states k = round(0.5 m). The reference's layout "
-    "(mass_xlm) agrees: test_mass_xlm_layout_follows_restricted_mask_sent"))
 def test_mass_fragment_length_follows_restricted_mask_sent():
+    """Over segment lengths 6 .. 40 the fragment sizes agree: the reference's round(0.5 x
+    len(x)) counts the sentence-start </s> (`fragment_counts_sentence_start`). Control: without
+    it, half of the lengths give a fragment one token shorter (5 words: 3 tokens, not 4)."""
     lengths = list(range(6, 41))
     ours, reference = mass_ours(lengths), mass_reference(lengths)
     assert_agree("size", ours["size"], reference["size"])
+    without_start = dataclasses.replace(MASS_CONFIG, fragment_counts_sentence_start=False)
+    assert without_start.fragment_size(6) == 3 and MASS_CONFIG.fragment_size(6) == 4
+    assert_rejected("size", mass_ours(lengths, without_start)["size"], reference["size"])
 
 
 def test_mass_xlm_layout_follows_restricted_mask_sent():
@@ -909,15 +908,15 @@ def ernie_statistics(sampler, single_token_units: bool, seed: int) -> dict[str, 
     return out
 
 
-def ernie_ours(single_token_units: bool) -> dict[str, list]:
+def ernie_ours(single_token_units: bool, config: ernie_examples.ErnieExampleConfig = ERNIE_CONFIG
+               ) -> dict[str, list]:
     rng = np.random.default_rng(121)
     for tokens, spans in ernie_examples_of(single_token_units):  # the same units as ERNIE's
-        assert ernie_examples.units(tokens, VOCAB, ERNIE_CONFIG) == [
+        assert ernie_examples.units(tokens, VOCAB, config) == [
             list(range(start, end)) for start, end in spans]
 
     def sampler(tokens, spans):
-        output, positions, _ = ernie_examples.knowledge_mask_tokens(tokens, VOCAB, ERNIE_CONFIG,
-                                                                    rng)
+        output, positions, _ = ernie_examples.knowledge_mask_tokens(tokens, VOCAB, config, rng)
         return output, positions
 
     return ernie_statistics(sampler, single_token_units, seed=131)
@@ -961,10 +960,11 @@ def test_ernie_negative_controls():
 
 def test_ernie_stated_departure_units_fill_bert_budget():
     """Stated in docs/methods/masked_lm.md: the reference takes each unit with probability 0.15
-    and no cap; ours fills BERT's 15 % budget (round(0.15 x 64) = 10 here). Directions: ours
-    never passes the budget, the reference often does; our count spreads less; and since a
-    unit that does not fit is passed over, ours takes long units less often than short ones,
-    where the reference takes every unit at 0.15 whatever its length."""
+    and no cap; ours, with `unit_selection=budget` (the default), fills BERT's 15 % budget
+    (round(0.15 x 64) = 10 here). Directions: ours never passes the budget, the reference
+    often does; our count spreads less; and since a unit that does not fit is passed over,
+    ours takes long units less often than short ones, where the reference takes every unit at
+    0.15 whatever its length."""
     ours, reference = ernie_draws(False)
     budget = bert_examples.prediction_budget(64, ERNIE_CONFIG)
     assert budget == 10
@@ -977,3 +977,18 @@ def test_ernie_stated_departure_units_fill_bert_budget():
                        / np.mean(reference["units of 1 taken"]))
     assert ours_ratio < 0.8 < reference_ratio < 1.25, (ours_ratio, reference_ratio)
     assert abs(np.mean(reference["units of 1 taken"]) - 0.15) < 0.01
+
+
+def test_ernie_bernoulli_units_follow_batching_mask():
+    """`examples.unit_selection=bernoulli` (ernie_base): each unit taken with probability 0.15
+    whatever its length and with no budget, as the reference: the masked count (mean and
+    spread), the taken share of 1- and 4-token units and the masked position agree. Control:
+    the budget selection (BERT's) is rejected on the count."""
+    bernoulli = dataclasses.replace(ERNIE_CONFIG, unit_selection="bernoulli",
+                                    max_predictions_per_seq=64)
+    ours, reference = ernie_ours(False, bernoulli), ernie_draws(False)[1]
+    for name in ("masked", "units of 1 taken", "units of 4 taken"):
+        assert_agree(name, ours[name], reference[name])
+    assert_agree("masked position", ours["masked position"], reference["masked position"],
+                 numeric=False)
+    assert_rejected("masked", ernie_draws(False)[0]["masked"], reference["masked"])

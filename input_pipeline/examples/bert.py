@@ -257,11 +257,14 @@ def _special(tokens: np.ndarray, vocab: MaskingVocab) -> np.ndarray:
 def masking_candidates(tokens: np.ndarray, vocab: MaskingVocab,
                        whole_word_mask: bool) -> list[list[int]]:
     """Positions that may be masked, grouped: all but [CLS], [SEP] and [PAD], one group per
-    piece, or with whole-word masking per word (a word's continuation pieces join its first)."""
+    piece, or with whole-word masking per word: a continuation piece joins the group before it,
+    as google-research/bert create_pretraining_data.py `create_masked_lm_predictions` builds
+    `cand_indexes`, which skips [CLS] and [SEP] first, so a segment B that starts with a
+    continuation piece (its front truncated) joins A's last word across [SEP]."""
     positions = np.flatnonzero(~_special(tokens, vocab))
     if not whole_word_mask or len(positions) < 2:
         return [[p] for p in positions.tolist()]
-    joins = vocab.continuation[tokens[positions[1:]]] & (np.diff(positions) == 1)
+    joins = vocab.continuation[tokens[positions[1:]]]
     return [group.tolist() for group in np.split(positions, np.flatnonzero(~joins) + 1)]
 
 

@@ -4,8 +4,9 @@ Knowledge Integration", §3.2-3.3) on BERT's sentence pairs.
 Masking stages (§3.2, `ErnieExampleConfig.masking`): `basic` masks basic language units (for
 English, words: BERT's whole-word masking); `phrase` masks whole phrases; `entity` whole named
 entities. Whatever the stage, the units are shuffled and taken whole while the masked tokens
-stay within BERT's budget (15% of the tokens, at most `max_predictions_per_seq`), so a unit is
-never masked in part; words outside any phrase or entity are units of their own (as ERNIE's
+stay within BERT's budget (15% of the tokens, at most `max_predictions_per_seq`), or with
+`unit_selection=bernoulli` each unit is taken with probability 0.15 as ERNIE's code does, so a
+unit is never masked in part; words outside any phrase or entity are units of their own (as ERNIE's
 reference masks every unit, of whatever length, alike). Each masked token gets BERT's 80/10/10
 treatment. The paper trains the stages one after the other; here a run uses one stage.
 
@@ -77,6 +78,12 @@ class ErnieExampleConfig(bert_examples.BertExampleConfig):
     phrases: str = "chunker"
     """Where phrases come from: chunker (built-in stopword chunker, where a sentence has no
     [[PHR:...]] markup) or markup (only [[PHR:...]] spans)."""
+    unit_selection: str = "budget"
+    """How units are picked: budget (BERT's: shuffled and taken whole while the masked tokens
+    fit `masked_lm_prob` x length, at most `max_predictions_per_seq`) or bernoulli (ERNIE 1.0's
+    `batching.py` `mask`: each unit with probability `masked_lm_prob`, whatever its length and
+    with no budget; only `max_predictions_per_seq` caps the total, see
+    `knowledge_mask_tokens`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -85,6 +92,9 @@ class ErnieExampleConfig(bert_examples.BertExampleConfig):
                             f"{', '.join(STAGES)}")
         if self.phrases not in ("chunker", "markup"):
             raise UserError(f"examples.phrases={self.phrases!r} must be chunker or markup")
+        if self.unit_selection not in ("budget", "bernoulli"):
+            raise UserError(f"examples.unit_selection={self.unit_selection!r} must be budget "
+                            "(BERT's 15 % budget) or bernoulli (ERNIE's code)")
         if self.dynamic_masking:
             raise UserError("examples.dynamic_masking is not available for ERNIE, whose unit "
                             "masks are drawn once per pass; set examples.dynamic_masking=false "
@@ -211,13 +221,21 @@ def units(tokens: np.ndarray, vocab: MaskingVocab, config: ErnieExampleConfig
 def knowledge_mask_tokens(tokens: np.ndarray, vocab: MaskingVocab, config: ErnieExampleConfig,
                           rng: np.random.Generator
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Whole units in random order within BERT's `prediction_budget` (a unit that does not fit
-    is passed over), 80/10/10 per token. Returns (masked ids, sorted positions, labels) of the
-    plain ids, as `bert_examples.mask_tokens`."""
+    """Whole units, 80/10/10 per token. With `unit_selection=budget` in random order within
+    BERT's `prediction_budget` (a unit that does not fit is passed over); with `bernoulli` each
+    unit independently with probability `masked_lm_prob` (ERNIE `batching.py` `mask`), and in
+    the rare draw whose units pass `max_predictions_per_seq` (the records' fixed size) the
+    units are taken in random order while they fit. Returns (masked ids, sorted positions,
+    labels) of the plain ids, as `bert_examples.mask_tokens`."""
     ids = tokens & ID_BITS
-    budget = bert_examples.prediction_budget(len(ids), config)
-    chosen = [i for span in choose_ngram_spans(units(tokens, vocab, config), budget,
-                                               np.ones(1), rng)
+    candidates = units(tokens, vocab, config)
+    if config.unit_selection == "bernoulli":
+        picked = rng.random(len(candidates)) < config.masked_lm_prob
+        candidates = [unit for unit, take in zip(candidates, picked, strict=True) if take]
+        budget = config.max_predictions_per_seq
+    else:
+        budget = bert_examples.prediction_budget(len(ids), config)
+    chosen = [i for span in choose_ngram_spans(candidates, budget, np.ones(1), rng)
               for unit in span for i in unit]
     output = ids.copy()
     bert_examples.corrupt(output, np.asarray(chosen, np.int64), vocab, config, rng)

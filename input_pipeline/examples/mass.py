@@ -12,9 +12,11 @@ inputs) a document's sentences, each followed by EOS, are joined and cut into pi
 
 Masking (`MassMasking`, a Grain `RandomMap`, drawn every time a record is loaded, as
 `seq2seq_examples.Seq2SeqNoising`) of a segment x of m tokens (EOS included):
-- The fragment x[u : u + k] is k = max(1, round(fragment_fraction x m)) consecutive tokens
-  (Python's round halves to even, as the reference), or `fragment_length` (capped at m) when
-  set. Its start u is 0 with probability `fragment_at_start_prob` (0.2), m - k with
+- The fragment x[u : u + k] is k = max(1, round(fragment_fraction x (m + 1))) consecutive
+  tokens, m + 1 counting the sentence-start </s> before every XLM sentence as the reference
+  does (`fragment_counts_sentence_start`; without it round(fragment_fraction x m); Python's
+  round halves to even, as the reference), or `fragment_length` (capped at m) when set. Its
+  start u is 0 with probability `fragment_at_start_prob` (0.2), m - k with
   `fragment_at_end_prob` (0.2), and otherwise uniform over 0 .. m - k (the reference's
   `shuffle_segments`: the fragment at the sentence start 20% of the time, at its end 20%, at a
   random place 60%). With both probabilities 0 the start is uniform. With `fragment_block` B
@@ -103,6 +105,11 @@ class MassExampleConfig:
     """k = max(1, round(fraction x m)) masked consecutive tokens of m (MASS --word_mass 0.5)."""
     fragment_length: int = 0
     """A fixed k instead (capped at m); 0 = use fragment_fraction. 1 gives BERT's MLM (§2.2)."""
+    fragment_counts_sentence_start: bool = True
+    """k = round(fraction x (m + 1)): the fraction of the sentence as MASS-unsupNMT's
+    `restricted_mask_sent` counts it, with the sentence-start </s> XLM puts before every
+    sentence (words + 2 positions, never itself masked). False = round(fraction x m) (ProphetNet's
+    15 % of each block)."""
     fragment_at_start_prob: float = 0.2
     """Probability that the fragment starts the segment (the reference's 0.2)."""
     fragment_at_end_prob: float = 0.2
@@ -148,7 +155,8 @@ class MassExampleConfig:
         """k for a segment of `length` tokens (EOS included)."""
         if self.fragment_length:
             return min(self.fragment_length, length)
-        return min(max(1, int(round(self.fragment_fraction * length))), length)
+        counted = length + 1 if self.fragment_counts_sentence_start else length
+        return min(max(1, int(round(self.fragment_fraction * counted))), length)
 
 
 def fragment_start(length: int, size: int, config: MassExampleConfig,
@@ -275,16 +283,10 @@ class MassMasking(grain.transforms.RandomMap):
         return example
 
 
-def xlm_fragment_size(length: int, config: MassExampleConfig) -> int:
-    """k of a segment of `length` tokens (EOS included) in the reference's layout, whose
-    sentence also starts with EOS: `fragment_size(length + 1)`, at most `length`."""
-    return min(config.fragment_size(length + 1), length)
-
-
 def xlm_decoder_length(config: MassExampleConfig) -> int:
     """The decoder rows' length in the reference's layout: the longest fragment, that of a
     segment of `max_seq_length` tokens (k grows with the segment's length)."""
-    return xlm_fragment_size(config.max_seq_length, config)
+    return config.fragment_size(config.max_seq_length)
 
 
 def xlm_mass_example(tokens: np.ndarray, vocab: MaskingVocab, config: MassExampleConfig,
@@ -294,7 +296,7 @@ def xlm_mass_example(tokens: np.ndarray, vocab: MaskingVocab, config: MassExampl
     leading EOS) and `decoder_inputs`, `decoder_positions`, `targets`, `decoder_mask`
     [xlm_decoder_length], int32."""
     length = int(np.count_nonzero(tokens))
-    size = xlm_fragment_size(length, config)
+    size = config.fragment_size(length)  # the leading EOS counted, as the T5 layout's
     sentence = np.concatenate([[vocab.sep_id], tokens]).astype(np.int32)
     fragment = 1 + fragment_start(length, size, config, rng) + np.arange(size)  # in sentence
     inputs = sentence.copy()
