@@ -139,8 +139,10 @@ def _parser() -> argparse.ArgumentParser:
                              help="epochs (default: the paper's recipe for the family)")
         command.add_argument("overrides", nargs="*", help="section.key=value config overrides")
 
-    finetune = commands.add_parser("finetune", help="fine-tune on one GLUE task")
-    finetune.add_argument("--task", required=True, help="sst2, cola, mrpc, rte or stsb")
+    finetune = commands.add_parser("finetune", help="fine-tune on one downstream task")
+    finetune.add_argument("--task", required=True,
+                          help="a GLUE task (sst2, cola, mrpc, rte, stsb) or another registered "
+                          "downstream task")
     finetune.add_argument("--seed", type=_bounded(int, 0), default=0)
     finetune.add_argument("--config", metavar="FILE",
                           help="a YAML or Python (get_config()) file of config sections, layered "

@@ -14,6 +14,7 @@ classifies from the final <cls> (zihangdai/xlnet run_classifier.py); XLM reads `
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,6 +41,7 @@ from pretext_jax.objectives.common.classifier_recipes import CLASSIFY, layout_of
 from pretext_jax.objectives.common.glue_metrics import constant_baseline, task_metrics
 from pretext_jax.objectives.registry import (
     Batch,
+    DownstreamTask,
     Evaluation,
     Method,
     Metrics,
@@ -47,6 +49,7 @@ from pretext_jax.objectives.registry import (
     Resolution,
     Start,
     register,
+    register_task,
 )
 
 
@@ -212,6 +215,21 @@ def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig,
     if model.head != "xlnet" and examples.max_seq_length > model.max_position_embeddings:
         raise UserError(f"examples.max_seq_length={examples.max_seq_length} exceeds the model's "
                         f"max_position_embeddings={model.max_position_embeddings}; lower it")
+
+
+def glue_train_rows(task: glue.GlueTask, data: str, config: Any) -> int:
+    """Training rows of GLUE `task` in the folder (or TFDS) `data`, as many as the run reads
+    (`examples.max_train_examples`)."""
+    count = len(glue.read_glue(data, task.name, "train", config.data.tfds_data_dir or None).labels)
+    return min(count, config.examples.max_train_examples or count)
+
+
+for _glue_task in glue.GLUE_TASKS.values():  # `run.py finetune --task sst2` ... (`glue` too)
+    register_task(DownstreamTask(
+        name=_glue_task.name, method=CLASSIFY, num_labels=_glue_task.num_labels,
+        train_rows=functools.partial(glue_train_rows, _glue_task),
+        metrics=(*_glue_task.metrics, "glue_score"), main_metric="glue_score",
+        aliases=(_glue_task.folder,), spec=_glue_task))
 
 
 METHOD = register(Method(

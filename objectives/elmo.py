@@ -55,6 +55,7 @@ from pretext_jax.objectives.common.held_out import held_out_examples
 from pretext_jax.objectives.common.losses import weighted_cross_entropy
 from pretext_jax.objectives.registry import (
     Batch,
+    DownstreamTask,
     Evaluation,
     FinetuneRecipe,
     Method,
@@ -445,14 +446,14 @@ def pretrained_elmo_classifier(config: ElmoClassifierConfig, seed: int,
     return model
 
 
-def elmo_finetune_recipe(model: Any, task: glue.GlueTask, source_config: Mapping[str, Any]
+def elmo_finetune_recipe(model: Any, task: DownstreamTask, source_config: Mapping[str, Any]
                          ) -> FinetuneRecipe | None:
     """`run.py finetune --init <elmo run>` (and `glue`): this method on the biLM's own settings
     and the characters per token it was trained with; Adam at 1e-3 with warmup over 10% of 3
     epochs, batch 32, no weight decay. The paper trains each task's own model with its own
     recipe (§4, supplement); these settings are ours for this simple pooled head."""
-    if not isinstance(model, BiLM):
-        return None
+    if not isinstance(model, BiLM) or not isinstance(task.spec, glue.GlueTask):
+        return None  # not an ELMo biLM, or not a GLUE task (the scalar mix's only one)
     chars = source_config.get("examples", {}).get(
         "max_characters_per_token", ElmoGlueExampleConfig.max_characters_per_token)
     return FinetuneRecipe(values={

@@ -134,7 +134,7 @@ class PreparedData:
 
 @dataclasses.dataclass(frozen=True)
 class FinetuneRecipe:
-    """A downstream run on one GLUE task (`Start.finetunes`): its config values (`section.key`,
+    """A downstream run on one task (`Start.finetunes`): its config values (`section.key`,
     `method` included) and the length of its schedule, which `pretrain.finetune` turns into
     steps: `epochs` over the task's training rows and `warmup`, a fraction of those steps.
     `tokenizer_from_init`: the run reads text with the tokenizer the starting point was trained
@@ -144,6 +144,39 @@ class FinetuneRecipe:
     epochs: float
     warmup: float
     tokenizer_from_init: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DownstreamTask:
+    """A task `run.py finetune --task NAME` runs (GLUE's five, and any task a downstream method
+    registers with `register_task`): what fine-tuning needs to know of it beyond its method.
+
+    - `name`: the canonical name (`examples.task` of the run); `aliases`: other spellings
+      `--task` accepts (matched ignoring case, `-` and `_`).
+    - `method`: the downstream method that fine-tunes a transformer encoder on it (`classify`
+      for GLUE); a family's `Start.finetunes` puts it in its recipe, or gives its own method
+      (ELMo's scalar mix) or None for tasks it does not fine-tune.
+    - `num_labels`: the head's output units (1 for a regression).
+    - `max_seq_length`: the input length the encoder families use for it (0: their default).
+    - `train_rows(data, config)`: how many training rows an epoch holds for the run `config`
+      on the data `data` (`--data`), from which fine-tuning counts its steps.
+    - `metrics`: the dev metrics reported, `main_metric` the one that ranks runs and learning
+      rates; `baseline`: the `PreparedData.report` entry with the trivial predictor's dev
+      metrics (majority class, no answer, all-O), `baseline_name` what that predictor is.
+    - `spec`: the task's own description (`input_pipeline.glue.GlueTask`, ...), for its method.
+    """
+
+    name: str
+    method: str
+    num_labels: int
+    train_rows: Callable[[str, Any], int]
+    metrics: tuple[str, ...]
+    main_metric: str
+    baseline: str = "majority_baseline"
+    baseline_name: str = "majority class"
+    max_seq_length: int = 0
+    aliases: tuple[str, ...] = ()
+    spec: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,12 +236,12 @@ class Start:
       layer. Its parameters are placed on the mesh after the sharded init, so they never become
       constants of a compiled function.
     - `finetunes(pretrained_model, task, source_config)`: how a model this method's family
-      made is fine-tuned on the GLUE `task` (`input_pipeline.glue.GlueTask`): the
+      made is fine-tuned on the downstream `task` (`DownstreamTask`): the
       `FinetuneRecipe` of the downstream run from `pretrained_model` (as `load` reads it), given
       the saved run config of the starting point (`source_config`; {} when it has none), or
-      None when the model is not this family's. `run.py finetune` / `glue` ask every method
-      (`downstream_recipe`): BERT, ELECTRA, XLNet and XLM give the transformer classifier's
-      recipe of their paper, ELMo's downstream method its scalar mix.
+      None when the model is not this family's or the family does not fine-tune on that task.
+      `run.py finetune` / `glue` ask every method (`downstream_recipe`): BERT, ELECTRA, XLNet
+      and XLM give their paper's recipe for the task's method, ELMo's its scalar mix on GLUE.
     - `hf_models`: our model classes that HuggingFace checkpoints convert to and that belong to
       this method (`run.py convert --to pretext` records it as the model's method).
     - `hf_parts`: for a model joined from several stand-alone HF models (ELECTRA's generator
@@ -285,6 +318,36 @@ class Method:
 
 _METHODS: dict[str, Method] = {}
 _PRESET_METHODS: dict[str, str] = {}  # preset name -> the method that declares it
+_TASKS: dict[str, DownstreamTask] = {}  # every accepted spelling (`task_key`) -> its task
+
+
+def task_key(name: str) -> str:
+    """A task name as `--task` matches it: lower case, without `-` and `_`."""
+    return name.lower().replace("-", "").replace("_", "")
+
+
+def register_task(task: DownstreamTask) -> DownstreamTask:
+    """Adds a downstream task under its name and aliases; a name another task holds is an
+    error."""
+    keys = {task_key(name) for name in (task.name, *task.aliases)}
+    taken = sorted(key for key in keys if key in _TASKS)
+    if taken:
+        raise ValueError(f"task names {taken} of {task.name!r} are already registered")
+    _TASKS.update(dict.fromkeys(keys, task))
+    return task
+
+
+def task_names() -> list[str]:
+    """The registered downstream tasks' canonical names."""
+    return sorted({task.name for task in _TASKS.values()})
+
+
+def downstream_task(name: str) -> DownstreamTask:
+    """The registered task `name` (any of its spellings)."""
+    task = _TASKS.get(task_key(name))
+    if task is None:
+        raise UserError(f"unknown task {name!r}; use one of {', '.join(task_names())}")
+    return task
 
 
 def register(method: Method) -> Method:
@@ -312,8 +375,8 @@ def names() -> list[str]:
     return sorted(_METHODS)
 
 
-def downstream_recipe(pretrained_model: Any, task: Any, source_config: Mapping[str, Any]
-                      ) -> FinetuneRecipe | None:
+def downstream_recipe(pretrained_model: Any, task: DownstreamTask,
+                      source_config: Mapping[str, Any]) -> FinetuneRecipe | None:
     """The recipe of the downstream run that starts from `pretrained_model` on `task`
     (`Start.finetunes` of the family that made it); None when no method claims it."""
     for method in _METHODS.values():

@@ -1,12 +1,12 @@
-"""Fine-tuning and evaluation on GLUE with the one trainer.
+"""Fine-tuning and evaluation on downstream tasks (GLUE's, and every task a downstream method
+registers, `registry.register_task`) with the one trainer.
 
 `finetune_config` turns (task, starting point, data) into the run of the downstream method
 that claims what the starting point holds (`registry.downstream_recipe`): each family declares
 its paper's recipe as its `Start.finetunes` (BERT, ELECTRA, XLNet and XLM fine-tune under the
-transformer classifier `classify`, `objectives.common.classifier_recipes`; an ELMo biLM under its
-scalar mix). `glue` runs every task over several seeds and reports the median, as the papers
-do.
-"""
+task's method, `classify` for GLUE, `objectives.common.classifier_recipes`; an ELMo biLM under
+its scalar mix). `glue` runs every GLUE task over several seeds and reports the median, as the
+papers do."""
 
 from __future__ import annotations
 
@@ -79,13 +79,14 @@ def _saved_run_config(source: str) -> dict[str, Any]:
 def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = (), *,
                     seed: int = 0, epochs: float | None = None, architecture: str = "",
                     config_file: str | Path | None = None) -> Config:
-    """The fine-tuning config for `task` from `init` (empty: a random network shaped like the
-    `architecture` checkpoint), data from a GLUE folder or `tfds`: the downstream method that
-    claims what `init` holds (`registry.downstream_recipe`: ELMo's scalar mix), else `classify`
-    with the encoder family's recipe. A `config_file`'s settings win over the recipe and
+    """The fine-tuning config for `task` (`registry.downstream_task`) from `init` (empty: a
+    random network shaped like the `architecture` checkpoint), data as the task reads it (GLUE:
+    a GLUE folder or `tfds`): the downstream method that claims what `init` holds on that task
+    (`registry.downstream_recipe`: ELMo's scalar mix, or the task's method with the encoder
+    family's recipe). A `config_file`'s settings win over the recipe and
     `overrides` (key=value) over both; `epochs` (default: the recipe's) sets `train.steps`."""
     overrides = [*file_overrides(config_file), *overrides]
-    spec = glue.glue_task(task)
+    spec = registry.downstream_task(task)
     source = init or architecture
     if not source:
         raise UserError("give a starting point (--init) or, for a random encoder, the "
@@ -101,8 +102,7 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
             override.startswith("data.tokenizer=") for override in overrides):
         values["data.tokenizer"] = tokenizer_of(source)  # its casing travels in its folder
     draft = make_config(None, [*_as_overrides(values), *overrides])
-    rows = len(glue.read_glue(data, spec.name, "train", draft.data.tfds_data_dir or None).labels)
-    rows = min(rows, draft.examples.max_train_examples or rows)
+    rows = spec.train_rows(data, draft)
     per_epoch = max(1, math.ceil(rows / draft.train.batch_size))
     steps = max(1, math.ceil((chosen.epochs if epochs is None else epochs) * per_epoch))
     schedule = {"train.steps": steps,
@@ -113,36 +113,40 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
     return make_config(None, [*_as_overrides({**values, **schedule}), *overrides])
 
 
-def _glue_metrics(evaluation: dict[str, float], task: str) -> dict[str, float]:
-    names = (*glue.glue_task(task).metrics, "glue_score")
+def _task_metrics(evaluation: dict[str, float], task: str) -> dict[str, float]:
+    names = registry.downstream_task(task).metrics
     return {name: evaluation[name] for name in names if name in evaluation}
 
 
-def _against_baseline(dev: dict[str, float], baseline: dict[str, float]) -> dict[str, Any]:
-    """The majority-class baseline beside the dev metrics, and whether the run ended at it (its
-    GLUE score no better than the constant predictor's: it predicts one class, or as badly)."""
-    return {"majority_baseline": baseline,
-            "at_majority_baseline": bool(dev["glue_score"] <= baseline["glue_score"] + 1e-9)}
+def _against_baseline(dev: dict[str, float], report: dict[str, Any], task: str
+                      ) -> dict[str, Any]:
+    """The task's trivial baseline (GLUE: the majority class) beside the dev metrics, and
+    whether the run ended at it (its main metric no better than the trivial predictor's: it
+    predicts one class, or as badly)."""
+    spec = registry.downstream_task(task)
+    baseline = report[spec.baseline]
+    return {spec.baseline: baseline, f"at_{spec.baseline}": bool(
+        dev[spec.main_metric] <= baseline[spec.main_metric] + 1e-9)}
 
 
 def finetune(config: Config, workdir: str | Path) -> dict[str, Any]:
-    """Trains `config` (a `classify` run) in `workdir`, resuming if it holds one (a finished
+    """Trains `config` (a downstream run) in `workdir`, resuming if it holds one (a finished
     one is only evaluated), and writes the final dev metrics to `<workdir>/results.json`."""
     summary = Trainer(config, workdir).run()
     task = config.examples.task
     # a finished workdir trains no further steps, so nothing was evaluated: evaluate it now
-    dev = (_glue_metrics(summary["eval"], task) if summary["eval"]
+    dev = (_task_metrics(summary["eval"], task) if summary["eval"]
            else evaluate(workdir)["dev"])
     result = {"task": task, "init": config.model.init, "seed": config.train.seed,
               "steps": summary["step"], "dev": dev,
-              **_against_baseline(dev, summary["report"]["majority_baseline"])}
+              **_against_baseline(dev, summary["report"], task)}
     (Path(workdir) / RESULTS_FILE).write_text(json.dumps(result, indent=2))
     return result
 
 
-def is_glue_finetuning(method: registry.Method) -> bool:
-    """Whether `method` fine-tunes on a GLUE task: it starts from a pre-trained model and its
-    examples name the task (`classify`, ELMo's scalar mix)."""
+def is_finetuning(method: registry.Method) -> bool:
+    """Whether `method` fine-tunes on a downstream task: it starts from a pre-trained model and
+    its examples name the task (`classify`, ELMo's scalar mix, ...)."""
     return method.start.pretrained is not None and "task" in {
         f.name for f in dataclasses.fields(method.example_config)}
 
@@ -154,7 +158,7 @@ def evaluate(workdir: str | Path) -> dict[str, Any]:
         raise UserError(f"{workdir} is not a fine-tuning workdir ({CONFIG_FILE} missing); pass "
                         "the --workdir of run.py finetune")
     config = config_from_dict(directories.read_json_object(path / CONFIG_FILE))
-    if not is_glue_finetuning(registry.get(config.method)):
+    if not is_finetuning(registry.get(config.method)):
         raise UserError(f"{workdir} holds a {config.method} pre-training run; evaluate a "
                         "fine-tuning workdir (run.py finetune)")
     trainer = Trainer(config, path)
@@ -164,9 +168,9 @@ def evaluate(workdir: str | Path) -> dict[str, Any]:
     state, _ = trainer.checkpoints.restore(step)
     trainer.checkpoints.close()
     task = config.examples.task
-    dev = _glue_metrics(trainer.evaluate(state), task)
+    dev = _task_metrics(trainer.evaluate(state), task)
     return {"task": task, "step": step, "dev": dev,
-            **_against_baseline(dev, trainer.data.report["majority_baseline"])}
+            **_against_baseline(dev, trainer.data.report, task)}
 
 
 def run_glue(init: str, data: str, workdir: str | Path, *, tasks: Sequence[str] = GLUE_ORDER,

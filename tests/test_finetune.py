@@ -4,6 +4,7 @@ ELECTRA's layer-wise learning-rate decay) are applied, seed sweeps report median
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -376,8 +377,11 @@ def test_majority_class_baseline_and_runs_that_end_at_it():
     cola = constant_baseline(glue_task("cola"), {"0": 5, "1": 2}, dev)
     assert cola == {"matthews_corrcoef": 0.0, "glue_score": 0.0}
     assert constant_baseline(glue_task("sst2"), {"0": 4, "1": 4}, dev)["accuracy"] == 2 / 7
-    assert _against_baseline({"accuracy": 0.5, "glue_score": 0.5}, mrpc)["at_majority_baseline"]
-    assert not _against_baseline({"f1": 0.9, "glue_score": 0.9}, mrpc)["at_majority_baseline"]
+    report = {"majority_baseline": mrpc}
+    assert _against_baseline({"accuracy": 0.5, "glue_score": 0.5}, report,
+                             "mrpc")["at_majority_baseline"]
+    assert not _against_baseline({"f1": 0.9, "glue_score": 0.9}, report,
+                                 "MRPC")["at_majority_baseline"]
     stuck = {"median": {"matthews_corrcoef": 0.0, "glue_score": 0.0}, "runs": [{}, {}],
              "majority_baseline": cola, "runs_at_majority_baseline": 2}
     learned = {**stuck, "median": {"matthews_corrcoef": 0.3, "glue_score": 0.3},
@@ -404,3 +408,20 @@ def test_config_file_layers_between_the_recipe_and_the_overrides(tmp_path, bert_
     path.write_text("preset: bert_tiny\n")
     with pytest.raises(UserError, match="remove preset/method"):
         finetune_config("sst2", bert_dir, glue_folder, FAST, config_file=path)
+
+
+def test_downstream_tasks_are_registered_under_their_spellings():
+    """`--task` finds GLUE's tasks by name or folder in any case, with the classifier's method
+    and GLUE's metrics; an unknown name is a one-line error listing the tasks."""
+    from pretext_jax.errors import UserError
+    from pretext_jax.objectives import registry
+
+    for name in ("sts-b", "STS_B", "stsb"):
+        task = registry.downstream_task(name)
+        assert (task.name, task.method, task.num_labels) == ("stsb", "classify", 1)
+        assert task.metrics == ("pearson", "spearman", "glue_score")
+    assert {"cola", "sst2", "mrpc", "stsb", "rte"} <= set(registry.task_names())
+    with pytest.raises(UserError, match="unknown task 'squad3'; use one of .*rte"):
+        registry.downstream_task("squad3")
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_task(dataclasses.replace(task, name="x", aliases=("STS-B",)))

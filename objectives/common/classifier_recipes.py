@@ -10,9 +10,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pretext_jax.input_pipeline.glue import GlueTask
 from pretext_jax.models.classifier import Pretrained, classifier_config
-from pretext_jax.objectives.registry import FinetuneRecipe
+from pretext_jax.objectives.registry import DownstreamTask, FinetuneRecipe
 
 CLASSIFY = "classify"  # the transformer classifier's method (objectives/classification.py)
 
@@ -38,12 +37,14 @@ def layout_of(head: str) -> str:
 
 
 def claims_encoders(head: str, settings: Callable[[int, str], ClassifierSettings]
-                    ) -> Callable[[Any, GlueTask, Mapping[str, Any]], FinetuneRecipe | None]:
+                    ) -> Callable[[Any, DownstreamTask, Mapping[str, Any]],
+                                  FinetuneRecipe | None]:
     """A `Start.finetunes` that claims the pre-trained encoders (and fine-tuned classifiers)
-    whose classifier head is `head`, fine-tuned by `classify` with `settings(hidden_size,
-    task name)`, the family's recipe, and the tokenizer the encoder was trained with."""
+    whose classifier head is `head`, fine-tuned by the task's method (`classify` for GLUE)
+    with `settings(hidden_size, task name)`, the family's recipe, at the task's input length
+    (else 128), and the tokenizer the encoder was trained with."""
 
-    def finetunes(model: Any, task: GlueTask, source_config: Mapping[str, Any]
+    def finetunes(model: Any, task: DownstreamTask, source_config: Mapping[str, Any]
                   ) -> FinetuneRecipe | None:
         del source_config
         if not isinstance(model, Pretrained):
@@ -53,9 +54,11 @@ def claims_encoders(head: str, settings: Callable[[int, str], ClassifierSettings
             return None
         fields = dataclasses.asdict(config)
         chosen = settings(fields["hidden_size"], task.name)
-        length = 128 if head == "xlnet" else min(128, fields["max_position_embeddings"])
-        values = {"method": CLASSIFY, **{f"model.{k}": v for k, v in fields.items()},
-                  "examples.max_seq_length": length,  # XLNet's relative positions: no limit
+        length = task.max_seq_length or 128
+        if head != "xlnet":  # XLNet's relative positions: no limit
+            length = min(length, fields["max_position_embeddings"])
+        values = {"method": task.method, **{f"model.{k}": v for k, v in fields.items()},
+                  "examples.max_seq_length": length,
                   "examples.layout": layout_of(head),
                   "train.batch_size": chosen.batch_size,
                   "optim.learning_rate": chosen.learning_rate,
