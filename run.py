@@ -520,8 +520,10 @@ def main(argv: list[str] | None = None) -> int:
                                                   args.overrides,
                                                   architecture=args.architecture)
             result = translate.translate(config, args.workdir)
+            greedy = (f", greedy {result['bleu_greedy']:.2f}" if "bleu_greedy" in result
+                      else "")
             print(f"held-out BLEU after {result['steps']} steps: {result['bleu']:.2f} on "
-                  f"{result['held_out_pairs']} pairs (greedy; sacrebleu "
+                  f"{result['held_out_pairs']} pairs ({result['decoding']}{greedy}; sacrebleu "
                   f"{result['bleu_signature']}); loss {result['held_out_loss']:.3f}")
         elif args.command == "convert":
             from pretext_jax.pretrain import export

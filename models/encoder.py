@@ -156,12 +156,29 @@ def post_ln_attention(config: TransformerConfig, projections: tuple[nnx.Linear, 
     `projections` = (query, key, value, output); `x` [B, T, H] queries, `kv` [B, S, H] keys and
     values (x itself for self-attention, the encoder's states for cross-attention), `mask`
     [B, 1, 1 or T, S] -> [B, T, H]."""
-    c = config
     query, key, value, output = projections
-    size = (c.num_heads, c.hidden_size // c.num_heads)  # (N, D)
-    q = query(x).reshape(*x.shape[:2], *size)  # [B, T, N, D]
-    k, v = (proj(kv).reshape(*kv.shape[:2], *size) for proj in (key, value))  # [B, S, N, D]
-    context = attention(q, k, v, mask, c.attention_dropout, attn_rng,
+    return post_ln_attend(config, (query, output), norm, x,
+                          heads_keys_values(config, (key, value), kv), mask, attn_rng, out_rng)
+
+
+def heads_keys_values(config: TransformerConfig, projections: tuple[nnx.Linear, nnx.Linear],
+                      kv: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The (key, value) `projections` of `kv` [B, S, H], each split into heads [B, S, N, D]."""
+    size = (config.num_heads, config.hidden_size // config.num_heads)  # (N, D)
+    key, value = projections
+    return key(kv).reshape(*kv.shape[:2], *size), value(kv).reshape(*kv.shape[:2], *size)
+
+
+def post_ln_attend(config: TransformerConfig, projections: tuple[nnx.Linear, nnx.Linear],
+                   norm: nnx.LayerNorm, x: jax.Array, keys_values: tuple[jax.Array, jax.Array],
+                   mask: jax.Array, attn_rng: jax.Array | None, out_rng: jax.Array | None
+                   ) -> jax.Array:
+    """`post_ln_attention` over given keys and values [B, S, N, D] (a decoder's cache);
+    `projections` = (query, output)."""
+    c = config
+    query, output = projections
+    q = query(x).reshape(*x.shape[:2], c.num_heads, c.hidden_size // c.num_heads)  # [B, T, N, D]
+    context = attention(q, *keys_values, mask, c.attention_dropout, attn_rng,
                         c.attention_implementation).reshape(x.shape)  # [B, T, H]
     return norm(x + dropout(output(context), c.hidden_dropout, out_rng))  # [B, T, H]
 

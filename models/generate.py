@@ -12,14 +12,8 @@ Logit processing follows transformers' warpers in their order: temperature, then
 the k largest, ties at the k-th kept), then top-p (keep the most probable tokens whose
 cumulative probability before them is below p; at least one).
 
-Encoder-decoder models (`greedy_seq2seq`) are decoded greedily through the three methods they
-share (`encode`, `decode`, `logits`, models/t5.py; `language_ids` only for models with
-language embeddings): the source is encoded once, then a `jax.lax.while_loop` runs the decoder
-over a fixed buffer of `max_new_tokens` positions that starts with
-`model.config.decoder_start_token_id`, taking the argmax at the current position. There is no
-key/value cache: each step recomputes the decoder over the whole buffer (causal attention keeps
-later positions out), O(T^2) work for T new tokens, which suits short outputs such as
-sentences; one compilation per (batch, source length, max_new_tokens).
+Encoder-decoders are decoded by `models.beam_search` (beam search, and greedy decoding as its
+one-beam case).
 """
 
 from __future__ import annotations
@@ -178,66 +172,3 @@ def generate_text(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new
         start = tokens if prompt else []
         texts.append(tokenizer.decode([*start, *row]))
     return texts
-
-
-@nnx.jit(static_argnames=("max_new_tokens",))
-def _greedy_seq2seq(model: Any, input_ids: jax.Array, attention_mask: jax.Array,
-                    source_languages: jax.Array | None, target_languages: jax.Array | None,
-                    eos_id: jax.Array, pad_id: jax.Array, max_new_tokens: int) -> jax.Array:
-    batch = input_ids.shape[0]
-    encoded = model.encode(input_ids, attention_mask, **_languages(source_languages))
-    decoder_languages = (None if target_languages is None else
-                         jnp.broadcast_to(target_languages[:, None], (batch, max_new_tokens)))
-    # buffer[:, t] is the decoder's input at position t; the token chosen there goes to t + 1.
-    buffer = jnp.full((batch, max_new_tokens + 1), pad_id, jnp.int32)
-    buffer = buffer.at[:, 0].set(model.config.decoder_start_token_id)
-    graphdef, params = nnx.split(model)
-
-    def more(state):
-        step, _, done, _ = state
-        return (step < max_new_tokens) & ~jnp.all(done)
-
-    def body(state):
-        step, buffer, done, params = state
-        model = nnx.merge(graphdef, params)  # parameters ride in the loop state, as above
-        hidden = model.decode(buffer[:, :max_new_tokens], encoded, attention_mask,
-                              **_languages(decoder_languages))
-        logits = model.logits(jax.lax.dynamic_slice_in_dim(hidden, step, 1, axis=1))[:, 0]
-        token = jnp.where(done, pad_id, jnp.argmax(logits, axis=-1).astype(jnp.int32))
-        return step + 1, buffer.at[:, step + 1].set(token), done | (token == eos_id), params
-
-    state = (jnp.int32(0), buffer, jnp.zeros((batch,), bool), params)
-    return jax.lax.while_loop(more, body, state)[1][:, 1:]
-
-
-def _as_ids(ids: np.ndarray | None) -> jax.Array | None:
-    return None if ids is None else jnp.asarray(np.asarray(ids, np.int32))
-
-
-def _languages(ids: jax.Array | None) -> dict[str, jax.Array]:
-    """The `language_ids` keyword, passed only when there are language ids."""
-    return {} if ids is None else {"language_ids": ids}
-
-
-def greedy_seq2seq(model: Any, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
-                   *, max_new_tokens: int, source_language_ids: np.ndarray | None = None,
-                   target_language_ids: np.ndarray | None = None, pad_id: int = 0
-                   ) -> np.ndarray:
-    """Greedy output tokens [B, max_new_tokens] of an encoder-decoder `model` for the sources
-    `input_ids` [B, S] (`attention_mask` 1 = token; default all tokens). A row stops at
-    `model.config.eos_token_id` (kept) and holds `pad_id` after it; the decoder start token is
-    not returned. `source_language_ids` [B, S] and `target_language_ids` [B] (one language per
-    output row) are for models with language embeddings only. Same tokens as HF
-    `generate(do_sample=False, num_beams=1)` (tests/test_translation.py)."""
-    input_ids = np.asarray(input_ids, np.int32)
-    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
-        raise UserError("sources must be a [batch, length] array of token ids")
-    if max_new_tokens < 1:
-        raise UserError(f"max_new_tokens={max_new_tokens} must be at least 1")
-    mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask,
-                                                                             np.int32)
-    out = _greedy_seq2seq(model, jnp.asarray(input_ids), jnp.asarray(mask),
-                          _as_ids(source_language_ids), _as_ids(target_language_ids),
-                          jnp.int32(model.config.eos_token_id), jnp.int32(pad_id),
-                          max_new_tokens=max_new_tokens)
-    return np.asarray(out)

@@ -32,6 +32,7 @@ from pretext_jax.models.layers import (
     run_stacked,
     split_rng,
     stacked_layers,
+    write_slot,
 )
 
 # Per-layer keys and values [layers, batch, cache_length, heads, head_dim].
@@ -99,8 +100,7 @@ class GPTBlock(nnx.Module):
         heads = (*x.shape[:2], c.num_heads, c.head_size)
         q, k, v = (t.reshape(heads) for t in jnp.split(self.c_attn(self.ln_1(x)), 3, axis=-1))
         if cache is not None:
-            k, v = (jax.lax.dynamic_update_slice(old, new.astype(old.dtype), (0, index, 0, 0))
-                    for old, new in zip(cache, (k, v), strict=True))
+            k, v = (write_slot(old, new, index) for old, new in zip(cache, (k, v), strict=True))
         context = attention(q, k, v, mask, c.attention_dropout, attn_rng,
                             c.attention_implementation).reshape(x.shape)
         x = x + dropout(self.attn_proj(context), c.hidden_dropout, attn_out_rng)

@@ -247,6 +247,65 @@ def attention(
     return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
+def write_slot(cache: jax.Array, new: jax.Array, index: jax.Array | int) -> jax.Array:
+    """`cache` [B, S, ...] with `new` [B, T, ...] written at slots index .. index + T - 1 (one
+    layer's keys or values of incremental decoding)."""
+    return jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), index, axis=1)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DecoderCache:
+    """What an encoder-decoder's decoder keeps between the steps of incremental decoding, every
+    array stacked on a leading layer axis: the self-attention keys and values of the decoder
+    positions so far (`keys`, `values` [L, N, length, heads, head_dim], slot t = position t), the
+    cross-attention keys and values of the encoder states, computed once (`cross_keys`,
+    `cross_values` [L, N, S, heads, head_dim]) and the encoder positions that are tokens
+    (`cross_mask` [N, S] bool). The decoding protocol of `models.beam_search`: a model's
+    `prefill_decoder` makes one, its `decode_step` reads and extends it."""
+
+    keys: jax.Array
+    values: jax.Array
+    cross_keys: jax.Array
+    cross_values: jax.Array
+    cross_mask: jax.Array
+
+    @classmethod
+    def start(cls, cross: tuple[jax.Array, jax.Array], cross_mask: jax.Array, length: int
+              ) -> DecoderCache:
+        """Empty self-attention slots for `length` positions beside the cross-attention's
+        stacked (keys, values) [L, N, S, heads, head_dim]."""
+        keys = cross[0]
+        empty = jnp.zeros((keys.shape[0], keys.shape[1], length, *keys.shape[3:]), keys.dtype)
+        return cls(empty, empty, *cross, cross_mask.astype(bool))
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[2]
+
+    def per_layer(self) -> tuple[jax.Array, ...]:
+        """(keys, values, cross keys, cross values), layer axis first (`run_stacked`'s
+        per-layer input)."""
+        return self.keys, self.values, self.cross_keys, self.cross_values
+
+    def self_mask(self, position: jax.Array) -> jax.Array:
+        """[1, 1, 1, length]: the slots a query at `position` attends to (0 .. position)."""
+        return (jnp.arange(self.length) <= position)[None, None, None, :]
+
+    def cross_attention_mask(self) -> jax.Array:
+        """[N, 1, 1, S]: the encoder tokens."""
+        return self.cross_mask[:, None, None, :]
+
+    def updated(self, keys_values: tuple[jax.Array, jax.Array]) -> DecoderCache:
+        return dataclasses.replace(self, keys=keys_values[0], values=keys_values[1])
+
+    def reorder(self, rows: jax.Array) -> DecoderCache:
+        """Row i takes row `rows[i]`'s self-attention keys and values (a beam continuing another
+        beam's prefix); the cross-attention parts stay, as rows only move within one source's
+        beams."""
+        return self.updated((self.keys[:, rows], self.values[:, rows]))
+
+
 def stacked_layers(make_layer: Callable[[nnx.Rngs], nnx.Module], num_layers: int,
                    rngs: nnx.Rngs) -> nnx.Module:
     """`num_layers` copies of a layer with their parameters stacked on a leading `layers` axis
@@ -281,6 +340,13 @@ def run_stacked(layers: nnx.Module, apply: Callable[..., tuple[Any, Any]], carry
         carry, output = apply(layer, carry, jax.tree.map(lambda a, i=i: a[i], per_layer))
         outputs.append(output)
     return carry, jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
+
+
+def per_layer_outputs(layers: nnx.Module, fn: Callable[[Any], Any], config: Any) -> Any:
+    """`fn(layer)` of every stacked layer, stacked on a leading layer axis (e.g. each
+    decoder layer's cross-attention keys and values of the encoder states)."""
+    return run_stacked(layers, lambda layer, carry, _: (carry, fn(layer)), jnp.zeros(()), None,
+                       config)[1]
 
 
 class MaskedLMHead(nnx.Module):

@@ -47,6 +47,7 @@ from flax import nnx
 
 from pretext_jax.models.layers import (
     ACTIVATIONS,
+    DecoderCache,
     attention,
     check_execution_fields,
     check_rates,
@@ -54,10 +55,12 @@ from pretext_jax.models.layers import (
     dropout,
     embed,
     layer_norm,
+    per_layer_outputs,
     relative_position_bucket,
     run_stacked,
     split_rng,
     stacked_layers,
+    write_slot,
 )
 
 PAD_ID = 0  # HF ProphetNet's pad id; positions count from it (1 .. T)
@@ -173,15 +176,22 @@ class Attention(nnx.Module):
             dense(config, d, config.num_buckets * num_heads, ("embed", None), rngs, init)
             if relative else None)
 
-    def __call__(self, x: jax.Array, memory: jax.Array, mask: jax.Array,
-                 buckets: jax.Array | None, rng: jax.Array | None) -> jax.Array:
-        """`x` [B, Q, H] attends to `memory` [B, K, H] where `mask` [B or 1, 1, Q, K];
-        `buckets` [Q, K] selects each score's relative bias (decoder self-attention)."""
+    def keys_values(self, memory: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The keys and values of `memory` [B, K, H], [B, K, heads, head_dim] each."""
+        k, v = (proj(memory).reshape(*memory.shape[:2], self.num_heads, -1)
+                for proj in (self.key_proj, self.value_proj))
+        return k, v
+
+    def __call__(self, x: jax.Array, keys_values: tuple[jax.Array, jax.Array],
+                 mask: jax.Array, buckets: jax.Array | None, rng: jax.Array | None
+                 ) -> jax.Array:
+        """`x` [B, Q, H] attends to the `keys_values` of K positions (see `keys_values`)
+        where `mask` [B or 1, 1, Q, K]; `buckets` [Q, K] selects each score's relative bias
+        (decoder self-attention)."""
         c, heads = self.config, self.num_heads
         attention_rng, output_rng = split_rng(rng, 2)
         q = self.query_proj(x).reshape(*x.shape[:2], heads, -1)
-        k, v = (proj(memory).reshape(*memory.shape[:2], heads, -1)
-                for proj in (self.key_proj, self.value_proj))
+        k, v = keys_values
         bias = None
         if buckets is not None:
             table = self.relative_pos_embeddings(x).reshape(*x.shape[:2], c.num_buckets, heads)
@@ -228,27 +238,51 @@ class Layer(nnx.Module):
 
     def __call__(self, x: jax.Array, mask: jax.Array, buckets: jax.Array | None,
                  encoded: jax.Array | None, cross_mask: jax.Array | None,
-                 rng: jax.Array | None) -> jax.Array:
+                 rng: jax.Array | None, cache: tuple[jax.Array, ...] | None = None,
+                 index: jax.Array | int = 0) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """x [B, Q, H] -> (x, the self-attention's keys and values). With `cache` (one layer's
+        slice of a `DecoderCache`; incremental decoding, `Decoder.step`) x holds one main
+        stream position and its predicting stream 0: the main stream's keys and values are
+        written at slot `index` (and returned), the predicting stream's are appended after
+        the cached slots for its own query, and cross-attention reads the cached keys and
+        values of the encoder states."""
         rngs = split_rng(rng, 3)
-        x = self.self_attn_layer_norm(x + self.self_attn(x, x, mask, buckets, rngs[0]))
+        keys_values = self.self_attn.keys_values(x)
+        attended = keys_values
+        if cache is not None:
+            keys_values = tuple(write_slot(old, new[:, :1], index)
+                                for old, new in zip(cache[:2], keys_values, strict=True))
+            attended = tuple(jnp.concatenate([main, new[:, 1:]], axis=1)
+                             for main, new in zip(keys_values, attended, strict=True))
+        x = self.self_attn_layer_norm(x + self.self_attn(x, attended, mask, buckets, rngs[0]))
         if self.cross_attn is not None:
+            cross = cache[2:] if cache is not None else self.cross_attn.keys_values(encoded)
             x = self.cross_attn_layer_norm(
-                x + self.cross_attn(x, encoded, cross_mask, None, rngs[1]))
-        return self.feed_forward_layer_norm(x + self.feed_forward(x, rngs[2]))
+                x + self.cross_attn(x, cross, cross_mask, None, rngs[1]))
+        return self.feed_forward_layer_norm(x + self.feed_forward(x, rngs[2])), keys_values
+
+
+def _settings(num_layers: int, config: ProphetNetConfig) -> types.SimpleNamespace:
+    """What `run_stacked` reads, for one stack."""
+    return types.SimpleNamespace(num_layers=num_layers, scan_layers=config.scan_layers,
+                                 remat=config.remat)
 
 
 def _run_layers(layers: nnx.Module, x: jax.Array, num_layers: int, config: ProphetNetConfig,
                 rng: jax.Array | None, mask: jax.Array, buckets: jax.Array | None = None,
-                encoded: jax.Array | None = None, cross_mask: jax.Array | None = None
-                ) -> jax.Array:
+                encoded: jax.Array | None = None, cross_mask: jax.Array | None = None,
+                cache: DecoderCache | None = None, index: jax.Array | int = 0
+                ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """The layers over x; with `cache`, also their updated self-attention keys and values."""
     keys = None if rng is None else jax.random.split(rng, num_layers)
 
-    def apply(layer: Layer, h: jax.Array, key: jax.Array | None):
-        return layer(h, mask, buckets, encoded, cross_mask, key), None
+    def apply(layer: Layer, h: jax.Array, per_layer):
+        key, layer_cache = per_layer
+        h, keys_values = layer(h, mask, buckets, encoded, cross_mask, key, layer_cache, index)
+        return h, None if layer_cache is None else keys_values
 
-    settings = types.SimpleNamespace(num_layers=num_layers, scan_layers=config.scan_layers,
-                                     remat=config.remat)
-    return run_stacked(layers, apply, x, keys, settings)[0]
+    return run_stacked(layers, apply, x, (keys, None if cache is None else cache.per_layer()),
+                       _settings(num_layers, config))
 
 
 def positions(length: int, config: ProphetNetConfig) -> jax.Array:
@@ -304,7 +338,7 @@ class Encoder(nnx.Module):
         embed_rng, layers_rng = split_rng(rng, 2)
         x = embedded + self.position_embeddings(positions(embedded.shape[1], c))
         x = dropout(self.embeddings_layer_norm(x), c.hidden_dropout, embed_rng)
-        return _run_layers(self.layers, x, c.num_encoder_layers, c, layers_rng, mask)
+        return _run_layers(self.layers, x, c.num_encoder_layers, c, layers_rng, mask)[0]
 
 
 class Decoder(nnx.Module):
@@ -330,15 +364,8 @@ class Decoder(nnx.Module):
         c = self.config
         batch, length, _ = embedded.shape
         embed_rng, layers_rng = split_rng(rng, 2)
-        main_positions = positions(length, c)
-        main = embedded + self.position_embeddings(main_positions)
-        ahead = self.position_embeddings(
-            jnp.minimum(main_positions + 1, c.max_position_embeddings - 1))
-        predicting = [jnp.broadcast_to(self.ngram_embeddings.embedding[(s - 1) % c.ngram]
-                                       + ahead, main.shape).astype(main.dtype)
-                      for s in streams]
-        x = jnp.concatenate([main, *predicting], axis=1)
-        x = dropout(self.embeddings_layer_norm(x), c.hidden_dropout, embed_rng)
+        x = dropout(self.embed_streams(embedded, positions(length, c), streams),
+                    c.hidden_dropout, embed_rng)
         allowed, buckets = stream_layout(length, streams, c.relative_max_distance,
                                          c.num_buckets)
         mask = jnp.asarray(allowed)[None, None]
@@ -347,8 +374,51 @@ class Decoder(nnx.Module):
             keep = jnp.tile(key_mask.astype(bool), (1, 1 + len(streams))) | ~main_keys
             mask = mask & keep[:, None, None, :]
         x = _run_layers(self.layers, x, c.num_decoder_layers, c, layers_rng, mask, buckets,
-                        encoded, cross_mask)
+                        encoded, cross_mask)[0]
         return x.reshape(batch, 1 + len(streams), length, -1)
+
+    def embed_streams(self, embedded: jax.Array, main_positions: jax.Array,
+                      streams: Sequence[int]) -> jax.Array:
+        """The main stream (`embedded` [B, T, H] plus its positions `main_positions` [T]) and
+        the predicting `streams` (n-gram row (s - 1) mod ngram plus the next position),
+        concatenated along the sequence and layer-normed, [B, (1 + len(streams)) T, H]."""
+        c = self.config
+        main = embedded + self.position_embeddings(main_positions)
+        ahead = self.position_embeddings(
+            jnp.minimum(main_positions + 1, c.max_position_embeddings - 1))
+        predicting = [jnp.broadcast_to(self.ngram_embeddings.embedding[(s - 1) % c.ngram]
+                                       + ahead, main.shape).astype(main.dtype)
+                      for s in streams]
+        return self.embeddings_layer_norm(jnp.concatenate([main, *predicting], axis=1))
+
+    def step(self, embedded: jax.Array, position: jax.Array, cache: DecoderCache
+             ) -> tuple[jax.Array, DecoderCache]:
+        """One decoder position per row (HF's decoding with `past_key_values`): the main stream
+        `embedded` [N, 1, H] at `position` (a scalar) and predicting stream 0 beside it. The
+        main query attends to the cached main positions 0 .. position (bucket of k - t); stream
+        0's to the same keys (bucket of k - t - 1) and to itself (bucket 0), as in
+        `stream_layout`. Returns stream 0's hidden state [N, H] and the cache."""
+        c = self.config
+        main_positions = jnp.minimum(jnp.reshape(position, (1,)) + 1 + PAD_ID,
+                                     c.max_position_embeddings - 1)
+        x = self.embed_streams(embedded, main_positions, (0,))  # [N, 2, H]
+        slots = jnp.arange(cache.length)
+        seen = slots <= position
+        mask = jnp.stack([jnp.append(seen, False), jnp.append(seen, True)])[None, None]
+        buckets = relative_position_bucket(
+            slots[None, :] - position - jnp.arange(2)[:, None], bidirectional=False,
+            num_buckets=c.num_buckets, max_distance=c.relative_max_distance)
+        buckets = jnp.concatenate([buckets, jnp.zeros((2, 1), buckets.dtype)], axis=1)
+        x, keys_values = _run_layers(self.layers, x, c.num_decoder_layers, c, None, mask,
+                                     buckets, None, cache.cross_attention_mask(), cache,
+                                     position)
+        return x[:, 1], cache.updated(keys_values)
+
+    def cross_keys_values(self, encoded: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Every layer's cross-attention keys and values of `encoded`, [L, B, S, heads,
+        head_dim] each."""
+        return per_layer_outputs(self.layers, lambda layer: layer.cross_attn.keys_values(encoded),
+                                 _settings(self.config.num_decoder_layers, self.config))
 
 
 @jax.tree_util.register_dataclass
@@ -409,6 +479,22 @@ class ProphetNet(nnx.Module):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """The output projection, tied to the word embeddings (no bias)."""
         return self.word_embeddings.attend(hidden)
+
+    def prefill_decoder(self, encoded: jax.Array, attention_mask: jax.Array, length: int
+                        ) -> DecoderCache:
+        """The cache of incremental decoding (`models.beam_search`): the main stream's keys
+        and values for `length` positions, and the cross-attention keys and values of
+        `encoded` [N, S, H] at the source tokens `attention_mask` [N, S]."""
+        return DecoderCache.start(self.decoder.cross_keys_values(encoded), attention_mask,
+                                  length)
+
+    def decode_step(self, token: jax.Array, position: jax.Array, cache: DecoderCache
+                    ) -> tuple[jax.Array, DecoderCache]:
+        """The next-token logits [N, V] (stream 0) after the decoder input `token` [N] at
+        `position`, and the cache with the main stream's keys and values; equal to
+        `logits(decode(...))` at that position."""
+        hidden, cache = self.decoder.step(self.word_embeddings(token[:, None]), position, cache)
+        return self.logits(hidden), cache
 
     def __call__(
         self,

@@ -33,15 +33,18 @@ from flax import nnx
 
 from pretext_jax.models.layers import (
     ACTIVATIONS,
+    DecoderCache,
     attention,
     check_execution_fields,
     check_rates,
     dropout,
     embed,
+    per_layer_outputs,
     relative_position_bucket,
     run_stacked,
     split_rng,
     stacked_layers,
+    write_slot,
 )
 
 # HF `feed_forward_proj` -> (our activation, gated). `gated-gelu` is HF's gelu_new, the tanh
@@ -185,14 +188,20 @@ class T5Attention(nnx.Module):
         self.v = _linear(config, d, inner, ("embed", "heads"), d ** -0.5, rngs)
         self.o = _linear(config, inner, d, ("heads", "embed"), inner ** -0.5, rngs)
 
-    def __call__(self, x: jax.Array, memory: jax.Array, mask: jax.Array,
-                 bias: jax.Array | None, rng: jax.Array | None) -> jax.Array:
+    def keys_values(self, memory: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The keys and values of `memory` [B, S, H], each [B, S, heads, head_size]."""
         c = self.config
-        q = self.q(x).reshape(*x.shape[:2], c.num_heads, c.head_size)
         k, v = (proj(memory).reshape(*memory.shape[:2], c.num_heads, c.head_size)
                 for proj in (self.k, self.v))
-        context = attention(q, k, v, mask, c.attention_dropout, rng, c.attention_implementation,
-                            bias=bias, scale=1.0)
+        return k, v
+
+    def __call__(self, x: jax.Array, keys_values: tuple[jax.Array, jax.Array], mask: jax.Array,
+                 bias: jax.Array | None, rng: jax.Array | None) -> jax.Array:
+        """Queries from `x` [B, T, H] over `keys_values` (see `keys_values`)."""
+        c = self.config
+        q = self.q(x).reshape(*x.shape[:2], c.num_heads, c.head_size)
+        context = attention(q, *keys_values, mask, c.attention_dropout, rng,
+                            c.attention_implementation, bias=bias, scale=1.0)
         return self.o(context.reshape(*x.shape[:2], c.inner_size))
 
 
@@ -217,21 +226,32 @@ class T5Block(nnx.Module):
 
     def __call__(self, x: jax.Array, mask: jax.Array, bias: jax.Array,
                  encoded: jax.Array | None, cross_mask: jax.Array | None,
-                 rng: jax.Array | None) -> jax.Array:
+                 rng: jax.Array | None, cache: tuple[jax.Array, ...] | None = None,
+                 index: jax.Array | int = 0) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """x [B, T, H] -> (x, the self-attention's keys and values). With `cache` (one layer's
+        slice of a `DecoderCache`) this step's keys and values are written at slot `index`,
+        the queries attend over all slots, and cross-attention reads the cached keys and values
+        of the encoder states instead of `encoded`."""
         c = self.config
         rngs = split_rng(rng, 6)
         h = self.self_attention_norm(x)
-        x = x + dropout(self.self_attention(h, h, mask, bias, rngs[0]), c.hidden_dropout,
-                        rngs[1])
+        keys_values = self.self_attention.keys_values(h)
+        if cache is not None:
+            keys_values = tuple(write_slot(old, new, index)
+                                for old, new in zip(cache[:2], keys_values, strict=True))
+        x = x + dropout(self.self_attention(h, keys_values, mask, bias, rngs[0]),
+                        c.hidden_dropout, rngs[1])
         if self.cross_attention is not None:
             h = self.cross_attention_norm(x)
-            x = x + dropout(self.cross_attention(h, encoded, cross_mask, None, rngs[2]),
+            cross = (cache[2:] if cache is not None
+                     else self.cross_attention.keys_values(encoded))
+            x = x + dropout(self.cross_attention(h, cross, cross_mask, None, rngs[2]),
                             c.hidden_dropout, rngs[3])
         h = self.ffn_norm(x)
         act = ACTIVATIONS[c.activation]
         inner = act(self.wi_0(h)) * self.wi_1(h) if c.gated else act(self.wi(h))
         y = self.wo(dropout(inner, c.hidden_dropout, rngs[4]))
-        return x + dropout(y, c.hidden_dropout, rngs[5])
+        return x + dropout(y, c.hidden_dropout, rngs[5]), keys_values
 
 
 class T5Stack(nnx.Module):
@@ -250,30 +270,63 @@ class T5Stack(nnx.Module):
                                      self.num_layers, rngs)
         self.final_layer_norm = _rms_norm(config, rngs)
 
-    def position_bias(self, length: int) -> jax.Array:
-        """[1, heads, length, length]: the table's value for each key-query offset's bucket."""
+    @property
+    def settings(self) -> T5Config:
+        """The config with this stack's layer count (what `run_stacked` reads)."""
+        return dataclasses.replace(self.config, num_layers=self.num_layers)
+
+    def position_bias(self, queries: jax.Array, keys: jax.Array) -> jax.Array:
+        """[1, heads, Q, K]: the table's value for the bucket of each key-query offset
+        (`queries` [Q] and `keys` [K] positions)."""
         c = self.config
-        positions = jnp.arange(length)
         buckets = relative_position_bucket(
-            positions[None, :] - positions[:, None], bidirectional=not self.decoder,
+            keys[None, :] - queries[:, None], bidirectional=not self.decoder,
             num_buckets=c.relative_attention_num_buckets,
             max_distance=c.relative_attention_max_distance)
         return jnp.transpose(self.relative_attention_bias(buckets), (2, 0, 1))[None]
 
     def __call__(self, x: jax.Array, mask: jax.Array, encoded: jax.Array | None,
                  cross_mask: jax.Array | None, rng: jax.Array | None) -> jax.Array:
+        positions = jnp.arange(x.shape[1])
+        return self.run(x, mask, self.position_bias(positions, positions), encoded, cross_mask,
+                        rng)[0]
+
+    def run(self, x: jax.Array, mask: jax.Array, bias: jax.Array, encoded: jax.Array | None,
+            cross_mask: jax.Array | None, rng: jax.Array | None,
+            cache: DecoderCache | None = None, index: jax.Array | int = 0
+            ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """The embeddings `x` through dropout, the blocks, the final norm and dropout; with
+        `cache`, also the blocks' updated self-attention keys and values (see `T5Block`)."""
         c = self.config
         embed_rng, layers_rng, final_rng = split_rng(rng, 3)
-        bias = self.position_bias(x.shape[1])
         keys = None if layers_rng is None else jax.random.split(layers_rng, self.num_layers)
 
-        def apply(layer: T5Block, h: jax.Array, key: jax.Array | None):
-            return layer(h, mask, bias, encoded, cross_mask, key), None
+        def apply(layer: T5Block, h: jax.Array, per_layer):
+            key, layer_cache = per_layer
+            h, keys_values = layer(h, mask, bias, encoded, cross_mask, key, layer_cache, index)
+            return h, None if layer_cache is None else keys_values
 
-        config = dataclasses.replace(c, num_layers=self.num_layers)
-        h = run_stacked(self.layers, apply, dropout(x, c.hidden_dropout, embed_rng), keys,
-                        config)[0]
-        return dropout(self.final_layer_norm(h), c.hidden_dropout, final_rng)
+        h, keys_values = run_stacked(
+            self.layers, apply, dropout(x, c.hidden_dropout, embed_rng),
+            (keys, None if cache is None else cache.per_layer()), self.settings)
+        return dropout(self.final_layer_norm(h), c.hidden_dropout, final_rng), keys_values
+
+    def cross_keys_values(self, encoded: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Every decoder block's cross-attention keys and values of `encoded`, [L, B, S,
+        heads, head_size] each."""
+        return per_layer_outputs(self.layers,
+                                 lambda layer: layer.cross_attention.keys_values(encoded),
+                                 self.settings)
+
+    def step(self, x: jax.Array, position: jax.Array, cache: DecoderCache
+             ) -> tuple[jax.Array, DecoderCache]:
+        """One decoder position per row: `x` [N, 1, H] embedded at `position` (a scalar, the
+        same for every row) attends to the cached positions before it (HF's decoding with
+        `past_key_values`: the bias of the last query row) -> ([N, 1, H], the cache)."""
+        bias = self.position_bias(jnp.reshape(position, (1,)), jnp.arange(cache.length))
+        h, keys_values = self.run(x, cache.self_mask(position), bias, None,
+                                  cache.cross_attention_mask(), None, cache, position)
+        return h, cache.updated(keys_values)
 
 
 @jax.tree_util.register_dataclass
@@ -345,6 +398,23 @@ class T5(nnx.Module):
         if self.lm_head is None:
             return self.shared.attend(hidden * self.config.hidden_size ** -0.5)
         return self.lm_head(hidden)
+
+    def prefill_decoder(self, encoded: jax.Array, attention_mask: jax.Array, length: int
+                        ) -> DecoderCache:
+        """The cache of incremental decoding (`models.beam_search`) for `length` decoder
+        positions, with the cross-attention keys and values of `encoded` [N, S, H] at the
+        source tokens `attention_mask` [N, S]."""
+        return DecoderCache.start(self.decoder.cross_keys_values(encoded), attention_mask,
+                                  length)
+
+    def decode_step(self, token: jax.Array, position: jax.Array, cache: DecoderCache, *,
+                    language_ids: jax.Array | None = None) -> tuple[jax.Array, DecoderCache]:
+        """The next-token logits [N, V] after the decoder input `token` [N] at `position` (its
+        language `language_ids` [N] for a model with language embeddings), and the cache with
+        its keys and values; equal to `logits(decode(...))` at that position."""
+        languages = None if language_ids is None else language_ids[:, None]
+        hidden, cache = self.decoder.step(self.embed(token[:, None], languages), position, cache)
+        return self.logits(hidden[:, 0]), cache
 
     def __call__(
         self,

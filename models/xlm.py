@@ -32,17 +32,20 @@ import numpy as np
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.models.encoder import EncoderLayer, post_ln_attention
+from pretext_jax.models.encoder import EncoderLayer, heads_keys_values, post_ln_attend
 from pretext_jax.models.gpt import causal_mask
 from pretext_jax.models.layers import (
+    DecoderCache,
     TransformerConfig,
     dense,
     dropout,
     embed,
     layer_norm,
+    per_layer_outputs,
     run_stacked,
     split_rng,
     stacked_layers,
+    write_slot,
 )
 
 
@@ -142,16 +145,24 @@ class XLMDecoderLayer(EncoderLayer):
         self.cross_output = dense(config, h, config.cross_outputs * h, ("heads", "embed"), rngs)
         self.cross_layer_norm = layer_norm(config, h, rngs)
 
-    def __call__(self, x: jax.Array, mask: jax.Array, encoded: jax.Array,  # type: ignore[override]
-                 cross_mask: jax.Array, rng: jax.Array | None,
-                 language: jax.Array | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array, mask: jax.Array,  # type: ignore[override]
+                 encoded: jax.Array | None, cross_mask: jax.Array, rng: jax.Array | None,
+                 language: jax.Array | None = None, cache: tuple[jax.Array, ...] | None = None,
+                 index: jax.Array | int = 0) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """`x` [B, T, H] with its causal `mask` [B, 1, T, T]; `encoded` [B, S, H] with
         `cross_mask` [B, 1, 1, S] (True = a source token); `language` [B], each row's language
-        (needed with several cross-attention outputs) -> [B, T, H]."""
+        (needed with several cross-attention outputs) -> ([B, T, H], the self-attention's keys
+        and values). With `cache` (one layer's slice of a `DecoderCache`), this step's keys and
+        values go to slot `index` and cross-attention reads the cached ones of the encoder
+        states."""
         c = self.config
         rngs = split_rng(rng, 5)
-        x = post_ln_attention(c, (self.query, self.key, self.value, self.attention_output),
-                              self.attention_layer_norm, x, x, mask, rngs[0], rngs[1])
+        keys_values = heads_keys_values(c, (self.key, self.value), x)
+        if cache is not None:
+            keys_values = tuple(write_slot(old, new, index)
+                                for old, new in zip(cache[:2], keys_values, strict=True))
+        x = post_ln_attend(c, (self.query, self.attention_output), self.attention_layer_norm, x,
+                           keys_values, mask, rngs[0], rngs[1])
 
         def cross_output(context: jax.Array) -> jax.Array:  # [B, T, H] -> [B, T, H]
             out = self.cross_output(context)
@@ -160,10 +171,14 @@ class XLMDecoderLayer(EncoderLayer):
             out = out.reshape(*context.shape[:2], c.cross_outputs, c.hidden_size)
             return jnp.take_along_axis(out, language[:, None, None, None], axis=2)[:, :, 0]
 
-        x = post_ln_attention(c, (self.cross_query, self.cross_key, self.cross_value,
-                                  cross_output), self.cross_layer_norm, x, encoded,
-                              cross_mask, rngs[2], rngs[3])
-        return self.feed_forward(x, rngs[4])
+        cross = cache[2:] if cache is not None else self.cross_keys_values(encoded)
+        x = post_ln_attend(c, (self.cross_query, cross_output), self.cross_layer_norm, x,
+                           cross, cross_mask, rngs[2], rngs[3])
+        return self.feed_forward(x, rngs[4]), keys_values
+
+    def cross_keys_values(self, encoded: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The cross-attention's keys and values of `encoded` [B, S, H], [B, S, N, D] each."""
+        return heads_keys_values(self.config, (self.cross_key, self.cross_value), encoded)
 
 
 @jax.tree_util.register_dataclass
@@ -262,27 +277,60 @@ class XLM(nnx.Module):
         token_mask = attention_mask.astype(bool)
         mask = causal_mask(token_mask) if c.causal else token_mask[:, None, None, :]
         keep = token_mask[..., None].astype(c.compute_dtype)  # [B, T, 1]
-        x = self.word_embeddings(input_ids) + self.position_table(position_ids)
-        if langs is not None and self.lang_embeddings is not None:
-            x = x + self.lang_embeddings(langs)
         embed_rng, layers_rng = split_rng(rng, 2)
-        x = dropout(self.embedding_layer_norm(x), c.hidden_dropout, embed_rng) * keep
+        x = dropout(self.embed(input_ids, position_ids, langs), c.hidden_dropout,
+                    embed_rng) * keep
         keys = None if layers_rng is None else jax.random.split(layers_rng, c.num_layers)
 
         cross_mask = None if encoder_mask is None else encoder_mask.astype(bool)[:, None, None, :]
-        language = None
-        if c.is_decoder and c.cross_outputs > 1:
-            if langs is None:
-                raise ValueError("a decoder with one cross-attention output per language "
-                                 "(cross_output_per_language) needs langs")
-            language = jnp.max(langs, axis=1)  # [B]
+        language = self.cross_output_language(langs)
 
         def apply(layer: EncoderLayer, h: jax.Array, key: jax.Array | None):
             if c.is_decoder:
-                return layer(h, mask, encoded, cross_mask, key, language) * keep, None
+                return layer(h, mask, encoded, cross_mask, key, language)[0] * keep, None
             return layer(h, mask, key) * keep, None
 
         return run_stacked(self.layers, apply, x, keys, c)[0]  # [B, T, H]
+
+    def embed(self, input_ids: jax.Array, position_ids: jax.Array, langs: jax.Array | None
+              ) -> jax.Array:
+        """Token + position (+ language) embeddings, then the embedding LayerNorm, [B, T, H]."""
+        x = self.word_embeddings(input_ids) + self.position_table(position_ids)
+        if langs is not None and self.lang_embeddings is not None:
+            x = x + self.lang_embeddings(langs)
+        return self.embedding_layer_norm(x)
+
+    def cross_keys_values(self, encoded: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """A decoder's cross-attention keys and values of `encoded` [B, S, H] in every layer,
+        [L, B, S, N, D] each."""
+        return per_layer_outputs(self.layers, lambda layer: layer.cross_keys_values(encoded),
+                                 self.config)
+
+    def cross_output_language(self, langs: jax.Array | None) -> jax.Array | None:
+        """Each row's language [B] choosing its cross-attention output (the reference's
+        `langs.max()`), or None with one output."""
+        if not (self.config.is_decoder and self.config.cross_outputs > 1):
+            return None
+        if langs is None:
+            raise ValueError("a decoder with one cross-attention output per language "
+                             "(cross_output_per_language) needs langs")
+        return jnp.max(langs, axis=1)  # [B]
+
+    def step(self, input_ids: jax.Array, position: jax.Array, cache: DecoderCache,
+             langs: jax.Array | None = None) -> tuple[jax.Array, DecoderCache]:
+        """A decoder's next position for every row: `input_ids` [N, 1] at `position` (a scalar)
+        attending to the cached positions before it and to the encoder states -> (hidden
+        [N, 1, H], the cache). Every decoded token counts as a token (as HF's generation,
+        which passes no decoder mask)."""
+        x = self.embed(input_ids, jnp.reshape(position, (1, 1)), langs)
+        mask, cross_mask = cache.self_mask(position), cache.cross_attention_mask()
+        language = self.cross_output_language(langs)
+
+        def apply(layer: XLMDecoderLayer, h: jax.Array, layer_cache: tuple[jax.Array, ...]):
+            return layer(h, mask, None, cross_mask, None, language, layer_cache, position)
+
+        h, keys_values = run_stacked(self.layers, apply, x, cache.per_layer(), self.config)
+        return h, cache.updated(keys_values)
 
     def logits(self, hidden: jax.Array, masked_positions: jax.Array | None = None) -> jax.Array:
         """The prediction layer (`PredLayer`): hidden [B, T, H] (rows `masked_positions`
@@ -354,6 +402,27 @@ class XLMTranslation(nnx.Module):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """[B, T, H] -> [B, T, V]: the decoder's prediction layer (tied to its embeddings)."""
         return self.decoder.logits(hidden)
+
+    def prefill_decoder(self, encoded: jax.Array, attention_mask: jax.Array, length: int
+                        ) -> DecoderCache:
+        """The cache of incremental decoding (`models.beam_search`) for `length` decoder
+        positions, with the cross-attention keys and values of `encoded` [N, S, H] at the
+        source tokens `attention_mask` [N, S]."""
+        limit = self.config.max_position_embeddings
+        if length > limit:
+            raise UserError(f"decoding {length} positions exceeds model.max_position_embeddings="
+                            f"{limit}; lower the number of new tokens")
+        return DecoderCache.start(self.decoder.cross_keys_values(encoded), attention_mask,
+                                  length)
+
+    def decode_step(self, token: jax.Array, position: jax.Array, cache: DecoderCache, *,
+                    language_ids: jax.Array | None = None) -> tuple[jax.Array, DecoderCache]:
+        """The next-token logits [N, V] after the decoder input `token` [N] at `position`
+        (language `language_ids` [N]) and the extended cache; equal to `logits(decode(...))`
+        at that position when every decoder input counts as a token."""
+        languages = None if language_ids is None else language_ids[:, None]
+        hidden, cache = self.decoder.step(token[:, None], position, cache, languages)
+        return self.logits(hidden[:, 0]), cache
 
 
 def translation_from_pretrained(pretrained: XLM, eos_token_id: int, *, seed: int = 0,

@@ -1,7 +1,7 @@
 """Supervised translation fine-tuning of an encoder-decoder (method `translation` for T5 and MASS
 models, `translation_prophetnet` for ProphetNet, `translation_xlm` for an XLM encoder-decoder
-whose two sides start from a pre-trained XLM, Lample & Conneau 2019 §5.2), with greedy decoding
-of the held-out pairs scored by BLEU (sacrebleu, Post 2018): the
+whose two sides start from a pre-trained XLM, Lample & Conneau 2019 §5.2), with greedy or beam
+search decoding of the held-out pairs scored by BLEU (sacrebleu, Post 2018): the
 Multi30K check of MASS (Song et al. 2019 §4.1 fine-tunes its pre-trained model on translation).
 
 Data (`input_pipeline.examples.translation`): `data.source` a parallel corpus
@@ -14,15 +14,18 @@ tokens). The model starts from `model.init` (a pretext workdir or model director
 architecture, e.g. a MASS run, T5's or XLM's encoder-decoder (`mass_xlm`); `Start.pretrained`),
 or at random with an empty `init`.
 
-Every evaluation decodes the first `examples.bleu_sentences` held-out sources greedily
-(`models.generate.greedy_seq2seq`, at most `max_target_length` tokens), detokenises them and
-scores them against the corpus's reference sentences with `sacrebleu.corpus_bleu` (its defaults:
-13a tokenisation, mixed case, exponential smoothing; the signature is in the run's report).
+Every evaluation decodes the first `examples.bleu_sentences` held-out sources
+(`models.beam_search`, at most `max_target_length` tokens): greedily with `examples.num_beams`
+1, else by beam search with `examples.length_penalty` (HF's and XLM's `early_stopping=False`),
+reported beside the greedy score (`bleu_greedy`); detokenises them and scores them against the
+corpus's reference sentences with `sacrebleu.corpus_bleu` (its defaults: 13a tokenisation,
+mixed case, exponential smoothing; the signature is in the run's report).
 
-Families: any encoder-decoder following the shared decoding protocol (`encode`, `decode`,
-`logits`, `config.decoder_start_token_id`, `config.eos_token_id`; `language_ids` for models
-with language embeddings) joins with one `Family` entry in `FAMILIES`, which registers the
-method `translation` (T5) or `translation_<family>`.
+Families: any encoder-decoder following the shared protocol (`encode`, `decode`, `logits` for
+the loss; `prefill_decoder`, `decode_step` for decoding; `config.decoder_start_token_id`,
+`config.eos_token_id`; `language_ids` for models with language embeddings) joins with one
+`Family` entry in `FAMILIES`, which registers the method `translation` (T5) or
+`translation_<family>`.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from pretext_jax.input_pipeline.examples import translation as te
 from pretext_jax.input_pipeline.examples.xlm import language_ids
 from pretext_jax.input_pipeline.parallel import open_parallel
 from pretext_jax.input_pipeline.prepare import DataConfig, load_tokenizer, source_fingerprint
-from pretext_jax.models.generate import greedy_seq2seq
+from pretext_jax.models.beam_search import GREEDY, BeamSearch, beam_search
 from pretext_jax.models.layers import split_rng
 from pretext_jax.models.prophetnet import ProphetNet, ProphetNetConfig
 from pretext_jax.models.t5 import T5, T5Config
@@ -105,8 +108,8 @@ class Family:
 
 @dataclasses.dataclass(frozen=True)
 class ProphetNetTranslationConfig(ProphetNetConfig):
-    """A ProphetNet encoder-decoder to fine-tune (greedy decoding and the loss use stream 0,
-    the next-token stream), and where its weights come from."""
+    """A ProphetNet encoder-decoder to fine-tune (decoding and the loss use stream 0, the
+    next-token stream), and where its weights come from."""
 
     init: str = ""
     """Start from this pretext workdir or model directory (same architecture); '' = random."""
@@ -200,7 +203,7 @@ def prepare_translation(data: DataConfig, examples: te.TranslationExampleConfig,
         train=train, eval=held_out, tokenizer=tokenizer,
         model_fields=family.data_fields(tokenizer),
         report={"bleu_signature": signature, "held_out_pairs": len(references),
-                "language_ids": ids},
+                "language_ids": ids, "decoding": decoding_name(examples)},
         monitor_data=HeldOut(references, tokenizer))
 
 
@@ -219,11 +222,27 @@ def check_languages(data: PreparedData, model_config: Any, objective: Any = None
     return data
 
 
+def decoding(examples: te.TranslationExampleConfig) -> BeamSearch:
+    """The BLEU check's search: greedy for one beam, else beam search with the settings'
+    length penalty and HF's (and XLM's) `early_stopping=False`."""
+    if examples.num_beams == 1:
+        return GREEDY
+    return BeamSearch(num_beams=examples.num_beams, length_penalty=examples.length_penalty)
+
+
+def decoding_name(examples: te.TranslationExampleConfig) -> str:
+    if examples.num_beams == 1:
+        return "greedy"
+    return f"beam {examples.num_beams}, length penalty {examples.length_penalty:g}"
+
+
 def translate_held_out(model: Any, data: PreparedData, examples: te.TranslationExampleConfig,
-                       family: Family) -> tuple[list[str], list[str]]:
-    """(greedy translations of the first `examples.bleu_sentences` held-out sources, detokenised
-    up to EOS; their references). Batches of `DECODE_BATCH` rows (the last padded with copies),
-    so every batch reuses one compilation."""
+                       family: Family, search: BeamSearch | None = None
+                       ) -> tuple[list[str], list[str]]:
+    """(translations of the first `examples.bleu_sentences` held-out sources by `search`
+    (default: the settings', `decoding`), detokenised up to EOS; their references). Batches of
+    `DECODE_BATCH` rows (the last padded with copies), so every batch reuses one
+    compilation."""
     held: HeldOut = data.monitor_data
     count = examples.bleu_sentences or len(held.references)
     count = min(count, len(held.references))
@@ -232,12 +251,12 @@ def translate_held_out(model: Any, data: PreparedData, examples: te.TranslationE
     outputs = []
     for start in range(0, count, DECODE_BATCH):
         rows = np.minimum(np.arange(start, start + DECODE_BATCH), count - 1)
-        tokens = greedy_seq2seq(
+        tokens = beam_search(
             model, data.eval["inputs"][rows], data.eval["input_mask"][rows],
-            max_new_tokens=examples.max_target_length,
+            max_new_tokens=examples.max_target_length, search=search or decoding(examples),
             source_language_ids=data.eval["source_language_ids"][rows] if use else None,
             target_language_ids=data.eval["target_language_ids"][rows, 0] if use else None,
-            pad_id=held.tokenizer.pad_id)
+            pad_id=held.tokenizer.pad_id).sequences[:, 0]
         outputs.extend(tokens[:min(DECODE_BATCH, count - start)])
     hypotheses = []
     for row in outputs:
@@ -248,10 +267,17 @@ def translate_held_out(model: Any, data: PreparedData, examples: te.TranslationE
 
 def bleu_monitor(model: Any, data: PreparedData, examples: te.TranslationExampleConfig,
                  objective: Any = None, *, family: Family) -> dict[str, float]:
-    """Corpus BLEU of the greedy translations of the held-out sources (sacrebleu defaults)."""
+    """Corpus BLEU of the held-out sources' translations (sacrebleu defaults): `bleu` by the
+    settings' decoding and, with beam search, `bleu_greedy` beside it."""
     sacrebleu = require("sacrebleu", "translation", "BLEU of the translation check")
-    hypotheses, references = translate_held_out(model, data, examples, family)
-    return {"bleu": float(sacrebleu.corpus_bleu(hypotheses, [references]).score)}
+    searches = {"bleu": decoding(examples)}
+    if examples.num_beams > 1:
+        searches["bleu_greedy"] = GREEDY
+    scores = {}
+    for name, search in searches.items():
+        hypotheses, references = translate_held_out(model, data, examples, family, search)
+        scores[name] = float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    return scores
 
 
 def pretrained_translator(config: Any, seed: int, load: Callable[[str], nnx.Module], *,
@@ -286,8 +312,11 @@ def summarize_translation(evaluation: dict[str, float], report: dict[str, Any],
     del untrained
     lines = []
     if "bleu" in evaluation:
+        greedy = (f", greedy {evaluation['bleu_greedy']:.2f}" if "bleu_greedy" in evaluation
+                  else "")
         lines.append(f"  held-out BLEU {evaluation['bleu']:.2f} on {report['held_out_pairs']} "
-                     f"pairs (greedy; sacrebleu {report['bleu_signature']})")
+                     f"pairs ({report['decoding']}{greedy}; sacrebleu "
+                     f"{report['bleu_signature']})")
     if "loss" in evaluation:
         lines.append(f"  held-out loss: {evaluation['loss']:.3f}")
     return lines
@@ -327,7 +356,7 @@ def translation_method(name: str, family: Family, presets: dict[str, Any]) -> Me
         prepare=functools.partial(prepare_translation, family=family),
         units_per_example=lambda examples: (examples.max_source_length
                                             + examples.max_target_length),
-        description=f"Translation fine-tuning with a greedy BLEU check ({name})",
+        description=f"Translation fine-tuning with a BLEU check, greedy or beam search ({name})",
         presets=presets,
         resolution=Resolution(complete_data=functools.partial(check_languages, family=family)),
         evaluation=Evaluation(monitor=functools.partial(bleu_monitor, family=family),

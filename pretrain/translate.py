@@ -1,7 +1,8 @@
 """Translation fine-tuning with the one trainer (`objectives.translation`): `translation_config`
 turns (starting point, parallel training corpus, held-out corpus) into a run of the starting
 point's translation method, with its architecture, tokenizer and language ids, and
-`translate` trains it and reports the held-out BLEU of greedy decoding.
+`translate` trains it and reports the held-out BLEU of its decoding (greedy, or beam search with
+`examples.num_beams` > 1, the greedy score then beside it).
 
 The recipe is `translation_tiny`'s sections other than `model` (the model is the starting
 point's); `--architecture` without `--init` gives the from-scratch baseline of the same shape
@@ -57,13 +58,15 @@ def translation_config(init: str, data: str, eval_data: str, overrides: Sequence
 
 
 def translate(config: Config, workdir: str | Path) -> dict[str, Any]:
-    """Trains `config` in `workdir` (resuming) and writes the final held-out loss and BLEU to
-    `<workdir>/results.json`."""
+    """Trains `config` in `workdir` (resuming) and writes the final held-out loss and BLEU
+    (with beam search also the greedy BLEU) to `<workdir>/results.json`."""
     summary = Trainer(config, workdir).run()
     evaluation, report = summary["eval"], summary["report"]
     result = {"init": config.model.init, "steps": summary["step"],
               "bleu": evaluation.get("bleu"), "held_out_loss": evaluation.get("loss"),
-              "held_out_pairs": report["held_out_pairs"],
+              "held_out_pairs": report["held_out_pairs"], "decoding": report["decoding"],
               "bleu_signature": report["bleu_signature"]}
+    if "bleu_greedy" in evaluation:
+        result["bleu_greedy"] = evaluation["bleu_greedy"]
     (Path(workdir) / RESULTS_FILE).write_text(json.dumps(result, indent=2))
     return result

@@ -1,6 +1,6 @@
 """Translation: T5's language embeddings (MASS's bilingual setting), greedy encoder-decoder
-decoding (`models.generate.greedy_seq2seq`) against HF `generate`, and the `translation`
-fine-tune with its BLEU check (`objectives.translation`)."""
+decoding (`models.beam_search.greedy_seq2seq`) against HF `generate`, and the `translation`
+fine-tune with its BLEU check, greedy or by beam search (`objectives.translation`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pretext_jax import run
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.examples import translation as te
 from pretext_jax.input_pipeline.tokenizers import SentencePieceTokenizer
-from pretext_jax.models.generate import greedy_seq2seq
+from pretext_jax.models.beam_search import BeamSearch, beam_search, greedy_seq2seq
 from pretext_jax.models.hf import t5 as t5_hf
 from pretext_jax.models.prophetnet import ProphetNet, ProphetNetConfig
 from pretext_jax.models.t5 import T5, T5Config
@@ -225,6 +225,42 @@ def test_loss_is_hf_t5_loss_with_labels(hf_pair):
         hf.load(folder), {k: jnp.asarray(v) for k, v in batch.items()}, None, family=family)
     np.testing.assert_allclose(loss, expected.item(), atol=1e-5, rtol=0)
     assert metrics["target_tokens"][0] == target_mask.sum()
+
+
+def test_bleu_check_decodes_by_beam_search_beside_greedy(toy):
+    """`examples.num_beams` > 1: `bleu` is the BLEU of beam search's best outputs (with the
+    settings' length penalty), `bleu_greedy` the greedy BLEU beside it; one beam: greedy only."""
+    # Random weights of the toy's architecture whose outputs are not empty (its own init's are).
+    model = random_model(T5, loading.load_model(toy["init"]).config, 1)
+    tokenizer, family = toy["tokenizer"], translation.FAMILIES["translation"]
+    examples = te.TranslationExampleConfig(max_source_length=20, max_target_length=8,
+                                           bleu_sentences=6, num_beams=3, length_penalty=0.5)
+    records, references = te.held_out_pairs(toy["val"], tokenizer, examples, {"de": 0, "en": 1})
+    data = PreparedData(train=None, eval=records,
+                        monitor_data=translation.HeldOut(references, tokenizer),
+                        report={"held_out_pairs": 30, "bleu_signature": "sig",
+                                "decoding": translation.decoding_name(examples)})
+    scores = translation.bleu_monitor(model, data, examples, family=family)
+    greedy = dataclasses.replace(examples, num_beams=1)
+    assert translation.bleu_monitor(model, data, greedy, family=family) == {
+        "bleu": scores["bleu_greedy"]}
+    rows = np.minimum(np.arange(translation.DECODE_BATCH), 5)  # the monitor's batch shape
+    beams = beam_search(model, records["inputs"][rows], records["input_mask"][rows],
+                        max_new_tokens=8, search=BeamSearch(num_beams=3, length_penalty=0.5),
+                        source_language_ids=records["source_language_ids"][rows],
+                        target_language_ids=records["target_language_ids"][rows, 0],
+                        pad_id=tokenizer.pad_id).sequences[:6, 0]
+    hypotheses = [tokenizer.decode(row.tolist()[:list(row).index(tokenizer.eos_id)
+                                                if tokenizer.eos_id in row else 8])
+                  for row in beams]
+    assert all(hypotheses)
+    assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references[:6]]).score
+    assert translation.translate_held_out(model, data, examples, family)[0] == hypotheses
+    assert translation.translate_held_out(model, data, greedy, family)[0] != hypotheses
+    assert "(beam 3, length penalty 0.5, greedy" in translation.summarize_translation(
+        scores, data.report, None)[0]
+    with pytest.raises(UserError, match="num_beams=0 must be >= 1"):
+        dataclasses.replace(examples, num_beams=0)
 
 
 def test_pretrained_model_keeps_its_weights_and_must_match(toy):

@@ -29,7 +29,8 @@ from pretext_jax.input_pipeline.tokenizers import Tokenizer
 
 @dataclasses.dataclass(frozen=True)
 class TranslationExampleConfig:
-    """The direction, the lengths and how much of the held-out set is decoded for BLEU."""
+    """The direction, the lengths, and how much of the held-out set is decoded for BLEU, and
+    how."""
 
     source_language: str = "en"
     """Language translated from: a language of the parallel corpus (Multi30K: en, de, fr)."""
@@ -38,9 +39,14 @@ class TranslationExampleConfig:
     max_source_length: int = 64
     """Source tokens incl. EOS; longer sentences are cut."""
     max_target_length: int = 64
-    """Target tokens incl. EOS; longer ones are cut, and greedy decoding stops after as many."""
+    """Target tokens incl. EOS; longer ones are cut, and decoding stops after as many."""
     bleu_sentences: int = 0
     """Held-out pairs decoded for BLEU at each evaluation: the first n; 0 = all."""
+    num_beams: int = 1
+    """Beams of the BLEU check's decoding: 1 = greedy; more = beam search (XLM, MASS: 1 in
+    training evaluation; MASS supervised NMT 5), and greedy BLEU is reported beside."""
+    length_penalty: float = 1.0
+    """Beam search's length penalty: score = sum(log p) / length ** this (XLM's default 1)."""
 
     def __post_init__(self) -> None:
         if self.source_language == self.target_language:
@@ -52,6 +58,8 @@ class TranslationExampleConfig:
         if self.bleu_sentences < 0:
             raise UserError(f"examples.bleu_sentences={self.bleu_sentences} must be >= 0 "
                             "(0 = every held-out pair)")
+        if self.num_beams < 1:
+            raise UserError(f"examples.num_beams={self.num_beams} must be >= 1 (1 = greedy)")
 
 
 def direction(source: ParallelSource, config: TranslationExampleConfig) -> tuple[str, str]:
@@ -123,9 +131,12 @@ def prepare_pairs(spec: str, tokenizer: Tokenizer, tokenizer_key: object,
                   config: TranslationExampleConfig, ids: Mapping[str, int], cache_root: Path
                   ) -> RecordDirectory:
     """The records of the parallel corpus `spec`, streamed into ArrayRecord files under
-    `cache_root` (kept under a key of the files, the tokenizer and the settings)."""
+    `cache_root` (kept under a key of the files, the tokenizer and the settings; the decoding
+    settings, which the records do not depend on, left out)."""
     source = open_parallel(spec)
-    key = fingerprint(source.fingerprint(), tokenizer_key, dataclasses.asdict(config), ids)
+    settings = {name: value for name, value in dataclasses.asdict(config).items()
+                if name not in ("num_beams", "length_penalty")}
+    key = fingerprint(source.fingerprint(), tokenizer_key, settings, ids)
     directory = Path(cache_root) / f"translation-{key}"
     if not (directory / SPEC_FILE).is_file():
         count = write_records(translation_examples(pairs(source, config), tokenizer, config,
