@@ -238,18 +238,27 @@ def prophetnet() -> ProphetNet:
         hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0), 6)
 
 
-@pytest.mark.parametrize("family", ["t5", "prophetnet", "xlm"])
+def xlm_with_cross_outputs_per_language() -> XLMTranslation:
+    return random_model(XLMTranslation, dataclasses.replace(XLM, cross_output_per_language=True),
+                        7)
+
+
+@pytest.mark.parametrize("family", ["t5", "prophetnet", "xlm", "xlm_per_language"])
 def test_decode_step_through_the_cache_equals_the_full_decoder(family, xlm):
     """Feeding the decoder inputs one at a time through `prefill_decoder` / `decode_step` gives
     `logits(decode(...))` at every position (ProphetNet: stream 0 beside the cached main
-    stream, across log-spaced buckets; T5 and XLM with language embeddings)."""
-    model = {"t5": t5_with_languages, "prophetnet": prophetnet}.get(family, lambda: xlm)()
+    stream, across log-spaced buckets; T5 and XLM with language embeddings, a language per
+    row; XLM also with MASS's cross-attention output per language)."""
+    model = {"t5": t5_with_languages, "prophetnet": prophetnet,
+             "xlm_per_language": xlm_with_cross_outputs_per_language}.get(family, lambda: xlm)()
     ids, mask = map(jnp.asarray, sources(40, seed=3))
     decoder_ids = jnp.asarray(np.random.default_rng(4).integers(3, 40, (4, 11)))
     languages = family != "prophetnet"
+    row_languages = jnp.arange(len(ids)) % (2 if family == "t5" else 3)  # [B]
 
     def target(ids: jax.Array) -> dict[str, jax.Array]:
-        return {"language_ids": jnp.ones_like(ids)} if languages else {}
+        rows = row_languages.reshape(-1, *[1] * (ids.ndim - 1))
+        return {"language_ids": jnp.broadcast_to(rows, ids.shape)} if languages else {}
 
     graphdef, params = nnx.split(model)
 
