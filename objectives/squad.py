@@ -28,8 +28,8 @@ from pretext_jax.input_pipeline import prepare, squad
 from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
 from pretext_jax.input_pipeline.records import RecordDirectory, write_records
 from pretext_jax.models.classifier import ClassifierConfig
+from pretext_jax.models.encoder import Encoder
 from pretext_jax.models.span import SpanExtractor, span_extractor
-from pretext_jax.objectives.classification import as_encoder, read_pretrained
 from pretext_jax.objectives.common.squad_metrics import no_answer_baseline, squad_metrics
 from pretext_jax.objectives.registry import (
     Batch,
@@ -245,10 +245,11 @@ def pretrained_span_extractor(config: SpanModelConfig, seed: int,
     """The encoder of `config.init` under a fresh span head (None: random init)."""
     if not config.init:
         return None
-    pretrained = read_pretrained(config.init, load)
-    if not isinstance(pretrained, SpanExtractor):
-        pretrained = as_encoder(config.init, pretrained)
-    if not hasattr(pretrained, "encoder"):
+    if not Path(config.init).is_dir():
+        raise UserError(f"model.init={config.init} is not a directory; pass a pretext workdir, "
+                        "a model directory or a HuggingFace BERT/ELECTRA folder")
+    pretrained = load(config.init)
+    if not isinstance(getattr(pretrained, "encoder", None), Encoder):
         raise UserError(f"{config.init} holds a {type(pretrained).__name__}; span extraction "
                         "starts from BERT or an ELECTRA discriminator")
     return span_extractor(pretrained, config, nnx.Rngs(seed))

@@ -26,6 +26,7 @@ from pretext_jax.input_pipeline.tokenizers import WordPieceTokenizer
 from pretext_jax.models.classifier import ClassifierConfig
 from pretext_jax.models.span import SpanExtractor
 from pretext_jax.objectives import bert, electra
+from pretext_jax.objectives import squad as squad_objective
 from pretext_jax.objectives.common.squad_metrics import (
     best_threshold,
     exact_match,
@@ -267,6 +268,34 @@ def test_family_recipes_for_squad():
     assert electra.glue_settings(256, "rte").max_seq_length == 0
 
 
+def card_rows(family: str) -> dict[str, str]:
+    """setting -> ours of the family's SQuAD card in docs/methods/masked_lm.md."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "methods" / "masked_lm.md")
+    text = page.read_text().split(f"#### SQuAD fine-tuning card: `{family}`", 1)[1]
+    rows = [line for line in text.split("\n\n####")[0].split("\n## ")[0].splitlines()
+            if line.startswith("| ") and not line.startswith("| setting")]
+    return {cells[0].strip("` "): cells[2].strip() for cells in
+            (line.strip("|").split(" | ") for line in rows)}
+
+
+@pytest.mark.parametrize("family", ["bert", "electra"])
+def test_squad_cards_match_the_recipes(family):
+    chosen = {"bert": bert, "electra": electra}[family].glue_settings(768, "squad")
+    defaults = squad_objective.SquadExampleConfig()
+    wanted = {"optim.learning_rate": chosen.learning_rate, "train.batch_size": chosen.batch_size,
+              "epochs": chosen.epochs, "optim.weight_decay": chosen.weight_decay,
+              "warmup": chosen.warmup * 100,
+              "examples.max_seq_length": chosen.max_seq_length or defaults.max_seq_length,
+              **{f"examples.{k}": getattr(defaults, k) for k in (
+                  "doc_stride", "max_query_length", "max_answer_length")}}
+    if family == "electra":
+        wanted["optim.layerwise_lr_decay"] = chosen.layerwise_lr_decay
+    rows = card_rows(family)
+    assert set(wanted) <= set(rows), set(wanted) - set(rows)
+    for key, value in wanted.items():
+        assert float(rows[key].rstrip(" %")) == pytest.approx(value), key
+
+
 @pytest.fixture(scope="module")
 def squad_setup(tmp_path_factory):
     """A tiny HF BERT with the tiny vocab, and a SQuAD v2.0 folder: "what color" asks for
@@ -304,7 +333,7 @@ def test_recipe_config_from_a_bert_folder(squad_setup):
     assert config.method == "span" and config.examples.max_seq_length == 64  # 384 > positions
     assert (config.optim.learning_rate, config.train.batch_size) == (1e-4, 24)  # compact
     small = finetune_config("squad2", bert_dir, data, SMALL)
-    _, windows = objectives.squad.windows_of(small.data, small.examples, "train")
+    _, windows = squad_objective.windows_of(small.data, small.examples, "train")
     assert len(windows) > 24  # long contexts: several windows per question
     assert small.train.steps == 2 * -(-len(windows) // 8)
 
