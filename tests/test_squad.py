@@ -300,6 +300,7 @@ def test_squad_cards_match_the_recipes(family):
 def squad_setup(tmp_path_factory):
     """A tiny HF BERT with the tiny vocab, and a SQuAD v2.0 folder: "what color" asks for
     the colour word in a context of filler words; "what animal" has no answer without one."""
+    pytest.importorskip("transformers")
     root = tmp_path_factory.mktemp("squad")
     model = hf_reference("BertForPreTraining", 0, vocab_size=len(VOCAB), hidden_size=32,
                          num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -336,6 +337,8 @@ def test_recipe_config_from_a_bert_folder(squad_setup):
     _, windows = squad_objective.windows_of(small.data, small.examples, "train")
     assert len(windows) > 24  # long contexts: several windows per question
     assert small.train.steps == 2 * -(-len(windows) // 8)
+    with pytest.raises(UserError, match="official train-v1.1.json and dev-v1.1.json"):
+        finetune_config("squad", bert_dir, data)  # the v2.0 folder has no v1.1 files
 
 
 def test_cli_squad2_trains_evaluates_and_resumes_exactly(tmp_path, squad_setup, capsys):
