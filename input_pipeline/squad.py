@@ -90,7 +90,7 @@ def read_squad(path: str | Path) -> list[SquadExample]:
                 answers = [] if qa.get("is_impossible", False) else qa.get("answers", [])
                 for answer in answers:
                     start, text = answer["answer_start"], answer["text"]
-                    if context[start:start + len(text)] != text:
+                    if not text.strip() or context[start:start + len(text)] != text:
                         raise UserError(
                             f"{path}: question {qa['id']}: answer {text!r} is not at its "
                             f"answer_start {start} (the context has "
