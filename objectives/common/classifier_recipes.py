@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pretext_jax.models.classifier import Pretrained, classifier_config
+from pretext_jax.objectives import registry
 from pretext_jax.objectives.registry import DownstreamTask, FinetuneRecipe
 
 CLASSIFY = "classify"  # the transformer classifier's method (objectives/classification.py)
@@ -29,6 +30,7 @@ class ClassifierSettings:
     warmup: float = 0.1  # share of the steps
     eps: float = 1e-6  # Adam's epsilon
     eps_before_bias_correction: bool = False
+    max_seq_length: int = 0  # 0: the task's input length
 
 
 def layout_of(head: str) -> str:
@@ -40,7 +42,8 @@ def claims_encoders(head: str, settings: Callable[[int, str], ClassifierSettings
                     ) -> Callable[[Any, DownstreamTask, Mapping[str, Any]],
                                   FinetuneRecipe | None]:
     """A `Start.finetunes` that claims the pre-trained encoders (and fine-tuned classifiers)
-    whose classifier head is `head`, fine-tuned by the task's method (`classify` for GLUE)
+    whose classifier head is `head`, fine-tuned by the task's method (`classify` for GLUE,
+    `span` for SQuAD, where that method's model takes the head)
     with `settings(hidden_size, task name)`, the family's recipe, at the task's input length
     (else 128), and the tokenizer the encoder was trained with."""
 
@@ -50,11 +53,12 @@ def claims_encoders(head: str, settings: Callable[[int, str], ClassifierSettings
         if not isinstance(model, Pretrained):
             return None
         config = classifier_config(model, task.num_labels)
-        if config.head != head:
-            return None
+        if config.head != head or head not in getattr(
+                registry.get(task.method).model_config, "heads", (head,)):
+            return None  # not this family's, or the task's method has no head for it
         fields = dataclasses.asdict(config)
         chosen = settings(fields["hidden_size"], task.name)
-        length = task.max_seq_length or 128
+        length = chosen.max_seq_length or task.max_seq_length or 128
         if head != "xlnet":  # XLNet's relative positions: no limit
             length = min(length, fields["max_position_embeddings"])
         values = {"method": task.method, **{f"model.{k}": v for k, v in fields.items()},

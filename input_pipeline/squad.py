@@ -1,0 +1,303 @@
+"""SQuAD v1.1 / v2.0 span extraction: the official JSON, long contexts in overlapping windows,
+and the answer text of a window's start/end logits, as google-research/bert run_squad.py
+(`read_squad_examples`, `convert_examples_to_features`, `write_predictions`) does them.
+
+A context is split on whitespace into words (each keeps its character offsets in the context);
+each word is tokenised on its own, so every sub-token knows its word. A question's answer is
+read from its character offset, which must match its text. A window holds `[CLS] question
+[SEP] context piece [SEP]` (question truncated to `max_query_length` sub-tokens, pieces
+`doc_stride` apart); a sub-token that sits in several windows is predicted only from the one
+where it has the most context on both sides (`max_context`). In training an answer outside a
+window, and v2.0's unanswerable questions, point at [CLS] (position 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import unicodedata
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline.tokenizers import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class SquadExample:
+    """One question on one context: the context's whitespace `words` with each word's
+    `[start, end)` character offsets (`word_spans`), the gold `answers` (texts; none for an
+    unanswerable one) and the first answer's word span (`start_word`, `end_word`; -1 when
+    unanswerable)."""
+
+    qid: str
+    question: str
+    context: str
+    words: tuple[str, ...]
+    word_spans: tuple[tuple[int, int], ...]
+    answers: tuple[str, ...]
+    start_word: int = -1
+    end_word: int = -1
+
+    @property
+    def is_impossible(self) -> bool:
+        return not self.answers
+
+
+def _is_whitespace(char: str) -> bool:
+    """run_squad.py's `is_whitespace`: space, tab, newlines and the narrow no-break space."""
+    return char in " \t\r\n" or ord(char) == 0x202F
+
+
+def split_words(context: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """The context's whitespace-separated words and each one's [start, end) offsets."""
+    words, spans, start = [], [], None
+    for index, char in enumerate(context + " "):
+        if _is_whitespace(char):
+            if start is not None:
+                words.append(context[start:index])
+                spans.append((start, index))
+                start = None
+        elif start is None:
+            start = index
+    return words, spans
+
+
+def _word_at(spans: Sequence[tuple[int, int]], char: int) -> int:
+    """The word that holds character `char` (whitespace: the word before it)."""
+    starts = [start for start, _ in spans]
+    return max(0, int(np.searchsorted(starts, char, side="right")) - 1)
+
+
+def read_squad(path: str | Path) -> list[SquadExample]:
+    """The questions of a SQuAD v1.1 or v2.0 JSON file (`data` -> `paragraphs` -> `qas`). An
+    answer whose `answer_start` does not point at its `text` is an error naming the question;
+    v2.0's `is_impossible` questions have no answers (their `plausible_answers` are unused, as
+    in run_squad.py)."""
+    try:
+        articles = json.loads(Path(path).read_text())["data"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{path} is not a SQuAD JSON file ({error}); give the official "
+                        "train-v1.1.json / dev-v2.0.json format") from None
+    examples = []
+    for article in articles:
+        for paragraph in article["paragraphs"]:
+            context = paragraph["context"]
+            words, spans = split_words(context)
+            for qa in paragraph["qas"]:
+                answers = [] if qa.get("is_impossible", False) else qa.get("answers", [])
+                for answer in answers:
+                    start, text = answer["answer_start"], answer["text"]
+                    if not text.strip() or context[start:start + len(text)] != text:
+                        raise UserError(
+                            f"{path}: question {qa['id']}: answer {text!r} is not at its "
+                            f"answer_start {start} (the context has "
+                            f"{context[start:start + len(text)]!r} there); fix the file")
+                first = answers[0] if answers else None
+                start_word = end_word = -1
+                if first is not None:
+                    start_word = _word_at(spans, first["answer_start"])
+                    end_word = _word_at(spans, first["answer_start"] + len(first["text"]) - 1)
+                examples.append(SquadExample(
+                    qid=str(qa["id"]), question=qa["question"], context=context,
+                    words=tuple(words), word_spans=tuple(spans),
+                    answers=tuple(a["text"] for a in answers),
+                    start_word=start_word, end_word=end_word))
+    return examples
+
+
+@dataclasses.dataclass(frozen=True)
+class Windows:
+    """The encoded windows of a list of examples: int32 `arrays` (`input_ids`,
+    `token_type_ids`, `attention_mask`, `start_positions`, `end_positions`, each [N, L]/[N]),
+    and for prediction each window's `example` index, its positions' context words
+    (`token_words`: position -> word index, -1 outside the context) and whether the window
+    is the position's max-context one (`max_context`, [N, L] bool)."""
+
+    arrays: dict[str, np.ndarray]
+    example: np.ndarray
+    token_words: np.ndarray
+    max_context: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.example)
+
+
+def _improve_span(pieces: Sequence[int], start: int, end: int, answer: list[int]
+                  ) -> tuple[int, int]:
+    """run_squad.py `_improve_answer_span`: the sub-token span inside [start, end] (the
+    answer's whole words) whose pieces are exactly the answer text's own (e.g. "1895" in the
+    word "(1895-1943)."), else the whole words."""
+    for new_start in range(start, end + 1):
+        for new_end in range(end, new_start - 1, -1):
+            if list(pieces[new_start:new_end + 1]) == answer:
+                return new_start, new_end
+    return start, end
+
+
+def _max_context(spans: Sequence[tuple[int, int]], span_index: int, position: int) -> bool:
+    """run_squad.py `_check_is_max_context`: whether window `span_index` (a (start, length)
+    piece of the context's sub-tokens) gives `position` the most context, scored as the
+    smaller of its left and right context plus 1% of the window's length."""
+    best, best_index = None, None
+    for index, (start, length) in enumerate(spans):
+        end = start + length - 1
+        if not start <= position <= end:
+            continue
+        score = min(position - start, end - position) + 0.01 * length
+        if best is None or score > best:
+            best, best_index = score, index
+    return best_index == span_index
+
+
+def encode_windows(examples: Sequence[SquadExample], tokenizer: Tokenizer, max_seq_length: int,
+                   doc_stride: int, max_query_length: int) -> Windows:
+    """run_squad.py `convert_examples_to_features`: every example's windows `[CLS] question
+    [SEP] piece [SEP]` (token type 1 from the piece on), padded on the right with `pad_id`;
+    start/end positions of the first answer where the window holds all of it, else 0 ([CLS])."""
+    rows: dict[str, list] = {k: [] for k in ("input_ids", "token_type_ids", "attention_mask",
+                                             "start_positions", "end_positions")}
+    example_of, token_words, max_context = [], [], []
+    for number, example in enumerate(examples):
+        query = tokenizer.encode(example.question)[:max_query_length]
+        pieces, piece_word, word_first_piece = [], [], []
+        for index, word in enumerate(example.words):
+            word_first_piece.append(len(pieces))
+            for piece in tokenizer.encode(word):
+                pieces.append(piece)
+                piece_word.append(index)
+        answer_start = answer_end = -1
+        if not example.is_impossible:
+            answer_start = word_first_piece[example.start_word]
+            answer_end = (word_first_piece[example.end_word + 1] - 1
+                          if example.end_word + 1 < len(example.words) else len(pieces) - 1)
+            answer_start, answer_end = _improve_span(
+                pieces, answer_start, answer_end, tokenizer.encode(example.answers[0]))
+        room = max_seq_length - len(query) - 3
+        if room < 1:
+            raise UserError(f"examples.max_seq_length={max_seq_length} leaves no room for the "
+                            f"context after question {example.qid}'s {len(query)} sub-tokens; "
+                            "raise it (SQuAD: 384) or lower examples.max_query_length")
+        spans, offset = [], 0
+        while offset < len(pieces) or not spans:
+            length = min(len(pieces) - offset, room)
+            spans.append((offset, length))
+            if offset + length >= len(pieces):
+                break
+            offset += min(length, doc_stride)
+        first = len(query) + 2  # the piece's first position in the window
+        for span_index, (start, length) in enumerate(spans):
+            ids = [tokenizer.cls_id, *query, tokenizer.sep_id, *pieces[start:start + length],
+                   tokenizer.sep_id]
+            pad = max_seq_length - len(ids)
+            words = np.full(max_seq_length, -1, np.int32)
+            words[first:first + length] = piece_word[start:start + length]
+            best = np.zeros(max_seq_length, bool)
+            best[first:first + length] = [_max_context(spans, span_index, start + i)
+                                          for i in range(length)]
+            start_position = end_position = 0
+            if not example.is_impossible and start <= answer_start and answer_end < start + length:
+                start_position = answer_start - start + first
+                end_position = answer_end - start + first
+            rows["input_ids"].append(ids + [tokenizer.pad_id] * pad)
+            rows["token_type_ids"].append([0] * first + [1] * (length + 1) + [0] * pad)
+            rows["attention_mask"].append([1] * len(ids) + [0] * pad)
+            rows["start_positions"].append(start_position)
+            rows["end_positions"].append(end_position)
+            example_of.append(number)
+            token_words.append(words)
+            max_context.append(best)
+    arrays = {k: np.asarray(v, np.int32) for k, v in rows.items()}
+    return Windows(arrays, np.asarray(example_of, np.int32),
+                   np.asarray(token_words, np.int32).reshape(len(example_of), max_seq_length),
+                   np.asarray(max_context, bool).reshape(len(example_of), max_seq_length))
+
+
+def _strip_accents(text: str) -> str:
+    return "".join(c for c in unicodedata.normalize("NFD", text)
+                   if unicodedata.category(c) != "Mn")
+
+
+def final_text(predicted: str, original: str, lowercase: bool) -> str:
+    """run_squad.py `get_final_text`: the piece of the original words `original` that the
+    detokenised prediction `predicted` covers (the tokenizer lower-cased, stripped accents and
+    split punctuation off, so the prediction may be shorter than its words, e.g. "steve" of
+    "(Steve"), aligned character by character with whitespace ignored; `original` itself when
+    they do not align."""
+    normal, where = [], []
+    for index, char in enumerate(original):
+        if _is_whitespace(char) or char.isspace():
+            continue
+        for c in (_strip_accents(char.lower()) if lowercase else char):
+            normal.append(c)
+            where.append(index)
+    target = "".join(c for c in (predicted.lower() if lowercase else predicted)
+                     if not c.isspace())
+    found = "".join(normal).find(target) if target else -1
+    if found < 0:
+        return original
+    return original[where[found]:where[found + len(target) - 1] + 1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Predictions:
+    """Per question id: the answer `text` at the threshold used, the best non-null answer
+    (`best_non_null`), and v2.0's `score_diff` (null score minus the best non-null span's; the
+    official evaluation's `na_prob`)."""
+
+    text: dict[str, str]
+    best_non_null: dict[str, str]
+    score_diff: dict[str, float]
+
+
+def predict_answers(examples: Sequence[SquadExample], windows: Windows, start_logits: np.ndarray,
+                    end_logits: np.ndarray, tokenizer: Tokenizer, *, with_null: bool,
+                    n_best: int = 20, max_answer_length: int = 30,
+                    null_score_diff_threshold: float = 0.0) -> Predictions:
+    """run_squad.py `write_predictions`: for every question, the `n_best` best starts and ends
+    of each of its windows pair up into spans (inside the context, end >= start, at most
+    `max_answer_length` sub-tokens, starting in the window where that sub-token has max
+    context), scored start + end logit; the best span's sub-tokens are detokenised and mapped
+    back to the context's characters (`final_text`). With `with_null` (v2.0), the null score
+    is the lowest [CLS] start + end over the windows, and the answer is empty when it beats
+    the best span by more than `null_score_diff_threshold`."""
+    by_example: dict[int, list[int]] = {}
+    for row, number in enumerate(windows.example):
+        by_example.setdefault(int(number), []).append(row)
+    lowercase = bool(getattr(tokenizer, "lowercase", False))
+    text, best_text, diffs = {}, {}, {}
+    for number, example in enumerate(examples):
+        candidates, null_score = [], None
+        for row in by_example.get(number, []):
+            starts, ends = start_logits[row], end_logits[row]
+            null = float(starts[0] + ends[0])
+            null_score = null if null_score is None else min(null_score, null)
+            words, best = windows.token_words[row], windows.max_context[row]
+            top_starts = np.argsort(-starts, kind="stable")[:n_best]
+            top_ends = np.argsort(-ends, kind="stable")[:n_best]
+            for s in top_starts:
+                for e in top_ends:
+                    if words[s] < 0 or words[e] < 0 or not best[s] or e < s:
+                        continue
+                    if e - s + 1 > max_answer_length:
+                        continue
+                    candidates.append((float(starts[s] + ends[e]), row, int(s), int(e)))
+        candidates.sort(key=lambda c: -c[0])
+        answer, score = "", None
+        if candidates:
+            score, row, s, e = candidates[0]
+            ids = windows.arrays["input_ids"][row, s:e + 1]
+            first_word, last_word = windows.token_words[row, s], windows.token_words[row, e]
+            original = example.context[example.word_spans[first_word][0]:
+                                       example.word_spans[last_word][1]]
+            answer = final_text(tokenizer.decode([int(i) for i in ids]), original, lowercase)
+        best_text[example.qid] = answer
+        if with_null and null_score is not None:
+            diff = null_score - (score if score is not None else -np.inf)
+            diffs[example.qid] = float(diff)
+            text[example.qid] = "" if diff > null_score_diff_threshold else answer
+        else:
+            text[example.qid] = answer
+    return Predictions(text, best_text, diffs)

@@ -1,0 +1,294 @@
+"""Fine-tuning on SQuAD v1.1 and v2.0 span extraction, as a method of the one trainer
+(google-research/bert run_squad.py): the start and end logits of a pre-trained encoder's
+states (`models.span.SpanExtractor`), trained with the mean of the start and end positions'
+cross-entropies, evaluated on the whole dev set by mapping every question's best span back to
+its context (`input_pipeline.squad.predict_answers`) and scoring it as the official scripts do
+(`objectives.common.squad_metrics`).
+
+`--data` is a folder with the official files: train-v1.1.json and dev-v1.1.json (`squad`) or
+train-v2.0.json and dev-v2.0.json (`squad2`). The trivial baseline printed beside the dev
+metrics is the empty answer everywhere: 0 on v1.1, the share of unanswerable questions on v2.0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline import prepare, squad
+from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
+from pretext_jax.input_pipeline.records import RecordDirectory, write_records
+from pretext_jax.models.classifier import ClassifierConfig
+from pretext_jax.models.encoder import Encoder
+from pretext_jax.models.span import SpanExtractor, span_extractor
+from pretext_jax.objectives.common.squad_metrics import no_answer_baseline, squad_metrics
+from pretext_jax.objectives.registry import (
+    Batch,
+    DownstreamTask,
+    Evaluation,
+    Method,
+    Metrics,
+    PreparedData,
+    Resolution,
+    Start,
+    register,
+    register_task,
+)
+
+SPAN = "span"  # the method's name
+
+
+@dataclasses.dataclass(frozen=True)
+class SquadVersion:
+    """A SQuAD release: its files in the `--data` folder and whether questions may have no
+    answer (v2.0)."""
+
+    name: str
+    train_file: str
+    dev_file: str
+    with_null: bool
+
+    def path(self, folder: str, split: str) -> Path:
+        name = self.train_file if split == "train" else self.dev_file
+        path = Path(folder) / name
+        if not path.is_file():
+            raise UserError(f"{path} not found: --data must be a folder with the official "
+                            f"{self.train_file} and {self.dev_file} ({self.name})")
+        return path
+
+
+VERSIONS = {"squad": SquadVersion("squad", "train-v1.1.json", "dev-v1.1.json", False),
+            "squad2": SquadVersion("squad2", "train-v2.0.json", "dev-v2.0.json", True)}
+
+
+@dataclasses.dataclass(frozen=True)
+class SpanModelConfig(ClassifierConfig):
+    """The BERT-style encoder's config, its family's `head` (bert or electra: which HF
+    `*ForQuestionAnswering` it exports to) and `init`, where the encoder comes from."""
+
+    heads: ClassVar[tuple[str, ...]] = ("bert", "electra")
+    init: str = ""
+    """Start from: a pretext workdir/model dir or HF BERT/ELECTRA folder; '' = random."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SquadExampleConfig:
+    """run_squad.py's flags: windows of `max_seq_length` sub-tokens `doc_stride` apart,
+    questions cut to `max_query_length`; answers of at most `max_answer_length` sub-tokens
+    from the `n_best_size` best starts and ends; v2.0 answers empty when the null score beats
+    the best span by more than `null_score_diff_threshold`."""
+
+    task: str = "squad"
+    """squad (v1.1) or squad2 (v2.0)."""
+    max_seq_length: int = 384
+    """Sub-tokens per window incl. [CLS] and two [SEP]s (run_squad.py: 384)."""
+    doc_stride: int = 128
+    """Sub-tokens between the starts of consecutive windows of a long context."""
+    max_query_length: int = 64
+    """Questions are cut to this many sub-tokens."""
+    max_answer_length: int = 30
+    """Longest predicted answer, in sub-tokens."""
+    n_best_size: int = 20
+    """Starts and ends considered per window."""
+    null_score_diff_threshold: float = 0.0
+    """v2.0: answer empty when null score - best span score exceeds this (see best_f1_thresh)."""
+    max_train_examples: int = 0
+    """Train on the first n questions only; 0 = all."""
+    layout: str = "bert"
+    """Input layout: bert ([CLS] question [SEP] context [SEP]), the only one."""
+
+
+def span_loss(model: SpanExtractor, batch: Batch, rng: jax.Array | None
+              ) -> tuple[jax.Array, Metrics]:
+    """run_squad.py `model_fn`: the mean of the start and end positions' cross-entropies over
+    every window position."""
+    starts, ends = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                         rng=rng)
+    one = jnp.ones((), jnp.float32)
+
+    def cross_entropy(logits: jax.Array, positions: jax.Array) -> jax.Array:
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+        return -jnp.mean(jnp.take_along_axis(log_probs, positions[:, None].astype(jnp.int32),
+                                             axis=1))
+
+    loss = (cross_entropy(starts, batch["start_positions"])
+            + cross_entropy(ends, batch["end_positions"])) / 2
+    return loss, {"loss": (loss, one)}
+
+
+@nnx.jit
+def _logits(model: SpanExtractor, input_ids: jax.Array, token_type_ids: jax.Array,
+            attention_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return model(input_ids, token_type_ids, attention_mask)
+
+
+def span_logits(model: SpanExtractor, arrays: dict[str, np.ndarray], batch_size: int = 64
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Evaluation-mode start and end logits [N, L] of every window."""
+    starts, ends = [], []
+    for begin in range(0, len(arrays["input_ids"]), batch_size):
+        s, e = _logits(model, *(arrays[k][begin:begin + batch_size] for k in (
+            "input_ids", "token_type_ids", "attention_mask")))
+        starts.append(np.asarray(s, np.float32))
+        ends.append(np.asarray(e, np.float32))
+    return np.concatenate(starts), np.concatenate(ends)
+
+
+@dataclasses.dataclass(frozen=True)
+class DevSet:
+    """What the monitor reads: the dev questions, their windows and the tokenizer."""
+
+    examples: Sequence[squad.SquadExample]
+    windows: squad.Windows
+    tokenizer: Any
+
+
+def squad_monitor(model: SpanExtractor, data: PreparedData, examples: SquadExampleConfig,
+                  objective: Any = None) -> dict[str, float]:
+    """The official metrics of the predicted answers on the whole dev set (v2.0: with the
+    HasAns/NoAns split and the best null-score thresholds)."""
+    dev: DevSet = data.monitor_data
+    version = VERSIONS[examples.task]
+    starts, ends = span_logits(model, dev.windows.arrays)
+    predicted = squad.predict_answers(
+        dev.examples, dev.windows, starts, ends, dev.tokenizer, with_null=version.with_null,
+        n_best=examples.n_best_size, max_answer_length=examples.max_answer_length,
+        null_score_diff_threshold=examples.null_score_diff_threshold)
+    answers = {e.qid: e.answers for e in dev.examples}
+    if not version.with_null:
+        return squad_metrics(predicted.text, answers)
+    return squad_metrics(predicted.text, answers, best_non_null=predicted.best_non_null,
+                         score_diff=predicted.score_diff)
+
+
+def _windows(path: Path, data: DataConfig, examples: SquadExampleConfig, split: str
+             ) -> tuple[list[squad.SquadExample], squad.Windows]:
+    questions = squad.read_squad(path)
+    if split == "train" and examples.max_train_examples:
+        questions = questions[:examples.max_train_examples]
+    return questions, squad.encode_windows(
+        questions, prepare.load_tokenizer(data), examples.max_seq_length, examples.doc_stride,
+        examples.max_query_length)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_windows(path: str, stamp: Any, data: DataConfig, examples: SquadExampleConfig,
+                    split: str) -> tuple[list[squad.SquadExample], squad.Windows]:
+    del stamp  # part of the key: an edited file is read again
+    return _windows(Path(path), data, examples, split)
+
+
+def windows_of(data: DataConfig, examples: SquadExampleConfig, split: str
+               ) -> tuple[list[squad.SquadExample], squad.Windows]:
+    """The split's questions and windows (encoded once per process and file version: the
+    step count and the run read the same ones)."""
+    if not data.tokenizer:
+        raise UserError("fine-tuning needs the starting point's tokenizer: set data.tokenizer "
+                        "(run.py finetune sets it from --init)")
+    path = VERSIONS[examples.task].path(data.source, split)
+    stat = path.stat()
+    return _cached_windows(str(path), (stat.st_size, stat.st_mtime_ns), data, examples, split)
+
+
+def prepare_squad(data: DataConfig, examples: SquadExampleConfig, cache_dir: Path,
+                  seed: int) -> PreparedData:
+    """The training windows as records (cached under a fingerprint of the file, tokenizer and
+    settings); the dev windows in memory, with their questions for the monitor."""
+    version = VERSIONS[examples.task]
+    tokenizer = prepare.load_tokenizer(data) if data.tokenizer else None
+    key = fingerprint("squad", version.name, dataclasses.asdict(examples),
+                      source_fingerprint(str(version.path(data.source, "train"))),
+                      source_fingerprint(data.tokenizer), data.lowercase)
+    train_dir = Path(cache_dir) / key / "train"
+    if not (train_dir / "features.json").is_file():
+        _, train = windows_of(data, examples, "train")
+        count = len(train)
+        if count == 0:
+            raise UserError(f"{version.path(data.source, 'train')} holds no questions")
+        write_records(({k: v[i] for k, v in train.arrays.items()} for i in range(count)),
+                      train_dir, metadata={"task": version.name, "windows": count})
+    questions, dev = windows_of(data, examples, "dev")
+    baseline = no_answer_baseline({e.qid: e.answers for e in questions})
+    return PreparedData(train=RecordDirectory(train_dir), eval=dev.arrays,
+                        model_fields={"num_labels": 2},
+                        report={"no_answer_baseline": baseline}, tokenizer=tokenizer,
+                        monitor_data=DevSet(questions, dev, tokenizer))
+
+
+def check_squad(model: SpanModelConfig, examples: SquadExampleConfig,
+                objective: Any = None) -> None:
+    """A known SQuAD version, the bert layout, windows that fit the positions."""
+    if examples.task not in VERSIONS:
+        raise UserError(f"examples.task={examples.task} is no SQuAD version; use squad or "
+                        "squad2")
+    if examples.layout != "bert":
+        raise UserError(f"examples.layout={examples.layout}: span extraction reads the bert "
+                        "layout; use examples.layout=bert")
+    if examples.max_seq_length > model.max_position_embeddings:
+        raise UserError(f"examples.max_seq_length={examples.max_seq_length} exceeds the model's "
+                        f"max_position_embeddings={model.max_position_embeddings}; lower it")
+    if examples.doc_stride < 1 or examples.n_best_size < 1 or examples.max_answer_length < 1:
+        raise UserError("examples.doc_stride, n_best_size and max_answer_length must be >= 1")
+
+
+def pretrained_span_extractor(config: SpanModelConfig, seed: int,
+                              load: Callable[[str], nnx.Module]) -> SpanExtractor | None:
+    """The encoder of `config.init` under a fresh span head (None: random init)."""
+    if not config.init:
+        return None
+    if not Path(config.init).is_dir():
+        raise UserError(f"model.init={config.init} is not a directory; pass a pretext workdir, "
+                        "a model directory or a HuggingFace BERT/ELECTRA folder")
+    pretrained = load(config.init)
+    if not isinstance(getattr(pretrained, "encoder", None), Encoder):
+        raise UserError(f"{config.init} holds a {type(pretrained).__name__}; span extraction "
+                        "starts from BERT or an ELECTRA discriminator")
+    return span_extractor(pretrained, config, nnx.Rngs(seed))
+
+
+def build_span_extractor(config: SpanModelConfig, seed: int) -> SpanExtractor:
+    with nnx.use_eager_sharding(False):
+        return SpanExtractor(config, rngs=nnx.Rngs(seed))
+
+
+def squad_train_rows(data: str, config: Any) -> int:
+    """Training windows of the run `config` on the folder `data` (run_squad.py counts its
+    steps in windows)."""
+    del data  # config.data.source
+    return len(windows_of(config.data, config.examples, "train")[1])
+
+
+_V2_METRICS = ("HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1", "best_exact",
+               "best_exact_thresh", "best_f1", "best_f1_thresh")
+for _version, _aliases in ((VERSIONS["squad"], ("squad1", "squadv1", "squad1.1")),
+                           (VERSIONS["squad2"], ("squadv2", "squad2.0"))):
+    register_task(DownstreamTask(
+        name=_version.name, method=SPAN, num_labels=2,
+        train_rows=squad_train_rows,
+        metrics=("exact", "f1", *(_V2_METRICS if _version.with_null else ())),
+        main_metric="f1", baseline="no_answer_baseline", baseline_name="no answer",
+        max_seq_length=384, aliases=_aliases, spec=_version))
+
+
+METHOD = register(Method(
+    name=SPAN,
+    model_config=SpanModelConfig,
+    example_config=SquadExampleConfig,
+    build_model=build_span_extractor,
+    loss=span_loss,
+    prepare=prepare_squad,
+    units_per_example=lambda examples: examples.max_seq_length,
+    description="Fine-tuning: span extraction (SQuAD v1.1/v2.0)",
+    resolution=Resolution(check=check_squad),
+    evaluation=Evaluation(monitor=squad_monitor),
+    start=Start(hf_models=(SpanExtractor,), pretrained=pretrained_span_extractor),
+))

