@@ -4,11 +4,16 @@ and the answer text of a window's start/end logits, as google-research/bert run_
 
 A context is split on whitespace into words (each keeps its character offsets in the context);
 each word is tokenised on its own, so every sub-token knows its word. A question's answer is
-read from its character offset, which must match its text. A window holds `[CLS] question
-[SEP] context piece [SEP]` (question truncated to `max_query_length` sub-tokens, pieces
-`doc_stride` apart); a sub-token that sits in several windows is predicted only from the one
-where it has the most context on both sides (`max_context`). In training an answer outside a
-window, and v2.0's unanswerable questions, point at [CLS] (position 0).
+read from its character offset, which must match its text. A window holds, in the bert layout,
+`[CLS] question [SEP] context piece [SEP]` (question truncated to `max_query_length`
+sub-tokens, pieces `doc_stride` apart); in the xlm layout `</s> question </s> piece </s>` (as
+`input_pipeline.glue`'s xlm layout); in the xlnet layout `piece <sep> question <sep>
+<cls>` (zihangdai/xlnet run_squad.py puts the context first and the <cls> last, token types 0,
+1, then 2 for <cls> and 3 for padding, padded on the right). A sub-token that sits in several
+windows is predicted only from the one where it has the most context on both sides
+(`max_context`). In training an answer outside a window, and v2.0's unanswerable questions,
+point at the window's [CLS] / <cls> / first </s> (`cls_index`), whose start + end logits are
+also the null score.
 """
 
 from __future__ import annotations
@@ -22,7 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline.glue import LAYOUTS, SEG_ID_CLS
 from pretext_jax.input_pipeline.tokenizers import Tokenizer
+
+# zihangdai/xlnet run_squad.py's segment id of padding (its classifier_utils.py uses 4).
+SQUAD_SEG_ID_PAD = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,13 +122,15 @@ class Windows:
     """The encoded windows of a list of examples: int32 `arrays` (`input_ids`,
     `token_type_ids`, `attention_mask`, `start_positions`, `end_positions`, each [N, L]/[N]),
     and for prediction each window's `example` index, its positions' context words
-    (`token_words`: position -> word index, -1 outside the context) and whether the window
-    is the position's max-context one (`max_context`, [N, L] bool)."""
+    (`token_words`: position -> word index, -1 outside the context), whether the window
+    is the position's max-context one (`max_context`, [N, L] bool) and the position of its
+    no-answer token (`cls_index`, [N])."""
 
     arrays: dict[str, np.ndarray]
     example: np.ndarray
     token_words: np.ndarray
     max_context: np.ndarray
+    cls_index: np.ndarray
 
     def __len__(self) -> int:
         return len(self.example)
@@ -152,14 +163,35 @@ def _max_context(spans: Sequence[tuple[int, int]], span_index: int, position: in
     return best_index == span_index
 
 
+def _window(query: list[int], piece: list[int], tokenizer: Tokenizer, layout: str
+            ) -> tuple[list[int], list[int], int, int]:
+    """(ids, token types, the piece's first position, the no-answer position) of one window:
+    bert `[CLS] Q [SEP] P [SEP]` (types 0 up to the first [SEP], then 1), xlm the same
+    opened by `eos_id` (</s>) as `glue._with_specials`, xlnet `P <sep> Q <sep> <cls>` (types
+    0, 1, `SEG_ID_CLS`)."""
+    if layout == "xlnet":
+        ids = [*piece, tokenizer.sep_id, *query, tokenizer.sep_id, tokenizer.cls_id]
+        types = [0] * (len(piece) + 1) + [1] * (len(query) + 1) + [SEG_ID_CLS]
+        return ids, types, 0, len(ids) - 1
+    first, sep = ((tokenizer.cls_id, tokenizer.sep_id) if layout == "bert"
+                  else (tokenizer.eos_id, tokenizer.sep_id))
+    ids = [first, *query, sep, *piece, sep]
+    types = [0] * (len(query) + 2) + [1] * (len(piece) + 1)
+    return ids, types, len(query) + 2, 0
+
+
 def encode_windows(examples: Sequence[SquadExample], tokenizer: Tokenizer, max_seq_length: int,
-                   doc_stride: int, max_query_length: int) -> Windows:
-    """run_squad.py `convert_examples_to_features`: every example's windows `[CLS] question
-    [SEP] piece [SEP]` (token type 1 from the piece on), padded on the right with `pad_id`;
-    start/end positions of the first answer where the window holds all of it, else 0 ([CLS])."""
+                   doc_stride: int, max_query_length: int, layout: str = "bert") -> Windows:
+    """run_squad.py `convert_examples_to_features` (google-research/bert's; zihangdai/xlnet's
+    for `layout="xlnet"`): every example's windows in the layout's order (`_window`), padded on
+    the right with `pad_id` (xlnet: token type `SQUAD_SEG_ID_PAD`); start/end positions of the
+    first answer where the window holds all of it, else the window's `cls_index`."""
+    if layout not in LAYOUTS:
+        raise UserError(f"examples.layout={layout!r} is unknown; use one of {LAYOUTS}")
     rows: dict[str, list] = {k: [] for k in ("input_ids", "token_type_ids", "attention_mask",
                                              "start_positions", "end_positions")}
-    example_of, token_words, max_context = [], [], []
+    example_of, token_words, max_context, cls_index = [], [], [], []
+    pad_type = SQUAD_SEG_ID_PAD if layout == "xlnet" else 0
     for number, example in enumerate(examples):
         query = tokenizer.encode(example.question)[:max_query_length]
         pieces, piece_word, word_first_piece = [], [], []
@@ -187,32 +219,33 @@ def encode_windows(examples: Sequence[SquadExample], tokenizer: Tokenizer, max_s
             if offset + length >= len(pieces):
                 break
             offset += min(length, doc_stride)
-        first = len(query) + 2  # the piece's first position in the window
         for span_index, (start, length) in enumerate(spans):
-            ids = [tokenizer.cls_id, *query, tokenizer.sep_id, *pieces[start:start + length],
-                   tokenizer.sep_id]
+            ids, types, first, cls = _window(query, pieces[start:start + length], tokenizer,
+                                             layout)
             pad = max_seq_length - len(ids)
             words = np.full(max_seq_length, -1, np.int32)
             words[first:first + length] = piece_word[start:start + length]
             best = np.zeros(max_seq_length, bool)
             best[first:first + length] = [_max_context(spans, span_index, start + i)
                                           for i in range(length)]
-            start_position = end_position = 0
+            start_position = end_position = cls
             if not example.is_impossible and start <= answer_start and answer_end < start + length:
                 start_position = answer_start - start + first
                 end_position = answer_end - start + first
             rows["input_ids"].append(ids + [tokenizer.pad_id] * pad)
-            rows["token_type_ids"].append([0] * first + [1] * (length + 1) + [0] * pad)
+            rows["token_type_ids"].append(types + [pad_type] * pad)
             rows["attention_mask"].append([1] * len(ids) + [0] * pad)
             rows["start_positions"].append(start_position)
             rows["end_positions"].append(end_position)
             example_of.append(number)
             token_words.append(words)
             max_context.append(best)
+            cls_index.append(cls)
     arrays = {k: np.asarray(v, np.int32) for k, v in rows.items()}
     return Windows(arrays, np.asarray(example_of, np.int32),
                    np.asarray(token_words, np.int32).reshape(len(example_of), max_seq_length),
-                   np.asarray(max_context, bool).reshape(len(example_of), max_seq_length))
+                   np.asarray(max_context, bool).reshape(len(example_of), max_seq_length),
+                   np.asarray(cls_index, np.int32))
 
 
 def _strip_accents(text: str) -> str:
@@ -261,7 +294,7 @@ def predict_answers(examples: Sequence[SquadExample], windows: Windows, start_lo
     `max_answer_length` sub-tokens, starting in the window where that sub-token has max
     context), scored start + end logit; the best span's sub-tokens are detokenised and mapped
     back to the context's characters (`final_text`). With `with_null` (v2.0), the null score
-    is the lowest [CLS] start + end over the windows, and the answer is empty when it beats
+    is the lowest start + end at the windows' `cls_index`, and the answer is empty when it beats
     the best span by more than `null_score_diff_threshold`."""
     by_example: dict[int, list[int]] = {}
     for row, number in enumerate(windows.example):
@@ -272,7 +305,8 @@ def predict_answers(examples: Sequence[SquadExample], windows: Windows, start_lo
         candidates, null_score = [], None
         for row in by_example.get(number, []):
             starts, ends = start_logits[row], end_logits[row]
-            null = float(starts[0] + ends[0])
+            cls = int(windows.cls_index[row])
+            null = float(starts[cls] + ends[cls])
             null_score = null if null_score is None else min(null_score, null)
             words, best = windows.token_words[row], windows.max_context[row]
             top_starts = np.argsort(-starts, kind="stable")[:n_best]

@@ -168,7 +168,7 @@ def classifier_config(pretrained: Pretrained, num_labels: int, classifier_dropou
                             classifier_dropout=classifier_dropout)
 
 
-def _copy_params(target: nnx.Module, source: nnx.Module) -> None:
+def copy_params(target: nnx.Module, source: nnx.Module) -> None:
     """Sets `target`'s parameters to `source`'s of the same names (`source` may have more,
     e.g. XLNet's LM bias)."""
     params = nnx.state(source, nnx.Param)
@@ -182,7 +182,7 @@ def from_pretrained(pretrained: Pretrained, config: HeadConfig, rngs: nnx.Rngs
     over."""
     model = SequenceClassifier(config, rngs=rngs)
     if config.head in ("xlnet", "xlm"):  # all but the pre-trained LM head's bias
-        _copy_params(model.transformer, getattr(pretrained, "transformer", pretrained))
+        copy_params(model.transformer, getattr(pretrained, "transformer", pretrained))
         return model
     nnx.update(model.encoder, nnx.state(pretrained.encoder, nnx.Param))
     if isinstance(pretrained, Bert):

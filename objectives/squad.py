@@ -27,9 +27,16 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import prepare, squad
 from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
 from pretext_jax.input_pipeline.records import RecordDirectory, write_records
-from pretext_jax.models.classifier import ClassifierConfig
-from pretext_jax.models.encoder import Encoder
+from pretext_jax.models.classifier import (
+    HEADS,
+    ClassifierConfig,
+    Pretrained,
+    XLMClassifierConfig,
+    XLNetClassifierConfig,
+    classifier_config,
+)
 from pretext_jax.models.span import SpanExtractor, span_extractor
+from pretext_jax.objectives.common.classifier_recipes import layout_of
 from pretext_jax.objectives.common.squad_metrics import no_answer_baseline, squad_metrics
 from pretext_jax.objectives.registry import (
     Batch,
@@ -71,13 +78,20 @@ VERSIONS = {"squad": SquadVersion("squad", "train-v1.1.json", "dev-v1.1.json", F
 
 
 @dataclasses.dataclass(frozen=True)
-class SpanModelConfig(ClassifierConfig):
-    """The BERT-style encoder's config, its family's `head` (bert or electra: which HF
-    `*ForQuestionAnswering` it exports to) and `init`, where the encoder comes from."""
+class SpanModelConfig(ClassifierConfig, XLNetClassifierConfig, XLMClassifierConfig):
+    """The encoder's config (`ClassifierConfig` for the bert/electra heads,
+    `XLNetClassifierConfig` for xlnet, `XLMClassifierConfig` for xlm; the other families'
+    fields are unused), its family's `head` (which HF `*ForQuestionAnswering(Simple)` it
+    exports to) and `init`, where the encoder comes from."""
 
-    heads: ClassVar[tuple[str, ...]] = ("bert", "electra")
+    heads: ClassVar[tuple[str, ...]] = HEADS
+    head: str = "bert"
     init: str = ""
-    """Start from: a pretext workdir/model dir or HF BERT/ELECTRA folder; '' = random."""
+    """Start from: a pretext workdir/model dir or HF BERT/ELECTRA/XLNet/XLM folder; '' = random."""
+
+    @property
+    def is_xlm(self) -> bool:  # XLM's own checks only for the xlm head
+        return self.head == "xlm"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +118,8 @@ class SquadExampleConfig:
     max_train_examples: int = 0
     """Train on the first n questions only; 0 = all."""
     layout: str = "bert"
-    """Input layout: bert ([CLS] question [SEP] context [SEP]), the only one."""
+    """Input layout: bert ([CLS] question [SEP] context [SEP]), xlnet (context <sep> question
+    <sep> <cls>) or xlm (</s> question </s> context </s>); the head's own."""
 
 
 def span_loss(model: SpanExtractor, batch: Batch, rng: jax.Array | None
@@ -177,7 +192,7 @@ def _windows(path: Path, data: DataConfig, examples: SquadExampleConfig, split: 
         questions = questions[:examples.max_train_examples]
     return questions, squad.encode_windows(
         questions, prepare.load_tokenizer(data), examples.max_seq_length, examples.doc_stride,
-        examples.max_query_length)
+        examples.max_query_length, examples.layout)
 
 
 @functools.lru_cache(maxsize=2)
@@ -226,14 +241,15 @@ def prepare_squad(data: DataConfig, examples: SquadExampleConfig, cache_dir: Pat
 
 def check_squad(model: SpanModelConfig, examples: SquadExampleConfig,
                 objective: Any = None) -> None:
-    """A known SQuAD version, the bert layout, windows that fit the positions."""
+    """A known SQuAD version, the head's layout, windows that fit the positions."""
     if examples.task not in VERSIONS:
         raise UserError(f"examples.task={examples.task} is no SQuAD version; use squad or "
                         "squad2")
-    if examples.layout != "bert":
-        raise UserError(f"examples.layout={examples.layout}: span extraction reads the bert "
-                        "layout; use examples.layout=bert")
-    if examples.max_seq_length > model.max_position_embeddings:
+    wanted = layout_of(model.head)
+    if examples.layout != wanted:
+        raise UserError(f"examples.layout={examples.layout} does not suit model.head="
+                        f"{model.head}; use examples.layout={wanted}")
+    if model.head != "xlnet" and examples.max_seq_length > model.max_position_embeddings:
         raise UserError(f"examples.max_seq_length={examples.max_seq_length} exceeds the model's "
                         f"max_position_embeddings={model.max_position_embeddings}; lower it")
     if examples.doc_stride < 1 or examples.n_best_size < 1 or examples.max_answer_length < 1:
@@ -247,11 +263,15 @@ def pretrained_span_extractor(config: SpanModelConfig, seed: int,
         return None
     if not Path(config.init).is_dir():
         raise UserError(f"model.init={config.init} is not a directory; pass a pretext workdir, "
-                        "a model directory or a HuggingFace BERT/ELECTRA folder")
+                        "a model directory or a HuggingFace BERT/ELECTRA/XLNet/XLM folder")
     pretrained = load(config.init)
-    if not isinstance(getattr(pretrained, "encoder", None), Encoder):
+    head = (pretrained.config.head if isinstance(pretrained, SpanExtractor)
+            else classifier_config(pretrained, 2).head if isinstance(pretrained, Pretrained)
+            else None)
+    if head is None or layout_of(head) != layout_of(config.head):  # bert/electra: one Encoder
         raise UserError(f"{config.init} holds a {type(pretrained).__name__}; span extraction "
-                        "starts from BERT or an ELECTRA discriminator")
+                        f"with model.head={config.head} starts from that head's family (BERT, "
+                        "an ELECTRA discriminator, XLNet or XLM)")
     return span_extractor(pretrained, config, nnx.Rngs(seed))
 
 

@@ -23,8 +23,15 @@ from pretext_jax import (
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import squad
 from pretext_jax.input_pipeline.tokenizers import WordPieceTokenizer
-from pretext_jax.models.classifier import ClassifierConfig
-from pretext_jax.models.span import SpanExtractor
+from pretext_jax.models.classifier import (
+    ClassifierConfig,
+    XLMClassifierConfig,
+    XLNetClassifierConfig,
+    classifier_config,
+)
+from pretext_jax.models.span import SpanExtractor, span_extractor
+from pretext_jax.models.xlm import XLM, XLMConfig
+from pretext_jax.models.xlnet import XLNet, XLNetConfig
 from pretext_jax.objectives import bert, electra
 from pretext_jax.objectives import squad as squad_objective
 from pretext_jax.objectives.common.squad_metrics import (
@@ -160,13 +167,13 @@ def test_windows_and_offsets_with_the_bert_vocab():
 
 # --- prediction ------------------------------------------------------------------------------
 
-def hand_made(max_seq_length: int = 13, doc_stride: int = 3):
+def hand_made(max_seq_length: int = 13, doc_stride: int = 3, layout: str = "bert"):
     tokenizer = tiny_tokenizer()
     context = "the cat sat on the mat , the dog ran ."
     words, spans = squad.split_words(context)
     example = squad.SquadExample("q", "what ran", context, tuple(words), tuple(spans),
                                  answers=("dog ran",), start_word=8, end_word=9)
-    windows = squad.encode_windows([example], tokenizer, max_seq_length, doc_stride, 4)
+    windows = squad.encode_windows([example], tokenizer, max_seq_length, doc_stride, 4, layout)
     return tokenizer, example, windows
 
 
@@ -216,9 +223,67 @@ def test_prediction_rules_on_hand_made_logits():
         == "dog ran"
 
 
+@pytest.mark.parametrize("layout", ["xlnet", "xlm"])
+def test_windows_in_the_xlnet_and_xlm_layouts(layout):
+    """xlnet: `piece <sep> question <sep> <cls>`, types 0/1/2, padding type 3, the null (and an
+    answer the window misses) at the <cls> (zihangdai/xlnet run_squad.py); xlm: `</s> question
+    </s> piece </s>`, the null at the first </s>. Prediction reads both."""
+    tokenizer, example, windows = hand_made(layout=layout)
+    _, _, bert = hand_made()
+    assert len(windows) == len(bert) == 2
+    ids, types = windows.arrays["input_ids"], windows.arrays["token_type_ids"]
+    mask = windows.arrays["attention_mask"]
+    query = tokenizer.encode("what ran")
+    lengths = [8, 8]  # context sub-tokens per window (0..7, 3..10)
+    row = 1
+    if layout == "xlnet":
+        first = 0
+        for r, length in enumerate(lengths):
+            cls = length + len(query) + 2
+            assert windows.cls_index[r] == cls and ids[r, cls] == tokenizer.cls_id
+            assert ids[r, length] == ids[r, cls - 1] == tokenizer.sep_id
+            assert (ids[r, length + 1:cls - 1] == query).all()
+            assert types[r, :cls + 1].tolist() == [0] * (length + 1) + [1] * (
+                len(query) + 1) + [2]
+            assert (types[r, cls + 1:] == 3).all() and (mask[r, cls + 1:] == 0).all()
+    else:
+        first = len(query) + 2
+        assert (windows.cls_index == 0).all() and (ids[:, 0] == tokenizer.eos_id).all()
+        assert (ids[:, first - 1] == tokenizer.sep_id).all()
+        assert (ids[:, 1:first - 1] == query).all()
+    # Same pieces and max-context flags as the bert layout, shifted to the layout's offset.
+    bert_first = len(query) + 2
+    for r, length in enumerate(lengths):
+        pieces = bert.arrays["input_ids"][r, bert_first:bert_first + length]
+        assert (ids[r, first:first + length] == pieces).all()
+        assert (windows.max_context[r, first:first + length]
+                == bert.max_context[r, bert_first:bert_first + length]).all()
+        assert (windows.token_words[r] >= 0).sum() == length
+    # Training positions: "dog ran" (sub-tokens 8, 9) only in row 1; row 0 points at its null.
+    dog = first + 8 - 3
+    assert (windows.arrays["start_positions"][row], windows.arrays["end_positions"][row]) \
+        == (dog, dog + 1)
+    assert windows.arrays["start_positions"][0] == windows.cls_index[0]
+    # Prediction: the span, then the null at the layout's null position.
+    starts = logits_for(windows, {(row, dog): 5.0})
+    ends = logits_for(windows, {(row, dog + 1): 5.0})
+    null = windows.cls_index
+    starts[np.arange(2), null], ends[np.arange(2), null] = 5.5, 5.5
+    out = squad.predict_answers([example], windows, starts, ends, tokenizer, with_null=True)
+    assert out.text["q"] == "" and out.best_non_null["q"] == "dog ran"
+    assert out.score_diff["q"] == pytest.approx(1.0)
+    if layout == "xlnet":  # negative control: position 0 is context here, not the null
+        starts[:, null], ends[:, null] = -10.0, -10.0
+        starts[:, 0], ends[:, 0] = 5.5, 5.5
+        out = squad.predict_answers([example], windows, starts, ends, tokenizer, with_null=True)
+        assert out.text["q"] != ""
+
+
 # --- HF parity -------------------------------------------------------------------------------
 
 def _hf_span(model, ids, types, mask):
+    if "XLM" in type(model).__name__:  # HF adds token types as word embeddings; XLM has none
+        types = None
     out = model(input_ids=ids, token_type_ids=types, attention_mask=mask)
     return {"start_logits": out.start_logits, "end_logits": out.end_logits}
 
@@ -226,6 +291,18 @@ def _hf_span(model, ids, types, mask):
 def _our_span(model, ids, types, mask):
     starts, ends = model(ids, types, mask)
     return {"start_logits": starts, "end_logits": ends}
+
+
+def span_inputs(head: str, vocab_size: int, seed: int = 0):
+    """`padded_inputs` in the head's SQuAD layout: xlnet's <cls> (segment 2) at the last real
+    position and padding segment 3 (run_squad.py); xlm padded with its id 2 (no real token)."""
+    ids, types, mask = padded_inputs(vocab_size, 2, seed)
+    if head == "xlnet":
+        types[np.arange(3), mask.sum(1) - 1] = 2
+        types[mask == 0] = 3
+    if head == "xlm":
+        ids = np.where(mask == 1, np.maximum(ids, 3), 2)
+    return ids, types, mask
 
 
 QA_CASES = {
@@ -236,11 +313,25 @@ QA_CASES = {
                 dict(vocab_size=70, embedding_size=16, hidden_size=24, num_hidden_layers=2,
                      num_attention_heads=3, intermediate_size=40, max_position_embeddings=40,
                      type_vocab_size=2, hidden_act="gelu_new")),
+    "xlnet": ("XLNetForQuestionAnsweringSimple",
+              dict(vocab_size=60, d_model=24, n_layer=2, n_head=3, d_inner=40)),
+    "xlm": ("XLMForQuestionAnsweringSimple",
+            dict(vocab_size=60, emb_dim=24, n_layers=2, n_heads=3, n_langs=2,
+                 max_position_embeddings=30)),
+}
+SHAPE = dict(vocab_size=50, hidden_size=24, num_layers=2, num_heads=3, intermediate_size=40)
+OUR_CONFIGS = {
+    "bert": lambda: ClassifierConfig(**SHAPE, max_position_embeddings=20, num_labels=2),
+    "electra": lambda: ClassifierConfig(**SHAPE, max_position_embeddings=20, head="electra",
+                                        embedding_size=12, num_labels=2),
+    "xlnet": lambda: XLNetClassifierConfig(**SHAPE, num_labels=2),
+    "xlm": lambda: XLMClassifierConfig(**{**SHAPE, "intermediate_size": 96}, n_langs=3,
+                                       max_position_embeddings=20, num_labels=2),
 }
 
 
 @pytest.mark.usefixtures("deterministic_torch")
-@pytest.mark.parametrize("head", ["bert", "electra"])
+@pytest.mark.parametrize("head", ["bert", "electra", "xlnet", "xlm"])
 def test_span_head_parity_with_hf_both_ways(head, tmp_path):
     pytest.importorskip("transformers")
     architecture, fields = QA_CASES[head]
@@ -248,12 +339,29 @@ def test_span_head_parity_with_hf_both_ways(head, tmp_path):
     reference = hf_reference(architecture, 0, **fields)
     model = converted(reference, tmp_path / "in")
     assert isinstance(model, SpanExtractor) and model.config.head == head
-    parity.assert_parity(model, reference, *padded_inputs(fields["vocab_size"], 2))
-    config = ClassifierConfig(vocab_size=50, hidden_size=24, num_layers=2, num_heads=3,
-                              intermediate_size=40, max_position_embeddings=20, head=head,
-                              embedding_size=12 if head == "electra" else 0, num_labels=2)
-    ours = random_params(SpanExtractor(config, rngs=nnx.Rngs(0)), 1)
-    parity.round_trip(ours, tmp_path / "out", *padded_inputs(50, 2, 3))
+    parity.assert_parity(model, reference, *span_inputs(head, fields["vocab_size"]))
+    ours = random_params(SpanExtractor(OUR_CONFIGS[head](), rngs=nnx.Rngs(0)), 1)
+    parity.round_trip(ours, tmp_path / "out", *span_inputs(head, 50, 3))
+
+
+def test_a_span_extractor_starts_from_its_family():
+    """XLNet's and XLM's pre-trained transformers move into the span extractor whole (but the
+    LM head); a fresh `qa_outputs` sits on top."""
+    for head, pretrained in (("xlnet", XLNet(XLNetConfig(**SHAPE), rngs=nnx.Rngs(1))),
+                             ("xlm", XLM(XLMConfig(**{**SHAPE, "intermediate_size": 96},
+                                                   max_position_embeddings=20),
+                                         rngs=nnx.Rngs(1)))):
+        config = classifier_config(pretrained, 2)
+        assert config.head == head
+        model = span_extractor(pretrained, config, nnx.Rngs(0))
+        ours = dict(nnx.to_flat_state(nnx.state(model.transformer, nnx.Param)))
+        theirs = dict(nnx.to_flat_state(nnx.state(pretrained, nnx.Param)))
+        assert ours and set(ours) < set(theirs), head
+        for path, value in ours.items():
+            np.testing.assert_array_equal(value.get_value(), theirs[path].get_value())
+        fresh = SpanExtractor(config, rngs=nnx.Rngs(0))  # negative control
+        assert any(not np.array_equal(v.get_value(), theirs[p].get_value()) for p, v in
+                   nnx.to_flat_state(nnx.state(fresh.transformer, nnx.Param)))
 
 
 # --- recipes and the CLI ---------------------------------------------------------------------

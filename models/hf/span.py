@@ -1,6 +1,8 @@
-"""The HF conversion of span extractors: `BertForQuestionAnswering` and
-`ElectraForQuestionAnswering` (transformers modeling_bert.py / modeling_electra.py: the base
-model + `qa_outputs`) <-> `models.span.SpanExtractor` with the bert or electra head."""
+"""The HF conversion of span extractors: `BertForQuestionAnswering`,
+`ElectraForQuestionAnswering`, `XLNetForQuestionAnsweringSimple` and
+`XLMForQuestionAnsweringSimple` (transformers modeling_bert.py / modeling_electra.py /
+modeling_xlnet.py / modeling_xlm.py: the base model + `qa_outputs`) <-> `models.span.SpanExtractor`
+with the bert, electra, xlnet or xlm head."""
 
 from __future__ import annotations
 
@@ -8,41 +10,68 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pretext_jax.models.classifier import ClassifierConfig
+from pretext_jax.models.classifier import (
+    ClassifierConfig,
+    HeadConfig,
+    XLMClassifierConfig,
+    XLNetClassifierConfig,
+)
 from pretext_jax.models.hf import bert as bert_hf
 from pretext_jax.models.hf import classifier as classifier_hf
 from pretext_jax.models.hf import electra as electra_hf
 from pretext_jax.models.hf import encoder as encoder_hf
+from pretext_jax.models.hf import xlm as xlm_hf
+from pretext_jax.models.hf import xlnet as xlnet_hf
 from pretext_jax.models.hf.conversion import Converter, Tensor, linear, register
 from pretext_jax.models.span import SpanExtractor
 
 
-def span_converter(head: str, architecture: str, prefix: str,
+def span_converter(head: str, architecture: str, prefix: str, config_class: type[HeadConfig],
+                   encoder_tensors: Callable[[Any], tuple[Tensor, ...]],
                    encoder_from_hf: Callable[..., Any],
-                   encoder_to_hf: Callable[[Any], dict[str, Any]]) -> Converter:
-    """HF `architecture` (model_type `head`, base model under `prefix`) <-> our
-    `SpanExtractor` whose config has that head."""
+                   encoder_to_hf: Callable[[Any], dict[str, Any]], *,
+                   converter_class: type[Converter] = Converter,
+                   ignored: tuple[str, ...] = encoder_hf.BUFFERS, **fields: Any) -> Converter:
+    """HF `architecture` (model_type `head`, base model under `prefix`, its tensors
+    `encoder_tensors`) <-> our `SpanExtractor` whose `config_class` config has that head;
+    `fields` are the other `Converter` fields of a `converter_class`."""
 
-    def tensors(config: ClassifierConfig) -> tuple[Tensor, ...]:
-        return (*encoder_hf.tensors(prefix, config), *linear("qa_outputs", "qa_outputs"))
+    def tensors(config: HeadConfig) -> tuple[Tensor, ...]:
+        return (*encoder_tensors(config), *linear("qa_outputs", "qa_outputs"))
 
-    def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> ClassifierConfig:
-        return ClassifierConfig(**{**dataclasses.asdict(encoder_from_hf(hf)), "head": head,
-                                   "num_labels": 2, **classifier_hf.dropout_from_hf(hf),
-                                   **overrides})
+    def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> HeadConfig:
+        return config_class(**{**dataclasses.asdict(encoder_from_hf(hf)), "head": head,
+                               "num_labels": 2, **classifier_hf.dropout_from_hf(hf),
+                               **overrides})
 
-    def config_to_hf(config: ClassifierConfig) -> dict[str, Any]:
+    def config_to_hf(config: HeadConfig) -> dict[str, Any]:
         return {**encoder_to_hf(config), "architectures": [architecture], "num_labels": 2,
                 **classifier_hf.dropout_to_hf(config)}
 
-    return Converter(model_type=head, model_class=SpanExtractor, architectures=(architecture,),
-                     config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors,
-                     prefix=prefix, optional=("qa_outputs.",), ignored=encoder_hf.BUFFERS,
-                     accepts=lambda config: config.head == head)
+    return converter_class(
+        model_type=head, model_class=SpanExtractor, architectures=(architecture,),
+        config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors,
+        prefix=prefix, optional=("qa_outputs.",), ignored=ignored,
+        accepts=lambda config: config.head == head, **fields)
 
 
-register("bert-span", span_converter("bert", "BertForQuestionAnswering", "bert.",
-                                     bert_hf.config_from_hf, bert_hf.config_to_hf))
+def _encoder_tensors(prefix: str) -> Callable[[ClassifierConfig], tuple[Tensor, ...]]:
+    return lambda config: encoder_hf.tensors(prefix, config)
+
+
+register("bert-span", span_converter(
+    "bert", "BertForQuestionAnswering", "bert.", ClassifierConfig, _encoder_tensors("bert."),
+    bert_hf.config_from_hf, bert_hf.config_to_hf))
 register("electra-span", span_converter(
-    "electra", "ElectraForQuestionAnswering", "electra.", electra_hf.config_from_hf,
+    "electra", "ElectraForQuestionAnswering", "electra.", ClassifierConfig,
+    _encoder_tensors("electra."), electra_hf.config_from_hf,
     electra_hf.config_to_hf("ElectraForPreTraining")))
+register("xlnet-span", span_converter(
+    "xlnet", "XLNetForQuestionAnsweringSimple", "transformer.", XLNetClassifierConfig,
+    lambda config: xlnet_hf.transformer_tensors(config, "transformer."),
+    xlnet_hf.config_from_hf, xlnet_hf.config_to_hf))
+register("xlm-span", span_converter(
+    "xlm", "XLMForQuestionAnsweringSimple", "transformer.", XLMClassifierConfig,
+    lambda config: xlm_hf.transformer_tensors(config, "transformer."),
+    xlm_hf.classifier_config_from_hf, xlm_hf.config_to_hf, converter_class=xlm_hf.XLMConverter,
+    ignored=("position_ids",), buffers=xlm_hf.buffers))
