@@ -275,8 +275,15 @@ def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
     constant lr 2.5e-5 (`--optimizer_e adam,lr=0.000025`, from its sweep {0.5, 2.5,
     12.5}e-5), no warmup or weight decay, epsilon 1e-8 (torch's Adam), batch 8 (of {4, 8}),
     inputs `</s> A </s> B </s>`. The reference runs 250 "epochs" of 20,000 sentences and keeps
-    the best dev score; here 3 epochs of the task, as BERT's."""
-    del hidden_size, task
+    the best dev score; here 3 epochs of the task, as BERT's.
+
+    SQuAD (`squad`, `squad2`): facebookresearch/XLM has no SQuAD fine-tuning, so BERT's SQuAD
+    schedule (google-research/bert README: lr 3e-5, batch 24, 2 epochs, 10% warmup, linear
+    decay) with XLM's Adam (epsilon 1e-8, no weight decay), at SQuAD's length 384."""
+    del hidden_size
+    if task in ("squad", "squad2"):
+        return ClassifierSettings(learning_rate=3e-5, epochs=2, weight_decay=0.0,
+                                  batch_size=24, eps=1e-8)
     return ClassifierSettings(learning_rate=2.5e-5, epochs=3, weight_decay=0.0,
                               schedule="constant", batch_size=8, warmup=0.0, eps=1e-8)
 

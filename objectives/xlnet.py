@@ -171,8 +171,22 @@ def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
     the steps as there (120 of 1200 steps). Adam with bias correction and gradient clipping
     at 1.0 (run_classifier.py: `clip`, and `tf.train.AdamOptimizer` when weight_decay is 0,
     whose epsilon is added before the bias correction); model_utils.py `get_train_op` decays
-    linearly from the peak at the end of warmup (`optim.schedule=linear_from_peak`)."""
-    del hidden_size, task
+    linearly from the peak at the end of warmup (`optim.schedule=linear_from_peak`).
+
+    SQuAD (`squad`, `squad2`; zihangdai/xlnet run_squad.py with scripts/tpu_squad_large.sh for
+    XLNet-Large, hidden 1024: lr 3e-5, batch 48, 8000 steps with 1000 of warmup; with
+    scripts/gpu_squad_base.sh for XLNet-Base: lr 2e-5, 3 GPUs x 8, 12000 steps with 1000 of
+    warmup): sequence length 512, the same optimiser. The steps become epochs over SQuAD
+    2.0's ~131K windows: 8000 x 48 ~ 3, 12000 x 24 ~ 2. run_squad.py's `lr_layer_decay_rate`
+    0.75 is not applied (its rule, top layer undecayed and embeddings untouched, is not
+    ELECTRA's that `optim.layerwise_lr_decay` implements)."""
+    if task in ("squad", "squad2"):
+        large = hidden_size >= 1024
+        return ClassifierSettings(
+            learning_rate=3e-5 if large else 2e-5, epochs=3 if large else 2, weight_decay=0.0,
+            schedule="linear_from_peak", eps_before_bias_correction=True,
+            batch_size=48 if large else 24, warmup=1000 / (8000 if large else 12000),
+            max_seq_length=512)
     return ClassifierSettings(learning_rate=2e-5, epochs=3, weight_decay=0.0,
                               schedule="linear_from_peak", eps_before_bias_correction=True)
 
