@@ -14,7 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flax import nnx
-from parity_utils import Parity, converted, hf_reference, padded_inputs, random_params
+from parity_utils import (
+    Parity,
+    converted,
+    hf_reference,
+    padded_inputs,
+    random_params,
+    xlnet_spiece,
+)
 
 from pretext_jax import (
     objectives,  # noqa: F401  (registers the methods)
@@ -22,7 +29,7 @@ from pretext_jax import (
 )
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import squad
-from pretext_jax.input_pipeline.tokenizers import WordPieceTokenizer
+from pretext_jax.input_pipeline.tokenizers import WordPieceTokenizer, load_tokenizer
 from pretext_jax.models.classifier import (
     ClassifierConfig,
     XLMClassifierConfig,
@@ -500,3 +507,30 @@ def test_cli_squad2_trains_evaluates_and_resumes_exactly(tmp_path, squad_setup, 
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and "question train0c" in err, err
 
+
+
+def test_xlnet_squad2_from_a_hf_folder(tmp_path, squad_setup):
+    """An HF XLNet folder (spiece.model) gets XLNet's SQuAD recipe and layout; its transformer
+    starts the span extractor, which the monitor evaluates on the dev windows."""
+    _, data = squad_setup
+    folder = tmp_path / "xlnet"
+    folder.mkdir()
+    paragraphs = json.loads((Path(data) / "train-v2.0.json").read_text())["data"][0]["paragraphs"]
+    vocab = xlnet_spiece(folder, [p["context"] + " what color animal is here"
+                                  for p in paragraphs] * 4, 60)
+    hf_reference("XLNetLMHeadModel", 0, vocab_size=load_tokenizer(vocab).vocab_size, d_model=16,
+                 n_layer=1, n_head=2, d_inner=32).save_pretrained(folder)
+    config = finetune_config("squad2", str(folder), data, SMALL)
+    assert (config.model.head, config.examples.layout) == ("xlnet", "xlnet")
+    assert (config.optim.learning_rate, config.optim.eps, config.optim.schedule) == (
+        2e-5, 1e-6, "linear_from_peak")  # scripts/gpu_squad_base.sh
+    model = squad_objective.pretrained_span_extractor(config.model, 0, load_pretrained)
+    np.testing.assert_array_equal(model.transformer.layers.q[...],
+                                  load_pretrained(str(folder)).layers.q[...])
+    prepared = squad_objective.prepare_squad(config.data, config.examples, tmp_path / "cache", 0)
+    windows = prepared.monitor_data.windows
+    assert (windows.cls_index == windows.arrays["attention_mask"].sum(1) - 1).all()
+    metrics = squad_objective.squad_monitor(model, prepared, config.examples)
+    assert 0.0 <= metrics["f1"] <= 100.0 and "best_f1_thresh" in metrics
+    with pytest.raises(UserError, match="use examples.layout=xlnet"):
+        finetune_config("squad2", str(folder), data, [*SMALL, "examples.layout=bert"])
