@@ -6,6 +6,7 @@ resumes exactly."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import json
 import re
@@ -532,5 +533,8 @@ def test_xlnet_squad2_from_a_hf_folder(tmp_path, squad_setup):
     assert (windows.cls_index == windows.arrays["attention_mask"].sum(1) - 1).all()
     metrics = squad_objective.squad_monitor(model, prepared, config.examples)
     assert 0.0 <= metrics["f1"] <= 100.0 and "best_f1_thresh" in metrics
+    with pytest.raises(UserError, match="model.head=bert starts from that head's family"):
+        squad_objective.pretrained_span_extractor(
+            dataclasses.replace(config.model, head="bert"), 0, load_pretrained)
     with pytest.raises(UserError, match="use examples.layout=xlnet"):
         finetune_config("squad2", str(folder), data, [*SMALL, "examples.layout=bert"])
