@@ -440,13 +440,17 @@ def _rates(text: str) -> list[float]:
 
 
 def _metrics(result: dict[str, Any]) -> str:
-    """A fine-tuning result's dev metrics, each beside the majority-class baseline's."""
-    baseline = result["majority_baseline"]
-    text = ", ".join(f"{name} {value:.4f} (majority class {baseline[name]:.4f})"
+    """A fine-tuning result's dev metrics, each beside the task's trivial baseline's (GLUE: the
+    majority class; NER: all-O)."""
+    from pretext_jax.objectives import registry
+
+    task = registry.downstream_task(result["task"])
+    baseline = result[task.baseline]
+    text = ", ".join(f"{name} {value:.4f} ({task.baseline_name} {baseline[name]:.4f})"
                      for name, value in result["dev"].items())
-    if result["at_majority_baseline"]:
-        text += ("\n  the run ended at the majority-class baseline (no better than predicting "
-                 "one class); try another learning rate, seed or more epochs")
+    if result[f"at_{task.baseline}"]:
+        text += (f"\n  the run ended at the {task.baseline_name} baseline (no better than that "
+                 "trivial predictor); try another learning rate, seed or more epochs")
     return text
 
 
