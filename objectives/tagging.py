@@ -158,6 +158,16 @@ def predict_tags(model: TokenClassifier, features: dict[str, np.ndarray], senten
     return predicted
 
 
+def score_file(model: TokenClassifier, path: str | Path, labels: Sequence[str],
+               tokenizer: Any, examples: TagExampleConfig) -> dict[str, float]:
+    """Entity precision, recall and F1 of `model` on the CoNLL-style file `path` (e.g. a test
+    split), encoded as the run encodes its dev file."""
+    sentences = conll.read_conll(path)
+    features = conll.encode_tagged(sentences, tuple(labels), tokenizer, examples.max_seq_length,
+                                   examples.layout, examples.stride)
+    return entity_scores(sentences.tags, predict_tags(model, features, sentences, labels))
+
+
 def ner_monitor(model: TokenClassifier, data: PreparedData, examples: TagExampleConfig,
                 objective: Any = None) -> dict[str, float]:
     """Entity precision, recall and F1 on the whole dev set."""
