@@ -31,8 +31,11 @@ from pretext_jax.input_pipeline import conll, prepare
 from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
 from pretext_jax.input_pipeline.records import RecordDirectory, write_records
 from pretext_jax.models.classifier import TokenClassifier, from_pretrained
-from pretext_jax.objectives.classification import FinetuneModelConfig, load_encoder
-from pretext_jax.objectives.common.classifier_recipes import layout_of
+from pretext_jax.objectives.common.classifier_recipes import (
+    FinetuneModelConfig,
+    layout_of,
+    load_encoder,
+)
 from pretext_jax.objectives.registry import (
     Batch,
     DownstreamTask,
