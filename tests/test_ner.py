@@ -189,13 +189,16 @@ def test_token_classifier_equals_hf_and_exports_back(architecture, tmp_path):
 # ---------------------------------------------------------------------------- the run
 def test_recipe_is_the_familys_and_the_cli_trains_and_evaluates(tmp_path, bert_dir, ner_folder,
                                                                 capsys):
-    config = finetune_config("ner", bert_dir, str(ner_folder))
+    from pretext_jax.pretrain.export import convert
+
+    encoder = str(convert(bert_dir, tmp_path / "encoder", to="pretext"))  # a pretext model dir
+    config = finetune_config("ner", encoder, str(ner_folder))
     assert config.method == "tag" and config.model.num_labels == 0
     assert (config.optim.learning_rate, config.train.batch_size) == (1e-4, 32)  # compact BERT
     workdir = tmp_path / "run"
     fast = ["examples.max_seq_length=12", "train.batch_size=16", "train.progress=false",
             "optim.learning_rate=3e-3"]
-    assert run.main(["finetune", "--task", "ner", "--init", bert_dir, "--data", str(ner_folder),
+    assert run.main(["finetune", "--task", "ner", "--init", encoder, "--data", str(ner_folder),
                      "--workdir", str(workdir), "--epochs", "12", *fast]) == 0
     out = capsys.readouterr().out
     trained = out[out.index("ner dev after"):].strip()
@@ -206,6 +209,11 @@ def test_recipe_is_the_familys_and_the_cli_trains_and_evaluates(tmp_path, bert_d
     assert run.main(["eval", "--workdir", str(workdir)]) == 0
     assert capsys.readouterr().out.strip() == re.sub(r"after (\d+) steps", r"at step \1",
                                                      trained)
+    assert run.main(["convert", str(workdir), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert saved["architectures"] == ["BertForTokenClassification"]
+    assert len(saved["id2label"]) == 3  # O, B-LOC, B-PER
+    capsys.readouterr()
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "train.txt").write_text("paris\tB-LOC\nbob\n")
