@@ -128,7 +128,9 @@ def _parser() -> argparse.ArgumentParser:
                              help="with no --init: a checkpoint whose shape a random encoder "
                              "copies (the from-scratch baseline)")
         command.add_argument("--data", default="tfds",
-                             help="GLUE folder (SST-2/, CoLA/, ...) or tfds: TFDS glue/<task> "
+                             help="GLUE folder (SST-2/, CoLA/, ...), for --task ner a folder of "
+                             "CoNLL-style train/dev files (or TRAIN,DEV), or tfds: TFDS "
+                             "glue/<task> "
                              "prepared as ArrayRecord in data.tfds_data_dir (default "
                              "~/tensorflow_datasets) by `tfds build glue/<task> "
                              "--file_format=array_record`; never downloaded (default: "
@@ -441,7 +443,7 @@ def _rates(text: str) -> list[float]:
 
 def _metrics(result: dict[str, Any]) -> str:
     """A fine-tuning result's dev metrics, each beside the task's trivial baseline's (GLUE: the
-    majority class; SQuAD: no answer) where it has that metric."""
+    majority class; SQuAD: no answer; NER: all-O) where it has that metric."""
     from pretext_jax.objectives import registry
 
     spec = registry.downstream_task(result["task"])

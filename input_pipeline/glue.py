@@ -315,7 +315,7 @@ LAYOUTS = ("bert", "xlnet", "xlm")
 SEG_ID_CLS, SEG_ID_PAD = 2, 4
 
 
-def _with_specials(tokens_a: list[int], tokens_b: list[int] | None, tokenizer: Tokenizer,
+def with_specials(tokens_a: list[int], tokens_b: list[int] | None, tokenizer: Tokenizer,
                    layout: str) -> tuple[list[int], list[int]]:
     """(ids, token types) of one example: A and its separator type 0, B and its separator type
     1; BERT puts [CLS] (type 0) first, XLNet <cls> (type `SEG_ID_CLS`) last, XLM </s> (the
@@ -362,7 +362,7 @@ def encode_glue(split: GlueSplit, tokenizer: Tokenizer, max_seq_length: int,
             truncate_seq_pair(tokens_a, tokens_b, max_seq_length - 3)
         else:
             del tokens_a[max_seq_length - 2:]
-        ids, types = _with_specials(tokens_a, tokens_b, tokenizer, layout)
+        ids, types = with_specials(tokens_a, tokens_b, tokenizer, layout)
         span = (slice(max_seq_length - len(ids), None) if layout == "xlnet"
                 else slice(0, len(ids)))
         input_ids[row, span] = ids

@@ -47,7 +47,8 @@ class HeadConfig(TransformerConfig):
     """Head: bert (tanh pooler), electra (HF `ElectraClassificationHead`), xlnet (last token),
     xlm (first token, one linear layer)."""
     num_labels: int = 2
-    """Outputs of the head: classes, or 1 for regression (STS-B); must match the task."""
+    """Outputs of the head: classes, or 1 for regression (STS-B); must match the task; 0 = from
+    the data (NER: the training file's tags)."""
     classifier_dropout: float = -1.0
     """Head dropout; < 0 = hidden_dropout (HF `classifier_dropout`, XLNet summary_last_dropout)."""
 
@@ -55,8 +56,9 @@ class HeadConfig(TransformerConfig):
         super().__post_init__()
         if self.head not in self.heads:
             raise ValueError(f"head={self.head!r} must be one of {self.heads}")
-        if self.num_labels < 1:
-            raise ValueError(f"num_labels={self.num_labels} must be >= 1 (1 = regression)")
+        if self.num_labels < 0:
+            raise ValueError(f"num_labels={self.num_labels} must be >= 1 (1 = regression), or 0 "
+                             "to take it from the data")
 
     @property
     def head_dropout(self) -> float:
@@ -137,7 +139,46 @@ class SequenceClassifier(nnx.Module):
         return self.head_output(dropout(pooled, rate, first_rng))
 
 
-Pretrained = Bert | ElectraDiscriminator | XLNet | XLM | SequenceClassifier
+class TokenClassifier(nnx.Module):
+    """Encoder + a linear layer over every final state (after dropout): logits [B, T,
+    num_labels], for token classification (named entities; BERT §5.3: the first sub-token of
+    each word labelled). HF `BertForTokenClassification`, `ElectraForTokenClassification`,
+    `XLNetForTokenClassification` and `XLMForTokenClassification`: `classifier` on the sequence
+    output. The encoders sit where `SequenceClassifier` keeps them, so `from_pretrained` serves
+    both."""
+
+    def __init__(self, config: HeadConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
+            if config.head == "xlnet":
+                self.transformer = XLNetModel(config, rngs=rngs)
+            elif config.head == "xlm":
+                self.transformer = XLM(config, rngs=rngs, with_output=False)
+            else:
+                self.encoder = Encoder(config, rngs=rngs)
+            self.head_output = dense(config, config.hidden_size, config.num_labels,
+                                     ("mlp", None), rngs)
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        token_type_ids: jax.Array | None = None,
+        attention_mask: jax.Array | None = None,
+        *,
+        rng: jax.Array | None = None,
+    ) -> jax.Array:
+        encoder_rng, head_rng = split_rng(rng, 2)
+        if self.config.head == "xlnet":
+            hidden, _ = self.transformer.encode(input_ids, token_type_ids, attention_mask,
+                                                rng=encoder_rng)
+        elif self.config.head == "xlm":  # token types unused, as in XLM's fine-tuning
+            hidden = self.transformer.hidden(input_ids, attention_mask, rng=encoder_rng)
+        else:
+            hidden = self.encoder(input_ids, token_type_ids, attention_mask, encoder_rng)
+        return self.head_output(dropout(hidden, self.config.head_dropout, head_rng))
+
+
+Pretrained = Bert | ElectraDiscriminator | XLNet | XLM | SequenceClassifier | TokenClassifier
 
 
 def classifier_config(pretrained: Pretrained, num_labels: int, classifier_dropout: float = -1.0
@@ -148,7 +189,7 @@ def classifier_config(pretrained: Pretrained, num_labels: int, classifier_dropou
     (xlnet.py `create_run_config` with is_finetune); XLM bidirectionally, whatever it was
     pre-trained with (glue.py: `causal=False`)."""
     config = pretrained.config
-    head = (config.head if isinstance(pretrained, SequenceClassifier)
+    head = (config.head if isinstance(pretrained, SequenceClassifier | TokenClassifier)
             else "xlnet" if isinstance(pretrained, XLNet)
             else "xlm" if isinstance(pretrained, XLM)
             else "bert" if isinstance(pretrained, Bert) else "electra")
@@ -175,16 +216,17 @@ def copy_params(target: nnx.Module, source: nnx.Module) -> None:
     nnx.update(target, nnx.State({name: params[name] for name in nnx.state(target, nnx.Param)}))
 
 
-def from_pretrained(pretrained: Pretrained, config: HeadConfig, rngs: nnx.Rngs
-                    ) -> SequenceClassifier:
-    """A classifier whose encoder (and, from BERT, pooler) are the pre-trained model's; the rest
-    of the head is freshly initialised. From a fine-tuned classifier, only its encoder moves
-    over."""
-    model = SequenceClassifier(config, rngs=rngs)
+def from_pretrained(pretrained: Pretrained, config: HeadConfig, rngs: nnx.Rngs,
+                    model_class: type[SequenceClassifier | TokenClassifier] = SequenceClassifier
+                    ) -> SequenceClassifier | TokenClassifier:
+    """A `model_class` (sequence or token classifier) whose encoder (and, for a sequence
+    classifier from BERT, pooler) are the pre-trained model's; the rest of the head is freshly
+    initialised. From a fine-tuned classifier, only its encoder moves over."""
+    model = model_class(config, rngs=rngs)
     if config.head in ("xlnet", "xlm"):  # all but the pre-trained LM head's bias
         copy_params(model.transformer, getattr(pretrained, "transformer", pretrained))
         return model
     nnx.update(model.encoder, nnx.state(pretrained.encoder, nnx.Param))
-    if isinstance(pretrained, Bert):
+    if isinstance(pretrained, Bert) and isinstance(model, SequenceClassifier):
         nnx.update(model.head_dense, nnx.state(pretrained.pooler, nnx.Param))
     return model

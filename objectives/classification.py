@@ -17,7 +17,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,16 +28,13 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import glue, prepare, tokenizers
 from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
 from pretext_jax.input_pipeline.records import RecordDirectory, write_records
-from pretext_jax.models.classifier import (
-    HEADS,
-    ClassifierConfig,
-    Pretrained,
-    SequenceClassifier,
-    XLMClassifierConfig,
-    XLNetClassifierConfig,
-    from_pretrained,
+from pretext_jax.models.classifier import SequenceClassifier, from_pretrained
+from pretext_jax.objectives.common.classifier_recipes import (
+    CLASSIFY,
+    FinetuneModelConfig,
+    layout_of,
+    load_encoder,
 )
-from pretext_jax.objectives.common.classifier_recipes import CLASSIFY, layout_of
 from pretext_jax.objectives.common.glue_metrics import constant_baseline, task_metrics
 from pretext_jax.objectives.registry import (
     Batch,
@@ -51,22 +48,6 @@ from pretext_jax.objectives.registry import (
     register,
     register_task,
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class FinetuneModelConfig(ClassifierConfig, XLNetClassifierConfig, XLMClassifierConfig):
-    """Any classifier (`ClassifierConfig` for the bert/electra heads, `XLNetClassifierConfig`
-    for xlnet, `XLMClassifierConfig` for xlm; the other families' fields are unused) and
-    `init`, where its encoder comes from."""
-
-    heads: ClassVar[tuple[str, ...]] = HEADS
-    head: str = "bert"
-    init: str = ""
-    """Start from: a pretext workdir/model dir or HF BERT/ELECTRA/XLNet/XLM folder; '' = random."""
-
-    @property
-    def is_xlm(self) -> bool:
-        return self.head == "xlm"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,31 +108,6 @@ def glue_monitor(model: SequenceClassifier, data: PreparedData, examples: GlueEx
     them)."""
     return task_metrics(glue.glue_task(examples.task), predict(model, data.eval),
                         data.eval["label"])
-
-
-def read_pretrained(init: str, load: Callable[[str], nnx.Module]) -> nnx.Module:
-    """The model of `init`, a pretext workdir/model directory or a HuggingFace folder, read by
-    `load` (the trainer's checkpoint loader, `pretrain.loading.load_pretrained`: the checkpoint
-    formats live with the trainer)."""
-    if not Path(init).is_dir():
-        raise UserError(f"model.init={init} is not a directory; pass a pretext workdir, a "
-                        "model directory or a HuggingFace BERT/ELECTRA/XLNet/XLM folder")
-    return load(init)
-
-
-def as_encoder(init: str, model: nnx.Module) -> Pretrained:
-    """`init`'s model as this classifier's encoder: BERT, an ELECTRA discriminator, XLNet or XLM
-    (or a fine-tuned classifier, whose encoder is reused)."""
-    if not isinstance(model, Pretrained):
-        raise UserError(f"{init} holds a {type(model).__name__}; this classifier starts from "
-                        "BERT, an ELECTRA discriminator, XLNet or XLM (`run.py finetune --init "
-                        f"{init}` picks the method that fine-tunes what it holds, if any)")
-    return model
-
-
-def load_encoder(init: str, load: Callable[[str], nnx.Module]) -> Pretrained:
-    """The pre-trained encoder to start from (`read_pretrained`, `as_encoder`)."""
-    return as_encoder(init, read_pretrained(init, load))
 
 
 def pretrained_classifier(config: FinetuneModelConfig, seed: int,

@@ -22,7 +22,7 @@ import numpy as np
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import glue
 from pretext_jax.objectives import registry
-from pretext_jax.objectives.classification import as_encoder, read_pretrained
+from pretext_jax.objectives.common.classifier_recipes import as_encoder, read_pretrained
 from pretext_jax.pretrain import directories
 from pretext_jax.pretrain.config import (
     Config,

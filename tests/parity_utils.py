@@ -253,10 +253,10 @@ def _our_classifier(model, ids, types, mask) -> dict[str, Any]:
 
 
 def classifier_parity(architecture: str) -> Parity:
-    """`Parity` of HF's `architecture` (a `*ForSequenceClassification`) and our
-    `SequenceClassifier` on (ids, token types, mask): the logits."""
-    theirs = (_hf_xlm_classifier if architecture == "XLMForSequenceClassification"
-              else _hf_classifier)
+    """`Parity` of HF's `architecture` (a `*ForSequenceClassification` or
+    `*ForTokenClassification`) and our `SequenceClassifier` or `TokenClassifier` on (ids, token
+    types, mask): the logits."""
+    theirs = _hf_xlm_classifier if architecture.startswith("XLMFor") else _hf_classifier
     return Parity(architecture, theirs, _our_classifier)
 
 

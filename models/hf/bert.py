@@ -9,7 +9,7 @@ from typing import Any
 
 from pretext_jax.errors import UserError
 from pretext_jax.models.bert import Bert
-from pretext_jax.models.classifier import ClassifierConfig, HeadConfig
+from pretext_jax.models.classifier import ClassifierConfig, HeadConfig, TokenClassifier
 from pretext_jax.models.encoder import EncoderConfig
 from pretext_jax.models.hf import classifier as classifier_hf
 from pretext_jax.models.hf import encoder as encoder_hf
@@ -48,6 +48,11 @@ def classifier_tensors(config: HeadConfig) -> tuple[Tensor, ...]:
             *linear("classifier", "head_output"))
 
 
+def tagger_tensors(config: HeadConfig) -> tuple[Tensor, ...]:
+    """`BertForTokenClassification`: `bert` (no pooler) + `classifier`."""
+    return (*encoder_hf.tensors("bert.", config), *linear("classifier", "head_output"))
+
+
 def three_way_sentence_head(model: Bert) -> str | None:
     """StructBERT's next / previous / random head has no place in `BertForPreTraining`."""
     classes = model.nsp.kernel.shape[-1]
@@ -70,3 +75,8 @@ register("bert-classifier", classifier_hf.classifier_converter(
     "bert", "BertForSequenceClassification", ClassifierConfig, classifier_tensors,
     config_from_hf, config_to_hf, classifier_hf.dropout_from_hf, classifier_hf.dropout_to_hf,
     prefix="bert.", optional=("classifier.",), ignored=encoder_hf.BUFFERS))
+register("bert-tagger", classifier_hf.classifier_converter(
+    "bert", "BertForTokenClassification", ClassifierConfig, tagger_tensors, config_from_hf,
+    config_to_hf, classifier_hf.dropout_from_hf, classifier_hf.dropout_to_hf,
+    model_class=TokenClassifier, prefix="bert.", optional=("classifier.",),
+    ignored=encoder_hf.BUFFERS))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pretext_jax.models.classifier import ClassifierConfig, HeadConfig
+from pretext_jax.models.classifier import ClassifierConfig, HeadConfig, TokenClassifier
 from pretext_jax.models.electra import ElectraDiscriminator, ElectraGenerator
 from pretext_jax.models.encoder import EncoderConfig
 from pretext_jax.models.hf import classifier as classifier_hf
@@ -55,6 +55,11 @@ def classifier_tensors(config: HeadConfig) -> tuple[Tensor, ...]:
             *linear("classifier.out_proj", "head_output"))
 
 
+def tagger_tensors(config: HeadConfig) -> tuple[Tensor, ...]:
+    """`ElectraForTokenClassification`: `electra` + `classifier` (one linear layer)."""
+    return (*encoder_hf.tensors("electra.", config), *linear("classifier", "head_output"))
+
+
 register("electra-discriminator", Converter(
     model_type="electra", model_class=ElectraDiscriminator,
     architectures=("ElectraForPreTraining",), config_from_hf=config_from_hf,
@@ -75,3 +80,8 @@ register("electra-classifier", classifier_hf.classifier_converter(
     config_from_hf, config_to_hf("ElectraForPreTraining"), classifier_hf.dropout_from_hf,
     classifier_hf.dropout_to_hf, prefix="electra.", optional=("classifier.",),
     ignored=encoder_hf.BUFFERS))
+register("electra-tagger", classifier_hf.classifier_converter(
+    "electra", "ElectraForTokenClassification", ClassifierConfig, tagger_tensors,
+    config_from_hf, config_to_hf("ElectraForPreTraining"), classifier_hf.dropout_from_hf,
+    classifier_hf.dropout_to_hf, model_class=TokenClassifier, prefix="electra.",
+    optional=("classifier.",), ignored=encoder_hf.BUFFERS))

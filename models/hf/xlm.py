@@ -10,7 +10,7 @@ import numpy as np
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.models.classifier import XLMClassifierConfig
+from pretext_jax.models.classifier import HeadConfig, TokenClassifier, XLMClassifierConfig
 from pretext_jax.models.hf import classifier as classifier_hf
 from pretext_jax.models.hf.conversion import Converter, Tensor, layer_norm, linear, register
 from pretext_jax.models.xlm import XLM, XLMConfig, sinusoidal_positions
@@ -165,3 +165,17 @@ register("xlm-classifier", classifier_hf.classifier_converter(
     classifier_config_from_hf, config_to_hf, head_from_hf, head_to_hf,
     converter_class=XLMConverter, prefix="transformer.", optional=("sequence_summary.",),
     ignored=("position_ids",), buffers=buffers))
+
+
+def tagger_tensors(config: HeadConfig) -> tuple[Tensor, ...]:
+    """`XLMForTokenClassification`: `transformer` + `classifier` (after dropout at the
+    model's `dropout`, our hidden dropout: `classifier_dropout=-1`)."""
+    return (*transformer_tensors(config, "transformer."), *linear("classifier", "head_output"))
+
+
+register("xlm-tagger", classifier_hf.classifier_converter(
+    "xlm", "XLMForTokenClassification", XLMClassifierConfig, tagger_tensors,
+    classifier_config_from_hf, config_to_hf, lambda hf: {"classifier_dropout": -1.0},
+    lambda config: {}, converter_class=XLMConverter, model_class=TokenClassifier,
+    prefix="transformer.", optional=("classifier.",), ignored=("position_ids",),
+    buffers=buffers))

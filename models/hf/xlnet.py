@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pretext_jax.errors import UserError
-from pretext_jax.models.classifier import HeadConfig, XLNetClassifierConfig
+from pretext_jax.models.classifier import HeadConfig, TokenClassifier, XLNetClassifierConfig
 from pretext_jax.models.hf import classifier as classifier_hf
 from pretext_jax.models.hf.conversion import (
     HF_ACTIVATIONS,
@@ -124,3 +124,15 @@ register("xlnet-classifier", classifier_hf.classifier_converter(
     "xlnet", "XLNetForSequenceClassification", XLNetClassifierConfig, classifier_tensors,
     config_from_hf, config_to_hf, head_from_hf, head_to_hf, prefix="transformer.",
     optional=("sequence_summary.", "logits_proj.")))
+
+
+def tagger_tensors(config: HeadConfig) -> tuple[Tensor, ...]:
+    """`XLNetForTokenClassification`: `transformer` + `classifier` (no dropout before it, so
+    none is read from or written to the config)."""
+    return (*transformer_tensors(config, "transformer."), *linear("classifier", "head_output"))
+
+
+register("xlnet-tagger", classifier_hf.classifier_converter(
+    "xlnet", "XLNetForTokenClassification", XLNetClassifierConfig, tagger_tensors,
+    config_from_hf, config_to_hf, lambda hf: {"classifier_dropout": 0.0}, lambda config: {},
+    model_class=TokenClassifier, prefix="transformer.", optional=("classifier.",)))

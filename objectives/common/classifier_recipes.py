@@ -1,16 +1,29 @@
-"""The transformer classifier's fine-tuning runs (method `classify`), shared by the families
-whose encoders it fine-tunes: each family says its paper's settings (`ClassifierSettings`) and
-declares them as its `registry.Start.finetunes` through `claims_encoders`, so that `run.py
-finetune` / `glue` give a BERT, ELECTRA, XLNet or XLM checkpoint its own paper's recipe.
+"""The transformer classifier's fine-tuning runs (methods `classify` and `tag`), shared by the
+families whose encoders they fine-tune: the model config and the pre-trained encoder both
+methods start from (`FinetuneModelConfig`, `load_encoder`); each family says its paper's
+settings (`ClassifierSettings`) and declares them as its `registry.Start.finetunes` through
+`claims_encoders`, so that `run.py finetune` / `glue` give a BERT, ELECTRA, XLNet or XLM
+checkpoint its own paper's recipe.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
-from pretext_jax.models.classifier import Pretrained, classifier_config
+from flax import nnx
+
+from pretext_jax.errors import UserError
+from pretext_jax.models.classifier import (
+    HEADS,
+    ClassifierConfig,
+    Pretrained,
+    XLMClassifierConfig,
+    XLNetClassifierConfig,
+    classifier_config,
+)
 from pretext_jax.objectives import registry
 from pretext_jax.objectives.registry import DownstreamTask, FinetuneRecipe
 
@@ -31,6 +44,47 @@ class ClassifierSettings:
     eps: float = 1e-6  # Adam's epsilon
     eps_before_bias_correction: bool = False
     max_seq_length: int = 0  # 0: the task's input length
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneModelConfig(ClassifierConfig, XLNetClassifierConfig, XLMClassifierConfig):
+    """Any classifier (`ClassifierConfig` for the bert/electra heads, `XLNetClassifierConfig`
+    for xlnet, `XLMClassifierConfig` for xlm; the other families' fields are unused) and
+    `init`, where its encoder comes from."""
+
+    heads: ClassVar[tuple[str, ...]] = HEADS
+    head: str = "bert"
+    init: str = ""
+    """Start from: a pretext workdir/model dir or HF BERT/ELECTRA/XLNet/XLM folder; '' = random."""
+
+    @property
+    def is_xlm(self) -> bool:
+        return self.head == "xlm"
+
+
+def read_pretrained(init: str, load: Callable[[str], nnx.Module]) -> nnx.Module:
+    """The model of `init`, a pretext workdir/model directory or a HuggingFace folder, read by
+    `load` (the trainer's checkpoint loader, `pretrain.loading.load_pretrained`: the checkpoint
+    formats live with the trainer)."""
+    if not Path(init).is_dir():
+        raise UserError(f"model.init={init} is not a directory; pass a pretext workdir, a "
+                        "model directory or a HuggingFace BERT/ELECTRA/XLNet/XLM folder")
+    return load(init)
+
+
+def as_encoder(init: str, model: nnx.Module) -> Pretrained:
+    """`init`'s model as this classifier's encoder: BERT, an ELECTRA discriminator, XLNet or XLM
+    (or a fine-tuned classifier, whose encoder is reused)."""
+    if not isinstance(model, Pretrained):
+        raise UserError(f"{init} holds a {type(model).__name__}; this classifier starts from "
+                        "BERT, an ELECTRA discriminator, XLNet or XLM (`run.py finetune --init "
+                        f"{init}` picks the method that fine-tunes what it holds, if any)")
+    return model
+
+
+def load_encoder(init: str, load: Callable[[str], nnx.Module]) -> Pretrained:
+    """The pre-trained encoder to start from (`read_pretrained`, `as_encoder`)."""
+    return as_encoder(init, read_pretrained(init, load))
 
 
 def layout_of(head: str) -> str:
