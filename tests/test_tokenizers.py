@@ -404,7 +404,7 @@ def test_sentencepiece_failures_name_their_cause(sentences, tmp_path):
 @pytest.mark.parametrize("content,hint", [
     (b"\x00" * 3000 + b"\n" + b"\x00" * 10 + b"\n", "no usable text"),
     (b"word " * 1_000_000 + b"\n", "data.tokenizer_max_sentence_bytes=4999999"),
-])
+], ids=["nul-bytes", "one-5-MB-line"])  # a bytes id would put 5 MB in PYTEST_CURRENT_TEST
 def test_untrainable_corpus_is_one_line_through_run_py(content, hint, tmp_path):
     """The issue's two corpora through `run.py prepare` (a tokenizer is trained): exit status
     2 and one line naming the cause."""
