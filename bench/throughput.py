@@ -278,7 +278,10 @@ def nnx_forward_flops(trainer: Trainer, shape: tuple[int, ...]) -> float:
     abstract = trainer.abstract_state
     lowered = jax.jit(forward).lower(abstract.params, abstract.model_state,
                                      jax.ShapeDtypeStruct(shape, np.float32))
-    return float(lowered.cost_analysis()["flops"])
+    # jax 0.11 on GPU has no cost analysis before compilation (None; bench/gpu_suite
+    # 2026-11-28); the compiled program's counts the same operations.
+    cost = lowered.cost_analysis() or lowered.compile().cost_analysis()
+    return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
 
 # ------------------------------------------------------------------------------ timing

@@ -34,6 +34,7 @@ from flax import nnx
 from pretext_jax.models.layers import (
     ACTIVATIONS,
     DecoderCache,
+    Embedding,
     attention,
     check_execution_fields,
     check_rates,
@@ -171,7 +172,7 @@ def _rms_norm(config: T5Config, rngs: nnx.Rngs) -> nnx.RMSNorm:
 
 
 def _embed(config: T5Config, num: int, features: int, axes: tuple[str | None, str | None],
-           stddev: float, rngs: nnx.Rngs) -> nnx.Embed:
+           stddev: float, rngs: nnx.Rngs) -> Embedding:
     return embed(config, num, features, axes, rngs,
                  nnx.initializers.normal(config.initializer_factor * stddev))
 

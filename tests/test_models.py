@@ -56,3 +56,31 @@ def test_attention_implementation_is_checked():
     with pytest.raises(ValueError, match="model.dtype=bfloat16"):
         EncoderConfig(attention_implementation="cudnn")
     assert EncoderConfig(attention_implementation="cudnn", dtype="bfloat16").dtype == "bfloat16"
+
+
+def test_embedding_gradients_are_float32_and_small_tables_are_not_scattered():
+    """In bfloat16 compute the embedding rows are gathered from the float32 table and then
+    cast, so the gradient is a float32 scatter-add (a bfloat16 one took 63 ms of a 217 ms
+    BERT-base step on an H200); the 2-row token-type table is read by a one-hot product, with
+    no scatter at all. The rows are the ones `nnx.Embed` gives, exactly."""
+    ids = jax.random.randint(jax.random.key(3), (2, 16), 0, 96)
+    types = (jnp.arange(16) >= 9).astype(jnp.int32)[None].repeat(2, 0)
+    model = Bert(EncoderConfig(**SMALL, dtype="bfloat16"), rngs=nnx.Rngs(0))
+    embeddings = model.encoder.embeddings
+    for table, inputs in ((embeddings.word_embeddings, ids),
+                          (embeddings.token_type_embeddings, types)):
+        plain = nnx.Embed(table.num_embeddings, table.features, dtype=jnp.bfloat16,
+                          rngs=nnx.Rngs(0))
+        plain.embedding.value = table.embedding.value
+        np.testing.assert_array_equal(np.asarray(table(inputs), np.float32),
+                                      np.asarray(plain(inputs), np.float32))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(params):
+        out = nnx.merge(graphdef, params, rest)(ids, token_type_ids=types)
+        return jnp.sum(out.mlm_logits.astype(jnp.float32) ** 2)
+
+    program = jax.jit(jax.grad(loss)).lower(params).as_text(dialect="hlo")
+    scatters = [line.split("=")[1].split()[0] for line in program.splitlines()
+                if " scatter(" in line]
+    assert scatters == ["f32[96,32]{1,0}"], scatters  # the word embeddings' gradient only
