@@ -61,6 +61,10 @@ class MoCoLossSettings(TwoViewAugmentation):
     """Key-encoder EMA momentum m, in [0, 1] (MoCo 0.999)."""
     shuffle_bn_groups: int = 8
     """BatchNorm groups for shuffling BN, dividing the (micro-)batch (MoCo 8; 1 = global BN)."""
+    symmetric: bool = False
+    """Also view 2 as queries against view 1's keys, the two losses averaged and both key sets
+    enqueued after them (the CIFAR-10 demo notebook of facebookresearch/moco, lightly's CIFAR-10
+    benchmark); the paper's MoCo is one direction (False)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -76,35 +80,61 @@ def moco_loss(model: MoCo, batch: Batch, rng: jax.Array | None, *,
               objective: MoCoLossSettings | None = None) -> tuple[jax.Array, Metrics]:
     """One MoCo step (module docstring; `objective` None: MoCo v2's settings); `rng=None`
     (evaluation) uses fixed views, BatchNorm running statistics, no shuffle, and leaves the key
-    encoder and the queue as they are."""
+    encoder and the queue as they are. With `objective.symmetric` each view is also the other's
+    query: the two InfoNCE losses against the same queue are averaged (their metrics summed)
+    and both directions' keys are enqueued afterwards (the colab demo's `_dequeue_and_enqueue`
+    of [k1, k2])."""
     objective = objective or MoCoLossSettings()
     train = rng is not None
     view_rng, shuffle_rng = jax.random.split(rng) if train else (None, None)
-    query_images, key_images = two_views(view_rng, batch["image"],
-                                         objective.view_augmentations)
-    size = query_images.shape[0]
+    views = two_views(view_rng, batch["image"], objective.view_augmentations)
+    size = views[0].shape[0]
     if train:
         groups = objective.shuffle_bn_groups
         if size % groups:
             raise UserError(f"the (micro-)batch of {size} images is not divisible by "
                             f"objective.shuffle_bn_groups={groups}; change either")
-        if size > model.config.queue_size:
+        enqueued = size * (2 if objective.symmetric else 1)
+        if enqueued > model.config.queue_size:
             raise UserError(f"model.queue_size={model.config.queue_size} is smaller than the "
-                            f"(micro-)batch of {size}; use a larger queue")
+                            f"{enqueued} keys a (micro-)batch enqueues; use a larger queue")
         ema_update(model.target, model.online, objective.momentum)
+    directions = ((0, 1), (1, 0)) if objective.symmetric else ((0, 1),)
+    shuffle_rngs = ([None] * len(directions) if not train else
+                    list(jax.random.split(shuffle_rng)) if objective.symmetric else [shuffle_rng])
+    losses, all_keys, metrics = [], [], {}
+    for (query_view, key_view), direction_rng in zip(directions, shuffle_rngs, strict=True):
+        queries, keys = query_and_keys(model, views[query_view], views[key_view],
+                                       direction_rng, objective)
+        loss, direction_metrics = info_nce(queries, keys, model.queue.get_value(),
+                                           objective.temperature)
+        losses.append(loss)
+        all_keys.append(keys)
+        metrics = jax.tree.map(jnp.add, metrics, direction_metrics) if metrics else \
+            direction_metrics
+    if train:
+        model.enqueue(jnp.concatenate(all_keys[::-1]))
+    loss = sum(losses) / len(losses)
+    return loss, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
+
+
+def query_and_keys(model: MoCo, query_images: jax.Array, key_images: jax.Array,
+                   shuffle_rng: jax.Array | None, objective: MoCoLossSettings
+                   ) -> tuple[jax.Array, jax.Array]:
+    """L2-normalised float32 queries f_q(query_images) and keys f_k(key_images), the keys
+    without gradient; in training (`shuffle_rng` given) with grouped BatchNorm and the key batch
+    shuffled across the groups (shuffling BN, §3.3)."""
+    if shuffle_rng is not None:
+        groups = objective.shuffle_bn_groups
         queries = call_in_groups(model.online, query_images, groups).projections
-        order = jax.random.permutation(shuffle_rng, size)
+        order = jax.random.permutation(shuffle_rng, key_images.shape[0])
         shuffled = call_in_groups(model.target, key_images[order], groups).projections
         keys = jnp.zeros_like(shuffled).at[order].set(shuffled)  # undo the shuffle
     else:
         queries = model.online(query_images, train=False).projections
         keys = model.target(key_images, train=False).projections
     queries = l2_normalize(queries.astype(jnp.float32))
-    keys = jax.lax.stop_gradient(l2_normalize(keys.astype(jnp.float32)))
-    loss, metrics = info_nce(queries, keys, model.queue.get_value(), objective.temperature)
-    if train:
-        model.enqueue(keys)
-    return loss, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
+    return queries, jax.lax.stop_gradient(l2_normalize(keys.astype(jnp.float32)))
 
 
 def build_moco(config: MoCoConfig, seed: int) -> MoCo:
@@ -126,6 +156,21 @@ PRESETS = {
         "optim": {"optimizer": "sgd", "learning_rate": 0.0075, "schedule": "cosine",
                   "warmup_steps": 0, "weight_decay": 5e-4, "clip_norm": 0.0},
         "train": TINY_IMAGE_TRAIN,
+    },
+    # lightly's CIFAR-10 benchmark for MoCo (docs/source/getting_started/benchmarks/
+    # cifar10_benchmark.py, the batch-512 rows: memory bank 8192): ResNet-18 with the CIFAR stem,
+    # 512 -> 512 -> 128 head, m 0.99, T 0.1, BatchNorm split 8 ways with shuffled keys, the
+    # symmetric loss, SimCLR's views at jitter strength 0.5 without blur, SGD lr 0.06 x 512/128,
+    # momentum 0.9, weight decay 5e-4, cosine over 200 epochs; lightly reports kNN 0.847.
+    "moco_cifar10": {
+        "model": {"depth": 18, "stem": "cifar", "projection_dim": 128, "queue_size": 8192},
+        "objective": {"momentum": 0.99, "temperature": 0.1, "symmetric": True,
+                      "shuffle_bn_groups": 8, "image_size": 32, "crop_area_min": 0.08,
+                      "blur_probability": 0.0, "second_blur_probability": 0.0},
+        "data": {"source": ""},
+        "optim": {"optimizer": "sgd", "learning_rate": 0.24, "schedule": "cosine",
+                  "warmup_steps": 0, "weight_decay": 5e-4, "momentum": 0.9, "clip_norm": 0.0},
+        "train": {"steps": 19531, "batch_size": 512, "eval_every": 2000},
     },
     # MoCo v2 on ImageNet (Chen et al. 2020 "Improved Baselines" §3 and Table 1; main_moco.py
     # --mlp --aug-plus --cos): ResNet-50, 2048-wide MLP head to 128, K 65536, m 0.999, T 0.2,

@@ -205,7 +205,7 @@ def test_ngram_spans_are_contiguous_whole_words_within_the_budget():
             # pieces after it (the reference's candidates skip [SEP]), not between words.
             stretch = range(flat[0], flat[-1] + 1)
             assert flat == [i for i in stretch if tokens[i] not in (2, 3)]
-            assert all(b[0] == a[-1] + 1 for a, b in zip(span, span[1:]))
+            assert all(b[0] == a[-1] + 1 for a, b in zip(span, span[1:], strict=False))
             stepped_over_sep += len(flat) < len(stretch)
             lengths.append(len(span))
         output, masked, labels = ngram_mask_tokens(tokens, VOCAB, config, rng)

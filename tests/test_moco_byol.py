@@ -4,6 +4,7 @@ both methods trained through the Trainer on a sharded mesh with the kNN monitor.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
@@ -15,6 +16,7 @@ import pytest
 from flax import nnx
 from tfds_utils import write_cifar10_folder
 
+from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import image_augment as aug
 from pretext_jax.models.momentum import EMA, BYOLConfig, MoCoConfig, call_in_groups
 from pretext_jax.objectives.byol import (
@@ -22,6 +24,7 @@ from pretext_jax.objectives.byol import (
     build_byol,
     byol_loss,
     target_decay,
+    update_decay,
 )
 from pretext_jax.objectives.common.two_view import two_views
 from pretext_jax.objectives.moco import (
@@ -174,6 +177,46 @@ def test_moco_steps_against_numpy_queue_ema_loss_and_gradients():
     assert float(metrics["contrastive_accuracy"][1]) == 8
 
 
+def test_symmetric_moco_averages_both_directions_and_enqueues_both_key_sets():
+    """`objective.symmetric` (moco's CIFAR-10 colab demo, lightly's benchmark): the loss is
+    the mean of InfoNCE(q(view 1), k(view 2)) and InfoNCE(q(view 2), k(view 1)) against the
+    queue as it was, and the queue then holds [k(view 1), k(view 2)]. One BatchNorm group per
+    image, so every query and key is a function of its own view (and the initial key encoder
+    equals the query encoder). Control: the one-direction loss differs; a queue shorter than
+    both key sets is refused."""
+    config = MoCoConfig(**TINY_NET, projection_dim=8, queue_size=20)
+    settings = MoCoLossSettings(shuffle_bn_groups=8, image_size=VIEW_SIZE, symmetric=True,
+                                blur_probability=0.0, second_blur_probability=0.0)
+    model = nnx.jit(lambda: build_moco(config, 0))()
+    batch, rng = {"image": images(8)}, jax.random.key(5)
+    queue = np.asarray(model.queue.get_value())
+    views = two_views(jax.random.split(rng)[0], batch["image"], settings.view_augmentations)
+
+    def projected(encoder, view):
+        out = call_in_groups(nnx.clone(encoder), view, 8).projections
+        return np.asarray(out / jnp.linalg.norm(out, axis=1, keepdims=True))
+
+    queries = [projected(model.online, view) for view in views]
+    keys = [projected(model.online, view) for view in views]  # key encoder = query encoder
+    expected = (numpy_info_nce(queries[0], keys[1], queue, 0.2)
+                + numpy_info_nce(queries[1], keys[0], queue, 0.2)) / 2
+    one_way = numpy_info_nce(queries[0], keys[1], queue, 0.2)
+    assert abs(expected - one_way) > 2e-4 * expected  # tiny nets: the views differ little
+
+    loss, metrics, _, after = jax.jit(lambda m: step(
+        m, functools.partial(moco_loss, objective=settings), batch, rng))(model)
+    assert float(loss) == pytest.approx(expected, rel=2e-5)
+    assert float(metrics["contrastive_loss"][1]) == 16
+    expected_queue = queue.copy()
+    expected_queue[:16] = np.concatenate(keys)
+    np.testing.assert_allclose(np.asarray(after.queue.get_value()), expected_queue, atol=2e-5)
+    assert int(after.queue_pointer.get_value()) == 16
+    short = nnx.jit(lambda: build_moco(MoCoConfig(**TINY_NET, projection_dim=8,
+                                                  queue_size=12), 0))()
+    with pytest.raises(UserError, match="queue_size=12 is smaller than the 16 keys"):
+        moco_loss(short, batch, rng, objective=settings)
+
+
 class ConvNormalized(nnx.Module):
     """A small stand-in for an encoder: convolution, BatchNorm, mean over the image."""
 
@@ -211,6 +254,15 @@ def test_byol_target_decay_schedule():
     np.testing.assert_allclose(np.asarray(target_decay(jnp.asarray(k), 0.996, 100)), expected,
                                rtol=1e-6)
     assert expected[0] == pytest.approx(0.996) and expected[2] == pytest.approx(0.998)
+    # What each update uses: none at the first, then tau_(k-1); constant: tau_base throughout
+    # (lightly's CIFAR-10 benchmark); the control, the cosine schedule, rises.
+    updates = jnp.arange(5)
+    cosine = BYOLLossSettings(base_target_decay=0.99, target_decay_steps=4)
+    np.testing.assert_allclose(np.asarray(update_decay(updates, cosine)), [1.0, *np.asarray(
+        target_decay(jnp.arange(4), 0.99, 4))], rtol=1e-6)
+    constant = dataclasses.replace(cosine, constant_target_decay=True)
+    np.testing.assert_allclose(np.asarray(update_decay(updates, constant)),
+                               [1.0, 0.99, 0.99, 0.99, 0.99], rtol=1e-6)
 
 
 def test_byol_steps_against_numpy_ema_loss_and_stop_gradient():
