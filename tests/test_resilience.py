@@ -25,6 +25,7 @@ from resilience_utils import (
     abort_and_resume,
     assert_same_training,
     interrupt,
+    read_log,
     run_in_process,
     tampered_restore,
     train_losses,
@@ -108,8 +109,9 @@ def test_in_process_abort_resumes_exactly_and_detects_a_lost_state(tamper, tmp_p
                                                                    uninterrupted, monkeypatch):
     """`abort_and_resume`, which the methods' tests use in place of a killed worker: a run
     stopped in place of step 8 resumes from the step-6 checkpoint and ends as the uninterrupted
-    run, and a resume that restores the parameters one ulp off, or not the data position (the
-    loader starts its epoch again), fails `assert_same_training`."""
+    run, and a resume that restores the parameters one ulp off (the same batches, other
+    parameters), or not the data position (the loader starts its epoch again: other batches),
+    fails `assert_same_training`."""
     if tamper == "data position lost":
         monkeypatch.setattr(feed, "resume_position", lambda *args: None)
     with tampered_restore(one_ulp_up) if tamper == "parameters one ulp off" else \
@@ -121,6 +123,8 @@ def test_in_process_abort_resumes_exactly_and_detects_a_lost_state(tamper, tmp_p
     else:
         with pytest.raises(AssertionError):
             assert_same_training("bert_tiny", settings(cache), ours, uninterrupted)
+        same_batches = dict(read_log(ours[1])) == dict(read_log(uninterrupted[1]))
+        assert same_batches == (tamper == "parameters one ulp off")
 
 
 def test_a_deadline_stops_with_a_checkpoint_and_the_rerun_ends_as_uninterrupted(
