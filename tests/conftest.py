@@ -7,10 +7,20 @@ import os
 # `xla_cpu_collective_call_terminate_timeout_seconds`), which a 2-core machine running two test
 # workers and their subprocesses can reach on a slow step: a crash, not a failure. Tests (and the
 # `run.py` processes they start, which inherit XLA_FLAGS) wait up to 20 minutes instead.
+#
+# Compiling is most of this suite's time (its models are tiny), so XLA:CPU's LLVM runs at
+# optimisation level 1, not 2: that halves compiling a ResNet step on the (2, 2, 2) mesh and
+# leaves step times as they were (a 300-step demo run took as long); level 0 compiles faster
+# again but doubles a step's time. A tiny model's trained parameters came out bit for bit the
+# same at both levels; tests comparing two different programs (a scan against a loop, one mesh
+# against another) can see float32 rounding differ. A level given in XLA_FLAGS is kept.
+given = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join([
-    os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8",
+    given, "--xla_force_host_platform_device_count=8",
     "--xla_cpu_collective_call_warn_stuck_timeout_seconds=300",
-    "--xla_cpu_collective_call_terminate_timeout_seconds=1200"]).strip()
+    "--xla_cpu_collective_call_terminate_timeout_seconds=1200",
+    *([] if "--xla_backend_optimization_level" in given else
+      ["--xla_backend_optimization_level=1"])]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

@@ -1,20 +1,31 @@
 """The chaos tests' tools: train in a `resilience_worker.py` process, stop it at a step with a
 signal, and read back what a run did (the batch digest of every executed step, its losses, its
-final parameters) to compare with an uninterrupted run."""
+final parameters) to compare with an uninterrupted run.
+
+A signal's effect on a process is method-independent (tests/test_resilience.py and
+test_resilience_images.py kill real worker processes). What each method must show is that its
+whole state (data position, RNG, method state such as memory banks or pseudo-labels) comes back
+from the last checkpoint; `abort_and_resume` shows that in the test's process, its compilation
+cache warm, stopping a run as a kill does: the steps since the last periodic checkpoint are
+lost. `tampered_restore` is its negative control."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from unittest import mock
 
 import jax
 import numpy as np
+import pytest
 
+from pretext_jax.pretrain.checkpoints import CheckpointStore, TrainState
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.trainer import Trainer
 
@@ -85,20 +96,15 @@ def wait_for_step(process: subprocess.Popen, log: Path, step: int, timeout_s: fl
         time.sleep(0.02)
 
 
-def run_to_the_end(preset: str, overrides: dict, workdir: Path, log: Path) -> None:
-    """One worker run that trains (or resumes) to `train.steps`."""
-    process = launch(preset, overrides, workdir, log)
-    _, err = process.communicate(timeout=600)
-    assert process.returncode == 0, err[-3000:]
-
-
-def run_in_process(preset: str, overrides: dict, workdir: Path, log: Path) -> None:
+def run_in_process(preset: str, overrides: dict, workdir: Path, log: Path,
+                   kill_at: int | None = None) -> None:
     """The worker's run in this process, whose compilation cache is warm: a reference run, or
-    the rerun that finishes an interrupted one (compiled programs are the same in either)."""
+    the rerun that finishes an interrupted one (compiled programs are the same in either).
+    `kill_at`: raise `resilience_worker.Killed` in place of that step."""
     import resilience_worker
 
     resilience_worker.main(json.dumps({"preset": preset, "overrides": overrides}), str(workdir),
-                           str(log))
+                           str(log), kill_at=kill_at)
 
 
 def interrupt(preset: str, overrides: dict, workdir: Path, log: Path, step: int,
@@ -122,6 +128,45 @@ def kill_and_resume(preset: str, overrides: dict, root: Path, step: int,
     interrupt(preset, overrides, *ours, step=step, sig=sig)
     run_in_process(preset, overrides, *ours)
     return ours
+
+
+def abort(preset: str, overrides: dict, workdir: Path, log: Path, step: int) -> None:
+    """A run stopped as a kill stops it, in this process: `step` is logged as begun, then
+    `resilience_worker.Killed` is raised in its place (`run_in_process(kill_at=step)`). The
+    trainer saves nothing on an exception (it seals the checkpoints already written and closes
+    their manager), so the newest checkpoint is the last periodic one before `step` (asserted
+    here) and the steps after it are lost."""
+    import resilience_worker
+
+    with pytest.raises(resilience_worker.Killed):
+        run_in_process(preset, overrides, workdir, log, kill_at=step)
+    every = make_config(preset, overrides).train.checkpoint_every
+    saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved and saved[-1] == (step - 1) // every * every, saved
+
+
+def abort_and_resume(preset: str, overrides: dict, root: Path, step: int) -> tuple[Path, Path]:
+    """`kill_and_resume` in this process, its compilation cache warm: a run under `root`/w
+    stopped in place of `step` (`abort`), then finished by `run_in_process`. Returns its
+    (workdir, log)."""
+    ours = root / "w", root / "w.log"
+    abort(preset, overrides, *ours, step=step)
+    run_in_process(preset, overrides, *ours)
+    return ours
+
+
+@contextlib.contextmanager
+def tampered_restore(change: Callable[[TrainState], TrainState]) -> Iterator[None]:
+    """Within it, every restored checkpoint's train state is passed through `change`: a
+    negative control showing that a resume which lost or altered some state is detected."""
+    restore = CheckpointStore.restore_latest_readable
+
+    def tampered(store: CheckpointStore) -> tuple[TrainState, dict] | None:
+        restored = restore(store)
+        return None if restored is None else (change(restored[0]), restored[1])
+
+    with mock.patch.object(CheckpointStore, "restore_latest_readable", tampered):
+        yield
 
 
 def final_params(preset: str, overrides: dict, workdir: Path) -> dict[str, np.ndarray]:

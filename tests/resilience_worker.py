@@ -4,6 +4,9 @@ SPEC is JSON `{"preset": name, "overrides": {"section.key": value}}`. It trains
 `Trainer(config, workdir)` to the end (resuming like run.py) and appends one line per
 executed step to LOG: the step and a digest of the batch it consumed, flushed to disk before
 the step runs, so a kill at any point leaves a record of exactly what was read.
+
+In a test's own process, `main(..., kill_at=step)` stands in for a kill: `step` is logged as
+begun and `Killed` is raised in its place (tests/resilience_utils.py `abort_and_resume`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,11 @@ from pretext_jax.pretrain.config import make_config  # noqa: E402
 from pretext_jax.pretrain.trainer import Trainer  # noqa: E402
 
 
-def main(spec: str, workdir: str, log_path: str) -> None:
+class Killed(Exception):
+    """Raised by `main(..., kill_at=step)` in place of that step."""
+
+
+def main(spec: str, workdir: str, log_path: str, kill_at: int | None = None) -> None:
     settings = json.loads(spec)
     trainer = Trainer(make_config(settings["preset"], settings["overrides"]), workdir)
     step_fn = trainer.train_step
@@ -43,6 +50,8 @@ def main(spec: str, workdir: str, log_path: str) -> None:
             log.write(f"{step} {digest}\n")
             log.flush()
             os.fsync(log.fileno())
+        if step == kill_at:
+            raise Killed(f"stopped in place of step {step}, as a kill would stop it")
         return step_fn(state, local_batch)
 
     trainer.train_step = logged_step

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from resilience_utils import (
     TINY_BERT,
+    abort_and_resume,
     assert_same_training,
-    kill_and_resume,
     run_in_process,
     small_corpus,
 )
@@ -54,6 +54,6 @@ def test_the_long_phase_reads_long_examples_and_resumes_exactly_across_the_switc
     trainer.checkpoints.close()
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("bert_tiny", overrides, *reference)
-    ours = kill_and_resume("bert_tiny", overrides, tmp_path, step=7)
+    ours = abort_and_resume("bert_tiny", overrides, tmp_path, step=7)
     executed = assert_same_training("bert_tiny", overrides, ours, reference)
     assert [step for step, _ in executed].count(7) == 2  # step 7 ran, was lost, ran again

@@ -1,12 +1,14 @@
 """CMC: the Lab conversion against the CIE formula written per pixel and known colours, the
 views' normalisation, the cross-view loss and its gradient against numpy, one step's loss and
-memory-bank update against numpy, the training rows' indices, the CLI run with a SIGKILLed run
+memory-bank update against numpy, the training rows' indices, the CLI run with a killed run
 resuming bit for bit (memory banks included), and from its state the sharded step against the
 single-device one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -15,10 +17,12 @@ import pytest
 from flax import nnx
 from resilience_utils import (
     MESHES,
+    abort,
     flat_params,
-    kill_and_resume,
     mesh_overrides,
     read_log,
+    run_in_process,
+    tampered_restore,
     train_losses,
 )
 from tfds_utils import write_cifar10_folder
@@ -35,6 +39,7 @@ from pretext_jax.objectives.cmc import (
     cross_view_contrast,
 )
 from pretext_jax.objectives.common.two_view import cropped_and_flipped
+from pretext_jax.pretrain.checkpoints import TrainState
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.loading import load_model
 from pretext_jax.pretrain.trainer import Trainer
@@ -195,10 +200,11 @@ MIXED = MESHES["mixed"][0]
 def test_cli_run_and_a_killed_run_resuming_with_its_memory_banks(colour_folder, tmp_path):
     """`run.py pretrain --preset cmc_tiny` for 8 steps on data x fsdp x tensor = 2 x 2 x 2: the
     held-out evaluation and the kNN monitor run, the downstream model takes RGB, every bank
-    row seen is a unit vector. A worker
-    SIGKILLed in step 6 (last checkpoint: step 4) and rerun gives the CLI run's batches,
-    losses, parameters and memory banks bit for bit. From its last state, the sharded step
-    equals the single-device one (`assert_same_step_on_one_device`)."""
+    row seen is a unit vector. A run killed in place of step 6 (`abort`: last checkpoint step
+    4) and rerun gives the CLI run's batches, losses, parameters and memory banks bit for bit;
+    rerun with the banks lost (zeros restored), every step after the checkpoint differs. From
+    its last state, the sharded step equals the single-device one
+    (`assert_same_step_on_one_device`)."""
     overrides = {**SMALL, **mesh_overrides(MIXED), "data.source": colour_folder,
                  "data.cache_dir": str(tmp_path / "c"), "train.steps": 8,
                  "train.eval_every": 8, "train.checkpoint_every": 4}
@@ -212,9 +218,18 @@ def test_cli_run_and_a_killed_run_resuming_with_its_memory_banks(colour_folder, 
     backbone = load_model(tmp_path / "cli", downstream=True)
     assert type(backbone).__name__ == "LabEncoders" and backbone.features == 2 * 16
 
-    ours = kill_and_resume("cmc_tiny", overrides, tmp_path, step=6)
+    ours, control = (tmp_path / "w", tmp_path / "w.log"), (tmp_path / "lost", tmp_path / "l.log")
+    abort("cmc_tiny", overrides, *ours, step=6)
+    shutil.copytree(ours[0], control[0])
+    shutil.copy(ours[1], control[1])
+    run_in_process("cmc_tiny", overrides, *ours)
+    with tampered_restore(banks_lost):
+        run_in_process("cmc_tiny", overrides, *control)
     assert sorted(dict(read_log(ours[1]))) == list(range(1, 9))
-    assert train_losses(ours[0]) == train_losses(tmp_path / "cli")
+    cli_losses = train_losses(tmp_path / "cli")
+    assert train_losses(ours[0]) == cli_losses
+    lost = train_losses(control[0])
+    assert all(lost[step] != cli_losses[step] for step in range(5, 9)), (lost, cli_losses)
     states = []
     for workdir in (ours[0], tmp_path / "cli"):
         trainer = Trainer(make_config("cmc_tiny", overrides), workdir)
@@ -230,6 +245,13 @@ def test_cli_run_and_a_killed_run_resuming_with_its_memory_banks(colour_folder, 
         assert seen.sum() == 8 * 16  # an epoch reads each of the 160 rows once
 
     assert_same_step_on_one_device(trainer, states[1], overrides)
+
+
+def banks_lost(state: TrainState) -> TrainState:
+    """`state` with both memory banks zero, as if they were not checkpointed."""
+    return dataclasses.replace(state, model_state=jax.tree_util.tree_map_with_path(
+        lambda path, leaf: leaf * 0 if "memory" in jax.tree_util.keystr(path) else leaf,
+        state.model_state))
 
 
 def assert_same_step_on_one_device(mixed: Trainer, state, overrides: dict) -> None:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from resilience_utils import GRADIENT_STEP, assert_same_training, kill_and_resume, run_in_process
+from resilience_utils import GRADIENT_STEP, abort_and_resume, assert_same_training, run_in_process
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
@@ -273,12 +273,13 @@ def test_same_step_on_every_mesh(tmp_path, sweeps, pool_sequences):
 
 
 def test_killed_run_resumes_bit_for_bit(tmp_path, sweeps):
-    """SIGKILL during step 5 (after the step-3 checkpoint), then a rerun: the same batches,
+    """Killed in place of step 5 (`abort_and_resume`: the step-3 checkpoint is the last),
+    then a rerun: the same batches,
     losses and final parameters as a run never interrupted."""
     overrides = {**SHORT, **sweeps}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("cpc_tiny", overrides, *reference)
-    ours = kill_and_resume("cpc_tiny", overrides, tmp_path, step=5)
+    ours = abort_and_resume("cpc_tiny", overrides, tmp_path, step=5)
     executed = assert_same_training("cpc_tiny", overrides, ours, reference)
     assert len(executed) > 8  # the kill lost steps after the step-3 checkpoint, which were redone
 

@@ -1,5 +1,5 @@
 """DeepCluster: the clustering step against plain numpy, the sampler's statistics, the loss, the
-Sobel filter, training from the CLI, an exact resume after SIGKILL (pseudo-labels included) and
+Sobel filter, training from the CLI, an exact resume after a kill (pseudo-labels included) and
 the sharded step."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from resilience_utils import GRADIENT_STEP, assert_same_training, kill_and_resume, run_in_process
+from resilience_utils import GRADIENT_STEP, abort_and_resume, assert_same_training, run_in_process
 from tfds_utils import write_cifar10_folder
 
 from pretext_jax import run
@@ -189,14 +189,14 @@ def test_cli_trains_the_tiny_preset_with_falling_loss(tmp_path, colour_folder):
 
 
 def test_killed_run_resumes_exactly_with_its_cluster_state(tmp_path, colour_folder):
-    """SIGKILL at step 7 (rounds begin at steps 1 and 5; the rerun resumes from the step-3 or
-    step-6 checkpoint, whichever was sealed, inside a round: the round's order is rebuilt from
-    the checkpointed pseudo-labels), then a rerun: the same batches, losses, parameters and
-    pseudo-labels as a run never interrupted."""
+    """Killed in place of step 7 (`abort_and_resume`; rounds begin at steps 1 and 5, so the
+    rerun resumes from the step-6 checkpoint inside a round: the round's order is rebuilt from
+    the checkpointed pseudo-labels): the same batches, losses, parameters and pseudo-labels as
+    a run never interrupted."""
     overrides = small(colour_folder, tmp_path)
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("deepcluster_tiny", overrides, *reference)
-    ours = kill_and_resume("deepcluster_tiny", overrides, tmp_path, step=7)
+    ours = abort_and_resume("deepcluster_tiny", overrides, tmp_path, step=7)
     executed = assert_same_training("deepcluster_tiny", overrides, ours, reference)
     assert len(executed) > 8
     labels = []

@@ -2,7 +2,7 @@
 images and locations; AMDIM's multiscale pairing, its 5x5 source sampling, the encoder's 7x7 /
 5x5 / 1x1 maps and their receptive fields, and its views (shared flip, reflected translation);
 DIM's wiring of local and global terms. Training: `run.py pretrain --preset amdim_tiny` runs
-with the kNN monitor and a SIGKILLed copy resumes to the same losses and parameters; AMDIM
+with the kNN monitor and a killed copy resumes to the same losses and parameters; AMDIM
 descends on fixed views; one sharded step equals the single-device one for both, and
 `dim_tiny` trains on in its trainer with a falling loss."""
 
@@ -18,9 +18,9 @@ import pytest
 from flax import nnx
 from resilience_utils import (
     GRADIENT_STEP,
+    abort_and_resume,
     final_params,
     flat_params,
-    kill_and_resume,
     mesh_overrides,
     read_log,
     train_losses,
@@ -315,9 +315,9 @@ def test_cli_trains_amdim_tiny_and_a_killed_copy_resumes_exactly(disc_folder, tm
     """`run.py pretrain --preset amdim_tiny` runs 8 steps (the loss starts below chance,
     log(1 + 15 x 25) + log(1 + 15 x 49) + log(1 + 15 x 25), and stays finite; with
     augmented views 8 steps of this tiny encoder do not move it measurably, see the fixed-view
-    test) and the kNN monitor runs at the end. The same run in a worker SIGKILLed once step 5
-    began (last checkpoint: step 3), then rerun: every step's loss and the final parameters
-    equal the CLI run's bit for bit."""
+    test) and the kNN monitor runs at the end. The same run killed in place of step 5
+    (`abort_and_resume`: last checkpoint step 3), then rerun: every step's loss and the final
+    parameters equal the CLI run's bit for bit."""
     overrides = settings("amdim_tiny", disc_folder, tmp_path, **{"train.eval_every": 8})
     args = [f"{k}={v}" for k, v in overrides.items() if k != "data.source"]
     assert run.main(["pretrain", "--preset", "amdim_tiny", "--data", disc_folder,
@@ -328,7 +328,7 @@ def test_cli_trains_amdim_tiny_and_a_killed_copy_resumes_exactly(disc_folder, tm
     chance = 2 * np.log(1 + 15 * 25) + np.log(1 + 15 * 49)
     assert len(losses) == 8 and np.isfinite(losses).all() and losses[0] < chance, losses
     assert any(row["split"] == "eval" and 0 <= row["knn_accuracy"] <= 1 for row in rows)
-    ours = kill_and_resume("amdim_tiny", overrides, tmp_path, step=5)
+    ours = abort_and_resume("amdim_tiny", overrides, tmp_path, step=5)
     executed = [step for step, _ in read_log(ours[1])]
     assert 5 in executed and executed[-1] == 8 and len(executed) > 8, executed
     assert train_losses(ours[0]) == train_losses(tmp_path / "cli")

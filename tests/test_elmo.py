@@ -18,10 +18,14 @@ import pytest
 from flax import nnx
 from resilience_utils import (
     GRADIENT_STEP,
+    abort_and_resume,
     assert_same_step_on_every_mesh,
     assert_same_training,
+<<<<<<< HEAD
     flat_params,
     kill_and_resume,
+=======
+>>>>>>> suite
     mesh_overrides,
     run_in_process,
     small_corpus,
@@ -218,14 +222,15 @@ SHORT = {"model.num_layers": 1, "model.highway_layers": 1, "model.char_filters":
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> Path:
-    """elmo_tiny trained 24 steps (sampled softmax): a reference run, and a run killed by
-    SIGKILL at step 11 (after the step-8 checkpoint) then resumed, which must match it: the same
-    batches, losses and final parameters, bit for bit. Returns the reference's workdir."""
+    """elmo_tiny trained 24 steps (sampled softmax): a reference run, and a run killed in place
+    of step 11 (`abort_and_resume`: the step-8 checkpoint is the last) then resumed, which must
+    match it: the same batches, losses and final parameters, bit for bit. Returns the
+    reference's workdir."""
     root = tmp_path_factory.mktemp("elmo")
     overrides = {**SHORT, **small_corpus(root)}
     reference = root / "reference", root / "reference.log"
     run_in_process("elmo_tiny", overrides, *reference)
-    ours = kill_and_resume("elmo_tiny", overrides, root, step=11)
+    ours = abort_and_resume("elmo_tiny", overrides, root, step=11)
     assert len(assert_same_training("elmo_tiny", overrides, ours, reference)) > 24
     return reference[0]
 

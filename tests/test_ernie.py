@@ -1,7 +1,7 @@
 """ERNIE 1.0 (Sun et al. 2019): inline spans mapped onto bert-base-uncased wordpieces, the
 phrase chunker, knowledge masking (whole units, ~15% of the tokens, every stage), parity with
 HF `ErnieForPreTraining` (with and without task-type embeddings) through the conversion tables
-both ways, and training: SIGKILL resume exact with a falling loss, one step equal on every
+both ways, and training: a killed run resumes exactly with a falling loss, one step equal on every
 mesh."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from parity_utils import (
 from resilience_utils import (
     GRADIENT_STEP,
     TINY_BERT,
+    abort_and_resume,
     assert_same_step_on_every_mesh,
     assert_same_training,
-    kill_and_resume,
     mesh_overrides,
     run_in_process,
     train_losses,
@@ -191,13 +191,13 @@ def annotated_corpus(root) -> dict[str, str]:
 
 
 def test_killed_run_resumes_bit_for_bit_and_its_loss_falls(tmp_path):
-    """ernie_tiny (scaled down, entity-level masking of an annotated corpus) in a worker,
-    SIGKILLed during step 5, then rerun: the same batches, losses and parameters as an
+    """ernie_tiny (scaled down, entity-level masking of an annotated corpus) killed in place of
+    step 5 (`abort_and_resume`), then rerun: the same batches, losses and parameters as an
     uninterrupted run, whose training loss falls; the tokenizer never saw the markup."""
     overrides = {**TINY_BERT, **annotated_corpus(tmp_path)}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("ernie_tiny", overrides, *reference)
-    ours = kill_and_resume("ernie_tiny", overrides, tmp_path, step=5)
+    ours = abort_and_resume("ernie_tiny", overrides, tmp_path, step=5)
     assert len(assert_same_training("ernie_tiny", overrides, ours, reference)) > 8
     losses = train_losses(reference[0])
     assert losses[8] < losses[1] - 0.1, losses

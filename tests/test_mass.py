@@ -20,9 +20,9 @@ import pytest
 from flax import nnx
 from resilience_utils import (
     GRADIENT_STEP,
+    abort_and_resume,
     assert_same_step_on_every_mesh,
     assert_same_training,
-    kill_and_resume,
     mesh_overrides,
     run_in_process,
     small_corpus,
@@ -296,13 +296,14 @@ def test_same_step_on_every_mesh(tmp_path):
 
 
 def test_killed_run_resumes_bit_for_bit(tmp_path):
-    """SIGKILL during step 5 (after the step-3 checkpoint), then a rerun: the same batches
+    """Killed in place of step 5 (`abort_and_resume`: the step-3 checkpoint is the last),
+    then a rerun: the same batches
     (masks drawn per record while loading), losses and final parameters as an uninterrupted
     run."""
     overrides = {**SHORT, **small_corpus(tmp_path)}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("mass_tiny", overrides, *reference)
-    ours = kill_and_resume("mass_tiny", overrides, tmp_path, step=5)
+    ours = abort_and_resume("mass_tiny", overrides, tmp_path, step=5)
     assert len(assert_same_training("mass_tiny", overrides, ours, reference)) > 8
 
 

@@ -22,9 +22,9 @@ from flax import nnx
 from parity_utils import Parity, assert_close, assert_same_params, converted, random_model
 from resilience_utils import (
     GRADIENT_STEP,
+    abort_and_resume,
     assert_same_step_on_every_mesh,
     assert_same_training,
-    kill_and_resume,
     mesh_overrides,
     run_in_process,
     small_corpus,
@@ -284,12 +284,13 @@ def test_same_step_on_every_mesh(tmp_path):
 
 
 def test_killed_run_resumes_bit_for_bit(tmp_path):
-    """SIGKILL during step 5 (after the step-3 checkpoint), then a rerun: the same batches,
+    """Killed in place of step 5 (`abort_and_resume`: the step-3 checkpoint is the last),
+    then a rerun: the same batches,
     losses and final parameters as an uninterrupted run."""
     overrides = {**SHORT, **small_corpus(tmp_path)}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("prophetnet_tiny", overrides, *reference)
-    ours_ = kill_and_resume("prophetnet_tiny", overrides, tmp_path, step=5)
+    ours_ = abort_and_resume("prophetnet_tiny", overrides, tmp_path, step=5)
     assert len(assert_same_training("prophetnet_tiny", overrides, ours_, reference)) > 8
 
 

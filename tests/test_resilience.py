@@ -4,6 +4,8 @@ back to the previous one, non-finite steps stop (or are skipped) with the step n
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -20,14 +22,16 @@ import pytest
 import resilience_utils
 from resilience_utils import (
     REPO,
+    abort_and_resume,
     assert_same_training,
     interrupt,
+    read_log,
     run_in_process,
-    run_to_the_end,
+    tampered_restore,
     train_losses,
 )
 
-from pretext_jax.pretrain import resilience
+from pretext_jax.pretrain import feed, resilience
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.trainer import Trainer
 
@@ -74,17 +78,53 @@ def uninterrupted(tmp_path_factory, cache):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_killed_and_restarted_run_equals_an_uninterrupted_one(sig, tmp_path, cache,
                                                               uninterrupted):
-    kill_at = sorted(np.random.default_rng(int(sig)).choice(np.arange(2, STEPS), 3,
+    """A worker process sent `sig` at a step, a second worker resuming from what it left sent
+    `sig` at a later step, then the rest run in this process (its compilation cache warm): the
+    uninterrupted run's batches, losses and parameters."""
+    kill_at = sorted(np.random.default_rng(int(sig)).choice(np.arange(2, STEPS), 2,
                                                             replace=False))
     workdir, log = tmp_path / "w", tmp_path / "log"
     for step in kill_at:
         interrupt("bert_tiny", settings(cache), workdir, log, int(step), sig)
-    run_to_the_end("bert_tiny", settings(cache), workdir, log)
+    run_in_process("bert_tiny", settings(cache), workdir, log)
     executed = assert_same_training("bert_tiny", settings(cache), (workdir, log), uninterrupted)
     if sig == signal.SIGTERM:
         assert len(executed) == STEPS  # nothing was lost or redone
     else:
         assert len(executed) > STEPS  # kills lost work that was redone
+
+
+def one_ulp_up(state):
+    """The state with every parameter one float32 ulp larger (zeros become the smallest
+    subnormal, which the first update may absorb; the other weights carry it to the end)."""
+    def up(leaf):
+        return jax.device_put(np.nextafter(np.asarray(jax.device_get(leaf)),
+                                           np.float32(np.inf)), leaf.sharding)
+
+    return dataclasses.replace(state, params=jax.tree.map(up, state.params))
+
+
+@pytest.mark.parametrize("tamper", [None, "parameters one ulp off", "data position lost"])
+def test_in_process_abort_resumes_exactly_and_detects_a_lost_state(tamper, tmp_path, cache,
+                                                                   uninterrupted, monkeypatch):
+    """`abort_and_resume`, which the methods' tests use in place of a killed worker: a run
+    stopped in place of step 8 resumes from the step-6 checkpoint and ends as the uninterrupted
+    run, and a resume that restores the parameters one ulp off (the same batches, other
+    parameters), or not the data position (the loader starts its epoch again: other batches),
+    fails `assert_same_training`."""
+    if tamper == "data position lost":
+        monkeypatch.setattr(feed, "resume_position", lambda *args: None)
+    with tampered_restore(one_ulp_up) if tamper == "parameters one ulp off" else \
+            contextlib.nullcontext():
+        ours = abort_and_resume("bert_tiny", settings(cache), tmp_path, step=8)
+    if tamper is None:
+        executed = assert_same_training("bert_tiny", settings(cache), ours, uninterrupted)
+        assert [step for step, _ in executed] == [*range(1, 9), *range(7, STEPS + 1)]
+    else:
+        with pytest.raises(AssertionError):
+            assert_same_training("bert_tiny", settings(cache), ours, uninterrupted)
+        same_batches = dict(read_log(ours[1])) == dict(read_log(uninterrupted[1]))
+        assert same_batches == (tamper == "parameters one ulp off")
 
 
 def test_a_deadline_stops_with_a_checkpoint_and_the_rerun_ends_as_uninterrupted(

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from resilience_utils import GRADIENT_STEP, assert_same_training, kill_and_resume, run_in_process
+from resilience_utils import GRADIENT_STEP, abort_and_resume, assert_same_training, run_in_process
 from tfds_utils import write_cifar10_folder
 
 from pretext_jax import run
@@ -388,12 +388,13 @@ def test_same_step_on_one_device_and_a_mixed_mesh(preset, oriented_folder, tmp_p
 
 @pytest.mark.parametrize("preset", ["rotation_tiny", "jigsaw_tiny"])
 def test_killed_run_resumes_bit_for_bit(preset, oriented_folder, tmp_path):
-    """SIGKILL once step 5 began (the last checkpoint is step 3's), then a rerun: the batches,
+    """Killed in place of step 5 (`abort_and_resume`: the last checkpoint is step 3's), then a
+    rerun: the batches,
     losses and final parameters of an uninterrupted run."""
     overrides = settings(preset, oriented_folder, tmp_path, **SMALL)
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process(preset, overrides, *reference)
-    ours = kill_and_resume(preset, overrides, tmp_path, step=5)
+    ours = abort_and_resume(preset, overrides, tmp_path, step=5)
     assert len(assert_same_training(preset, overrides, ours, reference)) > 8
 
 

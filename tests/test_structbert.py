@@ -1,7 +1,7 @@
 """StructBERT (Wang et al. 2020): the sentence structural pairs (next / previous / random at 1/3
 each, from the right places), the word structural shuffle (5% of the unmasked trigrams, real
 permutations, disjoint from the masks, targets the original tokens), the loss against numpy,
-and training: SIGKILL resume exact with a falling loss, and one step equal on every mesh."""
+and training: a killed run resumes exactly with a falling loss, and one step equal on every mesh."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from flax import nnx
 from resilience_utils import (
     GRADIENT_STEP,
     TINY_BERT,
+    abort_and_resume,
     assert_same_step_on_every_mesh,
     assert_same_training,
-    kill_and_resume,
     mesh_overrides,
     run_in_process,
     small_corpus,
@@ -153,14 +153,14 @@ def test_loss_is_the_weighted_sum_of_the_three_losses_in_numpy(records):
 
 
 def test_killed_run_resumes_bit_for_bit_and_its_loss_falls(tmp_path):
-    """structbert_tiny (scaled down) in a worker, SIGKILLed during step 5 (after the step-3
-    checkpoint), then rerun: the same batches, losses and parameters as an uninterrupted run,
-    whose training loss falls over its 8 steps. Its 3-way sentence head has no HF form: export
-    says so in one line."""
+    """structbert_tiny (scaled down) killed in place of step 5 (`abort_and_resume`: the step-3
+    checkpoint is the last), then rerun: the same batches, losses and parameters as an
+    uninterrupted run, whose training loss falls over its 8 steps. Its 3-way sentence head has
+    no HF form: export says so in one line."""
     overrides = {**TINY_BERT, **small_corpus(tmp_path)}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("structbert_tiny", overrides, *reference)
-    ours = kill_and_resume("structbert_tiny", overrides, tmp_path, step=5)
+    ours = abort_and_resume("structbert_tiny", overrides, tmp_path, step=5)
     assert len(assert_same_training("structbert_tiny", overrides, ours, reference)) > 8
     losses = train_losses(reference[0])
     assert losses[8] < losses[1] - 0.1, losses

@@ -78,10 +78,11 @@ def test_parity_with_hf_t5_for_conditional_generation(name, tmp_path):
     # The state dict in memory (tied copies included) converts the same way.
     state = {k: v.numpy() for k, v in reference.state_dict().items()}
     assert_same_params(hf.from_hf(reference.config.to_dict(), state), model)
-    # Layers in a Python loop under remat compute the same.
+    # Layers in a Python loop under remat compute the same (another program: float32 rounding
+    # differs by up to 1.4e-6 here when XLA:CPU compiles at LLVM level 1, tests/conftest.py).
     looped = hf.load(tmp_path, scan_layers=False, remat="full")
     assert_close(T5_PARITY.our_outputs(looped, *inputs), T5_PARITY.our_outputs(model, *inputs),
-                 atol=1e-6)
+                 atol=5e-6)
     # The objective's loss is HF's with labels: targets shifted right from 0, pads ignored.
     ids, mask, targets, target_mask = inputs
     ids, targets = ids * mask, targets * target_mask

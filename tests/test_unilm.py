@@ -1,7 +1,7 @@
 """UniLM (Dong et al. 2019): the four self-attention masks against their definition, outputs
 blind to the tokens a mask hides, the objectives' rates, the masking policy, the loss's
 positions, and training (CLI with falling held-out loss, one step equal on every mesh, exact
-resume after SIGKILL). The encoder is BERT's, whose HF parity tests/test_bert_parity.py
+resume after a kill). The encoder is BERT's, whose HF parity tests/test_bert_parity.py
 covers."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from flax import nnx
 from resilience_utils import (
     GRADIENT_STEP,
     TINY_BERT,
+    abort_and_resume,
     assert_same_step_on_every_mesh,
     assert_same_training,
-    kill_and_resume,
     mesh_overrides,
     run_in_process,
     small_corpus,
@@ -345,7 +345,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path):
     overrides = {**TINY_BERT, **small_corpus(tmp_path)}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("unilm_tiny", overrides, *reference)
-    ours = kill_and_resume("unilm_tiny", overrides, tmp_path, step=5)
+    ours = abort_and_resume("unilm_tiny", overrides, tmp_path, step=5)
     executed = assert_same_training("unilm_tiny", overrides, ours, reference)
     assert len(executed) > 8
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from resilience_utils import GRADIENT_STEP, assert_same_training, kill_and_resume, run_in_process
+from resilience_utils import GRADIENT_STEP, abort_and_resume, assert_same_training, run_in_process
 from test_recipe_cards import CARDS
 from test_recipe_cards import value as card_value
 
@@ -256,7 +256,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, clips):
     overrides = {**TINY, **clips, "train.steps": 8, "train.checkpoint_every": 3}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("wav2vec2_tiny", overrides, *reference)
-    ours = kill_and_resume("wav2vec2_tiny", overrides, tmp_path, step=5)
+    ours = abort_and_resume("wav2vec2_tiny", overrides, tmp_path, step=5)
     executed = assert_same_training("wav2vec2_tiny", overrides, ours, reference)
     assert len(executed) > 8  # the kill lost steps after the step-3 checkpoint, which were redone
     counts = []

@@ -1,7 +1,7 @@
 """word2vec (skip-gram with negative sampling): the loss and its gradient against numpy, the
 on-device draws against the paper's and word2vec.c's definitions over many draws (subsampling,
 dynamic window, unigram^0.75 noise, order-keeping compaction), the vocabulary and windows, the
-analogy and neighbour evaluation, CLI training with a SIGKILL resume, and one step on a mesh."""
+analogy and neighbour evaluation, CLI training with a killed run resuming, one step on a mesh."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from resilience_utils import (
     GRADIENT_STEP,
+    abort_and_resume,
     assert_same_step_on_every_mesh,
     final_params,
-    kill_and_resume,
     mesh_overrides,
     read_log,
     small_corpus,
@@ -232,7 +232,7 @@ def overrides_for(tmp_path) -> dict:
             "train.progress": False, "optim.learning_rate": 0.2, "data.held_out_fraction": 0.2}
 
 
-def test_cli_training_resumes_exactly_after_sigkill_and_the_loss_falls(tmp_path, capsys):
+def test_cli_training_resumes_exactly_after_a_kill_and_the_loss_falls(tmp_path, capsys):
     """`run.py pretrain --preset word2vec_tiny` trains (the held-out loss below the untrained
     (1 + k) ln 2); a run killed at step 5 and resumed from the step-3 checkpoint ends with the
     same losses and, bit for bit, the same parameters."""
@@ -244,7 +244,7 @@ def test_cli_training_resumes_exactly_after_sigkill_and_the_loss_falls(tmp_path,
     line = next(line for line in out.splitlines() if "held-out SGNS loss" in line)
     loss, untrained = float(line.split()[3]), float(line.split()[-1])
     assert loss < untrained - 0.1, line
-    ours = kill_and_resume("word2vec_tiny", overrides, tmp_path, step=5)
+    ours = abort_and_resume("word2vec_tiny", overrides, tmp_path, step=5)
     executed = read_log(ours[1])
     assert len(executed) > 8 and sorted(dict(executed)) == list(range(1, 9))
     assert train_losses(ours[0]) == train_losses(reference)

@@ -14,9 +14,9 @@ from flax import nnx
 from parity_utils import XLM_LM, classifier_parity
 from resilience_utils import (
     GRADIENT_STEP,
+    abort_and_resume,
     assert_same_step_on_every_mesh,
     assert_same_training,
-    kill_and_resume,
     run_in_process,
 )
 
@@ -187,7 +187,7 @@ def test_killed_run_resumes_bit_for_bit(corpora, tmp_path):
                  "train.eval_every": 1000, "train.eval_batches": 1}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("xlm_tiny", overrides, *reference)
-    ours = kill_and_resume("xlm_tiny", overrides, tmp_path, step=5)
+    ours = abort_and_resume("xlm_tiny", overrides, tmp_path, step=5)
     executed = assert_same_training("xlm_tiny", overrides, ours, reference)
     assert len(executed) > 8  # steps after the step-3 checkpoint were lost and redone
 
