@@ -21,11 +21,7 @@ from resilience_utils import (
     abort_and_resume,
     assert_same_step_on_every_mesh,
     assert_same_training,
-<<<<<<< HEAD
     flat_params,
-    kill_and_resume,
-=======
->>>>>>> suite
     mesh_overrides,
     run_in_process,
     small_corpus,
