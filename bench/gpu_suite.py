@@ -4,6 +4,7 @@ reproductions, prepared and smoke-tested on CPU (issue 32).
     python -m bench.gpu_suite wheels [--cifar10]   # here, where pip reaches an index: fills .whl/
     python -m bench.gpu_suite [run]                # on the GPU machine, in the checkout root
     python -m bench.gpu_suite smoke                # the smoke phase alone (CPU: what CI runs)
+    python -m bench.gpu_suite profile [--workloads bert_base ...]  # GPU: where steps go
     python -m bench.gpu_suite cifar10-stage .cifar10/partN   # on the GPU machine, once per part
     python -m bench.gpu_suite cifar10 --method simclr        # then this, on the same machine
 
@@ -32,6 +33,10 @@ device time in all. So:
   runs/gpu_suite), beside `suite.log` (all output), `throughput.md` (`bench.throughput`'s rows)
   and `summary.md` (smoke table, ratio table ours / torch, skips and errors), which is also
   printed last.
+- `profile` traces a few steps of each of `--workloads` (default `PROFILED`, the rows under
+  their target last time) with `bench.profile_step`, one process each: `profile_<w>.md` (kernel
+  time per step by kind and the top kernels, each named by its JAX operation) and the raw
+  `profile_<w>.trace.json.gz`, about 1-2 minutes a workload; after `run` in the same lease.
 - CIFAR-10 (issue step 2): the data (177 MiB of pickles) cannot travel in one command, so three
   commands on a warm machine each carry one part (`carry=[".cifar10/partN"]`, 59 MiB) and
   `cifar10-stage` copies it to `--data` (default /tmp/pretext_data) there; then `cifar10` runs
@@ -113,6 +118,9 @@ ENVIRONMENT_PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin
 
 # bench.throughput's workloads of the GPU table, headline first.
 THROUGHPUT = ("bert_base", "electra_base", "xlnet_base", "simclr_resnet50", "simclr_cifar")
+# The workloads `profile` traces by default: under their target in the last sitting
+# (2026-11-28, H200: BERT-base 0.29x and ELECTRA-base 0.37x of torch compiled).
+PROFILED = ("bert_base", "electra_base")
 _TEXT_SMOKE = ("train.batch_size=8", "model.hidden_size=32", "model.num_layers=2",
                "model.num_heads=2", "model.intermediate_size=64", "model.vocab_size=512",
                "examples.max_seq_length=32")
@@ -538,6 +546,10 @@ def run_sitting(suite: Suite, args: argparse.Namespace, plan: list[Part]) -> Non
                 python, "-m", "bench.throughput", "--workload", name,
                 "--markdown", str(suite.out / "throughput.md"), *args.set.get(name, [])],
                 throughput_record(name))
+        elif kind == "profile":
+            suite.run_part(part, later, [
+                python, "-m", "bench.profile_step", "--workload", name, "--out",
+                str(suite.out), *args.set.get(name, [])], plain_record(part.name, "workload"))
         elif kind == "torch":
             reference = TORCH_REFERENCES[name]
             if not any(w in args.workloads for w in reference.workloads.values()):
@@ -812,10 +824,13 @@ def parser() -> argparse.ArgumentParser:
         return mode
 
     for name, help_text in (("run", "the whole sitting (default)"),
-                            ("smoke", "the environment and smoke parts alone")):
+                            ("smoke", "the environment and smoke parts alone"),
+                            ("profile", "step profiles (bench.profile_step) of --workloads")):
         mode = sitting(name, help_text)
-        mode.add_argument("--workloads", nargs="+", default=list(THROUGHPUT),
-                          help="bench.throughput workloads (default: the five of the GPU table)")
+        mode.add_argument("--workloads", nargs="+",
+                          default=list(PROFILED if name == "profile" else THROUGHPUT),
+                          help="bench.throughput workloads (default: the five of the GPU "
+                               "table; for profile, those under their target last time)")
         mode.add_argument("--set", action="append", default=[], metavar="WORKLOAD:KEY=VALUE",
                           help="an override for one workload (smoke and throughput)")
         mode.add_argument("--smoke-steps", type=int, default=2)
@@ -867,7 +882,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.budget <= 0:
         raise SystemExit(f"--budget {args.budget} must be positive seconds, e.g. 540")
-    if args.mode in ("run", "smoke"):
+    if args.mode in ("run", "smoke", "profile"):
         args.set = workload_overrides(args.set)
         if args.smoke_steps < 1:
             raise SystemExit("--smoke-steps must be at least 1")
@@ -877,8 +892,11 @@ def main(argv: list[str] | None = None) -> int:
         run_cifar10(suite, args)
         finish(suite, [])
         return 0
-    plan = (run_plan(args.workloads, args.references) if args.mode == "run"
-            else [Part("environment", 90, 10), Part("smoke", args.budget, 20)])
+    plan = (run_plan(args.workloads, args.references) if args.mode == "run" else
+            [Part("environment", 90, 10), *(Part(f"profile:{name}", 150, 40)
+                                           for name in args.workloads)]
+            if args.mode == "profile" else
+            [Part("environment", 90, 10), Part("smoke", args.budget, 20)])
     run_sitting(suite, args, plan)
     finish(suite, args.workloads)
     return 0

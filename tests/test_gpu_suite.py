@@ -62,6 +62,26 @@ def test_smoke_mode_runs_every_workload_and_goes_on_after_a_failing_one(tmp_path
     assert "smoke:bert_base" in (out / "suite.log").read_text()
 
 
+def test_profile_mode_names_where_the_step_spends_its_time(tmp_path):
+    """`profile` (bench.profile_step through the suite): a traced tiny BERT step on CPU, its
+    kernels summed per step by kind, the matrix products among them, each top kernel named by
+    its JAX operation; the markdown and the raw trace land in the output folder."""
+    out = tmp_path / "out"
+    env = {key: value for key, value in os.environ.items() if key != "OUT"} | SMOKE_ENV
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_suite", "profile", "--out", str(out), "--scratch",
+         str(tmp_path / "scratch"), "--workloads", "bert_tiny", "--budget", "300"], cwd=REPO,
+        env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    line = read_results(out)["profile:bert_tiny"]
+    assert line["status"] == "ok" and line["steps"] == 4, line
+    assert sum(line["kinds"].values()) == pytest.approx(line["step_kernel_ms"], rel=1e-6)
+    assert line["kinds"]["matrix product"] > 0, line["kinds"]
+    text = (out / "profile_bert_tiny.md").read_text()
+    assert "| kind | ms per step | share |" in text and "jit(_step)/" in text
+    assert (out / "profile_bert_tiny.trace.json.gz").stat().st_size > 0
+
+
 def test_smoke_sizes_are_valid_configs_of_the_throughput_workloads():
     assert set(gpu_suite.THROUGHPUT) <= set(throughput.WORKLOADS)
     assert set(gpu_suite.SMOKE_SIZES) == set(gpu_suite.THROUGHPUT)
