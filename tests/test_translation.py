@@ -23,9 +23,9 @@ from pretext_jax.models.prophetnet import ProphetNet, ProphetNetConfig
 from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.models.xlm import XLM, XLMConfig, XLMTranslation, XLMTranslationConfig
 from pretext_jax.objectives import translation
-from pretext_jax.objectives.registry import PreparedData
 from pretext_jax.objectives.common import encoder_decoders
 from pretext_jax.objectives.common.encoder_decoders import T5TranslationConfig
+from pretext_jax.objectives.registry import PreparedData
 from pretext_jax.pretrain import directories, hf, loading, translate
 from pretext_jax.pretrain.config import config_from_dict
 from pretext_jax.pretrain.export import save_model
