@@ -337,7 +337,7 @@ PRESETS_T5 = {
                   "clip_norm": 0.1},
         "train": {"batch_size": 64, "steps": 20000},
     },
-    # Raffel et al. 2020 §2.4 (the task prefix), §3.1.3 (fine-tuning), §3.7 (beam search).
+    # Raffel et al. 2020 §2.4 (the task prefix), §3.1.2 (fine-tuning), §3.7 (beam search).
     "t5_summarize": {
         "model": DROPOUT,
         "examples": {"max_source_length": 512, "max_target_length": 256,
