@@ -38,7 +38,12 @@ import numpy as np
 
 from pretext_jax.errors import UserError, require
 from pretext_jax.input_pipeline import summaries
-from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, load_tokenizer
+from pretext_jax.input_pipeline.prepare import (
+    DataConfig,
+    fingerprint,
+    load_tokenizer,
+    source_fingerprint,
+)
 from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
 from pretext_jax.models.beam_search import BeamSearch
 from pretext_jax.objectives import registry
@@ -205,7 +210,7 @@ def prepare_summaries(data: DataConfig, examples: SummaryExampleConfig, cache_di
     dev_files = summaries.split_files(data.source, "dev")
     summaries.check_files(dev_files)  # before the training records are written
     key = fingerprint("summaries", train_files.fingerprint(), _record_settings(examples),
-                      str(data.tokenizer), data.lowercase)
+                      source_fingerprint(data.tokenizer), data.lowercase)
     train_dir = Path(cache_dir) / f"summaries-{key}"
     if not (train_dir / SPEC_FILE).is_file():
         count = write_records((record for _, _, record in _records(train_files, tokenizer,
