@@ -122,17 +122,19 @@ def _parser() -> argparse.ArgumentParser:
 
     def add_glue_arguments(command: argparse.ArgumentParser) -> None:
         command.add_argument("--init", default="",
-                             help="pretext workdir/model dir (BERT, ELECTRA, XLNet, XLM, ELMo) "
-                             "or HuggingFace BERT/ELECTRA/XLNet/XLM folder")
+                             help="pretext workdir/model dir (BERT, ELECTRA, XLNet, XLM, ELMo; "
+                             "summarize: T5, MASS, ProphetNet) or HuggingFace "
+                             "BERT/ELECTRA/XLNet/XLM (summarize: T5, ProphetNet) folder")
         command.add_argument("--architecture", default="",
                              help="with no --init: a checkpoint whose shape a random encoder "
                              "copies (the from-scratch baseline)")
         command.add_argument("--data", default="tfds",
                              help="GLUE folder (SST-2/, CoLA/, ...), for --task ner a folder of "
-                             "CoNLL-style train/dev files (or TRAIN,DEV), or tfds: TFDS "
-                             "glue/<task> "
-                             "prepared as ArrayRecord in data.tfds_data_dir (default "
-                             "~/tensorflow_datasets) by `tfds build glue/<task> "
+                             "CoNLL-style train/dev files (or TRAIN,DEV), for --task summarize "
+                             "a folder of train/dev .source and .target files or .tsv, or "
+                             "tfds: "
+                             "TFDS glue/<task> prepared as ArrayRecord in data.tfds_data_dir "
+                             "(default ~/tensorflow_datasets) by `tfds build glue/<task> "
                              "--file_format=array_record`; never downloaded (default: "
                              "%(default)s)")
         command.add_argument("--workdir", required=True, type=_workdir,

@@ -3,6 +3,7 @@ then supervised en -> de fine-tuning against the same fine-tuning from random we
 
     python -m bench.translation_multi30k [--method mass|prophetnet|xlm] [--steps N]
         [--finetune-steps M] [--data FOLDER] [--workdir DIR] [--bleu-sentences K]
+        [--num-beams B] [--length-penalty A]
 
 Data: $PRETEXT_SHARED_DATA/multi30k or ../shared/data/multi30k (or --data, a folder holding
 train.{en,de} and val.{en,de}). 1. Pre-trains for N steps on train.en and train.de as
@@ -14,11 +15,12 @@ language embeddings: the two languages' captions as one corpus). 2. Fine-tunes i
 29,000 en -> de training pairs for M steps (`translation_tiny`'s recipe, `run.py translate`'s
 path; an XLM starts both encoder and decoder, §5.2), and, as the baseline, the same
 architecture and tokenizer from random weights for the same M steps. 3. Decodes the 1,014
-validation sources greedily (or the first K) and scores corpus BLEU with sacrebleu against the
-German references. Prints one JSON line: both BLEUs and held-out losses, the steps, the
-wall-clock of each stage and sacrebleu's signature, and the Markdown row of docs/benchmarks.md
-("Translation on Multi30K", `bench.report`). Needs the `translation` extra. A check of the
-methods at toy size, not a translation system.
+validation sources (or the first K) greedily, or with `--num-beams` B > 1 by beam search
+(length penalty A, `models.beam_search`) and greedily beside it, and scores corpus BLEU with
+sacrebleu against the German references. Prints one JSON line: both BLEUs (and the greedy
+ones) and held-out losses, the steps, the wall-clock of each stage and sacrebleu's signature,
+and the Markdown row of docs/benchmarks.md ("Translation on Multi30K", `bench.report`). Needs
+the `translation` extra. A check of the methods at toy size, not a translation system.
 """
 
 from __future__ import annotations
@@ -48,9 +50,14 @@ TABLE = report.Table("translation_multi30k", (
 def markdown_cells(result: dict) -> list:
     pre, loss, bleu, wall = (result["pretraining"], result["held_out_loss"], result["bleu"],
                              result["wall_clock_s"])
+    scores = f"{bleu['pretrained']:.2f} / {bleu['random_init']:.2f}"
+    if "bleu_greedy" in result:
+        greedy = result["bleu_greedy"]
+        scores += (f" ({result['decoding']}; greedy {greedy['pretrained']:.2f} / "
+                   f"{greedy['random_init']:.2f})")
     return [f"`{pre['preset']}`", f"{pre['steps']} + {result['finetune_steps']}",
             pre["held_out_loss"], f"{loss['pretrained']:.2f} / {loss['random_init']:.2f}",
-            f"{bleu['pretrained']:.2f} / {bleu['random_init']:.2f}",
+            scores,
             " + ".join(f"{wall[key]:.0f}" for key in (
                 "pretraining_s", "finetune_pretrained_s", "finetune_random_init_s"))]
 
@@ -96,6 +103,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workdir", default="runs/bench_translation_multi30k")
     parser.add_argument("--bleu-sentences", type=int, default=0,
                         help="validation pairs decoded for BLEU (default 0 = all 1,014)")
+    parser.add_argument("--num-beams", type=int, default=1,
+                        help="beams of the BLEU decoding (default 1 = greedy; more: beam "
+                        "search, greedy BLEU reported beside it)")
+    parser.add_argument("--length-penalty", type=float, default=1.0,
+                        help="beam search's length penalty (default 1.0)")
     report.add_markdown_argument(parser, "translation_multi30k")
     args = parser.parse_args(argv)
     data = Path(args.data or shared_data_dir() / "multi30k")
@@ -111,6 +123,8 @@ def main(argv: list[str] | None = None) -> dict:
     timings["pretraining_s"] = round(time.perf_counter() - start, 1)
     pairs = (f"{data / 'train.en'},{data / 'train.de'}", f"{data / 'val.en'},{data / 'val.de'}")
     finetune = [cache, f"examples.bleu_sentences={args.bleu_sentences}",
+                f"examples.num_beams={args.num_beams}",
+                f"examples.length_penalty={args.length_penalty}",
                 *schedule(args.finetune_steps)]
     results = {}
     for name, init in (("pretrained", str(pretrained)), ("random_init", "")):
@@ -126,6 +140,9 @@ def main(argv: list[str] | None = None) -> dict:
         "finetune_steps": results["pretrained"]["steps"],
         "bleu": {name: r["bleu"] for name, r in results.items()},
         "held_out_loss": {name: r["held_out_loss"] for name, r in results.items()},
+        "decoding": results["pretrained"]["decoding"],
+        **({"bleu_greedy": {name: r["bleu_greedy"] for name, r in results.items()}}
+           if args.num_beams > 1 else {}),
         "held_out_pairs": results["pretrained"]["held_out_pairs"],
         "bleu_signature": results["pretrained"]["bleu_signature"],
         "wall_clock_s": timings,

@@ -40,6 +40,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.examples import mass as mass_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.prophetnet import PAD_ID, ProphetNet, ProphetNetConfig
+from pretext_jax.objectives.common.losses import smoothed_nll
 from pretext_jax.objectives.common.masked_span import prepare_mass
 from pretext_jax.objectives.common.preset_parts import NO_DROPOUT, TINY_TEXT_OPTIM, TINY_TEXT_TRAIN
 from pretext_jax.objectives.registry import (
@@ -90,10 +91,8 @@ def ngram_loss(ngram_logits: jax.Array, targets: jax.Array, objective: ProphetNe
     target), float32, and its metrics: the loss, and stream 0's (next-token) cross-entropy and
     accuracy, as exact sums."""
     log_probs = jax.nn.log_softmax(ngram_logits.astype(jnp.float32), axis=-1)
-    labels = jnp.broadcast_to(targets[:, None, :, None], (*log_probs.shape[:3], 1))
-    nll = -jnp.take_along_axis(log_probs, labels, axis=-1)[..., 0]
-    eps = objective.label_smoothing
-    per_token = (1.0 - eps) * nll - eps / log_probs.shape[-1] * jnp.sum(log_probs, axis=-1)
+    labels = jnp.broadcast_to(targets[:, None, :], log_probs.shape[:3])
+    per_token, nll = smoothed_nll(log_probs, labels, objective.label_smoothing)
     weights = stream_weights(targets, ngram_logits.shape[1], objective)
     total = jnp.sum(weights)
     loss = jnp.sum(weights * per_token) / jnp.maximum(total, 1.0)

@@ -138,12 +138,18 @@ class FinetuneRecipe:
     `method` included) and the length of its schedule, which `pretrain.finetune` turns into
     steps: `epochs` over the task's training rows and `warmup`, a fraction of those steps.
     `tokenizer_from_init`: the run reads text with the tokenizer the starting point was trained
-    with (found by `pretrain.finetune`, unless the user names one)."""
+    with (found by `pretrain.finetune`, unless the user names one). A recipe that counts updates
+    gives `steps` and `warmup_steps` instead."""
 
     values: dict[str, Any]
     epochs: float
     warmup: float
     tokenizer_from_init: bool = False
+    steps: int = 0
+    """A recipe that counts updates, not epochs (BART's `--total-num-update`): that many steps
+    unless `run.py finetune --epochs` is given; 0: `epochs`."""
+    warmup_steps: int = 0
+    """Warmup updates (fairseq's `--warmup-updates`) where `warmup` is 0."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,8 +9,8 @@ Data (`input_pipeline.examples.translation`): `data.source` a parallel corpus
 (`val.en,val.de`), `examples.source_language` -> `examples.target_language`, the tokenizer
 `data.tokenizer` (the pre-trained run's). Loss: teacher-forced cross-entropy on the target's
 tokens and EOS, the decoder reading the targets shifted right after
-`model.config.decoder_start_token_id` (`text.weighted_cross_entropy`, the mean over target
-tokens). The model starts from `model.init` (a pretext workdir or model directory of the same
+`model.config.decoder_start_token_id` (`encoder_decoders.teacher_forced_loss`, the mean over
+target tokens). The model starts from `model.init` (a pretext workdir or model directory of the same
 architecture, e.g. a MASS run, T5's or XLM's encoder-decoder (`mass_xlm`); `Start.pretrained`),
 or at random with an empty `init`.
 
@@ -21,39 +21,29 @@ reported beside the greedy score (`bleu_greedy`); detokenises them and scores th
 corpus's reference sentences with `sacrebleu.corpus_bleu` (its defaults: 13a tokenisation,
 mixed case, exponential smoothing; the signature is in the run's report).
 
-Families: any encoder-decoder following the shared protocol (`encode`, `decode`, `logits` for
-the loss; `prefill_decoder`, `decode_step` for decoding; `config.decoder_start_token_id`,
-`config.eos_token_id`; `language_ids` for models with language embeddings) joins with one
-`Family` entry in `FAMILIES`, which registers the method `translation` (T5) or
-`translation_<family>`.
+Families: the encoder-decoders of `objectives.common.encoder_decoders` (their protocol, loss,
+pre-trained start and batched decoding are shared with summarisation); each registers the
+method `translation` (T5) or `translation_<family>` (`FAMILIES`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
 
 from pretext_jax.errors import UserError, require
 from pretext_jax.input_pipeline.examples import translation as te
 from pretext_jax.input_pipeline.examples.xlm import language_ids
 from pretext_jax.input_pipeline.parallel import open_parallel
 from pretext_jax.input_pipeline.prepare import DataConfig, load_tokenizer, source_fingerprint
-from pretext_jax.models.beam_search import GREEDY, BeamSearch, beam_search
-from pretext_jax.models.layers import split_rng
-from pretext_jax.models.prophetnet import ProphetNet, ProphetNetConfig
-from pretext_jax.models.t5 import T5, T5Config
-from pretext_jax.models.xlm import XLM, XLMTranslation, XLMTranslationConfig, load_both_sides
-from pretext_jax.objectives.common.losses import weighted_cross_entropy
+from pretext_jax.models.beam_search import GREEDY, BeamSearch
+from pretext_jax.objectives.common import encoder_decoders as ed
+from pretext_jax.objectives.common.encoder_decoders import Family
 from pretext_jax.objectives.common.preset_parts import T5_OPTIM, TINY_T5_MODEL
-from pretext_jax.objectives.common.starts import check_same_architecture
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
@@ -65,109 +55,17 @@ from pretext_jax.objectives.registry import (
     register,
 )
 
-DECODE_BATCH = 128
-
-
-@dataclasses.dataclass(frozen=True)
-class T5TranslationConfig(T5Config):
-    """A T5 (or MASS) encoder-decoder to fine-tune, and where its weights come from."""
-
-    init: str = ""
-    """Start from this pretext workdir or model directory (same architecture); '' = random."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """An encoder-decoder family that translation fine-tunes: its model class (built as
-    `model_class(config, rngs=nnx.Rngs(seed))`, following the decoding protocol), its config
-    type for this method (the model's config plus an `init` field), the config fields its data
-    decides from the tokenizer, and its number of language embeddings (0: the model takes no
-    `language_ids`)."""
-
-    model_class: type
-    model_config: type
-    data_fields: Callable[[Any], dict[str, Any]]
-    languages: Callable[[Any], int]
-    pretrained_class: type | None = None
-    """A pre-trained model it also starts from, besides `model_class` (XLM's encoder)."""
-    free_fields: frozenset[str] = frozenset()
-    """Fields of `pretrained_class`'s config that the translation model sets itself."""
-    load_pretrained: Callable[[Any, Any], None] | None = None
-    """(fresh model, pre-trained `pretrained_class` model) -> None: puts the pre-trained weights
-    into the fresh model. A `model_class` start has every parameter copied."""
-
-    @property
-    def starts_from(self) -> tuple[type, ...]:
-        """The classes of the models it starts from: its own (e.g. a MASS run's encoder-decoder)
-        and `pretrained_class`."""
-        return (self.model_class,) + ((self.pretrained_class,) if self.pretrained_class else ())
-
-    def build_model(self, config: Any, seed: int) -> Any:
-        return self.model_class(config, rngs=nnx.Rngs(seed))
-
-
-@dataclasses.dataclass(frozen=True)
-class ProphetNetTranslationConfig(ProphetNetConfig):
-    """A ProphetNet encoder-decoder to fine-tune (decoding and the loss use stream 0, the
-    next-token stream), and where its weights come from."""
-
-    init: str = ""
-    """Start from this pretext workdir or model directory (same architecture); '' = random."""
-
-
-@dataclasses.dataclass(frozen=True)
-class XLMTranslationRunConfig(XLMTranslationConfig):
-    """An XLM encoder-decoder to fine-tune (§5.2), both sides from a pre-trained XLM."""
-
-    eos_token_id: int = 0
-    """End of sentence, which also starts the decoder; 0 = the tokenizer's EOS (the data's)."""
-    init: str = ""
-    """Start from this pretext XLM workdir or model directory; '' = random."""
-
-
-def eos_fields(tokenizer: Any) -> dict[str, Any]:
-    """The tokenizer's vocabulary and its EOS ([SEP]) as end of sequence (T5/MASS, ProphetNet)."""
-    return {"vocab_size": tokenizer.vocab_size, "eos_token_id": tokenizer.eos_id}
-
-
-def xlm_fields(tokenizer: Any) -> dict[str, Any]:
-    """XLM also takes the tokenizer's padding id (its embeddings zero it)."""
-    return {**eos_fields(tokenizer), "pad_token_id": tokenizer.pad_id}
-
-
-FAMILIES: dict[str, Family] = {
-    "translation": Family(T5, T5TranslationConfig, eos_fields,
-                          lambda config: config.num_languages),
-    "translation_prophetnet": Family(ProphetNet, ProphetNetTranslationConfig, eos_fields,
-                                     lambda config: 0),
-    "translation_xlm": Family(XLMTranslation, XLMTranslationRunConfig, xlm_fields,
-                              lambda config: config.n_langs, pretrained_class=XLM,
-                              free_fields=frozenset({"causal", "is_decoder"}),
-                              load_pretrained=load_both_sides),
-}
-
-
-def _languages(ids: jax.Array, use: bool) -> dict[str, jax.Array]:
-    return {"language_ids": ids} if use else {}
+FAMILIES: dict[str, Family] = {"translation": ed.FAMILIES["t5"],
+                                "translation_prophetnet": ed.FAMILIES["prophetnet"],
+                                "translation_xlm": ed.FAMILIES["xlm"]}
 
 
 def translation_loss(model: Any, batch: Batch, rng: jax.Array | None, *, family: Family
                      ) -> tuple[jax.Array, Metrics]:
     """Cross-entropy of the target tokens (and EOS) given the source, teacher-forced through the
-    decoding protocol; `rng=None` is evaluation."""
-    targets, inputs, input_mask = batch["targets"], batch["inputs"], batch["input_mask"]
-    start = jnp.full((targets.shape[0], 1), model.config.decoder_start_token_id, targets.dtype)
-    decoder_inputs = jnp.concatenate([start, targets[:, :-1]], axis=1)
-    use = family.languages(model.config) > 0
-    encoder_rng, decoder_rng = split_rng(rng, 2)
-    encoded = model.encode(inputs, input_mask, encoder_rng,
-                           **_languages(batch["source_language_ids"], use))
-    hidden = model.decode(decoder_inputs, encoded, input_mask, None, decoder_rng,
-                          **_languages(batch["target_language_ids"], use))
-    weights = batch["target_mask"]
-    loss, metrics = weighted_cross_entropy(model.logits(hidden), targets, weights, epsilon=1e-6)
-    return loss, {**metrics, "target_tokens": (jnp.sum(weights.astype(jnp.float32)),
-                                               jnp.float32(targets.shape[0]))}
+    decoding protocol (`encoder_decoders.teacher_forced_loss`, the next-token stream);
+    `rng=None` is evaluation."""
+    return ed.teacher_forced_loss(model, batch, rng, family=family)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,29 +138,13 @@ def translate_held_out(model: Any, data: PreparedData, examples: te.TranslationE
                        family: Family, search: BeamSearch | None = None
                        ) -> tuple[list[str], list[str]]:
     """(translations of the first `examples.bleu_sentences` held-out sources by `search`
-    (default: the settings', `decoding`), detokenised up to EOS; their references). Batches of
-    `DECODE_BATCH` rows (the last padded with copies), so every batch reuses one
-    compilation."""
+    (default: the settings', `decoding`), detokenised up to EOS; their references)."""
     held: HeldOut = data.monitor_data
     count = examples.bleu_sentences or len(held.references)
     count = min(count, len(held.references))
-    use = family.languages(model.config) > 0
-    eos = model.config.eos_token_id
-    outputs = []
-    for start in range(0, count, DECODE_BATCH):
-        rows = np.minimum(np.arange(start, start + DECODE_BATCH), count - 1)
-        tokens = beam_search(
-            model, data.eval["inputs"][rows], data.eval["input_mask"][rows],
-            max_new_tokens=examples.max_target_length, search=search or decoding(examples),
-            source_language_ids=data.eval["source_language_ids"][rows] if use else None,
-            target_language_ids=data.eval["target_language_ids"][rows, 0] if use else None,
-            pad_id=held.tokenizer.pad_id).sequences[:, 0]
-        outputs.extend(tokens[:min(DECODE_BATCH, count - start)])
-    hypotheses = []
-    for row in outputs:
-        row = list(row)
-        hypotheses.append(held.tokenizer.decode(row[:row.index(eos)] if eos in row else row))
-    return hypotheses, held.references[:count]
+    outputs = ed.decode_rows(model, data.eval, count, search or decoding(examples),
+                             examples.max_target_length, family, held.tokenizer.pad_id)
+    return [held.tokenizer.decode(row) for row in outputs], held.references[:count]
 
 
 def bleu_monitor(model: Any, data: PreparedData, examples: te.TranslationExampleConfig,
@@ -278,32 +160,6 @@ def bleu_monitor(model: Any, data: PreparedData, examples: te.TranslationExample
         hypotheses, references = translate_held_out(model, data, examples, family, search)
         scores[name] = float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
     return scores
-
-
-def pretrained_translator(config: Any, seed: int, load: Callable[[str], nnx.Module], *,
-                          family: Family) -> Any | None:
-    """The model of `config.init` (read by `load`) with this run's settings (dropout, dtype),
-    or None for a random start. Its architecture must be the run's: a difference is a
-    UserError naming the setting."""
-    if not config.init:
-        return None
-    if not Path(config.init).is_dir():
-        raise UserError(f"model.init={config.init} is not a directory; pass a pretext workdir or "
-                        "model directory of an encoder-decoder")
-    loaded = load(config.init)
-    if type(loaded) not in family.starts_from:
-        raise UserError(f"{config.init} holds a {type(loaded).__name__}, not the "
-                        f"{' or '.join(c.__name__ for c in family.starts_from)} this method "
-                        "fine-tunes")
-    own = type(loaded) is family.model_class
-    check_same_architecture(config, loaded.config, config.init,
-                            frozenset() if own else family.free_fields)
-    fresh = family.build_model(config, seed)
-    if own:
-        nnx.update(fresh, nnx.state(loaded, nnx.Param))
-    else:
-        family.load_pretrained(fresh, loaded)
-    return fresh
 
 
 def summarize_translation(evaluation: dict[str, float], report: dict[str, Any],
@@ -324,12 +180,7 @@ def summarize_translation(evaluation: dict[str, float], report: dict[str, Any],
 
 def method_of(model: Any) -> str:
     """The translation method that fine-tunes `model` (e.g. a MASS run's `T5`)."""
-    for name, family in FAMILIES.items():
-        if type(model) in family.starts_from:
-            return name
-    known = sorted(c.__name__ for family in FAMILIES.values() for c in family.starts_from)
-    raise UserError(f"no translation method fine-tunes a {type(model).__name__}; start from one "
-                    f"of {', '.join(known)}")
+    return ed.family_of(model, FAMILIES, "translation")
 
 
 # Small enough for the suite and CPU checks: mass_tiny's model (from the pre-trained run when
@@ -361,7 +212,7 @@ def translation_method(name: str, family: Family, presets: dict[str, Any]) -> Me
         resolution=Resolution(complete_data=functools.partial(check_languages, family=family)),
         evaluation=Evaluation(monitor=functools.partial(bleu_monitor, family=family),
                               summarize=summarize_translation),
-        start=Start(pretrained=functools.partial(pretrained_translator, family=family)),
+        start=Start(pretrained=functools.partial(ed.pretrained_start, family=family)),
     )
 
 

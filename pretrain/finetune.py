@@ -71,9 +71,15 @@ def file_overrides(path: str | Path | None) -> list[str]:
 
 
 def _saved_run_config(source: str) -> dict[str, Any]:
-    """The run config a pretext workdir saved ({} for model directories and HF folders)."""
+    """The run config a pretext workdir saved; of a model directory only the method its
+    model.json names; {} for HF folders."""
     path = Path(source) / CONFIG_FILE
-    return directories.read_json_object(path) if path.is_file() else {}
+    if path.is_file():
+        return directories.read_json_object(path)
+    model_file = Path(source) / directories.MODEL_FILE
+    if model_file.is_file():
+        return {"method": directories.read_json_object(model_file).get("method", "")}
+    return {}
 
 
 def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = (), *,
@@ -104,10 +110,13 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
     draft = make_config(None, [*_as_overrides(values), *overrides])
     rows = spec.train_rows(data, draft)
     per_epoch = max(1, math.ceil(rows / draft.train.batch_size))
-    steps = max(1, math.ceil((chosen.epochs if epochs is None else epochs) * per_epoch))
+    if chosen.steps and epochs is None:
+        steps = chosen.steps
+    else:
+        steps = max(1, math.ceil((chosen.epochs if epochs is None else epochs) * per_epoch))
     schedule = {"train.steps": steps,
                 "optim.warmup_steps": max(1, round(chosen.warmup * steps)) if chosen.warmup
-                else 0,
+                else chosen.warmup_steps,
                 "train.eval_every": per_epoch, "train.checkpoint_every": per_epoch,
                 "train.log_every": max(1, min(50, per_epoch))}
     return make_config(None, [*_as_overrides({**values, **schedule}), *overrides])

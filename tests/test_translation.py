@@ -23,8 +23,9 @@ from pretext_jax.models.prophetnet import ProphetNet, ProphetNetConfig
 from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.models.xlm import XLM, XLMConfig, XLMTranslation, XLMTranslationConfig
 from pretext_jax.objectives import translation
+from pretext_jax.objectives.common import encoder_decoders
+from pretext_jax.objectives.common.encoder_decoders import T5TranslationConfig
 from pretext_jax.objectives.registry import PreparedData
-from pretext_jax.objectives.translation import T5TranslationConfig
 from pretext_jax.pretrain import directories, hf, loading, translate
 from pretext_jax.pretrain.config import config_from_dict
 from pretext_jax.pretrain.export import save_model
@@ -244,7 +245,7 @@ def test_bleu_check_decodes_by_beam_search_beside_greedy(toy):
     greedy = dataclasses.replace(examples, num_beams=1)
     assert translation.bleu_monitor(model, data, greedy, family=family) == {
         "bleu": scores["bleu_greedy"]}
-    rows = np.minimum(np.arange(translation.DECODE_BATCH), 5)  # the monitor's batch shape
+    rows = np.minimum(np.arange(encoder_decoders.DECODE_BATCH), 5)  # the monitor's batch shape
     beams = beam_search(model, records["inputs"][rows], records["input_mask"][rows],
                         max_new_tokens=8, search=BeamSearch(num_beams=3, length_penalty=0.5),
                         source_language_ids=records["source_language_ids"][rows],
@@ -268,15 +269,15 @@ def test_pretrained_model_keeps_its_weights_and_must_match(toy):
     saved = loading.load_model(toy["init"])
     config = T5TranslationConfig(**{**dataclasses.asdict(saved.config), "init": str(toy["init"]),
                                     "hidden_dropout": 0.2})
-    model = translation.pretrained_translator(config, 0, loading.load_pretrained, family=family)
+    model = encoder_decoders.pretrained_start(config, 0, loading.load_pretrained, family=family)
     assert model.config.hidden_dropout == 0.2
     np.testing.assert_array_equal(model.language_embeddings.embedding.get_value(),
                                   saved.language_embeddings.embedding.get_value())
     with pytest.raises(UserError, match=r"^model.num_languages=0 differs .* set "
                                         r"model.num_languages=2$"):
-        translation.pretrained_translator(dataclasses.replace(config, num_languages=0), 0,
+        encoder_decoders.pretrained_start(dataclasses.replace(config, num_languages=0), 0,
                                           loading.load_pretrained, family=family)
-    assert translation.pretrained_translator(dataclasses.replace(config, init=""), 0,
+    assert encoder_decoders.pretrained_start(dataclasses.replace(config, init=""), 0,
                                              loading.load_pretrained, family=family) is None
     # A language the model has no embedding for (fr = 2 of de, en, fr) is refused.
     data = PreparedData(train=None, eval={"source_language_ids": np.array([[2, 2]]),
@@ -372,7 +373,7 @@ def test_prophetnet_and_xlm_fine_tune_on_translation_from_their_pretrained_weigh
     config = translate.translation_config(str(folder), toy["train"], toy["val"])
     assert config.method == method and config.model.init == str(folder)
     family = translation.FAMILIES[method]
-    started = translation.pretrained_translator(config.model, 0,
+    started = encoder_decoders.pretrained_start(config.model, 0,
                                                 loading.load_pretrained, family=family)
     sides = (started.encoder, started.decoder) if kind == "xlm" else (started,)
     for side in sides:
@@ -403,7 +404,7 @@ def test_a_mass_xlm_run_starts_translation_xlm_with_all_its_weights(toy):
     directories.write_tokenizer(folder, tokenizer)
     config = translate.translation_config(str(folder), toy["train"], toy["val"])
     assert config.method == "translation_xlm" and config.model.cross_output_per_language
-    started = translation.pretrained_translator(
+    started = encoder_decoders.pretrained_start(
         config.model, 0, loading.load_pretrained, family=translation.FAMILIES[config.method])
     own = dict(nnx.to_flat_state(nnx.state(started, nnx.Param)))
     weights = list(nnx.to_flat_state(nnx.state(pretrained, nnx.Param)))

@@ -97,7 +97,7 @@ def claims_encoders(head: str, settings: Callable[[int, str], ClassifierSettings
                                   FinetuneRecipe | None]:
     """A `Start.finetunes` that claims the pre-trained encoders (and fine-tuned classifiers)
     whose classifier head is `head`, fine-tuned by the task's method (`classify` for GLUE,
-    `span` for SQuAD, where that method's model takes the head)
+    `span` for SQuAD, where that method's model config lists the head in its `heads`)
     with `settings(hidden_size, task name)`, the family's recipe, at the task's input length
     (else 128), and the tokenizer the encoder was trained with."""
 
@@ -108,8 +108,9 @@ def claims_encoders(head: str, settings: Callable[[int, str], ClassifierSettings
             return None
         config = classifier_config(model, task.num_labels)
         if config.head != head or head not in getattr(
-                registry.get(task.method).model_config, "heads", (head,)):
-            return None  # not this family's, or the task's method has no head for it
+                registry.get(task.method).model_config, "heads", ()):
+            return None  # not this family's, or the task's method has no head for it (or none
+            # at all: summarisation's encoder-decoders)
         fields = dataclasses.asdict(config)
         chosen = settings(fields["hidden_size"], task.name)
         length = chosen.max_seq_length or task.max_seq_length or 128

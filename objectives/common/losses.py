@@ -31,6 +31,40 @@ def weighted_cross_entropy(
                   "loss": (jnp.sum(weights * nll), jnp.sum(weights))}
 
 
+def smoothed_nll(log_probs: jax.Array, labels: jax.Array, label_smoothing: float
+                 ) -> tuple[jax.Array, jax.Array]:
+    """(label-smoothed loss, plain negative log-likelihood) per position of `log_probs`
+    [..., V] at `labels` [...]: (1 - eps) x nll + eps / V x the sum over the vocabulary of
+    -log p, i.e. the target smoothed towards the uniform distribution (fairseq 0.8's
+    `label_smoothed_nll_loss`, which MASS fine-tunes with; ProphetNet's `ngram_criterions.py`;
+    HF Trainer's `label_smoothing_factor`). Newer fairseq spreads eps over the V - 1 other
+    tokens, a difference of eps / V on the target's weight."""
+    nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    if not label_smoothing:
+        return nll, nll
+    smooth = -jnp.sum(log_probs, axis=-1) / log_probs.shape[-1]
+    return (1.0 - label_smoothing) * nll + label_smoothing * smooth, nll
+
+
+def label_smoothed_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array,
+                                 label_smoothing: float, epsilon: float = 1e-6
+                                 ) -> tuple[jax.Array, Metrics]:
+    """`weighted_cross_entropy` with the target smoothed by `label_smoothing` (`smoothed_nll`):
+    sum(w x loss) / (sum(w) + epsilon); the metrics add the plain cross-entropy (`nll`) beside
+    the smoothed `loss`. With `label_smoothing` 0 it is `weighted_cross_entropy`."""
+    if not label_smoothing:
+        return weighted_cross_entropy(logits, labels, weights, epsilon)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    per_token, nll = smoothed_nll(log_probs, labels, label_smoothing)
+    weights = weights.astype(jnp.float32)
+    total = jnp.sum(weights)
+    loss = jnp.sum(weights * per_token) / (total + epsilon)
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return loss, {"accuracy": (jnp.sum(weights * correct), total),
+                  "loss": (jnp.sum(weights * per_token), total),
+                  "nll": (jnp.sum(weights * nll), total)}
+
+
 
 def mlm_and_pair_loss(model: Any, batch: dict[str, jax.Array], rng: jax.Array | None,
                       pair: str = "nsp") -> tuple[jax.Array, Metrics]:
