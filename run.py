@@ -399,9 +399,13 @@ def _check_paths(args: argparse.Namespace) -> None:
         raise UserError(f"--config {config}: no such file; give a .yaml or .py config file")
     data = getattr(args, "data", None)
     if args.command in ("finetune", "glue"):
-        if data != "tfds" and not data.startswith("tfds:") and not Path(data).exists():
-            raise UserError(f"--data {data}: no such folder; give the GLUE folder (holding "
-                            "SST-2/, CoLA/, ...; download_glue_data.py writes it) or tfds")
+        # A folder, or files comma-separated (NER's TRAIN,DEV[,TEST]).
+        missing = [] if data == "tfds" or data.startswith("tfds:") else [
+            item for item in data.split(",") if not Path(item).exists()]
+        if missing:
+            raise UserError(f"--data {missing[0]}: no such folder; give the GLUE folder "
+                            "(holding SST-2/, CoLA/, ...; download_glue_data.py writes it), the "
+                            "task's folder or its comma-separated files, or tfds")
         return
     for option, value in (("--data", data), ("--eval-data", getattr(args, "eval_data", None))):
         missing = missing_paths(value) if value else []

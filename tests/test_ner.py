@@ -222,3 +222,10 @@ def test_recipe_is_the_familys_and_the_cli_trains_and_evaluates(tmp_path, bert_d
                      "--workdir", str(tmp_path / "bad_run"), *fast]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "train.txt line 2" in err, err
+    files = f"{bad / 'train.txt'},{bad / 'dev.txt'}"  # the TRAIN,DEV form reaches the reader
+    assert run.main(["finetune", "--task", "ner", "--init", bert_dir, "--data", files,
+                     "--workdir", str(tmp_path / "bad_run"), *fast]) == 2
+    assert "train.txt line 2" in capsys.readouterr().err
+    assert run.main(["finetune", "--task", "ner", "--init", bert_dir, "--data",
+                     f"{files},{bad / 'test.txt'}", "--workdir", str(tmp_path / "bad_run")]) == 2
+    assert f"--data {bad / 'test.txt'}: no such folder" in capsys.readouterr().err
