@@ -32,6 +32,7 @@ from pretext_jax.models.classifier import SequenceClassifier, from_pretrained
 from pretext_jax.objectives.common.classifier_recipes import (
     CLASSIFY,
     FinetuneModelConfig,
+    check_input_length,
     layout_of,
     load_encoder,
 )
@@ -116,7 +117,7 @@ def pretrained_classifier(config: FinetuneModelConfig, seed: int,
     random init)."""
     if not config.init:
         return None
-    return from_pretrained(load_encoder(config.init, load), config, nnx.Rngs(seed))
+    return from_pretrained(load_encoder(config.init, load, config.head), config, nnx.Rngs(seed))
 
 
 def build_classifier(config: FinetuneModelConfig, seed: int) -> SequenceClassifier:
@@ -168,9 +169,7 @@ def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig,
     if examples.layout != wanted:
         raise UserError(f"examples.layout={examples.layout} does not suit model.head="
                         f"{model.head}; use examples.layout={wanted}")
-    if model.head != "xlnet" and examples.max_seq_length > model.max_position_embeddings:
-        raise UserError(f"examples.max_seq_length={examples.max_seq_length} exceeds the model's "
-                        f"max_position_embeddings={model.max_position_embeddings}; lower it")
+    check_input_length(model, examples.max_seq_length)
 
 
 def glue_train_rows(task: glue.GlueTask, data: str, config: Any) -> int:

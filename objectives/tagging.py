@@ -33,6 +33,7 @@ from pretext_jax.input_pipeline.records import RecordDirectory, write_records
 from pretext_jax.models.classifier import TokenClassifier, from_pretrained
 from pretext_jax.objectives.common.classifier_recipes import (
     FinetuneModelConfig,
+    check_input_length,
     layout_of,
     load_encoder,
 )
@@ -221,9 +222,7 @@ def check_ner(model: FinetuneModelConfig, examples: TagExampleConfig,
     if examples.layout != wanted:
         raise UserError(f"examples.layout={examples.layout} does not suit model.head="
                         f"{model.head}; use examples.layout={wanted}")
-    if model.head != "xlnet" and examples.max_seq_length > model.max_position_embeddings:
-        raise UserError(f"examples.max_seq_length={examples.max_seq_length} exceeds the model's "
-                        f"max_position_embeddings={model.max_position_embeddings}; lower it")
+    check_input_length(model, examples.max_seq_length)
 
 
 def build_tagger(config: FinetuneModelConfig, seed: int) -> TokenClassifier:
@@ -236,7 +235,7 @@ def pretrained_tagger(config: FinetuneModelConfig, seed: int,
     """The encoder of `config.init` under a fresh linear layer (None: random init)."""
     if not config.init:
         return None
-    return from_pretrained(load_encoder(config.init, load), config, nnx.Rngs(seed),
+    return from_pretrained(load_encoder(config.init, load, config.head), config, nnx.Rngs(seed),
                            TokenClassifier)
 
 
