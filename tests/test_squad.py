@@ -431,11 +431,11 @@ FAMILIES = {"bert": (bert, "masked_lm"), "electra": (electra, "masked_lm"),
             "xlm": (xlm, "seq2seq")}
 
 
-def card_rows(family: str) -> dict[str, str]:
-    """setting -> ours of the family's SQuAD card on its docs page."""
+def card_rows(family: str, card: str = "SQuAD") -> dict[str, str]:
+    """setting -> ours of the family's SQuAD (or GLUE) card on its docs page."""
     page = (Path(__file__).resolve().parent.parent / "docs" / "methods"
             / f"{FAMILIES[family][1]}.md")
-    text = page.read_text().split(f"#### SQuAD fine-tuning card: `{family}`", 1)[1]
+    text = page.read_text().split(f"#### {card} fine-tuning card: `{family}`", 1)[1]
     rows = [line for line in text.split("\n\n####")[0].split("\n## ")[0].splitlines()
             if line.startswith("| ") and not line.startswith("| setting")]
     return {cells[0].strip("` "): cells[2].strip() for cells in
@@ -462,6 +462,25 @@ def test_squad_cards_match_the_recipes(family):
     assert set(wanted) <= set(rows), set(wanted) - set(rows)
     for key, value in wanted.items():
         assert float(rows[key].rstrip(" %")) == pytest.approx(value, rel=1e-3), key
+
+
+GLUE_CARD = re.compile(r"lr ([0-9.e-]+), batch (\d+), ([0-9.]+) epochs, warmup ([0-9.]+) %")
+
+
+@pytest.mark.parametrize("family", ["roberta", "albert", "mpnet"])
+def test_glue_cards_match_the_recipes(family):
+    """The families whose GLUE recipe is per task have a GLUE card: one row per task, and the
+    optimiser's settings."""
+    rows = card_rows(family, "GLUE")
+    for task in ("sst2", "cola", "mrpc", "rte", "stsb"):
+        chosen = FAMILIES[family][0].glue_settings(768, task)
+        lr, batch, epochs, warmup = GLUE_CARD.fullmatch(rows[task]).groups()
+        assert (float(lr), int(batch), float(epochs), float(warmup)) == pytest.approx(
+            (chosen.learning_rate, chosen.batch_size, chosen.epochs, 100 * chosen.warmup)), task
+    chosen = FAMILIES[family][0].glue_settings(768, "sst2")
+    for key in ("weight_decay", "eps", "clip_norm", "schedule"):
+        assert rows[f"optim.{key}"] == str(getattr(chosen, key)).replace("1e-06", "1e-6"), key
+    assert float(rows["model.classifier_dropout"]) == chosen.classifier_dropout
 
 
 @pytest.fixture(scope="module")
