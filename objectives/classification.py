@@ -4,9 +4,10 @@ pre-trained encoder (google-research/bert run_classifier.py `create_model`; HF
 `*ForSequenceClassification`), GLUE's own metrics on the full dev set at every evaluation.
 
 The starting point is `model.init`: a pretext workdir or model directory (BERT, ELECTRA's
-discriminator, XLNet or XLM), or a HuggingFace BERT/ELECTRA/XLNet/XLM folder; empty = random
-initialisation of the same architecture (the baseline any pre-training has to beat). XLNet reads
-its own input layout (`examples.layout=xlnet`: `A <sep> B <sep> <cls>`, padded on the left) and
+discriminator, RoBERTa, ALBERT, MPNet, XLNet or XLM), or a HuggingFace folder of one of them;
+empty = random initialisation of the same architecture (the baseline any pre-training has to
+beat). RoBERTa and MPNet read fairseq's `<s> A </s></s> B </s>` (`examples.layout=roberta`); XLNet
+reads its own input layout (`examples.layout=xlnet`: `A <sep> B <sep> <cls>`, padded on the left) and
 classifies from the final <cls> (zihangdai/xlnet run_classifier.py); XLM reads `</s> A </s> B
 </s>` (`examples.layout=xlm`) and classifies from the first </s> (XLM xlm/evaluation/glue.py).
 """
@@ -55,7 +56,7 @@ from pretext_jax.objectives.registry import (
 class GlueExampleConfig:
     """The GLUE `task` (sst2, cola, mrpc, rte, stsb), `max_seq_length` (BERT and XLNet: 128),
     `max_train_examples` (0 = all; the first n training rows, for budgeted runs) and `layout`
-    (`input_pipeline.glue.LAYOUTS`: bert, or the xlnet / xlm head's own)."""
+    (`input_pipeline.glue.LAYOUTS`: bert, or the roberta / xlnet / xlm head's own)."""
 
     task: str = "sst2"
     """GLUE task: sst2, cola, mrpc, rte or stsb (folder names such as SST-2 work too)."""
@@ -64,8 +65,8 @@ class GlueExampleConfig:
     max_train_examples: int = 0
     """Train on the first n training rows only; 0 = all."""
     layout: str = "bert"
-    """Input layout: bert ([CLS] A [SEP] B [SEP]), xlnet (A <sep> B <sep> <cls>, left-padded) or
-    xlm (</s> A </s> B </s>)."""
+    """Input layout: bert ([CLS] A [SEP] B [SEP]), roberta (<s> A </s></s> B </s>, types 0),
+    xlnet (A <sep> B <sep> <cls>, left-padded) or xlm (</s> A </s> B </s>)."""
 
 
 def classification_loss(model: SequenceClassifier, batch: Batch, rng: jax.Array | None
