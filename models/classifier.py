@@ -47,8 +47,8 @@ HEADS = ("bert", "electra", "roberta", "albert", "mpnet", "xlnet", "xlm")
 # The pre-trained models each head's family makes (a subclass finds its family's entry).
 FAMILIES = {Bert: "bert", ElectraDiscriminator: "electra", Roberta: "roberta", Albert: "albert",
             MPNet: "mpnet", XLNet: "xlnet", XLM: "xlm"}
-# The network under each head, by the attribute that holds it: the shared `Encoder`
-# (`encoder`; ALBERT's stores one shared layer) or the family's own (`transformer`).
+# The network under each head (`EncoderHeads`): heads with one entry start from each other's
+# pre-trained models (the shared `Encoder`; ALBERT's stores one shared layer; a family's own).
 ENCODERS = {"bert": "encoder", "electra": "encoder", "roberta": "encoder",
             "albert": "shared encoder", "mpnet": "mpnet", "xlnet": "xlnet", "xlm": "xlm"}
 # The two-layer heads (dropout, dense, activation, dropout, dense) and their activation; the
