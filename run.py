@@ -122,9 +122,9 @@ def _parser() -> argparse.ArgumentParser:
 
     def add_glue_arguments(command: argparse.ArgumentParser) -> None:
         command.add_argument("--init", default="",
-                             help="pretext workdir/model dir (BERT, ELECTRA, XLNet, XLM, ELMo; "
-                             "summarize: T5, MASS, ProphetNet) or HuggingFace "
-                             "BERT/ELECTRA/XLNet/XLM (summarize: T5, ProphetNet) folder")
+                             help="pretext workdir/model dir (BERT, ELECTRA, RoBERTa, ALBERT, "
+                             "MPNet, XLNet, XLM, ELMo; summarize: T5, MASS, ProphetNet) or "
+                             "HuggingFace folder of one of them")
         command.add_argument("--architecture", default="",
                              help="with no --init: a checkpoint whose shape a random encoder "
                              "copies (the from-scratch baseline)")

@@ -131,7 +131,8 @@ def encode_tagged(sentences: TaggedSentences, labels: tuple[str, ...], tokenizer
                   max_seq_length: int, layout: str = "bert", stride: int = 0
                   ) -> dict[str, np.ndarray]:
     """Windows of word pieces with the layout's special tokens (`glue.with_specials`: BERT's
-    `[CLS] A [SEP]`, XLNet's left-padded `A <sep> <cls>`, XLM's `</s> A </s>`). Returns int32
+    `[CLS] A [SEP]`, RoBERTa's the same with its <s> and </s>, XLNet's left-padded
+    `A <sep> <cls>`, XLM's `</s> A </s>`). Returns int32
     `input_ids`, `token_type_ids`, `attention_mask`, `labels` (the word's label id at its first
     piece in the window that predicts it, else `IGNORE`), `word` (that word's index in its
     sentence, else -1), each [N, max_seq_length], and `sentence` [N]. A tag outside `labels`
@@ -159,7 +160,7 @@ def encode_tagged(sentences: TaggedSentences, labels: tuple[str, ...], tokenizer
         for w, start in enumerate(starts):
             window = pieces[start:start + span]
             ids, types = with_specials(window, None, tokenizer, layout)
-            offset = 1 if layout in ("bert", "xlm") else 0  # where the window's first piece sits
+            offset = 0 if layout == "xlnet" else 1  # where the window's first piece sits
             labels_row = [IGNORE] * len(ids)
             word_row = [-1] * len(ids)
             for k, first in enumerate(firsts):

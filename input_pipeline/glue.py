@@ -306,11 +306,13 @@ def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_length: int)
         longer.pop()
 
 
-# Input layouts: BERT's `[CLS] A [SEP] B [SEP]`, padded on the right; XLNet's
-# `A <sep> B <sep> <cls>`, padded on the left; XLM's `</s> A </s> B </s>` (facebookresearch/XLM
-# glue.py: each sentence between </s>, a pair joined by `concat_batches` on the shared </s>),
-# padded on the right.
-LAYOUTS = ("bert", "xlnet", "xlm")
+# Input layouts: BERT's `[CLS] A [SEP] B [SEP]`, padded on the right; RoBERTa's `<s> A </s></s>
+# B </s>` (fairseq `sentence_prediction`: each sentence between <s>/</s>, a pair joined by a
+# second </s>; HF `RobertaTokenizer.build_inputs_with_special_tokens`), token types all 0,
+# padded on the right (MPNet's fine-tuning reads it too); XLNet's `A <sep> B <sep> <cls>`,
+# padded on the left; XLM's `</s> A </s> B </s>` (facebookresearch/XLM glue.py: each sentence
+# between </s>, a pair joined by `concat_batches` on the shared </s>), padded on the right.
+LAYOUTS = ("bert", "roberta", "xlnet", "xlm")
 # zihangdai/xlnet classifier_utils.py segment ids of XLNet's <cls> and of padding.
 SEG_ID_CLS, SEG_ID_PAD = 2, 4
 
@@ -319,7 +321,13 @@ def with_specials(tokens_a: list[int], tokens_b: list[int] | None, tokenizer: To
                    layout: str) -> tuple[list[int], list[int]]:
     """(ids, token types) of one example: A and its separator type 0, B and its separator type
     1; BERT puts [CLS] (type 0) first, XLNet <cls> (type `SEG_ID_CLS`) last, XLM </s> (the
-    tokenizer's `eos_id`, type 0) first."""
+    tokenizer's `eos_id`, type 0) first; RoBERTa [CLS] (<s>) first, a second separator before B
+    and every type 0 (its one token type)."""
+    if layout == "roberta":
+        ids = [tokenizer.cls_id, *tokens_a, tokenizer.sep_id]
+        if tokens_b is not None:
+            ids += [tokenizer.sep_id, *tokens_b, tokenizer.sep_id]
+        return ids, [0] * len(ids)
     ids, types = [*tokens_a, tokenizer.sep_id], [0] * (len(tokens_a) + 1)
     if tokens_b is not None:
         ids += [*tokens_b, tokenizer.sep_id]
@@ -329,13 +337,21 @@ def with_specials(tokens_a: list[int], tokens_b: list[int] | None, tokenizer: To
     return [*ids, tokenizer.cls_id], [*types, SEG_ID_CLS]
 
 
+def special_count(layout: str, pair: bool) -> int:
+    """How many special tokens `with_specials` adds to one sentence or a pair."""
+    if not pair:
+        return 2
+    return 4 if layout == "roberta" else 3
+
+
 def encode_glue(split: GlueSplit, tokenizer: Tokenizer, max_seq_length: int,
                 layout: str = "bert") -> dict[str, np.ndarray]:
     """`convert_single_example` of google-research/bert run_classifier.py (`layout="bert"`):
     `[CLS] A [SEP]` with token type 0, then `B [SEP]` with type 1 for pairs, padded on the right;
     or of zihangdai/xlnet classifier_utils.py (`layout="xlnet"`): `A <sep>` type 0, `B <sep>`
     type 1, `<cls>` type 2, padded on the left with segment id 4; or of facebookresearch/XLM
-    glue.py (`layout="xlm"`): `</s> A </s> B </s>`, padded on the right. An empty B is left out (as
+    glue.py (`layout="xlm"`): `</s> A </s> B </s>`, padded on the right; or fairseq's RoBERTa
+    (`layout="roberta"`): `<s> A </s></s> B </s>`, types 0. An empty B is left out (as
     `if example.text_b` there does); the pair is truncated longest-first (`truncate_seq_pair`).
     Padding uses `pad_id` (XLNet's TF code pads with id 0, which the mask hides just the same).
     Returns int32 `input_ids`, `token_type_ids`, `attention_mask` (1 = real token; the TF
@@ -343,7 +359,7 @@ def encode_glue(split: GlueSplit, tokenizer: Tokenizer, max_seq_length: int,
     or float32 scores)."""
     if layout not in LAYOUTS:
         raise UserError(f"examples.layout={layout!r} is unknown; use one of {LAYOUTS}")
-    specials = 2 if split.texts_b is None else 3
+    specials = special_count(layout, split.texts_b is not None)
     if max_seq_length < specials:
         raise UserError(f"max_seq_length={max_seq_length} is shorter than the {specials} "
                         "special tokens (CLS and SEP) of a GLUE example; use at least "
@@ -359,7 +375,7 @@ def encode_glue(split: GlueSplit, tokenizer: Tokenizer, max_seq_length: int,
         tokens_b = None
         if text_b:
             tokens_b = list(tokenizer.encode(text_b))
-            truncate_seq_pair(tokens_a, tokens_b, max_seq_length - 3)
+            truncate_seq_pair(tokens_a, tokens_b, max_seq_length - specials)
         else:
             del tokens_a[max_seq_length - 2:]
         ids, types = with_specials(tokens_a, tokens_b, tokenizer, layout)

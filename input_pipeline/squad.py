@@ -7,12 +7,13 @@ each word is tokenised on its own, so every sub-token knows its word. A question
 read from its character offset, which must match its text. A window holds, in the bert layout,
 `[CLS] question [SEP] context piece [SEP]` (question truncated to `max_query_length`
 sub-tokens, pieces `doc_stride` apart); in the xlm layout `</s> question </s> piece </s>` (as
-`input_pipeline.glue`'s xlm layout); in the xlnet layout `piece <sep> question <sep>
+`input_pipeline.glue`'s xlm layout); in the roberta layout `<s> question </s></s> piece </s>`,
+token types 0; in the xlnet layout `piece <sep> question <sep>
 <cls>` (zihangdai/xlnet run_squad.py puts the context first and the <cls> last, token types 0,
 1, then 2 for <cls> and 3 for padding, padded on the right). A sub-token that sits in several
 windows is predicted only from the one where it has the most context on both sides
 (`max_context`). In training an answer outside a window, and v2.0's unanswerable questions,
-point at the window's [CLS] / <cls> / first </s> (`cls_index`), whose start + end logits are
+point at the window's [CLS] / <s> / <cls> / first </s> (`cls_index`), whose start + end logits are
 also the null score.
 """
 
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline.glue import LAYOUTS, SEG_ID_CLS
+from pretext_jax.input_pipeline.glue import LAYOUTS, SEG_ID_CLS, special_count, with_specials
 from pretext_jax.input_pipeline.tokenizers import Tokenizer
 
 # zihangdai/xlnet run_squad.py's segment id of padding (its classifier_utils.py uses 4).
@@ -167,12 +168,16 @@ def _window(query: list[int], piece: list[int], tokenizer: Tokenizer, layout: st
             ) -> tuple[list[int], list[int], int, int]:
     """(ids, token types, the piece's first position, the no-answer position) of one window:
     bert `[CLS] Q [SEP] P [SEP]` (types 0 up to the first [SEP], then 1), xlm the same
-    opened by `eos_id` (</s>) as `glue._with_specials`, xlnet `P <sep> Q <sep> <cls>` (types
-    0, 1, `SEG_ID_CLS`)."""
+    opened by `eos_id` (</s>) as `glue._with_specials`, roberta `<s> Q </s></s> P </s>` (types
+    0, the null at <s>; HF `RobertaTokenizer`'s pair, as its `run_qa.py` feeds
+    `RobertaForQuestionAnswering`), xlnet `P <sep> Q <sep> <cls>` (types 0, 1, `SEG_ID_CLS`)."""
     if layout == "xlnet":
         ids = [*piece, tokenizer.sep_id, *query, tokenizer.sep_id, tokenizer.cls_id]
         types = [0] * (len(piece) + 1) + [1] * (len(query) + 1) + [SEG_ID_CLS]
         return ids, types, 0, len(ids) - 1
+    if layout == "roberta":
+        ids, types = with_specials(query, piece, tokenizer, layout)
+        return ids, types, len(query) + 3, 0
     first, sep = ((tokenizer.cls_id, tokenizer.sep_id) if layout == "bert"
                   else (tokenizer.eos_id, tokenizer.sep_id))
     ids = [first, *query, sep, *piece, sep]
@@ -207,7 +212,7 @@ def encode_windows(examples: Sequence[SquadExample], tokenizer: Tokenizer, max_s
                           if example.end_word + 1 < len(example.words) else len(pieces) - 1)
             answer_start, answer_end = _improve_span(
                 pieces, answer_start, answer_end, tokenizer.encode(example.answers[0]))
-        room = max_seq_length - len(query) - 3
+        room = max_seq_length - len(query) - special_count(layout, pair=True)
         if room < 1:
             raise UserError(f"examples.max_seq_length={max_seq_length} leaves no room for the "
                             f"context after question {example.qid}'s {len(query)} sub-tokens; "

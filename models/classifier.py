@@ -1,11 +1,16 @@
 """Sentence(-pair) classification and regression on a pre-trained encoder, for fine-tuning
 (GLUE).
 
-Three heads, each as its reference builds it:
-- `bert`: the pooler (dense + tanh on [CLS]), dropout, dense to the labels (google-research/bert
-  run_classifier.py `create_model`; HF `BertForSequenceClassification`).
+The heads, each as its reference builds it:
+- `bert` and `albert`: the pooler (dense + tanh on [CLS]), dropout, dense to the labels
+  (google-research/bert run_classifier.py `create_model`, google-research/albert
+  classifier_utils.py `create_model`; HF `BertForSequenceClassification`,
+  `AlbertForSequenceClassification`).
 - `electra`: on [CLS]: dropout, dense(H), GELU, dropout, dense to the labels (HF
   `ElectraClassificationHead`, the parity oracle; the TF ELECTRA code uses a tanh pooler there).
+- `roberta` and `mpnet`: the same on <s> with tanh (fairseq `RobertaClassificationHead`, which
+  microsoft/MPNet's fine-tuning reuses; HF `RobertaClassificationHead`,
+  `MPNetClassificationHead`).
 - `xlnet`: on the last position (the <cls> that ends XLNet's inputs, which are padded on the
   left): dense + tanh, dropout, dense to the labels (zihangdai/xlnet modeling.py
   `summarize_sequence` with summary_type `last` and `use_proj`, then `classification_loss`;
@@ -13,28 +18,43 @@ Three heads, each as its reference builds it:
 - `xlm`: on the first position (the </s> that opens XLM's inputs): dropout, dense to the labels
   (facebookresearch/XLM xlm/evaluation/glue.py `proj` on `get_embeddings`; HF
   `XLMForSequenceClassification`: `sequence_summary` with summary_type `first`).
-`num_labels=1` is regression (STS-B). The bert and electra heads sit on the encoder BERT and
-ELECTRA pre-train, the xlnet head on `XLNetModel`, the xlm head on `XLM` without its prediction
-layer, so a pre-trained model's weights move over unchanged (`from_pretrained`).
+`num_labels=1` is regression (STS-B). Each head sits on the network its family pre-trains
+(`EncoderHeads`): the shared `Encoder` (BERT, ELECTRA, RoBERTa; ALBERT's with its one shared
+layer), `XLNetModel`, `XLM` without its prediction layer, `MPNet` without its LM head, so a
+pre-trained model's weights move over unchanged (`from_pretrained`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from pretext_jax.models.albert import Albert
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.electra import ElectraDiscriminator
 from pretext_jax.models.encoder import Encoder, EncoderConfig
 from pretext_jax.models.layers import ACTIVATIONS, TransformerConfig, dense, dropout, split_rng
+from pretext_jax.models.mpnet import POSITION_OFFSET, MPNet, MPNetConfig
+from pretext_jax.models.roberta import Roberta
 from pretext_jax.models.xlm import XLM, XLMConfig
 from pretext_jax.models.xlnet import XLNet, XLNetConfig, XLNetModel
 
-HEADS = ("bert", "electra", "xlnet", "xlm")
+HEADS = ("bert", "electra", "roberta", "albert", "mpnet", "xlnet", "xlm")
+# The pre-trained models each head's family makes (a subclass finds its family's entry).
+FAMILIES = {Bert: "bert", ElectraDiscriminator: "electra", Roberta: "roberta", Albert: "albert",
+            MPNet: "mpnet", XLNet: "xlnet", XLM: "xlm"}
+# The network under each head (`EncoderHeads`): heads with one entry start from each other's
+# pre-trained models (the shared `Encoder`; ALBERT's stores one shared layer; a family's own).
+ENCODERS = {"bert": "encoder", "electra": "encoder", "roberta": "encoder",
+            "albert": "shared encoder", "mpnet": "mpnet", "xlnet": "xlnet", "xlm": "xlm"}
+# The two-layer heads (dropout, dense, activation, dropout, dense) and their activation; the
+# pooler heads (dense, tanh, dropout, dense) are the rest but XLM's (dropout, dense).
+TWO_LAYER_ACTIVATIONS = {"electra": ACTIVATIONS["gelu"], "roberta": jnp.tanh,
+                         "mpnet": jnp.tanh}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +64,9 @@ class HeadConfig(TransformerConfig):
 
     heads: ClassVar[tuple[str, ...]] = HEADS
     head: str = "bert"
-    """Head: bert (tanh pooler), electra (HF `ElectraClassificationHead`), xlnet (last token),
-    xlm (first token, one linear layer)."""
+    """Head (and the family whose network it sits on): bert or albert (tanh pooler), electra
+    (HF `ElectraClassificationHead`), roberta or mpnet (its tanh form), xlnet (last token), xlm
+    (first token, one linear layer)."""
     num_labels: int = 2
     """Outputs of the head: classes, or 1 for regression (STS-B); must match the task; 0 = from
     the data (NER: the training file's tags)."""
@@ -67,9 +88,9 @@ class HeadConfig(TransformerConfig):
 
 @dataclasses.dataclass(frozen=True)
 class ClassifierConfig(EncoderConfig, HeadConfig):
-    """The BERT-style encoder's config plus a bert or electra head."""
+    """The BERT-style encoder's config plus a bert, electra, roberta or albert head."""
 
-    heads: ClassVar[tuple[str, ...]] = ("bert", "electra")
+    heads: ClassVar[tuple[str, ...]] = ("bert", "electra", "roberta", "albert")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,23 +110,64 @@ class XLMClassifierConfig(XLMConfig, HeadConfig):
     head: str = "xlm"
 
 
-class SequenceClassifier(nnx.Module):
-    """Encoder + classification head; returns logits [B, num_labels]. The bert and electra
-    heads sit on `Encoder` (`encoder`), the xlnet head on `XLNetModel` (`transformer`, run on
-    the content stream alone: no memory, permutation mask or target mapping), the xlm head on
-    `XLM` (`transformer`, bidirectional, without language ids or token types, as XLM's GLUE
-    fine-tuning runs it)."""
+@dataclasses.dataclass(frozen=True)
+class MPNetClassifierConfig(MPNetConfig, HeadConfig):
+    """MPNet's config plus the mpnet head (HF's heads drop out at `hidden_dropout_prob`)."""
+
+    heads: ClassVar[tuple[str, ...]] = ("mpnet",)
+    head: str = "mpnet"
+
+
+def longest_input(config: HeadConfig) -> int | None:
+    """The most tokens the head's network has positions for: None for XLNet's relative
+    positions; MPNet's table less the 2 rows before the first position; RoBERTa's less its
+    padding id + 1 (positions count from there); else the table's rows."""
+    if config.head == "xlnet":
+        return None
+    if config.head == "mpnet":
+        return config.max_position_embeddings - POSITION_OFFSET
+    padding_id = getattr(config, "position_padding_id", -1)
+    return config.max_position_embeddings - (padding_id + 1 if padding_id >= 0 else 0)
+
+
+class EncoderHeads(nnx.Module):
+    """What the heads share: the network of the head's family (`ENCODERS`) and its final
+    states. XLNet's runs on the content stream alone (no memory, permutation mask or target
+    mapping), XLM's bidirectionally without language ids or token types (as XLM's GLUE
+    fine-tuning runs it), MPNet's without token types (it has none)."""
+
+    def _build_encoder(self, config: HeadConfig, rngs: nnx.Rngs) -> None:
+        if config.head == "xlnet":
+            self.transformer = XLNetModel(config, rngs=rngs)
+        elif config.head == "xlm":
+            self.transformer = XLM(config, rngs=rngs, with_output=False)
+        elif config.head == "mpnet":
+            self.transformer = MPNet(config, rngs=rngs, with_lm_head=False)
+        else:
+            self.encoder = Encoder(config, rngs=rngs, shared_layers=config.head == "albert")
+
+    def hidden(self, input_ids: jax.Array, token_type_ids: jax.Array | None,
+               attention_mask: jax.Array | None, rng: jax.Array | None) -> jax.Array:
+        """The final states [B, T, H]."""
+        head = self.config.head
+        if head == "xlnet":
+            return self.transformer.encode(input_ids, token_type_ids, attention_mask, rng=rng)[0]
+        if head == "xlm":
+            return self.transformer.hidden(input_ids, attention_mask, rng=rng)
+        if head == "mpnet":
+            return self.transformer.encode(input_ids, attention_mask, rng=rng)
+        return self.encoder(input_ids, token_type_ids, attention_mask, rng)
+
+
+class SequenceClassifier(EncoderHeads):
+    """Encoder + classification head; returns logits [B, num_labels] (the heads: the module
+    docstring)."""
 
     def __init__(self, config: HeadConfig, *, rngs: nnx.Rngs):
         h = config.hidden_size
         self.config = config
         with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
-            if config.head == "xlnet":
-                self.transformer = XLNetModel(config, rngs=rngs)
-            elif config.head == "xlm":
-                self.transformer = XLM(config, rngs=rngs, with_output=False)
-            else:
-                self.encoder = Encoder(config, rngs=rngs)
+            self._build_encoder(config, rngs)
             self.head_dense = (None if config.head == "xlm"
                                else dense(config, h, h, ("embed", "mlp"), rngs))
             self.head_output = dense(config, h, config.num_labels, ("mlp", None), rngs)
@@ -119,43 +181,31 @@ class SequenceClassifier(nnx.Module):
         rng: jax.Array | None = None,
     ) -> jax.Array:
         encoder_rng, first_rng, second_rng = split_rng(rng, 3)
-        rate = self.config.head_dropout
-        if self.config.head == "xlnet":  # the <cls> that ends the (left-padded) input
-            hidden, _ = self.transformer.encode(input_ids, token_type_ids, attention_mask,
-                                                rng=encoder_rng)
-            summary_token = hidden[:, -1]
-        elif self.config.head == "xlm":  # the </s> that opens the input; token types unused
-            summary_token = self.transformer.hidden(input_ids, attention_mask,
-                                                    rng=encoder_rng)[:, 0]
+        head, rate = self.config.head, self.config.head_dropout
+        hidden = self.hidden(input_ids, token_type_ids, attention_mask, encoder_rng)
+        # XLNet's <cls> ends the (left-padded) input; the others' first token opens it
+        summary_token = hidden[:, -1] if head == "xlnet" else hidden[:, 0]
+        if head == "xlm":
             return self.head_output(dropout(summary_token, rate, first_rng))
-        else:
-            summary_token = self.encoder(input_ids, token_type_ids, attention_mask,
-                                         encoder_rng)[:, 0]
-        if self.config.head == "electra":
+        if head in TWO_LAYER_ACTIVATIONS:
             x = self.head_dense(dropout(summary_token, rate, first_rng))
-            x = ACTIVATIONS["gelu"](x)
+            x = TWO_LAYER_ACTIVATIONS[head](x)
             return self.head_output(dropout(x, rate, second_rng))
         pooled = jnp.tanh(self.head_dense(summary_token))
         return self.head_output(dropout(pooled, rate, first_rng))
 
 
-class TokenClassifier(nnx.Module):
+class TokenClassifier(EncoderHeads):
     """Encoder + a linear layer over every final state (after dropout): logits [B, T,
     num_labels], for token classification (named entities; BERT §5.3: the first sub-token of
-    each word labelled). HF `BertForTokenClassification`, `ElectraForTokenClassification`,
-    `XLNetForTokenClassification` and `XLMForTokenClassification`: `classifier` on the sequence
-    output. The encoders sit where `SequenceClassifier` keeps them, so `from_pretrained` serves
-    both."""
+    each word labelled). HF `*ForTokenClassification` of every family: `classifier` on the
+    sequence output. The encoders sit where `SequenceClassifier` keeps them, so
+    `from_pretrained` serves both."""
 
     def __init__(self, config: HeadConfig, *, rngs: nnx.Rngs):
         self.config = config
         with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
-            if config.head == "xlnet":
-                self.transformer = XLNetModel(config, rngs=rngs)
-            elif config.head == "xlm":
-                self.transformer = XLM(config, rngs=rngs, with_output=False)
-            else:
-                self.encoder = Encoder(config, rngs=rngs)
+            self._build_encoder(config, rngs)
             self.head_output = dense(config, config.hidden_size, config.num_labels,
                                      ("mlp", None), rngs)
 
@@ -168,31 +218,30 @@ class TokenClassifier(nnx.Module):
         rng: jax.Array | None = None,
     ) -> jax.Array:
         encoder_rng, head_rng = split_rng(rng, 2)
-        if self.config.head == "xlnet":
-            hidden, _ = self.transformer.encode(input_ids, token_type_ids, attention_mask,
-                                                rng=encoder_rng)
-        elif self.config.head == "xlm":  # token types unused, as in XLM's fine-tuning
-            hidden = self.transformer.hidden(input_ids, attention_mask, rng=encoder_rng)
-        else:
-            hidden = self.encoder(input_ids, token_type_ids, attention_mask, encoder_rng)
+        hidden = self.hidden(input_ids, token_type_ids, attention_mask, encoder_rng)
         return self.head_output(dropout(hidden, self.config.head_dropout, head_rng))
 
 
-Pretrained = Bert | ElectraDiscriminator | XLNet | XLM | SequenceClassifier | TokenClassifier
+Pretrained = (Bert | ElectraDiscriminator | Roberta | Albert | MPNet | XLNet | XLM
+              | SequenceClassifier | TokenClassifier)
+
+
+def head_of(model: Any) -> str | None:
+    """The head a model fine-tunes with: its own for a model with a head config (a fine-tuned
+    classifier or span extractor), else its family's (`FAMILIES`); None for other models."""
+    if isinstance(getattr(model, "config", None), HeadConfig):
+        return model.config.head
+    return next((FAMILIES[c] for c in type(model).__mro__ if c in FAMILIES), None)
 
 
 def classifier_config(pretrained: Pretrained, num_labels: int, classifier_dropout: float = -1.0
-                      ) -> ClassifierConfig | XLNetClassifierConfig | XLMClassifierConfig:
-    """The classifier config for a pre-trained BERT (bert head), ELECTRA discriminator (electra
-    head), XLNet (xlnet head), XLM (xlm head) or fine-tuned classifier (its head). XLNet
-    fine-tunes without memory, `bi_data` or `same_length`, as run_classifier.py's run config
-    (xlnet.py `create_run_config` with is_finetune); XLM bidirectionally, whatever it was
-    pre-trained with (glue.py: `causal=False`)."""
-    config = pretrained.config
-    head = (config.head if isinstance(pretrained, SequenceClassifier | TokenClassifier)
-            else "xlnet" if isinstance(pretrained, XLNet)
-            else "xlm" if isinstance(pretrained, XLM)
-            else "bert" if isinstance(pretrained, Bert) else "electra")
+                      ) -> HeadConfig:
+    """The classifier config for a pre-trained model of a family in `FAMILIES` (its head) or a
+    fine-tuned classifier (its head). XLNet fine-tunes without memory, `bi_data` or
+    `same_length`, as run_classifier.py's run config (xlnet.py `create_run_config` with
+    is_finetune); XLM bidirectionally, whatever it was pre-trained with (glue.py:
+    `causal=False`)."""
+    config, head = pretrained.config, head_of(pretrained)
     if head == "xlm":
         fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(XLMConfig)}
         fields.update(causal=False, is_decoder=False)
@@ -203,6 +252,10 @@ def classifier_config(pretrained: Pretrained, num_labels: int, classifier_dropou
         fields.update(bi_data=False, same_length=False, mem_len=0, reuse_len=0,
                       memory_batch_size=0)
         return XLNetClassifierConfig(**fields, num_labels=num_labels,
+                                     classifier_dropout=classifier_dropout)
+    if head == "mpnet":
+        fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(MPNetConfig)}
+        return MPNetClassifierConfig(**fields, num_labels=num_labels,
                                      classifier_dropout=classifier_dropout)
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(EncoderConfig)}
     return ClassifierConfig(**fields, head=head, num_labels=num_labels,
@@ -216,17 +269,27 @@ def copy_params(target: nnx.Module, source: nnx.Module) -> None:
     nnx.update(target, nnx.State({name: params[name] for name in nnx.state(target, nnx.Param)}))
 
 
+def move_encoder(model: EncoderHeads, pretrained: nnx.Module) -> None:
+    """Sets `model`'s network to `pretrained`'s (a pre-trained model or a model with a head
+    over the same network, `ENCODERS`): the shared `Encoder` whole, the others all but their
+    pre-training head's parameters."""
+    if hasattr(model, "transformer"):
+        copy_params(model.transformer, getattr(pretrained, "transformer", pretrained))
+    else:
+        nnx.update(model.encoder, nnx.state(pretrained.encoder, nnx.Param))
+
+
 def from_pretrained(pretrained: Pretrained, config: HeadConfig, rngs: nnx.Rngs,
                     model_class: type[SequenceClassifier | TokenClassifier] = SequenceClassifier
                     ) -> SequenceClassifier | TokenClassifier:
     """A `model_class` (sequence or token classifier) whose encoder (and, for a sequence
-    classifier from BERT, pooler) are the pre-trained model's; the rest of the head is freshly
-    initialised. From a fine-tuned classifier, only its encoder moves over."""
+    classifier with a pooler head from BERT or ALBERT, the pooler) are the pre-trained
+    model's; the rest of the head is freshly initialised. From a fine-tuned classifier, only
+    its encoder moves over."""
     model = model_class(config, rngs=rngs)
-    if config.head in ("xlnet", "xlm"):  # all but the pre-trained LM head's bias
-        copy_params(model.transformer, getattr(pretrained, "transformer", pretrained))
-        return model
-    nnx.update(model.encoder, nnx.state(pretrained.encoder, nnx.Param))
-    if isinstance(pretrained, Bert) and isinstance(model, SequenceClassifier):
-        nnx.update(model.head_dense, nnx.state(pretrained.pooler, nnx.Param))
+    move_encoder(model, pretrained)
+    pooler = getattr(pretrained, "pooler", None)
+    if isinstance(model, SequenceClassifier) and pooler is not None and config.head in (
+            "bert", "albert"):
+        nnx.update(model.head_dense, nnx.state(pooler, nnx.Param))
     return model

@@ -139,9 +139,11 @@ class MPNetLayer(EncoderLayer):
 class MPNet(nnx.Module):
     """MPNet with its LM head (HF `MPNetForMaskedLM`): word + absolute position embeddings
     (no token types), LayerNorm, dropout; stacked `MPNetLayer`s sharing one relative position
-    bias table; dense, GELU, LayerNorm and the tied word embedding + bias."""
+    bias table; dense, GELU, LayerNorm and the tied word embedding + bias. `with_lm_head=False`
+    leaves the LM head out (HF `MPNetModel` without its pooler), for a fine-tuning head on top
+    of `encode`."""
 
-    def __init__(self, config: MPNetConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: MPNetConfig, *, rngs: nnx.Rngs, with_lm_head: bool = True):
         h = config.hidden_size
         self.config = config
         with nnx.use_eager_sharding(False):
@@ -153,7 +155,8 @@ class MPNet(nnx.Module):
                                                  config.num_heads, (None, None), rngs)
             self.layers = stacked_layers(lambda r: MPNetLayer(config, rngs=r),
                                          config.num_layers, rngs)
-            self.lm_head = MaskedLMHead(config, rngs=rngs, activation="gelu")
+            self.lm_head = (MaskedLMHead(config, rngs=rngs, activation="gelu") if with_lm_head
+                            else None)
 
     def position_bias(self, query_positions: jax.Array, key_positions: jax.Array) -> jax.Array:
         """[B, heads, Tq, Tk] learned bias of the bucketed `key - query` offsets
@@ -193,6 +196,25 @@ class MPNet(nnx.Module):
         are 0-based positions (embedding row p + 2, fairseq's `encode_emb`); `attention_mask`
         (1 = token) hides padding keys in both modes. `rng` enables dropout.
         """
+        length = input_ids.shape[1]
+        hidden = self._layers(input_ids, attention_mask, position_ids, pred_size, rng)
+        if not pred_size:
+            return MPNetOutput(hidden_states=hidden, query_states=None,
+                               logits=self.lm_logits(hidden))
+        query = hidden[:, length:]
+        return MPNetOutput(hidden_states=hidden[:, :length], query_states=query,
+                           logits=self.lm_logits(query))
+
+    def encode(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
+               rng: jax.Array | None = None) -> jax.Array:
+        """The plain forward's last hidden states [B, T, H] without the LM head (HF
+        `MPNetModel`'s `last_hidden_state`), positions from `attention_mask` as `__call__`'s."""
+        return self._layers(input_ids, attention_mask, None, 0, rng)
+
+    def _layers(self, input_ids: jax.Array, attention_mask: jax.Array | None,
+                position_ids: jax.Array | None, pred_size: int, rng: jax.Array | None
+                ) -> jax.Array:
+        """The last layer's rows (two-stream: the content stream's, then the query stream's)."""
         c = self.config
         length = input_ids.shape[1]
         if attention_mask is None:
@@ -227,10 +249,4 @@ class MPNet(nnx.Module):
         def apply(layer: MPNetLayer, h: jax.Array, key: jax.Array | None):
             return layer(h, mask, bias, length, key), None
 
-        hidden = run_stacked(self.layers, apply, x, keys, c)[0]
-        if not pred_size:
-            return MPNetOutput(hidden_states=hidden, query_states=None,
-                               logits=self.lm_logits(hidden))
-        query = hidden[:, length:]
-        return MPNetOutput(hidden_states=hidden[:, :length], query_states=query,
-                           logits=self.lm_logits(query))
+        return run_stacked(self.layers, apply, x, keys, c)[0]

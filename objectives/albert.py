@@ -18,6 +18,7 @@ from flax import nnx
 from pretext_jax.input_pipeline.examples import albert as albert_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.albert import Albert, AlbertConfig
+from pretext_jax.objectives.common.classifier_recipes import ClassifierSettings, claims_encoders
 from pretext_jax.objectives.common.losses import weighted_cross_entropy
 from pretext_jax.objectives.common.masked_lm import check_max_seq_length, prepare_masked_lm
 from pretext_jax.objectives.common.preset_parts import (
@@ -91,6 +92,34 @@ PRESETS = {
 }
 
 
+# google-research/albert run_glue.sh, per task: lr, batch, epochs (train_step x batch over the
+# task's training rows) and warmup (warmup_step / train_step).
+ALBERT_GLUE = {
+    "sst2": (1e-5, 32, 10, 0.06),  # 20,935 steps x 32 / 67,349 rows; 1,256 warmup steps
+    "cola": (1e-5, 16, 10, 0.06),  # 5,336 x 16 / 8,551; 320
+    "stsb": (2e-5, 16, 10, 0.06),  # 3,598 x 16 / 5,749; 214
+    "rte": (3e-5, 32, 10, 0.25),  # 800 x 32 / 2,490 = 10.3; 200
+    "mrpc": (2e-5, 32, 7, 0.25),  # 800 x 32 / 3,668 = 7.0; 200
+}
+
+
+def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
+    """ALBERT's fine-tuning, as google-research/albert runs it: run_classifier.py with
+    run_glue.sh's per-task flags (`ALBERT_GLUE`; other tasks, named entities, take SST-2's),
+    `optimizer=adamw` (optimization.py: weight decay 0.01 not on LayerNorm or biases, eps 1e-6,
+    clipping at 1.0, warmup then linear decay over the run), and classifier_utils.py's 0.1
+    dropout before the output layer whatever the config's (v2: 0). SQuAD v1.1 and v2.0 (the
+    README's run_squad_v1.py / run_squad_v2.py commands): lr 5e-5, batch 48, 2 epochs, warmup
+    10 %, windows of 384. The same for every size."""
+    del hidden_size
+    if task in ("squad", "squad2"):
+        return ClassifierSettings(learning_rate=5e-5, epochs=2, weight_decay=0.01,
+                                  batch_size=48)
+    learning_rate, batch_size, epochs, warmup = ALBERT_GLUE.get(task, ALBERT_GLUE["sst2"])
+    return ClassifierSettings(learning_rate=learning_rate, epochs=epochs, weight_decay=0.01,
+                              batch_size=batch_size, warmup=warmup, classifier_dropout=0.1)
+
+
 register(Method(
     name="albert",
     model_config=AlbertConfig,
@@ -104,5 +133,5 @@ register(Method(
     presets=PRESETS,
     resolution=Resolution(check=check_max_seq_length),
     evaluation=Evaluation(summarize=summary_of(accuracy="mlm", metrics=("loss", "sop_accuracy"))),
-    start=Start(hf_models=(Albert,)),
+    start=Start(hf_models=(Albert,), finetunes=claims_encoders("albert", glue_settings)),
 ))

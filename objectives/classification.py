@@ -4,11 +4,13 @@ pre-trained encoder (google-research/bert run_classifier.py `create_model`; HF
 `*ForSequenceClassification`), GLUE's own metrics on the full dev set at every evaluation.
 
 The starting point is `model.init`: a pretext workdir or model directory (BERT, ELECTRA's
-discriminator, XLNet or XLM), or a HuggingFace BERT/ELECTRA/XLNet/XLM folder; empty = random
-initialisation of the same architecture (the baseline any pre-training has to beat). XLNet reads
-its own input layout (`examples.layout=xlnet`: `A <sep> B <sep> <cls>`, padded on the left) and
-classifies from the final <cls> (zihangdai/xlnet run_classifier.py); XLM reads `</s> A </s> B
-</s>` (`examples.layout=xlm`) and classifies from the first </s> (XLM xlm/evaluation/glue.py).
+discriminator, RoBERTa, ALBERT, MPNet, XLNet or XLM), or a HuggingFace folder of one of them;
+empty = random initialisation of the same architecture (the baseline any pre-training has to
+beat). RoBERTa and MPNet read fairseq's `<s> A </s></s> B </s>` (`examples.layout=roberta`);
+XLNet reads its own input layout (`examples.layout=xlnet`: `A <sep> B <sep> <cls>`, padded on the
+left) and classifies from the final <cls> (zihangdai/xlnet run_classifier.py); XLM reads `</s> A
+</s> B </s>` (`examples.layout=xlm`) and classifies from the first </s> (XLM
+xlm/evaluation/glue.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pretext_jax.models.classifier import SequenceClassifier, from_pretrained
 from pretext_jax.objectives.common.classifier_recipes import (
     CLASSIFY,
     FinetuneModelConfig,
+    check_input_length,
     layout_of,
     load_encoder,
 )
@@ -54,7 +57,7 @@ from pretext_jax.objectives.registry import (
 class GlueExampleConfig:
     """The GLUE `task` (sst2, cola, mrpc, rte, stsb), `max_seq_length` (BERT and XLNet: 128),
     `max_train_examples` (0 = all; the first n training rows, for budgeted runs) and `layout`
-    (`input_pipeline.glue.LAYOUTS`: bert, or the xlnet / xlm head's own)."""
+    (`input_pipeline.glue.LAYOUTS`: bert, or the roberta / xlnet / xlm head's own)."""
 
     task: str = "sst2"
     """GLUE task: sst2, cola, mrpc, rte or stsb (folder names such as SST-2 work too)."""
@@ -63,8 +66,8 @@ class GlueExampleConfig:
     max_train_examples: int = 0
     """Train on the first n training rows only; 0 = all."""
     layout: str = "bert"
-    """Input layout: bert ([CLS] A [SEP] B [SEP]), xlnet (A <sep> B <sep> <cls>, left-padded) or
-    xlm (</s> A </s> B </s>)."""
+    """Input layout: bert ([CLS] A [SEP] B [SEP]), roberta (<s> A </s></s> B </s>, types 0),
+    xlnet (A <sep> B <sep> <cls>, left-padded) or xlm (</s> A </s> B </s>)."""
 
 
 def classification_loss(model: SequenceClassifier, batch: Batch, rng: jax.Array | None
@@ -116,7 +119,7 @@ def pretrained_classifier(config: FinetuneModelConfig, seed: int,
     random init)."""
     if not config.init:
         return None
-    return from_pretrained(load_encoder(config.init, load), config, nnx.Rngs(seed))
+    return from_pretrained(load_encoder(config.init, load, config.head), config, nnx.Rngs(seed))
 
 
 def build_classifier(config: FinetuneModelConfig, seed: int) -> SequenceClassifier:
@@ -168,9 +171,7 @@ def check_glue(model: FinetuneModelConfig, examples: GlueExampleConfig,
     if examples.layout != wanted:
         raise UserError(f"examples.layout={examples.layout} does not suit model.head="
                         f"{model.head}; use examples.layout={wanted}")
-    if model.head != "xlnet" and examples.max_seq_length > model.max_position_embeddings:
-        raise UserError(f"examples.max_seq_length={examples.max_seq_length} exceeds the model's "
-                        f"max_position_embeddings={model.max_position_embeddings}; lower it")
+    check_input_length(model, examples.max_seq_length)
 
 
 def glue_train_rows(task: glue.GlueTask, data: str, config: Any) -> int:

@@ -9,6 +9,7 @@ record is a full block, so every row predicts exactly b tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,11 @@ from pretext_jax.input_pipeline.examples import mpnet as mpnet_examples
 from pretext_jax.input_pipeline.examples.bert import MaskingVocab, build_with_vocab
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
 from pretext_jax.models.mpnet import MPNet, MPNetConfig
+from pretext_jax.objectives.common.classifier_recipes import (
+    ClassifierSettings,
+    claims_encoders,
+    fairseq_glue_settings,
+)
 from pretext_jax.objectives.common.held_out import held_out_examples
 from pretext_jax.objectives.common.losses import weighted_cross_entropy
 from pretext_jax.objectives.common.masked_lm import unigram_baselines
@@ -118,6 +124,21 @@ PRESETS = {
 }
 
 
+def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
+    """MPNet's fine-tuning. GLUE: microsoft/MPNet MPNet/README.glue.md, fairseq's RoBERTa
+    recipe (`fairseq_glue_settings`). SQuAD (MPNet/README.squad.md's fairseq-train command and
+    its `squad2` task): lr 2e-5, batch 48 (6 on each of 8 GPUs), weight decay 0.01, 326 warmup
+    updates of 5,430 (6 %), i.e. 2 passes over v2.0's 130k questions, windows of 512; fairseq's
+    Adam, schedule and no clipping as for GLUE. Named entities: no MPNet recipe; the GLUE one's
+    large-task column. The same for every size."""
+    del hidden_size
+    settings = fairseq_glue_settings(task)
+    if task in ("squad", "squad2"):
+        return dataclasses.replace(settings, learning_rate=2e-5, batch_size=48,
+                                   weight_decay=0.01, epochs=2, max_seq_length=512)
+    return settings
+
+
 register(Method(
     name="mpnet",
     model_config=MPNetConfig,
@@ -130,5 +151,5 @@ register(Method(
     presets=PRESETS,
     resolution=Resolution(check=check_mpnet),
     evaluation=Evaluation(summarize=summary_of(accuracy="plm")),
-    start=Start(hf_models=(MPNet,)),
+    start=Start(hf_models=(MPNet,), finetunes=claims_encoders("mpnet", glue_settings)),
 ))

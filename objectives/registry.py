@@ -246,8 +246,9 @@ class Start:
       `FinetuneRecipe` of the downstream run from `pretrained_model` (as `load` reads it), given
       the saved run config of the starting point (`source_config`; {} when it has none), or
       None when the model is not this family's or the family does not fine-tune on that task.
-      `run.py finetune` / `glue` ask every method (`downstream_recipe`): BERT, ELECTRA, XLNet
-      and XLM give their paper's recipe for the task's method, ELMo's its scalar mix on GLUE.
+      `run.py finetune` / `glue` ask every method (`downstream_recipe`): BERT, ELECTRA, RoBERTa,
+      ALBERT, MPNet, XLNet and XLM give their paper's recipe for the task's method, ELMo's its
+      scalar mix on GLUE.
     - `hf_models`: our model classes that HuggingFace checkpoints convert to and that belong to
       this method (`run.py convert --to pretext` records it as the model's method).
     - `hf_parts`: for a model joined from several stand-alone HF models (ELECTRA's generator

@@ -20,6 +20,11 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.examples import roberta as roberta_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.roberta import Roberta, RobertaConfig
+from pretext_jax.objectives.common.classifier_recipes import (
+    ClassifierSettings,
+    claims_encoders,
+    fairseq_glue_settings,
+)
 from pretext_jax.objectives.common.losses import weighted_cross_entropy
 from pretext_jax.objectives.common.masked_lm import prepare_masked_lm
 from pretext_jax.objectives.common.preset_parts import (
@@ -104,6 +109,20 @@ PRESETS = {
 }
 
 
+def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
+    """RoBERTa's fine-tuning. GLUE: fairseq's examples/roberta/README.glue.md
+    (`fairseq_glue_settings`: 10 epochs, per-task lr and batch, 6 % warmup, weight decay 0.1).
+    SQuAD (Liu et al. 2019, Appendix Table 10): lr 1.5e-5, batch 48, weight decay 0.01, 2
+    epochs, warmup 6 % then linear decay, with fairseq's Adam as for GLUE. Named entities: no
+    RoBERTa recipe; the GLUE one's large-task column. The same for every size."""
+    del hidden_size
+    settings = fairseq_glue_settings(task)
+    if task in ("squad", "squad2"):
+        return dataclasses.replace(settings, learning_rate=1.5e-5, batch_size=48,
+                                   weight_decay=0.01, epochs=2)
+    return settings
+
+
 register(Method(
     name="roberta",
     model_config=RobertaConfig,
@@ -117,5 +136,5 @@ register(Method(
     presets=PRESETS,
     resolution=Resolution(check=check_roberta),
     evaluation=Evaluation(summarize=summary_of(accuracy="mlm")),
-    start=Start(hf_models=(Roberta,)),
+    start=Start(hf_models=(Roberta,), finetunes=claims_encoders("roberta", glue_settings)),
 ))

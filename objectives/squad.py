@@ -16,7 +16,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,16 +27,13 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import prepare, squad
 from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
 from pretext_jax.input_pipeline.records import RecordDirectory, write_records
-from pretext_jax.models.classifier import (
-    HEADS,
-    ClassifierConfig,
-    Pretrained,
-    XLMClassifierConfig,
-    XLNetClassifierConfig,
-    classifier_config,
-)
 from pretext_jax.models.span import SpanExtractor, span_extractor
-from pretext_jax.objectives.common.classifier_recipes import layout_of
+from pretext_jax.objectives.common.classifier_recipes import (
+    FinetuneModelConfig,
+    check_input_length,
+    layout_of,
+    load_encoder,
+)
 from pretext_jax.objectives.common.squad_metrics import no_answer_baseline, squad_metrics
 from pretext_jax.objectives.registry import (
     Batch,
@@ -78,20 +75,10 @@ VERSIONS = {"squad": SquadVersion("squad", "train-v1.1.json", "dev-v1.1.json", F
 
 
 @dataclasses.dataclass(frozen=True)
-class SpanModelConfig(ClassifierConfig, XLNetClassifierConfig, XLMClassifierConfig):
-    """The encoder's config (`ClassifierConfig` for the bert/electra heads,
-    `XLNetClassifierConfig` for xlnet, `XLMClassifierConfig` for xlm; the other families'
-    fields are unused), its family's `head` (which HF `*ForQuestionAnswering(Simple)` it
-    exports to) and `init`, where the encoder comes from."""
-
-    heads: ClassVar[tuple[str, ...]] = HEADS
-    head: str = "bert"
-    init: str = ""
-    """Start from: a pretext workdir/model dir or HF BERT/ELECTRA/XLNet/XLM folder; '' = random."""
-
-    @property
-    def is_xlm(self) -> bool:  # XLM's own checks only for the xlm head
-        return self.head == "xlm"
+class SpanModelConfig(FinetuneModelConfig):
+    """The encoder's config and its family's `head` (which HF `*ForQuestionAnswering(Simple)`
+    it exports to), as the classifiers' (`FinetuneModelConfig`), and `init`, where the encoder
+    comes from."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +105,9 @@ class SquadExampleConfig:
     max_train_examples: int = 0
     """Train on the first n questions only; 0 = all."""
     layout: str = "bert"
-    """Input layout: bert ([CLS] question [SEP] context [SEP]), xlnet (context <sep> question
-    <sep> <cls>) or xlm (</s> question </s> context </s>); the head's own."""
+    """Input layout: bert ([CLS] question [SEP] context [SEP]), roberta (<s> question </s></s>
+    context </s>), xlnet (context <sep> question <sep> <cls>) or xlm (</s> question </s>
+    context </s>); the head's own."""
 
 
 def span_loss(model: SpanExtractor, batch: Batch, rng: jax.Array | None
@@ -249,9 +237,7 @@ def check_squad(model: SpanModelConfig, examples: SquadExampleConfig,
     if examples.layout != wanted:
         raise UserError(f"examples.layout={examples.layout} does not suit model.head="
                         f"{model.head}; use examples.layout={wanted}")
-    if model.head != "xlnet" and examples.max_seq_length > model.max_position_embeddings:
-        raise UserError(f"examples.max_seq_length={examples.max_seq_length} exceeds the model's "
-                        f"max_position_embeddings={model.max_position_embeddings}; lower it")
+    check_input_length(model, examples.max_seq_length)
     if examples.doc_stride < 1 or examples.n_best_size < 1 or examples.max_answer_length < 1:
         raise UserError("examples.doc_stride, n_best_size and max_answer_length must be >= 1")
 
@@ -261,18 +247,8 @@ def pretrained_span_extractor(config: SpanModelConfig, seed: int,
     """The encoder of `config.init` under a fresh span head (None: random init)."""
     if not config.init:
         return None
-    if not Path(config.init).is_dir():
-        raise UserError(f"model.init={config.init} is not a directory; pass a pretext workdir, "
-                        "a model directory or a HuggingFace BERT/ELECTRA/XLNet/XLM folder")
-    pretrained = load(config.init)
-    head = (pretrained.config.head if isinstance(pretrained, SpanExtractor)
-            else classifier_config(pretrained, 2).head if isinstance(pretrained, Pretrained)
-            else None)
-    if head is None or layout_of(head) != layout_of(config.head):  # bert/electra: one Encoder
-        raise UserError(f"{config.init} holds a {type(pretrained).__name__}; span extraction "
-                        f"with model.head={config.head} starts from that head's family (BERT, "
-                        "an ELECTRA discriminator, XLNet or XLM)")
-    return span_extractor(pretrained, config, nnx.Rngs(seed))
+    return span_extractor(load_encoder(config.init, load, config.head), config,
+                          nnx.Rngs(seed))
 
 
 def build_span_extractor(config: SpanModelConfig, seed: int) -> SpanExtractor:

@@ -5,8 +5,9 @@ a linear layer over the encoder's final states (`models.classifier.TokenClassifi
 set at every evaluation, beside the all-O baseline (F1 0).
 
 Data: CoNLL-style files (`input_pipeline.conll`; `--data` a folder with train/dev files, e.g.
-WNUT-17's, or `TRAIN,DEV`). The families that fine-tune an encoder (BERT, ELECTRA, XLNet, XLM)
-give their recipes for task `ner` through `claims_encoders`, as for GLUE.
+WNUT-17's, or `TRAIN,DEV`). The families that fine-tune an encoder (BERT, ELECTRA, RoBERTa,
+ALBERT, MPNet, XLNet, XLM) give their recipes for task `ner` through `claims_encoders`, as for
+GLUE.
 
 Metric: the CoNLL-2000 `conlleval` script's chunking, which `seqeval`'s default mode follows:
 a chunk starts at B-/S-, at an I-/E- after O, E- or S-, or where the type changes; it ends before
@@ -33,6 +34,7 @@ from pretext_jax.input_pipeline.records import RecordDirectory, write_records
 from pretext_jax.models.classifier import TokenClassifier, from_pretrained
 from pretext_jax.objectives.common.classifier_recipes import (
     FinetuneModelConfig,
+    check_input_length,
     layout_of,
     load_encoder,
 )
@@ -57,7 +59,7 @@ NER_METRICS = ("f1", "precision", "recall")
 class TagExampleConfig:
     """The task (`ner`), `max_seq_length` (pieces per window incl. the 2 special tokens),
     `stride` (pieces between window starts; 0 = half a window), `max_train_examples` (0 = all
-    sentences) and `layout` (as GLUE's: bert, xlnet or xlm)."""
+    sentences) and `layout` (as GLUE's: bert, roberta, xlnet or xlm)."""
 
     task: str = "ner"
     """Downstream task: ner (CoNLL-style files, BIO or BIOES)."""
@@ -68,7 +70,8 @@ class TagExampleConfig:
     max_train_examples: int = 0
     """Train on the first n training sentences only; 0 = all."""
     layout: str = "bert"
-    """Input layout: bert ([CLS] A [SEP]), xlnet (A <sep> <cls>, left-padded) or xlm."""
+    """Input layout: bert ([CLS] A [SEP]), roberta (<s> A </s>), xlnet (A <sep> <cls>,
+    left-padded) or xlm."""
 
 
 # ---------------------------------------------------------------------------- entity metrics
@@ -221,9 +224,7 @@ def check_ner(model: FinetuneModelConfig, examples: TagExampleConfig,
     if examples.layout != wanted:
         raise UserError(f"examples.layout={examples.layout} does not suit model.head="
                         f"{model.head}; use examples.layout={wanted}")
-    if model.head != "xlnet" and examples.max_seq_length > model.max_position_embeddings:
-        raise UserError(f"examples.max_seq_length={examples.max_seq_length} exceeds the model's "
-                        f"max_position_embeddings={model.max_position_embeddings}; lower it")
+    check_input_length(model, examples.max_seq_length)
 
 
 def build_tagger(config: FinetuneModelConfig, seed: int) -> TokenClassifier:
@@ -236,7 +237,7 @@ def pretrained_tagger(config: FinetuneModelConfig, seed: int,
     """The encoder of `config.init` under a fresh linear layer (None: random init)."""
     if not config.init:
         return None
-    return from_pretrained(load_encoder(config.init, load), config, nnx.Rngs(seed),
+    return from_pretrained(load_encoder(config.init, load, config.head), config, nnx.Rngs(seed),
                            TokenClassifier)
 
 

@@ -3,10 +3,10 @@ registers, `registry.register_task`) with the one trainer.
 
 `finetune_config` turns (task, starting point, data) into the run of the downstream method
 that claims what the starting point holds (`registry.downstream_recipe`): each family declares
-its paper's recipe as its `Start.finetunes` (BERT, ELECTRA, XLNet and XLM fine-tune under the
-task's method, `classify` for GLUE, `objectives.common.classifier_recipes`; an ELMo biLM under
-its scalar mix). `glue` runs every GLUE task over several seeds and reports the median, as the
-papers do."""
+its paper's recipe as its `Start.finetunes` (BERT, ELECTRA, RoBERTa, ALBERT, MPNet, XLNet and
+XLM fine-tune under the task's method, `classify` for GLUE,
+`objectives.common.classifier_recipes`; an ELMo biLM under its scalar mix). `glue` runs every
+GLUE task over several seeds and reports the median, as the papers do."""
 
 from __future__ import annotations
 
@@ -42,10 +42,11 @@ GLUE_ORDER = ("cola", "sst2", "mrpc", "stsb", "rte")
 
 def tokenizer_of(init: str) -> str:
     """The tokenizer a starting point was trained with: a HuggingFace folder's own vocab
-    (BERT's `vocab.txt`, XLNet's `spiece.model`), or the one a pretext workdir or model
-    directory recorded (`directories.find_tokenizer`)."""
+    (BERT's `vocab.txt`, XLNet's `spiece.model`, RoBERTa's `vocab.json`), or the one a pretext
+    workdir or model directory recorded (`directories.find_tokenizer`)."""
     path = Path(init)
-    if any((path / name).is_file() for name in ("vocab.txt", "spiece.model", "tokenizer.json")):
+    if any((path / name).is_file() for name in ("vocab.txt", "spiece.model", "vocab.json",
+                                                 "tokenizer.json")):
         return str(path)
     found = directories.find_tokenizer(path)
     if found is None:

@@ -41,6 +41,19 @@ def padded_inputs(vocab_size: int, type_vocab_size: int, seed: int = 0):
     return ids, types, mask
 
 
+def family_inputs(family: str, vocab_size: int, seed: int = 0):
+    """`padded_inputs` as a family's fine-tuning heads read them: token types 0/1 (BERT,
+    ELECTRA, ALBERT), all 0 (RoBERTa's one type; MPNet has none), MPNet padded with HF's
+    padding id 1 and no token 1 among the rest (HF finds MPNet's positions from the ids, ours
+    from the mask)."""
+    ids, types, mask = padded_inputs(vocab_size, 2, seed)
+    if family in ("roberta", "mpnet"):
+        types = np.zeros_like(types)
+    if family == "mpnet":
+        ids = np.where(mask == 1, np.where(ids == 1, 3, ids), 1)
+    return ids, types, mask
+
+
 def perturbed(model, seed: int, *, scale: float = 0.1):
     """`model` in eval mode with every tensor moved by N(0, scale^2) off HF's init (which
     zeroes biases and sets LayerNorms to identity), so a swapped or untransposed tensor shows up
@@ -243,8 +256,9 @@ def _hf_classifier(model, ids, types, mask) -> dict[str, Any]:
     return {"logits": model(input_ids=ids, token_type_ids=types, attention_mask=mask).logits}
 
 
-def _hf_xlm_classifier(model, ids, types, mask) -> dict[str, Any]:
-    del types  # HF adds token type ids as word embeddings; XLM's reference has no token types
+def _hf_classifier_without_types(model, ids, types, mask) -> dict[str, Any]:
+    # XLM: HF adds token type ids as word embeddings, XLM's reference has none; MPNet has none
+    del types
     return {"logits": model(input_ids=ids, attention_mask=mask).logits}
 
 
@@ -256,7 +270,8 @@ def classifier_parity(architecture: str) -> Parity:
     """`Parity` of HF's `architecture` (a `*ForSequenceClassification` or
     `*ForTokenClassification`) and our `SequenceClassifier` or `TokenClassifier` on (ids, token
     types, mask): the logits."""
-    theirs = _hf_xlm_classifier if architecture.startswith("XLMFor") else _hf_classifier
+    theirs = (_hf_classifier_without_types if architecture.startswith(("XLMFor", "MPNetFor"))
+              else _hf_classifier)
     return Parity(architecture, theirs, _our_classifier)
 
 

@@ -1,7 +1,6 @@
-"""The fine-tuning classifier: parity with HF `BertForSequenceClassification`,
-`ElectraForSequenceClassification`, `XLNetForSequenceClassification` and
-`XLMForSequenceClassification` (classification and regression), export back to transformers,
-and the move of pre-trained weights into a classifier."""
+"""The fine-tuning classifier: parity with HF `*ForSequenceClassification` of BERT, ELECTRA,
+RoBERTa, ALBERT, MPNet, XLNet and XLM (classification and regression), export back to
+transformers, and the move of pre-trained weights into a classifier."""
 
 from __future__ import annotations
 
@@ -10,11 +9,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from parity_utils import classifier_parity, converted, hf_reference, padded_inputs, random_params
+from parity_utils import (
+    classifier_parity,
+    converted,
+    family_inputs,
+    hf_reference,
+    padded_inputs,
+    random_params,
+)
 
+from pretext_jax.models.albert import Albert, AlbertConfig
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.classifier import (
     ClassifierConfig,
+    MPNetClassifierConfig,
     SequenceClassifier,
     XLMClassifierConfig,
     XLNetClassifierConfig,
@@ -23,6 +31,7 @@ from pretext_jax.models.classifier import (
 )
 from pretext_jax.models.electra import ElectraDiscriminator
 from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.models.roberta import Roberta, RobertaConfig
 from pretext_jax.models.xlm import XLM, XLMConfig
 from pretext_jax.models.xlnet import XLNet, XLNetConfig
 
@@ -39,6 +48,17 @@ CASES = {
                 dict(vocab_size=70, embedding_size=16, hidden_size=24, num_hidden_layers=2,
                      num_attention_heads=3, intermediate_size=40, max_position_embeddings=40,
                      type_vocab_size=2, hidden_act="gelu_new")),
+    "roberta": ("RobertaForSequenceClassification",
+                dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=48, max_position_embeddings=40, type_vocab_size=1,
+                     pad_token_id=1)),
+    "albert": ("AlbertForSequenceClassification",
+               dict(vocab_size=70, embedding_size=16, hidden_size=24, num_hidden_layers=3,
+                    num_attention_heads=3, intermediate_size=40, max_position_embeddings=40,
+                    classifier_dropout_prob=0.2)),
+    "mpnet": ("MPNetForSequenceClassification",
+              dict(vocab_size=61, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                   intermediate_size=40, max_position_embeddings=40)),
 }
 
 
@@ -67,15 +87,18 @@ def hf_and_ours(architecture: str, fields: dict, tmp_path):
     return reference, converted(reference, tmp_path)
 
 
-@pytest.mark.parametrize("num_labels", [3, 1])
-@pytest.mark.parametrize("head", ["bert", "electra"])
+@pytest.mark.parametrize("head,num_labels", [("bert", 3), ("bert", 1), ("electra", 3),
+                                             ("electra", 1), ("roberta", 3), ("albert", 1),
+                                             ("mpnet", 3)])
 def test_parity_with_hf(head, num_labels, tmp_path):
     architecture, fields = CASES[head]
     reference, model = hf_and_ours(architecture, {**fields, "num_labels": num_labels}, tmp_path)
     assert isinstance(model, SequenceClassifier)
     assert (model.config.head, model.config.num_labels) == (head, num_labels)
-    classifier_parity(architecture).assert_parity(model, reference,
-                                           *padded_inputs(fields["vocab_size"], 2, num_labels))
+    if head == "albert":  # its classifier_dropout_prob, not the hidden dropout (0)
+        assert model.config.head_dropout == 0.2
+    classifier_parity(architecture).assert_parity(
+        model, reference, *family_inputs(head, fields["vocab_size"], num_labels))
 
 
 @pytest.mark.parametrize("case", XLNET_CASES)
@@ -125,7 +148,7 @@ def test_xlm_parity_with_hf(case, tmp_path):
                                expected["logits"], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("head", ["bert", "electra", "xlnet", "xlm"])
+@pytest.mark.parametrize("head", ["bert", "electra", "roberta", "albert", "mpnet", "xlnet", "xlm"])
 def test_classifier_exports_to_transformers(head, tmp_path):
     shape = dict(vocab_size=50, hidden_size=24, num_layers=2, num_heads=3, intermediate_size=40)
     if head == "xlnet":
@@ -136,28 +159,42 @@ def test_classifier_exports_to_transformers(head, tmp_path):
                                      max_position_embeddings=20, num_labels=2,
                                      classifier_dropout=0.2)
         architecture, batch = "XLMForSequenceClassification", xlm_inputs(50, 3)
+    elif head == "mpnet":
+        config = MPNetClassifierConfig(**shape, max_position_embeddings=20, num_labels=2,
+                                       classifier_dropout=0.2)
+        architecture, batch = CASES[head][0], family_inputs(head, 50, 3)
     else:
-        config = ClassifierConfig(**shape, embedding_size=12 if head == "electra" else 0,
-                                  max_position_embeddings=20, head=head, num_labels=2)
-        architecture, batch = CASES[head][0], padded_inputs(50, 2, 3)
+        config = ClassifierConfig(
+            **shape, embedding_size=12 if head in ("electra", "albert") else 0,
+            max_position_embeddings=20, head=head, num_labels=2, classifier_dropout=0.2,
+            **({"type_vocab_size": 1, "position_padding_id": 1} if head == "roberta" else {}))
+        architecture, batch = CASES[head][0], family_inputs(head, 50, 3)
     ours = random_params(SequenceClassifier(config, rngs=nnx.Rngs(0)), 1)
     classifier_parity(architecture).round_trip(ours, tmp_path / "out", *batch)
 
 
-@pytest.mark.parametrize("pretrained_class", [Bert, ElectraDiscriminator])
-def test_pretrained_encoder_moves_into_the_classifier_parity(pretrained_class):
-    encoder = EncoderConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2,
-                            intermediate_size=32, max_position_embeddings=32,
-                            hidden_dropout=0.0, attention_dropout=0.0)
+ENCODER = dict(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
+               max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0)
+PRETRAINED = {  # head -> (pre-trained class, its config)
+    "bert": (Bert, EncoderConfig(**ENCODER)),
+    "electra": (ElectraDiscriminator, EncoderConfig(**ENCODER)),
+    "roberta": (Roberta, RobertaConfig(**ENCODER, position_padding_id=1)),
+    "albert": (Albert, AlbertConfig(**ENCODER, embedding_size=8)),
+}
+
+
+@pytest.mark.parametrize("head", PRETRAINED)
+def test_pretrained_encoder_moves_into_the_classifier_parity(head):
+    pretrained_class, encoder = PRETRAINED[head]
     pretrained = random_params(pretrained_class(encoder, rngs=nnx.Rngs(0)), 2)
     config = classifier_config(pretrained, num_labels=2)
-    assert config.head == ("bert" if pretrained_class is Bert else "electra")
+    assert config.head == head
     model = from_pretrained(pretrained, config, nnx.Rngs(1))
     assert classifier_config(model, num_labels=3).head == config.head  # a fine-tuned one's
-    ids, types, mask = map(jnp.asarray, padded_inputs(40, 2, 4))
+    ids, types, mask = map(jnp.asarray, family_inputs(head, 40, 4))
     np.testing.assert_array_equal(model.encoder(ids, types, mask, None),
                                   pretrained.encoder(ids, types, mask, None))
-    if pretrained_class is Bert:
+    if head in ("bert", "albert"):  # the pre-trained pooler is the head's first layer
         np.testing.assert_array_equal(model.head_dense.kernel[...], pretrained.pooler.kernel[...])
     # Dropout acts in training only, and differs per key.
     dropping = from_pretrained(pretrained, ClassifierConfig(

@@ -22,6 +22,7 @@ from pretext_jax import (
     run,
 )
 from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline.glue import encode_glue, read_glue
 from pretext_jax.input_pipeline.tokenizers import load_tokenizer
 from pretext_jax.objectives import bert
 from pretext_jax.objectives.classification import classification_loss
@@ -205,6 +206,52 @@ def test_xlnet_from_a_pretext_workdir_and_back_to_hf(tmp_path, glue_folder):
     mask = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
     classifier_parity(architecture).assert_parity(load_model(tmp_path / "run"), reference, ids,
                                                   types, mask)
+
+
+def test_roberta_from_a_hf_folder_through_the_cli_and_back_to_hf(tmp_path, glue_folder, capsys):
+    """A HF RoBERTa (`RobertaForMaskedLM` with a byte-level BPE vocab.json + merges.txt, <pad>
+    at 1): fairseq's GLUE recipe and the roberta layout; `run.py finetune` learns SST-2,
+    `convert --to hf` gives a `RobertaForSequenceClassification` computing our logits on
+    the run's own inputs; a length beyond RoBERTa's positions is refused in one line."""
+    tokenizers = pytest.importorskip("tokenizers")
+    folder = tmp_path / "roberta"
+    trainer = tokenizers.ByteLevelBPETokenizer()
+    trainer.train_from_iterator(sentences(np.random.default_rng(1), 300)[0], vocab_size=400,
+                                show_progress=False, special_tokens=[
+                                    "<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    folder.mkdir()
+    trainer.save_model(str(folder))
+    tokenizer = load_tokenizer(folder)
+    hf_reference("RobertaForMaskedLM", 0, **{**TINY, "vocab_size": tokenizer.vocab_size,
+                                             "max_position_embeddings": 20,
+                                             "type_vocab_size": 1}).save_pretrained(folder)
+    recipe = finetune_config("sst2", str(folder), glue_folder)
+    assert (recipe.model.head, recipe.examples.layout, recipe.model.position_padding_id,
+            recipe.data.tokenizer) == ("roberta", "roberta", 1, str(folder))
+    # fairseq README.glue.md, SST-2: lr 1e-5, batch 32, 10 epochs, 6 % warmup, fairseq's Adam
+    assert (recipe.optim.learning_rate, recipe.train.batch_size, recipe.optim.weight_decay,
+            recipe.optim.b2, recipe.optim.clip_norm, recipe.optim.schedule,
+            recipe.model.classifier_dropout) == (1e-5, 32, 0.1, 0.98, 0.0, "linear_from_peak",
+                                                 0.0)
+    assert recipe.optim.eps_before_bias_correction and recipe.optim.decay_norms_and_biases
+    assert (recipe.train.steps, recipe.optim.warmup_steps) == (10 * 6, 4)
+    assert recipe.examples.max_seq_length == 18  # 20 positions less padding id 1 and 1
+    workdir = tmp_path / "run"
+    assert run.main(["finetune", "--task", "sst2", "--init", str(folder), "--data", glue_folder,
+                     "--workdir", str(workdir), "--epochs", "3", *FAST,
+                     "optim.learning_rate=5e-3"]) == 0
+    assert json.loads((workdir / "results.json").read_text())["dev"]["accuracy"] > 0.9
+    assert run.main(["convert", str(workdir), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    architecture = "RobertaForSequenceClassification"
+    reference = getattr(transformers, architecture).from_pretrained(tmp_path / "hf").eval()
+    dev = encode_glue(read_glue(glue_folder, "sst2", "dev"), tokenizer, 16, "roberta")
+    classifier_parity(architecture).assert_parity(load_model(workdir), reference, *(
+        dev[k][:8] for k in ("input_ids", "token_type_ids", "attention_mask")))
+    capsys.readouterr()
+    assert run.main(["finetune", "--task", "sst2", "--init", str(folder), "--data", glue_folder,
+                     "--workdir", str(tmp_path / "long"), "examples.max_seq_length=19"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "exceeds the 18 positions" in err, err
 
 
 def test_losses_equal_numpy():

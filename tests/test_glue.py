@@ -1,5 +1,6 @@
 """GLUE data and metrics: metrics equal scikit-learn / scipy, the encoding equals BERT's layout
-(checked against HF `BertTokenizer`) and XLNet's (against HF `XLNetTokenizer`), the real TSV
+(checked against HF `BertTokenizer`), XLNet's (against HF `XLNetTokenizer`) and RoBERTa's
+(against HF `RobertaTokenizer`), the real TSV
 files give GLUE's published counts, TFDS glue prepared as ArrayRecord on disk is read (never
 downloaded), and one-line errors for bad input."""
 
@@ -274,6 +275,35 @@ def test_xlnet_encoding_matches_hf_xlnet_tokenizer(tmp_path):
             assert ours["token_type_ids"][0][real].tolist() == np.asarray(
                 hf["token_type_ids"])[real].tolist()
             assert set(ours["token_type_ids"][0][~real].tolist()) <= {4}
+
+
+def test_roberta_encoding_matches_hf_roberta_tokenizer(tmp_path):
+    """The roberta layout with a byte-level BPE equals HF `RobertaTokenizer`'s pair and single
+    encoding: `<s> A </s></s> B </s>`, token types 0, padded with <pad>; truncated pairs keep
+    max_length - 4 tokens (one A token at most on a tie, as `truncate_seq_pair`)."""
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    rng = random.Random(0)
+    trainer = tokenizers.ByteLevelBPETokenizer()
+    trainer.train_from_iterator([" ".join(rng.choices(TEXT_WORDS, k=9)) for _ in range(300)],
+                                vocab_size=300, show_progress=False, special_tokens=[
+                                    "<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    trainer.save_model(str(tmp_path))
+    reference = transformers.RobertaTokenizer.from_pretrained(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    for _ in range(50):
+        texts = [" ".join(rng.choices(TEXT_WORDS, k=rng.randint(1, 8))) for _ in range(2)]
+        for text_b in (texts[1], None):
+            ours = encode_glue(GlueSplit(texts[:1], None if text_b is None else [text_b],
+                                         np.zeros(1, np.int32)), tokenizer, 64, "roberta")
+            hf = reference(texts[0], text_b, padding="max_length", max_length=64,
+                           return_token_type_ids=True)
+            assert {k: ours[k][0].tolist() for k in hf} == dict(hf)
+    short = encode_glue(GlueSplit(["the cat sat"], ["the dog"], np.zeros(1, np.int32)),
+                        tokenizer, 7, "roberta")["input_ids"][0].tolist()
+    the = reference.encode("the", add_special_tokens=False)  # 3 tokens left: A 2, B 1
+    assert short == [reference.cls_token_id, *reference.encode("the cat", add_special_tokens=False),
+                     reference.sep_token_id, reference.sep_token_id, *the, reference.sep_token_id]
 
 
 # ------------------------------------------------------------------------------- real files

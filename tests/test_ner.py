@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 import pytest
-from parity_utils import classifier_parity, converted, hf_reference, padded_inputs
+from parity_utils import classifier_parity, converted, family_inputs, hf_reference
 
 from pretext_jax import (
     objectives,  # noqa: F401  (registers the methods)
@@ -163,6 +163,16 @@ PARITY = {
         vocab_size=70, embedding_size=16, hidden_size=24, num_hidden_layers=2,
         num_attention_heads=3, intermediate_size=40, max_position_embeddings=40,
         type_vocab_size=2),
+    "RobertaForTokenClassification": dict(
+        vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=48, max_position_embeddings=40, type_vocab_size=1),
+    "AlbertForTokenClassification": dict(
+        vocab_size=70, embedding_size=16, hidden_size=24, num_hidden_layers=2,
+        num_attention_heads=3, intermediate_size=40, max_position_embeddings=40,
+        classifier_dropout_prob=0.3),
+    "MPNetForTokenClassification": dict(
+        vocab_size=61, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+        intermediate_size=40, max_position_embeddings=40),
     "XLNetForTokenClassification": dict(vocab_size=60, d_model=24, n_layer=2, n_head=3,
                                         d_inner=40),
     "XLMForTokenClassification": dict(vocab_size=60, emb_dim=24, n_layers=2, n_heads=3,
@@ -177,7 +187,8 @@ def test_token_classifier_equals_hf_and_exports_back(architecture, tmp_path):
     reference = hf_reference(architecture, 1, **fields)
     model = converted(reference, tmp_path / "in")
     assert isinstance(model, TokenClassifier) and model.config.num_labels == 5
-    ids, types, mask = padded_inputs(fields["vocab_size"], 2)
+    family = architecture.removesuffix("ForTokenClassification").lower()
+    ids, types, mask = family_inputs(family, fields["vocab_size"])
     if architecture.startswith("XLM"):
         ids, types = np.where(mask == 1, np.maximum(ids, 3), 2), np.zeros_like(ids)
     parity = classifier_parity(architecture)

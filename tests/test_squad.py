@@ -18,8 +18,8 @@ from flax import nnx
 from parity_utils import (
     Parity,
     converted,
+    family_inputs,
     hf_reference,
-    padded_inputs,
     random_params,
     xlnet_spiece,
 )
@@ -33,14 +33,16 @@ from pretext_jax.input_pipeline import squad
 from pretext_jax.input_pipeline.tokenizers import WordPieceTokenizer, load_tokenizer
 from pretext_jax.models.classifier import (
     ClassifierConfig,
+    MPNetClassifierConfig,
     XLMClassifierConfig,
     XLNetClassifierConfig,
     classifier_config,
 )
+from pretext_jax.models.mpnet import MPNet, MPNetConfig
 from pretext_jax.models.span import SpanExtractor, span_extractor
 from pretext_jax.models.xlm import XLM, XLMConfig
 from pretext_jax.models.xlnet import XLNet, XLNetConfig
-from pretext_jax.objectives import bert, electra, xlm, xlnet
+from pretext_jax.objectives import albert, bert, electra, mpnet, roberta, xlm, xlnet
 from pretext_jax.objectives import squad as squad_objective
 from pretext_jax.objectives.common.squad_metrics import (
     best_threshold,
@@ -231,12 +233,14 @@ def test_prediction_rules_on_hand_made_logits():
         == "dog ran"
 
 
-@pytest.mark.parametrize("layout", ["xlnet", "xlm"])
-def test_windows_in_the_xlnet_and_xlm_layouts(layout):
+@pytest.mark.parametrize("layout", ["xlnet", "xlm", "roberta"])
+def test_windows_in_the_xlnet_xlm_and_roberta_layouts(layout):
     """xlnet: `piece <sep> question <sep> <cls>`, types 0/1/2, padding type 3, the null (and an
     answer the window misses) at the <cls> (zihangdai/xlnet run_squad.py); xlm: `</s> question
-    </s> piece </s>`, the null at the first </s>. Prediction reads both."""
-    tokenizer, example, windows = hand_made(layout=layout)
+    </s> piece </s>`, the null at the first </s>; roberta: `<s> question </s></s> piece </s>`,
+    types 0, the null at <s>. Prediction reads all three."""
+    # roberta's second separator takes one more position: the same 8 context pieces a window
+    tokenizer, example, windows = hand_made(13 + (layout == "roberta"), layout=layout)
     _, _, bert = hand_made()
     assert len(windows) == len(bert) == 2
     ids, types = windows.arrays["input_ids"], windows.arrays["token_type_ids"]
@@ -255,10 +259,12 @@ def test_windows_in_the_xlnet_and_xlm_layouts(layout):
                 len(query) + 1) + [2]
             assert (types[r, cls + 1:] == 3).all() and (mask[r, cls + 1:] == 0).all()
     else:
-        first = len(query) + 2
-        assert (windows.cls_index == 0).all() and (ids[:, 0] == tokenizer.eos_id).all()
-        assert (ids[:, first - 1] == tokenizer.sep_id).all()
-        assert (ids[:, 1:first - 1] == query).all()
+        first = len(query) + (3 if layout == "roberta" else 2)
+        opener = tokenizer.cls_id if layout == "roberta" else tokenizer.eos_id
+        assert (windows.cls_index == 0).all() and (ids[:, 0] == opener).all()
+        assert (ids[:, len(query) + 1:first] == tokenizer.sep_id).all()
+        assert (ids[:, 1:len(query) + 1] == query).all()
+        assert (types == 0).all() == (layout == "roberta")
     # Same pieces and max-context flags as the bert layout, shifted to the layout's offset.
     bert_first = len(query) + 2
     for r, length in enumerate(lengths):
@@ -290,8 +296,12 @@ def test_windows_in_the_xlnet_and_xlm_layouts(layout):
 # --- HF parity -------------------------------------------------------------------------------
 
 def _hf_span(model, ids, types, mask):
-    if "XLM" in type(model).__name__:  # HF adds token types as word embeddings; XLM has none
+    name = type(model).__name__
+    if "XLM" in name:  # HF adds token types as word embeddings; XLM has none
         types = None
+    if "MPNet" in name:  # no token types
+        out = model(input_ids=ids, attention_mask=mask)
+        return {"start_logits": out.start_logits, "end_logits": out.end_logits}
     out = model(input_ids=ids, token_type_ids=types, attention_mask=mask)
     return {"start_logits": out.start_logits, "end_logits": out.end_logits}
 
@@ -302,9 +312,9 @@ def _our_span(model, ids, types, mask):
 
 
 def span_inputs(head: str, vocab_size: int, seed: int = 0):
-    """`padded_inputs` in the head's SQuAD layout: xlnet's <cls> (segment 2) at the last real
+    """`family_inputs` in the head's SQuAD layout: xlnet's <cls> (segment 2) at the last real
     position and padding segment 3 (run_squad.py); xlm padded with its id 2 (no real token)."""
-    ids, types, mask = padded_inputs(vocab_size, 2, seed)
+    ids, types, mask = family_inputs(head, vocab_size, seed)
     if head == "xlnet":
         types[np.arange(3), mask.sum(1) - 1] = 2
         types[mask == 0] = 3
@@ -321,6 +331,15 @@ QA_CASES = {
                 dict(vocab_size=70, embedding_size=16, hidden_size=24, num_hidden_layers=2,
                      num_attention_heads=3, intermediate_size=40, max_position_embeddings=40,
                      type_vocab_size=2, hidden_act="gelu_new")),
+    "roberta": ("RobertaForQuestionAnswering",
+                dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=48, max_position_embeddings=40, type_vocab_size=1)),
+    "albert": ("AlbertForQuestionAnswering",
+               dict(vocab_size=70, embedding_size=16, hidden_size=24, num_hidden_layers=2,
+                    num_attention_heads=3, intermediate_size=40, max_position_embeddings=40)),
+    "mpnet": ("MPNetForQuestionAnswering",
+              dict(vocab_size=61, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                   intermediate_size=40, max_position_embeddings=40)),
     "xlnet": ("XLNetForQuestionAnsweringSimple",
               dict(vocab_size=60, d_model=24, n_layer=2, n_head=3, d_inner=40)),
     "xlm": ("XLMForQuestionAnsweringSimple",
@@ -332,6 +351,11 @@ OUR_CONFIGS = {
     "bert": lambda: ClassifierConfig(**SHAPE, max_position_embeddings=20, num_labels=2),
     "electra": lambda: ClassifierConfig(**SHAPE, max_position_embeddings=20, head="electra",
                                         embedding_size=12, num_labels=2),
+    "roberta": lambda: ClassifierConfig(**SHAPE, max_position_embeddings=20, head="roberta",
+                                        type_vocab_size=1, position_padding_id=1, num_labels=2),
+    "albert": lambda: ClassifierConfig(**SHAPE, max_position_embeddings=20, head="albert",
+                                       embedding_size=12, num_labels=2),
+    "mpnet": lambda: MPNetClassifierConfig(**SHAPE, max_position_embeddings=20, num_labels=2),
     "xlnet": lambda: XLNetClassifierConfig(**SHAPE, num_labels=2),
     "xlm": lambda: XLMClassifierConfig(**{**SHAPE, "intermediate_size": 96}, n_langs=3,
                                        max_position_embeddings=20, num_labels=2),
@@ -339,7 +363,7 @@ OUR_CONFIGS = {
 
 
 @pytest.mark.usefixtures("deterministic_torch")
-@pytest.mark.parametrize("head", ["bert", "electra", "xlnet", "xlm"])
+@pytest.mark.parametrize("head", list(QA_CASES))
 def test_span_head_parity_with_hf_both_ways(head, tmp_path):
     pytest.importorskip("transformers")
     architecture, fields = QA_CASES[head]
@@ -353,12 +377,14 @@ def test_span_head_parity_with_hf_both_ways(head, tmp_path):
 
 
 def test_a_span_extractor_starts_from_its_family():
-    """XLNet's and XLM's pre-trained transformers move into the span extractor whole (but the
-    LM head); a fresh `qa_outputs` sits on top."""
+    """XLNet's, XLM's and MPNet's pre-trained transformers move into the span extractor whole
+    (but the LM head); a fresh `qa_outputs` sits on top."""
     for head, pretrained in (("xlnet", XLNet(XLNetConfig(**SHAPE), rngs=nnx.Rngs(1))),
                              ("xlm", XLM(XLMConfig(**{**SHAPE, "intermediate_size": 96},
                                                    max_position_embeddings=20),
-                                         rngs=nnx.Rngs(1)))):
+                                         rngs=nnx.Rngs(1))),
+                             ("mpnet", MPNet(MPNetConfig(**SHAPE, max_position_embeddings=20),
+                                             rngs=nnx.Rngs(1)))):
         config = classifier_config(pretrained, 2)
         assert config.head == head
         model = span_extractor(pretrained, config, nnx.Rngs(0))
@@ -388,18 +414,28 @@ def test_family_recipes_for_squad():
     assert xlnet.glue_settings(1024, "sst2").batch_size == 32  # GLUE's unchanged
     assert xlm.glue_settings(1024, "squad").schedule == "linear"
     assert xlm.glue_settings(1024, "sst2").schedule == "constant"
+    # RoBERTa (Table 10) and MPNet (README.squad.md) change fairseq's GLUE run; ALBERT runs
+    # run_squad_v1/v2.py's flags with its AdamW
+    assert (roberta.glue_settings(768, "squad").learning_rate,
+            roberta.glue_settings(768, "sst2").learning_rate) == (1.5e-5, 1e-5)
+    assert mpnet.glue_settings(768, "squad2").max_seq_length == 512
+    assert mpnet.glue_settings(768, "squad2").schedule == "linear_from_peak"
+    assert (albert.glue_settings(768, "squad").schedule, albert.glue_settings(
+        768, "squad").eps_before_bias_correction) == ("linear", False)
 
 
 # family -> (its module, the docs page with its SQuAD card)
 FAMILIES = {"bert": (bert, "masked_lm"), "electra": (electra, "masked_lm"),
-            "xlnet": (xlnet, "autoregressive"), "xlm": (xlm, "seq2seq")}
+            "roberta": (roberta, "masked_lm"), "albert": (albert, "masked_lm"),
+            "mpnet": (mpnet, "masked_lm"), "xlnet": (xlnet, "autoregressive"),
+            "xlm": (xlm, "seq2seq")}
 
 
-def card_rows(family: str) -> dict[str, str]:
-    """setting -> ours of the family's SQuAD card on its docs page."""
+def card_rows(family: str, card: str = "SQuAD") -> dict[str, str]:
+    """setting -> ours of the family's SQuAD (or GLUE) card on its docs page."""
     page = (Path(__file__).resolve().parent.parent / "docs" / "methods"
             / f"{FAMILIES[family][1]}.md")
-    text = page.read_text().split(f"#### SQuAD fine-tuning card: `{family}`", 1)[1]
+    text = page.read_text().split(f"#### {card} fine-tuning card: `{family}`", 1)[1]
     rows = [line for line in text.split("\n\n####")[0].split("\n## ")[0].splitlines()
             if line.startswith("| ") and not line.startswith("| setting")]
     return {cells[0].strip("` "): cells[2].strip() for cells in
@@ -418,12 +454,33 @@ def test_squad_cards_match_the_recipes(family):
                   "doc_stride", "max_query_length", "max_answer_length")}}
     if family in ("electra", "xlnet"):
         wanted["optim.layerwise_lr_decay"] = chosen.layerwise_lr_decay
-    if family in ("xlnet", "xlm"):
+    if family in ("xlnet", "xlm", "roberta", "mpnet"):
         wanted["optim.eps"] = chosen.eps
+    if family in ("roberta", "mpnet"):  # fairseq's Adam
+        wanted["optim.b2"] = chosen.b2
     rows = card_rows(family)
     assert set(wanted) <= set(rows), set(wanted) - set(rows)
     for key, value in wanted.items():
         assert float(rows[key].rstrip(" %")) == pytest.approx(value, rel=1e-3), key
+
+
+GLUE_CARD = re.compile(r"lr ([0-9.e-]+), batch (\d+), ([0-9.]+) epochs, warmup ([0-9.]+) %")
+
+
+@pytest.mark.parametrize("family", ["roberta", "albert", "mpnet"])
+def test_glue_cards_match_the_recipes(family):
+    """The families whose GLUE recipe is per task have a GLUE card: one row per task, and the
+    optimiser's settings."""
+    rows = card_rows(family, "GLUE")
+    for task in ("sst2", "cola", "mrpc", "rte", "stsb"):
+        chosen = FAMILIES[family][0].glue_settings(768, task)
+        lr, batch, epochs, warmup = GLUE_CARD.fullmatch(rows[task]).groups()
+        assert (float(lr), int(batch), float(epochs), float(warmup)) == pytest.approx(
+            (chosen.learning_rate, chosen.batch_size, chosen.epochs, 100 * chosen.warmup)), task
+    chosen = FAMILIES[family][0].glue_settings(768, "sst2")
+    for key in ("weight_decay", "eps", "clip_norm", "schedule"):
+        assert rows[f"optim.{key}"] == str(getattr(chosen, key)).replace("1e-06", "1e-6"), key
+    assert float(rows["model.classifier_dropout"]) == chosen.classifier_dropout
 
 
 @pytest.fixture(scope="module")

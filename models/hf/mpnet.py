@@ -1,5 +1,7 @@
 """MPNet's HF conversion (transformers models/mpnet/modeling_mpnet.py, configuration_mpnet.py):
-`MPNetForMaskedLM` <-> `models.mpnet.MPNet`."""
+`MPNetForMaskedLM` <-> `models.mpnet.MPNet`, `MPNetForSequenceClassification` /
+`MPNetForTokenClassification` <-> the classifiers with the mpnet head
+(`MPNetForQuestionAnswering`: `hf.span`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from pretext_jax.models.classifier import HeadConfig, MPNetClassifierConfig, TokenClassifier
+from pretext_jax.models.hf import classifier as classifier_hf
 from pretext_jax.models.hf import encoder as encoder_hf
 from pretext_jax.models.hf.conversion import (
     OUR_TO_HF_ACTIVATION,
@@ -20,18 +24,18 @@ from pretext_jax.models.hf.conversion import (
 from pretext_jax.models.mpnet import MPNet, MPNetConfig
 
 
-def tensors(config: MPNetConfig) -> tuple[Tensor, ...]:
-    """`MPNetForMaskedLM`: `mpnet` (`MPNetModel` without pooler: `embeddings` without token
-    types, `encoder.layer.{i}` with `attention.attn` q/k/v/o, the shared
-    `encoder.relative_attention_bias`) and `lm_head` (dense, layer_norm, decoder tied to the
-    word embeddings, bias)."""
-    layer, layers = "mpnet.encoder.layer.{i}", "layers"
+def encoder_tensors(config: MPNetConfig, ours: str = "") -> tuple[Tensor, ...]:
+    """`mpnet` (`MPNetModel` without pooler: `embeddings` without token types,
+    `encoder.layer.{i}` with `attention.attn` q/k/v/o, the shared
+    `encoder.relative_attention_bias`); `ours` prefixes our names (a head's `transformer.`)."""
+    layer, layers = "mpnet.encoder.layer.{i}", f"{ours}layers"
     return (
-        Tensor("mpnet.embeddings.word_embeddings.weight", "word_embeddings.embedding"),
-        Tensor("mpnet.embeddings.position_embeddings.weight", "position_embeddings.embedding"),
-        *layer_norm("mpnet.embeddings.LayerNorm", "embedding_layer_norm"),
+        Tensor("mpnet.embeddings.word_embeddings.weight", f"{ours}word_embeddings.embedding"),
+        Tensor("mpnet.embeddings.position_embeddings.weight",
+               f"{ours}position_embeddings.embedding"),
+        *layer_norm("mpnet.embeddings.LayerNorm", f"{ours}embedding_layer_norm"),
         Tensor("mpnet.encoder.relative_attention_bias.weight",
-               "relative_attention_bias.embedding"),
+               f"{ours}relative_attention_bias.embedding"),
         *linear(f"{layer}.attention.attn.q", f"{layers}.query"),
         *linear(f"{layer}.attention.attn.k", f"{layers}.key"),
         *linear(f"{layer}.attention.attn.v", f"{layers}.value"),
@@ -40,8 +44,14 @@ def tensors(config: MPNetConfig) -> tuple[Tensor, ...]:
         *linear(f"{layer}.intermediate.dense", f"{layers}.intermediate"),
         *linear(f"{layer}.output.dense", f"{layers}.output"),
         *layer_norm(f"{layer}.output.LayerNorm", f"{layers}.output_layer_norm"),
-        *masked_lm_head("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
     )
+
+
+def tensors(config: MPNetConfig) -> tuple[Tensor, ...]:
+    """`MPNetForMaskedLM`: `mpnet` (`encoder_tensors`) and `lm_head` (dense, layer_norm,
+    decoder tied to the word embeddings, bias)."""
+    return (*encoder_tensors(config),
+            *masked_lm_head("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"))
 
 
 def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> MPNetConfig:
@@ -79,3 +89,28 @@ register("mpnet", Converter(
           "lm_head.decoder.bias": "lm_head.bias"},
     ignored=("embeddings.position_ids",),
 ))
+
+
+def classifier_tensors(config: HeadConfig) -> tuple[Tensor, ...]:
+    """`MPNetForSequenceClassification`: `mpnet` + `classifier` (`MPNetClassificationHead`:
+    `dense`, `out_proj`)."""
+    return (*encoder_tensors(config, "transformer."), *linear("classifier.dense", "head_dense"),
+            *linear("classifier.out_proj", "head_output"))
+
+
+def tagger_tensors(config: HeadConfig) -> tuple[Tensor, ...]:
+    """`MPNetForTokenClassification`: `mpnet` + `classifier` (one linear layer)."""
+    return (*encoder_tensors(config, "transformer."), *linear("classifier", "head_output"))
+
+
+# HF's MPNet heads drop out at `hidden_dropout_prob`; our `classifier_dropout` travels in
+# config.json as `classifier_dropout` (as BERT's), which transformers keeps and does not read.
+register("mpnet-classifier", classifier_hf.classifier_converter(
+    "mpnet", "MPNetForSequenceClassification", MPNetClassifierConfig, classifier_tensors,
+    config_from_hf, config_to_hf, classifier_hf.dropout_from_hf, classifier_hf.dropout_to_hf,
+    prefix="mpnet.", optional=("classifier.",), ignored=("embeddings.position_ids",)))
+register("mpnet-tagger", classifier_hf.classifier_converter(
+    "mpnet", "MPNetForTokenClassification", MPNetClassifierConfig, tagger_tensors,
+    config_from_hf, config_to_hf, classifier_hf.dropout_from_hf, classifier_hf.dropout_to_hf,
+    model_class=TokenClassifier, prefix="mpnet.", optional=("classifier.",),
+    ignored=("embeddings.position_ids",)))

@@ -1,8 +1,8 @@
 """The HF conversion of span extractors: `BertForQuestionAnswering`,
-`ElectraForQuestionAnswering`, `XLNetForQuestionAnsweringSimple` and
-`XLMForQuestionAnsweringSimple` (transformers modeling_bert.py / modeling_electra.py /
-modeling_xlnet.py / modeling_xlm.py: the base model + `qa_outputs`) <-> `models.span.SpanExtractor`
-with the bert, electra, xlnet or xlm head."""
+`ElectraForQuestionAnswering`, `RobertaForQuestionAnswering`, `AlbertForQuestionAnswering`,
+`MPNetForQuestionAnswering`, `XLNetForQuestionAnsweringSimple` and
+`XLMForQuestionAnsweringSimple` (transformers modeling_<family>.py: the base model without its
+pooler + `qa_outputs`) <-> `models.span.SpanExtractor` with that family's head."""
 
 from __future__ import annotations
 
@@ -13,13 +13,17 @@ from typing import Any
 from pretext_jax.models.classifier import (
     ClassifierConfig,
     HeadConfig,
+    MPNetClassifierConfig,
     XLMClassifierConfig,
     XLNetClassifierConfig,
 )
+from pretext_jax.models.hf import albert as albert_hf
 from pretext_jax.models.hf import bert as bert_hf
 from pretext_jax.models.hf import classifier as classifier_hf
 from pretext_jax.models.hf import electra as electra_hf
 from pretext_jax.models.hf import encoder as encoder_hf
+from pretext_jax.models.hf import mpnet as mpnet_hf
+from pretext_jax.models.hf import roberta as roberta_hf
 from pretext_jax.models.hf import xlm as xlm_hf
 from pretext_jax.models.hf import xlnet as xlnet_hf
 from pretext_jax.models.hf.conversion import Converter, Tensor, linear, register
@@ -66,6 +70,16 @@ register("electra-span", span_converter(
     "electra", "ElectraForQuestionAnswering", "electra.", ClassifierConfig,
     _encoder_tensors("electra."), electra_hf.config_from_hf,
     electra_hf.config_to_hf("ElectraForPreTraining")))
+register("roberta-span", span_converter(
+    "roberta", "RobertaForQuestionAnswering", "roberta.", ClassifierConfig,
+    roberta_hf.encoder_tensors, roberta_hf.config_from_hf, roberta_hf.config_to_hf))
+register("albert-span", span_converter(
+    "albert", "AlbertForQuestionAnswering", "albert.", ClassifierConfig,
+    albert_hf.encoder_tensors, albert_hf.config_from_hf, albert_hf.config_to_hf))
+register("mpnet-span", span_converter(
+    "mpnet", "MPNetForQuestionAnswering", "mpnet.", MPNetClassifierConfig,
+    lambda config: mpnet_hf.encoder_tensors(config, "transformer."), mpnet_hf.config_from_hf,
+    mpnet_hf.config_to_hf, ignored=("embeddings.position_ids",)))
 register("xlnet-span", span_converter(
     "xlnet", "XLNetForQuestionAnsweringSimple", "transformer.", XLNetClassifierConfig,
     lambda config: xlnet_hf.transformer_tensors(config, "transformer."),
