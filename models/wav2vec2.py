@@ -656,3 +656,22 @@ class Wav2Vec2ForCTC(Wav2Vec2Body):
         states = jnp.where(frozen_context, jax.lax.stop_gradient(states), states)
         states = dropout(states, c.final_dropout, final_rng)
         return self.lm_head(states).astype(jnp.float32), frames  # [B, T, V]
+
+
+def with_body_of(pretrained: Wav2Vec2Body, model: Wav2Vec2Body) -> Wav2Vec2Body:
+    """`model` with `pretrained`'s body parameters (feature encoder, projection, mask vector,
+    context network; same paths in every head) and its own head: a pre-trained or another
+    fine-tuned network as the start of fine-tuning (paper §4: the output layer is new). The
+    two bodies must have the same shapes."""
+    def flat(module: nnx.Module) -> dict[str, nnx.Variable]:
+        return {".".join(map(str, path)): variable for path, variable
+                in nnx.to_flat_state(nnx.state(module, nnx.Param))}
+
+    ours, theirs = flat(model), flat(pretrained)
+    body = flat(nnx.eval_shape(lambda: Wav2Vec2Body(model.config, rngs=nnx.Rngs(0))))
+    for path in body:
+        if theirs[path].get_value().shape != ours[path].get_value().shape:
+            raise ValueError(f"the pre-trained {path} has shape {theirs[path].get_value().shape}"
+                             f", the model's config asks for {ours[path].get_value().shape}")
+        ours[path].set_value(theirs[path].get_value())
+    return model

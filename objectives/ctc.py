@@ -4,15 +4,19 @@
 Reference: fairseq `criterions/ctc.py` (`CtcCriterion`: per-utterance CTC losses summed, the
 gradient normalised by the number of target characters, greedy decoding for the WER it logs)
 and HF transformers `Wav2Vec2ForCTC.forward` (`ctc_loss_reduction`, labels < 0 = padding,
-`pad_token_id` = blank).
+`pad_token_id` = blank). Word and character error rates are `jiwer`'s (the `ctc` extra).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from pretext_jax.errors import require
 
 CTC_REDUCTIONS = ("mean", "tokens", "sum")
 """How per-utterance CTC losses make the batch loss: `mean` is HF's `ctc_loss_reduction="mean"`
@@ -61,3 +65,13 @@ def greedy_decode(logits: jax.Array | np.ndarray, frames: jax.Array | np.ndarray
     best, keep = (np.asarray(a) for a in greedy_keep(jnp.asarray(logits), jnp.asarray(frames),
                                                        blank_id))
     return [row[kept].tolist() for row, kept in zip(best, keep, strict=True)]
+
+
+def error_rates(references: Sequence[str], hypotheses: Sequence[str]) -> dict[str, float]:
+    """Word and character error rates over a set (jiwer: edit operations summed over every
+    utterance, divided by the references' total words or characters, spaces counted as
+    characters), as the paper's WER tables (§5). The empty transcript's are 1.0 each."""
+    jiwer = require("jiwer", "ctc", "word error rates")
+    references, hypotheses = list(references), list(hypotheses)
+    return {"wer": float(jiwer.wer(references, hypotheses)),
+            "cer": float(jiwer.cer(references, hypotheses))}

@@ -13,8 +13,13 @@ from test_wav2vec2 import HF_TINY, NO_DROPOUT, TINY, padded_waveforms
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.transcripts import CharVocabulary, read_transcripts
-from pretext_jax.models.wav2vec2 import Wav2Vec2CTCConfig, Wav2Vec2ForCTC
-from pretext_jax.objectives.ctc import ctc_loss, greedy_decode
+from pretext_jax.models.wav2vec2 import (
+    Wav2Vec2,
+    Wav2Vec2CTCConfig,
+    Wav2Vec2ForCTC,
+    with_body_of,
+)
+from pretext_jax.objectives.ctc import ctc_loss, error_rates, greedy_decode
 
 VOCAB = 7
 TINY_CTC = Wav2Vec2CTCConfig(**dataclasses.asdict(TINY), vocab_size=VOCAB, blank_id=0)
@@ -228,3 +233,41 @@ def test_manifests_tsv_and_librispeech(tmp_path):
     (chapter / "19-198.trans.txt").write_text("19-198-0000 A\n19-198-0001 B\n")
     with pytest.raises(UserError, match=r"19-198.trans.txt:2: audio file .*0001.flac"):
         read_transcripts(tmp_path / "libri")
+
+
+def levenshtein(a: list[str], b: list[str]) -> int:
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        row, previous = [i], row
+        for j, y in enumerate(b, 1):
+            row.append(min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (x != y)))
+    return row[-1]
+
+
+def test_error_rates_are_corpus_edit_distances_and_the_empty_baseline_is_one():
+    references = ["THE CAT SAT", "ON THE MAT", "ZERO"]
+    hypotheses = ["THE CAT SAT", "ON A MAT", "ZERO ONE"]
+    words = sum(levenshtein(r.split(), h.split()) for r, h in zip(references, hypotheses,
+                                                                  strict=True))
+    chars = sum(levenshtein(list(r), list(h)) for r, h in zip(references, hypotheses,
+                                                             strict=True))
+    rates = error_rates(references, hypotheses)
+    assert rates["wer"] == pytest.approx(words / 7) and words == 2
+    assert rates["cer"] == pytest.approx(chars / sum(map(len, references)))
+    assert error_rates(references, [""] * 3) == {"wer": 1.0, "cer": 1.0}
+    assert error_rates(references, references) == {"wer": 0.0, "cer": 0.0}
+
+
+def test_a_pretrained_body_moves_into_the_ctc_model():
+    """The pre-training model's body, parameter for parameter, under a new output layer: the
+    same context-network states; another hidden size is refused."""
+    pretrained = random_model(Wav2Vec2, TINY, 4)
+    model = with_body_of(pretrained, random_model(Wav2Vec2ForCTC, TINY_CTC, 5))
+    waveforms, mask = (jnp.asarray(a) for a in padded_waveforms(2))
+    np.testing.assert_array_equal(model.hidden_states(waveforms, mask)[0],
+                                  pretrained.hidden_states(waveforms, mask)[0])
+    assert not np.array_equal(random_model(Wav2Vec2ForCTC, TINY_CTC, 5).hidden_states(
+        waveforms, mask)[0], pretrained.hidden_states(waveforms, mask)[0])
+    wide = dataclasses.replace(TINY_CTC, intermediate_size=40)
+    with pytest.raises(ValueError, match="intermediate"):
+        with_body_of(pretrained, random_model(Wav2Vec2ForCTC, wide, 5))
