@@ -626,6 +626,9 @@ class Wav2Vec2ForCTC(Wav2Vec2Body):
         with nnx.use_eager_sharding(False):
             self.lm_head = dense(config, config.hidden_size, config.vocab_size,
                                  ("embed", None), rngs)
+            # Fine-tuning updates so far: the context network stays frozen for the first ones
+            # (fairseq `freeze_finetune_updates`); the CTC fine-tuning loss advances it.
+            self.updates = UpdateCount(jnp.zeros((), jnp.int32))
 
     def __call__(
         self,

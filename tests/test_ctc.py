@@ -4,6 +4,8 @@ parity with HF `Wav2Vec2ForCTC` (logits and loss) and its import and export."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -81,6 +83,7 @@ def test_ctc_loss_matches_the_forward_algorithm_and_each_reduction():
     lengths = np.array([len(t) for t in transcripts])
     for reduction, reduced in (("sum", expected.sum()),
                                ("mean", np.mean(expected / np.maximum(lengths, 1))),
+                               ("sentences", expected.mean()),
                                ("tokens", expected.sum() / lengths.sum())):
         loss, per_utterance = ctc_loss(jnp.asarray(logits), jnp.asarray(frames),
                                        jnp.asarray(labels), reduction=reduction)
@@ -271,3 +274,80 @@ def test_a_pretrained_body_moves_into_the_ctc_model():
     wide = dataclasses.replace(TINY_CTC, intermediate_size=40)
     with pytest.raises(ValueError, match="intermediate"):
         with_body_of(pretrained, random_model(Wav2Vec2ForCTC, wide, 5))
+
+
+# --- The run: run.py finetune --task ctc ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def transcribed(tmp_path_factory):
+    """24 utterances of 0.2 s, "ONE" a low tone and "TWO" a high one, as train (16) and dev
+    (8, the test mesh's data shards) TSV manifests, and a random tiny wav2vec 2.0 saved as a
+    HF folder."""
+    soundfile = pytest.importorskip("soundfile")
+    from pretext_jax.pretrain import hf
+
+    root = tmp_path_factory.mktemp("ctc")
+    t = np.arange(3200) / 16000
+    rows = []
+    for i in range(24):
+        word, pitch = ("ONE", 300) if i % 2 else ("TWO", 2000)
+        samples = 0.3 * np.sin(2 * np.pi * (pitch + 10 * i) * t)
+        soundfile.write(str(root / f"{i}.wav"), samples.astype(np.float32), 16000)
+        rows.append(f"{i}.wav\t{word}")
+    (root / "train.tsv").write_text("\n".join(rows[:16]) + "\n")
+    (root / "dev.tsv").write_text("\n".join(rows[16:]) + "\n")
+    hf.save(random_model(Wav2Vec2, TINY, 6), root / "w2v")
+    return root
+
+
+def test_finetune_cli_trains_reports_wer_and_refuses_bad_manifests(transcribed, tmp_path,
+                                                                   capsys):
+    import run
+    from pretext_jax.pretrain.finetune import _against_baseline, finetune_config
+
+    data = f"{transcribed / 'train.tsv'},{transcribed / 'dev.tsv'}"
+    init = str(transcribed / "w2v")
+    config = finetune_config("ctc", init, data)
+    assert config.method == "ctc" and config.optim.schedule == "tri_stage"
+    assert config.train.steps == 20000 and config.optim.hold_steps == 8000
+    assert config.model.hidden_size == TINY.hidden_size
+    assert config.objective.freeze_updates == 10000
+    fast = ["train.batch_size=8", "train.progress=false", "optim.warmup_steps=1",
+            "optim.hold_steps=1", "objective.freeze_updates=2", "examples.max_samples=3200",
+            "objective.channel_mask_fraction=0.1", "objective.channel_mask_span=4"]
+    workdir = tmp_path / "run"
+    assert run.main(["finetune", "--task", "ctc", "--init", init, "--data", data,
+                     "--workdir", str(workdir), "--epochs", "2", *fast]) == 0
+    out = capsys.readouterr().out
+    trained = out[out.index("ctc dev after"):].strip()
+    # Four updates at the recipe's 5e-5 leave the network at the blank: WER 1, flagged.
+    assert re.match(r"ctc dev after 4 steps: wer [0-9.]+ \(empty transcript 1.0000\), cer "
+                    r"[0-9.]+ \(empty transcript 1.0000\)\n  the run ended at the empty "
+                    r"transcript baseline", trained), trained
+    result = json.loads((workdir / "results.json").read_text())
+    assert set(result["dev"]) == {"wer", "cer"} and result["at_empty_baseline"]
+    assert not _against_baseline({"wer": 0.4, "cer": 0.2}, {"empty_baseline": {"wer": 1.0}},
+                                 "ctc")["at_empty_baseline"]  # lower is better
+    assert run.main(["convert", str(workdir), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert saved["architectures"] == ["Wav2Vec2ForCTC"] and saved["vocab_size"] == 4 + 1 + 5
+    capsys.readouterr()
+    # Bad manifests: one line on stderr, exit 2, no records written.
+    bad = tmp_path / "bad.tsv"
+    bad.write_text(f"{transcribed / '0.wav'}\tTWO\n{transcribed / 'nine.wav'}\tNINE\n")
+    cache = tmp_path / "cache"
+    for manifest, message in ((bad, "bad.tsv:2: audio file"),):
+        assert run.main(["finetune", "--task", "ctc", "--init", init, "--data",
+                         f"{manifest},{transcribed / 'dev.tsv'}", "--workdir",
+                         str(tmp_path / "bad_run"), f"data.cache_dir={cache}", *fast]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and message in err, err
+    bad.write_text(f"{transcribed / '0.wav'}\tTWO\n")
+    (tmp_path / "dev.tsv").write_text(f"{transcribed / '1.wav'}\tONE!\n")
+    assert run.main(["finetune", "--task", "ctc", "--init", init, "--data",
+                     f"{bad},{tmp_path / 'dev.tsv'}", "--workdir", str(tmp_path / "bad_run"),
+                     f"data.cache_dir={cache}", *fast]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "dev.tsv:1: character 'N' is not in the vocabulary" in err, err
+    assert not cache.exists() or not any(cache.rglob("*.array_record"))
+    assert not (tmp_path / "bad_run").exists()
