@@ -131,8 +131,9 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--data", default="tfds",
                              help="GLUE folder (SST-2/, CoLA/, ...), for --task ner a folder of "
                              "CoNLL-style train/dev files (or TRAIN,DEV), for --task summarize "
-                             "a folder of train/dev .source and .target files or .tsv, or "
-                             "tfds: "
+                             "a folder of train/dev .source and .target files or .tsv, for "
+                             "--task ctc TRAIN,DEV transcript manifests (TSV of audio path and "
+                             "text, or LibriSpeech folders), or tfds: "
                              "TFDS glue/<task> prepared as ArrayRecord in data.tfds_data_dir "
                              "(default ~/tensorflow_datasets) by `tfds build glue/<task> "
                              "--file_format=array_record`; never downloaded (default: "

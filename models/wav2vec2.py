@@ -461,16 +461,11 @@ class Wav2Vec2Output:
     frames: jax.Array
 
 
-class Wav2Vec2(nnx.Module):
-    """wav2vec 2.0 for pre-training (HF `Wav2Vec2ForPreTraining`): waveform -> conv features ->
-    LayerNorm -> (a) projection, dropout, masked frames replaced by `masked_spec_embed`, the
-    context network, `project_hid`; (b) dropout, the quantiser, `project_q`.
-
-    Shapes in this module: B batch size, S waveform samples, T frames (`feature_lengths`(S)),
-    C feature-encoder channels (the last of `conv_channels`), H hidden size, N attention heads,
-    D head size (H / N), F intermediate size, L layers, G codebooks, V entries per codebook,
-    Q codevector_dim, P projection_dim.
-    """
+class Wav2Vec2Body(nnx.Module):
+    """The network under every wav2vec 2.0 head (HF `Wav2Vec2Model`): the feature encoder, its
+    LayerNorm, the feature projection, the mask vector and the context network. The heads
+    subclass it, so its parameters keep the same paths in every model (a pre-trained body moves
+    into a fine-tuned one as it is). Shapes as in `Wav2Vec2`'s legend."""
 
     def __init__(self, config: Wav2Vec2Config, *, rngs: nnx.Rngs):
         c, h = config.conv_channels[-1], config.hidden_size
@@ -484,13 +479,6 @@ class Wav2Vec2(nnx.Module):
             self.masked_spec_embed = nnx.Param(jax.random.uniform(rngs.params(), (h,)),
                                                out_sharding=("embed",))
             self.encoder = Wav2Vec2Encoder(config, rngs=rngs)
-            self.quantizer = GumbelQuantizer(config, rngs=rngs)
-            self.project_hid = dense(config, h, config.projection_dim, ("embed", None), rngs)
-            self.project_q = dense(config, config.codevector_dim, config.projection_dim,
-                                   (None, None), rngs)
-            # Training updates so far, which the Gumbel temperature anneals over (fairseq
-            # `num_updates`); the pre-training loss advances it (objectives/wav2vec2.py).
-            self.updates = UpdateCount(jnp.zeros((), jnp.int32))
 
     def extract_features(self, input_values: jax.Array) -> jax.Array:
         """The feature encoder: waveform [B, S] -> conv features [B, T, C]."""
@@ -508,7 +496,9 @@ class Wav2Vec2(nnx.Module):
         frames [B, T] (True = real), normed features [B, T, C], projected features [B, T, H]."""
         c = self.config
         features = self.extract_features(input_values)  # [B, T, C]
-        if feature_gradient_scale != 1.0:
+        if feature_gradient_scale == 0.0:  # frozen: no backward pass through the convolutions
+            features = jax.lax.stop_gradient(features)
+        elif feature_gradient_scale != 1.0:
             features = scale_gradient(features, feature_gradient_scale)
         frames = (jnp.ones(features.shape[:2], bool) if attention_mask is None
                   else frame_mask(c, attention_mask, features.shape[1]))  # [B, T]
@@ -516,6 +506,12 @@ class Wav2Vec2(nnx.Module):
         hidden = dropout(self.feature_projection(normed), c.feature_projection_dropout,
                          rng)  # [B, T, H]
         return features, frames, normed, hidden
+
+    def mask_frames(self, hidden: jax.Array, mask_time_indices: jax.Array) -> jax.Array:
+        """Projected features [B, T, H] with the frames where `mask_time_indices` [B, T] is
+        True replaced by the learned `masked_spec_embed` (paper §3.1)."""
+        return jnp.where(mask_time_indices.astype(bool)[..., None],
+                         self.masked_spec_embed[...].astype(hidden.dtype), hidden)
 
     def hidden_states(self, input_values: jax.Array, attention_mask: jax.Array | None = None
                       ) -> tuple[jax.Array, jax.Array]:
@@ -532,6 +528,30 @@ class Wav2Vec2(nnx.Module):
         instead). Padded frames hold no meaningful values."""
         _, frames, _, hidden = self._encoder_inputs(input_values, attention_mask, None)
         return self.encoder(hidden, frames, None, all_hidden_states=True)[1], frames
+
+
+class Wav2Vec2(Wav2Vec2Body):
+    """wav2vec 2.0 for pre-training (HF `Wav2Vec2ForPreTraining`): waveform -> conv features ->
+    LayerNorm -> (a) projection, dropout, masked frames replaced by `masked_spec_embed`, the
+    context network, `project_hid`; (b) dropout, the quantiser, `project_q`.
+
+    Shapes in this module: B batch size, S waveform samples, T frames (`feature_lengths`(S)),
+    C feature-encoder channels (the last of `conv_channels`), H hidden size, N attention heads,
+    D head size (H / N), F intermediate size, L layers, G codebooks, V entries per codebook,
+    Q codevector_dim, P projection_dim.
+    """
+
+    def __init__(self, config: Wav2Vec2Config, *, rngs: nnx.Rngs):
+        super().__init__(config, rngs=rngs)
+        h = config.hidden_size
+        with nnx.use_eager_sharding(False):
+            self.quantizer = GumbelQuantizer(config, rngs=rngs)
+            self.project_hid = dense(config, h, config.projection_dim, ("embed", None), rngs)
+            self.project_q = dense(config, config.codevector_dim, config.projection_dim,
+                                   (None, None), rngs)
+            # Training updates so far, which the Gumbel temperature anneals over (fairseq
+            # `num_updates`); the pre-training loss advances it (objectives/wav2vec2.py).
+            self.updates = UpdateCount(jnp.zeros((), jnp.int32))
 
     def __call__(
         self,
@@ -558,8 +578,7 @@ class Wav2Vec2(nnx.Module):
             input_values, attention_mask, projection_rng, feature_gradient_scale)
         if mask_time_indices is not None:
             mask_time_indices = mask_time_indices.astype(bool)
-            hidden = jnp.where(mask_time_indices[..., None],
-                               self.masked_spec_embed[...].astype(hidden.dtype), hidden)
+            hidden = self.mask_frames(hidden, mask_time_indices)
         last_hidden_state = self.encoder(hidden, frames, encoder_rng,
                                          groups=groups)[0]  # [B, T, H]
         quantized, perplexity = self.quantizer(
@@ -571,3 +590,91 @@ class Wav2Vec2(nnx.Module):
             projected_quantized_states=self.project_q(quantized),  # [B, T, P]
             codevector_perplexity=perplexity, conv_features=features, frames=frames)
 
+
+
+@dataclasses.dataclass(frozen=True)
+class Wav2Vec2CTCConfig(Wav2Vec2Config):
+    """wav2vec 2.0 fine-tuned for speech recognition (paper §4, HF `Wav2Vec2ForCTC`): the
+    network's fields plus the character vocabulary's size, the CTC blank and the dropout
+    before the output layer. The quantiser's fields are kept (a pre-trained config passes as
+    it is) but build nothing."""
+
+    vocab_size: int = 32
+    """Output classes: the characters, the word delimiter "|" and the specials (HF
+    `vocab_size`)."""
+    blank_id: int = 0
+    """The CTC blank, which is the vocabulary's <pad> as in fairseq and HF [pad_token_id]."""
+    final_dropout: float = 0.0
+    """Dropout on the context network's output before the output layer (fairseq
+    `final_dropout`, 0.0 in its fine-tuning configs; HF's default is 0.1)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.blank_id < self.vocab_size:
+            raise ValueError(f"blank_id {self.blank_id} must be a class of vocab_size "
+                             f"{self.vocab_size}")
+        check_rates(self, ("final_dropout",))
+
+
+class Wav2Vec2ForCTC(Wav2Vec2Body):
+    """The body, dropout and a linear layer to the vocabulary (HF `Wav2Vec2ForCTC`, fairseq
+    `Wav2VecCtc` of wav2vec2_asr.py): waveform [B, S] -> per-frame logits [B, T, V], V =
+    `vocab_size`. The CTC loss and decoding are the objective's (objectives/ctc.py)."""
+
+    def __init__(self, config: Wav2Vec2CTCConfig, *, rngs: nnx.Rngs):
+        super().__init__(config, rngs=rngs)
+        with nnx.use_eager_sharding(False):
+            self.lm_head = dense(config, config.hidden_size, config.vocab_size,
+                                 ("embed", None), rngs)
+            # Fine-tuning updates so far: the context network stays frozen for the first ones
+            # (fairseq `freeze_finetune_updates`); the CTC fine-tuning loss advances it.
+            self.updates = UpdateCount(jnp.zeros((), jnp.int32))
+
+    def __call__(
+        self,
+        input_values: jax.Array,
+        attention_mask: jax.Array | None = None,
+        mask_time_indices: jax.Array | None = None,
+        mask_channel_indices: jax.Array | None = None,
+        rng: jax.Array | None = None,
+        *,
+        frozen_context: bool | jax.Array = False,
+    ) -> tuple[jax.Array, jax.Array]:
+        """`input_values`, `attention_mask` and `mask_time_indices` as `Wav2Vec2`'s;
+        `mask_channel_indices` [B, H] (True = that channel of the projected features is zeroed
+        in every frame, fairseq's `mask_channel_prob`, HF's `mask_feature_prob`); `rng` None =
+        evaluation. `frozen_context` stops the gradient into everything below the output layer
+        (fairseq `freeze_finetune_updates`: the first updates train the output layer only).
+        The feature encoder is always frozen, as the paper's fine-tuning (fairseq
+        `feature_grad_mult` 0.0). -> (logits [B, T, V] float32, frames [B, T] True = real)."""
+        c = self.config
+        projection_rng, encoder_rng, final_rng = split_rng(rng, 3)
+        _, frames, _, hidden = self._encoder_inputs(input_values, attention_mask,
+                                                    projection_rng, 0.0)
+        if mask_time_indices is not None:
+            hidden = self.mask_frames(hidden, mask_time_indices)
+        if mask_channel_indices is not None:
+            hidden = jnp.where(mask_channel_indices.astype(bool)[:, None, :], 0, hidden)
+        states = self.encoder(hidden, frames, encoder_rng)[0]  # [B, T, H]
+        states = jnp.where(frozen_context, jax.lax.stop_gradient(states), states)
+        states = dropout(states, c.final_dropout, final_rng)
+        return self.lm_head(states).astype(jnp.float32), frames  # [B, T, V]
+
+
+def with_body_of(pretrained: Wav2Vec2Body, model: Wav2Vec2Body) -> Wav2Vec2Body:
+    """`model` with `pretrained`'s body parameters (feature encoder, projection, mask vector,
+    context network; same paths in every head) and its own head: a pre-trained or another
+    fine-tuned network as the start of fine-tuning (paper §4: the output layer is new). The
+    two bodies must have the same shapes."""
+    def flat(module: nnx.Module) -> dict[str, nnx.Variable]:
+        return {".".join(map(str, path)): variable for path, variable
+                in nnx.to_flat_state(nnx.state(module, nnx.Param))}
+
+    ours, theirs = flat(model), flat(pretrained)
+    body = flat(nnx.eval_shape(lambda: Wav2Vec2Body(model.config, rngs=nnx.Rngs(0))))
+    for path in body:
+        if theirs[path].get_value().shape != ours[path].get_value().shape:
+            raise ValueError(f"the pre-trained {path} has shape {theirs[path].get_value().shape}"
+                             f", the model's config asks for {ours[path].get_value().shape}")
+        ours[path].set_value(theirs[path].get_value())
+    return model

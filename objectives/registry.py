@@ -168,7 +168,9 @@ class DownstreamTask:
       on the data `data` (`--data`), from which fine-tuning counts its steps.
     - `metrics`: the dev metrics reported, `main_metric` the one that ranks runs and learning
       rates; `baseline`: the `PreparedData.report` entry with the trivial predictor's dev
-      metrics (majority class, no answer, all-O), `baseline_name` what that predictor is.
+      metrics (majority class, no answer, all-O, the empty transcript), `baseline_name` what
+      that predictor is; `lower_is_better`: the main metric is an error rate (CTC's WER), so a
+      run is at the baseline when it is no lower.
     - `spec`: the task's own description (`input_pipeline.glue.GlueTask`, ...), for its method.
     """
 
@@ -183,6 +185,7 @@ class DownstreamTask:
     max_seq_length: int = 0
     aliases: tuple[str, ...] = ()
     spec: Any = None
+    lower_is_better: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,10 +64,12 @@ from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_length
 from pretext_jax.objectives.common.held_out import mask_records
 from pretext_jax.objectives.common.preset_parts import FAIRSEQ_ROBERTA_OPTIM, FSDD_EXAMPLES
 from pretext_jax.objectives.common.speech import (
+    MaskingSettings,
     check_probe_layer,
     prepare_speech,
     probe_monitor,
     probe_summary,
+    span_mask,
 )
 from pretext_jax.objectives.registry import (
     Batch,
@@ -84,32 +86,6 @@ from pretext_jax.objectives.registry import (
 
 COSINE_EPS = 1e-8  # torch.cosine_similarity's
 HELD_OUT_MASK_SEED = 0  # held-out masks and distractors: drawn once, the same in every run
-
-
-@dataclasses.dataclass(frozen=True)
-class MaskingSettings:
-    """Host-side masking and distractor sampling (fairseq BASE: mask_prob 0.65 over spans of
-    10, i.e. 0.065 of the frames start a span; 100 negatives)."""
-
-    mask_start_fraction: float = 0.065
-    """p, the fraction of an utterance's frames that start a masked span (paper §4.2 0.065;
-    HF `mask_time_prob` / fairseq `mask_prob` = p x mask_span = 0.65)."""
-    mask_span: int = 10
-    """M, frames masked from each start (paper 10; HF `mask_time_length`)."""
-    min_spans: int = 2
-    """Fewest spans per utterance that has room for them (HF `mask_time_min_masks` 2)."""
-    num_negatives: int = 100
-    """K, distractors per masked frame, from the same utterance's masked frames (paper 100)."""
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.mask_start_fraction < 1.0:
-            raise ValueError(f"mask_start_fraction={self.mask_start_fraction} must be in (0, 1) "
-                             "(wav2vec 2.0: 0.065)")
-        for name in ("mask_span", "num_negatives"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        if self.min_spans < 0:
-            raise ValueError(f"min_spans={self.min_spans} must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,37 +131,6 @@ class Wav2Vec2LossSettings:
 
 
 # --- Host side (numpy) ---------------------------------------------------------------------
-
-def span_mask(frame_lengths: np.ndarray, num_frames: int, settings: MaskingSettings,
-              rng: np.random.Generator, same_count: bool = False) -> np.ndarray:
-    """[B, T] bool, True = masked, for utterances of `frame_lengths` real frames (right-padded
-    to `num_frames`), as fairseq's `compute_mask_indices` draws them for wav2vec2.py (static
-    spans, overlapping, `num_mask_ver` 2, `idc_select_ver` 1): per utterance of n frames,
-    int(p n + u) spans (u ~ U[0, 1) per utterance), at least `min_spans`; distinct starts
-    uniform over [0, n - M), each masking M frames (spans overlap). `same_count` (fairseq
-    `require_same_masks`): every row keeps as many masked frames as the row with fewest, its
-    others unmasked at random. An utterance of no more than M + count frames gets no mask
-    (fairseq falls back to count + 1 start places there, which can mask all of it, and then
-    raises)."""
-    span = settings.mask_span
-    masked = []
-    for length in np.asarray(frame_lengths, np.int64).tolist():
-        count = max(int(settings.mask_start_fraction * length + rng.random()),
-                    settings.min_spans)
-        if length - span <= count:
-            masked.append(np.zeros(0, np.int64))
-            continue
-        starts = rng.choice(length - span, count, replace=False)
-        masked.append(np.unique(starts[:, None] + np.arange(span)))
-    if same_count and masked:
-        fewest = min(len(frames) for frames in masked)
-        masked = [rng.choice(frames, fewest, replace=False) if len(frames) > fewest else frames
-                  for frames in masked]
-    mask = np.zeros((len(masked), num_frames), bool)
-    for row, frames in enumerate(masked):
-        mask[row, frames] = True
-    return mask
-
 
 def sample_negatives(mask: np.ndarray, num_negatives: int, rng: np.random.Generator
                      ) -> np.ndarray:

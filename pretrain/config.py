@@ -61,9 +61,12 @@ class OptimConfig:
     `adam_inverse_sqrt`: linear from `warmup_init_learning_rate` to lr over the warmup, then lr *
     sqrt(warmup / step)), linear_from_peak (fairseq's polynomial_decay, XLNet's
     poly decay: lr * step / warmup, then linear from lr at the end of warmup to end_learning_rate at
-    `steps`); `end_learning_rate` is where linear, electra_linear, linear_from_peak and cosine
-    end. `eps_before_bias_correction` (with `bias_correction`): Adam's eps added to sqrt(v)
-    before the bias correction, as fairseq's Adam and tf.train.AdamOptimizer do.
+    `steps`), tri_stage (fairseq's tri_stage, wav2vec 2.0 fine-tuning: linear from
+    `warmup_init_learning_rate` to lr over the warmup, lr for `hold_steps`, then exponential
+    decay to `end_learning_rate` at `steps`); `end_learning_rate` is where linear,
+    electra_linear, linear_from_peak, cosine and tri_stage end. `eps_before_bias_correction`
+    (with `bias_correction`): Adam's eps added to sqrt(v) before the bias correction, as
+    fairseq's Adam and tf.train.AdamOptimizer do.
     `decay_norms_and_biases` (adamw, lamb): weight decay on every parameter, as fairseq's
     Adam, instead of skipping LayerNorm and biases. `layerwise_lr_decay` < 1 scales each
     Transformer layer's learning rate by decay^(depth from the top) (ELECTRA fine-tuning:
@@ -74,14 +77,18 @@ class OptimConfig:
     learning_rate: float = 1e-4
     """Peak learning rate (BERT 1e-4)."""
     schedule: str = "linear"
-    """linear, electra_linear, linear_from_peak, cosine, constant, step, inverse_sqrt (T5) or
-    inverse_sqrt_warmup (fairseq, XLM)."""
+    """linear, electra_linear, linear_from_peak, cosine, constant, step, inverse_sqrt (T5),
+    inverse_sqrt_warmup (fairseq, XLM) or tri_stage (wav2vec 2.0 fine-tuning)."""
     warmup_steps: int = 10000
     """Steps of the linear warmup (BERT 10,000)."""
     end_learning_rate: float = 0.0
-    """Where linear, electra_linear, linear_from_peak and cosine end."""
+    """Where linear, electra_linear, linear_from_peak, cosine and tri_stage end."""
     warmup_init_learning_rate: float = 0.0
-    """Where inverse_sqrt_warmup's ramp starts (fairseq and XLM `warmup_init_lr`; XLM 1e-7)."""
+    """Where inverse_sqrt_warmup's and tri_stage's ramps start (fairseq and XLM
+    `warmup_init_lr`; XLM 1e-7; tri_stage: fairseq `init_lr_scale` x lr)."""
+    hold_steps: int = 0
+    """tri_stage: steps at the peak after the warmup (fairseq `hold_steps`; wav2vec 2.0
+    fine-tuning: 40 % of the steps)."""
     weight_decay: float = 0.01
     """Decoupled weight decay (BERT 0.01; not on LayerNorm or biases by default)."""
     b1: float = 0.9
@@ -475,6 +482,7 @@ def describe(config: Config) -> str:
 RANGES = {
     "optim.learning_rate": "[0, inf)", "optim.warmup_steps": "[0, inf)",
     "optim.end_learning_rate": "[0, inf)", "optim.warmup_init_learning_rate": "[0, inf)",
+    "optim.hold_steps": "[0, inf)",
     "optim.weight_decay": "[0, inf)",
     "optim.b1": "[0, 1)", "optim.b2": "[0, 1)", "optim.eps": "[0, inf)",
     "optim.clip_norm": "[0, inf)", "optim.grad_accum_steps": "[1, inf)",

@@ -130,13 +130,14 @@ def _task_metrics(evaluation: dict[str, float], task: str) -> dict[str, float]:
 
 def _against_baseline(dev: dict[str, float], report: dict[str, Any], task: str
                       ) -> dict[str, Any]:
-    """The task's trivial baseline (GLUE: the majority class) beside the dev metrics, and
-    whether the run ended at it (its main metric no better than the trivial predictor's: it
-    predicts one class, or as badly)."""
+    """The task's trivial baseline (GLUE: the majority class; CTC: the empty transcript) beside
+    the dev metrics, and whether the run ended at it (its main metric no better than the
+    trivial predictor's: it predicts one class, or as badly)."""
     spec = registry.downstream_task(task)
     baseline = report[spec.baseline]
+    gain = dev[spec.main_metric] - baseline[spec.main_metric]
     return {spec.baseline: baseline, f"at_{spec.baseline}": bool(
-        dev[spec.main_metric] <= baseline[spec.main_metric] + 1e-9)}
+        (-gain if spec.lower_is_better else gain) <= 1e-9)}
 
 
 def finetune(config: Config, workdir: str | Path) -> dict[str, Any]:

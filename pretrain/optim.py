@@ -9,6 +9,7 @@ bias correction, so that one transformation is written here; everything else is 
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -28,7 +29,7 @@ NO_DECAY_PARAMETERS = ("bias", "scale")
 NO_DECAY_SUFFIX = "_bias"
 DECAYED_BIASES = ("r_w_bias", "r_r_bias", "r_s_bias")
 SCHEDULES = ("linear", "electra_linear", "linear_from_peak", "cosine", "constant",
-             "inverse_sqrt", "inverse_sqrt_warmup", "step")
+             "inverse_sqrt", "inverse_sqrt_warmup", "step", "tri_stage")
 
 
 class ScaleByAdamEpsHatState(NamedTuple):
@@ -151,7 +152,8 @@ def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
     to end), `constant` (warmup then flat), `inverse_sqrt` (T5), `inverse_sqrt_warmup`
     (fairseq, XLM: `inverse_sqrt_warmup_schedule`) or `step` (warmup, then the
     peak times `decay_factor` after each of the steps in `decay_boundaries`: Caffe's `step`
-    policy, RotNet's `LUT_lr`). Steps count from 0: update
+    policy, RotNet's `LUT_lr`) or `tri_stage` (wav2vec 2.0 fine-tuning: `tri_stage_schedule`,
+    decaying over the steps after warmup and hold). Steps count from 0: update
     n (the n-th, 0-based) uses schedule(n), the value of the references' global step (fairseq:
     num_updates) before it is incremented."""
     peak, warmup, end = config.learning_rate, config.warmup_steps, config.end_learning_rate
@@ -176,6 +178,10 @@ def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
     elif config.schedule == "inverse_sqrt_warmup":
         return inverse_sqrt_warmup_schedule(peak, config.warmup_steps,
                                             config.warmup_init_learning_rate)
+    elif config.schedule == "tri_stage":
+        return tri_stage_schedule(peak, config.warmup_init_learning_rate, end, warmup,
+                                  config.hold_steps,
+                                  total_steps - warmup - config.hold_steps)
     elif config.schedule == "step":
         after = optax.piecewise_constant_schedule(peak, {
             boundary - warmup: config.decay_factor
@@ -244,6 +250,30 @@ def inverse_sqrt_warmup_schedule(peak: float, warmup: int, start: float) -> opta
         ramp = start + n * slope
         decay = peak * jnp.sqrt(float(warmup)) * jax.lax.rsqrt(jnp.maximum(n, 1.0))
         return jnp.where(n < warmup, ramp, decay)
+
+    return schedule
+
+
+def tri_stage_schedule(peak: float, start: float, end: float, warmup: int, hold: int,
+                       decay: int) -> optax.Schedule:
+    """fairseq's `tri_stage` (fairseq/optim/lr_scheduler/tri_stage_lr_scheduler.py, the
+    wav2vec 2.0 fine-tuning schedule, Park et al. 2019's): update n < warmup uses start + n *
+    (peak - start) / warmup; then peak for `hold` updates; then peak * exp(-k * m) at m updates
+    into the decay, k = log(peak / end) / decay, reaching `end` after `decay` updates and
+    staying there. fairseq's configs give the stages as fractions of the updates (`phase_ratio`
+    [0.1, 0.4, 0.5]) and start and end as fractions of the peak (`init_lr_scale` 0.01,
+    `final_lr_scale` 0.05)."""
+    if not 0 < end <= peak or decay < 1:
+        raise UserError(f"optim.schedule=tri_stage decays to optim.end_learning_rate={end} "
+                        f"over {decay} steps: it needs 0 < end_learning_rate <= learning_rate "
+                        "and train.steps > optim.warmup_steps + optim.hold_steps")
+    rate = math.log(peak / end) / decay
+
+    def schedule(step: Any) -> jax.Array:
+        n = jnp.asarray(step, jnp.float32)
+        ramp = start + n * (peak - start) / max(warmup, 1)
+        decayed = peak * jnp.exp(-rate * jnp.minimum(n - warmup - hold, decay))
+        return jnp.where(n < warmup, ramp, jnp.where(n < warmup + hold, peak, decayed))
 
     return schedule
 

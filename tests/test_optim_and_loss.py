@@ -120,6 +120,34 @@ def test_inverse_sqrt_warmup_is_xlm_and_fairseq_schedule():
     assert not np.allclose([float(t5(n)) for n in range(40)], used[:40])
 
 
+def fairseq_tri_stage(n: int, peak: float, init: float, final: float, warmup: int, hold: int,
+                      decay: int) -> float:
+    """fairseq tri_stage_lr_scheduler.py `step_update(num_updates)`, re-stated."""
+    if n < warmup:
+        return init + (peak - init) / warmup * n
+    if n < warmup + hold:
+        return peak
+    if n <= warmup + hold + decay:
+        return peak * np.exp(np.log(final / peak) / decay * (n - warmup - hold))
+    return final
+
+
+def test_tri_stage_is_fairseq_wav2vec2_finetuning_schedule():
+    """phase_ratio [0.1, 0.4, 0.5] of 200 updates, init_lr_scale 0.01, final_lr_scale 0.05."""
+    config = OptimConfig(learning_rate=5e-5, schedule="tri_stage", warmup_steps=20,
+                         hold_steps=80, warmup_init_learning_rate=5e-7, end_learning_rate=2.5e-6)
+    schedule = learning_rate_schedule(config, total_steps=200)
+    ours = [float(schedule(n)) for n in range(260)]
+    expected = [fairseq_tri_stage(n, 5e-5, 5e-7, 2.5e-6, 20, 80, 100) for n in range(260)]
+    np.testing.assert_allclose(ours, expected, rtol=2e-6)
+    assert ours[20] == ours[99] == pytest.approx(5e-5) and ours[250] == pytest.approx(2.5e-6)
+    # Negative control: without the hold, the decay starts at the end of warmup.
+    no_hold = learning_rate_schedule(dataclasses.replace(config, hold_steps=0), 200)
+    assert float(no_hold(60)) < 0.9 * ours[60]
+    with pytest.raises(UserError, match="end_learning_rate"):
+        learning_rate_schedule(dataclasses.replace(config, end_learning_rate=0.0), 200)
+
+
 def test_fairseq_adam_matches_numpy():
     """fairseq/optim/adam.py `Adam.step`, three steps: m, v moments, p -= wd lr p on every
     parameter (biases and LayerNorm too), then p -= lr sqrt(1 - b2^t) / (1 - b1^t) m /

@@ -24,7 +24,12 @@ from pretext_jax.models.hf.conversion import (
     linear,
     register,
 )
-from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config
+from pretext_jax.models.wav2vec2 import (
+    Wav2Vec2,
+    Wav2Vec2Config,
+    Wav2Vec2CTCConfig,
+    Wav2Vec2ForCTC,
+)
 
 TORCH_CONV1D = (2, 1, 0)  # torch Conv1d weight [O, I, K] -> flax [K, I, O]
 POSITION_CONV = "wav2vec2.encoder.pos_conv_embed.conv"
@@ -45,10 +50,10 @@ def _conv_layer(config: Wav2Vec2Config, index: int) -> list[Tensor]:
     return tensors
 
 
-def tensors(config: Wav2Vec2Config) -> tuple[Tensor, ...]:
-    """`Wav2Vec2ForPreTraining`: `wav2vec2` (`feature_extractor.conv_layers.{i}`,
+def body_tensors(config: Wav2Vec2Config) -> tuple[Tensor, ...]:
+    """`Wav2Vec2Model` under the `wav2vec2` prefix: `feature_extractor.conv_layers.{i}`,
     `feature_projection`, `masked_spec_embed`, `encoder` with `pos_conv_embed`, `layer_norm`
-    and `layers.{i}`), `quantizer` (`weight_proj`, `codevectors`), `project_hid`, `project_q`."""
+    and `layers.{i}`."""
     layer, ours = "wav2vec2.encoder.layers.{i}", "encoder.layers"
     return (
         *(t for i in range(len(config.conv_channels)) for t in _conv_layer(config, i)),
@@ -69,6 +74,14 @@ def tensors(config: Wav2Vec2Config) -> tuple[Tensor, ...]:
         *linear(f"{layer}.feed_forward.intermediate_dense", f"{ours}.intermediate"),
         *linear(f"{layer}.feed_forward.output_dense", f"{ours}.output"),
         *layer_norm(f"{layer}.final_layer_norm", f"{ours}.output_layer_norm"),
+    )
+
+
+def tensors(config: Wav2Vec2Config) -> tuple[Tensor, ...]:
+    """`Wav2Vec2ForPreTraining`: the body (`body_tensors`), `quantizer` (`weight_proj`,
+    `codevectors`), `project_hid`, `project_q`."""
+    return (
+        *body_tensors(config),
         *linear("quantizer.weight_proj", "quantizer.weight_proj"),
         Tensor("quantizer.codevectors", "quantizer.codevectors"),
         *linear("project_hid", "project_hid"),
@@ -76,7 +89,13 @@ def tensors(config: Wav2Vec2Config) -> tuple[Tensor, ...]:
     )
 
 
-def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> Wav2Vec2Config:
+def ctc_tensors(config: Wav2Vec2CTCConfig) -> tuple[Tensor, ...]:
+    """`Wav2Vec2ForCTC`: the body and `lm_head`, the output layer over the vocabulary."""
+    return (*body_tensors(config), *linear("lm_head", "lm_head"))
+
+
+def config_from_hf(hf: Mapping[str, Any], config_class: type[Wav2Vec2Config] = Wav2Vec2Config,
+                   **overrides: Any) -> Wav2Vec2Config:
     """A HF `Wav2Vec2Config` -> ours (HF's defaults where a field is absent); the adapter, the
     CTC and classification heads' fields and the masking and loss settings are not the
     network's and are ignored."""
@@ -88,7 +107,7 @@ def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> Wav2Vec2Config:
     if hf.get("add_adapter", False):
         raise UserError("config.json has add_adapter=true; the adapter is not supported, "
                         "convert a checkpoint without it")
-    return Wav2Vec2Config(**{
+    return config_class(**{
         "conv_channels": tuple(hf.get("conv_dim", (512,) * 7)),
         "conv_kernel_sizes": tuple(hf.get("conv_kernel", (10, 3, 3, 3, 3, 2, 2))),
         "conv_strides": tuple(hf.get("conv_stride", (5, 2, 2, 2, 2, 2, 2))),
@@ -153,4 +172,29 @@ register("wav2vec2", Converter(
     optional=("wav2vec2.masked_spec_embed", "quantizer.", "project_hid.", "project_q."),
     # Not tied weights: `tied` renames the old weight-norm names (copy -> source) on load.
     tied=WEIGHT_NORM_ALIASES,
+))
+
+
+def ctc_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> Wav2Vec2CTCConfig:
+    """A HF `Wav2Vec2ForCTC` config -> ours: the network's fields, `vocab_size`, the blank
+    (`pad_token_id`) and `final_dropout` (HF's defaults where absent). HF's CTC loss settings
+    (`ctc_loss_reduction`, `ctc_zero_infinity`) and masking probabilities are the
+    fine-tuning run's, not the network's, and are ignored."""
+    return config_from_hf(hf, Wav2Vec2CTCConfig, **{
+        "vocab_size": hf.get("vocab_size", 32), "blank_id": hf.get("pad_token_id", 0),
+        "final_dropout": hf.get("final_dropout", 0.1), **overrides})
+
+
+def ctc_config_to_hf(config: Wav2Vec2CTCConfig) -> dict[str, Any]:
+    """Ours -> a HF `Wav2Vec2ForCTC` config dict (HF's mean CTC reduction written, ours is
+    the fine-tuning run's setting)."""
+    return {**config_to_hf(config), "architectures": ["Wav2Vec2ForCTC"],
+            "vocab_size": config.vocab_size, "pad_token_id": config.blank_id,
+            "final_dropout": config.final_dropout, "ctc_loss_reduction": "mean"}
+
+
+register("wav2vec2_ctc", Converter(
+    model_type="wav2vec2", model_class=Wav2Vec2ForCTC, architectures=("Wav2Vec2ForCTC",),
+    config_from_hf=ctc_config_from_hf, config_to_hf=ctc_config_to_hf, tensors=ctc_tensors,
+    prefix="wav2vec2.", optional=("wav2vec2.masked_spec_embed",), tied=WEIGHT_NORM_ALIASES,
 ))

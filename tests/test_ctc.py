@@ -1,0 +1,353 @@
+"""CTC fine-tuning of wav2vec 2.0: the loss and greedy decoding against numpy re-statements,
+parity with HF `Wav2Vec2ForCTC` (logits and loss) and its import and export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from parity_utils import Parity, converted, random_model
+from test_wav2vec2 import HF_TINY, NO_DROPOUT, TINY, padded_waveforms
+
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline.transcripts import CharVocabulary, read_transcripts
+from pretext_jax.models.wav2vec2 import (
+    Wav2Vec2,
+    Wav2Vec2CTCConfig,
+    Wav2Vec2ForCTC,
+    with_body_of,
+)
+from pretext_jax.objectives.ctc import ctc_loss, error_rates, greedy_decode
+
+VOCAB = 7
+TINY_CTC = Wav2Vec2CTCConfig(**dataclasses.asdict(TINY), vocab_size=VOCAB, blank_id=0)
+CTC_NO_DROPOUT = {**NO_DROPOUT, "final_dropout": 0.0}
+
+
+def numpy_ctc(log_probs: np.ndarray, labels: list[int], blank: int = 0) -> float:
+    """-log p(labels | frames) by the forward algorithm (Graves et al. 2006 §4.1) over the
+    labels with a blank before, between and after them; `log_probs` [T, V] normalised."""
+    extended = [blank]
+    for label in labels:
+        extended += [label, blank]
+    alpha = np.full(len(extended), -np.inf)
+    alpha[0] = log_probs[0, blank]
+    if labels:
+        alpha[1] = log_probs[0, labels[0]]
+    for t in range(1, len(log_probs)):
+        previous = alpha.copy()
+        for s, symbol in enumerate(extended):
+            paths = [previous[s]] + ([previous[s - 1]] if s >= 1 else [])
+            if s >= 2 and symbol != blank and symbol != extended[s - 2]:
+                paths.append(previous[s - 2])
+            alpha[s] = np.logaddexp.reduce(paths) + log_probs[t, symbol]
+    return -float(np.logaddexp(alpha[-1], alpha[-2]) if labels else alpha[-1])
+
+
+def numpy_greedy(logits: np.ndarray, blank: int = 0) -> list[int]:
+    """Best path: argmax per frame, runs of one class merged, blanks removed."""
+    out, previous = [], None
+    for label in logits.argmax(-1):
+        if label != previous and label != blank:
+            out.append(int(label))
+        previous = label
+    return out
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def ctc_batch(seed: int = 0):
+    """Logits [3, 12, 7] with 12, 9 and 5 real frames; transcripts of 4 (a doubled label), 3
+    and 0 characters, padded with -100."""
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((3, 12, VOCAB)).astype(np.float32) * 2
+    frames = np.arange(12)[None] < np.array([12, 9, 5])[:, None]
+    transcripts = [[3, 3, 1, 5], [2, 6, 2], []]
+    labels = np.full((3, 4), -100)
+    for row, transcript in zip(labels, transcripts, strict=True):
+        row[:len(transcript)] = transcript
+    return logits, frames, labels, transcripts
+
+
+def test_ctc_loss_matches_the_forward_algorithm_and_each_reduction():
+    logits, frames, labels, transcripts = ctc_batch()
+    expected = np.array([numpy_ctc(log_softmax(lg[f]), t)
+                         for lg, f, t in zip(logits, frames, transcripts, strict=True)])
+    lengths = np.array([len(t) for t in transcripts])
+    for reduction, reduced in (("sum", expected.sum()),
+                               ("mean", np.mean(expected / np.maximum(lengths, 1))),
+                               ("sentences", expected.mean()),
+                               ("tokens", expected.sum() / lengths.sum())):
+        loss, per_utterance = ctc_loss(jnp.asarray(logits), jnp.asarray(frames),
+                                       jnp.asarray(labels), reduction=reduction)
+        np.testing.assert_allclose(per_utterance, expected, rtol=1e-5)
+        np.testing.assert_allclose(loss, reduced, rtol=1e-5)
+    # Negative controls: another transcript, or padded frames read as real, change the loss.
+    wrong = numpy_ctc(log_softmax(logits[0]), [3, 1, 5])
+    assert abs(wrong - expected[0]) > 1e-2
+    _, all_real = ctc_loss(jnp.asarray(logits), jnp.ones_like(jnp.asarray(frames)),
+                           jnp.asarray(labels))
+    assert abs(float(all_real[1]) - expected[1]) > 1e-2
+    with pytest.raises(ValueError, match="reduction"):
+        ctc_loss(jnp.asarray(logits), jnp.asarray(frames), jnp.asarray(labels),
+                 reduction="batch")
+
+
+def test_greedy_decoding_collapses_repeats_and_drops_blanks():
+    logits, frames, _, _ = ctc_batch(1)
+    # Row 0's path: a a _ a b b _ _ c ... : the blank keeps the doubled "a".
+    path = [3, 3, 0, 3, 1, 1, 0, 0, 5, 5, 0, 2]
+    logits[0] = np.eye(VOCAB, dtype=np.float32)[path] * 10
+    decoded = greedy_decode(logits, frames)
+    assert decoded[0] == [3, 3, 1, 5, 2]
+    for row, f, got in zip(logits, frames, decoded, strict=True):
+        assert got == numpy_greedy(row[f])
+    # Negative control: row 2's padded frames say 4; read as real, they would be decoded.
+    logits[2, 5:] = np.eye(VOCAB, dtype=np.float32)[4] * 10
+    assert greedy_decode(logits, frames)[2] == decoded[2]
+    assert greedy_decode(logits, np.ones_like(frames))[2] == decoded[2] + [4]
+
+
+@pytest.fixture(scope="module")
+def hf_ctc_folders(tmp_path_factory):
+    """A perturbed random tiny HF `Wav2Vec2ForCTC` per layout (BASE, LV-60), saved."""
+    pytest.importorskip("transformers")
+    from parity_utils import hf_reference
+
+    folders = {}
+    for name, extra in (("base", {}), ("lv60", {"feat_extract_norm": "layer",
+                                                "conv_bias": True,
+                                                "do_stable_layer_norm": True})):
+        folders[name] = tmp_path_factory.mktemp(name)
+        hf_reference("Wav2Vec2ForCTC", 2, **HF_TINY, **extra, vocab_size=VOCAB,
+                     pad_token_id=0, ctc_loss_reduction="mean").save_pretrained(folders[name])
+    return folders
+
+
+def hf_ctc(model, waveforms, mask, labels):
+    out = model(waveforms, attention_mask=mask, labels=labels)
+    model.config.ctc_loss_reduction = "sum"
+    summed = model(waveforms, attention_mask=mask, labels=labels).loss
+    model.config.ctc_loss_reduction = "mean"
+    return {"logits": out.logits, "loss": out.loss, "loss_sum": summed}
+
+
+def our_ctc(model: Wav2Vec2ForCTC, waveforms, mask, labels):
+    logits, frames = model(waveforms, mask)
+    return {"logits": jnp.where(frames[..., None], logits, 0.0),
+            "loss": ctc_loss(logits, frames, labels, blank_id=model.config.blank_id)[0],
+            "loss_sum": ctc_loss(logits, frames, labels, reduction="sum")[0]}
+
+
+def hf_ctc_padded_logits(model, waveforms, mask, labels):
+    out = hf_ctc(model, waveforms, mask, labels)
+    frames = model._get_feature_vector_attention_mask(out["logits"].shape[1], mask)
+    return {**out, "logits": out["logits"] * frames[..., None]}
+
+
+# rtol 1e-7: the summed loss (~185) is 1e-5 apart at float32's resolution, one unit in the last
+# place; the mean loss and the logits meet the absolute 1e-5 alone.
+PARITY = Parity("Wav2Vec2ForCTC", hf_ctc_padded_logits, our_ctc, rtol=1e-7)
+
+
+def ctc_inputs(seed: int):
+    waveforms, mask = padded_waveforms(seed)
+    labels = np.full((3, 6), -100)
+    labels[0, :6], labels[1, :4], labels[2, :2] = [1, 2, 2, 3, 4, 6], [5, 1, 5, 3], [2, 2]
+    return waveforms, mask, labels
+
+
+@pytest.mark.usefixtures("deterministic_torch")
+@pytest.mark.parametrize("layout", ["base", "lv60"])
+def test_parity_with_hf_wav2vec2_for_ctc(hf_ctc_folders, layout):
+    """HF's checkpoint loads without a warning; logits on real frames and the mean and summed
+    CTC losses within 1e-5 on a padded batch; a wrong blank is a negative control."""
+    import transformers
+
+    reference = transformers.Wav2Vec2ForCTC.from_pretrained(hf_ctc_folders[layout]).eval()
+    ours = converted(reference, hf_ctc_folders[layout] / "again", **CTC_NO_DROPOUT)
+    assert isinstance(ours, Wav2Vec2ForCTC) and ours.config.vocab_size == VOCAB
+    expected = PARITY.assert_parity(ours, reference, *ctc_inputs(0), atol=1e-5)
+    logits, frames = ours(*(jnp.asarray(a) for a in ctc_inputs(0)[:2]))
+    wrong_blank = ctc_loss(logits, frames, jnp.asarray(ctc_inputs(0)[2]), blank_id=1)[0]
+    assert abs(float(wrong_blank) - float(expected["loss"])) > 1e-3
+
+
+@pytest.mark.usefixtures("deterministic_torch")
+def test_round_trip_through_transformers(tmp_path):
+    pytest.importorskip("transformers")
+    ours = random_model(Wav2Vec2ForCTC, TINY_CTC, 3)
+    _, saved = PARITY.round_trip(ours, tmp_path / "hf", *ctc_inputs(1), **CTC_NO_DROPOUT)
+    assert saved["architectures"] == ["Wav2Vec2ForCTC"] and saved["vocab_size"] == VOCAB
+
+
+def test_bad_ctc_configs():
+    with pytest.raises(ValueError, match="blank_id"):
+        dataclasses.replace(TINY_CTC, blank_id=VOCAB)
+
+
+# --- Vocabulary and manifests ----------------------------------------------------------------
+
+def test_vocabulary_round_trips_through_hf_tokenizer(tmp_path):
+    """Our vocab.json is HF `Wav2Vec2CTCTokenizer`'s: the same ids for a transcript and the
+    same text back; a character outside it is a one-line error naming the line."""
+    vocabulary = CharVocabulary.from_transcripts(["HELLO WORLD", "HE SAID"])
+    assert vocabulary.tokens[:5] == ("<pad>", "<s>", "</s>", "<unk>", "|")
+    assert vocabulary.tokens[5] == "L" and vocabulary.blank_id == 0  # most frequent first
+    vocabulary.save(tmp_path / "vocab.json")
+    assert CharVocabulary.load(tmp_path / "vocab.json") == vocabulary
+    ids = vocabulary.encode("HELLO  WORLD")
+    assert vocabulary.decode(ids) == "HELLO WORLD"
+    transformers = pytest.importorskip("transformers")
+    tokenizer = transformers.Wav2Vec2CTCTokenizer(str(tmp_path / "vocab.json"))
+    assert tokenizer("HELLO WORLD").input_ids == ids
+    assert tokenizer.decode(ids, group_tokens=False) == "HELLO WORLD"
+    with pytest.raises(UserError, match=r"t.tsv:3: character 'x' is not in the vocabulary"):
+        vocabulary.encode("HEx", "t.tsv:3")
+    with pytest.raises(UserError, match="no '<pad>'"):
+        CharVocabulary(("a", "|"))
+
+
+def test_manifests_tsv_and_librispeech(tmp_path):
+    (tmp_path / "a.wav").touch()
+    (tmp_path / "tsv").write_text("a.wav\tHELLO WORLD\n\nmissing.wav\tHI\n")
+    with pytest.raises(UserError, match=r"tsv:3: audio file .*missing.wav does not exist"):
+        read_transcripts(tmp_path / "tsv")
+    (tmp_path / "tsv").write_text(f"a.wav\tHELLO WORLD\n{tmp_path / 'a.wav'}\tHI\n")
+    assert [(u.audio.name, u.text) for u in read_transcripts(tmp_path / "tsv")] == [
+        ("a.wav", "HELLO WORLD"), ("a.wav", "HI")]
+    (tmp_path / "tsv").write_text("a.wav HELLO\n")
+    with pytest.raises(UserError, match="tsv:1: expected 'audio path<TAB>transcript'"):
+        read_transcripts(tmp_path / "tsv")
+    chapter = tmp_path / "libri" / "19" / "198"
+    chapter.mkdir(parents=True)
+    (chapter / "19-198-0000.flac").touch()
+    (chapter / "19-198.trans.txt").write_text("19-198-0000 NORTHANGER ABBEY\n")
+    [utterance] = read_transcripts(tmp_path / "libri")
+    assert utterance.audio == chapter / "19-198-0000.flac"
+    assert utterance.text == "NORTHANGER ABBEY" and utterance.where.endswith("trans.txt:1")
+    (chapter / "19-198.trans.txt").write_text("19-198-0000 A\n19-198-0001 B\n")
+    with pytest.raises(UserError, match=r"19-198.trans.txt:2: audio file .*0001.flac"):
+        read_transcripts(tmp_path / "libri")
+
+
+def levenshtein(a: list[str], b: list[str]) -> int:
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        row, previous = [i], row
+        for j, y in enumerate(b, 1):
+            row.append(min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (x != y)))
+    return row[-1]
+
+
+def test_error_rates_are_corpus_edit_distances_and_the_empty_baseline_is_one():
+    references = ["THE CAT SAT", "ON THE MAT", "ZERO"]
+    hypotheses = ["THE CAT SAT", "ON A MAT", "ZERO ONE"]
+    words = sum(levenshtein(r.split(), h.split()) for r, h in zip(references, hypotheses,
+                                                                  strict=True))
+    chars = sum(levenshtein(list(r), list(h)) for r, h in zip(references, hypotheses,
+                                                             strict=True))
+    rates = error_rates(references, hypotheses)
+    assert rates["wer"] == pytest.approx(words / 7) and words == 2
+    assert rates["cer"] == pytest.approx(chars / sum(map(len, references)))
+    assert error_rates(references, [""] * 3) == {"wer": 1.0, "cer": 1.0}
+    assert error_rates(references, references) == {"wer": 0.0, "cer": 0.0}
+
+
+def test_a_pretrained_body_moves_into_the_ctc_model():
+    """The pre-training model's body, parameter for parameter, under a new output layer: the
+    same context-network states; another hidden size is refused."""
+    pretrained = random_model(Wav2Vec2, TINY, 4)
+    model = with_body_of(pretrained, random_model(Wav2Vec2ForCTC, TINY_CTC, 5))
+    waveforms, mask = (jnp.asarray(a) for a in padded_waveforms(2))
+    np.testing.assert_array_equal(model.hidden_states(waveforms, mask)[0],
+                                  pretrained.hidden_states(waveforms, mask)[0])
+    assert not np.array_equal(random_model(Wav2Vec2ForCTC, TINY_CTC, 5).hidden_states(
+        waveforms, mask)[0], pretrained.hidden_states(waveforms, mask)[0])
+    wide = dataclasses.replace(TINY_CTC, intermediate_size=40)
+    with pytest.raises(ValueError, match="intermediate"):
+        with_body_of(pretrained, random_model(Wav2Vec2ForCTC, wide, 5))
+
+
+# --- The run: run.py finetune --task ctc ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def transcribed(tmp_path_factory):
+    """24 utterances of 0.2 s, "ONE" a low tone and "TWO" a high one, as train (16) and dev
+    (8, the test mesh's data shards) TSV manifests, and a random tiny wav2vec 2.0 saved as a
+    HF folder."""
+    soundfile = pytest.importorskip("soundfile")
+    from pretext_jax.pretrain import hf
+
+    root = tmp_path_factory.mktemp("ctc")
+    t = np.arange(3200) / 16000
+    rows = []
+    for i in range(24):
+        word, pitch = ("ONE", 300) if i % 2 else ("TWO", 2000)
+        samples = 0.3 * np.sin(2 * np.pi * (pitch + 10 * i) * t)
+        soundfile.write(str(root / f"{i}.wav"), samples.astype(np.float32), 16000)
+        rows.append(f"{i}.wav\t{word}")
+    (root / "train.tsv").write_text("\n".join(rows[:16]) + "\n")
+    (root / "dev.tsv").write_text("\n".join(rows[16:]) + "\n")
+    hf.save(random_model(Wav2Vec2, TINY, 6), root / "w2v")
+    return root
+
+
+def test_finetune_cli_trains_reports_wer_and_refuses_bad_manifests(transcribed, tmp_path,
+                                                                   capsys):
+    import run
+    from pretext_jax.pretrain.finetune import _against_baseline, finetune_config
+
+    data = f"{transcribed / 'train.tsv'},{transcribed / 'dev.tsv'}"
+    init = str(transcribed / "w2v")
+    config = finetune_config("ctc", init, data)
+    assert config.method == "ctc" and config.optim.schedule == "tri_stage"
+    assert config.train.steps == 20000 and config.optim.hold_steps == 8000
+    assert config.model.hidden_size == TINY.hidden_size
+    assert config.objective.freeze_updates == 10000
+    fast = ["train.batch_size=8", "train.progress=false", "optim.warmup_steps=1",
+            "optim.hold_steps=1", "objective.freeze_updates=2", "examples.max_samples=3200",
+            "objective.channel_mask_fraction=0.1", "objective.channel_mask_span=4"]
+    workdir = tmp_path / "run"
+    assert run.main(["finetune", "--task", "ctc", "--init", init, "--data", data,
+                     "--workdir", str(workdir), "--epochs", "2", *fast]) == 0
+    out = capsys.readouterr().out
+    trained = out[out.index("ctc dev after"):].strip()
+    # Four updates at the recipe's 5e-5 leave the network at the blank: WER 1, flagged.
+    assert re.match(r"ctc dev after 4 steps: wer [0-9.]+ \(empty transcript 1.0000\), cer "
+                    r"[0-9.]+ \(empty transcript 1.0000\)\n  the run ended at the empty "
+                    r"transcript baseline", trained), trained
+    result = json.loads((workdir / "results.json").read_text())
+    assert set(result["dev"]) == {"wer", "cer"} and result["at_empty_baseline"]
+    assert not _against_baseline({"wer": 0.4, "cer": 0.2}, {"empty_baseline": {"wer": 1.0}},
+                                 "ctc")["at_empty_baseline"]  # lower is better
+    assert run.main(["convert", str(workdir), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert saved["architectures"] == ["Wav2Vec2ForCTC"] and saved["vocab_size"] == 4 + 1 + 5
+    capsys.readouterr()
+    # Bad manifests: one line on stderr, exit 2, no records written.
+    bad = tmp_path / "bad.tsv"
+    bad.write_text(f"{transcribed / '0.wav'}\tTWO\n{transcribed / 'nine.wav'}\tNINE\n")
+    cache = tmp_path / "cache"
+    for manifest, message in ((bad, "bad.tsv:2: audio file"),):
+        assert run.main(["finetune", "--task", "ctc", "--init", init, "--data",
+                         f"{manifest},{transcribed / 'dev.tsv'}", "--workdir",
+                         str(tmp_path / "bad_run"), f"data.cache_dir={cache}", *fast]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and message in err, err
+    bad.write_text(f"{transcribed / '0.wav'}\tTWO\n")
+    (tmp_path / "dev.tsv").write_text(f"{transcribed / '1.wav'}\tONE!\n")
+    assert run.main(["finetune", "--task", "ctc", "--init", init, "--data",
+                     f"{bad},{tmp_path / 'dev.tsv'}", "--workdir", str(tmp_path / "bad_run"),
+                     f"data.cache_dir={cache}", *fast]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "dev.tsv:1: character 'N' is not in the vocabulary" in err, err
+    assert not cache.exists() or not any(cache.rglob("*.array_record"))
+    assert not (tmp_path / "bad_run").exists()
