@@ -4,8 +4,10 @@ SimCLR's fine-tuning recipe, exact resume, `run.py eval`, and the refusal of a t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 
 import jax
 import numpy as np
@@ -15,9 +17,15 @@ from parity_utils import hf_reference
 from tfds_utils import write_cifar10_folder
 
 from pretext_jax import run
-from pretext_jax.objectives.semi import balanced_subset, epochs_for
+from pretext_jax.objectives.semi import SemiModelConfig, balanced_subset, build_semi, epochs_for
 from pretext_jax.pretrain.config import make_config
-from pretext_jax.pretrain.finetune import SUBSET_FILE, evaluate, finetune, finetune_config
+from pretext_jax.pretrain.finetune import (
+    RESULTS_FILE,
+    SUBSET_FILE,
+    evaluate,
+    finetune,
+    finetune_config,
+)
 from pretext_jax.pretrain.loading import load_model, load_pretrained
 from pretext_jax.pretrain.trainer import Trainer
 
@@ -65,7 +73,7 @@ def test_subset_is_class_balanced_fixed_by_its_seed_and_differs_across_seeds():
 
 
 def test_simclr_backbone_fine_tunes_resumes_exactly_and_evaluates(tmp_path, colours,
-                                                                    simclr_run):
+                                                                    simclr_run, capsys):
     config = finetune_config("semi", simclr_run, colours, FAST, epochs=3)
     optim = config.optim
     assert config.method == "semi" and config.model.architecture == simclr_run
@@ -79,7 +87,11 @@ def test_simclr_backbone_fine_tunes_resumes_exactly_and_evaluates(tmp_path, colo
     # Interrupted and resumed == straight through, parameter for parameter.
     Trainer(config, tmp_path / "a").run(stop_after=7)
     resumed = finetune(config, tmp_path / "a")
-    straight = finetune(config, tmp_path / "b")
+    assert run.main(["finetune", "--task", "semi", "--init", simclr_run, "--data", colours,
+                     "--workdir", str(tmp_path / "b"), "--epochs", "3", *FAST]) == 0
+    assert re.search(r"semi dev after \d+ steps: top1 [0-9.]+ \(majority class [0-9.]+\)",
+                     capsys.readouterr().out)
+    straight = json.loads((tmp_path / "b" / RESULTS_FILE).read_text())
     assert resumed["dev"] == straight["dev"] and resumed["steps"] == config.train.steps
     jax.tree.map(np.testing.assert_array_equal,
                  *(nnx.to_pure_dict(nnx.state(load_model(tmp_path / r), nnx.Param))
@@ -116,3 +128,24 @@ def test_random_start_copies_the_architecture_and_a_text_model_is_refused(
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "not an image backbone" in err, err
     assert not workdir.exists()
+
+
+IMAGE_PRESETS = ("simclr_tiny", "moco_tiny", "byol_tiny", "rotation_tiny", "jigsaw_tiny",
+                 "deepcluster_tiny", "cmc_tiny", "dim_tiny", "amdim_tiny")
+
+
+def test_every_image_methods_backbone_takes_the_head(tmp_path):
+    """One downstream for all: each image method's `downstream_model()` (as its model.json
+    records the network) under the linear layer gives logits per class (shapes traced only)."""
+    for preset in IMAGE_PRESETS:
+        config = make_config(preset, [])
+        folder = tmp_path / preset
+        folder.mkdir()
+        (folder / "model.json").write_text(json.dumps(
+            {"method": config.method, "model": dataclasses.asdict(config.model)}))
+        model = nnx.eval_shape(lambda f=folder: build_semi(
+            SemiModelConfig(architecture=str(f), num_classes=3), 0))
+        graphdef, state = nnx.split(model)
+        logits = jax.eval_shape(lambda s, g=graphdef: nnx.merge(g, s)(
+            jax.numpy.zeros((2, 32, 32, 3)), train=False), state)
+        assert logits.shape == (2, 3), preset
