@@ -240,10 +240,11 @@ class Start:
 
     - `pretrained(model_config, seed, load)`: the model a fresh run starts from instead of
       `build_model`'s random one (fine-tuning: the pre-trained encoder plus a new head), or
-      None for a random start. `load(path)` is the trainer's reader of a pretext workdir, model
-      directory or HuggingFace folder, passed in so that objectives never import the trainer's
-      layer. Its parameters are placed on the mesh after the sharded init, so they never become
-      constants of a compiled function.
+      None for a random start. `load(path, **choices)` is the trainer's reader of a pretext
+      workdir, model directory or HuggingFace folder (`choices`: for the model's
+      `downstream_model`, e.g. SimCLR's `projection_layers`), passed in so that objectives
+      never import the trainer's layer. Its parameters are placed on the mesh after the
+      sharded init, so they never become constants of a compiled function.
     - `finetunes(pretrained_model, task, source_config)`: how a model this method's family
       made is fine-tuned on the downstream `task` (`DownstreamTask`): the
       `FinetuneRecipe` of the downstream run from `pretrained_model` (as `load` reads it), given

@@ -12,7 +12,9 @@ for Contrastive Learning of Visual Representations" §4.2 and Appendix B.5; goog
   area) and a horizontal flip, no colour change; evaluation sees the whole image.
 - The recipe (B.5): Nesterov momentum 0.9, no weight decay, no warmup, cosine decay, 60 epochs
   for 1 % of the labels and 30 for 10 % (`EPOCHS`), the learning rate 0.05 x batch / 256.
-  The head starts at zero (`--zero_init_logits_layer`).
+  The head starts at zero (`--zero_init_logits_layer`). `model.projection_layers=1` keeps the
+  first layer of SimCLR's projection head on the backbone, as SimCLR v2 fine-tunes (Chen et
+  al. 2020b §2, tf2 `--ft_proj_selector=1`); 0 (the default) is v1's backbone alone.
 - Any image method's backbone (`downstream_model()`: SimCLR, MoCo, BYOL, RotNet, Jigsaw,
   DeepCluster, CMC, DIM, AMDIM) starts it; with `--architecture` and no `--init` the same
   network at its random initialisation does (the baseline to beat).
@@ -22,8 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import math
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -79,6 +83,14 @@ class SemiModelConfig:
     finetune sets it to --init, or to --architecture for a random start)."""
     num_classes: int = 0
     """Classes of the training labels (set from the data)."""
+    projection_layers: int = 0
+    """Projection-head layers kept on the backbone: 0 as SimCLR v1, 1 as SimCLR v2 (SimCLR's
+    network only)."""
+
+    def __post_init__(self) -> None:
+        if self.projection_layers < 0:
+            raise ValueError(f"projection_layers={self.projection_layers} must be >= 0 (0: the "
+                             "backbone alone, 1: SimCLR v2's start)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,9 +162,10 @@ def prepare_semi(data: DataConfig, examples: SemiExampleConfig, cache_dir: Path,
 
 
 # ---------------------------------------------------------------------------- the network
-def source_network(path: str, seed: int) -> nnx.Module:
-    """The backbone (`downstream_model()`) of the image method's network that the workdir or
-    model directory `path` records (its `model.json`), at random initialisation `seed`."""
+def source_network(path: str, seed: int, projection_layers: int = 0) -> nnx.Module:
+    """The backbone (`downstream_model()`, with `projection_layers` of the projection head
+    where that is > 0) of the image method's network that the workdir or model directory
+    `path` records (its `model.json`), at random initialisation `seed`."""
     model_file = Path(path) / MODEL_FILE
     if not model_file.is_file():
         raise UserError(f"{path} is not a pretext workdir or model directory ({MODEL_FILE} "
@@ -164,13 +177,24 @@ def source_network(path: str, seed: int) -> nnx.Module:
                         "fine-tunes an image method's backbone (SimCLR, MoCo, BYOL, RotNet, "
                         "Jigsaw, DeepCluster, CMC, DIM, AMDIM)")
     config = method.model_config(**method.split_model_section(info["model"])[0])
-    return method.build_model(config, seed).downstream_model()
+    network = method.build_model(config, seed)
+    if not projection_layers:
+        return network.downstream_model()
+    if "projection_layers" not in inspect.signature(network.downstream_model).parameters:
+        raise UserError(f"model.projection_layers={projection_layers}: {method.name}'s network "
+                        "keeps no projection layers for fine-tuning (SimCLR's does); use "
+                        "model.projection_layers=0")
+    try:
+        return network.downstream_model(projection_layers=projection_layers)
+    except ValueError as error:
+        raise UserError(f"model.{error}; use fewer") from None
 
 
 def build_semi(config: SemiModelConfig, seed: int) -> ImageClassifier:
     """The backbone of `config.architecture` at random init under a zero linear layer."""
     with nnx.use_eager_sharding(False):
-        return ImageClassifier(source_network(config.architecture, seed), _image_size(config),
+        return ImageClassifier(source_network(config.architecture, seed,
+                                              config.projection_layers), _image_size(config),
                                config.num_classes, rngs=nnx.Rngs(seed))
 
 
@@ -189,7 +213,8 @@ def pretrained_semi(config: SemiModelConfig, seed: int, load: Callable[[str], nn
     if not config.init:
         return None
     model = build_semi(config, seed)
-    model.backbone = load(config.init)
+    model.backbone = (load(config.init, projection_layers=config.projection_layers)
+                      if config.projection_layers else load(config.init))
     return model
 
 
@@ -260,10 +285,13 @@ def semi_recipe(model: Any, task: DownstreamTask, source_config: Mapping[str, An
 
 
 def semi_train_rows(data: str, config: Any) -> int:
-    """Labelled training images an epoch holds: the balanced subset of the data's labels."""
-    prepared = prepare_semi(config.data, config.examples, Path(config.data.cache_dir),
-                            config.train.seed)
-    return len(prepared.train)
+    """Labelled training images an epoch holds: the balanced subset of the data's labels,
+    prepared in `data.cache_dir`, or where that is unset (the run's cache is its workdir's,
+    unknown here) in a temporary folder."""
+    with tempfile.TemporaryDirectory() as scratch:
+        prepared = prepare_semi(config.data, config.examples,
+                                Path(config.data.cache_dir or scratch), config.train.seed)
+        return len(prepared.train)
 
 
 def _recipe(fraction: float) -> dict[str, dict[str, Any]]:

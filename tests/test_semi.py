@@ -17,6 +17,7 @@ from parity_utils import hf_reference
 from tfds_utils import write_cifar10_folder
 
 from pretext_jax import run
+from pretext_jax.errors import UserError
 from pretext_jax.objectives.semi import SemiModelConfig, balanced_subset, build_semi, epochs_for
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.finetune import (
@@ -149,3 +150,20 @@ def test_every_image_methods_backbone_takes_the_head(tmp_path):
         logits = jax.eval_shape(lambda s, g=graphdef: nnx.merge(g, s)(
             jax.numpy.zeros((2, 32, 32, 3)), train=False), state)
         assert logits.shape == (2, 3), preset
+
+
+def test_simclr_v2_start_keeps_the_first_projection_layer(tmp_path, colours, simclr_run):
+    config = finetune_config("semi", simclr_run, colours, [*FAST, "model.projection_layers=1"],
+                             epochs=1)
+    params = nnx.to_pure_dict(Trainer(config, tmp_path / "v2").init_state().params)
+    source = load_model(simclr_run)  # the whole SimCLR network, projection head included
+    jax.tree.map(np.testing.assert_array_equal, params["backbone"]["layers"][0],
+                 nnx.to_pure_dict(nnx.state(source.head[0], nnx.Param)))
+    assert params["head"]["kernel"].shape[0] == source.head[0].dense.kernel.shape[1]
+    rotation = tmp_path / "rotation"
+    rotation.mkdir()
+    (rotation / "model.json").write_text(json.dumps(
+        {"method": "rotation", "model": dataclasses.asdict(make_config("rotation_tiny").model)}))
+    with pytest.raises(UserError, match="keeps no projection layers"):
+        build_semi(SemiModelConfig(architecture=str(rotation), num_classes=3,
+                                   projection_layers=1), 0)
