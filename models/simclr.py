@@ -76,7 +76,7 @@ class SimCLR(nnx.Module):
     def downstream_model(self, projection_layers: int = 0) -> ResNet | ProjectedBackbone:
         """The encoder f that linear evaluation and fine-tuning use (the head is dropped), or
         with `projection_layers` > 0 f followed by that many of the head's first layers, as
-        SimCLR v2 fine-tunes from the first (Chen et al. 2020b §2; tf2 `--ft_proj_selector`)."""
+        SimCLR v2 fine-tunes from the first (Chen et al. 2020c §2; tf2 `--ft_proj_selector`)."""
         if projection_layers == 0:
             return self.backbone
         if not 0 < projection_layers <= len(self.head):

@@ -14,7 +14,7 @@ for Contrastive Learning of Visual Representations" §4.2 and Appendix B.5; goog
   for 1 % of the labels and 30 for 10 % (`EPOCHS`), the learning rate 0.05 x batch / 256.
   The head starts at zero (`--zero_init_logits_layer`). `model.projection_layers=1` keeps the
   first layer of SimCLR's projection head on the backbone, as SimCLR v2 fine-tunes (Chen et
-  al. 2020b §2, tf2 `--ft_proj_selector=1`); 0 (the default) is v1's backbone alone.
+  al. 2020c §2, tf2 `--ft_proj_selector=1`); 0 (the default) is v1's backbone alone.
 - Any image method's backbone (`downstream_model()`: SimCLR, MoCo, BYOL, RotNet, Jigsaw,
   DeepCluster, CMC, DIM, AMDIM) starts it; with `--architecture` and no `--init` the same
   network at its random initialisation does (the baseline to beat).
