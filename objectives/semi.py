@@ -166,6 +166,9 @@ def source_network(path: str, seed: int, projection_layers: int = 0) -> nnx.Modu
     """The backbone (`downstream_model()`, with `projection_layers` of the projection head
     where that is > 0) of the image method's network that the workdir or model directory
     `path` records (its `model.json`), at random initialisation `seed`."""
+    if not path:
+        raise UserError("model.architecture is empty: start semi-supervised fine-tuning with "
+                        "run.py finetune --task semi --init RUN (or --architecture RUN)")
     model_file = Path(path) / MODEL_FILE
     if not model_file.is_file():
         raise UserError(f"{path} is not a pretext workdir or model directory ({MODEL_FILE} "

@@ -167,3 +167,5 @@ def test_simclr_v2_start_keeps_the_first_projection_layer(tmp_path, colours, sim
     with pytest.raises(UserError, match="keeps no projection layers"):
         build_semi(SemiModelConfig(architecture=str(rotation), num_classes=3,
                                    projection_layers=1), 0)
+    with pytest.raises(UserError, match="model.architecture is empty"):
+        build_semi(SemiModelConfig(num_classes=3), 0)  # e.g. run.py pretrain --preset semi_...
