@@ -1,6 +1,7 @@
 """Training records read with one more field per record, for methods that keep state per
 training example: its position in the records (`IndexedRecords`: CMC's memory-bank rows) or a
-value from a table (`WithField`: DeepCluster's pseudo-labels).
+value from a table (`WithField`: DeepCluster's pseudo-labels); and a chosen subset of the
+records (`SelectedRecords`: semi-supervised fine-tuning's labelled images).
 
 Records here are a `records.RecordDirectory` or an `images.ImageSource`: a random-access
 `source` and the Grain transforms that load a stored record (`load_transforms()`). A wrapper
@@ -11,6 +12,7 @@ records alone.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,3 +62,32 @@ class IndexedRecords:
 
     def examples(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
         return self.records.examples(indices)
+
+
+class SelectedRecords:
+    """The records of `records` at `indices` only, in that order (a labelled subset). Its
+    description (kept in checkpoints) names `records` and a digest of the indices, so a resume
+    with another subset is refused; `examples(i)` are those of the i-th selected records."""
+
+    def __init__(self, records: Any, indices: Sequence[int]):
+        self.records = records
+        self.indices = np.asarray(indices, np.int64)
+        self.source = self
+        self.description = describe(
+            "selected records", records=repr(records.source), count=len(self.indices),
+            indices=hashlib.sha256(self.indices.tobytes()).hexdigest()[:16])
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.records.source[int(self.indices[int(index)])]
+
+    def __repr__(self) -> str:
+        return self.description
+
+    def load_transforms(self) -> list[Any]:
+        return self.records.load_transforms()
+
+    def examples(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+        return self.records.examples(self.indices[np.asarray(indices, np.int64)])

@@ -73,6 +73,28 @@ class SimCLR(nnx.Module):
             x = layer(x, train)
         return SimCLROutput(features=features, projections=x)
 
-    def downstream_model(self) -> ResNet:
-        """The encoder f that linear evaluation and fine-tuning use (the head is dropped)."""
-        return self.backbone
+    def downstream_model(self, projection_layers: int = 0) -> ResNet | ProjectedBackbone:
+        """The encoder f that linear evaluation and fine-tuning use (the head is dropped), or
+        with `projection_layers` > 0 f followed by that many of the head's first layers, as
+        SimCLR v2 fine-tunes from the first (Chen et al. 2020c §2; tf2 `--ft_proj_selector`)."""
+        if projection_layers == 0:
+            return self.backbone
+        if not 0 < projection_layers <= len(self.head):
+            raise ValueError(f"projection_layers={projection_layers}: the head has "
+                             f"{len(self.head)} layers")
+        return ProjectedBackbone(self.backbone, list(self.head)[:projection_layers])
+
+
+class ProjectedBackbone(nnx.Module):
+    """The backbone followed by the first layers of its projection head (dense, BatchNorm,
+    ReLU each): the network SimCLR v2 fine-tunes."""
+
+    def __init__(self, backbone: ResNet, layers: list[ProjectionLayer]):
+        self.backbone = backbone
+        self.layers = nnx.List(layers)
+
+    def __call__(self, images: jax.Array, *, train: bool) -> jax.Array:
+        x = self.backbone(images, train=train)
+        for layer in self.layers:
+            x = layer(x, train)
+        return x

@@ -150,6 +150,9 @@ class FinetuneRecipe:
     unless `run.py finetune --epochs` is given; 0: `epochs`."""
     warmup_steps: int = 0
     """Warmup updates (fairseq's `--warmup-updates`) where `warmup` is 0."""
+    epochs_of: Callable[[Any], float] | None = None
+    """The epochs for the run's config with the user's settings applied, where they depend on
+    them (semi-supervised fine-tuning: 60 for 1 % of the labels, 30 for 10 %); None: `epochs`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,14 +243,16 @@ class Start:
 
     - `pretrained(model_config, seed, load)`: the model a fresh run starts from instead of
       `build_model`'s random one (fine-tuning: the pre-trained encoder plus a new head), or
-      None for a random start. `load(path)` is the trainer's reader of a pretext workdir, model
-      directory or HuggingFace folder, passed in so that objectives never import the trainer's
-      layer. Its parameters are placed on the mesh after the sharded init, so they never become
-      constants of a compiled function.
+      None for a random start. `load(path, **choices)` is the trainer's reader of a pretext
+      workdir, model directory or HuggingFace folder (`choices`: for the model's
+      `downstream_model`, e.g. SimCLR's `projection_layers`), passed in so that objectives
+      never import the trainer's layer. Its parameters are placed on the mesh after the
+      sharded init, so they never become constants of a compiled function.
     - `finetunes(pretrained_model, task, source_config)`: how a model this method's family
       made is fine-tuned on the downstream `task` (`DownstreamTask`): the
       `FinetuneRecipe` of the downstream run from `pretrained_model` (as `load` reads it), given
-      the saved run config of the starting point (`source_config`; {} when it has none), or
+      the saved run config of the starting point (`source_config`; {} when it has none; its
+      `source`: the starting point's path), or
       None when the model is not this family's or the family does not fine-tune on that task.
       `run.py finetune` / `glue` ask every method (`downstream_recipe`): BERT, ELECTRA, RoBERTa,
       ALBERT, MPNet, XLNet and XLM give their paper's recipe for the task's method, ELMo's its

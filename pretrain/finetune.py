@@ -37,6 +37,7 @@ from pretext_jax.pretrain.trainer import Trainer
 
 RESULTS_FILE = "results.json"
 TABLE_FILE = "results.md"
+SUBSET_FILE = "label_subset.json"
 GLUE_ORDER = ("cola", "sst2", "mrpc", "stsb", "rte")
 
 
@@ -99,7 +100,8 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
         raise UserError("give a starting point (--init) or, for a random encoder, the "
                         "checkpoint whose architecture to copy (--architecture)")
     pretrained = read_pretrained(source, load_pretrained)
-    chosen = registry.downstream_recipe(pretrained, spec, _saved_run_config(source))
+    chosen = registry.downstream_recipe(pretrained, spec,
+                                        {**_saved_run_config(source), "source": source})
     if chosen is None:  # no family claims it: say what the classifier starts from
         as_encoder(source, pretrained)
         raise UserError(f"no method fine-tunes the {type(pretrained).__name__} in {source}")
@@ -114,7 +116,9 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
     if chosen.steps and epochs is None:
         steps = chosen.steps
     else:
-        steps = max(1, math.ceil((chosen.epochs if epochs is None else epochs) * per_epoch))
+        if epochs is None:
+            epochs = chosen.epochs if chosen.epochs_of is None else chosen.epochs_of(draft)
+        steps = max(1, math.ceil(epochs * per_epoch))
     schedule = {"train.steps": steps,
                 "optim.warmup_steps": max(1, round(chosen.warmup * steps)) if chosen.warmup
                 else chosen.warmup_steps,
@@ -142,8 +146,13 @@ def _against_baseline(dev: dict[str, float], report: dict[str, Any], task: str
 
 def finetune(config: Config, workdir: str | Path) -> dict[str, Any]:
     """Trains `config` (a downstream run) in `workdir`, resuming if it holds one (a finished
-    one is only evaluated), and writes the final dev metrics to `<workdir>/results.json`."""
-    summary = Trainer(config, workdir).run()
+    one is only evaluated), and writes the final dev metrics to `<workdir>/results.json` (and a
+    run on a subset of the labels lists it in `label_subset.json`)."""
+    trainer = Trainer(config, workdir)
+    if "label_subset" in trainer.data.report:  # the labelled images a run trains on
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+        (Path(workdir) / SUBSET_FILE).write_text(json.dumps(trainer.data.report["label_subset"]))
+    summary = trainer.run()
     task = config.examples.task
     # a finished workdir trains no further steps, so nothing was evaluated: evaluate it now
     dev = (_task_metrics(summary["eval"], task) if summary["eval"]

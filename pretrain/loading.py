@@ -25,24 +25,30 @@ from pretext_jax.pretrain.directories import (
 )
 
 
-def load_model(path: str | Path, *, downstream: bool = False) -> nnx.Module:
+def load_model(path: str | Path, *, downstream: bool = False, **choices: Any) -> nnx.Module:
     """The model of a pretext workdir (latest checkpoint) or model directory.
 
     `downstream=True` returns the part that fine-tuning starts from: ELECTRA's discriminator
-    (its `downstream_model()`); models without such a method are returned whole.
+    (its `downstream_model(**choices)`, e.g. SimCLR's `projection_layers`); models without
+    such a method are returned whole.
     """
     model = _load_pretraining_model(Path(path))
     if downstream and hasattr(model, "downstream_model"):
-        return model.downstream_model()
+        return model.downstream_model(**choices)
     return model
 
 
-def load_pretrained(path: str | Path) -> nnx.Module:
+def load_pretrained(path: str | Path, **choices: Any) -> nnx.Module:
     """What a run starts from (`objectives.registry.Method.pretrained`'s loader): the
-    downstream model of a pretext workdir or model directory (`load_model`), or the model of
-    a HuggingFace folder (`hf.load`)."""
+    downstream model of a pretext workdir or model directory (`load_model`, with `choices` for
+    its `downstream_model`), or the model of a HuggingFace folder (`hf.load`)."""
     path = Path(path)
-    return load_model(path, downstream=True) if (path / MODEL_FILE).is_file() else hf.load(path)
+    if (path / MODEL_FILE).is_file():
+        return load_model(path, downstream=True, **choices)
+    if choices:
+        raise UserError(f"{path} is a HuggingFace folder; {sorted(choices)} choose parts of a "
+                        "pretext model only")
+    return hf.load(path)
 
 
 def _load_pretraining_model(path: Path) -> nnx.Module:

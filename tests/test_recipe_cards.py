@@ -33,7 +33,7 @@ PAGES = {
     **dict.fromkeys(("t5", "mass", "mass_xlm", "prophetnet", "unilm", "xlm", "summarize",
                      "summarize_prophetnet"), "seq2seq.md"),
     **dict.fromkeys(("simclr", "moco", "byol", "rotation", "jigsaw", "deepcluster", "cmc", "dim",
-                     "amdim"), "images.md"),
+                     "amdim", "semi"), "images.md"),
     **dict.fromkeys(("cpc", "wav2vec2"), "speech.md"),
 }
 
