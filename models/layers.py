@@ -188,7 +188,7 @@ class Embedding(nnx.Embed):
     def __call__(self, inputs: jax.Array) -> jax.Array:
         if not jnp.issubdtype(inputs.dtype, jnp.integer):
             raise ValueError(f"embedding inputs must be integers, got {inputs.dtype}")
-        table = self.embedding.value
+        table = self.embedding.get_value()
         if self.num_embeddings <= ONE_HOT_ROWS:
             rows = jnp.dot(jax.nn.one_hot(inputs, self.num_embeddings, dtype=table.dtype),
                            table, precision=jax.lax.Precision.HIGHEST)

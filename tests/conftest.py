@@ -14,11 +14,18 @@ import os
 # again but doubles a step's time. A tiny model's trained parameters came out bit for bit the
 # same at both levels; tests comparing two different programs (a scan against a loop, one mesh
 # against another) can see float32 rounding differ. A level given in XLA_FLAGS is kept.
+#
+# Convolutions run on the calling device's thread, not on Eigen's shared pool (as many threads
+# as cores): twice an image run (ResNet, BatchNorm statistics all-reduced over the 8 devices)
+# hung for good with every XLA:CPU thread waiting, presumably device threads blocked at a
+# collective while others' convolutions waited for pool threads they held; the intra-op pool
+# buys nothing with two test workers on two cores.
 given = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join([
     given, "--xla_force_host_platform_device_count=8",
     "--xla_cpu_collective_call_warn_stuck_timeout_seconds=300",
     "--xla_cpu_collective_call_terminate_timeout_seconds=1200",
+    "--xla_cpu_multi_thread_eigen=false",
     *([] if "--xla_backend_optimization_level" in given else
       ["--xla_backend_optimization_level=1"])]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
