@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from parity_utils import hf_reference, random_model
+from parity_utils import random_model
+from test_beam_search import NEW_TOKENS, converted  # noqa: F401 (a fixture)
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
@@ -31,7 +32,7 @@ from pretext_jax.objectives.common import encoder_decoders as ed
 from pretext_jax.objectives.common.losses import label_smoothed_cross_entropy
 from pretext_jax.objectives.prophetnet import ProphetNetLossSettings, ngram_loss
 from pretext_jax.objectives.summarization import SummaryExampleConfig, rouge
-from pretext_jax.pretrain import directories, hf, loading
+from pretext_jax.pretrain import directories, loading
 from pretext_jax.pretrain.export import save_model
 from pretext_jax.pretrain.finetune import finetune_config
 from pretext_jax.pretrain.trainer import Trainer
@@ -100,14 +101,6 @@ def test_malformed_files_are_one_line_errors(tmp_path):
 
 
 # ------------------------------------------------------------------------------ decoding
-NEW_TOKENS = 12
-HF_T5 = dict(vocab_size=61, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2,
-             num_heads=4, feed_forward_proj="relu", tie_word_embeddings=True,
-             decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-HF_PROPHETNET = dict(vocab_size=61, hidden_size=32, num_encoder_layers=2, num_decoder_layers=2,
-                     num_encoder_attention_heads=4, num_decoder_attention_heads=2,
-                     encoder_ffn_dim=37, decoder_ffn_dim=41, max_position_embeddings=40, ngram=2,
-                     num_buckets=8, relative_max_distance=6)
 SETTINGS = {  # the papers' kinds of setting: trigram ban, minimum length, fairseq's early stop
     "fairseq": dict(num_beams=4, length_penalty=1.5, no_repeat_ngram_size=3, min_length=6,
                     early_stopping=True),
@@ -116,24 +109,9 @@ SETTINGS = {  # the papers' kinds of setting: trigram ban, minimum length, fairs
 }
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    """{family: (HF model, ours converted from its folder, EOS)}, perturbed so beams branch."""
-    pytest.importorskip("transformers")
-    out = {}
-    for name, architecture, config, scale, eos in (
-            ("t5", "T5ForConditionalGeneration", HF_T5, 0.5, 25),
-            ("prophetnet", "ProphetNetForConditionalGeneration", HF_PROPHETNET, 1.0, 40)):
-        reference = hf_reference(architecture, 0, scale=scale, **config)
-        folder = tmp_path_factory.mktemp(name)
-        reference.save_pretrained(folder)
-        out[name] = (reference, hf.load(folder, eos_token_id=eos), eos)
-    return out
-
-
 @pytest.mark.usefixtures("deterministic_torch")
 @pytest.mark.parametrize("family", ["t5", "prophetnet"])
-def test_summary_decoding_equals_hf_generate(converted, family):
+def test_summary_decoding_equals_hf_generate(converted, family):  # noqa: F811
     """The dev decoding (`ed.decode_rows` with `SummaryExampleConfig.search`, batches padded
     to DECODE_BATCH) gives HF `generate(num_beams=4, no_repeat_ngram_size=..., min_length=...,
     length_penalty=..., early_stopping=..., max_new_tokens=max_length)`'s best summaries token
