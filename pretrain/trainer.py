@@ -18,7 +18,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from pretext_jax.errors import UserError
@@ -38,6 +37,7 @@ from pretext_jax.pretrain.loading import load_pretrained
 from pretext_jax.pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
 from pretext_jax.pretrain.optim import learning_rate_schedule, make_optimizer
 from pretext_jax.pretrain.profiling import PROFILE_DIR, Profile
+from pretext_jax.pretrain.step import update_step
 
 
 def data_cache(config: Config, workdir: str | Path) -> Path:
@@ -235,62 +235,10 @@ class Trainer:
         return loss, (metrics, nnx.state(model, nnx.Not(nnx.Param)))
 
     def _step(self, state: TrainState, batch: Any) -> tuple[TrainState, Any]:
-        """One optimizer step; with grad_accum_steps > 1 the batch is split into micro-batches
-        whose gradients and metric sums are accumulated in a scan before the update."""
-        accum = self.config.optim.grad_accum_steps
-        rng = jax.random.fold_in(jax.random.key(self.config.train.seed), state.step)
-        grad_fn = jax.grad(self._loss, has_aux=True)
-        if accum == 1:
-            grads, (metrics, model_state) = grad_fn(state.params, state.model_state, batch, rng)
-        else:
-            micro = jax.tree.map(
-                lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
-
-            def body(carry, inputs):
-                grads_sum, metrics_sum, model_state = carry
-                index, micro_batch = inputs
-                grads, (metrics, model_state) = grad_fn(
-                    state.params, model_state, micro_batch, jax.random.fold_in(rng, index))
-                return (jax.tree.map(jnp.add, grads_sum, grads),
-                        jax.tree.map(jnp.add, metrics_sum, metrics), model_state), None
-
-            zero_grads = jax.tree.map(jnp.zeros_like, state.params)
-            first_metrics = jax.eval_shape(
-                lambda: grad_fn(state.params, state.model_state,
-                                jax.tree.map(lambda x: x[0], micro), rng)[1][0])
-            zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), first_metrics)
-            (grads, metrics, model_state), _ = jax.lax.scan(
-                body, (zero_grads, zero_metrics, state.model_state),
-                (jnp.arange(accum), micro))
-            grads = jax.tree.map(lambda g: g / accum, grads)
-        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = dict(metrics)
-        one = jnp.ones((), jnp.float32)
-        grad_norm = optax.tree.norm(grads)
-        # The updated state too: an update can overflow where loss and gradients did not, and
-        # no checkpoint may hold NaN/Inf.
-        updated_finite = jnp.all(jnp.stack([
-            jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves((params, opt_state,
-                                                                      model_state))
-            if jnp.issubdtype(leaf.dtype, jnp.inexact)]))
-        loss_finite = jnp.isfinite(metrics["loss"][0]) & updated_finite
-        finite = loss_finite & jnp.isfinite(grad_norm)
-        metrics["grad_norm"] = (grad_norm, one)
-        metrics["nonfinite_steps"] = (1.0 - finite.astype(jnp.float32), one)
-
-        if self.config.train.on_nonfinite == "skip":
-            # A skipped step changes nothing but the step counter (its batch is consumed); what
-            # the forward pass updates (BatchNorm statistics, XLNet's memory) follows its loss.
-            # With `stop` no select is compiled: the run ends before anything is saved.
-            def keep(new: Any, old: Any, ok: jax.Array) -> Any:
-                return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-
-            params = keep(params, state.params, finite)
-            opt_state = keep(opt_state, state.opt_state, finite)
-            model_state = keep(model_state, state.model_state, loss_finite)
-        return TrainState(step=state.step + 1, params=params, model_state=model_state,
-                          opt_state=opt_state), metrics
+        """One optimizer step (`pretrain.step.update_step`) of the method's loss."""
+        return update_step(state, batch, loss=self._loss, tx=self.tx,
+                           seed=self.config.train.seed, accum=self.config.optim.grad_accum_steps,
+                           skip_nonfinite=self.config.train.on_nonfinite == "skip")
 
     def model_of(self, state: TrainState) -> nnx.Module:
         """The model holding `state`'s parameters and variables (a copy)."""

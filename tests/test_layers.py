@@ -356,3 +356,13 @@ def test_models_name_no_method():
 def test_model_method_check_catches_a_planted_field(planted):
     assert model_method_fields(planted) != []
     assert model_method_fields('register("bert", Converter(model_type="bert"))') == []
+
+
+def test_trainer_keeps_to_building_the_step_and_the_loop():
+    """Issue 33: the trainer's file stays under 500 lines; checkpoints (`checkpoints.py`), the
+    batches of each step (`feed.py`), the step's body (`step.py`) and the workdir's files
+    (`directories.py`) live in their own modules."""
+    lines = (ROOT / "pretrain" / "trainer.py").read_text().count("\n")
+    assert lines < 500, f"pretrain/trainer.py has {lines} lines"
+    for module in ("checkpoints", "feed", "step", "directories"):
+        assert (ROOT / "pretrain" / f"{module}.py").is_file()
