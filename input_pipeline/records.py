@@ -330,6 +330,18 @@ class RecordDirectory:
         """Decoded examples at `indices`, stacked (used for evaluation sets and tests)."""
         return self.spec.decode_stacked([self.source[int(i)] for i in indices])
 
+    def written_order(self) -> np.ndarray:
+        """int64 [records]: the record index of each example in the order `write_records` was
+        given them (it deals them round-robin over its shards, so example p is record p // n of
+        shard p % n, n shards); a stream cut into windows reads back in stream order by it."""
+        ends = np.cumsum(self.source.shard_lengths(), dtype=np.int64)
+        starts = np.concatenate([[0], ends[:-1]])
+        position = np.arange(len(self), dtype=np.int64)
+        shard, offset = position % len(ends), position // len(ends)
+        if np.any(offset >= ends[shard] - starts[shard]):
+            raise ValueError(f"{self.directory}'s shards were not written round-robin")
+        return starts[shard] + offset
+
     def variable_lengths(self) -> np.ndarray:
         """int64 [records]: the variable feature's first dimension per record, in source
         order, as preparation stored it (`LENGTHS_FILE`); records written before it was stored
@@ -378,6 +390,10 @@ class ShardSource:
 
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
+
+    def shard_lengths(self) -> list[int]:
+        """The record count of each shard, in order."""
+        return np.diff([0, *self._ends]).tolist()
 
     def __getitem__(self, record_key: Any) -> bytes:
         key = int(record_key)

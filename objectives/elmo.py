@@ -51,7 +51,7 @@ from pretext_jax.input_pipeline.prepare import (
 from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
 from pretext_jax.models.elmo import BiLM, ElmoClassifier, ElmoClassifierConfig, ElmoConfig, ElmoLM
 from pretext_jax.objectives.common.glue_metrics import constant_baseline, task_metrics
-from pretext_jax.objectives.common.held_out import held_out_examples
+from pretext_jax.objectives.common.held_out import MAX_EVAL_EXAMPLES, held_out_examples
 from pretext_jax.objectives.common.losses import weighted_cross_entropy
 from pretext_jax.objectives.registry import (
     Batch,
@@ -66,6 +66,7 @@ from pretext_jax.objectives.registry import (
     register,
     whole_run,
 )
+from pretext_jax.progress import progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,12 +137,23 @@ def elmo_loss(model: ElmoLM, batch: Batch, rng: jax.Array | None, *,
     `carried_c` and leave theirs there for the next step (bilm-tf training.py `train`: the
     final states fed back as the next batch's initial ones). The carried states are values, not
     functions of the parameters: no gradient crosses a step (truncated backpropagation through
-    time, as bilm-tf's fed states). Evaluation, and the independent windows, start from zero."""
+    time, as bilm-tf's fed states). The held-out loss, and the independent windows, start from
+    zero (`stateful_held_out` evaluates with carried states)."""
+    carry = "backward_chars" in batch and rng is not None
+    loss, metrics = bilm_nll(model, batch, rng, objective.negative_samples, carry)
+    return loss * objective.loss_scale, metrics
+
+
+def bilm_nll(model: ElmoLM, batch: Batch, rng: jax.Array | None, negative_samples: int,
+             carry: bool) -> tuple[jax.Array, Metrics]:
+    """(0.5 (forward + backward) mean NLL, metrics) of `batch` (`elmo_loss`'s layout); with
+    `carry` both LMs start from `model.carried_h` / `carried_c` and leave their final states
+    there; a sampled softmax of `negative_samples` candidates when `rng` is given, else the
+    full softmax."""
     ids, mask = batch["ids"], batch["mask"]
     backward_ids, backward_mask = batch.get("backward_ids", ids), batch.get("backward_mask", mask)
     real, backward_real = mask[:, 1:-1], backward_mask[:, 1:-1]
     streams = "backward_chars" in batch
-    carry = streams and rng is not None
     if carry and not hasattr(model, "carried_h"):
         raise ValueError("stateful streams need the model's carried states: set "
                          "model.carried_state_rows to examples.stateful_streams")
@@ -156,7 +168,7 @@ def elmo_loss(model: ElmoLM, batch: Batch, rng: jax.Array | None, *,
         model.carried_c[...] = jax.lax.stop_gradient(final[1]).astype(jnp.float32)
     kernel, bias = model.softmax_kernel[...], model.softmax_bias[...]
     vocab = kernel.shape[0]
-    sampled = rng is not None and objective.negative_samples > 0
+    sampled = rng is not None and negative_samples > 0
     loss, metrics = jnp.zeros((), jnp.float32), {}
     for direction, (name, targets, present, inputs) in enumerate((
             ("forward", ids[:, 2:], mask[:, 2:], real),
@@ -165,16 +177,52 @@ def elmo_loss(model: ElmoLM, batch: Batch, rng: jax.Array | None, *,
         targets = targets.reshape(-1)
         weights = (inputs * present).reshape(-1).astype(jnp.float32)
         if sampled:
-            candidates = sample_log_uniform(sample_rngs[direction], objective.negative_samples,
-                                            vocab)
+            candidates = sample_log_uniform(sample_rngs[direction], negative_samples, vocab)
             nll = sampled_softmax_nll(hidden, targets, kernel, bias, candidates)
         else:
             nll = full_softmax_nll(hidden, targets, kernel, bias)
         total, count = jnp.sum(weights * nll), jnp.sum(weights)
         loss = loss + 0.5 * total / jnp.maximum(count, 1.0)
         metrics[f"{name}_loss"] = (total, count)
-    scaled = loss * objective.loss_scale
-    return scaled, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
+    return loss, {"loss": (loss, jnp.ones((), jnp.float32)), **metrics}
+
+
+@nnx.jit
+def _stream_step(model: ElmoLM, batch: Batch) -> Metrics:
+    return bilm_nll(model, batch, None, 0, carry=True)[1]
+
+
+def stateful_held_out(model: ElmoLM, data: PreparedData, examples: ee.ElmoExampleConfig,
+                      objective: Any) -> dict[str, float]:
+    """The held-out loss with LSTM states carried through the held-out stream (bilm-tf
+    training.py `test`: `final_lstm_state` fed back as the next batch's initial state, the full
+    softmax), so each token is predicted from everything before it in its stream rather than
+    from its window alone: the held-out windows in stream order (at most `MAX_EVAL_EXAMPLES`)
+    as `examples.stateful_streams` rows (fewer if the held-out set is smaller), read as
+    training reads its streams (`ee.StreamWindows`), both directions from a zero state.
+    `stateful_loss` is 0.5 (forward + backward) of the per-direction means over all tokens
+    read (bilm-tf's `test` averages its batches' losses instead; the same up to padding)."""
+    del objective
+    held_out: RecordDirectory | None = data.monitor_data
+    if held_out is None:  # independent windows: the held-out loss is the whole measure
+        return {}
+    order = held_out.written_order()[:MAX_EVAL_EXAMPLES]
+    streams = min(examples.stateful_streams, len(order))
+    per_row, rows = len(order) // streams, np.arange(streams)
+    layers, cells, width = model.bilm.lstm_projection.shape[1:]
+    model.carried_h.set_value(jnp.zeros((2, layers, streams, width), jnp.float32))
+    model.carried_c.set_value(jnp.zeros((2, layers, streams, cells), jnp.float32))
+    sums = {"forward_loss": np.zeros(2), "backward_loss": np.zeros(2)}
+    for step in progress(range(per_row), "held-out streams", unit="batch"):
+        forward, backward = (held_out.examples(order[windows])
+                             for windows in ee.stream_windows(step, rows, per_row))
+        batch = {**forward, **{f"backward_{k}": v for k, v in backward.items()}}
+        for name, pair in jax.device_get(_stream_step(model, batch)).items():
+            if name in sums:
+                sums[name] += np.asarray(pair, np.float64)
+    means = {name: total / max(count, 1.0) for name, (total, count) in sums.items()}
+    return {"stateful_loss": 0.5 * (means["forward_loss"] + means["backward_loss"]),
+            **{f"stateful_{name}": value for name, value in means.items()}}
 
 
 # --- Data -------------------------------------------------------------------------------------
@@ -201,7 +249,8 @@ def prepare_elmo(data: DataConfig, examples: ee.ElmoExampleConfig, cache_dir: Pa
     bilm-tf vocab file) -> windows of the training and held-out streams, cached. With
     `examples.stateful_streams` = S the training windows are read as S stateful streams, in
     order (`ee.StreamWindows`: stored as one shard, so that a record's index is its place in
-    the stream), and the model keeps S rows of LSTM states; held-out windows stay independent.
+    the stream), and the model keeps S rows of LSTM states; the held-out windows are evaluated
+    independently (the loss) and as S streams with carried states (`stateful_held_out`).
     The stream count only decides how windows are read, so it is no part of the cache's key."""
     shards = corpus.plan_shards(data.source, data)
     settings = {k: v for k, v in dataclasses.asdict(data).items()
@@ -238,6 +287,7 @@ def prepare_elmo(data: DataConfig, examples: ee.ElmoExampleConfig, cache_dir: Pa
     return PreparedData(
         train=train, eval=eval_examples,
         model_fields={"vocab_size": len(vocabulary), "carried_state_rows": streams},
+        monitor_data=held_out if streams else None,
         report={"train_windows": len(train), "vocabulary": len(vocabulary),
                 "unigram_baseline_loss": unigram_baseline_loss(counts, vocabulary,
                                                                eval_examples)},
@@ -268,6 +318,10 @@ def summarize_elmo(evaluation: dict[str, float], report: dict[str, Any],
         lines.append(f"  held-out loss {evaluation['loss']:.3f} (perplexity "
                      f"{math.exp(evaluation['loss']):.1f}) vs unigram baseline {baseline:.3f} "
                      f"(perplexity {math.exp(baseline):.1f})")
+    if "stateful_loss" in evaluation:
+        lines.append(f"  held-out loss with states carried through the stream "
+                     f"{evaluation['stateful_loss']:.3f} (perplexity "
+                     f"{math.exp(evaluation['stateful_loss']):.1f})")
     return lines
 
 
@@ -331,7 +385,7 @@ register(Method(
     description="ELMo: bidirectional LSTM LM over character CNN tokens (Peters et al. 2018)",
     presets=PRESETS,
     resolution=Resolution(check=check_elmo),
-    evaluation=Evaluation(summarize=summarize_elmo),
+    evaluation=Evaluation(monitor=stateful_held_out, summarize=summarize_elmo),
 ))
 
 

@@ -325,6 +325,48 @@ def test_carried_state_equals_reading_both_windows_at_once():
         assert np.abs(np.asarray(zero[direction]) - np.asarray(expected)).max() > 1e-2
 
 
+def test_held_out_with_carried_states_equals_each_stream_read_whole(tmp_path):
+    """`elmo.stateful_held_out` on 4 streams over the held-out windows (stored round-robin in 4
+    shards; `written_order` puts them back in stream order: each window's neighbours are the
+    next one's ends, which the stored order is not) equals reading each stream's stretch as one
+    long window from a zero state (forward left to right, backward right to left), per
+    direction. Control: the independent windows' held-out loss (each window from zero)
+    differs."""
+    config = make_config("elmo_tiny", {
+        **small_corpus(tmp_path), "data.vocab_size": 2000, "examples.max_seq_length": 12,
+        "examples.stateful_streams": STREAMS, "train.batch_size": STREAMS,
+        "data.held_out_fraction": 0.3})
+    data = elmo.prepare_elmo(config.data, config.examples, Path(config.data.cache_dir), 0)
+    held_out = data.monitor_data
+    order = held_out.written_order()
+    stored, in_order = (held_out.examples(indices)["ids"] for indices in
+                        (np.arange(len(order)), order))
+    np.testing.assert_array_equal(in_order[1:, :2], in_order[:-1, -2:])
+    assert not np.array_equal(stored[1:, :2], stored[:-1, -2:])
+    model_config = ElmoConfig(**{**CONFIG.__dict__, "vocab_size": 2000,
+                                 "carried_state_rows": STREAMS})
+    model = ElmoLM(model_config, rngs=nnx.Rngs(5))
+    ours = elmo.stateful_held_out(model, data, config.examples, None)
+
+    windows = held_out.examples(order)
+    per_row = len(order) // STREAMS
+    rows = [slice(r * per_row, (r + 1) * per_row) for r in range(STREAMS)]
+    whole = {"chars": np.stack([np.concatenate(windows["chars"][r]) for r in rows])}
+    for key in ("ids", "mask"):  # the stretch's tokens between its outer neighbours
+        whole[key] = np.stack([np.concatenate([windows[key][r][0, :1],
+                                               windows[key][r][:, 1:-1].reshape(-1),
+                                               windows[key][r][-1, -1:]]) for r in rows])
+    _, metrics = nnx.jit(lambda m, b: elmo.bilm_nll(m, b, None, 0, carry=False))(
+        model, {k: jnp.asarray(v) for k, v in whole.items()})
+    for name in ("forward_loss", "backward_loss"):
+        total, count = (float(x) for x in metrics[name])
+        assert count > 100
+        assert abs(ours[f"stateful_{name}"] - total / count) < 1e-5 * total / count, name
+    independent = float(nnx.jit(lambda m, b: elmo.bilm_nll(m, b, None, 0, carry=False))(
+        model, {k: jnp.asarray(v) for k, v in windows.items()})[0])
+    assert abs(ours["stateful_loss"] - independent) > 1e-4, (ours, independent)
+
+
 def test_stateful_streams_fix_the_batch():
     config = make_config("elmo_original", {"train.batch_size": 256})
     with pytest.raises(UserError, match=r"train.batch_size=256 must equal "

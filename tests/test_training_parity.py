@@ -41,7 +41,8 @@ assert the same number exceeds 1e-4, so the comparison can see that detail.
   torch on our initial parameters): Adagrad with initial accumulator 1 on the gradient of
   unroll_steps (20) x the loss, global-norm clip 10, the sampled softmax with our step's
   candidates (`elmo_candidates`). Controls: no loss scale, TF's default accumulator 0.1, no
-  clipping.
+  clipping. Also the preset's stateful streams, each direction's LSTM states carried from
+  batch to batch as bilm-tf's `train` feeds them (control: from zero every batch).
 - MoCo v2 (moco builder.py, main_moco.py): torch.optim.SGD with momentum and decay on every
   parameter, the key encoder's momentum update before the keys, shuffled keys with BatchNorm
   per group, the queue; our views and shuffle. Controls: no momentum update, keys enqueued
@@ -1224,12 +1225,16 @@ def test_albert_negative_controls(albert_run, control):
 # the mean loss, global-norm clip 10, sampled softmax) on a tiny biLM: 8-dim characters, three
 # filters, 2 highway layers, 2 LSTMP layers of 32 cells -> 16 per direction, a vocabulary of
 # 120 words and 32 sampled candidates, 20-token windows of 16 characters, no dropout. The
-# windows are independent (each from a zero state); the carried states of the preset's streams
-# are checked in tests/test_elmo.py.
+# windows are independent (each from a zero state) in `ELMO`, stateful streams in `ELMO_STREAMS`
+# (the layout itself and resuming its carried states are checked in tests/test_elmo.py).
 ELMO = ["model.char_embedding_dim=8", "model.char_filters=1:8,2:8,3:16", "model.lstm_dim=32",
         "model.projection_dim=16", "model.dropout=0.0", "model.vocab_size=120",
         "examples.max_characters_per_token=16", "examples.stateful_streams=0",
         "objective.negative_samples=32", "train.batch_size=8", "train.steps=10"]
+# elmo_original's own layout: 8 stateful streams, one per batch row, each direction's LSTM
+# states carried from batch to batch (the model holds them for 8 rows)
+ELMO_STREAMS = [*ELMO[:-4], "examples.stateful_streams=8", "model.carried_state_rows=8",
+                *ELMO[-3:]]
 
 
 def param_state(model: nnx.Module, kind: Any = nnx.Param) -> dict[str, np.ndarray]:
@@ -1244,10 +1249,10 @@ def torch_parameters(state: Mapping[str, np.ndarray]) -> dict[str, Any]:
     return {name: torch.tensor(value, requires_grad=True) for name, value in state.items()}
 
 
-def elmo_batches(config: Config) -> list[dict[str, np.ndarray]]:
-    """Windows of random sentences (over 200 random words, some outside the 120-word
-    vocabulary) made by the method's own `windows`; the stream's last, padded window is the
-    last row."""
+def elmo_windows(config: Config, count: int) -> list[dict[str, np.ndarray]]:
+    """`count` windows of random sentences (over 200 random words, some outside the 120-word
+    vocabulary) made by the method's own `windows`, in stream order; the stream's last, padded
+    window is the last."""
     from pretext_jax.input_pipeline.examples import elmo as ee
 
     rng = np.random.default_rng(0)
@@ -1255,17 +1260,59 @@ def elmo_batches(config: Config) -> list[dict[str, np.ndarray]]:
     sentences = [" ".join(rng.choice(words, rng.integers(3, 15))) for _ in range(80)]
     vocabulary = ee.vocabulary_from_counts(ee.count_words(sentences), config.model.vocab_size)
     records = list(ee.windows(sentences, vocabulary, config.examples))
-    rows = config.train.batch_size * STEPS
-    assert len(records) > rows and records[-1]["mask"].min() == 0
-    records = records[:rows - 1] + records[-1:]
-    return [{key: np.stack([r[key] for r in records[i:i + config.train.batch_size]])
-             for key in records[0]} for i in range(0, rows, config.train.batch_size)]
+    assert len(records) > count and records[-1]["mask"].min() == 0
+    return records[:count - 1] + records[-1:]
+
+
+def elmo_batches(config: Config) -> list[dict[str, np.ndarray]]:
+    """Independent windows, the padded one in the last row."""
+    rows, size = config.train.batch_size * STEPS, config.train.batch_size
+    records = elmo_windows(config, rows)
+    return [{key: np.stack([r[key] for r in records[i:i + size]]) for key in records[0]}
+            for i in range(0, rows, size)]
+
+
+class _Windows(list):
+    """A list of windows as `StreamWindows` reads a record directory (`.source`)."""
+
+    @property
+    def source(self) -> list[dict[str, np.ndarray]]:
+        return self
+
+
+def elmo_stream_batches(config: Config) -> list[dict[str, np.ndarray]]:
+    """Stateful streams laid out by the method's `StreamWindows`: one row per stream of 5
+    windows (the padded last window is the backward LM's first window of the last row), the
+    backward LM's window as `backward_<field>`."""
+    from pretext_jax.input_pipeline.examples.elmo import StreamWindows
+
+    streams = config.examples.stateful_streams
+    layout = StreamWindows(_Windows(elmo_windows(config, streams * 5)), streams)
+    batches = []
+    for step in range(STEPS):
+        pairs = [layout[step * streams + row] for row in range(streams)]
+        batches.append({
+            **{key: np.stack([f[key] for f, _ in pairs]) for key in pairs[0][0]},
+            **{f"backward_{key}": np.stack([b[key] for _, b in pairs]) for key in pairs[0][1]}})
+    return batches
 
 
 @pytest.fixture(scope="module")
 def elmo_run(tmp_path_factory) -> dict[str, Any]:
-    run = family_run("elmo_original", ELMO, tmp_path_factory.mktemp("elmo"), elmo_batches,
-                     export=param_state, exported_part=None)
+    return elmo_family_run(ELMO, tmp_path_factory.mktemp("elmo"), elmo_batches)
+
+
+@pytest.fixture(scope="module")
+def elmo_stream_run(tmp_path_factory) -> dict[str, Any]:
+    return elmo_family_run(ELMO_STREAMS, tmp_path_factory.mktemp("elmo_streams"),
+                           elmo_stream_batches)
+
+
+def elmo_family_run(overrides: list[str], workdir: Path,
+                    make_batches: Callable[[Config], list[dict[str, np.ndarray]]]
+                    ) -> dict[str, Any]:
+    run = family_run("elmo_original", overrides, workdir, make_batches, export=param_state,
+                     exported_part=None)
     run["candidates"] = [elmo_candidates(run["trainer"], step) for step in range(STEPS)]
     return run
 
@@ -1307,17 +1354,23 @@ def torch_char_cnn(p: Mapping[str, Any], config: Any, chars: np.ndarray) -> Any:
 
 
 def torch_lstm_stack(p: Mapping[str, Any], config: Any, direction: int, x: Any,
-                     mask: Any) -> Any:
+                     mask: Any, states: list[tuple[Any, Any]] | None = None) -> Any:
     """One direction's LSTM layers, tf.nn.rnn_cell.LSTMCell(num_proj, cell_clip, proj_clip)
     with forget bias 1: gates i, j, f, o of [x, h] W + b, c = sigmoid(f + 1) c +
     sigmoid(i) tanh(j) clipped, h = (sigmoid(o) tanh(c)) P clipped; from the second layer on
-    the input is added (use_skip_connections). From a zero state; at padding the state is
-    kept (bilm-tf's training stream has none: pretext's windows end in padding)."""
+    the input is added (use_skip_connections). At padding the state is kept (bilm-tf's
+    training stream has none: pretext's windows end in padding). From a zero state, or with
+    `states` (one (h, c) per layer) from those, which are then replaced by the final states,
+    detached (bilm-tf training.py `train`: the final states fed as the next batch's initial
+    ones, numbers without gradient)."""
     for layer in range(config.num_layers):
         kernel, bias, projection = (p[f"bilm/lstm_{name}"][direction, layer]
                                     for name in ("kernel", "bias", "projection"))
-        h = torch.zeros(x.shape[0], projection.shape[1])
-        c = torch.zeros(x.shape[0], projection.shape[0])
+        if states is None:
+            h = torch.zeros(x.shape[0], projection.shape[1])
+            c = torch.zeros(x.shape[0], projection.shape[0])
+        else:
+            h, c = states[layer]
         outputs = []
         for t in range(x.shape[1]):
             i, j, f, o = torch.chunk(torch.cat([x[:, t], h], -1) @ kernel + bias, 4, -1)
@@ -1328,6 +1381,8 @@ def torch_lstm_stack(p: Mapping[str, Any], config: Any, direction: int, x: Any,
             keep = mask[:, t:t + 1] > 0
             h, c = torch.where(keep, new_h, h), torch.where(keep, new_c, c)
             outputs.append(h)
+        if states is not None:
+            states[layer] = (h.detach(), c.detach())
         out = torch.stack(outputs, 1)
         x = out + x if config.residual and layer else out
     return x
@@ -1381,31 +1436,43 @@ class AdagradReference:
         return losses
 
 
-def elmo_reference(run: dict[str, Any], **changes: Any) -> dict[str, np.ndarray]:
+def elmo_reference(run: dict[str, Any], carry: bool = False, **changes: Any
+                   ) -> dict[str, np.ndarray]:
     """The biLM re-stated in torch from bilm-tf training.py `LanguageModel` on our initial
     parameters, with its `_build_loss`: per direction the mean sampled-softmax loss over the
     real targets (the candidates our step drew), total 0.5 (forward + backward), trained by
-    `AdagradReference` with elmo_original's settings and `changes`."""
+    `AdagradReference` with elmo_original's settings and `changes`. Batches of stateful
+    streams hold the backward LM's own window (`backward_*`); with `carry` each direction's
+    LSTM starts where its previous batch left it (else from zero)."""
     config, batches = run["config"], run["batches"]
     model = run["initial"].config
     p = torch_parameters(param_state(run["initial"]))
+    states: list[list[tuple[Any, Any]] | None] = [None, None]
+    if carry:
+        rows = config.train.batch_size
+        states = [[(torch.zeros(rows, model.projection_dim), torch.zeros(rows, model.lstm_dim))
+                   for _ in range(model.num_layers)] for _ in range(2)]
 
     def loss_fn(step: int) -> Any:
         b = batches[step]
         ids, mask = long(b["ids"]), torch.tensor(b["mask"], dtype=torch.float32)
-        real = mask[:, 1:-1]
-        tokens = torch_char_cnn(p, model, b["chars"])
-        forward = torch_lstm_stack(p, model, 0, tokens, real)
-        backward = torch.flip(torch_lstm_stack(p, model, 1, torch.flip(tokens, [1]),
-                                               torch.flip(real, [1])), [1])
+        backward_ids = long(b.get("backward_ids", b["ids"]))
+        backward_mask = torch.tensor(b.get("backward_mask", b["mask"]), dtype=torch.float32)
+        real, backward_real = mask[:, 1:-1], backward_mask[:, 1:-1]
+        forward = torch_lstm_stack(p, model, 0, torch_char_cnn(p, model, b["chars"]), real,
+                                   states[0])
+        backward_tokens = torch_char_cnn(p, model, b.get("backward_chars", b["chars"]))
+        backward = torch.flip(torch_lstm_stack(p, model, 1, torch.flip(backward_tokens, [1]),
+                                               torch.flip(backward_real, [1]), states[1]), [1])
         loss = 0.0
-        for hidden, targets, present, candidates in (
-                (forward, ids[:, 2:], mask[:, 2:], run["candidates"][step][0]),
-                (backward, ids[:, :-2], mask[:, :-2], run["candidates"][step][1])):
+        for hidden, targets, present, inputs, candidates in (
+                (forward, ids[:, 2:], mask[:, 2:], real, run["candidates"][step][0]),
+                (backward, backward_ids[:, :-2], backward_mask[:, :-2], backward_real,
+                 run["candidates"][step][1])):
             nll = tf_sampled_softmax_nll(hidden.reshape(-1, hidden.shape[-1]),
                                          targets.reshape(-1), p["softmax_kernel"],
                                          p["softmax_bias"], candidates)
-            weights = (real * present).reshape(-1)
+            weights = (inputs * present).reshape(-1)
             loss = loss + 0.5 * torch.sum(weights * nll) / torch.sum(weights)
         return loss
 
@@ -1430,6 +1497,17 @@ def test_elmo_negative_controls(elmo_run, control):
                "no_clipping": {"clip_norm": 0.0}}[control]
     reference = elmo_reference(elmo_run, **changes)
     assert difference_to(f"elmo {control}", elmo_run["ours"], reference) > CONTROL_MINIMUM
+
+
+def test_elmo_stateful_streams_train_as_bilm_tf(elmo_stream_run):
+    """Four steps of elmo_original's stateful streams: each direction continues from the LSTM
+    states its previous batch left (the backward LM reading its own window right to left), as
+    bilm-tf's `train` feeds them back. Control: every batch from a zero state."""
+    reference = elmo_reference(elmo_stream_run, carry=True)
+    assert difference_to("elmo streams", elmo_stream_run["ours"], reference) <= TOLERANCE
+    zero_states = elmo_reference(elmo_stream_run)
+    assert difference_to("elmo streams from zero", elmo_stream_run["ours"],
+                         zero_states) > CONTROL_MINIMUM
 
 
 # ------------------------------------------------------------------------------- MoCo, BYOL

@@ -185,6 +185,14 @@ class _Pair(grain.transforms.Map):
         return {**forward, **{f"backward_{k}": v for k, v in backward.items()}}
 
 
+def stream_windows(step: int, rows: np.ndarray, per_row: int) -> tuple[np.ndarray, np.ndarray]:
+    """The windows (indices in stream order) that `rows` of stateful streams of `per_row`
+    windows each read at batch `step` (the module docstring's layout): the forward LM's
+    row r W + step, the backward LM's row r W + W - 1 - step."""
+    first = np.asarray(rows, np.int64) * per_row
+    return first + step, first + per_row - 1 - step
+
+
 class StreamWindows:
     """The training windows (`records`, in stream order: a `records.RecordDirectory`) as
     `streams` rows of consecutive windows, read in order (the module docstring's stateful
@@ -208,8 +216,8 @@ class StreamWindows:
     def windows(self, index: int) -> tuple[int, int]:
         """(forward window, backward window) of record `index`."""
         step, row = divmod(int(index), self.streams)
-        first = row * self.per_row
-        return first + step, first + self.per_row - 1 - step
+        forward, backward = stream_windows(step, np.array([row]), self.per_row)
+        return int(forward[0]), int(backward[0])
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         forward, backward = self.windows(index)
