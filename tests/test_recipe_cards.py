@@ -4,7 +4,9 @@ settings the paper or the authors' code fixes: the paper's (or code's) value, ou
 (file:line or §) and, where ours differs, the departure's reason. A row whose setting is a config
 key (`optim.learning_rate`) is checked against `make_config(preset)`, so a card cannot drift from
 the code; a row whose two values differ must give its reason. Presets of our own (test sizes,
-demos, downstream) have no card and are listed in `EXEMPT` with why."""
+demos, downstream) have no card and are listed in `EXEMPT` with why. docs/recipes.md's table,
+which says per paper preset which settings depart, is made from the cards
+(`python tests/test_recipe_cards.py` writes it) and checked against them."""
 
 from __future__ import annotations
 
@@ -226,6 +228,30 @@ def paper_presets() -> dict[str, str]:
 
 
 CARDS = {card.preset: card for card in all_cards()}
+SUMMARY = REPO / "docs" / "recipes.md"
+SUMMARY_START, SUMMARY_END = "<!-- cards: start -->", "<!-- cards: end -->"
+
+
+def summary_table(cards: list[Card]) -> str:
+    """One row per card: the preset, its page, how many settings the card states and those
+    with a departure (a reason in the card's last column; "none" = the reference's recipe)."""
+    lines = ["| preset | card | settings stated | settings that depart |", "|---|---|---|---|"]
+    for card in sorted(cards, key=lambda c: c.preset):
+        departing = [row.setting for row in card.rows if row.departure]
+        anchor = f"recipe-card-{card.preset}"
+        lines.append(f"| `{card.preset}` | [{card.page}](methods/{card.page}#{anchor}) | "
+                     f"{len(card.rows)} | {', '.join(departing) or 'none'} |")
+    return "\n".join(lines)
+
+
+def summary_in_docs() -> str:
+    text = SUMMARY.read_text(encoding="utf-8")
+    return text[text.index(SUMMARY_START) + len(SUMMARY_START):text.index(SUMMARY_END)].strip()
+
+
+def test_recipes_page_lists_every_card_and_its_departures():
+    assert summary_in_docs() == summary_table(list(CARDS.values())), (
+        "docs/recipes.md is out of date: run `python tests/test_recipe_cards.py`")
 
 
 # ---------------------------------------------------------------------------------- the set
@@ -325,3 +351,10 @@ def test_a_row_with_a_stray_cell_separator_is_rejected():
     (card,) = read_cards(text, "masked_lm.md")
     problems = check_card(card, make_config("bert_base"))
     assert any("6 cells, not 5" in p for p in problems), problems
+
+
+if __name__ == "__main__":
+    text = SUMMARY.read_text(encoding="utf-8")
+    head, tail = text.split(SUMMARY_START)[0], text.split(SUMMARY_END)[1]
+    SUMMARY.write_text(f"{head}{SUMMARY_START}\n{summary_table(list(CARDS.values()))}\n"
+                       f"{SUMMARY_END}{tail}", encoding="utf-8")
