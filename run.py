@@ -149,6 +149,9 @@ def _parser() -> argparse.ArgumentParser:
                           help="a GLUE task (sst2, cola, mrpc, rte, stsb) or another registered "
                           "downstream task")
     finetune.add_argument("--seed", type=_bounded(int, 0), default=0)
+    finetune.add_argument("--seeds", type=_bounded(int, 1), default=1,
+                          help="runs with seeds SEED, SEED + 1, ... (each in WORKDIR/seed<k>); "
+                          "prints each metric's median, as the papers report (BERT, RoBERTa: 5)")
     finetune.add_argument("--config", metavar="FILE",
                           help="a YAML or Python (get_config()) file of config sections, layered "
                           "over the task's recipe and under the section.key=value overrides")
@@ -507,12 +510,21 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "finetune":
             from pretext_jax.pretrain import finetune
 
-            config = finetune.finetune_config(args.task, args.init, args.data, args.overrides,
-                                              seed=args.seed, epochs=args.epochs,
-                                              architecture=args.architecture,
-                                              config_file=args.config)
-            result = finetune.finetune(config, args.workdir)
-            print(f"{result['task']} dev after {result['steps']} steps: {_metrics(result)}")
+            if args.seeds > 1:
+                result = finetune.finetune_seeds(
+                    args.task, args.init, args.data, args.workdir,
+                    range(args.seed, args.seed + args.seeds), args.overrides, epochs=args.epochs,
+                    architecture=args.architecture, config_file=args.config)
+                print(f"{result['task']} dev, median of {args.seeds} seeds after "
+                      f"{result['steps']} steps: {_metrics(result)}")
+            else:
+                config = finetune.finetune_config(args.task, args.init, args.data,
+                                                  args.overrides, seed=args.seed,
+                                                  epochs=args.epochs,
+                                                  architecture=args.architecture,
+                                                  config_file=args.config)
+                result = finetune.finetune(config, args.workdir)
+                print(f"{result['task']} dev after {result['steps']} steps: {_metrics(result)}")
         elif args.command == "eval":
             from pretext_jax.pretrain import finetune
 

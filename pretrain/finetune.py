@@ -164,6 +164,29 @@ def finetune(config: Config, workdir: str | Path) -> dict[str, Any]:
     return result
 
 
+def finetune_seeds(task: str, init: str, data: str, workdir: str | Path, seeds: Sequence[int],
+                   overrides: Sequence[str] = (), *, epochs: float | None = None,
+                   architecture: str = "", config_file: str | Path | None = None
+                   ) -> dict[str, Any]:
+    """`finetune` once per seed, each in `<workdir>/seed<k>` (an interrupted sweep resumes),
+    and each dev metric's median over the seeds, as the papers report SQuAD, CoNLL and GLUE
+    (BERT §4, RoBERTa §5: the median of five runs). Returns the result of one run's form with
+    the medians as `dev` (steps and baseline those of the first seed's run), the runs' own dev
+    metrics as `runs`, and writes it to `<workdir>/results.json`."""
+    root = Path(workdir)
+    outcomes = [finetune(finetune_config(task, init, data, overrides, seed=seed, epochs=epochs,
+                                         architecture=architecture, config_file=config_file),
+                         root / f"seed{seed}") for seed in seeds]
+    runs = [outcome["dev"] for outcome in outcomes]
+    median = {metric: float(np.median([run[metric] for run in runs])) for metric in runs[0]}
+    first = {key: value for key, value in outcomes[0].items() if key != "seed"}
+    result = {**first, "seeds": list(seeds), "dev": median, "runs": runs,
+              **_against_baseline(median, outcomes[0], task)}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / RESULTS_FILE).write_text(json.dumps(result, indent=2))
+    return result
+
+
 def is_finetuning(method: registry.Method) -> bool:
     """Whether `method` fine-tunes on a downstream task: it starts from a pre-trained model and
     its examples name the task (`classify`, ELMo's scalar mix, ...)."""

@@ -351,3 +351,24 @@ def test_finetune_cli_trains_reports_wer_and_refuses_bad_manifests(transcribed, 
     assert "dev.tsv:1: character 'N' is not in the vocabulary" in err, err
     assert not cache.exists() or not any(cache.rglob("*.array_record"))
     assert not (tmp_path / "bad_run").exists()
+
+
+def test_fsdd_bench_manifests_follow_the_official_split(tmp_path):
+    """bench/ctc_fsdd.py: recordings 0-4 of each digit and speaker are dev, the rest train; the
+    transcript is the digit's word, read back by the manifest reader's line format."""
+    from bench.ctc_fsdd import write_manifests
+
+    recordings = tmp_path / "recordings"
+    recordings.mkdir()
+    for digit, speaker, index in ((7, "jackson", 0), (7, "jackson", 4), (7, "jackson", 5),
+                                  (0, "theo", 49)):
+        (recordings / f"{digit}_{speaker}_{index}.wav").touch()
+    train, dev = write_manifests(recordings, tmp_path / "manifests")
+    rows = {name: [line.split("\t") for line in path.read_text().splitlines()]
+            for name, path in (("train", train), ("dev", dev))}
+    assert [(p.rsplit("/", 1)[1], word) for p, word in rows["dev"]] == [
+        ("7_jackson_0.wav", "seven"), ("7_jackson_4.wav", "seven")]
+    assert [(p.rsplit("/", 1)[1], word) for p, word in rows["train"]] == [
+        ("0_theo_49.wav", "zero"), ("7_jackson_5.wav", "seven")]
+    with pytest.raises(SystemExit, match="no FSDD recordings"):
+        write_manifests(tmp_path / "manifests", tmp_path / "other")

@@ -220,6 +220,19 @@ def test_recipe_is_the_familys_and_the_cli_trains_and_evaluates(tmp_path, bert_d
     assert run.main(["eval", "--workdir", str(workdir)]) == 0
     assert capsys.readouterr().out.strip() == re.sub(r"after (\d+) steps", r"at step \1",
                                                      trained)
+    # --seeds: one workdir per seed, each metric's median printed and saved
+    sweep = tmp_path / "seeds"
+    assert run.main(["finetune", "--task", "ner", "--init", encoder, "--data", str(ner_folder),
+                     "--workdir", str(sweep), "--epochs", "2", "--seed", "3", "--seeds", "2",
+                     *fast]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"ner dev, median of 2 seeds after \d+ steps: f1 [0-9.]+ \(all-O", printed)
+    median = json.loads((sweep / "results.json").read_text())
+    runs = [json.loads((sweep / f"seed{seed}" / "results.json").read_text()) for seed in (3, 4)]
+    assert [r["seed"] for r in runs] == [3, 4] and median["seeds"] == [3, 4]
+    assert median["runs"] == [r["dev"] for r in runs]
+    for metric, value in median["dev"].items():
+        assert value == pytest.approx(np.median([r["dev"][metric] for r in runs]))
     assert run.main(["convert", str(workdir), str(tmp_path / "hf"), "--to", "hf"]) == 0
     saved = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert saved["architectures"] == ["BertForTokenClassification"]
