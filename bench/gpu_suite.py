@@ -7,6 +7,7 @@ reproductions, prepared and smoke-tested on CPU (issue 32).
     python -m bench.gpu_suite profile [--workloads bert_base ...]  # GPU: where steps go
     python -m bench.gpu_suite cifar10-stage .cifar10/partN   # on the GPU machine, once per part
     python -m bench.gpu_suite cifar10 --method simclr        # then this, on the same machine
+    python -m bench.gpu_suite semi                           # then 1 % / 10 % label fine-tuning
 
 The GPU machine (device README, KINDS.md): Python 3.12 with jax 0.11.x (CUDA 13), flax, optax,
 orbax-checkpoint, torch, torchvision and transformers, but not grain, array-record, portpicker
@@ -46,7 +47,11 @@ device time in all. So:
   probe are written. The pixels are rebuilt from JPEG copies (lossy). `--method moco` and
   `byol` run `moco_cifar10` and `byol_cifar10`, lightly's CIFAR-10 benchmark settings, whose
   kNN figures stand beside ours. The images go through the host loader (Grain) and are
-  augmented on the device; they are not kept in device memory.
+  augmented on the device; they are not kept in device memory. `semi` then fine-tunes that
+  run's backbone on 1 % and 10 % of the labels beside the same network from its random
+  initialisation (`bench.semi_cifar10`, `run.py finetune --task semi`'s recipe: 60 and 30
+  epochs at batch 256), its own command on the same warm machine (`--init`, default the
+  `cifar10 --method simclr` workdir), resuming its workdirs if the budget stops it.
 
 Through the device tool, from the session's own checkout after `wheels --cifar10` there:
 `run(command="python3 -m bench.gpu_suite", carry=[".whl"], timeout_s=600)` (about 10 of the 15
@@ -646,6 +651,12 @@ def summary_markdown(records: Sequence[dict[str, Any]], workloads: Sequence[str]
                       f"{r['linear_probe_accuracy']:.4f} after {r['steps']} steps of "
                       f"{r['batch_size']}; lightly's kNN: {r.get('lightly_knn') or '-'}; "
                       f"{r.get('note', '')}"]
+        if r["part"].startswith("semi:") and r["status"] == "ok":
+            lines += ["", f"## {r['part']}", "",
+                      f"top-1 {r['top1_pretrained']:.4f} from the pre-trained backbone, "
+                      f"{r['top1_random_init']:.4f} from its random initialisation, majority "
+                      f"class {r['majority_class']:.4f}, on {r['label_fraction']:.0%} of the "
+                      f"labels ({r['steps']} steps of {r['batch_size']}); {r.get('note', '')}"]
     problems = [r for r in records if r["status"] != "ok" and not r["part"].startswith("smoke:")]
     if problems:
         lines += ["", "## Skipped, stopped and failed", ""]
@@ -791,6 +802,30 @@ def run_cifar10(suite: Suite, args: argparse.Namespace) -> None:
                    grace_s=60, env=suite.env | {"PRETEXT_SHARED_DATA": str(data)})
 
 
+def run_semi(suite: Suite, args: argparse.Namespace) -> None:
+    """`semi`: `bench.semi_cifar10` from the finished CIFAR-10 pre-training in `--init`, one
+    row per label fraction, within the budget (an interrupted run resumes its workdirs)."""
+    init = args.init or args.scratch / "cifar10_simclr"
+    missing = missing_cifar10_files(args.data / "cifar10")
+    if missing or not (init / "config.json").is_file():
+        suite.record("semi", "error", error=(
+            f"{args.data / 'cifar10'} lacks {', '.join(missing)}; stage the parts first"
+            if missing else f"{init} holds no pre-training run; run `cifar10 --method simclr` "
+            "first (or give --init)"))
+        return
+    command = [sys.executable, "-m", "bench.semi_cifar10", "--init", str(init),
+               "--workdir", str(args.scratch / "semi"), "--markdown",
+               str(suite.out / "semi_cifar10.md"), "train.progress=false", *args.set]
+
+    def to_record(value: dict[str, Any]) -> dict[str, Any] | None:
+        if value.get("benchmark") != "semi_cifar10":
+            return None
+        return {"part": f"semi:{value['label_fraction']:g}", "status": "ok", **value}
+
+    suite.run_part(Part("semi", suite.remaining(), 60), [], command, to_record, grace_s=30,
+                   env=suite.env | {"PRETEXT_SHARED_DATA": str(args.data)})
+
+
 # ---------------------------------------------------------------------------------- CLI
 def workload_overrides(values: Sequence[str]) -> dict[str, list[str]]:
     """`WORKLOAD:key=value` arguments as {workload: [key=value, ...]}."""
@@ -847,6 +882,12 @@ def parser() -> argparse.ArgumentParser:
     cifar.add_argument("--workdir", type=Path, default=None,
                        help="default <scratch>/cifar10_<method>")
     cifar.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    semi = sitting("semi", "1 %% and 10 %% label fine-tuning of the CIFAR-10 run (resumes)")
+    semi.add_argument("--init", type=Path, default=None,
+                      help="the pre-training workdir (default <scratch>/cifar10_simclr)")
+    semi.add_argument("--data", type=Path, default=DATA,
+                      help="holds cifar10/ (default %(default)s, where cifar10-stage copies)")
+    semi.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     wheels = modes.add_parser("wheels", help="here: fill .whl/ for the GPU machine")
     wheels.add_argument("--dest", type=Path, default=WHEELS)
     wheels.add_argument("--shared", type=Path, default=SHARED,
@@ -888,8 +929,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("--smoke-steps must be at least 1")
     suite = Suite(args.out, args.budget, report.command_line("bench.gpu_suite", argv))
     prepare_imports(suite, args.wheels, args.scratch)
-    if args.mode == "cifar10":
-        run_cifar10(suite, args)
+    if args.mode in ("cifar10", "semi"):
+        (run_cifar10 if args.mode == "cifar10" else run_semi)(suite, args)
         finish(suite, [])
         return 0
     plan = (run_plan(args.workloads, args.references) if args.mode == "run" else

@@ -172,3 +172,25 @@ def test_bad_overrides_and_missing_cifar10_files_get_one_line(tmp_path):
         f"data_batch_{i}" for i in range(1, 5)]
     with pytest.raises(SystemExit, match="is not a folder"):
         gpu_suite.stage_cifar10(tmp_path / "part9", tmp_path / "data")
+
+
+def test_semi_mode_needs_the_staged_data_and_a_pretraining_run(tmp_path):
+    """`semi` records one error line (naming what to run first) when CIFAR-10 is not staged or
+    `--init` holds no run, and the summary shows a finished fraction's row."""
+    suite = gpu_suite.Suite(tmp_path / "out", 60, "python -m bench.gpu_suite semi")
+    args = gpu_suite.parser().parse_args(["semi", "--data", str(tmp_path / "data"),
+                                          "--scratch", str(tmp_path / "scratch")])
+    gpu_suite.run_semi(suite, args)
+    assert suite.records[-1]["status"] == "error"
+    assert "lacks data_batch_1" in suite.records[-1]["error"]
+    (tmp_path / "data" / "cifar10").mkdir(parents=True)
+    for name in gpu_suite.missing_cifar10_files(tmp_path / "data" / "cifar10"):
+        (tmp_path / "data" / "cifar10" / name).write_bytes(b"x")
+    gpu_suite.run_semi(suite, args)
+    assert "holds no pre-training run; run `cifar10 --method simclr`" in suite.records[-1]["error"]
+    row = {"part": "semi:0.01", "status": "ok", "top1_pretrained": 0.5,
+           "top1_random_init": 0.3, "majority_class": 0.1, "label_fraction": 0.01,
+           "steps": 120, "batch_size": 256, "note": "lossy"}
+    summary = gpu_suite.summary_markdown([row], [], "cmd", "H200")
+    assert "top-1 0.5000 from the pre-trained backbone, 0.3000 from its random" in summary
+    suite.close()
