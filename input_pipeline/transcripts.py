@@ -103,7 +103,7 @@ class CharVocabulary:
         return out
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Ids (already collapsed, e.g. `objectives.ctc.greedy_decode`) -> text: specials
+        """Ids (already collapsed, e.g. `objectives.common.ctc.greedy_decode`) -> text: specials
         dropped, "|" a space, no space at the ends or twice."""
         chars = [self.tokens[i] for i in ids if self.tokens[i] not in SPECIALS]
         return " ".join("".join(chars).replace(WORD_DELIMITER, " ").split())

@@ -240,3 +240,61 @@ class CPC(nnx.Module):
         frames = (jnp.ones(features.shape[:2], bool) if attention_mask is None
                   else frame_mask(self.config, attention_mask, num_frames))
         return CPCOutput(features=features, context=context, frames=frames)
+
+
+@dataclasses.dataclass(frozen=True)
+class CPCCTCConfig(CPCConfig):
+    """CPC's g_enc and g_ar under a linear layer over `vocab_size` output classes (characters
+    and the CTC blank `blank_id`); `final_dropout` before that layer."""
+
+    vocab_size: int = 32
+    """Output classes (the character vocabulary with its specials)."""
+    blank_id: int = 0
+    """The CTC blank's class (HF's `pad_token_id`)."""
+    final_dropout: float = 0.0
+    """Dropout on c_t before the output layer."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.vocab_size < 1 or not 0 <= self.blank_id < self.vocab_size:
+            raise ValueError(f"vocab_size={self.vocab_size} must be >= 1 and blank_id="
+                             f"{self.blank_id} one of its classes")
+        if not 0.0 <= self.final_dropout < 1.0:
+            raise ValueError(f"final_dropout={self.final_dropout} must be in [0, 1)")
+
+
+TRAINABLE = ("all", "context", "head")
+
+
+class CPCForCTC(nnx.Module):
+    """A CPC network (`cpc`: g_enc, g_ar; its prediction maps unused) with a linear layer on
+    every context vector c_t (`lm_head`, as CPC §3.1's linear phone classifier on c_t), for CTC
+    over characters."""
+
+    def __init__(self, config: CPCCTCConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.cpc = CPC(config, rngs=rngs)
+        self.lm_head = nnx.Linear(
+            config.context_size, config.vocab_size, dtype=config.compute_dtype,
+            kernel_init=_replicated(nnx.initializers.lecun_normal(), 2),
+            bias_init=_replicated(nnx.initializers.zeros_init(), 1), rngs=rngs)
+
+    def __call__(self, audio: jax.Array, attention_mask: jax.Array, rng: jax.Array | None = None,
+                 trainable: str = "all") -> tuple[jax.Array, jax.Array]:
+        """[B, S] waveforms and their sample mask -> (logits [B, T, V] float32, real frames
+        [B, T]). `trainable`: which part gradients reach (all; context: the GRU and the output
+        layer, g_enc frozen; head: the output layer alone, the linear classifier of frozen
+        features); `rng`: final dropout (None = none)."""
+        if trainable not in TRAINABLE:
+            raise ValueError(f"trainable={trainable!r} must be one of {TRAINABLE}")
+        features = self.cpc.encode(audio)
+        if trainable != "all":
+            features = jax.lax.stop_gradient(features)
+        context = self.cpc.gru(features)
+        if trainable == "head":
+            context = jax.lax.stop_gradient(context)
+        if rng is not None and self.config.final_dropout:
+            keep = jax.random.bernoulli(rng, 1.0 - self.config.final_dropout, context.shape)
+            context = jnp.where(keep, context / (1.0 - self.config.final_dropout), 0.0)
+        frames = frame_mask(self.config, attention_mask, features.shape[1])
+        return self.lm_head(context).astype(jnp.float32), frames

@@ -619,7 +619,7 @@ class Wav2Vec2CTCConfig(Wav2Vec2Config):
 class Wav2Vec2ForCTC(Wav2Vec2Body):
     """The body, dropout and a linear layer to the vocabulary (HF `Wav2Vec2ForCTC`, fairseq
     `Wav2VecCtc` of wav2vec2_asr.py): waveform [B, S] -> per-frame logits [B, T, V], V =
-    `vocab_size`. The CTC loss and decoding are the objective's (objectives/ctc.py)."""
+    `vocab_size`. The CTC loss and decoding are the objectives' (objectives/common/ctc.py)."""
 
     def __init__(self, config: Wav2Vec2CTCConfig, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)

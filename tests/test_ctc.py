@@ -7,6 +7,7 @@ import dataclasses
 import json
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from pretext_jax.models.wav2vec2 import (
     Wav2Vec2ForCTC,
     with_body_of,
 )
-from pretext_jax.objectives.ctc import ctc_loss, error_rates, greedy_decode
+from pretext_jax.objectives.common.ctc import ctc_loss, error_rates, greedy_decode
 
 VOCAB = 7
 TINY_CTC = Wav2Vec2CTCConfig(**dataclasses.asdict(TINY), vocab_size=VOCAB, blank_id=0)
@@ -372,3 +373,79 @@ def test_fsdd_bench_manifests_follow_the_official_split(tmp_path):
         ("0_theo_49.wav", "zero"), ("7_jackson_5.wav", "seven")]
     with pytest.raises(SystemExit, match="no FSDD recordings"):
         write_manifests(tmp_path / "manifests", tmp_path / "other")
+
+
+# --- CPC's context network: method ctc_cpc ------------------------------------------------------
+TINY_CPC = {"conv_channels": 16, "context_size": 12, "prediction_steps": 2, "conv_norm": "layer"}
+
+
+def test_cpc_ctc_head_reads_the_context_vectors_and_freezes_as_asked():
+    """`CPCForCTC`: logits = the output layer on CPC's c_t, frames = CPC's real frames; the
+    gradient reaches every part (`all`), g_ar and the layer (`context`), the layer alone
+    (`head`)."""
+    from flax import nnx
+
+    from pretext_jax.objectives.ctc_cpc import CPCCTCModelConfig, build_cpc_ctc
+
+    model = build_cpc_ctc(CPCCTCModelConfig(**TINY_CPC, vocab_size=VOCAB), 3)
+    waveforms, mask = (jnp.asarray(a) for a in padded_waveforms(2))  # 1,200 samples: 7 frames
+    logits, frames = model(waveforms, mask)
+    expected = model.cpc(waveforms, mask)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(model.lm_head(expected.context)),
+                               atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(frames), np.asarray(expected.frames))
+    assert frames.shape == (3, 7) and int(frames[2].sum()) < int(frames[1].sum()) < 7
+
+    def gradient_norms(trainable: str) -> dict[str, float]:
+        def loss(m):
+            out, real = m(waveforms, mask, None, trainable)
+            return jnp.sum(jnp.where(real[..., None], out, 0.0) ** 2)
+        grads = nnx.grad(loss)(model)
+        return {part: float(sum(jnp.sum(g ** 2) for g in jax.tree.leaves(
+                    nnx.state(grads, nnx.Param)[part] if part != "cpc.conv" else
+                    nnx.state(grads, nnx.Param)["cpc"]["conv_layers"])))
+                for part in ("lm_head", "cpc.conv")} | {"gru": float(sum(
+                    jnp.sum(g ** 2) for g in jax.tree.leaves(
+                        nnx.state(grads, nnx.Param)["cpc"]["gru"])))}
+
+    reached = {t: {part for part, n in gradient_norms(t).items() if n > 0}
+               for t in ("all", "context", "head")}
+    assert reached == {"all": {"lm_head", "cpc.conv", "gru"}, "context": {"lm_head", "gru"},
+                       "head": {"lm_head"}}
+
+
+def test_finetune_from_a_cpc_run_chooses_ctc_cpc_and_starts_from_its_network(transcribed,
+                                                                              tmp_path, capsys):
+    import run
+    from flax import nnx
+
+    from pretext_jax.models.cpc import CPCConfig
+    from pretext_jax.objectives import ctc_cpc
+    from pretext_jax.objectives.cpc import build_cpc
+    from pretext_jax.pretrain.export import save_model
+    from pretext_jax.pretrain.finetune import finetune_config
+
+    cpc = build_cpc(CPCConfig(**TINY_CPC), 8)
+    init = str(save_model(cpc, "cpc", tmp_path / "cpc"))
+    data = f"{transcribed / 'train.tsv'},{transcribed / 'dev.tsv'}"
+    config = finetune_config("ctc", init, data)
+    assert config.method == "ctc_cpc" and config.model.context_size == 12
+    assert (config.optim.learning_rate, config.train.batch_size) == (2e-4, 8)
+    model = ctc_cpc.pretrained_cpc_ctc(dataclasses.replace(config.model, vocab_size=VOCAB), 0,
+                                       lambda path: cpc)
+    for (path, ours), (_, theirs) in zip(nnx.to_flat_state(nnx.state(model.cpc, nnx.Param)),
+                                         nnx.to_flat_state(nnx.state(cpc, nnx.Param)),
+                                         strict=True):
+        np.testing.assert_array_equal(np.asarray(ours.get_value()),
+                                      np.asarray(theirs.get_value()), err_msg=str(path))
+    wide = dataclasses.replace(config.model, vocab_size=VOCAB, context_size=16)
+    with pytest.raises(UserError, match="model.context_size is 12 there, 16 here"):
+        ctc_cpc.pretrained_cpc_ctc(wide, 0, lambda path: cpc)
+    fast = ["train.batch_size=8", "train.progress=false", "examples.max_samples=3200",
+            "optim.learning_rate=3e-3"]
+    workdir = tmp_path / "run"
+    assert run.main(["finetune", "--task", "ctc", "--init", init, "--data", data,
+                     "--workdir", str(workdir), "--epochs", "4", *fast]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"ctc dev after 8 steps: wer [0-9.]+ \(empty transcript 1.0000\)", out), out
+    assert json.loads((workdir / "config.json").read_text())["method"] == "ctc_cpc"
