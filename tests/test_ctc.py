@@ -416,9 +416,9 @@ def test_cpc_ctc_head_reads_the_context_vectors_and_freezes_as_asked():
 
 def test_finetune_from_a_cpc_run_chooses_ctc_cpc_and_starts_from_its_network(transcribed,
                                                                               tmp_path, capsys):
-    import run
     from flax import nnx
 
+    import run
     from pretext_jax.models.cpc import CPCConfig
     from pretext_jax.objectives import ctc_cpc
     from pretext_jax.objectives.cpc import build_cpc
