@@ -57,6 +57,7 @@ from pretext_jax.input_pipeline.records import (
     write_records,
 )
 from pretext_jax.input_pipeline.sources import TfdsSplit, open_tfds, tfds_builder, tfds_fingerprint
+from pretext_jax.input_pipeline.token_batches import bucket_lengths
 
 AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff",
                             ".aifc", ".au", ".w64", ".caf"})
@@ -644,17 +645,6 @@ class AudioRecords(RecordDirectory):
     def evaluation_examples(self, limit: int) -> dict[str, np.ndarray]:
         """At most `limit` utterances, evenly spaced over the records, as fixed windows."""
         return self.examples(self.spaced_indices(limit))
-
-
-def bucket_lengths(sizes: np.ndarray, count: int) -> np.ndarray:
-    """The at most `count` lengths (ascending) that batch lengths are rounded down to: the
-    percentiles 0, 100 / (count - 1), ..., 100 of `sizes` (lower values, so each is a size;
-    fairseq `get_buckets` takes percentiles the same way, then pads up to them); empty for
-    `count` 0 (no rounding)."""
-    if count == 0:
-        return np.zeros(0, np.int64)
-    return np.unique(np.percentile(sizes, np.linspace(0, 100, count), method="lower")
-                     ).astype(np.int64)
 
 
 class ShortestCropBatches:

@@ -330,6 +330,19 @@ class RecordDirectory:
         """Decoded examples at `indices`, stacked (used for evaluation sets and tests)."""
         return self.spec.decode_stacked([self.source[int(i)] for i in indices])
 
+    def token_lengths(self, feature: str) -> np.ndarray:
+        """int64 [records]: the non-zero entries of `feature` per record (a padded token row's
+        length), in source order; counted once and saved beside the records."""
+        path = self.directory / f"lengths-{feature}.npy"
+        if path.is_file():
+            return np.load(path)
+        lengths = np.fromiter((np.count_nonzero(self.spec.decode(self.source[i])[feature])
+                               for i in range(len(self))), np.int64, len(self))
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.npy")
+        np.save(tmp, lengths)
+        tmp.replace(path)
+        return lengths
+
     def variable_lengths(self) -> np.ndarray:
         """int64 [records]: the variable feature's first dimension per record, in source
         order, as preparation stored it (`LENGTHS_FILE`); records written before it was stored
@@ -423,7 +436,7 @@ class _Decode(grain.transforms.Map):
 def make_loader(
     records: RecordDirectory | Any,
     *,
-    batch_size: int,
+    batch_size: int | None,
     seed: int,
     shuffle: bool = True,
     num_epochs: int | None = None,
@@ -436,7 +449,9 @@ def make_loader(
     (`ProcessRowsSampler`); per-record transforms (e.g. dynamic masking,
     whose RNG Grain derives from `seed` and the record's stream position, so it is reproducible,
     resumable and independent of the process count); batches of `batch_size` (the per-process
-    batch). `num_epochs=None` repeats forever. Records are read without Grain's read threads
+    batch). `batch_size=None`: every key of the source is already a whole batch of this
+    process's rows (`token_batches.TokenBudgetBatches`), read by every process in order (no
+    Batch). `num_epochs=None` repeats forever. Records are read without Grain's read threads
     (`LOADER_READ_OPTIONS`); `worker_count` processes read and transform in parallel."""
     if worker_count > 0:
         from absl import flags
@@ -445,12 +460,15 @@ def make_loader(
             flags.FLAGS.mark_as_parsed()
     stream = grain.samplers.IndexSampler(
         num_records=len(records), shuffle=shuffle, num_epochs=num_epochs, seed=seed)
-    operations = [*records.load_transforms(), *transforms,
-                  grain.transforms.Batch(batch_size, drop_remainder=True)]
+    operations = [*records.load_transforms(), *transforms]
+    if batch_size is not None:
+        operations.append(grain.transforms.Batch(batch_size, drop_remainder=True))
+        stream = ProcessRowsSampler(stream, batch_size, jax.process_index(),
+                                    jax.process_count())
     return grain.DataLoader(
         data_source=records.source, operations=operations, worker_count=worker_count,
-        sampler=ProcessRowsSampler(stream, batch_size, jax.process_index(), jax.process_count()),
-        shard_options=grain.sharding.NoSharding(), read_options=LOADER_READ_OPTIONS)
+        sampler=stream, shard_options=grain.sharding.NoSharding(),
+        read_options=LOADER_READ_OPTIONS)
 
 
 class ProcessRowsSampler:

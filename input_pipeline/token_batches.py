@@ -1,0 +1,169 @@
+"""Training batches sized by a token budget with a varying number of rows (XLM's
+`tokens_per_batch`, `src/data/dataset.py` `get_iterator` with `group_by_size`; fairseq's
+`max_tokens`, `data_utils.batch_by_size`), in a bounded set of shapes.
+
+Each record has a length in the budget's units (its row's tokens). A bounded set of bucket
+lengths (`bucket_lengths`: percentiles of the records' lengths, the longest included, as
+fairseq's `get_buckets`) gives the batch shapes: a batch of bucket length L has
+`rows_per_bucket` rows, the most that fit rows x L <= budget in a multiple of what the mesh
+needs (data x fsdp shards x gradient-accumulation steps, and the process count), so each
+bucket's shape compiles once and at most `length_buckets` shapes exist.
+
+Each epoch's plan (`plan_epoch`) is a function of (seed, epoch): records go to the shortest
+bucket that holds them (grouped by length, as XLM's and fairseq's length-sorted order); going up
+from the shortest bucket, its records and those the bucket below left over are shuffled
+together and cut into full batches, whose rows are padded to the bucket's length; what is left
+moves up a bucket (a shorter record fits a longer batch). Only the longest bucket's remainder
+(fewer than its row count) is dropped, a random choice each epoch. The batches are read in a
+random order (XLM shuffles its batches; fairseq's `EpochBatchIterator` too).
+
+`TokenBudgetBatches` is the source a loader reads in order: key k is the whole batch k, this
+process's share of its rows (each process takes its own consecutive rows), decoded, cut to the
+batch's length by the method's `fit`, and through the method's per-record transforms with an RNG
+of (seed, k, row), so that a batch depends on (seed, k) alone and the loader's position resumes
+it exactly; `BATCH_UNITS` carries the real tokens of the whole batch (for the logged rate).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grain
+import jax
+import numpy as np
+
+from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline.descriptions import describe
+from pretext_jax.input_pipeline.records import UNENDING
+
+BATCH_UNITS = "batch_units"
+"""A host-only entry of a whole batch: the real tokens of the global batch (the feed takes it
+out before the batch goes to the devices)."""
+
+Fit = Callable[[dict[str, np.ndarray], int], dict[str, np.ndarray]]
+
+
+def bucket_lengths(sizes: np.ndarray, count: int) -> np.ndarray:
+    """The at most `count` lengths (ascending) that batch lengths are rounded to: the
+    percentiles 0, 100 / (count - 1), ..., 100 of `sizes` (lower values, so each is a size and
+    the longest is the largest size; fairseq `get_buckets` takes percentiles the same way);
+    empty for `count` 0 (no rounding)."""
+    if count == 0:
+        return np.zeros(0, np.int64)
+    return np.unique(np.percentile(sizes, np.linspace(0, 100, count), method="lower")
+                     ).astype(np.int64)
+
+
+def rows_per_bucket(buckets: np.ndarray, budget: int, multiple: int) -> np.ndarray:
+    """int64 [buckets]: the most rows of each bucket length within `budget` tokens, in a
+    multiple of `multiple`; a UserError when the longest bucket holds no such multiple."""
+    rows = budget // np.asarray(buckets, np.int64) // multiple * multiple
+    if rows[-1] == 0:
+        raise UserError(
+            f"examples.tokens_per_batch={budget} holds no batch of the longest rows "
+            f"({buckets[-1]} tokens): a batch has a multiple of {multiple} rows (data x fsdp "
+            "shards x optim.grad_accum_steps, and the processes); raise it to at least "
+            f"{multiple * int(buckets[-1])}")
+    return rows
+
+
+def plan_epoch(lengths: np.ndarray, buckets: np.ndarray, rows: np.ndarray,
+               rng: np.random.Generator) -> tuple[list[np.ndarray], np.ndarray]:
+    """(the batches' record indices, each batch's bucket index), in reading order (module
+    docstring): records grouped by the shortest bucket that holds them, each bucket's pool
+    (its records and the bucket below's remainder) shuffled and cut into `rows[b]`-row batches,
+    the remainder moving up; the batches shuffled."""
+    bucket_of = np.searchsorted(buckets, lengths, side="left")
+    batches: list[np.ndarray] = []
+    shapes: list[int] = []
+    carry = np.zeros(0, np.int64)
+    for bucket, count in enumerate(rows):
+        pool = rng.permutation(np.concatenate([carry, np.flatnonzero(bucket_of == bucket)]))
+        full = len(pool) // int(count) * int(count)
+        batches += list(pool[:full].reshape(-1, int(count)))
+        shapes += [bucket] * (full // int(count))
+        carry = pool[full:]
+    order = rng.permutation(len(batches))
+    return [batches[i] for i in order], np.asarray(shapes, np.int64)[order]
+
+
+def _apply(transforms: Sequence[Any], element: dict[str, np.ndarray],
+           rng: np.random.Generator) -> dict[str, np.ndarray]:
+    for transform in transforms:
+        element = (transform.random_map(element, rng)
+                   if isinstance(transform, grain.transforms.RandomMap) else transform.map(element))
+    return element
+
+
+class TokenBudgetBatches:
+    """Whole training batches within a token budget (module docstring), a source that a loader
+    reads in order, one key per batch (`Segment.whole_batches`).
+
+    `records`: a `records.RecordDirectory`; `lengths`: each record's row tokens (what the
+    budget counts); `fit(element, length)`: the decoded record as a row of a batch of `length`
+    tokens (e.g. its padded tokens cut to it); `transforms`: the per-record Grain maps applied
+    after it (a method's masking)."""
+
+    def __init__(self, records: Any, lengths: np.ndarray, *, budget: int, length_buckets: int,
+                 multiple: int, seed: int, fit: Fit, transforms: Sequence[Any] = ()):
+        self.records, self.seed, self.fit, self.transforms = records, seed, fit, tuple(transforms)
+        self.lengths = np.asarray(lengths, np.int64)
+        self.budget, self.length_buckets = budget, length_buckets
+        self.multiple = math.lcm(multiple, jax.process_count())
+        self.buckets = bucket_lengths(self.lengths, length_buckets)
+        self.rows = rows_per_bucket(self.buckets, budget, self.multiple)
+        self.batches_per_epoch = len(self.plan(0)[0])
+        if not self.batches_per_epoch:
+            raise UserError(f"{len(self.lengths)} training records are fewer than one batch of "
+                            f"examples.tokens_per_batch={budget}; lower it or give more text")
+        self.source = self
+
+    def __len__(self) -> int:
+        return UNENDING
+
+    def plan(self, epoch: int) -> tuple[list[np.ndarray], np.ndarray]:
+        """Epoch `epoch`'s batches: record indices per batch and each batch's length."""
+        cached = getattr(self, "_plan", None)
+        if cached is not None and cached[0] == epoch:
+            return cached[1], cached[2]
+        batches, shapes = plan_epoch(self.lengths, self.buckets, self.rows,
+                                     np.random.default_rng([self.seed, epoch]))
+        self._plan = (epoch, batches, self.buckets[shapes])
+        return batches, self.buckets[shapes]
+
+    def batch(self, key: int) -> tuple[np.ndarray, int]:
+        """(record indices, length) of batch `key` of the run."""
+        epoch, index = divmod(int(key), self.batches_per_epoch)
+        batches, lengths = self.plan(epoch)
+        return batches[index], int(lengths[index])
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """The (rows, length) of every batch shape: one per bucket."""
+        return [(int(r), int(b)) for r, b in zip(self.rows, self.buckets, strict=True)]
+
+    def __getitem__(self, key: int) -> dict[str, np.ndarray]:
+        indices, length = self.batch(key)
+        share = len(indices) // jax.process_count()
+        first = jax.process_index() * share
+        rows = []
+        for row in range(first, first + share):
+            element = self.records.spec.decode(self.records.source[int(indices[row])])
+            rng = np.random.default_rng([self.seed, int(key), row])
+            rows.append(_apply(self.transforms, self.fit(element, length), rng))
+        out = {name: np.stack([row[name] for row in rows]) for name in rows[0]}
+        out[BATCH_UNITS] = np.asarray(self.lengths[indices].sum(), np.int64)
+        return out
+
+    def load_transforms(self) -> list[grain.transforms.Map]:
+        return []  # the rows are decoded, cut and transformed here
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_plan": None}  # workers plan their own epochs
+
+    def __repr__(self) -> str:
+        return describe("batches within a token budget", records=repr(self.records.source),
+                        seed=self.seed, rows_multiple=self.multiple, **{
+                            "examples.tokens_per_batch": self.budget,
+                            "examples.length_buckets": self.length_buckets})
