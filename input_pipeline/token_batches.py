@@ -107,8 +107,10 @@ class TokenBudgetBatches:
     after it (a method's masking)."""
 
     def __init__(self, records: Any, lengths: np.ndarray, *, budget: int, length_buckets: int,
-                 multiple: int, seed: int, fit: Fit, transforms: Sequence[Any] = ()):
+                 multiple: int, seed: int, fit: Fit, transforms: Sequence[Any] = (),
+                 stream: int = 0):
         self.records, self.seed, self.fit, self.transforms = records, seed, fit, tuple(transforms)
+        self.stream = stream  # told apart in the RNG: one source of several (`ScheduledBatches`)
         self.lengths = np.asarray(lengths, np.int64)
         self.budget, self.length_buckets = budget, length_buckets
         self.multiple = math.lcm(multiple, jax.process_count())
@@ -129,7 +131,7 @@ class TokenBudgetBatches:
         if cached is not None and cached[0] == epoch:
             return cached[1], cached[2]
         batches, shapes = plan_epoch(self.lengths, self.buckets, self.rows,
-                                     np.random.default_rng([self.seed, epoch]))
+                                     np.random.default_rng([self.seed, self.stream, epoch]))
         self._plan = (epoch, batches, self.buckets[shapes])
         return batches, self.buckets[shapes]
 
@@ -150,7 +152,7 @@ class TokenBudgetBatches:
         rows = []
         for row in range(first, first + share):
             element = self.records.spec.decode(self.records.source[int(indices[row])])
-            rng = np.random.default_rng([self.seed, int(key), row])
+            rng = np.random.default_rng([self.seed, self.stream, int(key), row])
             rows.append(_apply(self.transforms, self.fit(element, length), rng))
         out = {name: np.stack([row[name] for row in rows]) for name in rows[0]}
         out[BATCH_UNITS] = np.asarray(self.lengths[indices].sum(), np.int64)
@@ -164,6 +166,49 @@ class TokenBudgetBatches:
 
     def __repr__(self) -> str:
         return describe("batches within a token budget", records=repr(self.records.source),
-                        seed=self.seed, rows_multiple=self.multiple, **{
+                        seed=self.seed, stream=self.stream, rows_multiple=self.multiple, **{
                             "examples.tokens_per_batch": self.budget,
                             "examples.length_buckets": self.length_buckets})
+
+
+class ScheduledBatches:
+    """Whole batches of several sources in a schedule's order (XLM's one language per step,
+    `xlm_examples.StepSchedule`): step k (0-based) reads the next batch of source
+    `schedule.step_set(k)`, each source's batches in its own order, as XLM's `get_batch` takes
+    the next batch of that language's iterator. Which batch of its source a step reads is
+    counted over the steps before it (cached, so a loader reading in order pays once per step
+    and a resume once per run)."""
+
+    def __init__(self, schedule: Any, sources: Sequence[TokenBudgetBatches]):
+        self.schedule, self.sources = schedule, list(sources)
+        self.source = self
+        self._counted: tuple[int, np.ndarray] = (0, np.zeros(len(self.sources), np.int64))
+
+    def __len__(self) -> int:
+        return UNENDING
+
+    def position(self, key: int) -> tuple[int, int]:
+        """(source, its batch) that step `key` reads."""
+        step, counts = self._counted
+        if key < step:
+            step, counts = 0, np.zeros(len(self.sources), np.int64)
+        counts = counts.copy()
+        for earlier in range(step, key):
+            counts[self.schedule.step_set(earlier)] += 1
+        self._counted = (key, counts)
+        which = self.schedule.step_set(key)
+        return which, int(counts[which])
+
+    def __getitem__(self, key: int) -> dict[str, np.ndarray]:
+        which, index = self.position(int(key))
+        return self.sources[which][index]
+
+    def load_transforms(self) -> list[grain.transforms.Map]:
+        return []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_counted": (0, np.zeros(len(self.sources), np.int64))}
+
+    def __repr__(self) -> str:
+        return describe("scheduled batches within a token budget", schedule=repr(self.schedule),
+                        sources=[repr(source) for source in self.sources])

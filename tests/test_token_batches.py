@@ -122,3 +122,28 @@ def test_mass_xlm_trains_on_token_budget_batches_and_resumes_exactly(tmp_path):
     run_in_process("mass_xlm_tiny", overrides, *reference)
     ours = abort_and_resume("mass_xlm_tiny", overrides, tmp_path, step=5)
     assert len(assert_same_training("mass_xlm_tiny", overrides, ours, reference)) > 8
+
+
+def test_bilingual_steps_read_the_next_batch_of_their_language(tmp_path):
+    """A bilingual corpus: each step's batch is of the language the step schedule draws (XLM's
+    one language per step) and is that language's next planned batch, within the budget; a
+    source built afresh (a resume) reads step 7 as the one read in order did."""
+    (tmp_path / "de").mkdir()
+    data = {"data.source": "en={},de={}".format(varied_corpus(tmp_path)["data.source"],
+                                               varied_corpus(tmp_path / "de")["data.source"]),
+            "data.cache_dir": str(tmp_path / "cache")}
+    config = make_config("mass_xlm_tiny", {**BUDGET, **data})
+    trainer = Trainer(config, tmp_path / "w")
+    source = trainer.data.segment(1, trainer.run_config).records(None)
+    read = [source[key] for key in range(8)]
+    taken = [0, 0]
+    for key, batch in enumerate(read):
+        language = source.schedule.step_set(key)
+        assert (batch["language_ids"] == language).all()
+        assert batch["inputs"].size <= BUDGET["examples.tokens_per_batch"]
+        expected = source.sources[language][taken[language]]
+        assert all(np.array_equal(batch[k], expected[k]) for k in expected)
+        taken[language] += 1
+    assert min(taken) > 0
+    again = type(source)(source.schedule, source.sources)[7]
+    assert all(np.array_equal(again[k], read[7][k]) for k in again)

@@ -19,7 +19,7 @@ from pretext_jax.input_pipeline.examples import mass as mass_examples
 from pretext_jax.input_pipeline.examples import xlm as xlm_examples
 from pretext_jax.input_pipeline.examples.bert import MaskingVocab
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
-from pretext_jax.input_pipeline.token_batches import TokenBudgetBatches
+from pretext_jax.input_pipeline.token_batches import ScheduledBatches, TokenBudgetBatches
 from pretext_jax.objectives.common.held_out import (
     MAX_EVAL_EXAMPLES,
     held_out_examples,
@@ -65,9 +65,6 @@ def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, ca
     masking = (mass_examples.XLMMassMasking if xlm_layout else mass_examples.MassMasking)(
         MaskingVocab.from_tokenizer(tokenizer), examples)
     if examples.tokens_per_batch:
-        if corpora is not None:
-            raise UserError("examples.tokens_per_batch batches one language's text; a bilingual "
-                            "corpus trains with examples.tokens_per_batch=0 (fixed rows)")
         step_order = token_budget_batches(train, examples, masking, seed, extra=int(xlm_layout))
     share = MAX_EVAL_EXAMPLES // len(held_out)
     eval_examples = stacked_records([held_out_examples(part, masking, seed, share)
@@ -83,14 +80,19 @@ def token_budget_batches(train: Any, examples: mass_examples.MassExampleConfig,
     """The training segments of batches within `examples.tokens_per_batch` tokens
     (`token_batches.TokenBudgetBatches`): a segment's length with the layout's `extra`
     positions (the reference's leading </s>) is what the budget counts; each row is cut to its
-    batch's length before it is masked."""
+    batch's length before it is masked. A bilingual corpus (`train` a step schedule) plans each
+    language's batches and reads the next one of the language each step draws
+    (`token_batches.ScheduledBatches`)."""
     fit = functools.partial(mass_examples.cut_segment, extra=extra)
+    bilingual = isinstance(train, xlm_examples.StepSchedule)
+    languages = train.records if bilingual else [train]
 
-    def source(multiple: int) -> TokenBudgetBatches:
-        return TokenBudgetBatches(
-            train, train.token_lengths("tokens") + extra, budget=examples.tokens_per_batch,
+    def source(multiple: int) -> Any:
+        sources = [TokenBudgetBatches(
+            records, records.token_lengths("tokens") + extra, budget=examples.tokens_per_batch,
             length_buckets=examples.length_buckets, multiple=multiple, seed=seed, fit=fit,
-            transforms=(masking,))
+            transforms=(masking,), stream=stream) for stream, records in enumerate(languages)]
+        return ScheduledBatches(train, sources) if bilingual else sources[0]
 
     return budget_batches(source)
 
