@@ -56,7 +56,15 @@ l tokens at positions 0 .. l - 1 with the fragment corrupted 80/10/10. The decod
 the k fragment tokens shifted right, `decoder_inputs` = sentence[p - 1] for each fragment
 position p, at `decoder_positions` p - 1 (the positions of the tokens it reads, the reference's
 `positions`), and predicts `targets` = sentence[p]; rows are padded to the longest fragment
-(`xlm_decoder_length`) and `decoder_mask` marks the k real ones.
+of their padded length (`xlm_decoder_length`) and `decoder_mask` marks the k real ones.
+
+Batches: `train.batch_size` rows of `max_seq_length` per step, or with `tokens_per_batch` the
+reference's batches of a token budget (XLM's `--tokens_per_batch`, which MASS-unsupNMT trains
+with: rows of similar length together, their number varying per step;
+`input_pipeline.token_batches`). A row of a batch of length L is its record cut to L tokens
+(`cut_segment`; L - 1 in the reference's layout, whose leading </s> the budget counts) before
+it is masked, so every field follows L: the decoder rows of the reference's layout are the
+longest fragment of L tokens.
 
 Edge cases (§2.2, Table 1): k = 1 is BERT's masked LM (one masked token, the decoder's only
 non-[MASK] input is a token the encoder sees); k = m is a standard LM (the whole encoder input
