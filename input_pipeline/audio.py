@@ -57,7 +57,7 @@ from pretext_jax.input_pipeline.records import (
     write_records,
 )
 from pretext_jax.input_pipeline.sources import TfdsSplit, open_tfds, tfds_builder, tfds_fingerprint
-from pretext_jax.input_pipeline.token_batches import bucket_lengths
+from pretext_jax.input_pipeline.token_batches import Finish, TokenBudgetBatches, bucket_lengths
 
 AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff",
                             ".aifc", ".au", ".w64", ".caf"})
@@ -166,12 +166,22 @@ class AudioBatchingConfig(AudioExampleConfig):
     """With crop_to_shortest: a batch's length is rounded down to one of at most this many
     lengths (percentiles of the utterances' lengths), so at most this many batch shapes
     compile; 0 = the exact shortest (fairseq: a shape per distinct length)."""
+    samples_per_batch: int = 0
+    """With crop_to_shortest: batches of at most this many samples (rows x their cropped
+    length), their row count varying with the length (fairseq's max_tokens, summed over the
+    GPUs: wav2vec 2.0 base 1.4M x 64; `input_pipeline.token_batches`); 0 = train.batch_size
+    rows per step."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.length_buckets < 0:
             raise UserError(f"examples.length_buckets={self.length_buckets} must be >= 0 (0 = "
                             "the exact shortest length), e.g. examples.length_buckets=8")
+        if self.samples_per_batch < 0 or self.samples_per_batch and not (
+                self.crop_to_shortest and self.length_buckets):
+            raise UserError(f"examples.samples_per_batch={self.samples_per_batch} needs "
+                            "examples.crop_to_shortest=true and examples.length_buckets >= 1 "
+                            "(0 = fixed rows); e.g. examples.samples_per_batch=89600000")
 
 
 def held_out_rule(rule: str) -> tuple[str, str, str]:
@@ -647,6 +657,38 @@ class AudioRecords(RecordDirectory):
         return self.examples(self.spaced_indices(limit))
 
 
+@dataclasses.dataclass(frozen=True)
+class CropWindow:
+    """A decoded record as a row of a batch `length` samples long, cropped to its shortest: a
+    window of that length at a random offset (fairseq `crop_to_max_size`), with its label
+    fields (`token_batches.TokenBudgetBatches`' `fit`)."""
+
+    label_fields: tuple[str, ...]
+    normalize: bool
+
+    def __call__(self, element: dict[str, np.ndarray], length: int, rng: np.random.Generator
+                 ) -> dict[str, np.ndarray]:
+        start = random_start(len(element["audio"]), length, rng)
+        window, _ = audio_window(element["audio"], length, start, self.normalize)
+        return {"audio": window, **{field: np.int32(element[field])
+                                    for field in self.label_fields}}
+
+
+def budget_crop_batches(records: AudioRecords, examples: AudioBatchingConfig, multiple: int,
+                        seed: int, finish: Finish | None = None) -> TokenBudgetBatches:
+    """Batches of at most `examples.samples_per_batch` samples cropped to their shortest
+    (fairseq's wav2vec 2.0 pre-training batches: `max_tokens` over utterances sorted by size,
+    each cropped to the batch's shortest): lengths min(n, max_samples) rounded down to
+    `examples.length_buckets` lengths, each bucket's batches as many rows as the budget holds
+    in a multiple of `multiple` (`token_batches`, `crop`: a bucket's remainder is cropped into
+    the next shorter bucket's batches; only the shortest bucket's is left out)."""
+    return TokenBudgetBatches(
+        records, np.minimum(records.variable_lengths(), examples.max_samples),
+        budget=examples.samples_per_batch, length_buckets=examples.length_buckets,
+        multiple=multiple, seed=seed, fit=CropWindow(records.label_fields, examples.normalize),
+        finish=finish, crop=True, setting="examples.samples_per_batch")
+
+
 class ShortestCropBatches:
     """Training rows of batches cropped to their shortest utterance (fairseq
     `RawAudioDataset.collater` with pad=False, as its wav2vec 2.0 pre-training reads audio), a
@@ -708,12 +750,8 @@ class ShortestCropBatches:
         epoch, index = divmod(batch, self.batches_per_epoch)
         batches, lengths = self.plan(epoch)
         element = self.records.spec.decode(self.records.source[int(batches[index, row])])
-        length = int(lengths[index])
-        start = random_start(len(element["audio"]), length,
-                             np.random.default_rng([self.seed, key, 0]))
-        window, _ = audio_window(element["audio"], length, start, self.normalize)
-        example = {"audio": window, **{field: np.int32(element[field])
-                                       for field in self.records.label_fields}}
+        example = CropWindow(self.records.label_fields, self.normalize)(
+            element, int(lengths[index]), np.random.default_rng([self.seed, key, 0]))
         return example if self.finish is None else self.finish(example, key)
 
     def load_transforms(self) -> list[grain.transforms.Map]:

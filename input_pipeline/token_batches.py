@@ -21,7 +21,8 @@ random order (XLM shuffles its batches; fairseq's `EpochBatchIterator` too).
 process's share of its rows (each process takes its own consecutive rows), decoded, cut to the
 batch's length by the method's `fit`, and through the method's per-record transforms with an RNG
 of (seed, k, row), so that a batch depends on (seed, k) alone and the loader's position resumes
-it exactly; `BATCH_UNITS` carries the real tokens of the whole batch (for the logged rate).
+it exactly; `BATCH_UNITS` carries the real tokens of the whole batch (for the logged rate:
+the rows' unpadded lengths, or rows x length where rows are cropped).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ BATCH_UNITS = "batch_units"
 """A host-only entry of a whole batch: the real tokens of the global batch (the feed takes it
 out before the batch goes to the devices)."""
 
-Fit = Callable[[dict[str, np.ndarray], int], dict[str, np.ndarray]]
+Fit = Callable[[dict[str, np.ndarray], int, np.random.Generator], dict[str, np.ndarray]]
+Finish = Callable[[dict[str, np.ndarray], int, int, int], dict[str, np.ndarray]]
 
 
 def bucket_lengths(sizes: np.ndarray, count: int) -> np.ndarray:
@@ -56,13 +58,15 @@ def bucket_lengths(sizes: np.ndarray, count: int) -> np.ndarray:
                      ).astype(np.int64)
 
 
-def rows_per_bucket(buckets: np.ndarray, budget: int, multiple: int) -> np.ndarray:
+def rows_per_bucket(buckets: np.ndarray, budget: int, multiple: int,
+                    setting: str = "examples.tokens_per_batch") -> np.ndarray:
     """int64 [buckets]: the most rows of each bucket length within `budget` tokens, in a
-    multiple of `multiple`; a UserError when the longest bucket holds no such multiple."""
+    multiple of `multiple`; a UserError (naming the budget's `setting`) when the longest bucket
+    holds no such multiple."""
     rows = budget // np.asarray(buckets, np.int64) // multiple * multiple
     if rows[-1] == 0:
         raise UserError(
-            f"examples.tokens_per_batch={budget} holds no batch of the longest rows "
+            f"{setting}={budget} holds no batch of the longest rows "
             f"({buckets[-1]} tokens): a batch has a multiple of {multiple} rows (data x fsdp "
             "shards x optim.grad_accum_steps, and the processes); raise it to at least "
             f"{multiple * int(buckets[-1])}")
@@ -70,16 +74,21 @@ def rows_per_bucket(buckets: np.ndarray, budget: int, multiple: int) -> np.ndarr
 
 
 def plan_epoch(lengths: np.ndarray, buckets: np.ndarray, rows: np.ndarray,
-               rng: np.random.Generator) -> tuple[list[np.ndarray], np.ndarray]:
+               rng: np.random.Generator, crop: bool = False
+               ) -> tuple[list[np.ndarray], np.ndarray]:
     """(the batches' record indices, each batch's bucket index), in reading order (module
     docstring): records grouped by the shortest bucket that holds them, each bucket's pool
     (its records and the bucket below's remainder) shuffled and cut into `rows[b]`-row batches,
-    the remainder moving up; the batches shuffled."""
-    bucket_of = np.searchsorted(buckets, lengths, side="left")
+    the remainder moving up; the batches shuffled. `crop`: rows are cropped to their batch's
+    length instead of padded (audio), so records go to the longest bucket not above them and
+    the remainders move down, from the longest bucket to the shortest."""
+    bucket_of = (np.searchsorted(buckets, lengths, side="right") - 1 if crop
+                 else np.searchsorted(buckets, lengths, side="left"))
     batches: list[np.ndarray] = []
     shapes: list[int] = []
     carry = np.zeros(0, np.int64)
-    for bucket, count in enumerate(rows):
+    for bucket in (range(len(rows) - 1, -1, -1) if crop else range(len(rows))):
+        count = rows[bucket]
         pool = rng.permutation(np.concatenate([carry, np.flatnonzero(bucket_of == bucket)]))
         full = len(pool) // int(count) * int(count)
         batches += list(pool[:full].reshape(-1, int(count)))
@@ -102,24 +111,29 @@ class TokenBudgetBatches:
     reads in order, one key per batch (`Segment.whole_batches`).
 
     `records`: a `records.RecordDirectory`; `lengths`: each record's row tokens (what the
-    budget counts); `fit(element, length)`: the decoded record as a row of a batch of `length`
-    tokens (e.g. its padded tokens cut to it); `transforms`: the per-record Grain maps applied
-    after it (a method's masking)."""
+    budget counts); `fit(element, length, rng)`: the decoded record as a row of a batch of
+    `length` tokens (its padded tokens cut to it; with `crop`, a random window of it);
+    `transforms`: the per-record Grain maps applied after it (a method's masking);
+    `finish(example, key, row, rows)`, if given, adds what a method draws per row from its place
+    `row` of the `rows` rows of batch `key` (wav2vec 2.0: masks equal within groups). `setting`
+    names the budget in messages."""
 
     def __init__(self, records: Any, lengths: np.ndarray, *, budget: int, length_buckets: int,
                  multiple: int, seed: int, fit: Fit, transforms: Sequence[Any] = (),
-                 stream: int = 0):
+                 finish: Finish | None = None, crop: bool = False, stream: int = 0,
+                 setting: str = "examples.tokens_per_batch"):
         self.records, self.seed, self.fit, self.transforms = records, seed, fit, tuple(transforms)
+        self.finish, self.crop, self.setting = finish, crop, setting
         self.stream = stream  # told apart in the RNG: one source of several (`ScheduledBatches`)
         self.lengths = np.asarray(lengths, np.int64)
         self.budget, self.length_buckets = budget, length_buckets
         self.multiple = math.lcm(multiple, jax.process_count())
         self.buckets = bucket_lengths(self.lengths, length_buckets)
-        self.rows = rows_per_bucket(self.buckets, budget, self.multiple)
+        self.rows = rows_per_bucket(self.buckets, budget, self.multiple, setting)
         self.batches_per_epoch = len(self.plan(0)[0])
         if not self.batches_per_epoch:
             raise UserError(f"{len(self.lengths)} training records are fewer than one batch of "
-                            f"examples.tokens_per_batch={budget}; lower it or give more text")
+                            f"{setting}={budget}; lower it or give more data")
         self.source = self
 
     def __len__(self) -> int:
@@ -131,7 +145,8 @@ class TokenBudgetBatches:
         if cached is not None and cached[0] == epoch:
             return cached[1], cached[2]
         batches, shapes = plan_epoch(self.lengths, self.buckets, self.rows,
-                                     np.random.default_rng([self.seed, self.stream, epoch]))
+                                     np.random.default_rng([self.seed, self.stream, epoch]),
+                                     self.crop)
         self._plan = (epoch, batches, self.buckets[shapes])
         return batches, self.buckets[shapes]
 
@@ -153,9 +168,13 @@ class TokenBudgetBatches:
         for row in range(first, first + share):
             element = self.records.spec.decode(self.records.source[int(indices[row])])
             rng = np.random.default_rng([self.seed, self.stream, int(key), row])
-            rows.append(_apply(self.transforms, self.fit(element, length), rng))
+            example = _apply(self.transforms, self.fit(element, length, rng), rng)
+            if self.finish is not None:
+                example = self.finish(example, int(key), row, len(indices))
+            rows.append(example)
         out = {name: np.stack([row[name] for row in rows]) for name in rows[0]}
-        out[BATCH_UNITS] = np.asarray(self.lengths[indices].sum(), np.int64)
+        real = len(indices) * length if self.crop else self.lengths[indices].sum()
+        out[BATCH_UNITS] = np.asarray(real, np.int64)
         return out
 
     def load_transforms(self) -> list[grain.transforms.Map]:
@@ -166,9 +185,9 @@ class TokenBudgetBatches:
 
     def __repr__(self) -> str:
         return describe("batches within a token budget", records=repr(self.records.source),
-                        seed=self.seed, stream=self.stream, rows_multiple=self.multiple, **{
-                            "examples.tokens_per_batch": self.budget,
-                            "examples.length_buckets": self.length_buckets})
+                        seed=self.seed, stream=self.stream, rows_multiple=self.multiple,
+                        crop=self.crop, **{self.setting: self.budget,
+                                           "examples.length_buckets": self.length_buckets})
 
 
 class ScheduledBatches:

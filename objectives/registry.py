@@ -119,16 +119,17 @@ def row_multiple(config: Any) -> int:
     return data * fsdp * config.optim.grad_accum_steps
 
 
-def budget_batches(source_for_multiple: Callable[[int], Any]) -> Segments:
-    """`PreparedData.segments` for one source of whole batches read in order, built for the
-    run's row multiple (`row_multiple`; once per multiple): batches within a token budget."""
+def budget_batches(source_for_run: Callable[[int, Any], Any]) -> Segments:
+    """`PreparedData.segments` for one source of whole batches read in order,
+    `source_for_run(multiple, config)` built for the run config's row multiple (`row_multiple`;
+    once per multiple): batches within a token budget."""
     sources: dict[int, Any] = {}
 
     def segment(step: int, config: Any) -> Segment:
         del step
         multiple = row_multiple(config)
         if multiple not in sources:
-            sources[multiple] = source_for_multiple(multiple)
+            sources[multiple] = source_for_run(multiple, config)
         source = sources[multiple]
         return Segment(first_step=1, last_step=None, records=lambda model: source,
                        shuffle=False, whole_batches=True)

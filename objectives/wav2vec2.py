@@ -59,6 +59,7 @@ from pretext_jax.input_pipeline.audio import (
     AudioBatchingConfig,
     AudioRecords,
     ShortestCropBatches,
+    budget_crop_batches,
 )
 from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
 from pretext_jax.objectives.common.held_out import mask_records
@@ -81,6 +82,7 @@ from pretext_jax.objectives.registry import (
     Segment,
     Segments,
     Start,
+    budget_batches,
     register,
 )
 
@@ -300,13 +302,44 @@ class GroupMasks:
     seed: int
 
     def __call__(self, example: dict[str, np.ndarray], key: int) -> dict[str, np.ndarray]:
-        frames = int(feature_lengths(self.config, len(example["audio"])))
         group, row = divmod(key, self.rows_per_group)
-        mask = span_mask(np.full(self.rows_per_group, frames), frames, self.settings,
-                         np.random.default_rng([self.seed, group, 1]), same_count=True)[row]
-        negatives = sample_negatives(mask[None], self.settings.num_negatives,
-                                     np.random.default_rng([self.seed, key, 2]))[0]
-        return {**example, "mask_time_indices": mask, "sampled_negative_indices": negatives}
+        return group_row_masks(self.config, self.settings, example, row, self.rows_per_group,
+                               np.random.default_rng([self.seed, group, 1]),
+                               np.random.default_rng([self.seed, key, 2]))
+
+
+def group_row_masks(config: Wav2Vec2Config, settings: MaskingSettings,
+                    example: dict[str, np.ndarray], row: int, rows: int,
+                    group_rng: np.random.Generator, row_rng: np.random.Generator
+                    ) -> dict[str, np.ndarray]:
+    """`example` with the masks of row `row` of a group of `rows` equally long rows (drawn
+    from `group_rng`, every row of the group keeping the fewest masked frames of any) and its
+    distractors (from `row_rng`)."""
+    frames = int(feature_lengths(config, len(example["audio"])))
+    mask = span_mask(np.full(rows, frames), frames, settings, group_rng, same_count=True)[row]
+    negatives = sample_negatives(mask[None], settings.num_negatives, row_rng)[0]
+    return {**example, "mask_time_indices": mask, "sampled_negative_indices": negatives}
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchGroupMasks:
+    """`GroupMasks` for batches within a samples budget (`audio.budget_crop_batches`' `finish`),
+    whose row count varies: batch `key` of R rows is `groups` groups (batch_groups per
+    micro-batch, times the micro-batches) of R / groups consecutive rows; a group's masks come
+    from an rng seeded by (seed, key, group), a row's distractors from (seed, key, row)."""
+
+    config: Wav2Vec2Config
+    settings: MaskingSettings
+    groups: int
+    seed: int
+
+    def __call__(self, example: dict[str, np.ndarray], key: int, row: int, rows: int
+                 ) -> dict[str, np.ndarray]:
+        per_group = rows // self.groups
+        group, place = divmod(row, per_group)
+        return group_row_masks(self.config, self.settings, example, place, per_group,
+                               np.random.default_rng([self.seed, key, group, 3]),
+                               np.random.default_rng([self.seed, key, row, 4]))
 
 
 def pretraining_loss(model: Wav2Vec2, batch: Batch, rng: jax.Array | None, *,
@@ -374,6 +407,21 @@ def shortest_crop_segments(records: AudioRecords, model_config: Wav2Vec2Config,
     return segment
 
 
+def budget_crop_segments(records: AudioRecords, model_config: Wav2Vec2Config,
+                         objective: Wav2Vec2ObjectiveConfig) -> Segments:
+    """`PreparedData.segments` of batches within `examples.samples_per_batch` samples cropped
+    to their shortest (`audio.budget_crop_batches`): rows in a multiple of the mesh's shards
+    and of the groups (batch_groups per micro-batch), each row masked by `BatchGroupMasks`."""
+
+    def source(multiple: int, config: Any) -> Any:
+        groups = objective.batch_groups * config.optim.grad_accum_steps
+        seed = config.train.seed
+        return budget_crop_batches(records, config.examples, math.lcm(multiple, groups), seed,
+                                   BatchGroupMasks(model_config, objective, groups, seed))
+
+    return budget_batches(source)
+
+
 def mask_audio(data: PreparedData, model_config: Wav2Vec2Config,
                objective: Wav2Vec2ObjectiveConfig) -> PreparedData:
     """Training masks drawn while loading: `SpanMasking` of padded crops, or batches cropped
@@ -384,8 +432,11 @@ def mask_audio(data: PreparedData, model_config: Wav2Vec2Config,
     masking = SpanMasking(model_config, objective)
     held_out = None if data.eval is None else mask_records(data.eval, masking,
                                                            HELD_OUT_MASK_SEED)
-    if (isinstance(data.train, AudioRecords)
-            and getattr(data.train.example_config, "crop_to_shortest", False)):
+    examples = getattr(data.train, "example_config", None)
+    if isinstance(data.train, AudioRecords) and getattr(examples, "samples_per_batch", 0):
+        return dataclasses.replace(data, eval=held_out, segments=budget_crop_segments(
+            data.train, model_config, objective))
+    if isinstance(data.train, AudioRecords) and getattr(examples, "crop_to_shortest", False):
         return dataclasses.replace(data, eval=held_out, segments=shortest_crop_segments(
             data.train, model_config, objective))
     return dataclasses.replace(data, transforms=(*data.transforms, masking), eval=held_out)

@@ -285,12 +285,13 @@ def mass_example(tokens: np.ndarray, fragment: np.ndarray, vocab: MaskingVocab,
             "decoder_inputs": decoder_inputs, "targets": targets}
 
 
-def cut_segment(element: dict[str, np.ndarray], length: int, *, extra: int
-                ) -> dict[str, np.ndarray]:
+def cut_segment(element: dict[str, np.ndarray], length: int, rng: np.random.Generator, *,
+                extra: int) -> dict[str, np.ndarray]:
     """A record as a row of a batch `length` tokens long (`token_batches.TokenBudgetBatches`'
     `fit`): its padded `tokens` cut to `length - extra` (`extra`: the positions the layout
     adds, 1 for the reference's leading </s>); every field the masking makes follows that
-    length."""
+    length. Nothing is drawn (`rng` unused)."""
+    del rng
     return {**element, "tokens": element["tokens"][:length - extra]}
 
 

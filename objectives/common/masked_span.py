@@ -87,7 +87,8 @@ def token_budget_batches(train: Any, examples: mass_examples.MassExampleConfig,
     bilingual = isinstance(train, xlm_examples.StepSchedule)
     languages = train.records if bilingual else [train]
 
-    def source(multiple: int) -> Any:
+    def source(multiple: int, config: Any) -> Any:
+        del config  # what the run decides is its row multiple
         sources = [TokenBudgetBatches(
             records, records.token_lengths("tokens") + extra, budget=examples.tokens_per_batch,
             length_buckets=examples.length_buckets, multiple=multiple, seed=seed, fit=fit,
