@@ -28,7 +28,9 @@ Loading (`AudioRecords`) crops a random `max_samples` window of a longer utteran
 `RawAudioDataset.crop_to_max_size`), pads a shorter one with zeros and marks real samples in
 `attention_mask`; held-out utterances give their first `max_samples`. `ShortestCropBatches`
 instead batches utterances of similar length and crops every row to its batch's shortest
-(fairseq's pre-training, `AudioBatchingConfig.crop_to_shortest`): no padding and no mask.
+(fairseq's pre-training, `AudioBatchingConfig.crop_to_shortest`): no padding and no mask;
+`budget_crop_batches` does so in batches of a samples budget whose row count varies with their
+length (fairseq's `max_tokens`, `AudioBatchingConfig.samples_per_batch`).
 """
 
 from __future__ import annotations
@@ -156,7 +158,8 @@ class AudioExampleConfig:
 @dataclasses.dataclass(frozen=True)
 class AudioBatchingConfig(AudioExampleConfig):
     """`AudioExampleConfig` plus how training batches are formed (wav2vec 2.0): one padded
-    `max_samples` crop per row, or fairseq's pre-training batches (`ShortestCropBatches`)."""
+    `max_samples` crop per row, or fairseq's pre-training batches (`ShortestCropBatches`, of a
+    samples budget: `budget_crop_batches`)."""
 
     crop_to_shortest: bool = False
     """Training batches of utterances of similar length, every row a random window of its

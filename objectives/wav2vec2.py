@@ -505,18 +505,18 @@ PRESETS = {
     # 32,000 samples dropped, no normalisation; batches of similar lengths cropped to their
     # shortest utterance (at most 250,000 samples), so no padding; per GPU batch (64 groups of
     # rows): equal masked counts, perplexity, feature penalty and LayerDrop draws.
-    # Where this departs: fairseq sizes each GPU's batch by total samples (max_tokens 1.4 M:
-    # 5 rows at the 250,000 cap, 8 at 175,000, 16 at 87,500); the trainer's batches have a
-    # fixed row count, here 6 per group, 384 in all, whose largest batch (every row at the
-    # 250,000 cap) is 6,000 s of audio against fairseq's at most 64 x 1.4 M samples = 5,600 s
-    # (the paper's "1.6 h"). Batch lengths are rounded down to 8 buckets, so at most 8 shapes
-    # compile.
+    # Batches of at most 1.4 M samples per GPU x 64 = 89.6 M per step (fairseq max_tokens;
+    # `examples.samples_per_batch`): 320 rows at the 250,000 cap, 5 per group as fairseq's 5
+    # per GPU, more for shorter lengths; at most 5,600 s of audio per update (the paper's
+    # "1.6 h"). Where this departs: fairseq sizes each GPU's batch by its longest utterance
+    # before the crop, ours the step's batch by the cropped length, at one of 8 lengths (8
+    # buckets, so at most 8 shapes compile); train.batch_size sizes the held-out batches.
     # Mixed precision is bfloat16 compute (fairseq: fp16 with loss scaling).
     "wav2vec2_base": {
         "model": {"dtype": "bfloat16"},
         "objective": {"batch_groups": 64},
         "examples": {"max_samples": 250000, "min_samples": 32000, "crop_to_shortest": True,
-                     "length_buckets": 8},
+                     "length_buckets": 8, "samples_per_batch": 89_600_000},
         "data": {"source": "", "worker_count": 16},
         "optim": {**FAIRSEQ_ROBERTA_OPTIM, "learning_rate": 5e-4, "warmup_steps": 32000},
         "train": {"steps": 400000, "batch_size": 384, "eval_every": 10000},

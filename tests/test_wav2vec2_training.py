@@ -207,15 +207,19 @@ def test_batch_groups_must_split_the_micro_batch():
 
 def test_the_cards_audio_per_update_is_the_presets():
     """The wav2vec2_base card (docs/methods/speech.md) states the most audio an update holds:
-    ours from the preset (rows x max_samples / sample_rate), the paper's from fairseq's 64 GPUs
-    x max_tokens 1.4 M samples at 16 kHz (its "1.6 h")."""
+    ours from the preset (examples.samples_per_batch / sample_rate), the paper's from fairseq's
+    64 GPUs x max_tokens 1.4 M samples at 16 kHz (its "1.6 h"); at the 250,000 cap a step has
+    5 rows per group, as fairseq's 5 per GPU."""
     row = next(row for row in CARDS["wav2vec2_base"].rows
                if row.setting == "audio per update, at most")
     config = make_config("wav2vec2_base")
+    examples = config.examples
     assert card_value(row.ours.removesuffix(" s")) == (
-        config.train.batch_size * config.examples.max_samples / config.examples.sample_rate)
+        examples.samples_per_batch / examples.sample_rate)
     assert card_value(row.paper.removesuffix(" s")) == 64 * 1_400_000 / 16_000
     assert config.train.batch_size % config.objective.batch_groups == 0
+    groups = config.objective.batch_groups
+    assert examples.samples_per_batch // examples.max_samples // groups == 1_400_000 // 250_000
 
 
 def test_update_count_drives_the_gumbel_temperature(tmp_path, clips):
