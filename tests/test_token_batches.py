@@ -147,3 +147,33 @@ def test_bilingual_steps_read_the_next_batch_of_their_language(tmp_path):
     assert min(taken) > 0
     again = type(source)(source.schedule, source.sources)[7]
     assert all(np.array_equal(again[k], read[7][k]) for k in again)
+
+
+@pytest.mark.parametrize("preset", ["mass_tiny", "prophetnet_tiny"])
+def test_t5_layout_methods_take_the_budget(tmp_path, preset):
+    """MASS on T5 and ProphetNet read MASS's records in T5's layout: every field of a batch
+    is cut to its length, the decoder's targets lie within the real tokens, a step's loss is
+    finite. With gradient accumulation the rows are a multiple of the shards x micro-batches
+    (16 on 8 devices with 2), and a non-finite step names its batch, not an example range."""
+    data = {key: value for key, value in BUDGET.items() if not key.startswith("model.")}
+    model = ({"model.hidden_size": 32, "model.num_heads": 2, "model.intermediate_size": 64,
+              "model.num_layers": 1} if preset == "mass_tiny" else {})
+    overrides = {**data, **model, **varied_corpus(tmp_path)}
+    trainer = Trainer(make_config(preset, overrides), tmp_path / "w")
+    source = trainer.data.segment(1, trainer.run_config).records(None)
+    batch = source[0]
+    rows, length = batch["inputs"].shape
+    assert (rows, length) in source.shapes() and int(batch.pop("batch_units")) == (
+        batch["input_mask"].sum())
+    assert all(value.shape[:2] == (rows, length) for value in batch.values())
+    assert not (batch["targets"] * (1 - batch["input_mask"])).any()
+    _, metrics = trainer.train_step(trainer.init_state(), batch)
+    assert np.isfinite(float(metrics["loss"][0]))
+    accumulated = Trainer(make_config(preset, {**overrides, "optim.grad_accum_steps": 2,
+                                               "examples.tokens_per_batch": 640}),
+                          tmp_path / "a")
+    assert all(rows % 16 == 0 for rows, _ in
+               accumulated.data.segment(1, accumulated.run_config).records(None).shapes())
+    segment = trainer.data.segment(1, trainer.run_config)
+    with pytest.raises(UserError, match=r"at step 3 \(batch 2 of the training stream"):
+        trainer._check_finite([(3, np.float32(1.0))], segment)
