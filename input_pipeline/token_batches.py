@@ -98,6 +98,15 @@ def plan_epoch(lengths: np.ndarray, buckets: np.ndarray, rows: np.ndarray,
     return [batches[i] for i in order], np.asarray(shapes, np.int64)[order]
 
 
+def cut_rows(element: dict[str, np.ndarray], length: int, rng: np.random.Generator
+             ) -> dict[str, np.ndarray]:
+    """A record of padded fields as a row of a batch `length` long: every field cut to its first
+    `length` entries (a shorter one kept whole), e.g. both sides of a translation pair whose
+    longer side fits `length` (`TokenBudgetBatches`' `fit`; nothing drawn)."""
+    del rng
+    return {name: value[:length] for name, value in element.items()}
+
+
 def _apply(transforms: Sequence[Any], element: dict[str, np.ndarray],
            rng: np.random.Generator) -> dict[str, np.ndarray]:
     for transform in transforms:
