@@ -136,7 +136,9 @@ class TokenBudgetBatches:
         self.stream = stream  # told apart in the RNG: one source of several (`ScheduledBatches`)
         self.lengths = np.asarray(lengths, np.int64)
         self.budget, self.length_buckets = budget, length_buckets
-        self.multiple = math.lcm(multiple, jax.process_count())
+        # This process's place, taken here: Grain's worker processes see no JAX processes.
+        self.process, self.processes = jax.process_index(), jax.process_count()
+        self.multiple = math.lcm(multiple, self.processes)
         self.buckets = bucket_lengths(self.lengths, length_buckets)
         self.rows = rows_per_bucket(self.buckets, budget, self.multiple, setting)
         self.batches_per_epoch = len(self.plan(0)[0])
@@ -171,8 +173,8 @@ class TokenBudgetBatches:
 
     def __getitem__(self, key: int) -> dict[str, np.ndarray]:
         indices, length = self.batch(key)
-        share = len(indices) // jax.process_count()
-        first = jax.process_index() * share
+        share = len(indices) // self.processes
+        first = self.process * share
         rows = []
         for row in range(first, first + share):
             element = self.records.spec.decode(self.records.source[int(indices[row])])
