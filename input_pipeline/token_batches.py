@@ -125,16 +125,18 @@ class TokenBudgetBatches:
     `transforms`: the per-record Grain maps applied after it (a method's masking);
     `finish(example, key, row, rows)`, if given, adds what a method draws per row from its place
     `row` of the `rows` rows of batch `key` (wav2vec 2.0: masks equal within groups). `setting`
-    names the budget in messages."""
+    names the budget in messages; `units`: each record's real tokens as the logged rate counts
+    them (default `lengths`; a translation pair: both sides)."""
 
     def __init__(self, records: Any, lengths: np.ndarray, *, budget: int, length_buckets: int,
                  multiple: int, seed: int, fit: Fit, transforms: Sequence[Any] = (),
                  finish: Finish | None = None, crop: bool = False, stream: int = 0,
-                 setting: str = "examples.tokens_per_batch"):
+                 setting: str = "examples.tokens_per_batch", units: np.ndarray | None = None):
         self.records, self.seed, self.fit, self.transforms = records, seed, fit, tuple(transforms)
         self.finish, self.crop, self.setting = finish, crop, setting
         self.stream = stream  # told apart in the RNG: one source of several (`ScheduledBatches`)
         self.lengths = np.asarray(lengths, np.int64)
+        self.units = self.lengths if units is None else np.asarray(units, np.int64)
         self.budget, self.length_buckets = budget, length_buckets
         # This process's place, taken here: Grain's worker processes see no JAX processes.
         self.process, self.processes = jax.process_index(), jax.process_count()
@@ -184,7 +186,7 @@ class TokenBudgetBatches:
                 example = self.finish(example, int(key), row, len(indices))
             rows.append(example)
         out = {name: np.stack([row[name] for row in rows]) for name in rows[0]}
-        real = len(indices) * length if self.crop else self.lengths[indices].sum()
+        real = len(indices) * length if self.crop else self.units[indices].sum()
         out[BATCH_UNITS] = np.asarray(real, np.int64)
         return out
 

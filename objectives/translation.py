@@ -102,12 +102,12 @@ def prepare_translation(data: DataConfig, examples: te.TranslationExampleConfig,
     signature = str(metric.get_signature())
     segments = None
     if examples.tokens_per_batch:
-        lengths = np.maximum(train.token_lengths("input_mask"), train.token_lengths("target_mask"))
+        sides = train.token_lengths("input_mask"), train.token_lengths("target_mask")
 
         def source(multiple: int, config: Any) -> TokenBudgetBatches:
-            return TokenBudgetBatches(train, lengths, budget=examples.tokens_per_batch,
+            return TokenBudgetBatches(train, np.maximum(*sides), budget=examples.tokens_per_batch,
                                       length_buckets=examples.length_buckets, multiple=multiple,
-                                      seed=config.train.seed, fit=cut_rows)
+                                      seed=config.train.seed, fit=cut_rows, units=sum(sides))
 
         segments = budget_batches(source)
     return PreparedData(

@@ -211,7 +211,7 @@ def test_records_hold_both_sides_with_eos_and_languages(toy, tmp_path):
 def test_batches_within_a_token_budget_cut_both_sides(toy, tmp_path):
     """examples.tokens_per_batch: pairs of similar length together, rows x the longer side's
     length within the budget (fairseq's max_tokens), each side cut to that length without
-    losing a token; the feed counts the longer sides' tokens; a step's loss is finite."""
+    losing a token; the feed counts both sides' tokens; a step's loss is finite."""
     config = make_config("translation_tiny", {
         "data.source": toy["train"], "data.eval_source": toy["val"],
         "data.tokenizer": str(directories.find_tokenizer(toy["init"])),
@@ -228,8 +228,9 @@ def test_batches_within_a_token_budget_cut_both_sides(toy, tmp_path):
         rows, length = len(batch["inputs"]), max(batch["inputs"].shape[1],
                                                  batch["targets"].shape[1])
         assert (rows, length) in source.shapes()
-        real = np.maximum(batch["input_mask"].sum(1), batch["target_mask"].sum(1))
-        assert int(batch.pop("batch_units")) == real.sum() and real.max() <= length
+        sides = batch["input_mask"].sum(1), batch["target_mask"].sum(1)
+        assert int(batch.pop("batch_units")) == sum(sides).sum()  # both sides' tokens
+        assert np.maximum(*sides).max() <= length
         assert (batch["input_mask"].sum(1) == source.records.examples(
             source.batch(key)[0])["input_mask"].sum(1)).all()  # nothing of a side was cut
     _, metrics = trainer.train_step(trainer.init_state(), batch)
