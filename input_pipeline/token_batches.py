@@ -15,13 +15,17 @@ from the shortest bucket, its records and those the bucket below left over are s
 together and cut into full batches, whose rows are padded to the bucket's length; what is left
 moves up a bucket (a shorter record fits a longer batch). Only the longest bucket's remainder
 (fewer than its row count) is dropped, a random choice each epoch. The batches are read in a
-random order (XLM shuffles its batches; fairseq's `EpochBatchIterator` too).
+random order (XLM shuffles its batches; fairseq's `EpochBatchIterator` too). Rows cropped to
+their batch's length instead (`crop`: wav2vec 2.0's audio, cut to the batch's shortest) go the
+other way: each record to the longest bucket not above it, remainders down a bucket, and only
+the shortest bucket's remainder dropped.
 
 `TokenBudgetBatches` is the source a loader reads in order: key k is the whole batch k, this
 process's share of its rows (each process takes its own consecutive rows), decoded, cut to the
 batch's length by the method's `fit`, and through the method's per-record transforms with an RNG
-of (seed, k, row), so that a batch depends on (seed, k) alone and the loader's position resumes
-it exactly; `BATCH_UNITS` carries the real tokens of the whole batch (for the logged rate:
+of (seed, stream, k, row), so that a batch depends on (seed, k) alone and the loader's position
+resumes it exactly (`ScheduledBatches` reads several such sources, one per language, in a step
+schedule's order); `BATCH_UNITS` carries the real tokens of the whole batch (for the logged rate:
 the rows' unpadded lengths, or rows x length where rows are cropped).
 """
 
