@@ -28,7 +28,9 @@ Loading (`AudioRecords`) crops a random `max_samples` window of a longer utteran
 `RawAudioDataset.crop_to_max_size`), pads a shorter one with zeros and marks real samples in
 `attention_mask`; held-out utterances give their first `max_samples`. `ShortestCropBatches`
 instead batches utterances of similar length and crops every row to its batch's shortest
-(fairseq's pre-training, `AudioBatchingConfig.crop_to_shortest`): no padding and no mask.
+(fairseq's pre-training, `AudioBatchingConfig.crop_to_shortest`): no padding and no mask;
+`budget_crop_batches` does so in batches of a samples budget whose row count varies with their
+length (fairseq's `max_tokens`, `AudioBatchingConfig.samples_per_batch`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from pretext_jax.input_pipeline.records import (
     write_records,
 )
 from pretext_jax.input_pipeline.sources import TfdsSplit, open_tfds, tfds_builder, tfds_fingerprint
+from pretext_jax.input_pipeline.token_batches import Finish, TokenBudgetBatches, bucket_lengths
 
 AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff",
                             ".aifc", ".au", ".w64", ".caf"})
@@ -155,7 +158,8 @@ class AudioExampleConfig:
 @dataclasses.dataclass(frozen=True)
 class AudioBatchingConfig(AudioExampleConfig):
     """`AudioExampleConfig` plus how training batches are formed (wav2vec 2.0): one padded
-    `max_samples` crop per row, or fairseq's pre-training batches (`ShortestCropBatches`)."""
+    `max_samples` crop per row, or fairseq's pre-training batches (`ShortestCropBatches`, of a
+    samples budget: `budget_crop_batches`)."""
 
     crop_to_shortest: bool = False
     """Training batches of utterances of similar length, every row a random window of its
@@ -165,12 +169,22 @@ class AudioBatchingConfig(AudioExampleConfig):
     """With crop_to_shortest: a batch's length is rounded down to one of at most this many
     lengths (percentiles of the utterances' lengths), so at most this many batch shapes
     compile; 0 = the exact shortest (fairseq: a shape per distinct length)."""
+    samples_per_batch: int = 0
+    """With crop_to_shortest: batches of at most this many samples (rows x their cropped
+    length), their row count varying with the length (fairseq's max_tokens, summed over the
+    GPUs: wav2vec 2.0 base 1.4M x 64; `input_pipeline.token_batches`); 0 = train.batch_size
+    rows per step."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.length_buckets < 0:
             raise UserError(f"examples.length_buckets={self.length_buckets} must be >= 0 (0 = "
                             "the exact shortest length), e.g. examples.length_buckets=8")
+        if self.samples_per_batch < 0 or self.samples_per_batch and not (
+                self.crop_to_shortest and self.length_buckets):
+            raise UserError(f"examples.samples_per_batch={self.samples_per_batch} needs "
+                            "examples.crop_to_shortest=true and examples.length_buckets >= 1 "
+                            "(0 = fixed rows); e.g. examples.samples_per_batch=89600000")
 
 
 def held_out_rule(rule: str) -> tuple[str, str, str]:
@@ -646,15 +660,36 @@ class AudioRecords(RecordDirectory):
         return self.examples(self.spaced_indices(limit))
 
 
-def bucket_lengths(sizes: np.ndarray, count: int) -> np.ndarray:
-    """The at most `count` lengths (ascending) that batch lengths are rounded down to: the
-    percentiles 0, 100 / (count - 1), ..., 100 of `sizes` (lower values, so each is a size;
-    fairseq `get_buckets` takes percentiles the same way, then pads up to them); empty for
-    `count` 0 (no rounding)."""
-    if count == 0:
-        return np.zeros(0, np.int64)
-    return np.unique(np.percentile(sizes, np.linspace(0, 100, count), method="lower")
-                     ).astype(np.int64)
+@dataclasses.dataclass(frozen=True)
+class CropWindow:
+    """A decoded record as a row of a batch `length` samples long, cropped to its shortest: a
+    window of that length at a random offset (fairseq `crop_to_max_size`), with its label
+    fields (`token_batches.TokenBudgetBatches`' `fit`)."""
+
+    label_fields: tuple[str, ...]
+    normalize: bool
+
+    def __call__(self, element: dict[str, np.ndarray], length: int, rng: np.random.Generator
+                 ) -> dict[str, np.ndarray]:
+        start = random_start(len(element["audio"]), length, rng)
+        window, _ = audio_window(element["audio"], length, start, self.normalize)
+        return {"audio": window, **{field: np.int32(element[field])
+                                    for field in self.label_fields}}
+
+
+def budget_crop_batches(records: AudioRecords, examples: AudioBatchingConfig, multiple: int,
+                        seed: int, finish: Finish | None = None) -> TokenBudgetBatches:
+    """Batches of at most `examples.samples_per_batch` samples cropped to their shortest
+    (fairseq's wav2vec 2.0 pre-training batches: `max_tokens` over utterances sorted by size,
+    each cropped to the batch's shortest): lengths min(n, max_samples) rounded down to
+    `examples.length_buckets` lengths, each bucket's batches as many rows as the budget holds
+    in a multiple of `multiple` (`token_batches`, `crop`: a bucket's remainder is cropped into
+    the next shorter bucket's batches; only the shortest bucket's is left out)."""
+    return TokenBudgetBatches(
+        records, np.minimum(records.variable_lengths(), examples.max_samples),
+        budget=examples.samples_per_batch, length_buckets=examples.length_buckets,
+        multiple=multiple, seed=seed, fit=CropWindow(records.label_fields, examples.normalize),
+        finish=finish, crop=True, setting="examples.samples_per_batch")
 
 
 class ShortestCropBatches:
@@ -718,12 +753,8 @@ class ShortestCropBatches:
         epoch, index = divmod(batch, self.batches_per_epoch)
         batches, lengths = self.plan(epoch)
         element = self.records.spec.decode(self.records.source[int(batches[index, row])])
-        length = int(lengths[index])
-        start = random_start(len(element["audio"]), length,
-                             np.random.default_rng([self.seed, key, 0]))
-        window, _ = audio_window(element["audio"], length, start, self.normalize)
-        example = {"audio": window, **{field: np.int32(element[field])
-                                       for field in self.records.label_fields}}
+        example = CropWindow(self.records.label_fields, self.normalize)(
+            element, int(lengths[index]), np.random.default_rng([self.seed, key, 0]))
         return example if self.finish is None else self.finish(example, key)
 
     def load_transforms(self) -> list[grain.transforms.Map]:

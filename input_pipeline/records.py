@@ -24,7 +24,7 @@ import shutil
 import socket
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -342,15 +342,26 @@ class RecordDirectory:
             raise ValueError(f"{self.directory}'s shards were not written round-robin")
         return starts[shard] + offset
 
+    def token_lengths(self, feature: str) -> np.ndarray:
+        """int64 [records]: the non-zero entries of `feature` per record (a padded token row's
+        length), in source order; counted once and saved beside the records."""
+        return self._cached_lengths(
+            self.directory / f"lengths-{feature}.npy",
+            lambda record: np.count_nonzero(self.spec.decode(record)[feature]))
+
     def variable_lengths(self) -> np.ndarray:
         """int64 [records]: the variable feature's first dimension per record, in source
         order, as preparation stored it (`LENGTHS_FILE`); records written before it was stored
         are read once and their lengths saved beside them."""
-        path = self.directory / LENGTHS_FILE
+        return self._cached_lengths(self.directory / LENGTHS_FILE, self.spec.variable_length)
+
+    def _cached_lengths(self, path: Path, length: Callable[[bytes], int]) -> np.ndarray:
+        """`length` of every stored record, in source order, from `path` if saved, else
+        counted in one pass and saved there (atomically)."""
         if path.is_file():
             return np.load(path)
-        lengths = np.fromiter((self.spec.variable_length(self.source[i])
-                               for i in range(len(self))), np.int64, len(self))
+        lengths = np.fromiter((length(self.source[i]) for i in range(len(self))), np.int64,
+                              len(self))
         tmp = path.with_name(f".{path.name}.{os.getpid()}.npy")
         np.save(tmp, lengths)
         tmp.replace(path)
@@ -439,7 +450,7 @@ class _Decode(grain.transforms.Map):
 def make_loader(
     records: RecordDirectory | Any,
     *,
-    batch_size: int,
+    batch_size: int | None,
     seed: int,
     shuffle: bool = True,
     num_epochs: int | None = None,
@@ -452,7 +463,9 @@ def make_loader(
     (`ProcessRowsSampler`); per-record transforms (e.g. dynamic masking,
     whose RNG Grain derives from `seed` and the record's stream position, so it is reproducible,
     resumable and independent of the process count); batches of `batch_size` (the per-process
-    batch). `num_epochs=None` repeats forever. Records are read without Grain's read threads
+    batch). `batch_size=None`: every key of the source is already a whole batch of this
+    process's rows (`token_batches.TokenBudgetBatches`), read by every process in order (no
+    Batch). `num_epochs=None` repeats forever. Records are read without Grain's read threads
     (`LOADER_READ_OPTIONS`); `worker_count` processes read and transform in parallel."""
     if worker_count > 0:
         from absl import flags
@@ -461,12 +474,15 @@ def make_loader(
             flags.FLAGS.mark_as_parsed()
     stream = grain.samplers.IndexSampler(
         num_records=len(records), shuffle=shuffle, num_epochs=num_epochs, seed=seed)
-    operations = [*records.load_transforms(), *transforms,
-                  grain.transforms.Batch(batch_size, drop_remainder=True)]
+    operations = [*records.load_transforms(), *transforms]
+    if batch_size is not None:
+        operations.append(grain.transforms.Batch(batch_size, drop_remainder=True))
+        stream = ProcessRowsSampler(stream, batch_size, jax.process_index(),
+                                    jax.process_count())
     return grain.DataLoader(
         data_source=records.source, operations=operations, worker_count=worker_count,
-        sampler=ProcessRowsSampler(stream, batch_size, jax.process_index(), jax.process_count()),
-        shard_options=grain.sharding.NoSharding(), read_options=LOADER_READ_OPTIONS)
+        sampler=stream, shard_options=grain.sharding.NoSharding(),
+        read_options=LOADER_READ_OPTIONS)
 
 
 class ProcessRowsSampler:

@@ -130,15 +130,18 @@ _XLM_DATA_SIZED = {"vocab_size": 0, "eos_token_id": 0, "pad_token_id": 0, "n_lan
 # (attention 0.1), learned positions (512), language embeddings, each side's output tied to its
 # embeddings, one cross-attention output per language (attention_setting v1); Adam (b2 0.98,
 # eps 1e-8) at lr 1e-4 with XLM's adam_inverse_sqrt schedule (from 1e-7 over 4,000 warmup
-# updates), gradients clipped to norm 5; 3,000 tokens per GPU on 8 GPUs; sentences of 5 to 100
-# BPE tokens (longer ones removed); fragment round(0.5 x (length + 2)), 80/10/10. The paper
-# gives no step count: 83,334 steps of 240 rows are the README's 100 epochs of 200,000
-# sentences. Departures: fixed rows of 102 tokens, 240 per step (<= 24,480 tokens, padding
-# included) instead of batches of 3,000 real tokens grouped by length; a 60,000-piece
-# sentencepiece vocabulary instead of 60k BPE codes shared by the two languages; torch's
-# default init of the linear layers (uniform) is XLM's normal(0.02) here. The
-# unsupervised-NMT runs are bilingual: `data.source=en=...,fr=...` adds the language embeddings
-# and one language per step (`--mass_steps 'en,fr'`).
+# updates), gradients clipped to norm 5; 3,000 tokens per GPU on 8 GPUs (`--tokens_per_batch`:
+# 24,000 per step here, rows of similar length together, `examples.tokens_per_batch`);
+# sentences of 5 to 100 BPE tokens (longer ones removed); fragment round(0.5 x (length + 2)),
+# 80/10/10. The paper gives no step count: the README's 100 epochs of 200,000 sentences, which
+# XLM counts as --batch_size (32) per update whatever a batch holds, are 625,000 updates.
+# Departures: the budget counts rows x their padded length (at most 8 shapes,
+# `examples.length_buckets`) where XLM sums the real tokens of each GPU's length-sorted
+# batch; a 60,000-piece sentencepiece vocabulary instead of 60k BPE codes shared by the two
+# languages; torch's default init of the linear layers (uniform) is XLM's normal(0.02) here.
+# The unsupervised-NMT runs are bilingual: `data.source=en=...,fr=...` adds the language
+# embeddings and one language per step (`--mass_steps 'en,fr'`), each reading its language's
+# next batch.
 XLM_PRESETS = {
     # xlm_tiny's size and optimiser on MASS's data, monolingual or bilingual (data.source=
     # en=PATH,de=PATH); captions fit 48 tokens.
@@ -161,13 +164,14 @@ XLM_PRESETS = {
         "examples": {"max_seq_length": 101, "min_length": 5, "drop_long_sentences": True,
                      "fragment_fraction": 0.5, "fragment_at_start_prob": 0.2,
                      "fragment_at_end_prob": 0.2, "mask_token_prob": 0.8,
-                     "random_token_prob": 0.1},
+                     "random_token_prob": 0.1, "tokens_per_batch": 24000,
+                     "length_buckets": 8},
         "data": {"vocab_size": 60000},
         "optim": {"optimizer": "adamw", "learning_rate": 1e-4, "schedule": "inverse_sqrt_warmup",
                   "warmup_steps": 4000, "warmup_init_learning_rate": 1e-7,
                   "b1": 0.9, "b2": 0.98, "eps": 1e-8,
                   "bias_correction": True, "weight_decay": 0.0, "clip_norm": 5.0},
-        "train": {"steps": 83334, "batch_size": 240},
+        "train": {"steps": 625000, "batch_size": 240},
     },
 }
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -59,13 +60,17 @@ class Segment:
     depend on the network (DeepCluster: pseudo-labels); it must depend only on what a checkpoint
     holds, so that a resume is exact. `begin(model)`, if set, runs before the segment's first
     step (not when a run resumes inside the segment): it changes the model in place and returns
-    the names of the top-level submodules whose optimizer state restarts at zero."""
+    the names of the top-level submodules whose optimizer state restarts at zero.
+    `whole_batches`: each key of the source is a whole batch, this process's rows of it with the
+    per-record transforms applied, read in order (`token_batches.TokenBudgetBatches`: batches
+    whose row count varies from step to step)."""
 
     first_step: int
     last_step: int | None
     records: Callable[[Any], Any]
     shuffle: bool = True
     begin: Callable[[Any], tuple[str, ...]] | None = None
+    whole_batches: bool = False
 
 
 # (step, run config) -> the segment that holds `step`. The config is the trainer's resolved run
@@ -99,6 +104,35 @@ def per_step_source(source_for_batch: Callable[[int], Any]) -> Segments:
         source = source_for_batch(config.train.batch_size)
         return Segment(first_step=1, last_step=None, records=lambda model: source,
                        shuffle=False)
+
+    return segment
+
+
+def row_multiple(config: Any) -> int:
+    """What every batch's row count must be a multiple of under the run config `config`: its
+    data x fsdp shards for each of the `optim.grad_accum_steps` micro-batches (the trainer
+    hands segments its mesh's sizes; a -1 left in `config.mesh` takes what all devices leave)."""
+    mesh = config.mesh
+    sizes = (mesh.data, mesh.fsdp, mesh.tensor)
+    rest = jax.device_count() // max(1, -math.prod(sizes)) if -1 in sizes else 0
+    data, fsdp = (rest if size == -1 else size for size in sizes[:2])
+    return data * fsdp * config.optim.grad_accum_steps
+
+
+def budget_batches(source_for_run: Callable[[int, Any], Any]) -> Segments:
+    """`PreparedData.segments` for one source of whole batches read in order,
+    `source_for_run(multiple, config)` built for the run config's row multiple (`row_multiple`;
+    once per multiple): batches within a token budget."""
+    sources: dict[int, Any] = {}
+
+    def segment(step: int, config: Any) -> Segment:
+        del step
+        multiple = row_multiple(config)
+        if multiple not in sources:
+            sources[multiple] = source_for_run(multiple, config)
+        source = sources[multiple]
+        return Segment(first_step=1, last_step=None, records=lambda model: source,
+                       shuffle=False, whole_batches=True)
 
     return segment
 

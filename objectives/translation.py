@@ -34,12 +34,14 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from pretext_jax.errors import UserError, require
 from pretext_jax.input_pipeline.examples import translation as te
 from pretext_jax.input_pipeline.examples.xlm import language_ids
 from pretext_jax.input_pipeline.parallel import open_parallel
 from pretext_jax.input_pipeline.prepare import DataConfig, load_tokenizer, source_fingerprint
+from pretext_jax.input_pipeline.token_batches import TokenBudgetBatches, cut_rows
 from pretext_jax.models.beam_search import GREEDY, BeamSearch
 from pretext_jax.objectives.common import encoder_decoders as ed
 from pretext_jax.objectives.common.encoder_decoders import Family
@@ -52,6 +54,7 @@ from pretext_jax.objectives.registry import (
     PreparedData,
     Resolution,
     Start,
+    budget_batches,
     register,
 )
 
@@ -97,8 +100,18 @@ def prepare_translation(data: DataConfig, examples: te.TranslationExampleConfig,
     metric = sacrebleu.metrics.BLEU()
     metric.corpus_score(references[:1], [references[:1]])
     signature = str(metric.get_signature())
+    segments = None
+    if examples.tokens_per_batch:
+        sides = train.token_lengths("input_mask"), train.token_lengths("target_mask")
+
+        def source(multiple: int, config: Any) -> TokenBudgetBatches:
+            return TokenBudgetBatches(train, np.maximum(*sides), budget=examples.tokens_per_batch,
+                                      length_buckets=examples.length_buckets, multiple=multiple,
+                                      seed=config.train.seed, fit=cut_rows, units=sum(sides))
+
+        segments = budget_batches(source)
     return PreparedData(
-        train=train, eval=held_out, tokenizer=tokenizer,
+        train=train, eval=held_out, tokenizer=tokenizer, segments=segments,
         model_fields=family.data_fields(tokenizer),
         report={"bleu_signature": signature, "held_out_pairs": len(references),
                 "language_ids": ids, "decoding": decoding_name(examples)},

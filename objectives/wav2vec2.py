@@ -59,6 +59,7 @@ from pretext_jax.input_pipeline.audio import (
     AudioBatchingConfig,
     AudioRecords,
     ShortestCropBatches,
+    budget_crop_batches,
 )
 from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
 from pretext_jax.objectives.common.held_out import mask_records
@@ -81,6 +82,7 @@ from pretext_jax.objectives.registry import (
     Segment,
     Segments,
     Start,
+    budget_batches,
     register,
 )
 
@@ -300,13 +302,44 @@ class GroupMasks:
     seed: int
 
     def __call__(self, example: dict[str, np.ndarray], key: int) -> dict[str, np.ndarray]:
-        frames = int(feature_lengths(self.config, len(example["audio"])))
         group, row = divmod(key, self.rows_per_group)
-        mask = span_mask(np.full(self.rows_per_group, frames), frames, self.settings,
-                         np.random.default_rng([self.seed, group, 1]), same_count=True)[row]
-        negatives = sample_negatives(mask[None], self.settings.num_negatives,
-                                     np.random.default_rng([self.seed, key, 2]))[0]
-        return {**example, "mask_time_indices": mask, "sampled_negative_indices": negatives}
+        return group_row_masks(self.config, self.settings, example, row, self.rows_per_group,
+                               np.random.default_rng([self.seed, group, 1]),
+                               np.random.default_rng([self.seed, key, 2]))
+
+
+def group_row_masks(config: Wav2Vec2Config, settings: MaskingSettings,
+                    example: dict[str, np.ndarray], row: int, rows: int,
+                    group_rng: np.random.Generator, row_rng: np.random.Generator
+                    ) -> dict[str, np.ndarray]:
+    """`example` with the masks of row `row` of a group of `rows` equally long rows (drawn
+    from `group_rng`, every row of the group keeping the fewest masked frames of any) and its
+    distractors (from `row_rng`)."""
+    frames = int(feature_lengths(config, len(example["audio"])))
+    mask = span_mask(np.full(rows, frames), frames, settings, group_rng, same_count=True)[row]
+    negatives = sample_negatives(mask[None], settings.num_negatives, row_rng)[0]
+    return {**example, "mask_time_indices": mask, "sampled_negative_indices": negatives}
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchGroupMasks:
+    """`GroupMasks` for batches within a samples budget (`audio.budget_crop_batches`' `finish`),
+    whose row count varies: batch `key` of R rows is `groups` groups (batch_groups per
+    micro-batch, times the micro-batches) of R / groups consecutive rows; a group's masks come
+    from an rng seeded by (seed, key, group), a row's distractors from (seed, key, row)."""
+
+    config: Wav2Vec2Config
+    settings: MaskingSettings
+    groups: int
+    seed: int
+
+    def __call__(self, example: dict[str, np.ndarray], key: int, row: int, rows: int
+                 ) -> dict[str, np.ndarray]:
+        per_group = rows // self.groups
+        group, place = divmod(row, per_group)
+        return group_row_masks(self.config, self.settings, example, place, per_group,
+                               np.random.default_rng([self.seed, key, group, 3]),
+                               np.random.default_rng([self.seed, key, row, 4]))
 
 
 def pretraining_loss(model: Wav2Vec2, batch: Batch, rng: jax.Array | None, *,
@@ -374,6 +407,21 @@ def shortest_crop_segments(records: AudioRecords, model_config: Wav2Vec2Config,
     return segment
 
 
+def budget_crop_segments(records: AudioRecords, model_config: Wav2Vec2Config,
+                         objective: Wav2Vec2ObjectiveConfig) -> Segments:
+    """`PreparedData.segments` of batches within `examples.samples_per_batch` samples cropped
+    to their shortest (`audio.budget_crop_batches`): rows in a multiple of the mesh's shards
+    and of the groups (batch_groups per micro-batch), each row masked by `BatchGroupMasks`."""
+
+    def source(multiple: int, config: Any) -> Any:
+        groups = objective.batch_groups * config.optim.grad_accum_steps
+        seed = config.train.seed
+        return budget_crop_batches(records, config.examples, math.lcm(multiple, groups), seed,
+                                   BatchGroupMasks(model_config, objective, groups, seed))
+
+    return budget_batches(source)
+
+
 def mask_audio(data: PreparedData, model_config: Wav2Vec2Config,
                objective: Wav2Vec2ObjectiveConfig) -> PreparedData:
     """Training masks drawn while loading: `SpanMasking` of padded crops, or batches cropped
@@ -384,8 +432,11 @@ def mask_audio(data: PreparedData, model_config: Wav2Vec2Config,
     masking = SpanMasking(model_config, objective)
     held_out = None if data.eval is None else mask_records(data.eval, masking,
                                                            HELD_OUT_MASK_SEED)
-    if (isinstance(data.train, AudioRecords)
-            and getattr(data.train.example_config, "crop_to_shortest", False)):
+    examples = getattr(data.train, "example_config", None)
+    if isinstance(data.train, AudioRecords) and getattr(examples, "samples_per_batch", 0):
+        return dataclasses.replace(data, eval=held_out, segments=budget_crop_segments(
+            data.train, model_config, objective))
+    if isinstance(data.train, AudioRecords) and getattr(examples, "crop_to_shortest", False):
         return dataclasses.replace(data, eval=held_out, segments=shortest_crop_segments(
             data.train, model_config, objective))
     return dataclasses.replace(data, transforms=(*data.transforms, masking), eval=held_out)
@@ -454,18 +505,18 @@ PRESETS = {
     # 32,000 samples dropped, no normalisation; batches of similar lengths cropped to their
     # shortest utterance (at most 250,000 samples), so no padding; per GPU batch (64 groups of
     # rows): equal masked counts, perplexity, feature penalty and LayerDrop draws.
-    # Where this departs: fairseq sizes each GPU's batch by total samples (max_tokens 1.4 M:
-    # 5 rows at the 250,000 cap, 8 at 175,000, 16 at 87,500); the trainer's batches have a
-    # fixed row count, here 6 per group, 384 in all, whose largest batch (every row at the
-    # 250,000 cap) is 6,000 s of audio against fairseq's at most 64 x 1.4 M samples = 5,600 s
-    # (the paper's "1.6 h"). Batch lengths are rounded down to 8 buckets, so at most 8 shapes
-    # compile.
+    # Batches of at most 1.4 M samples per GPU x 64 = 89.6 M per step (fairseq max_tokens;
+    # `examples.samples_per_batch`): 320 rows at the 250,000 cap, 5 per group as fairseq's 5
+    # per GPU, more for shorter lengths; at most 5,600 s of audio per update (the paper's
+    # "1.6 h"). Where this departs: fairseq sizes each GPU's batch by its longest utterance
+    # before the crop, ours the step's batch by the cropped length, at one of 8 lengths (8
+    # buckets, so at most 8 shapes compile); train.batch_size sizes the held-out batches.
     # Mixed precision is bfloat16 compute (fairseq: fp16 with loss scaling).
     "wav2vec2_base": {
         "model": {"dtype": "bfloat16"},
         "objective": {"batch_groups": 64},
         "examples": {"max_samples": 250000, "min_samples": 32000, "crop_to_shortest": True,
-                     "length_buckets": 8},
+                     "length_buckets": 8, "samples_per_batch": 89_600_000},
         "data": {"source": "", "worker_count": 16},
         "optim": {**FAIRSEQ_ROBERTA_OPTIM, "learning_rate": 5e-4, "warmup_steps": 32000},
         "train": {"steps": 400000, "batch_size": 384, "eval_every": 10000},

@@ -13,17 +13,20 @@ import grain
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.records import make_loader
+from pretext_jax.input_pipeline.token_batches import BATCH_UNITS
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain import resilience
 
 
 def open_loader(data: registry.PreparedData, segment: registry.Segment, model: Any,
                 config: Any, per_process_batch: int) -> grain.DataLoaderIterator:
-    """An iterator over `segment`'s batches of this process, from the segment's start."""
+    """An iterator over `segment`'s batches of this process, from the segment's start (a
+    source of whole batches applies the transforms itself)."""
+    whole = segment.whole_batches
     loader = make_loader(
-        segment.records(model), batch_size=per_process_batch, seed=config.train.seed,
-        shuffle=segment.shuffle, transforms=data.transforms,
-        worker_count=config.data.worker_count)
+        segment.records(model), batch_size=None if whole else per_process_batch,
+        seed=config.train.seed, shuffle=segment.shuffle,
+        transforms=() if whole else data.transforms, worker_count=config.data.worker_count)
     return iter(loader)
 
 
@@ -50,7 +53,9 @@ class StepFeed:
 
     `model_of(state)` gives the model a segment's `records` and `begin` see; `begin(state,
     segment)` runs the segment's `begin` and returns the new state. `position` is the data
-    position after the last batch handed out for training (what a checkpoint keeps)."""
+    position after the last batch handed out for training (what a checkpoint keeps); `units`
+    the real tokens of that batch where its source counts them (batches within a token
+    budget: `token_batches.BATCH_UNITS`, taken out of the batch), else None."""
 
     def __init__(self, data: registry.PreparedData, config: Any, per_process_batch: int,
                  model_of: Callable[[Any], Any], begin: Callable[[Any, registry.Segment], Any]):
@@ -59,6 +64,7 @@ class StepFeed:
         self.segment: registry.Segment | None = None
         self.iterator: Any = None
         self.position: bytes | None = None
+        self.units: int | None = None
         self._ahead: tuple[int, Any, bytes] | None = None  # (step, batch, position) read early
 
     def _holds(self, step: int) -> bool:
@@ -91,11 +97,13 @@ class StepFeed:
         if self._ahead is not None and self._ahead[0] == step:
             _, batch, self.position = self._ahead
             self._ahead = None
-            return state, batch
-        if not self._holds(step):
-            state = self._open(state, step)
-        batch = next(self.iterator)
-        self.position = self.iterator.get_state()
+        else:
+            if not self._holds(step):
+                state = self._open(state, step)
+            batch = next(self.iterator)
+            self.position = self.iterator.get_state()
+        units = batch.pop(BATCH_UNITS, None)
+        self.units = None if units is None else int(units)
         return state, batch
 
     def read_ahead(self, step: int) -> None:

@@ -87,6 +87,10 @@ class Trainer:
         self.mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
                                        devices)
         mesh_lib.check_batch(self.mesh, config.train.batch_size, config.optim.grad_accum_steps)
+        # The config the data's segments see: the mesh's resolved sizes (batches within a token
+        # budget size their rows by them, `registry.row_multiple`).
+        self.run_config = dataclasses.replace(config, mesh=dataclasses.replace(
+            config.mesh, **{axis: self.mesh.shape[axis] for axis in mesh_lib.MESH_AXES}))
         self.inputs = check_before_writing(config, self.workdir, read_inputs=data is None)
         self.example_config = config.examples
         cache = data_cache(config, self.workdir)
@@ -101,7 +105,7 @@ class Trainer:
             if resolution.complete_data is not None:
                 self.data = resolution.complete_data(self.data, self.model_config,
                                                      self.objective)
-            self.data.segment(1, config)  # a layout that refuses this run's batch says so now
+            self.data.segment(1, self.run_config)  # a layout that refuses this batch says so now
         except BaseException:
             # A preparation that stopped part-way keeps its finished shards for the rerun.
             if prepared or not prepare.has_finished_shards(cache):
@@ -284,9 +288,9 @@ class Trainer:
     def data_iterator(self, state: TrainState | None = None, step: int = 1) -> Any:
         """The loader of the segment that holds `step`, from that segment's start, as the
         model of `state` (default: a fresh one) finds it (its `begin` not run)."""
-        segment = self.data.segment(step, self.config)
+        segment = self.data.segment(step, self.run_config)
         model = self.model_of(state if state is not None else self.init_state())
-        return open_loader(self.data, segment, model, self.config, self.per_process_batch)
+        return open_loader(self.data, segment, model, self.run_config, self.per_process_batch)
 
     def begin_segment(self, state: TrainState, segment: registry.Segment) -> TrainState:
         """`segment.begin` on the model of `state` (on the host), the optimizer state zeroed for
@@ -360,7 +364,7 @@ class Trainer:
         the workdir before the resume checks (config, checkpoint, data position) have passed."""
         # Again: another run may have written the workdir meanwhile.
         directories.check_workdir(self.workdir, self.config)
-        feed = StepFeed(self.data, self.config, self.per_process_batch, self.model_of,
+        feed = StepFeed(self.data, self.run_config, self.per_process_batch, self.model_of,
                         self.begin_segment)
         restored = self.checkpoints.restore_latest_readable()
         log_window: dict[str, Any] = {}
@@ -396,7 +400,7 @@ class Trainer:
         sums = self._window_sums(log_window["sums"]) if log_window.get("sums") else None
         window = log_window.get("steps", 0)
         skipped = log_window.get("skipped", 0)
-        timer, timed = time.perf_counter(), 0
+        timer, timed, timed_units = time.perf_counter(), 0, 0
         watch = resilience.PreemptionWatch()
         flags: list[tuple[int, jax.Array]] = []  # (step, non-finite flag) not yet looked at
         stopped_by = None
@@ -406,6 +410,8 @@ class Trainer:
             for step in range(start + 1, end + 1):
                 state, batch = feed.batch(state, step)
                 profile.before(step)
+                # Batches within a token budget count their real tokens (`feed.units`).
+                timed_units += units if feed.units is None else feed.units
                 state, metrics = self.train_step(state, batch)
                 if step < end:  # batch s + 1 is read while the devices run step s
                     if not t.prefetch:
@@ -422,17 +428,18 @@ class Trainer:
                     deadline is not None and time.monotonic() >= deadline)
                 if (step % t.log_every == 0 or step % t.eval_every == 0 or step == end
                         or step % t.checkpoint_every == 0 or preempted):
-                    skipped += self._check_finite(flags)  # one host read per boundary
+                    skipped += self._check_finite(flags, feed.segment)  # one read per boundary
                     flags = []
                 if step % t.log_every == 0 or step == t.steps:
                     last_train = reduce_metrics(jax.device_get(sums))
                     elapsed = time.perf_counter() - timer
                     last_train["steps_per_s"] = timed / elapsed
-                    last_train[f"{self.method.unit}_per_s"] = timed * units / elapsed
+                    last_train[f"{self.method.unit}_per_s"] = timed_units / elapsed
                     last_train["learning_rate"] = float(self.schedule(step - 1))
                     last_train["skipped_nonfinite_total"] = float(skipped)
                     writer.write(step, "train", last_train)
                     sums, window, timer, timed = None, 0, time.perf_counter(), 0
+                    timed_units = 0
                 writer.advance(1)
                 if step % t.eval_every == 0 or step == t.steps:
                     last_eval = self.evaluate(state)
@@ -460,10 +467,12 @@ class Trainer:
                 "curves": str(curves) if curves else None, "state": state,
                 "stopped_by": stopped_by, "skipped_nonfinite": skipped}
 
-    def _check_finite(self, flags: list[tuple[int, jax.Array]]) -> int:
+    def _check_finite(self, flags: list[tuple[int, jax.Array]],
+                      segment: registry.Segment | None) -> int:
         """The number of non-finite steps among `flags`; with `train.on_nonfinite=stop` the
-        first one raises NonFiniteStep naming the step, its examples in the data stream and
-        the last checkpoint (nothing after it is saved)."""
+        first one raises NonFiniteStep naming the step, its examples in the data stream (its
+        batch's place where `segment` reads whole batches of varying rows) and the last
+        checkpoint (nothing after it is saved)."""
         bad = [step for step, flag in zip((s for s, _ in flags),
                                           jax.device_get([f for _, f in flags]), strict=True)
                if flag > 0]
@@ -471,9 +480,12 @@ class Trainer:
             return len(bad)
         step, batch = bad[0], self.config.train.batch_size
         last = self.checkpoints.latest_step()
+        where = (f"batch {step - 1} of the training stream, counted from 0"
+                 if segment is not None and segment.whole_batches else
+                 f"examples {(step - 1) * batch}-{step * batch - 1} of the training stream")
         raise resilience.NonFiniteStep(
-            f"non-finite loss, gradients or updated parameters at step {step} (examples "
-            f"{(step - 1) * batch}-{step * batch - 1} of the training stream); the last good "
+            f"non-finite loss, gradients or updated parameters at step {step} ({where}); "
+            "the last good "
             "checkpoint is "
             f"{'step ' + str(last) if last is not None else 'none'} in "
             f"{self.workdir / 'checkpoints'}; lower optim.learning_rate, check that data, or "

@@ -27,8 +27,9 @@ from pretext_jax.objectives.common import encoder_decoders
 from pretext_jax.objectives.common.encoder_decoders import T5TranslationConfig
 from pretext_jax.objectives.registry import PreparedData
 from pretext_jax.pretrain import directories, hf, loading, translate
-from pretext_jax.pretrain.config import config_from_dict
+from pretext_jax.pretrain.config import config_from_dict, make_config
 from pretext_jax.pretrain.export import save_model
+from pretext_jax.pretrain.trainer import Trainer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -205,6 +206,35 @@ def test_records_hold_both_sides_with_eos_and_languages(toy, tmp_path):
     with pytest.raises(UserError, match="has no fr"):
         te.held_out_pairs(spec, tokenizer, dataclasses.replace(config, target_language="fr"),
                           {"de": 0, "en": 1})
+
+
+def test_batches_within_a_token_budget_cut_both_sides(toy, tmp_path):
+    """examples.tokens_per_batch: pairs of similar length together, rows x the longer side's
+    length within the budget (fairseq's max_tokens), each side cut to that length without
+    losing a token; the feed counts both sides' tokens; a step's loss is finite."""
+    config = make_config("translation_tiny", {
+        "data.source": toy["train"], "data.eval_source": toy["val"],
+        "data.tokenizer": str(directories.find_tokenizer(toy["init"])),
+        "data.cache_dir": str(tmp_path), "examples.tokens_per_batch": 960,
+        "examples.length_buckets": 3,
+        "examples.max_source_length": 48, "examples.max_target_length": 48,
+        "model.hidden_size": 32, "model.num_heads": 2, "model.head_size": 16,
+        "model.intermediate_size": 64, "model.num_layers": 1, "train.batch_size": 16})
+    trainer = Trainer(config, tmp_path / "w")
+    source = trainer.data.segment(1, trainer.run_config).records(None)
+    assert len({rows for rows, _ in source.shapes()}) > 1
+    for key in range(3):
+        batch = source[key]
+        rows, length = len(batch["inputs"]), max(batch["inputs"].shape[1],
+                                                 batch["targets"].shape[1])
+        assert (rows, length) in source.shapes()
+        sides = batch["input_mask"].sum(1), batch["target_mask"].sum(1)
+        assert int(batch.pop("batch_units")) == sum(sides).sum()  # both sides' tokens
+        assert np.maximum(*sides).max() <= length
+        assert (batch["input_mask"].sum(1) == source.records.examples(
+            source.batch(key)[0])["input_mask"].sum(1)).all()  # nothing of a side was cut
+    _, metrics = trainer.train_step(trainer.init_state(), batch)
+    assert np.isfinite(float(metrics["loss"][0]))
 
 
 @pytest.mark.usefixtures("deterministic_torch")

@@ -163,6 +163,39 @@ def test_batches_cropped_to_their_shortest_have_no_padding_and_equal_masks(tmp_p
     assert np.isfinite(float(metrics["loss"][0]))
 
 
+def test_batches_within_a_samples_budget_vary_their_rows(tmp_path, clips):
+    """examples.samples_per_batch (fairseq's max_tokens): batches cropped to their shortest,
+    rows x length within the budget (no padding, so every sample is real), the row count a
+    multiple of the 2 devices and the 2 groups, varying with the length; masked counts equal
+    within each group of consecutive rows; the feed counts the batch's samples; the loader
+    continues from a saved position; a step trains."""
+    budget, devices = 24000, jax.devices()[:2]
+    settings = {**CROP, "examples.samples_per_batch": budget, "examples.max_samples": 6000,
+                "examples.length_buckets": 3}
+    trainer = tiny_trainer(tmp_path / "w", clips, (2, 1, 1), devices, **settings)
+    source = trainer.data.segment(1, trainer.run_config).records(None)
+    assert source.shapes() == [(6, 3895), (4, 5966), (4, 6000)]
+    iterator = trainer.data_iterator()
+    batches = [next(iterator) for _ in range(4)]
+    position, following = iterator.get_state(), next(iterator)
+    for batch in batches:
+        rows, length = batch["audio"].shape
+        assert rows * length <= budget and rows % 2 == 0 and "attention_mask" not in batch
+        assert int(batch.pop("batch_units")) == rows * length
+        counts = batch["mask_time_indices"].sum(axis=1).reshape(2, rows // 2)
+        assert (counts == counts[:, :1]).all() and counts.min() > 0
+    assert len({batch["audio"].shape for batch in batches}) > 1
+    again = trainer.data_iterator()
+    again.set_state(position)
+    for key, value in next(again).items():
+        np.testing.assert_array_equal(value, following[key])
+    _, metrics = trainer.train_step(trainer.init_state(), batches[0])
+    assert np.isfinite(float(metrics["loss"][0]))
+    with pytest.raises(UserError, match="samples_per_batch=100 holds no batch"):
+        tiny_trainer(tmp_path / "small", clips, (2, 1, 1), devices,
+                     **{**settings, "examples.samples_per_batch": 100})
+
+
 def test_batch_groups_must_split_the_micro_batch():
     config = make_config("wav2vec2_tiny", {"objective.batch_groups": 3})  # 16 rows
     with pytest.raises(UserError, match="does not split into objective.batch_groups=3"):
@@ -174,15 +207,19 @@ def test_batch_groups_must_split_the_micro_batch():
 
 def test_the_cards_audio_per_update_is_the_presets():
     """The wav2vec2_base card (docs/methods/speech.md) states the most audio an update holds:
-    ours from the preset (rows x max_samples / sample_rate), the paper's from fairseq's 64 GPUs
-    x max_tokens 1.4 M samples at 16 kHz (its "1.6 h")."""
+    ours from the preset (examples.samples_per_batch / sample_rate), the paper's from fairseq's
+    64 GPUs x max_tokens 1.4 M samples at 16 kHz (its "1.6 h"); at the 250,000 cap a step has
+    5 rows per group, as fairseq's 5 per GPU."""
     row = next(row for row in CARDS["wav2vec2_base"].rows
                if row.setting == "audio per update, at most")
     config = make_config("wav2vec2_base")
+    examples = config.examples
     assert card_value(row.ours.removesuffix(" s")) == (
-        config.train.batch_size * config.examples.max_samples / config.examples.sample_rate)
+        examples.samples_per_batch / examples.sample_rate)
     assert card_value(row.paper.removesuffix(" s")) == 64 * 1_400_000 / 16_000
     assert config.train.batch_size % config.objective.batch_groups == 0
+    groups = config.objective.batch_groups
+    assert examples.samples_per_batch // examples.max_samples // groups == 1_400_000 // 250_000
 
 
 def test_update_count_drives_the_gumbel_temperature(tmp_path, clips):

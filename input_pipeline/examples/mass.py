@@ -56,7 +56,15 @@ l tokens at positions 0 .. l - 1 with the fragment corrupted 80/10/10. The decod
 the k fragment tokens shifted right, `decoder_inputs` = sentence[p - 1] for each fragment
 position p, at `decoder_positions` p - 1 (the positions of the tokens it reads, the reference's
 `positions`), and predicts `targets` = sentence[p]; rows are padded to the longest fragment
-(`xlm_decoder_length`) and `decoder_mask` marks the k real ones.
+of their padded length (`xlm_decoder_length`) and `decoder_mask` marks the k real ones.
+
+Batches: `train.batch_size` rows of `max_seq_length` per step, or with `tokens_per_batch` the
+reference's batches of a token budget (XLM's `--tokens_per_batch`, which MASS-unsupNMT trains
+with: rows of similar length together, their number varying per step;
+`input_pipeline.token_batches`). A row of a batch of length L is its record cut to L tokens
+(`cut_segment`; L - 1 in the reference's layout, whose leading </s> the budget counts) before
+it is masked, so every field follows L: the decoder rows of the reference's layout are the
+longest fragment of L tokens.
 
 Edge cases (§2.2, Table 1): k = 1 is BERT's masked LM (one masked token, the decoder's only
 non-[MASK] input is a token the encoder sees); k = m is a standard LM (the whole encoder input
@@ -127,6 +135,15 @@ class MassExampleConfig:
     drop_long_sentences: bool = False
     """Leave out sentences longer than max_seq_length - 1 tokens (the reference's --max_len
     removes them); False = cut them into pieces."""
+    tokens_per_batch: int = 0
+    """Training batches of at most this many tokens (rows x their length, the reference's
+    sentence with its leading </s> in mass_xlm's layout), rows of similar length together and
+    their number varying per step (XLM's --tokens_per_batch, summed over the GPUs;
+    `input_pipeline.token_batches`); 0 = train.batch_size rows of max_seq_length per step."""
+    length_buckets: int = 8
+    """With tokens_per_batch: the row lengths a batch is padded to, at most this many
+    (percentiles of the segments' lengths, the longest included), so at most this many batch
+    shapes compile."""
 
     def __post_init__(self) -> None:
         if self.max_seq_length < 2:
@@ -142,6 +159,10 @@ class MassExampleConfig:
         if min(probabilities) < 0.0 or sum(probabilities) > 1.0:
             raise UserError("examples.fragment_at_start_prob and examples.fragment_at_end_prob "
                             "must be >= 0 with a sum <= 1 (MASS: 0.2 and 0.2)")
+        if self.tokens_per_batch < 0 or self.length_buckets < 1:
+            raise UserError(f"examples.tokens_per_batch={self.tokens_per_batch} must be >= 0 (0 "
+                            f"= fixed rows) and examples.length_buckets={self.length_buckets} "
+                            ">= 1; e.g. examples.tokens_per_batch=24000 examples.length_buckets=8")
         if self.fragment_block < 0:
             raise UserError(f"examples.fragment_block={self.fragment_block} must be >= 0 "
                             "(0 = one fragment per segment; ProphetNet: 64)")
@@ -264,6 +285,16 @@ def mass_example(tokens: np.ndarray, fragment: np.ndarray, vocab: MaskingVocab,
             "decoder_inputs": decoder_inputs, "targets": targets}
 
 
+def cut_segment(element: dict[str, np.ndarray], length: int, rng: np.random.Generator, *,
+                extra: int) -> dict[str, np.ndarray]:
+    """A record as a row of a batch `length` tokens long (`token_batches.TokenBudgetBatches`'
+    `fit`): its padded `tokens` cut to `length - extra` (`extra`: the positions the layout
+    adds, 1 for the reference's leading </s>); every field the masking makes follows that
+    length. Nothing is drawn (`rng` unused)."""
+    del rng
+    return {**element, "tokens": element["tokens"][:length - extra]}
+
+
 class MassMasking(grain.transforms.RandomMap):
     """Draws the fragment and its 80/10/10 each time a record is loaded, with Grain's
     per-record RNG (so reruns and resumes see the same masks)."""
@@ -294,7 +325,8 @@ def xlm_mass_example(tokens: np.ndarray, vocab: MaskingVocab, config: MassExampl
     """The reference's layout of a segment (`tokens` [L], padded with 0; see the module
     docstring): `inputs`, `input_mask`, `cross_attention_mask` [L + 1] (the sentence with its
     leading EOS) and `decoder_inputs`, `decoder_positions`, `targets`, `decoder_mask`
-    [xlm_decoder_length], int32."""
+    [the longest fragment of L tokens: `xlm_decoder_length` for a record of max_seq_length],
+    int32."""
     length = int(np.count_nonzero(tokens))
     size = config.fragment_size(length)  # the leading EOS counted, as the T5 layout's
     sentence = np.concatenate([[vocab.sep_id], tokens]).astype(np.int32)
@@ -302,7 +334,7 @@ def xlm_mass_example(tokens: np.ndarray, vocab: MaskingVocab, config: MassExampl
     inputs = sentence.copy()
     corrupt(inputs, fragment, vocab, config, rng)
     input_mask = np.arange(len(sentence)) < length + 1
-    decoder = {key: np.zeros(xlm_decoder_length(config), np.int32)
+    decoder = {key: np.zeros(config.fragment_size(len(tokens)), np.int32)
                for key in ("decoder_inputs", "decoder_positions", "targets", "decoder_mask")}
     decoder["decoder_inputs"][:size] = sentence[fragment - 1]
     decoder["decoder_positions"][:size] = fragment - 1

@@ -10,6 +10,9 @@ side longer than its `max_*_length` (EOS included) is cut, a pair with an empty 
 `target_language_ids` hold the two languages' ids (sorted order of the corpus's languages,
 `xlm_examples.language_ids`, the ids MASS's bilingual pre-training uses for the same languages)
 on every position, for models with language embeddings.
+
+With `tokens_per_batch` a pair's length is its longer side's (fairseq's `num_tokens`), and a
+batch of length L holds each side cut to min(L, its padded length) (`token_batches.cut_rows`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,13 @@ class TranslationExampleConfig:
     training evaluation; MASS supervised NMT 5), and greedy BLEU is reported beside."""
     length_penalty: float = 1.0
     """Beam search's length penalty: score = sum(log p) / length ** this (XLM's default 1)."""
+    tokens_per_batch: int = 0
+    """Training batches of at most this many tokens (rows x the longer side's length), pairs of
+    similar length together and their number varying per step (fairseq's --max-tokens, XLM's
+    --tokens_per_batch; `input_pipeline.token_batches`); 0 = train.batch_size rows."""
+    length_buckets: int = 8
+    """With tokens_per_batch: at most this many row lengths (percentiles), so at most this many
+    batch shapes compile."""
 
     def __post_init__(self) -> None:
         if self.source_language == self.target_language:
@@ -55,6 +65,10 @@ class TranslationExampleConfig:
         if min(self.max_source_length, self.max_target_length) < 2:
             raise UserError("examples.max_source_length and examples.max_target_length must be "
                             ">= 2 (a token and EOS)")
+        if self.tokens_per_batch < 0 or self.length_buckets < 1:
+            raise UserError(f"examples.tokens_per_batch={self.tokens_per_batch} must be >= 0 (0 "
+                            f"= fixed rows) and examples.length_buckets={self.length_buckets} "
+                            ">= 1; e.g. examples.tokens_per_batch=4000")
         if self.bleu_sentences < 0:
             raise UserError(f"examples.bleu_sentences={self.bleu_sentences} must be >= 0 "
                             "(0 = every held-out pair)")
@@ -132,10 +146,11 @@ def prepare_pairs(spec: str, tokenizer: Tokenizer, tokenizer_key: object,
                   ) -> RecordDirectory:
     """The records of the parallel corpus `spec`, streamed into ArrayRecord files under
     `cache_root` (kept under a key of the files, the tokenizer and the settings; the decoding
-    settings, which the records do not depend on, left out)."""
+    settings and the batching, which the records do not depend on, left out)."""
     source = open_parallel(spec)
     settings = {name: value for name, value in dataclasses.asdict(config).items()
-                if name not in ("num_beams", "length_penalty")}
+                if name not in ("num_beams", "length_penalty", "tokens_per_batch",
+                                "length_buckets")}
     key = fingerprint(source.fingerprint(), tokenizer_key, settings, ids)
     directory = Path(cache_root) / f"translation-{key}"
     if not (directory / SPEC_FILE).is_file():

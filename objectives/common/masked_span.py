@@ -19,12 +19,18 @@ from pretext_jax.input_pipeline.examples import mass as mass_examples
 from pretext_jax.input_pipeline.examples import xlm as xlm_examples
 from pretext_jax.input_pipeline.examples.bert import MaskingVocab
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
+from pretext_jax.input_pipeline.token_batches import ScheduledBatches, TokenBudgetBatches
 from pretext_jax.objectives.common.held_out import (
     MAX_EVAL_EXAMPLES,
     held_out_examples,
     stacked_records,
 )
-from pretext_jax.objectives.registry import PreparedData, per_step_source
+from pretext_jax.objectives.registry import (
+    PreparedData,
+    Segments,
+    budget_batches,
+    per_step_source,
+)
 
 
 def build_segments(examples: mass_examples.MassExampleConfig, documents: Any, tokenizer: Any,
@@ -58,6 +64,8 @@ def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, ca
         languages = {"n_langs": len(corpora or [None]), "pad_token_id": tokenizer.pad_id}
     masking = (mass_examples.XLMMassMasking if xlm_layout else mass_examples.MassMasking)(
         MaskingVocab.from_tokenizer(tokenizer), examples)
+    if examples.tokens_per_batch:
+        step_order = token_budget_batches(train, examples, masking, seed, extra=int(xlm_layout))
     share = MAX_EVAL_EXAMPLES // len(held_out)
     eval_examples = stacked_records([held_out_examples(part, masking, seed, share)
                                      for part in held_out if len(part)])
@@ -65,6 +73,29 @@ def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, ca
                         model_fields={"vocab_size": tokenizer.vocab_size,
                                       "eos_token_id": tokenizer.sep_id, **languages},
                         segments=step_order, tokenizer=tokenizer)
+
+
+def token_budget_batches(train: Any, examples: mass_examples.MassExampleConfig,
+                         masking: Any, seed: int, *, extra: int) -> Segments:
+    """The training segments of batches within `examples.tokens_per_batch` tokens
+    (`token_batches.TokenBudgetBatches`): a segment's length with the layout's `extra`
+    positions (the reference's leading </s>) is what the budget counts; each row is cut to its
+    batch's length before it is masked. A bilingual corpus (`train` a step schedule) plans each
+    language's batches and reads the next one of the language each step draws
+    (`token_batches.ScheduledBatches`)."""
+    fit = functools.partial(mass_examples.cut_segment, extra=extra)
+    bilingual = isinstance(train, xlm_examples.StepSchedule)
+    languages = train.records if bilingual else [train]
+
+    def source(multiple: int, config: Any) -> Any:
+        del config  # what the run decides is its row multiple
+        sources = [TokenBudgetBatches(
+            records, records.token_lengths("tokens") + extra, budget=examples.tokens_per_batch,
+            length_buckets=examples.length_buckets, multiple=multiple, seed=seed, fit=fit,
+            transforms=(masking,), stream=stream) for stream, records in enumerate(languages)]
+        return ScheduledBatches(train, sources) if bilingual else sources[0]
+
+    return budget_batches(source)
 
 
 def prepare_bilingual(corpora: dict[str, str], data: DataConfig,
