@@ -18,6 +18,8 @@ References read:
 - facebookresearch/fairseq `fairseq/data/data_utils.py` (3d262bb2): `compute_mask_indices` as
   `models/wav2vec/wav2vec2.py` calls it (static spans of 10, mask_prob 0.65, min_masks 2,
   overlapping; one utterance, and a batch with `require_same_masks`).
+- facebookresearch/fairseq `fairseq/models/wav2vec/wav2vec.py` (f8a7c934):
+  `Wav2VecPredictionsModel.sample_negatives` (wav2vec 1.0's same-utterance negatives).
 - PaddlePaddle/ERNIE `batching.py` `mask` (ERNIE 1.0's release d8afc4d, unchanged in
   release/r2.0), the knowledge-masking branch (`mask_word`).
 
@@ -29,7 +31,8 @@ the Brown-Forsythe test on the spreads. Agreement needs every p-value above `ALP
 each sampler has a negative control, a deliberately altered re-statement, which the same
 comparison must reject (a p-value below `ALPHA`). Everything is seeded.
 
-Where ours departs from the reference on purpose (ERNIE's budget, XLNet's punctuation pieces),
+Where ours departs from the reference on purpose (ERNIE's budget, XLNet's punctuation pieces,
+wav2vec's exclusion of the target from its negatives),
 the agreeing parts are compared and the stated departure's direction is asserted by name.
 Disagreements that no document states are `xfail(strict=True)` with the reason.
 """
@@ -992,3 +995,91 @@ def test_ernie_bernoulli_units_follow_batching_mask():
     assert_agree("masked position", ours["masked position"], reference["masked position"],
                  numeric=False)
     assert_rejected("masked", ernie_draws(False)[0]["masked"], reference["masked"])
+
+
+# --- wav2vec (1.0) negatives -------------------------------------------------------------------
+# facebookresearch/fairseq `fairseq/models/wav2vec/wav2vec.py` (`Wav2VecPredictionsModel.
+# sample_negatives`, n_negatives > 0, no cross-sample negatives, no sample_distance).
+
+W2V_FRAMES, W2V_NEGATIVES, W2V_DRAWS = 12, 10, 4000
+
+
+def reference_wav2vec_negatives(frames: int, rng: np.random.Generator, layout: str = "fairseq"
+                                ) -> np.ndarray:
+    """[T, N] frame indices of one utterance's negatives per target frame t, re-stated from
+    `sample_negatives`: N T draws from [0, T - 1), laid out t-major (entry j belongs to target
+    j // N), each at or above its target moved up by one; the features are then gathered with
+    those N T indices and viewed as [N, T] (entry j is negative j // T of target j % T).
+    `layout`: "fairseq" as that code does it; "t_major" read back t-major as its exclusion
+    assumes (wav2vec2.py's layout); "no_exclusion" draws from [0, T) (the negative control)."""
+    count = frames * W2V_NEGATIVES
+    if layout == "no_exclusion":
+        return rng.integers(0, frames, count).reshape(frames, W2V_NEGATIVES)
+    draws = rng.integers(0, frames - 1, count)
+    excluded = np.repeat(np.arange(frames), W2V_NEGATIVES)  # buffered_arange(T), expanded
+    draws = draws + (draws >= excluded)
+    if layout == "t_major":
+        return draws.reshape(frames, W2V_NEGATIVES)
+    return draws.reshape(W2V_NEGATIVES, frames).T
+
+
+def wav2vec_statistics(draws: np.ndarray, seed: int) -> dict[str, list]:
+    """Per draw ([T, N] of one utterance): one (target, negative) picked uniformly; its frame,
+    its distance from the target and whether it is the target itself."""
+    picker = np.random.default_rng(seed)
+    out: dict[str, list] = {"negative frame": [], "distance": [], "is the positive": []}
+    for negatives in draws:
+        target = int(picker.integers(len(negatives)))
+        frame = int(pick(negatives[target], picker))
+        out["negative frame"].append(frame)
+        out["distance"].append(frame - target)
+        out["is the positive"].append(int(frame == target))
+    return out
+
+
+@functools.cache
+def wav2vec_ours(real: int, padded: int) -> dict[str, list]:
+    """Our sampler on W2V_DRAWS rows of `real` real frames right-padded to `padded`, in one
+    call (each row an independent utterance)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pretext_jax.objectives.wav2vec import sample_negatives
+    frames = jnp.broadcast_to(jnp.arange(padded) < real, (W2V_DRAWS, padded))
+    draws = np.asarray(sample_negatives(jax.random.key(7), frames, W2V_NEGATIVES))
+    return wav2vec_statistics(draws[:, :real], seed=111)
+
+
+@functools.cache
+def wav2vec_reference(frames: int, layout: str = "fairseq") -> dict[str, list]:
+    rng = np.random.default_rng(112)
+    return wav2vec_statistics(np.stack([reference_wav2vec_negatives(frames, rng, layout)
+                                        for _ in range(W2V_DRAWS)]), seed=113)
+
+
+@pytest.mark.parametrize("padded", [W2V_FRAMES, W2V_FRAMES + 5])
+def test_wav2vec_negatives_follow_sample_negatives(padded):
+    """Uniform over the utterance's frames (a padded row's real ones) in both: the negative's
+    frame agrees with fairseq's as written; its distance from the target agrees with fairseq's
+    exclusion read back as it is drawn (t-major)."""
+    ours = wav2vec_ours(W2V_FRAMES, padded)
+    assert_agree("negative frame", ours["negative frame"],
+                 wav2vec_reference(W2V_FRAMES)["negative frame"])
+    assert_agree("distance", ours["distance"], wav2vec_reference(W2V_FRAMES, "t_major")["distance"])
+
+
+def test_wav2vec_negative_control():
+    """Draws over [0, T) with no exclusion: the distance comparison tells."""
+    assert_rejected("distance", wav2vec_ours(W2V_FRAMES, W2V_FRAMES)["distance"],
+                    wav2vec_reference(W2V_FRAMES, "no_exclusion")["distance"])
+
+
+def test_wav2vec_stated_departure_the_positive_is_never_a_negative():
+    """Stated in docs/methods/speech.md: fairseq's wav2vec.py excludes, for the negative at
+    [n, t] of its [N, T] view, the frame (n T + t) // N, not t (its exclusion is laid out
+    t-major, its gather read back n-major), so the target itself is drawn as a negative about
+    1 / (T - 1) of the time; ours excludes the target, as the paper and wav2vec2.py do."""
+    ours, reference = wav2vec_ours(W2V_FRAMES, W2V_FRAMES), wav2vec_reference(W2V_FRAMES)
+    assert not any(ours["is the positive"])
+    rate = np.mean(reference["is the positive"])
+    assert 0.5 / (W2V_FRAMES - 1) < rate < 1.5 / (W2V_FRAMES - 1), rate
