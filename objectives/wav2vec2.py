@@ -66,6 +66,8 @@ from pretext_jax.objectives.common.preset_parts import FAIRSEQ_ROBERTA_OPTIM, FS
 from pretext_jax.objectives.common.speech import (
     MaskingSettings,
     check_probe_layer,
+    feature_penalty,
+    group_span_mask,
     prepare_speech,
     probe_monitor,
     probe_summary,
@@ -212,13 +214,6 @@ def diversity_loss(perplexity: jax.Array, num_codevectors: int) -> jax.Array:
     return (num_codevectors - perplexity) / num_codevectors
 
 
-def feature_penalty(conv_features: jax.Array, groups: int = 1) -> jax.Array:
-    """[groups]: the mean square of the feature encoder's output (fairseq `features_pen`) over
-    each group of B / `groups` consecutive rows of `conv_features` [B, T, C]."""
-    squares = jnp.square(conv_features.astype(jnp.float32))
-    return jnp.mean(squares.reshape(groups, -1), axis=1)
-
-
 def wav2vec2_loss(model: Wav2Vec2, batch: Batch, rng: jax.Array | None, *,
                   objective: Wav2Vec2LossSettings | None = None, step: int | jax.Array = 0
                   ) -> tuple[jax.Array, Metrics]:
@@ -301,9 +296,7 @@ class GroupMasks:
 
     def __call__(self, example: dict[str, np.ndarray], key: int) -> dict[str, np.ndarray]:
         frames = int(feature_lengths(self.config, len(example["audio"])))
-        group, row = divmod(key, self.rows_per_group)
-        mask = span_mask(np.full(self.rows_per_group, frames), frames, self.settings,
-                         np.random.default_rng([self.seed, group, 1]), same_count=True)[row]
+        mask = group_span_mask(frames, self.settings, self.rows_per_group, self.seed, key)
         negatives = sample_negatives(mask[None], self.settings.num_negatives,
                                      np.random.default_rng([self.seed, key, 2]))[0]
         return {**example, "mask_time_indices": mask, "sampled_negative_indices": negatives}

@@ -204,32 +204,43 @@ def probe_summary(metrics: tuple[str, ...]) -> Summarize:
 # --- Span masks (wav2vec 2.0 pre-training and CTC fine-tuning) -----------------------------
 
 @dataclasses.dataclass(frozen=True)
-class MaskingSettings:
-    """Host-side masking and distractor sampling (fairseq BASE: mask_prob 0.65 over spans of
-    10, i.e. 0.065 of the frames start a span; 100 negatives)."""
+class SpanSettings:
+    """Host-side span masking of frames (fairseq `compute_mask_indices`; wav2vec 2.0 BASE:
+    mask_prob 0.65 over spans of 10, i.e. 0.065 of the frames start a span)."""
 
     mask_start_fraction: float = 0.065
-    """p, the fraction of an utterance's frames that start a masked span (paper §4.2 0.065;
-    HF `mask_time_prob` / fairseq `mask_prob` = p x mask_span = 0.65)."""
+    """p, the fraction of an utterance's frames that start a masked span (wav2vec 2.0 §4.2
+    0.065; HF `mask_time_prob` / fairseq `mask_prob` = p x mask_span = 0.65)."""
     mask_span: int = 10
     """M, frames masked from each start (paper 10; HF `mask_time_length`)."""
     min_spans: int = 2
     """Fewest spans per utterance that has room for them (HF `mask_time_min_masks` 2)."""
-    num_negatives: int = 100
-    """K, distractors per masked frame, from the same utterance's masked frames (paper 100)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.mask_start_fraction < 1.0:
             raise ValueError(f"mask_start_fraction={self.mask_start_fraction} must be in (0, 1) "
                              "(wav2vec 2.0: 0.065)")
-        for name in ("mask_span", "num_negatives"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.mask_span < 1:
+            raise ValueError(f"mask_span={self.mask_span} must be >= 1")
         if self.min_spans < 0:
             raise ValueError(f"min_spans={self.min_spans} must be >= 0")
 
 
-def span_mask(frame_lengths: np.ndarray, num_frames: int, settings: MaskingSettings,
+@dataclasses.dataclass(frozen=True)
+class MaskingSettings(SpanSettings):
+    """Span masks (`SpanSettings`) and wav2vec 2.0's distractor sampling (fairseq BASE: 100
+    negatives)."""
+
+    num_negatives: int = 100
+    """K, distractors per masked frame, from the same utterance's masked frames (paper 100)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_negatives < 1:
+            raise ValueError(f"num_negatives={self.num_negatives} must be >= 1")
+
+
+def span_mask(frame_lengths: np.ndarray, num_frames: int, settings: SpanSettings,
               rng: np.random.Generator, same_count: bool = False) -> np.ndarray:
     """[B, T] bool, True = masked, for utterances of `frame_lengths` real frames (right-padded
     to `num_frames`), as fairseq's `compute_mask_indices` draws them for wav2vec2.py (static
@@ -258,3 +269,24 @@ def span_mask(frame_lengths: np.ndarray, num_frames: int, settings: MaskingSetti
     for row, frames in enumerate(masked):
         mask[row, frames] = True
     return mask
+
+
+def group_span_mask(frames: int, settings: SpanSettings, rows_per_group: int, seed: int,
+                    key: int) -> np.ndarray:
+    """[frames] bool: the mask of row `key` of a batch cropped to its shortest utterance, drawn
+    as fairseq's `compute_mask_indices` draws them over one GPU's batch with
+    `require_same_masks`: keys come in groups of `rows_per_group` consecutive rows, every row
+    of a group keeps the fewest masked frames of its group (`span_mask(same_count=True)`), and
+    a group's masks come from an rng seeded by (seed, group), so a row draws them without its
+    neighbours' audio, the same in every worker and after a resume."""
+    group, row = divmod(key, rows_per_group)
+    return span_mask(np.full(rows_per_group, frames), frames, settings,
+                     np.random.default_rng([seed, group, 1]), same_count=True)[row]
+
+
+def feature_penalty(conv_features: jax.Array, groups: int = 1) -> jax.Array:
+    """[groups]: the mean square of the feature encoder's output (fairseq `features_pen` of
+    wav2vec2.py and hubert.py) over each group of B / `groups` consecutive rows of
+    `conv_features` [B, T, C]."""
+    squares = jnp.square(conv_features.astype(jnp.float32))
+    return jnp.mean(squares.reshape(groups, -1), axis=1)
