@@ -62,13 +62,18 @@ from pretext_jax.input_pipeline.audio import (
 )
 from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
 from pretext_jax.objectives.common.held_out import mask_records
-from pretext_jax.objectives.common.preset_parts import FAIRSEQ_ROBERTA_OPTIM, FSDD_EXAMPLES
+from pretext_jax.objectives.common.preset_parts import (
+    FAIRSEQ_ROBERTA_OPTIM,
+    FSDD_EXAMPLES,
+    TINY_SPEECH_ENCODER,
+)
 from pretext_jax.objectives.common.speech import (
     MaskingSettings,
-    check_probe_layer,
+    check_frames,
     feature_penalty,
     group_span_mask,
     prepare_speech,
+    probe_layers,
     probe_monitor,
     probe_summary,
     span_mask,
@@ -384,33 +389,9 @@ def mask_audio(data: PreparedData, model_config: Wav2Vec2Config,
     return dataclasses.replace(data, transforms=(*data.transforms, masking), eval=held_out)
 
 
-def probe_layers(model: Wav2Vec2, audio: jax.Array, attention_mask: jax.Array, layer: int
-                 ) -> tuple[jax.Array, jax.Array]:
-    """The probes' features: the Transformer's hidden states as HF numbers them (0 = its
-    input, L = its last block's output), with the real frames."""
-    hidden_states, frames = model.hidden_states(audio, attention_mask)
-    return hidden_states[layer], frames
-
-
-def check_frames(model: Wav2Vec2Config, examples: AudioBatchingConfig, objective: Any = None
-                 ) -> None:
-    """A `max_samples` window makes at least one frame through the feature encoder; the
-    probes read one of the L + 1 hidden states."""
-    check_probe_layer(examples, model.num_layers + 1)
-    if feature_lengths(model, examples.max_samples) < 1:
-        raise UserError(f"examples.max_samples={examples.max_samples} is shorter than the "
-                        "feature encoder's receptive field (no frame); raise it (wav2vec 2.0: "
-                        "250000)")
-
-
-# Test/demo size: a 3-convolution feature encoder of 80 samples a frame (5 ms at 16 kHz), 2
-# Transformer blocks of 64, small codebooks, no dropout. Lists, as config.json holds them.
-TINY_MODEL = {"conv_channels": [32, 32, 32], "conv_kernel_sizes": [10, 4, 4],
-              "conv_strides": [5, 4, 4], "hidden_size": 64, "num_layers": 2, "num_heads": 4,
-              "intermediate_size": 128, "position_conv_kernel": 16, "position_conv_groups": 4,
-              "codevectors_per_group": 32, "codevector_dim": 32, "projection_dim": 32,
-              "hidden_dropout": 0.0, "attention_dropout": 0.0, "feature_projection_dropout": 0.0,
-              "quantizer_input_dropout": 0.0, "layerdrop": 0.0}
+# Test/demo size: the tiny speech encoder, small codebooks, no dropout.
+TINY_MODEL = {**TINY_SPEECH_ENCODER, "codevectors_per_group": 32, "codevector_dim": 32,
+              "projection_dim": 32, "quantizer_input_dropout": 0.0}
 TINY_OPTIM = {**FAIRSEQ_ROBERTA_OPTIM, "learning_rate": 1e-3, "warmup_steps": 20}
 
 PRESETS = {

@@ -1,4 +1,4 @@
-"""What the speech methods (wav2vec 2.0, CPC) share: their data preparation from the audio
+"""What the speech methods (wav2vec 2.0, HuBERT, CPC) share: their data preparation from the audio
 source (`input_pipeline.audio`) and the downstream measure of their representations.
 
 The measure is a linear probe on frozen features, as CPC §3.1 evaluates speaker
@@ -12,7 +12,8 @@ speaker). The same probe on the mean MFCCs of the same windows (`mfcc_means`) is
 hand-made baseline, computed once while preparing; the CLI adds the same network untrained.
 
 Also wav2vec 2.0's span masks (`span_mask`, fairseq's `compute_mask_indices`), which
-pre-training draws over frames and CTC fine-tuning over frames and channels.
+pre-training (wav2vec 2.0's and HuBERT's) draws over frames and CTC fine-tuning over frames and
+channels, and the feature penalty both pre-training losses add.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pretext_jax.input_pipeline.audio import (
     prepare_audio,
 )
 from pretext_jax.input_pipeline.prepare import DataConfig
+from pretext_jax.models.wav2vec2 import SpeechEncoderConfig, Wav2Vec2Body, feature_lengths
 from pretext_jax.objectives.common.evaluation import linear_probe_accuracy
 from pretext_jax.objectives.registry import PreparedData, Summarize, summary_of
 from pretext_jax.progress import progress
@@ -116,14 +118,19 @@ def probe_data(train: AudioRecords, held_out: AudioRecords, examples: AudioExamp
 
 def prepare_speech(data: DataConfig, examples: AudioExampleConfig, cache_dir: Path,
                    seed: int) -> PreparedData:
-    """Audio records (`input_pipeline.audio.prepare_audio`): random `max_samples` crops for
-    training, the first window of at most `max_eval_examples` held-out utterances for
-    evaluation, the probes' records and the MFCC baseline's accuracies (`report`:
-    `mfcc_probe_<label>_accuracy`)."""
+    """Audio records (`input_pipeline.audio.prepare_audio`) as `speech_data`."""
     train, held_out = prepare_audio(data.source, data.eval_source, cache_dir, examples,
                                     held_out_fraction=data.held_out_fraction, seed=seed,
                                     tfds_split=data.tfds_split,
                                     tfds_data_dir=data.tfds_data_dir or None)
+    return speech_data(train, held_out, examples)
+
+
+def speech_data(train: AudioRecords, held_out: AudioRecords, examples: AudioExampleConfig
+                ) -> PreparedData:
+    """Random `max_samples` crops of `train` for training, the first window of at most
+    `max_eval_examples` `held_out` utterances for evaluation, the probes' records and the MFCC
+    baseline's accuracies (`report`: `mfcc_probe_<label>_accuracy`)."""
     probes = probe_data(train, held_out, examples)
     report = {}
     if probes is not None:
@@ -199,6 +206,25 @@ def probe_summary(metrics: tuple[str, ...]) -> Summarize:
         return lines
 
     return summarize
+
+
+def probe_layers(model: Wav2Vec2Body, audio: jax.Array, attention_mask: jax.Array, layer: int
+                 ) -> tuple[jax.Array, jax.Array]:
+    """The probes' features of wav2vec 2.0 and HuBERT: the Transformer's hidden states as HF
+    numbers them (0 = its input, L = its last block's output), with the real frames."""
+    hidden_states, frames = model.hidden_states(audio, attention_mask)
+    return hidden_states[layer], frames
+
+
+def check_frames(model: SpeechEncoderConfig, examples: AudioExampleConfig, objective: Any = None
+                 ) -> None:
+    """A `max_samples` window makes at least one frame through the feature encoder; the
+    probes read one of the L + 1 hidden states."""
+    check_probe_layer(examples, model.num_layers + 1)
+    if feature_lengths(model, examples.max_samples) < 1:
+        raise UserError(f"examples.max_samples={examples.max_samples} is shorter than the "
+                        "feature encoder's receptive field (no frame); raise it (wav2vec 2.0: "
+                        "250000)")
 
 
 # --- Span masks (wav2vec 2.0 pre-training and CTC fine-tuning) -----------------------------
