@@ -674,11 +674,13 @@ class ShortestCropBatches:
     equally long and hold no padding, so the examples have no `attention_mask`.
 
     Key k's row depends on (seed, batch_size, k) alone, so the loader's position is the plan's
-    and a resumed loader continues it; `finish(example, k)`, if given, adds what a method
-    draws per row from its place in the batch (wav2vec 2.0: masks equal within groups)."""
+    and a resumed loader continues it; `finish(example, k, record, start)`, if given, adds what
+    a method draws per row from its place in the batch (wav2vec 2.0: masks equal within
+    groups) and from the utterance's index and the window's first sample (HuBERT: the
+    window's targets)."""
 
     def __init__(self, records: AudioRecords, examples: AudioBatchingConfig, batch_size: int,
-                 seed: int, finish: Callable[[dict[str, np.ndarray], int],
+                 seed: int, finish: Callable[[dict[str, np.ndarray], int, int, int],
                                              dict[str, np.ndarray]] | None = None):
         self.records, self.batch_size, self.seed, self.finish = records, batch_size, seed, finish
         self.max_samples, self.normalize = examples.max_samples, examples.normalize
@@ -724,7 +726,8 @@ class ShortestCropBatches:
         window, _ = audio_window(element["audio"], length, start, self.normalize)
         example = {"audio": window, **{field: np.int32(element[field])
                                        for field in self.records.label_fields}}
-        return example if self.finish is None else self.finish(example, key)
+        return (example if self.finish is None
+                else self.finish(example, key, int(batches[index, row]), start))
 
     def load_transforms(self) -> list[grain.transforms.Map]:
         return []  # the rows are decoded and cropped here

@@ -33,6 +33,7 @@ import json
 import os
 import zlib
 from pathlib import Path
+from typing import Any
 
 import grain
 import jax
@@ -60,11 +61,14 @@ from pretext_jax.objectives.common.preset_parts import (
 )
 from pretext_jax.objectives.common.speech import (
     SpanSettings,
+    check_batch_groups,
     check_frames,
     feature_penalty,
+    group_span_mask,
     probe_layers,
     probe_monitor,
     probe_summary,
+    shortest_crop_segments,
     span_mask,
     speech_data,
 )
@@ -380,6 +384,38 @@ class TargetedRecords:
         return [self.window]
 
 
+@dataclasses.dataclass(frozen=True)
+class ShortestCropTargets:
+    """`ShortestCropBatches`' `finish` for HuBERT (batches cropped to their shortest
+    utterance, fairseq's `pad_audio` false): a row's span masks equal in count within its
+    group of `rows_per_group` rows (`group_span_mask`, fairseq `require_same_masks`) and its
+    window's targets (`frame_targets` of utterance `record` from sample `start`)."""
+
+    config: HubertConfig
+    settings: SpanSettings
+    targets: ClusterTargets
+    sample_rate: int
+    rows_per_group: int
+    seed: int
+
+    def __call__(self, example: dict[str, np.ndarray], key: int, record: int, start: int
+                 ) -> dict[str, np.ndarray]:
+        samples = len(example["audio"])
+        frames = int(feature_lengths(self.config, samples))
+        return {**example,
+                "cluster_labels": frame_targets(self.targets.of(record), start, samples, frames,
+                                                 self.targets.label_rate, self.config,
+                                                 self.sample_rate),
+                "mask_time_indices": group_span_mask(frames, self.settings, self.rows_per_group,
+                                                     self.seed, key)}
+
+
+def resolve_for_run(objective: HubertObjectiveConfig, config: Any) -> HubertObjectiveConfig:
+    """`check_batch_groups`: a micro-batch splits into `objective.batch_groups` groups."""
+    check_batch_groups(objective.batch_groups, config)
+    return objective
+
+
 def prepare_hubert(data: DataConfig, examples: AudioBatchingConfig, cache_dir: Path,
                    seed: int) -> PreparedData:
     """The speech methods' data (`speech_data`), but `eval` the held-out records themselves:
@@ -398,9 +434,6 @@ def with_targets(data: PreparedData, model: HubertConfig, objective: HubertObjec
     held-out first windows labelled and masked once with a fixed seed."""
     train, held_out_records = data.train, data.eval
     examples = train.example_config
-    if getattr(examples, "crop_to_shortest", False):
-        raise UserError("examples.crop_to_shortest is not supported by hubert yet; use "
-                        "padded crops (examples.crop_to_shortest=false)")
     train_targets, held_out_targets = cluster_targets(train, held_out_records,
                                                       model.num_classes, objective)
     fields = train.label_fields
@@ -412,8 +445,13 @@ def with_targets(data: PreparedData, model: HubertConfig, objective: HubertObjec
                           "targets": held_out_targets.of(i)}, 0, rng)
             for i in held_out_records.spaced_indices(examples.max_eval_examples)]
     held_out = {key: np.stack([row[key] for row in rows]) for key in rows[0]}
-    return dataclasses.replace(data, eval=held_out, segments=whole_run(
-        TargetedRecords(train, train_targets, window)))
+    if examples.crop_to_shortest:
+        segments = shortest_crop_segments(
+            train, objective.batch_groups, lambda rows, seed: ShortestCropTargets(
+                model, objective, train_targets, examples.sample_rate, rows, seed))
+    else:
+        segments = whole_run(TargetedRecords(train, train_targets, window))
+    return dataclasses.replace(data, eval=held_out, segments=segments)
 
 
 # --- The registered method ----------------------------------------------------------------
@@ -462,12 +500,14 @@ PRESETS = {
     # 0.1) with 100 clusters of MFCCs; fairseq's Adam (0.9, 0.98), eps 1e-6, decoupled weight
     # decay 0.01, lr 5e-4 after 32k warmup updates then linear decay to the end of the run
     # (polynomial_decay), clipping at 10; utterances under 32,000 samples dropped, no
-    # normalisation; 32 GPU batch groups; 250k updates (the paper's first iteration, §IV-C;
-    # the yaml's max_update 400k is the second's). Departures are on the recipe card.
+    # normalisation; batches cropped to their shortest utterance (pad_audio false) with equal
+    # masked counts per GPU batch, 32 batch groups; 250k updates (the paper's first iteration,
+    # §IV-C; the yaml's max_update 400k is the second's). Departures are on the recipe card.
     "hubert_base": {
         "model": {"num_classes": 100, "dtype": "bfloat16"},
         "objective": {"batch_groups": 32},
-        "examples": {"max_samples": 250000, "min_samples": 32000},
+        "examples": {"max_samples": 250000, "min_samples": 32000, "crop_to_shortest": True,
+                     "length_buckets": 8},
         "data": {"source": "", "worker_count": 16},
         "optim": {**FAIRSEQ_ROBERTA_OPTIM, "learning_rate": 5e-4, "warmup_steps": 32000,
                   "clip_norm": 10.0},
@@ -489,7 +529,8 @@ register(Method(
     description="HuBERT: masked prediction of k-means cluster targets of speech frames "
                 "(Hsu et al. 2021)",
     presets=PRESETS,
-    resolution=Resolution(check=check_hubert, complete_data=with_targets),
+    resolution=Resolution(check=check_hubert, run_settings=resolve_for_run,
+                          complete_data=with_targets),
     evaluation=Evaluation(monitor=probe_monitor(probe_layers), summarize=probe_summary(
         ("loss", "masked_accuracy"))),
     start=Start(hf_models=(Hubert,)),

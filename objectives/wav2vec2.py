@@ -54,11 +54,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.audio import (
     AudioBatchingConfig,
     AudioRecords,
-    ShortestCropBatches,
 )
 from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
 from pretext_jax.objectives.common.held_out import mask_records
@@ -69,6 +67,7 @@ from pretext_jax.objectives.common.preset_parts import (
 )
 from pretext_jax.objectives.common.speech import (
     MaskingSettings,
+    check_batch_groups,
     check_frames,
     feature_penalty,
     group_span_mask,
@@ -76,6 +75,7 @@ from pretext_jax.objectives.common.speech import (
     probe_layers,
     probe_monitor,
     probe_summary,
+    shortest_crop_segments,
     span_mask,
 )
 from pretext_jax.objectives.registry import (
@@ -85,8 +85,6 @@ from pretext_jax.objectives.registry import (
     Metrics,
     PreparedData,
     Resolution,
-    Segment,
-    Segments,
     Start,
     register,
 )
@@ -299,7 +297,9 @@ class GroupMasks:
     rows_per_group: int
     seed: int
 
-    def __call__(self, example: dict[str, np.ndarray], key: int) -> dict[str, np.ndarray]:
+    def __call__(self, example: dict[str, np.ndarray], key: int, record: int = 0,
+                 start: int = 0) -> dict[str, np.ndarray]:
+        del record, start  # the masks depend on the row's place alone
         frames = int(feature_lengths(self.config, len(example["audio"])))
         mask = group_span_mask(frames, self.settings, self.rows_per_group, self.seed, key)
         negatives = sample_negatives(mask[None], self.settings.num_negatives,
@@ -329,11 +329,7 @@ def resolve_for_run(objective: Wav2Vec2ObjectiveConfig, config: Any
                     ) -> Wav2Vec2ObjectiveConfig:
     """The run's objective settings (`per_loss_call_decay`), once a micro-batch is known to
     split into `batch_groups` groups."""
-    micro = config.train.batch_size // config.optim.grad_accum_steps
-    if micro % objective.batch_groups:
-        raise UserError(f"a micro-batch of {micro} rows (train.batch_size / "
-                        f"optim.grad_accum_steps) does not split into objective.batch_groups="
-                        f"{objective.batch_groups} groups; use a multiple of it")
+    check_batch_groups(objective.batch_groups, config)
     return per_loss_call_decay(objective, config)
 
 
@@ -353,25 +349,6 @@ def build_wav2vec2(config: Wav2Vec2Config, seed: int) -> Wav2Vec2:
     return Wav2Vec2(config, rngs=nnx.Rngs(seed))
 
 
-def shortest_crop_segments(records: AudioRecords, model_config: Wav2Vec2Config,
-                           objective: Wav2Vec2ObjectiveConfig) -> Segments:
-    """`PreparedData.segments` of batches cropped to their shortest utterance: the whole run
-    reads `ShortestCropBatches` of the run's batch size and seed, in order, each row masked by
-    `GroupMasks` in groups of train.batch_size / optim.grad_accum_steps / batch_groups rows."""
-
-    def segment(step: int, config: Any) -> Segment:
-        del step
-        rows = (config.train.batch_size // config.optim.grad_accum_steps
-                // objective.batch_groups)
-        source = ShortestCropBatches(
-            records, config.examples, config.train.batch_size, config.train.seed,
-            GroupMasks(model_config, objective, rows, config.train.seed))
-        return Segment(first_step=1, last_step=None, records=lambda model: source,
-                       shuffle=False)
-
-    return segment
-
-
 def mask_audio(data: PreparedData, model_config: Wav2Vec2Config,
                objective: Wav2Vec2ObjectiveConfig) -> PreparedData:
     """Training masks drawn while loading: `SpanMasking` of padded crops, or batches cropped
@@ -385,7 +362,8 @@ def mask_audio(data: PreparedData, model_config: Wav2Vec2Config,
     if (isinstance(data.train, AudioRecords)
             and getattr(data.train.example_config, "crop_to_shortest", False)):
         return dataclasses.replace(data, eval=held_out, segments=shortest_crop_segments(
-            data.train, model_config, objective))
+            data.train, objective.batch_groups,
+            lambda rows, seed: GroupMasks(model_config, objective, rows, seed)))
     return dataclasses.replace(data, transforms=(*data.transforms, masking), eval=held_out)
 
 

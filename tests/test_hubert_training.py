@@ -167,3 +167,32 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, clips):  # noqa: F811
     run_in_process("hubert_tiny", overrides, *reference)
     ours = abort_and_resume("hubert_tiny", overrides, tmp_path, step=5)
     assert len(assert_same_training("hubert_tiny", overrides, ours, reference)) > 6
+
+
+def test_batches_cropped_to_their_shortest_carry_their_windows_targets(tmp_path, clips):  # noqa: F811
+    """examples.crop_to_shortest (fairseq's pad_audio false): rows of a batch equally long,
+    no attention_mask, masked counts equal within each of the 2 batch groups, and a row's
+    targets those of its utterance from its window's first sample (`frame_targets`, found
+    again from the plan and the row's crop); a step trains."""
+    config = make_config("hubert_tiny", {**TINY, **clips, "examples.crop_to_shortest": True,
+                                         "examples.length_buckets": 2,
+                                         "objective.batch_groups": 2})
+    trainer = Trainer(config, tmp_path / "w")
+    batch = next(trainer.data_iterator())
+    assert set(batch) == {"audio", "mask_time_indices", "cluster_labels"}
+    counts = np.asarray(batch["mask_time_indices"]).sum(axis=1).reshape(2, 4)
+    assert (counts == counts[:, :1]).all() and counts.min() > 0
+    source = trainer.data.segment(1, config).records(None)
+    batches, lengths = source.plan(0)
+    record, length = int(batches[0, 0]), int(lengths[0])
+    audio = source.records.spec.decode(source.records.source[record])["audio"]
+    start = next(s for s in range(len(audio) - length + 1)
+                 if np.array_equal(audio[s:s + length] / 32768.0, source[0]["audio"]))
+    frames = int(feature_lengths(config.model, length))
+    np.testing.assert_array_equal(source[0]["cluster_labels"], hubert.frame_targets(
+        source.finish.targets.of(record), start, length, frames, 100, config.model, RATE))
+    # Only a window's last frames can lack a label: the utterance's last 25 ms MFCC frame ends
+    # at or before its end.
+    assert (np.asarray(batch["cluster_labels"])[:, :-4] >= 0).all()
+    state, metrics = trainer.train_step(trainer.init_state(), batch)
+    assert np.isfinite(float(metrics["loss"][0]))

@@ -33,6 +33,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.audio import (
     AudioExampleConfig,
     AudioRecords,
+    ShortestCropBatches,
     held_out_rule,
     mfcc_means,
     prepare_audio,
@@ -40,7 +41,13 @@ from pretext_jax.input_pipeline.audio import (
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.wav2vec2 import SpeechEncoderConfig, Wav2Vec2Body, feature_lengths
 from pretext_jax.objectives.common.evaluation import linear_probe_accuracy
-from pretext_jax.objectives.registry import PreparedData, Summarize, summary_of
+from pretext_jax.objectives.registry import (
+    PreparedData,
+    Segment,
+    Segments,
+    Summarize,
+    summary_of,
+)
 from pretext_jax.progress import progress
 
 PROBE_BATCH = 32  # utterances per feature batch (fixed, so one compiled shape)
@@ -308,6 +315,37 @@ def group_span_mask(frames: int, settings: SpanSettings, rows_per_group: int, se
     group, row = divmod(key, rows_per_group)
     return span_mask(np.full(rows_per_group, frames), frames, settings,
                      np.random.default_rng([seed, group, 1]), same_count=True)[row]
+
+
+def check_batch_groups(batch_groups: int, config: Any) -> None:
+    """A micro-batch (train.batch_size / optim.grad_accum_steps rows) splits into
+    `batch_groups` groups of rows (wav2vec 2.0's and HuBERT's per-GPU batches)."""
+    micro = config.train.batch_size // config.optim.grad_accum_steps
+    if micro % batch_groups:
+        raise UserError(f"a micro-batch of {micro} rows (train.batch_size / "
+                        f"optim.grad_accum_steps) does not split into objective.batch_groups="
+                        f"{batch_groups} groups; use a multiple of it")
+
+
+def shortest_crop_segments(
+    records: AudioRecords, batch_groups: int,
+    finish: Callable[[int, int], Callable[[dict[str, np.ndarray], int, int, int],
+                                          dict[str, np.ndarray]]]) -> Segments:
+    """`PreparedData.segments` of batches cropped to their shortest utterance
+    (`examples.crop_to_shortest`): the whole run reads `ShortestCropBatches` of the run's batch
+    size and seed, in order, each row completed by `finish(rows, seed)` (wav2vec 2.0's
+    `GroupMasks`, HuBERT's targets and masks), `rows` = train.batch_size /
+    optim.grad_accum_steps / `batch_groups`, the rows of a batch group."""
+
+    def segment(step: int, config: Any) -> Segment:
+        del step
+        rows = config.train.batch_size // config.optim.grad_accum_steps // batch_groups
+        source = ShortestCropBatches(records, config.examples, config.train.batch_size,
+                                     config.train.seed, finish(rows, config.train.seed))
+        return Segment(first_step=1, last_step=None, records=lambda model: source,
+                       shuffle=False)
+
+    return segment
 
 
 def feature_penalty(conv_features: jax.Array, groups: int = 1) -> jax.Array:
