@@ -11,7 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from resilience_utils import abort_and_resume, assert_same_training, run_in_process
+from resilience_utils import (
+    GRADIENT_STEP,
+    abort_and_resume,
+    assert_same_training,
+    run_in_process,
+)
 from test_wav2vec2_training import clips  # noqa: F401  (the fixture)
 
 from pretext_jax.input_pipeline.mfcc import deltas, kaldi_mfcc, mfcc_with_deltas
@@ -196,3 +201,35 @@ def test_batches_cropped_to_their_shortest_carry_their_windows_targets(tmp_path,
     assert (np.asarray(batch["cluster_labels"])[:, :-4] >= 0).all()
     state, metrics = trainer.train_step(trainer.init_state(), batch)
     assert np.isfinite(float(metrics["loss"][0]))
+
+
+def test_same_step_on_every_mesh(tmp_path, clips):  # noqa: F811
+    """One gradient step (dropout and LayerDrop on, two batch groups, each spanning two of the
+    mixed mesh's four data shards) gives the same loss and parameters on one device and on the
+    (2, 2, 2) mesh, and it moves the parameters."""
+    import jax
+
+    results, batch, initial = {}, None, None
+    for name, (mesh, devices) in {"single": ((1, 1, 1), jax.devices()[:1]),
+                                  "mixed": ((2, 2, 2), None)}.items():
+        values = {**TINY, **clips, **GRADIENT_STEP, "objective.batch_groups": 2,
+                  "model.hidden_dropout": 0.1, "model.layerdrop": 0.2, "mesh.data": mesh[0],
+                  "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2]}
+        trainer = Trainer(make_config("hubert_tiny", values), tmp_path / name, devices=devices)
+        batch = next(trainer.data_iterator()) if batch is None else batch
+        state = trainer.init_state()
+        initial = jax.device_get(state.params) if initial is None else initial
+        state, metrics = trainer.train_step(state, batch)
+        params = jax.device_get(state.params)
+        results[name] = (float(metrics["loss"][0]), {
+            jax.tree_util.keystr(k): np.asarray(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(params)})
+    moved = jax.tree.map(lambda a, b: np.abs(np.asarray(a) - np.asarray(b)).max(), params,
+                         initial)
+    assert max(jax.tree.leaves(moved)) > 1e-2
+    loss0, params0 = results["single"]
+    assert np.isfinite(loss0)
+    loss, params = results["mixed"]
+    assert loss == pytest.approx(loss0, rel=1e-6, abs=1e-5)
+    for key, value in params0.items():
+        np.testing.assert_allclose(params[key], value, atol=2e-6, rtol=1e-5, err_msg=key)
