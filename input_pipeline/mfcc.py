@@ -1,5 +1,5 @@
 """Kaldi's MFCCs with deltas, in numpy: the features HuBERT's first iteration clusters (Hsu et
-al. 2021 §4.2: "39-dimensional MFCC features, 13 coefficients with the first and second-order
+al. 2021 §IV-B: "39-dimensional MFCC features, 13 coefficients with the first and second-order
 derivatives").
 
 Reference: fairseq `examples/hubert/simple_kmeans/dump_mfcc_feature.py`, which computes

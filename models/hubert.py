@@ -12,7 +12,7 @@ and which is the parity oracle (tests/test_hubert.py). HF has no pre-training he
 export holds the body only. The loss on these outputs (masked prediction of cluster targets)
 is in `objectives/hubert.py`.
 
-Paper sections: §2 (learning the hidden units, masked prediction), §3 (the model: the same
+Paper sections: §II-A/B (learning the hidden units, masked prediction), §II-E (the model: the same
 feature encoder and Transformer as wav2vec 2.0, the projection matrix A and the embeddings
 e_c of codewords, p_f(c | X~, t) proportional to exp(sim(A o_t, e_c) / tau), tau = 0.1).
 Shape comments use the letters of `models.wav2vec2.Wav2Vec2`'s legend, K the clusters and E
@@ -72,7 +72,7 @@ class HubertOutput:
     """What the pre-training loss reads:
 
     - `last_hidden_state` [B, T, H]: the context network's output o_t.
-    - `projected_states` [B, T, E]: `final_proj`(o_t), A o_t of §3.
+    - `projected_states` [B, T, E]: `final_proj`(o_t), A o_t of §II-E.
     - `conv_features` [B, T, C]: the feature encoder's output before its LayerNorm (after the
       gradient scaling), whose mean square is fairseq's `features_pen`.
     - `frames` [B, T]: True at real (not padding) frames.
@@ -126,6 +126,6 @@ class Hubert(Wav2Vec2Body):
                             conv_features=features, frames=frames)
 
     def cluster_similarity(self, projected_states: jax.Array) -> jax.Array:
-        """sim(A o_t, e_c) of §3 for every cluster: `cosine_similarities` of
+        """sim(A o_t, e_c) of §II-E for every cluster: `cosine_similarities` of
         `projected_states` [B, T, E] with `label_embeddings` -> [B, T, K]."""
         return cosine_similarities(projected_states, self.label_embeddings[...])

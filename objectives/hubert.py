@@ -1,4 +1,4 @@
-"""HuBERT's pre-training objective (Hsu et al. 2021 §2-§3, §4.2): masked prediction of
+"""HuBERT's pre-training objective (Hsu et al. 2021 §II, §IV-C): masked prediction of
 cluster targets.
 
 Reference: fairseq `models/hubert/hubert.py` (`compute_nce`, `compute_pred`, `forward`,
@@ -7,13 +7,13 @@ Reference: fairseq `models/hubert/hubert.py` (`compute_nce`, `compute_pred`, `fo
 
 - Targets: one cluster index per 20 ms frame (`batch["cluster_labels"]` [B, T], -1 where a
   frame has none).
-- Masking (§4.2): span masks as wav2vec 2.0's (`objectives.common.speech.span_mask`), with
+- Masking (§IV-C): span masks as wav2vec 2.0's (`objectives.common.speech.span_mask`), with
   fairseq HuBERT's mask_prob 0.8 over spans of 10 (p = 0.08 of the frames start a span).
-- Prediction (§3): p(c | X~, t) = softmax_c(cos(A o_t, e_c) / tau), tau = 0.1 (fairseq
+- Prediction (§II-E): p(c | X~, t) = softmax_c(cos(A o_t, e_c) / tau), tau = 0.1 (fairseq
   `logit_temp`), A `final_proj`, e_c the cluster embeddings. fairseq puts the target first
   among every cluster with the target's own copy at -inf (`compute_nce`), which is the
   softmax over the K clusters.
-- Loss (§2, eq. 2-3; fairseq `HubertCriterion`): alpha x the cross-entropy summed over the
+- Loss (§II-B, eqs. 2-3; fairseq `HubertCriterion`): alpha x the cross-entropy summed over the
   masked frames + (1 - alpha) x over the unmasked ones (`masked_weight` 1.0 and
   `unmasked_weight` 0.0: fairseq `pred_masked_weight` / `pred_nomask_weight`; the paper's
   alpha = 1), plus 10 x the mean square of the feature encoder's output times the frames
@@ -278,7 +278,7 @@ def label_utterances(records: AudioRecords, centroids: np.ndarray, sample_rate: 
 
 def cluster_targets(train: AudioRecords, held_out: AudioRecords, clusters: int,
                     objective: HubertObjectiveConfig) -> tuple[ClusterTargets, ClusterTargets]:
-    """Iteration 1's targets (paper §4.2, fairseq simple_kmeans): k-means of the training
+    """Iteration 1's targets (paper §IV-B, fairseq simple_kmeans): k-means of the training
     utterances' MFCCs (a `kmeans_fraction` of them), then every frame of both splits labelled
     by its nearest centroid. Deterministic (seed `KMEANS_SEED`); kept beside the training
     records under a fingerprint of what decides them, so a rerun or resume reads the same
@@ -493,11 +493,12 @@ PRESETS = {
         "train": {"steps": 1500, "batch_size": 16, "log_every": 25, "eval_every": 500,
                   "checkpoint_every": 500, "eval_batches": 4},
     },
-    # BASE iteration 1 on LibriSpeech 960 h (Hsu et al. 2021 §4.2; fairseq
+    # BASE iteration 1 on LibriSpeech 960 h (Hsu et al. 2021 §IV-C; fairseq
     # examples/hubert/config/pretrain/hubert_base_librispeech.yaml): the model's and the
     # objective's defaults are that recipe (wav2vec 2.0 BASE's network, final_dim 256; mask
     # p 0.08 x span 10, tau 0.1, masked frames only, feature penalty 10, feature gradient x
-    # 0.1) with 100 clusters of MFCCs; fairseq's Adam (0.9, 0.98), eps 1e-6, decoupled weight
+    # 0.1) with 100 clusters of MFCCs fitted on 10 % of the utterances (simple_kmeans README's
+    # --percent 0.1); fairseq's Adam (0.9, 0.98), eps 1e-6, decoupled weight
     # decay 0.01, lr 5e-4 after 32k warmup updates then linear decay to the end of the run
     # (polynomial_decay), clipping at 10; utterances under 32,000 samples dropped, no
     # normalisation; batches cropped to their shortest utterance (pad_audio false) with equal
@@ -505,7 +506,7 @@ PRESETS = {
     # §IV-C; the yaml's max_update 400k is the second's). Departures are on the recipe card.
     "hubert_base": {
         "model": {"num_classes": 100, "dtype": "bfloat16"},
-        "objective": {"batch_groups": 32},
+        "objective": {"batch_groups": 32, "kmeans_fraction": 0.1},
         "examples": {"max_samples": 250000, "min_samples": 32000, "crop_to_shortest": True,
                      "length_buckets": 8},
         "data": {"source": "", "worker_count": 16},
