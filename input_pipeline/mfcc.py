@@ -80,6 +80,8 @@ def kaldi_mfcc(waveform: np.ndarray, sample_rate: int) -> np.ndarray:
 def deltas(features: np.ndarray) -> np.ndarray:
     """[frames, d] -> [frames, d]: sum_{n=1..2} n (x[t+n] - x[t-n]) / 10, the edge frames
     repeated (torchaudio `compute_deltas`, mode "replicate")."""
+    if len(features) == 0:
+        return np.zeros_like(features, np.float32)
     padded = np.pad(features, ((DELTA_WINDOW, DELTA_WINDOW), (0, 0)), mode="edge")
     count = len(features)
     total = sum(n * (padded[DELTA_WINDOW + n:DELTA_WINDOW + n + count]

@@ -318,9 +318,11 @@ def frame_targets(labels: np.ndarray, start: int, samples: int, num_frames: int,
     those frames)."""
     first = int(round(start * label_rate / sample_rate))
     size = min(int(round(samples * label_rate / sample_rate)), len(labels) - first)
+    if size <= 0:  # e.g. an utterance under one 25 ms MFCC frame: no label at all
+        return np.full(num_frames, -1, np.int32)
     ratio = label_rate * config.samples_per_frame / sample_rate
     index = (np.arange(num_frames) * ratio).astype(np.int64)
-    return np.where(index < size, labels[first + np.minimum(index, max(size - 1, 0))],
+    return np.where(index < size, labels[first + np.minimum(index, size - 1)],
                     -1).astype(np.int32)
 
 

@@ -78,6 +78,7 @@ def test_deltas_are_the_regression_over_two_frames():
     assert full.shape[1] == 39
     np.testing.assert_allclose(full[:, 13:26], deltas(full[:, :13]), rtol=1e-6)
     np.testing.assert_allclose(full[:, 26:], deltas(full[:, 13:26]), rtol=1e-6)
+    assert mfcc_with_deltas(tone()[:399], RATE).shape == (0, 39)
 
 
 def test_frame_targets_follow_fairseqs_alignment():
@@ -98,6 +99,9 @@ def test_frame_targets_follow_fairseqs_alignment():
     # An utterance whose labels end before the window does: no target past them.
     np.testing.assert_array_equal(hubert.frame_targets(labels[:13], 1600, 3200, 4, 100, base,
                                                        RATE), [10, 12, -1, -1])
+    # An utterance under 25 ms has no MFCC frame, so no label.
+    np.testing.assert_array_equal(hubert.frame_targets(labels[:0], 0, 300, 3, 100, tiny, RATE),
+                                  [-1, -1, -1])
 
 
 @pytest.fixture(scope="module")
