@@ -260,3 +260,21 @@ def test_hubert_loss_reads_the_model():
                                rtol=1e-6)
     for path, grad in nnx.to_flat_state(grads):
         assert np.abs(np.asarray(grad.get_value())).max() > 0, path
+
+
+def test_hf_models_belong_to_hubert_and_ctc_does_not_claim_them():
+    """A HuBERT model (a wav2vec 2.0 body with another head) is the `hubert` method's, and
+    wav2vec 2.0's CTC recipe, which copies the quantiser's sizes, leaves it (None) where it
+    takes a wav2vec 2.0 (the control)."""
+    from test_wav2vec2 import TINY as WAV2VEC2_TINY
+
+    from pretext_jax import objectives  # noqa: F401  (registers the methods)
+    from pretext_jax.models.wav2vec2 import Wav2Vec2
+    from pretext_jax.objectives import registry
+
+    hubert = nnx.eval_shape(lambda: Hubert(TINY, rngs=nnx.Rngs(0)))
+    assert registry.method_of_model(hubert) == "hubert"
+    ctc = registry.downstream_task("ctc")
+    assert registry.downstream_recipe(hubert, ctc, {}) is None
+    wav2vec2 = nnx.eval_shape(lambda: Wav2Vec2(WAV2VEC2_TINY, rngs=nnx.Rngs(0)))
+    assert registry.downstream_recipe(wav2vec2, ctc, {}) is not None
