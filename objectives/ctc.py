@@ -191,7 +191,8 @@ def ctc_recipe(pretrained: Any, task: DownstreamTask, source_config: Mapping[str
     """wav2vec 2.0 (pre-trained or fine-tuned) on task `ctc`: the starting network's sizes
     and `FINETUNE_RECIPE` for 20,000 updates (2,000 warmup, 8,000 hold, 10,000 decay; the
     context network frozen for the first 10,000)."""
-    if task.name != CTC or not isinstance(pretrained, Wav2Vec2Body):
+    if (task.name != CTC or not isinstance(pretrained, Wav2Vec2Body)
+            or not isinstance(pretrained.config, Wav2Vec2Config)):  # not HuBERT's
         return None
     network = {f"model.{name}": getattr(pretrained.config, name) for name in NETWORK_FIELDS}
     return FinetuneRecipe(values={"method": CTC, **{k: list(v) if isinstance(v, tuple) else v
