@@ -155,6 +155,11 @@ def _parser() -> argparse.ArgumentParser:
     finetune.add_argument("--config", metavar="FILE",
                           help="a YAML or Python (get_config()) file of config sections, layered "
                           "over the task's recipe and under the section.key=value overrides")
+    finetune.add_argument("--recipe", default="", metavar="PRESET",
+                          help="another of the method's recipes, where it has several: for "
+                          "--task ctc from wav2vec 2.0 ctc_base_10m, ctc_base_1h, ctc_base_10h "
+                          "(default), ctc_base_100h, ctc_base_960h (fairseq's per labelled-"
+                          "data size)")
     add_glue_arguments(finetune)
     evaluate = commands.add_parser("eval", help="dev metrics of a fine-tuning workdir")
     evaluate.add_argument("--workdir", required=True, type=_workdir,
@@ -514,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = finetune.finetune_seeds(
                     args.task, args.init, args.data, args.workdir,
                     range(args.seed, args.seed + args.seeds), args.overrides, epochs=args.epochs,
-                    architecture=args.architecture, config_file=args.config)
+                    architecture=args.architecture, config_file=args.config,
+                    recipe=args.recipe)
                 print(f"{result['task']} dev, median of {args.seeds} seeds after "
                       f"{result['steps']} steps: {_metrics(result)}")
             else:
@@ -522,7 +528,8 @@ def main(argv: list[str] | None = None) -> int:
                                                   args.overrides, seed=args.seed,
                                                   epochs=args.epochs,
                                                   architecture=args.architecture,
-                                                  config_file=args.config)
+                                                  config_file=args.config,
+                                                  recipe=args.recipe)
                 result = finetune.finetune(config, args.workdir)
                 print(f"{result['task']} dev after {result['steps']} steps: {_metrics(result)}")
         elif args.command == "eval":

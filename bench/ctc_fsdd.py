@@ -12,11 +12,13 @@ wav2vec2_digits`. Data: $PRETEXT_SHARED_DATA/fsdd/recordings or ../shared/data/f
 split (recordings 0-4 of each speaker and digit are the 300 dev utterances). The manifests are
 written to `<workdir>/manifests`. The recipe is fairseq `base_10h`'s shape (`run.py finetune
 --task ctc`: tri-stage schedule, feature encoder frozen, time and channel masks) scaled to
-`--steps`: warmup 10 %, hold 40 %, decay 50 %, the transformer frozen for the first 10 % (base_10h
-freezes it for half of its 20,000 updates), peak rate 2e-3 for the tiny network (base_10h: 5e-5
-for BASE; at 5e-4 for 2,000 steps both runs stayed at the blank-only plateau, WER 1.0), utterances up to 1 s (16,000 samples, as pre-training: the longer ones are dropped and
-counted). Overrides after it win. Each run has its own workdir (`pretrained`, `random`), so an
-interrupted bench resumes. Prints one JSON line and writes the Markdown row (`bench.report`).
+`--steps`: warmup 10 %, hold 40 %, decay 50 %, the transformer frozen for the first 10 %
+(base_10h freezes it for half of its 20,000 updates), peak rate 2e-3 for the tiny network
+(base_10h: 5e-5 for BASE; at 5e-4 for 2,000 steps both runs stayed at the blank-only plateau,
+WER 1.0), utterances up to 1 s (16,000 samples, as pre-training: the longer ones are dropped
+and counted), 8 utterances per update (base_10h: 96 padded rows of 250,000 samples). Overrides
+after it win. Each run has its own workdir (`pretrained`, `random`), so an interrupted bench
+resumes. Prints one JSON line and writes the Markdown row (`bench.report`).
 Needs the `audio` and `ctc` extras.
 """
 
@@ -64,7 +66,7 @@ def recipe(steps: int) -> list[str]:
     """base_10h's schedule shape scaled to `steps` (see the module docstring)."""
     return [f"train.steps={steps}", f"optim.warmup_steps={steps // 10}",
             f"optim.hold_steps={steps * 4 // 10}", f"objective.freeze_updates={steps // 10}",
-            "optim.learning_rate=2e-3", "examples.max_samples=16000",
+            "optim.learning_rate=2e-3", "examples.max_samples=16000", "train.batch_size=8",
             f"train.eval_every={steps}", f"train.checkpoint_every={max(steps // 4, 1)}",
             "train.log_every=50", "train.progress=false"]
 

@@ -46,8 +46,9 @@ device time in all. So:
   the same command resumes it exactly, on the same warm machine, until kNN (k 200) and the linear
   probe are written. The pixels are rebuilt from JPEG copies (lossy). `--method moco` and
   `byol` run `moco_cifar10` and `byol_cifar10`, lightly's CIFAR-10 benchmark settings, whose
-  kNN figures stand beside ours. The images go through the host loader (Grain) and are
-  augmented on the device; they are not kept in device memory. `semi` then fine-tunes that
+  kNN figures stand beside ours. The 50,000 images (150 MB) are kept in device memory
+  (`train.records_in_device_memory=true`: the host loader reads only their indices and the step
+  gathers and augments them on the device). `semi` then fine-tunes that
   run's backbone on 1 % and 10 % of the labels beside the same network from its random
   initialisation (`bench.semi_cifar10`, `run.py finetune --task semi`'s recipe: 60 and 30
   epochs at batch 256), its own command on the same warm machine (`--init`, default the
@@ -787,7 +788,8 @@ def run_cifar10(suite: Suite, args: argparse.Namespace) -> None:
                "--train-seconds", f"{max(train_s, 0):.0f}",
                "--markdown", str(suite.out / "image_cifar10.md"),
                f"train.batch_size={args.batch_size}", "train.progress=false",
-               "train.log_every=200", "train.checkpoint_every=2000", *args.set]
+               "train.log_every=200", "train.checkpoint_every=2000",
+               "train.records_in_device_memory=true", *args.set]
 
     def to_record(value: dict[str, Any]) -> dict[str, Any] | None:
         if value.get("benchmark") != "image_cifar10":

@@ -671,7 +671,11 @@ class CropWindow:
 
     def __call__(self, element: dict[str, np.ndarray], length: int, rng: np.random.Generator
                  ) -> dict[str, np.ndarray]:
-        start = random_start(len(element["audio"]), length, rng)
+        return self.at(element, length, random_start(len(element["audio"]), length, rng))
+
+    def at(self, element: dict[str, np.ndarray], length: int, start: int
+           ) -> dict[str, np.ndarray]:
+        """The window of `length` samples from `start`."""
         window, _ = audio_window(element["audio"], length, start, self.normalize)
         return {"audio": window, **{field: np.int32(element[field])
                                     for field in self.label_fields}}
@@ -709,11 +713,13 @@ class ShortestCropBatches:
     equally long and hold no padding, so the examples have no `attention_mask`.
 
     Key k's row depends on (seed, batch_size, k) alone, so the loader's position is the plan's
-    and a resumed loader continues it; `finish(example, k)`, if given, adds what a method
-    draws per row from its place in the batch (wav2vec 2.0: masks equal within groups)."""
+    and a resumed loader continues it; `finish(example, k, record, start)`, if given, adds what
+    a method draws per row from its place in the batch (wav2vec 2.0: masks equal within
+    groups) and from the utterance's index and the window's first sample (HuBERT: the
+    window's targets)."""
 
     def __init__(self, records: AudioRecords, examples: AudioBatchingConfig, batch_size: int,
-                 seed: int, finish: Callable[[dict[str, np.ndarray], int],
+                 seed: int, finish: Callable[[dict[str, np.ndarray], int, int, int],
                                              dict[str, np.ndarray]] | None = None):
         self.records, self.batch_size, self.seed, self.finish = records, batch_size, seed, finish
         self.max_samples, self.normalize = examples.max_samples, examples.normalize
@@ -752,10 +758,12 @@ class ShortestCropBatches:
         batch, row = divmod(key, self.batch_size)
         epoch, index = divmod(batch, self.batches_per_epoch)
         batches, lengths = self.plan(epoch)
-        element = self.records.spec.decode(self.records.source[int(batches[index, row])])
-        example = CropWindow(self.records.label_fields, self.normalize)(
-            element, int(lengths[index]), np.random.default_rng([self.seed, key, 0]))
-        return example if self.finish is None else self.finish(example, key)
+        record, length = int(batches[index, row]), int(lengths[index])
+        element = self.records.spec.decode(self.records.source[record])
+        start = random_start(len(element["audio"]), length,
+                             np.random.default_rng([self.seed, key, 0]))
+        example = CropWindow(self.records.label_fields, self.normalize).at(element, length, start)
+        return example if self.finish is None else self.finish(example, key, record, start)
 
     def load_transforms(self) -> list[grain.transforms.Map]:
         return []  # the rows are decoded and cropped here

@@ -50,12 +50,15 @@ CONV_NORM_EPS = 1e-5  # torch GroupNorm / LayerNorm default inside the feature e
 
 
 @dataclasses.dataclass(frozen=True)
-class Wav2Vec2Config:
-    """The wav2vec 2.0 network (defaults: BASE, fairseq `wav2vec2_base_librispeech`; HF
-    `Wav2Vec2Config` names in brackets where they differ). Masking and loss settings (mask
-    probability and span, negatives, temperatures, loss weights) are the objective's, not here.
-    `dtype` is the compute dtype (parameters stay float32); `scan_layers`, `remat` and
-    `attention_implementation` as in `models.layers.TransformerConfig`."""
+class SpeechEncoderConfig:
+    """The network wav2vec 2.0 and HuBERT share (HF `Wav2Vec2Model` and `HubertModel` are the
+    same modules): the convolutional feature encoder, the feature projection and the
+    Transformer context network (defaults: BASE, fairseq `wav2vec2_base_librispeech` and
+    `hubert_base_librispeech`; HF `Wav2Vec2Config` names in brackets where they differ).
+    Masking and loss settings (mask probability and span, negatives, temperatures, loss
+    weights) are the objectives', not here. `dtype` is the compute dtype (parameters stay
+    float32); `scan_layers`, `remat` and `attention_implementation` as in
+    `models.layers.TransformerConfig`."""
 
     conv_channels: tuple[int, ...] = (512,) * 7
     """Output channels of each feature-encoder convolution [conv_dim]."""
@@ -88,15 +91,6 @@ class Wav2Vec2Config:
     """Kernel width of the convolutional position embedding [num_conv_pos_embeddings]."""
     position_conv_groups: int = 16
     """Groups of that convolution; must divide hidden_size [num_conv_pos_embedding_groups]."""
-    num_codevector_groups: int = 2
-    """G, codebooks of the product quantiser (paper: G = 2)."""
-    codevectors_per_group: int = 320
-    """V, entries per codebook (paper: V = 320) [num_codevectors_per_group]."""
-    codevector_dim: int = 256
-    """Width of a quantised vector, G codebook entries of codevector_dim / G concatenated."""
-    projection_dim: int = 256
-    """Width of the space where context and quantised vectors are compared
-    [proj_codevector_dim] (fairseq `final_dim`)."""
     hidden_dropout: float = 0.1
     """Dropout on residual branches and after the position embedding (fairseq `dropout`)."""
     attention_dropout: float = 0.1
@@ -106,9 +100,6 @@ class Wav2Vec2Config:
     feature_projection_dropout: float = 0.1
     """Dropout on the projected features before masking (fairseq `dropout_input`)
     [feat_proj_dropout]."""
-    quantizer_input_dropout: float = 0.1
-    """Dropout on the features the quantiser reads (fairseq `dropout_features`)
-    [feat_quantizer_dropout]."""
     layerdrop: float = 0.05
     """Probability of skipping each Transformer block while training (fairseq BASE 0.05)."""
     initializer_range: float = 0.02
@@ -134,8 +125,7 @@ class Wav2Vec2Config:
         if self.conv_norm not in CONV_NORMS:
             raise ValueError(f"conv_norm={self.conv_norm!r} must be one of {CONV_NORMS}")
         for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size",
-                     "position_conv_kernel", "num_codevector_groups", "codevectors_per_group",
-                     "codevector_dim", "projection_dim"):
+                     "position_conv_kernel"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         for name, divisor in (("num_heads", self.num_heads),
@@ -143,13 +133,10 @@ class Wav2Vec2Config:
             if divisor < 1 or self.hidden_size % divisor:
                 raise ValueError(f"hidden_size {self.hidden_size} is not divisible by {name} "
                                  f"{divisor}")
-        if self.codevector_dim % self.num_codevector_groups:
-            raise ValueError(f"codevector_dim {self.codevector_dim} is not divisible by "
-                             f"num_codevector_groups {self.num_codevector_groups}")
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)}")
         check_rates(self, ("hidden_dropout", "attention_dropout", "activation_dropout",
-                           "feature_projection_dropout", "quantizer_input_dropout", "layerdrop"))
+                           "feature_projection_dropout", "layerdrop"))
         if not (self.layer_norm_eps > 0 and self.initializer_range >= 0):
             raise ValueError(f"layer_norm_eps={self.layer_norm_eps} must be > 0 and "
                              f"initializer_range={self.initializer_range} >= 0")
@@ -160,9 +147,10 @@ class Wav2Vec2Config:
         return jnp.dtype(self.dtype)
 
     @property
-    def num_codevectors(self) -> int:
-        """G x V, the quantiser's logits per frame."""
-        return self.num_codevector_groups * self.codevectors_per_group
+    def normalizes_features(self) -> bool:
+        """Whether a LayerNorm comes between the feature encoder and the projection (always in
+        wav2vec 2.0; HuBERT's `feature_projection_layer_norm`)."""
+        return True
 
     @property
     def samples_per_frame(self) -> int:
@@ -170,7 +158,43 @@ class Wav2Vec2Config:
         return math.prod(self.conv_strides)
 
 
-def feature_lengths(config: Wav2Vec2Config, sample_lengths: np.ndarray | jax.Array | int
+@dataclasses.dataclass(frozen=True)
+class Wav2Vec2Config(SpeechEncoderConfig):
+    """The wav2vec 2.0 network: the shared encoder (`SpeechEncoderConfig`) and the quantiser
+    and the two projections of the contrastive task (defaults: BASE, fairseq
+    `wav2vec2_base_librispeech`; HF `Wav2Vec2Config` names in brackets where they differ)."""
+
+    num_codevector_groups: int = 2
+    """G, codebooks of the product quantiser (paper: G = 2)."""
+    codevectors_per_group: int = 320
+    """V, entries per codebook (paper: V = 320) [num_codevectors_per_group]."""
+    codevector_dim: int = 256
+    """Width of a quantised vector, G codebook entries of codevector_dim / G concatenated."""
+    projection_dim: int = 256
+    """Width of the space where context and quantised vectors are compared
+    [proj_codevector_dim] (fairseq `final_dim`)."""
+    quantizer_input_dropout: float = 0.1
+    """Dropout on the features the quantiser reads (fairseq `dropout_features`)
+    [feat_quantizer_dropout]."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("num_codevector_groups", "codevectors_per_group", "codevector_dim",
+                     "projection_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.codevector_dim % self.num_codevector_groups:
+            raise ValueError(f"codevector_dim {self.codevector_dim} is not divisible by "
+                             f"num_codevector_groups {self.num_codevector_groups}")
+        check_rates(self, ("quantizer_input_dropout",))
+
+    @property
+    def num_codevectors(self) -> int:
+        """G x V, the quantiser's logits per frame."""
+        return self.num_codevector_groups * self.codevectors_per_group
+
+
+def feature_lengths(config: SpeechEncoderConfig, sample_lengths: np.ndarray | jax.Array | int
                     ) -> np.ndarray | jax.Array | int:
     """Frames the feature encoder makes of `sample_lengths` samples: floor((n - k) / s) + 1 per
     convolution (HF `_get_feat_extract_output_lengths`); numpy, jax or int alike."""
@@ -179,7 +203,8 @@ def feature_lengths(config: Wav2Vec2Config, sample_lengths: np.ndarray | jax.Arr
     return sample_lengths
 
 
-def frame_mask(config: Wav2Vec2Config, attention_mask: jax.Array, num_frames: int) -> jax.Array:
+def frame_mask(config: SpeechEncoderConfig, attention_mask: jax.Array, num_frames: int
+               ) -> jax.Array:
     """[B, S] sample mask (1 = real, right-padded) -> [B, T] frame mask: the first
     `feature_lengths(sum of the row)` frames are real (HF `_get_feature_vector_attention_mask`)."""
     lengths = feature_lengths(config, attention_mask.astype(jnp.int32).sum(-1))  # [B]
@@ -220,7 +245,7 @@ class ConvLayer(nnx.Module):
     """One feature-encoder block: Conv1d (valid padding), an optional norm, GELU (HF
     `Wav2Vec2{NoLayerNorm,GroupNorm,LayerNorm}ConvLayer`)."""
 
-    def __init__(self, config: Wav2Vec2Config, index: int, *, rngs: nnx.Rngs):
+    def __init__(self, config: SpeechEncoderConfig, index: int, *, rngs: nnx.Rngs):
         in_channels = config.conv_channels[index - 1] if index else 1
         channels = config.conv_channels[index]
         self.config = config
@@ -259,7 +284,7 @@ class PositionConv(nnx.Module):
     over the kernel axis, then GELU. Stored as HF stores it (`weight_g`: one gain per kernel
     tap, `weight_v`: the direction), so w[k] = weight_g[k] * weight_v[k] / ||weight_v[k]||."""
 
-    def __init__(self, config: Wav2Vec2Config, *, rngs: nnx.Rngs):
+    def __init__(self, config: SpeechEncoderConfig, *, rngs: nnx.Rngs):
         k, h = config.position_conv_kernel, config.hidden_size
         self.config = config
         # fairseq (wav2vec2.py `TransformerEncoder`): normal(0, sqrt(4 (1 - dropout) / (k h)))
@@ -330,7 +355,7 @@ class Wav2Vec2Encoder(nnx.Module):
     the position convolution, LayerNorm (post-LN) or nothing (pre-LN, whose LayerNorm comes
     after the last block), dropout, then the blocks with LayerDrop while training."""
 
-    def __init__(self, config: Wav2Vec2Config, *, rngs: nnx.Rngs):
+    def __init__(self, config: SpeechEncoderConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.position_conv = PositionConv(config, rngs=rngs)
         self.layer_norm = layer_norm(config, config.hidden_size, rngs)
@@ -462,18 +487,20 @@ class Wav2Vec2Output:
 
 
 class Wav2Vec2Body(nnx.Module):
-    """The network under every wav2vec 2.0 head (HF `Wav2Vec2Model`): the feature encoder, its
-    LayerNorm, the feature projection, the mask vector and the context network. The heads
+    """The network under every wav2vec 2.0 and HuBERT head (HF `Wav2Vec2Model`, `HubertModel`):
+    the feature encoder, its LayerNorm (none where `config.normalizes_features` is False), the
+    feature projection, the mask vector and the context network. The heads
     subclass it, so its parameters keep the same paths in every model (a pre-trained body moves
     into a fine-tuned one as it is). Shapes as in `Wav2Vec2`'s legend."""
 
-    def __init__(self, config: Wav2Vec2Config, *, rngs: nnx.Rngs):
+    def __init__(self, config: SpeechEncoderConfig, *, rngs: nnx.Rngs):
         c, h = config.conv_channels[-1], config.hidden_size
         self.config = config
         with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
             self.conv_layers = nnx.List([ConvLayer(config, i, rngs=rngs)
                                          for i in range(len(config.conv_channels))])
-            self.feature_layer_norm = layer_norm(config, c, rngs)
+            self.feature_layer_norm = (layer_norm(config, c, rngs)
+                                       if config.normalizes_features else None)
             self.feature_projection = dense(config, c, h, (None, "embed"), rngs,
                                             kernel_init=symmetric_uniform(1.0 / math.sqrt(c)))
             self.masked_spec_embed = nnx.Param(jax.random.uniform(rngs.params(), (h,)),
@@ -502,7 +529,8 @@ class Wav2Vec2Body(nnx.Module):
             features = scale_gradient(features, feature_gradient_scale)
         frames = (jnp.ones(features.shape[:2], bool) if attention_mask is None
                   else frame_mask(c, attention_mask, features.shape[1]))  # [B, T]
-        normed = self.feature_layer_norm(features)  # [B, T, C]
+        normed = (features if self.feature_layer_norm is None
+                  else self.feature_layer_norm(features))  # [B, T, C]
         hidden = dropout(self.feature_projection(normed), c.feature_projection_dropout,
                          rng)  # [B, T, H]
         return features, frames, normed, hidden

@@ -1,8 +1,10 @@
 """Speech recognition by CTC fine-tuning of wav2vec 2.0 (Baevski et al. 2020 §4; Graves et al.
 2006), method `ctc` (`run.py finetune --task ctc` from a wav2vec 2.0): a linear output layer
 over a character vocabulary on the pre-trained network (`models.wav2vec2.Wav2Vec2ForCTC`), time
-and channel masks, the context network frozen for the first updates, fairseq's `base_10h`
-recipe (`FINETUNE_RECIPE`). The loss, decoding, data and WER are `objectives.common.ctc`'s.
+and channel masks, the context network frozen for the first updates; fairseq's recipes per
+labelled-data size as presets (`PRESETS`, `ctc_base_10m` .. `ctc_base_960h`; `base_10h` unless
+`run.py finetune --recipe` names another). The loss, decoding, data and WER are
+`objectives.common.ctc`'s.
 """
 
 from __future__ import annotations
@@ -171,33 +173,69 @@ def pretrained_ctc(config: CTCModelConfig, seed: int,
                         "finetune, which copies them from the starting point") from None
 
 
-FINETUNE_RECIPE = {  # fairseq examples/wav2vec/config/finetuning/base_10h.yaml
-    "optim.optimizer": "adamw", "optim.learning_rate": 5e-5, "optim.schedule": "tri_stage",
-    "optim.warmup_init_learning_rate": 5e-7, "optim.end_learning_rate": 2.5e-6,
-    "optim.hold_steps": 8000, "optim.b2": 0.98, "optim.eps": 1e-8, "optim.weight_decay": 0.0,
-    "optim.bias_correction": True, "optim.clip_norm": 0.0,
-    "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0,
-    "model.activation_dropout": 0.1, "model.feature_projection_dropout": 0.0,
-    "model.final_dropout": 0.0, "model.layerdrop": 0.05, "train.batch_size": 8,
+MASK_LENGTH, CHANNEL_MASK_LENGTH = 10, 64  # fairseq mask_length (default), mask_channel_length
+ROWS = 96
+"""Padded rows of `examples.max_samples` (250,000) per update: the most, in a multiple of 8,
+within fairseq's 25,600,000 samples per update (`max_tokens` 3,200,000 x 2 GPUs x update_freq 4;
+base_960h: x 8 GPUs)."""
+
+
+def _recipe(updates: int, learning_rate: float, mask_prob: float, channel_prob: float,
+            layerdrop: float, freeze_updates: int) -> dict[str, dict[str, Any]]:
+    """One of fairseq's examples/wav2vec/config/finetuning/base_*.yaml (Baevski et al. 2020
+    §4.4, appendix B) on what they share: Adam (0.9, 0.98), eps 1e-8, no weight decay, the
+    tri-stage schedule with phase ratios [0.1, 0.4, 0.5] from 0.01 x lr to 0.05 x lr, time
+    masks of 10 frames, channel masks of 64 channels, activation dropout 0.1, the other
+    dropouts 0, the loss averaged over utterances (`sentence_avg`). `mask_prob` and
+    `channel_prob` are fairseq's (per span length)."""
+    return {
+        "model": {"hidden_dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.1,
+                  "feature_projection_dropout": 0.0, "final_dropout": 0.0,
+                  "layerdrop": layerdrop},
+        "objective": {"mask_start_fraction": mask_prob / MASK_LENGTH, "mask_span": MASK_LENGTH,
+                      "channel_mask_fraction": channel_prob / CHANNEL_MASK_LENGTH,
+                      "channel_mask_span": CHANNEL_MASK_LENGTH,
+                      "freeze_updates": freeze_updates, "reduction": "sentences"},
+        "optim": {"optimizer": "adamw", "learning_rate": learning_rate, "schedule": "tri_stage",
+                  "warmup_steps": updates // 10, "hold_steps": updates * 4 // 10,
+                  "warmup_init_learning_rate": learning_rate / 100,
+                  "end_learning_rate": learning_rate / 20, "b1": 0.9, "b2": 0.98,
+                  "eps": 1e-8, "weight_decay": 0.0, "bias_correction": True,
+                  "eps_before_bias_correction": True, "clip_norm": 0.0},
+        "train": {"steps": updates, "batch_size": ROWS},
+    }
+
+
+PRESETS = {  # fairseq examples/wav2vec/config/finetuning/<name without ctc_>.yaml
+    "ctc_base_10m": _recipe(13000, 5e-5, 0.65, 0.25, 0.1, 10000),
+    "ctc_base_1h": _recipe(13000, 5e-5, 0.65, 0.25, 0.1, 10000),
+    "ctc_base_10h": _recipe(20000, 5e-5, 0.65, 0.5, 0.05, 10000),
+    "ctc_base_100h": _recipe(80000, 3e-5, 0.65, 0.5, 0.1, 0),
+    "ctc_base_960h": _recipe(320000, 1e-4, 0.5, 0.1, 0.1, 0),
 }
+RECIPE_PRESET = "ctc_base_10h"  # what `run.py finetune --task ctc` runs without --recipe
 NETWORK_FIELDS = tuple(f.name for f in dataclasses.fields(Wav2Vec2Config)
-                       if f.name not in ("hidden_dropout", "attention_dropout",
-                                         "activation_dropout", "feature_projection_dropout",
-                                         "quantizer_input_dropout", "layerdrop"))
+                       if f.name not in PRESETS[RECIPE_PRESET]["model"]
+                       and f.name != "quantizer_input_dropout")
 
 
 def ctc_recipe(pretrained: Any, task: DownstreamTask, source_config: Mapping[str, Any]
                ) -> FinetuneRecipe | None:
     """wav2vec 2.0 (pre-trained or fine-tuned) on task `ctc`: the starting network's sizes
-    and `FINETUNE_RECIPE` for 20,000 updates (2,000 warmup, 8,000 hold, 10,000 decay; the
-    context network frozen for the first 10,000)."""
-    if task.name != CTC or not isinstance(pretrained, Wav2Vec2Body):
+    and the `RECIPE_PRESET` recipe (base_10h: 20,000 updates, 2,000 warmup, 8,000 hold, 10,000
+    decay, the context network frozen for the first 10,000); `--recipe` chooses another of
+    `PRESETS`."""
+    if (task.name != CTC or not isinstance(pretrained, Wav2Vec2Body)
+            or not isinstance(pretrained.config, Wav2Vec2Config)):  # not HuBERT's
         return None
     network = {f"model.{name}": getattr(pretrained.config, name) for name in NETWORK_FIELDS}
+    preset = PRESETS[RECIPE_PRESET]
+    recipe = {f"{section}.{key}": value for section, values in preset.items()
+              for key, value in values.items()}
     return FinetuneRecipe(values={"method": CTC, **{k: list(v) if isinstance(v, tuple) else v
-                                                     for k, v in network.items()},
-                                  **FINETUNE_RECIPE},
-                          epochs=0, warmup=0.0, steps=20000, warmup_steps=2000)
+                                                     for k, v in network.items()}, **recipe},
+                          epochs=0, warmup=0.0, steps=preset["train"]["steps"],
+                          warmup_steps=preset["optim"]["warmup_steps"], recipes=tuple(PRESETS))
 
 
 def ctc_transforms(data: PreparedData, model: CTCModelConfig, objective: CTCObjectiveConfig
@@ -218,5 +256,6 @@ METHOD = register(Method(
     description="Fine-tuning: speech recognition with CTC on wav2vec 2.0 (WER, CER)",
     resolution=Resolution(complete_data=ctc_transforms),
     evaluation=Evaluation(monitor=wer_monitor),
+    presets=PRESETS,
     start=Start(hf_models=(Wav2Vec2ForCTC,), pretrained=pretrained_ctc, finetunes=ctc_recipe),
 ))

@@ -187,6 +187,10 @@ class FinetuneRecipe:
     epochs_of: Callable[[Any], float] | None = None
     """The epochs for the run's config with the user's settings applied, where they depend on
     them (semi-supervised fine-tuning: 60 for 1 % of the labels, 30 for 10 %); None: `epochs`."""
+    recipes: tuple[str, ...] = ()
+    """Presets of the run's method that `run.py finetune --recipe NAME` may choose instead of
+    this recipe (wav2vec 2.0's per labelled-data size): each is layered over `values` and its
+    `train.steps` and `optim.warmup_steps` count the updates. Empty: no choice."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,22 +54,29 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.audio import (
     AudioBatchingConfig,
     AudioRecords,
-    ShortestCropBatches,
     budget_crop_batches,
 )
 from pretext_jax.models.wav2vec2 import Wav2Vec2, Wav2Vec2Config, feature_lengths
 from pretext_jax.objectives.common.held_out import mask_records
-from pretext_jax.objectives.common.preset_parts import FAIRSEQ_ROBERTA_OPTIM, FSDD_EXAMPLES
+from pretext_jax.objectives.common.preset_parts import (
+    FAIRSEQ_ROBERTA_OPTIM,
+    FSDD_EXAMPLES,
+    TINY_SPEECH_ENCODER,
+)
 from pretext_jax.objectives.common.speech import (
     MaskingSettings,
-    check_probe_layer,
+    check_batch_groups,
+    check_frames,
+    feature_penalty,
+    group_span_mask,
     prepare_speech,
+    probe_layers,
     probe_monitor,
     probe_summary,
+    shortest_crop_segments,
     span_mask,
 )
 from pretext_jax.objectives.registry import (
@@ -79,7 +86,6 @@ from pretext_jax.objectives.registry import (
     Metrics,
     PreparedData,
     Resolution,
-    Segment,
     Segments,
     Start,
     budget_batches,
@@ -214,13 +220,6 @@ def diversity_loss(perplexity: jax.Array, num_codevectors: int) -> jax.Array:
     return (num_codevectors - perplexity) / num_codevectors
 
 
-def feature_penalty(conv_features: jax.Array, groups: int = 1) -> jax.Array:
-    """[groups]: the mean square of the feature encoder's output (fairseq `features_pen`) over
-    each group of B / `groups` consecutive rows of `conv_features` [B, T, C]."""
-    squares = jnp.square(conv_features.astype(jnp.float32))
-    return jnp.mean(squares.reshape(groups, -1), axis=1)
-
-
 def wav2vec2_loss(model: Wav2Vec2, batch: Batch, rng: jax.Array | None, *,
                   objective: Wav2Vec2LossSettings | None = None, step: int | jax.Array = 0
                   ) -> tuple[jax.Array, Metrics]:
@@ -301,7 +300,9 @@ class GroupMasks:
     rows_per_group: int
     seed: int
 
-    def __call__(self, example: dict[str, np.ndarray], key: int) -> dict[str, np.ndarray]:
+    def __call__(self, example: dict[str, np.ndarray], key: int, record: int = 0,
+                 start: int = 0) -> dict[str, np.ndarray]:
+        del record, start  # the masks depend on the row's place alone
         group, row = divmod(key, self.rows_per_group)
         return group_row_masks(self.config, self.settings, example, row, self.rows_per_group,
                                np.random.default_rng([self.seed, group, 1]),
@@ -312,11 +313,10 @@ def group_row_masks(config: Wav2Vec2Config, settings: MaskingSettings,
                     example: dict[str, np.ndarray], row: int, rows: int,
                     group_rng: np.random.Generator, row_rng: np.random.Generator
                     ) -> dict[str, np.ndarray]:
-    """`example` with the masks of row `row` of a group of `rows` equally long rows (drawn
-    from `group_rng`, every row of the group keeping the fewest masked frames of any) and its
-    distractors (from `row_rng`)."""
+    """`example` with the masks of row `row` of a group of `rows` equally long rows
+    (`group_span_mask`, from `group_rng`) and its distractors (from `row_rng`)."""
     frames = int(feature_lengths(config, len(example["audio"])))
-    mask = span_mask(np.full(rows, frames), frames, settings, group_rng, same_count=True)[row]
+    mask = group_span_mask(frames, settings, row, rows, group_rng)
     negatives = sample_negatives(mask[None], settings.num_negatives, row_rng)[0]
     return {**example, "mask_time_indices": mask, "sampled_negative_indices": negatives}
 
@@ -364,11 +364,7 @@ def resolve_for_run(objective: Wav2Vec2ObjectiveConfig, config: Any
                     ) -> Wav2Vec2ObjectiveConfig:
     """The run's objective settings (`per_loss_call_decay`), once a micro-batch is known to
     split into `batch_groups` groups."""
-    micro = config.train.batch_size // config.optim.grad_accum_steps
-    if micro % objective.batch_groups:
-        raise UserError(f"a micro-batch of {micro} rows (train.batch_size / "
-                        f"optim.grad_accum_steps) does not split into objective.batch_groups="
-                        f"{objective.batch_groups} groups; use a multiple of it")
+    check_batch_groups(objective.batch_groups, config)
     return per_loss_call_decay(objective, config)
 
 
@@ -386,25 +382,6 @@ def per_loss_call_decay(objective: Wav2Vec2ObjectiveConfig, config: Any
 
 def build_wav2vec2(config: Wav2Vec2Config, seed: int) -> Wav2Vec2:
     return Wav2Vec2(config, rngs=nnx.Rngs(seed))
-
-
-def shortest_crop_segments(records: AudioRecords, model_config: Wav2Vec2Config,
-                           objective: Wav2Vec2ObjectiveConfig) -> Segments:
-    """`PreparedData.segments` of batches cropped to their shortest utterance: the whole run
-    reads `ShortestCropBatches` of the run's batch size and seed, in order, each row masked by
-    `GroupMasks` in groups of train.batch_size / optim.grad_accum_steps / batch_groups rows."""
-
-    def segment(step: int, config: Any) -> Segment:
-        del step
-        rows = (config.train.batch_size // config.optim.grad_accum_steps
-                // objective.batch_groups)
-        source = ShortestCropBatches(
-            records, config.examples, config.train.batch_size, config.train.seed,
-            GroupMasks(model_config, objective, rows, config.train.seed))
-        return Segment(first_step=1, last_step=None, records=lambda model: source,
-                       shuffle=False)
-
-    return segment
 
 
 def budget_crop_segments(records: AudioRecords, model_config: Wav2Vec2Config,
@@ -438,37 +415,14 @@ def mask_audio(data: PreparedData, model_config: Wav2Vec2Config,
             data.train, model_config, objective))
     if isinstance(data.train, AudioRecords) and getattr(examples, "crop_to_shortest", False):
         return dataclasses.replace(data, eval=held_out, segments=shortest_crop_segments(
-            data.train, model_config, objective))
+            data.train, objective.batch_groups,
+            lambda rows, seed: GroupMasks(model_config, objective, rows, seed)))
     return dataclasses.replace(data, transforms=(*data.transforms, masking), eval=held_out)
 
 
-def probe_layers(model: Wav2Vec2, audio: jax.Array, attention_mask: jax.Array, layer: int
-                 ) -> tuple[jax.Array, jax.Array]:
-    """The probes' features: the Transformer's hidden states as HF numbers them (0 = its
-    input, L = its last block's output), with the real frames."""
-    hidden_states, frames = model.hidden_states(audio, attention_mask)
-    return hidden_states[layer], frames
-
-
-def check_frames(model: Wav2Vec2Config, examples: AudioBatchingConfig, objective: Any = None
-                 ) -> None:
-    """A `max_samples` window makes at least one frame through the feature encoder; the
-    probes read one of the L + 1 hidden states."""
-    check_probe_layer(examples, model.num_layers + 1)
-    if feature_lengths(model, examples.max_samples) < 1:
-        raise UserError(f"examples.max_samples={examples.max_samples} is shorter than the "
-                        "feature encoder's receptive field (no frame); raise it (wav2vec 2.0: "
-                        "250000)")
-
-
-# Test/demo size: a 3-convolution feature encoder of 80 samples a frame (5 ms at 16 kHz), 2
-# Transformer blocks of 64, small codebooks, no dropout. Lists, as config.json holds them.
-TINY_MODEL = {"conv_channels": [32, 32, 32], "conv_kernel_sizes": [10, 4, 4],
-              "conv_strides": [5, 4, 4], "hidden_size": 64, "num_layers": 2, "num_heads": 4,
-              "intermediate_size": 128, "position_conv_kernel": 16, "position_conv_groups": 4,
-              "codevectors_per_group": 32, "codevector_dim": 32, "projection_dim": 32,
-              "hidden_dropout": 0.0, "attention_dropout": 0.0, "feature_projection_dropout": 0.0,
-              "quantizer_input_dropout": 0.0, "layerdrop": 0.0}
+# Test/demo size: the tiny speech encoder, small codebooks, no dropout.
+TINY_MODEL = {**TINY_SPEECH_ENCODER, "codevectors_per_group": 32, "codevector_dim": 32,
+              "projection_dim": 32, "quantizer_input_dropout": 0.0}
 TINY_OPTIM = {**FAIRSEQ_ROBERTA_OPTIM, "learning_rate": 1e-3, "warmup_steps": 20}
 
 PRESETS = {

@@ -275,3 +275,19 @@ def record_run(workdir: Path, config: Config, model_config: Any, objective: Any,
     write_model_json(workdir, config.method, model_config, objective)
     if tokenizer is not None:
         write_tokenizer(workdir, tokenizer)
+
+
+def take_back(workdir: Path, before: set[Path], existed: bool, keep: Path) -> None:
+    """After bad input (an unreadable image, a file system that refuses the checkpoint)
+    stopped a run before the workdir held any checkpoint: removes what the run added to
+    `workdir` (`before`: its entries when the run took it; `existed`: whether it was there),
+    `keep` (the data cache: prepared records are reused by the rerun) excepted, so nothing
+    half-made is left behind. (A non-finite step is not taken back: its metrics show how the
+    loss diverged.)"""
+    for path in set(workdir.iterdir()) - before - {keep}:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    if not existed and not any(workdir.iterdir()):
+        workdir.rmdir()

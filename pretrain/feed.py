@@ -6,10 +6,12 @@ run step s, and keeps the data position a checkpoint saves.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import grain
+import numpy as np
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.records import make_loader
@@ -46,6 +48,49 @@ def resume_position(iterator: Any, data_states: list[str], earlier_descriptions:
     if changed is not None:
         raise UserError(f"{where} was written while reading other data records ({changed}); "
                         "restore that data or use a new --workdir")
+
+
+INDEX_KEY = "record_index"
+
+
+class RecordIndices:
+    """A training source's record indices as records (`{INDEX_KEY: i}`), for a run whose
+    records live in device memory (`train.records_in_device_memory`): the loader shuffles,
+    splits over processes and resumes the indices exactly as it would the records, and the
+    step gathers the rows on the device (`pretrain.step.gather_rows`)."""
+
+    def __init__(self, records: Any):
+        self.records, self.source = records, self
+        self.description = f"indices of {records.source!r}"
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return {INDEX_KEY: np.int32(index)}
+
+    def __repr__(self) -> str:
+        return self.description
+
+    def load_transforms(self) -> list[Any]:
+        return []
+
+    def examples(self, indices: Any) -> dict[str, np.ndarray]:
+        """The records themselves (monitors read them on the host: a kNN bank)."""
+        return self.records.examples(indices)
+
+
+def records_in_device_memory(data: registry.PreparedData
+                             ) -> tuple[registry.PreparedData, dict[str, np.ndarray]]:
+    """(`data` reading record indices, every training record stacked on the host) for
+    `train.records_in_device_memory`; refused for data a host transform or a method's own
+    layout feeds, whose records the device could not stand in for."""
+    if data.transforms or data.segments is not None or not hasattr(data.train, "examples"):
+        raise UserError("train.records_in_device_memory=true needs records fed as they are "
+                        "stored (image methods); this method transforms or lays out its "
+                        "records on the host: set it to false")
+    rows = data.train.examples(range(len(data.train)))
+    return dataclasses.replace(data, train=RecordIndices(data.train)), rows
 
 
 class StepFeed:

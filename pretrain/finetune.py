@@ -84,15 +84,33 @@ def _saved_run_config(source: str) -> dict[str, Any]:
     return {}
 
 
+def chosen_recipe(recipe: registry.FinetuneRecipe, name: str) -> registry.FinetuneRecipe:
+    """`recipe` with the preset `name` of its method layered over its values, the preset's
+    `train.steps` and `optim.warmup_steps` its updates (`FinetuneRecipe.recipes` lists the
+    presets it may choose: wav2vec 2.0's per labelled-data size)."""
+    method = recipe.values["method"]
+    if name not in recipe.recipes:
+        choices = ", ".join(recipe.recipes) or "none: it has a single recipe"
+        raise UserError(f"--recipe {name}: the {method} run from this starting point takes one "
+                        f"of its recipes ({choices})")
+    preset = registry.preset(name)
+    values = {f"{section}.{key}": value for section, settings in preset.items()
+              if section != "method" for key, value in settings.items()}
+    return dataclasses.replace(recipe, values={**recipe.values, **values},
+                               steps=preset["train"]["steps"],
+                               warmup_steps=preset["optim"]["warmup_steps"], warmup=0.0)
+
+
 def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = (), *,
                     seed: int = 0, epochs: float | None = None, architecture: str = "",
-                    config_file: str | Path | None = None) -> Config:
+                    config_file: str | Path | None = None, recipe: str = "") -> Config:
     """The fine-tuning config for `task` (`registry.downstream_task`) from `init` (empty: a
     random network shaped like the `architecture` checkpoint), data as the task reads it (GLUE:
     a GLUE folder or `tfds`): the downstream method that claims what `init` holds on that task
     (`registry.downstream_recipe`: ELMo's scalar mix, or the task's method with the encoder
-    family's recipe). A `config_file`'s settings win over the recipe and
-    `overrides` (key=value) over both; `epochs` (default: the recipe's) sets `train.steps`."""
+    family's recipe), or the recipe preset `recipe` of that method (`chosen_recipe`). A
+    `config_file`'s settings win over the recipe and `overrides` (key=value) over both;
+    `epochs` (default: the recipe's) sets `train.steps`."""
     overrides = [*file_overrides(config_file), *overrides]
     spec = registry.downstream_task(task)
     source = init or architecture
@@ -105,6 +123,8 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
     if chosen is None:  # no family claims it: say what the classifier starts from
         as_encoder(source, pretrained)
         raise UserError(f"no method fine-tunes the {type(pretrained).__name__} in {source}")
+    if recipe:
+        chosen = chosen_recipe(chosen, recipe)
     values = {**chosen.values, "model.init": init, "examples.task": spec.name,
               "data.source": data, "train.seed": seed, "train.eval_batches": 1}
     if chosen.tokenizer_from_init and not any(
@@ -166,8 +186,8 @@ def finetune(config: Config, workdir: str | Path) -> dict[str, Any]:
 
 def finetune_seeds(task: str, init: str, data: str, workdir: str | Path, seeds: Sequence[int],
                    overrides: Sequence[str] = (), *, epochs: float | None = None,
-                   architecture: str = "", config_file: str | Path | None = None
-                   ) -> dict[str, Any]:
+                   architecture: str = "", config_file: str | Path | None = None,
+                   recipe: str = "") -> dict[str, Any]:
     """`finetune` once per seed, each in `<workdir>/seed<k>` (an interrupted sweep resumes),
     and each dev metric's median over the seeds, as the papers report SQuAD, CoNLL and GLUE
     (BERT §4, RoBERTa §5: the median of five runs). Returns the result of one run's form with
@@ -175,7 +195,8 @@ def finetune_seeds(task: str, init: str, data: str, workdir: str | Path, seeds: 
     metrics as `runs`, and writes it to `<workdir>/results.json`."""
     root = Path(workdir)
     outcomes = [finetune(finetune_config(task, init, data, overrides, seed=seed, epochs=epochs,
-                                         architecture=architecture, config_file=config_file),
+                                         architecture=architecture, config_file=config_file,
+                                         recipe=recipe),
                          root / f"seed{seed}") for seed in seeds]
     runs = [outcome["dev"] for outcome in outcomes]
     median = {metric: float(np.median([run[metric] for run in runs])) for metric in runs[0]}

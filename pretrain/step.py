@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from pretext_jax.pretrain.checkpoints import TrainState
+from pretext_jax.pretrain.feed import INDEX_KEY
 
 # (params, model_state, batch, rng) -> (loss, (metrics, new model_state))
 StateLoss = Callable[[Any, Any, Any, jax.Array | None], tuple[jax.Array, tuple[Any, Any]]]
@@ -81,3 +82,10 @@ def update_step(state: TrainState, batch: Any, *, loss: StateLoss,
         model_state = keep(model_state, state.model_state, loss_finite)
     return TrainState(step=state.step + 1, params=params, model_state=model_state,
                       opt_state=opt_state), metrics
+
+
+def gather_rows(rows: dict[str, jax.Array], batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """A batch of record indices (`feed.INDEX_KEY`) -> the records' fields, taken from `rows`
+    (every training record, in device memory)."""
+    index = batch[INDEX_KEY]
+    return {name: jnp.take(values, index, axis=0) for name, values in rows.items()}

@@ -32,12 +32,12 @@ from pretext_jax.pretrain.checkpoints import (
     check_resume,
 )
 from pretext_jax.pretrain.config import Config
-from pretext_jax.pretrain.feed import StepFeed, open_loader
+from pretext_jax.pretrain.feed import StepFeed, open_loader, records_in_device_memory
 from pretext_jax.pretrain.loading import load_pretrained
 from pretext_jax.pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
 from pretext_jax.pretrain.optim import learning_rate_schedule, make_optimizer
 from pretext_jax.pretrain.profiling import PROFILE_DIR, Profile
-from pretext_jax.pretrain.step import update_step
+from pretext_jax.pretrain.step import gather_rows, update_step
 
 
 def data_cache(config: Config, workdir: str | Path) -> Path:
@@ -106,6 +106,9 @@ class Trainer:
                 self.data = resolution.complete_data(self.data, self.model_config,
                                                      self.objective)
             self.data.segment(1, self.run_config)  # a layout that refuses this batch says so now
+            self.rows = None  # every training record, when they live in device memory
+            if config.train.records_in_device_memory:
+                self.data, self.rows = records_in_device_memory(self.data)
         except BaseException:
             # A preparation that stopped part-way keeps its finished shards for the rerun.
             if prepared or not prepare.has_finished_shards(cache):
@@ -184,6 +187,9 @@ class Trainer:
         self._eval_step = jax.jit(
             self._evaluate, in_shardings=(self.state_sharding, self.batch_sharding),
             out_shardings=metric_sharding)
+        if self.rows is not None:
+            self.rows = jax.device_put(self.rows, replicated)
+            self._gather = jax.jit(gather_rows, out_shardings=self.batch_sharding)
         self.checkpoints = CheckpointStore(self.workdir, self.config, self.inputs,
                                            self.abstract_state, self.state_sharding,
                                            is_writer=self.is_writer)
@@ -258,7 +264,10 @@ class Trainer:
                 for k, v in local_batch.items()}
 
     def train_step(self, state: TrainState, local_batch: dict[str, np.ndarray]):
-        return self._train_step(state, self.to_global(local_batch))
+        batch = self.to_global(local_batch)
+        if self.rows is not None:  # record indices: the records are gathered on the device
+            batch = self._gather(self.rows, batch)
+        return self._train_step(state, batch)
 
     def evaluate(self, state: TrainState) -> dict[str, float]:
         """Metrics over the held-out set (at most eval_batches batches, exact sums)."""
@@ -334,29 +343,14 @@ class Trainer:
         try:
             return self._train(lock, stop_after, deadline)
         except UserError as error:
-            if self.is_writer and not isinstance(error, resilience.NonFiniteStep):
-                self._take_back(before, existed)
+            # bad input before the first checkpoint: take back what the run wrote
+            if (self.is_writer and not isinstance(error, resilience.NonFiniteStep)
+                    and not any(p.name.isdigit() for p in self.checkpoints.directory.glob("*"))):
+                directories.take_back(self.workdir, before, existed,
+                                      keep=data_cache(self.config, self.workdir))
             raise
         finally:
             lock.release()
-
-    def _take_back(self, before: set[Path], existed: bool) -> None:
-        """After bad input (an unreadable image, a file system that refuses the checkpoint)
-        stopped a run before the workdir held any checkpoint: removes what the run added to the
-        workdir (`before`: its entries when the run took it; `existed`: whether it was there),
-        the data cache excepted (prepared records are reused by the rerun), so nothing
-        half-made is left behind. A non-finite step keeps its metrics: they show how the loss
-        diverged."""
-        if any(p.name.isdigit() for p in self.checkpoints.directory.glob("*")):
-            return
-        cache = data_cache(self.config, self.workdir)
-        for path in set(self.workdir.iterdir()) - before - {cache}:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        if not existed and not any(self.workdir.iterdir()):
-            self.workdir.rmdir()
 
     def _start(self, lock: integrity.WorkdirLock) -> tuple[TrainState, StepFeed, dict[str, Any]]:
         """(the state to continue from, the feed positioned for its next step, the unlogged

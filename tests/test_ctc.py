@@ -375,6 +375,89 @@ def test_fsdd_bench_manifests_follow_the_official_split(tmp_path):
         write_manifests(tmp_path / "manifests", tmp_path / "other")
 
 
+# --- The recipes per labelled-data size, and resume --------------------------------------------
+
+def test_each_recipe_preset_reaches_the_finetuning_config(transcribed):
+    """`finetune_config(..., recipe=NAME)` (`run.py finetune --recipe`): every value of each
+    fairseq base_* preset, the network from the starting point; no recipe is base_10h; a name
+    that is not one of the method's recipes is refused naming them."""
+    from pretext_jax.objectives import ctc, registry
+    from pretext_jax.pretrain.finetune import finetune_config
+
+    data = f"{transcribed / 'train.tsv'},{transcribed / 'dev.tsv'}"
+    init = str(transcribed / "w2v")
+    assert tuple(ctc.PRESETS) == ("ctc_base_10m", "ctc_base_1h", "ctc_base_10h",
+                                  "ctc_base_100h", "ctc_base_960h")
+    configs = {name: finetune_config("ctc", init, data, recipe=name) for name in ctc.PRESETS}
+    for name, config in configs.items():
+        preset = registry.preset(name)
+        assert preset.pop("method") == config.method == "ctc"
+        for section, values in preset.items():
+            for key, value in values.items():
+                assert getattr(getattr(config, section), key) == value, (name, section, key)
+        assert config.model.hidden_size == TINY.hidden_size  # the starting network's size
+        o = config.optim  # fairseq's phase_ratio [0.1, 0.4, 0.5]
+        decay = config.train.steps - o.warmup_steps - o.hold_steps
+        assert (o.warmup_steps * 10, o.hold_steps * 10, decay * 10) == (
+            config.train.steps, 4 * config.train.steps, 5 * config.train.steps), name
+    # The yaml files' own numbers (mask_prob / mask_length, mask_channel_prob / 64).
+    table = {name: (c.train.steps, c.optim.learning_rate, c.objective.mask_start_fraction * 10,
+                    c.objective.channel_mask_fraction * 64, c.model.layerdrop,
+                    c.objective.freeze_updates) for name, c in configs.items()}
+    assert table == {"ctc_base_10m": (13000, 5e-5, 0.65, 0.25, 0.1, 10000),
+                     "ctc_base_1h": (13000, 5e-5, 0.65, 0.25, 0.1, 10000),
+                     "ctc_base_10h": (20000, 5e-5, 0.65, 0.5, 0.05, 10000),
+                     "ctc_base_100h": (80000, 3e-5, 0.65, 0.5, 0.1, 0),
+                     "ctc_base_960h": (320000, 1e-4, 0.5, 0.1, 0.1, 0)}
+    assert finetune_config("ctc", init, data) == configs["ctc_base_10h"]
+    assert finetune_config("ctc", init, data, ["optim.learning_rate=1e-3"],
+                           recipe="ctc_base_100h").optim.learning_rate == 1e-3  # overrides win
+    for wrong in ("ctc_base_5h", "bert_base"):
+        with pytest.raises(UserError, match=f"--recipe {wrong}: .*ctc_base_10m, ctc_base_1h"):
+            finetune_config("ctc", init, data, recipe=wrong)
+
+
+def test_a_recipe_run_resumed_equals_the_straight_run(transcribed, tmp_path, capsys):
+    """`run.py finetune --recipe ctc_base_100h` trains with that recipe; the same run stopped
+    after 2 of its 4 steps and resumed equals it bit for bit (losses, parameters, Adam's state,
+    the `updates` counter that ends the frozen transformer at step 3, after the resume)."""
+    from resilience_utils import flat_params, train_losses
+
+    import run
+    from pretext_jax.pretrain.finetune import finetune, finetune_config
+    from pretext_jax.pretrain.trainer import Trainer
+
+    data = f"{transcribed / 'train.tsv'},{transcribed / 'dev.tsv'}"
+    init = str(transcribed / "w2v")
+    fast = ["train.batch_size=8", "train.progress=false", "optim.warmup_steps=1",
+            "optim.hold_steps=1", "objective.freeze_updates=3", "examples.max_samples=3200",
+            "optim.learning_rate=1e-3", "objective.channel_mask_fraction=0.1",
+            "objective.channel_mask_span=4", f"data.cache_dir={tmp_path / 'cache'}"]
+    assert run.main(["finetune", "--task", "ctc", "--init", init, "--data", data, "--workdir",
+                     str(tmp_path / "straight"), "--recipe", "ctc_base_100h", "--epochs", "2",
+                     *fast]) == 0
+    assert "ctc dev after 4 steps" in capsys.readouterr().out
+    config = finetune_config("ctc", init, data, fast, epochs=2, recipe="ctc_base_100h")
+    saved = json.loads((tmp_path / "straight" / "config.json").read_text())
+    assert saved == json.loads(config.to_json()) and saved["model"]["layerdrop"] == 0.1
+    resumed_dir = tmp_path / "resumed"
+    assert Trainer(config, resumed_dir).run(stop_after=2)["step"] == 2
+    assert finetune(config, resumed_dir)["steps"] == 4
+    assert train_losses(resumed_dir) == train_losses(tmp_path / "straight")
+    states = []
+    for name in ("straight", "resumed"):
+        trainer = Trainer(config, tmp_path / name)
+        state, _ = trainer.checkpoints.restore(4)
+        trainer.checkpoints.close()
+        states.append(flat_params({"params": state.params, "model_state": state.model_state,
+                                   "opt_state": state.opt_state}))
+    straight, resumed = states
+    assert straight.keys() == resumed.keys()
+    for key in straight:
+        np.testing.assert_array_equal(straight[key], resumed[key], err_msg=key)
+    assert [int(v) for k, v in resumed.items() if "updates" in k] == [4], resumed.keys()
+
+
 # --- CPC's context network: method ctc_cpc ------------------------------------------------------
 TINY_CPC = {"conv_channels": 16, "context_size": 12, "prediction_steps": 2, "conv_norm": "layer"}
 

@@ -36,14 +36,14 @@ PAGES = {
                      "summarize_prophetnet"), "seq2seq.md"),
     **dict.fromkeys(("simclr", "moco", "byol", "rotation", "jigsaw", "deepcluster", "cmc", "dim",
                      "amdim", "semi"), "images.md"),
-    **dict.fromkeys(("cpc", "wav2vec2"), "speech.md"),
+    **dict.fromkeys(("cpc", "wav2vec2", "hubert", "ctc"), "speech.md"),
 }
 
 # Presets that are ours, not a paper's recipe: no card.
 TEST_SIZES = ("albert_tiny", "amdim_tiny", "bart_tiny", "bert_tiny", "byol_tiny", "cmc_tiny",
               "cpc_tiny", "deepcluster_tiny", "dim_tiny", "electra_tiny", "elmo_tiny",
-              "ernie_tiny", "gpt_tiny", "jigsaw_tiny", "mass_tiny", "mass_bilingual_tiny",
-              "mass_xlm_tiny",
+              "ernie_tiny", "gpt_tiny", "hubert_tiny", "jigsaw_tiny", "mass_tiny",
+              "mass_bilingual_tiny", "mass_xlm_tiny",
               "moco_tiny", "mpnet_tiny", "prophetnet_tiny", "roberta_tiny", "rotation_tiny",
               "simclr_tiny", "structbert_tiny", "t5_tiny", "translation_tiny", "unilm_tiny",
               "wav2vec2_tiny", "word2vec_tiny", "xlm_tiny", "xlnet_tiny")
@@ -54,6 +54,7 @@ EXEMPT = {
     "simclr_digits": "the offline image demo (8x8 digits)",
     "cpc_digits": "the speech demo (FSDD)",
     "wav2vec2_digits": "the speech benchmark on FSDD (bench/speech_fsdd.py)",
+    "hubert_digits": "the speech benchmark on FSDD",
     "elmo_tiny_glue": "the downstream scalar-mix classifier at the test size",
 }
 

@@ -105,3 +105,32 @@ def test_an_unreadable_image_is_named_with_the_ways_to_go_on(tmp_path, capsys):
     summary = Trainer(make_config("simclr_tiny", {**skipping, "train.steps": 2}),
                       tmp_path / "w").run()
     assert summary["step"] == 2 and "resumed from step 1" in capsys.readouterr().out
+
+
+def test_records_in_device_memory_train_as_the_host_loader_and_resume(sources, tmp_path):
+    """`train.records_in_device_memory`: the host reads only record indices and the step
+    gathers the images on the device: the same losses and parameters as the host loader's
+    run, bit for bit, also when stopped at step 4 and resumed (its own data position: record
+    indices). A method that lays out its records on the host (XLNet's consecutive batches) is
+    refused."""
+    from resilience_utils import flat_params, train_losses
+
+    overrides = {**SIMCLR, **sources["image folder"], "train.steps": 6,
+                 "data.cache_dir": str(tmp_path / "cache")}
+    device = {**overrides, "train.records_in_device_memory": True}
+    host = Trainer(make_config("simclr_tiny", overrides), tmp_path / "host").run()
+    trainer = Trainer(make_config("simclr_tiny", device), tmp_path / "device")
+    assert set(trainer.rows) == {"image", "label"} and len(trainer.rows["image"]) == 24
+    assert trainer.run(stop_after=4)["step"] == 4
+    resumed = Trainer(make_config("simclr_tiny", device), tmp_path / "device").run()
+    assert train_losses(tmp_path / "host") == train_losses(tmp_path / "device")
+    ours, theirs = (flat_params(run["state"].params) for run in (resumed, host))
+    for key in theirs:
+        np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
+    with pytest.raises(UserError, match="records_in_device_memory=true needs records fed as "
+                                        "they are stored"):
+        Trainer(make_config("xlnet_tiny", {"train.records_in_device_memory": True,
+                                          "train.batch_size": 32, "train.steps": 1,
+                                          "train.progress": False,
+                                          "data.cache_dir": str(tmp_path / "cache")}),
+                tmp_path / "xlnet")

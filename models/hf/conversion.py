@@ -139,6 +139,9 @@ class Converter:
       (one class, several HF layouts: e.g. a classifier with one of several families' heads).
     - `refuses(model)`: why a model of `model_class` has no form in the HF class (a head HF's
       class cannot hold), or None; `to_hf` raises it as a `UserError`.
+    - `unheld`: our parameter paths that HF's classes have no place for (HuBERT's pre-training
+      head: HF has no `HubertForPreTraining`): `to_hf` always leaves them out, so the export
+      is the bare base model; a HF checkpoint never has them (their HF names are `optional`).
     """
 
     model_type: str
@@ -155,6 +158,7 @@ class Converter:
     buffers: Callable[[Any], dict[str, np.ndarray]] = lambda config: {}
     accepts: Callable[[Any], bool] = lambda config: True
     refuses: Callable[[nnx.Module], str | None] = lambda model: None
+    unheld: tuple[str, ...] = ()
 
     def params_to_hf(self, model: nnx.Module,
                      leave_out: Collection[str] = ()) -> dict[str, np.ndarray]:
@@ -313,6 +317,7 @@ def to_hf(model: nnx.Module, leave_out: Collection[str] = ()
     if reason is not None:
         raise UserError(reason)
     config = converter.config_to_hf(model.config)
+    leave_out = {*leave_out, *converter.unheld}
     state = converter.params_to_hf(model, leave_out)
     if (leave_out and converter.base_architecture and converter.prefix
             and all(name.startswith(converter.prefix) for name in state)):

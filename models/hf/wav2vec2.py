@@ -25,6 +25,7 @@ from pretext_jax.models.hf.conversion import (
     register,
 )
 from pretext_jax.models.wav2vec2 import (
+    SpeechEncoderConfig,
     Wav2Vec2,
     Wav2Vec2Config,
     Wav2Vec2CTCConfig,
@@ -32,16 +33,21 @@ from pretext_jax.models.wav2vec2 import (
 )
 
 TORCH_CONV1D = (2, 1, 0)  # torch Conv1d weight [O, I, K] -> flax [K, I, O]
-POSITION_CONV = "wav2vec2.encoder.pos_conv_embed.conv"
-# Pre-parametrisation names of the weight-normalised position convolution -> current names.
-WEIGHT_NORM_ALIASES = {f"{POSITION_CONV}.weight_g": f"{POSITION_CONV}.parametrizations.weight"
-                       ".original0",
-                       f"{POSITION_CONV}.weight_v": f"{POSITION_CONV}.parametrizations.weight"
-                       ".original1"}
 
 
-def _conv_layer(config: Wav2Vec2Config, index: int) -> list[Tensor]:
-    hf, ours = f"wav2vec2.feature_extractor.conv_layers.{index}", f"conv_layers.{index}"
+def weight_norm_aliases(prefix: str) -> dict[str, str]:
+    """Pre-parametrisation names of the weight-normalised position convolution under the base
+    model's `prefix` -> current names (a `Converter`'s `tied` renames them on load)."""
+    conv = f"{prefix}encoder.pos_conv_embed.conv"
+    return {f"{conv}.weight_g": f"{conv}.parametrizations.weight.original0",
+            f"{conv}.weight_v": f"{conv}.parametrizations.weight.original1"}
+
+
+WEIGHT_NORM_ALIASES = weight_norm_aliases("wav2vec2.")
+
+
+def _conv_layer(config: SpeechEncoderConfig, index: int, prefix: str) -> list[Tensor]:
+    hf, ours = f"{prefix}feature_extractor.conv_layers.{index}", f"conv_layers.{index}"
     tensors = [Tensor(f"{hf}.conv.weight", f"{ours}.conv.kernel", TORCH_CONV1D)]
     if config.conv_bias:
         tensors.append(Tensor(f"{hf}.conv.bias", f"{ours}.conv.bias"))
@@ -50,22 +56,25 @@ def _conv_layer(config: Wav2Vec2Config, index: int) -> list[Tensor]:
     return tensors
 
 
-def body_tensors(config: Wav2Vec2Config) -> tuple[Tensor, ...]:
-    """`Wav2Vec2Model` under the `wav2vec2` prefix: `feature_extractor.conv_layers.{i}`,
-    `feature_projection`, `masked_spec_embed`, `encoder` with `pos_conv_embed`, `layer_norm`
-    and `layers.{i}`."""
-    layer, ours = "wav2vec2.encoder.layers.{i}", "encoder.layers"
+def body_tensors(config: SpeechEncoderConfig, prefix: str = "wav2vec2.") -> tuple[Tensor, ...]:
+    """`Wav2Vec2Model` (and `HubertModel`, the same modules) under `prefix`:
+    `feature_extractor.conv_layers.{i}`, `feature_projection` (its `layer_norm` where
+    `config.normalizes_features`), `masked_spec_embed`, `encoder` with `pos_conv_embed`,
+    `layer_norm` and `layers.{i}`."""
+    layer, ours = f"{prefix}encoder.layers.{{i}}", "encoder.layers"
+    position_conv = f"{prefix}encoder.pos_conv_embed.conv"
     return (
-        *(t for i in range(len(config.conv_channels)) for t in _conv_layer(config, i)),
-        *layer_norm("wav2vec2.feature_projection.layer_norm", "feature_layer_norm"),
-        *linear("wav2vec2.feature_projection.projection", "feature_projection"),
-        Tensor("wav2vec2.masked_spec_embed", "masked_spec_embed"),
-        Tensor(f"{POSITION_CONV}.parametrizations.weight.original0",
+        *(t for i in range(len(config.conv_channels)) for t in _conv_layer(config, i, prefix)),
+        *(layer_norm(f"{prefix}feature_projection.layer_norm", "feature_layer_norm")
+          if config.normalizes_features else ()),
+        *linear(f"{prefix}feature_projection.projection", "feature_projection"),
+        Tensor(f"{prefix}masked_spec_embed", "masked_spec_embed"),
+        Tensor(f"{position_conv}.parametrizations.weight.original0",
                "encoder.position_conv.weight_g", TORCH_CONV1D),
-        Tensor(f"{POSITION_CONV}.parametrizations.weight.original1",
+        Tensor(f"{position_conv}.parametrizations.weight.original1",
                "encoder.position_conv.weight_v", TORCH_CONV1D),
-        Tensor(f"{POSITION_CONV}.bias", "encoder.position_conv.bias"),
-        *layer_norm("wav2vec2.encoder.layer_norm", "encoder.layer_norm"),
+        Tensor(f"{position_conv}.bias", "encoder.position_conv.bias"),
+        *layer_norm(f"{prefix}encoder.layer_norm", "encoder.layer_norm"),
         *linear(f"{layer}.attention.q_proj", f"{ours}.query"),
         *linear(f"{layer}.attention.k_proj", f"{ours}.key"),
         *linear(f"{layer}.attention.v_proj", f"{ours}.value"),
@@ -94,20 +103,19 @@ def ctc_tensors(config: Wav2Vec2CTCConfig) -> tuple[Tensor, ...]:
     return (*body_tensors(config), *linear("lm_head", "lm_head"))
 
 
-def config_from_hf(hf: Mapping[str, Any], config_class: type[Wav2Vec2Config] = Wav2Vec2Config,
-                   **overrides: Any) -> Wav2Vec2Config:
-    """A HF `Wav2Vec2Config` -> ours (HF's defaults where a field is absent); the adapter, the
-    CTC and classification heads' fields and the masking and loss settings are not the
-    network's and are ignored."""
+def encoder_fields_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The `SpeechEncoderConfig` fields of a HF `Wav2Vec2Config` or `HubertConfig` dict (HF's
+    defaults where a field is absent); refuses what the network here has no form of (another
+    activation, the adapter)."""
     for field, ours in (("hidden_act", "hidden_act"),
                         ("feat_extract_activation", "the feature encoder's activation")):
         if HF_ACTIVATIONS.get(hf.get(field, "gelu")) != "gelu":
             raise UserError(f"{field} {hf.get(field)!r} is not supported ({ours} is the exact "
-                            "GELU here); use a wav2vec2 checkpoint with 'gelu'")
+                            f"GELU here); use a {hf.get('model_type')} checkpoint with 'gelu'")
     if hf.get("add_adapter", False):
         raise UserError("config.json has add_adapter=true; the adapter is not supported, "
                         "convert a checkpoint without it")
-    return config_class(**{
+    return {
         "conv_channels": tuple(hf.get("conv_dim", (512,) * 7)),
         "conv_kernel_sizes": tuple(hf.get("conv_kernel", (10, 3, 3, 3, 3, 2, 2))),
         "conv_strides": tuple(hf.get("conv_stride", (5, 2, 2, 2, 2, 2, 2))),
@@ -121,26 +129,20 @@ def config_from_hf(hf: Mapping[str, Any], config_class: type[Wav2Vec2Config] = W
         "pre_layer_norm": hf.get("do_stable_layer_norm", False),
         "position_conv_kernel": hf.get("num_conv_pos_embeddings", 128),
         "position_conv_groups": hf.get("num_conv_pos_embedding_groups", 16),
-        "num_codevector_groups": hf.get("num_codevector_groups", 2),
-        "codevectors_per_group": hf.get("num_codevectors_per_group", 320),
-        "codevector_dim": hf.get("codevector_dim", 256),
-        "projection_dim": hf.get("proj_codevector_dim", 256),
         "hidden_dropout": hf.get("hidden_dropout", 0.1),
         "attention_dropout": hf.get("attention_dropout", 0.1),
         "activation_dropout": hf.get("activation_dropout", 0.1),
         "feature_projection_dropout": hf.get("feat_proj_dropout", 0.0),
-        "quantizer_input_dropout": hf.get("feat_quantizer_dropout", 0.0),
         "layerdrop": hf.get("layerdrop", 0.1),
         "initializer_range": hf.get("initializer_range", 0.02),
-        **overrides,
-    })
+    }
 
 
-def config_to_hf(config: Wav2Vec2Config) -> dict[str, Any]:
-    """Ours -> a HF `Wav2Vec2Config` dict. `mask_time_prob` > 0 makes HF build
-    `masked_spec_embed`; the masking and loss values written are HF's defaults, not ours."""
+def encoder_fields_to_hf(config: SpeechEncoderConfig) -> dict[str, Any]:
+    """`encoder_fields_from_hf`'s way back: the shared network's HF config entries.
+    `mask_time_prob` > 0 makes HF build `masked_spec_embed`; the masking values written are
+    HF's defaults, not ours."""
     return {
-        "model_type": "wav2vec2", "architectures": ["Wav2Vec2ForPreTraining"],
         "conv_dim": list(config.conv_channels), "conv_kernel": list(config.conv_kernel_sizes),
         "conv_stride": list(config.conv_strides), "conv_bias": config.conv_bias,
         "num_feat_extract_layers": len(config.conv_channels),
@@ -152,15 +154,39 @@ def config_to_hf(config: Wav2Vec2Config) -> dict[str, Any]:
         "layer_norm_eps": config.layer_norm_eps, "do_stable_layer_norm": config.pre_layer_norm,
         "num_conv_pos_embeddings": config.position_conv_kernel,
         "num_conv_pos_embedding_groups": config.position_conv_groups,
-        "num_codevector_groups": config.num_codevector_groups,
-        "num_codevectors_per_group": config.codevectors_per_group,
-        "codevector_dim": config.codevector_dim, "proj_codevector_dim": config.projection_dim,
         "hidden_dropout": config.hidden_dropout, "attention_dropout": config.attention_dropout,
         "activation_dropout": config.activation_dropout,
         "feat_proj_dropout": config.feature_projection_dropout,
-        "feat_quantizer_dropout": config.quantizer_input_dropout,
         "layerdrop": config.layerdrop, "initializer_range": config.initializer_range,
         "mask_time_prob": 0.05, "add_adapter": False,
+    }
+
+
+def config_from_hf(hf: Mapping[str, Any], config_class: type[Wav2Vec2Config] = Wav2Vec2Config,
+                   **overrides: Any) -> Wav2Vec2Config:
+    """A HF `Wav2Vec2Config` -> ours (HF's defaults where a field is absent); the adapter, the
+    CTC and classification heads' fields and the masking and loss settings are not the
+    network's and are ignored."""
+    return config_class(**{
+        **encoder_fields_from_hf(hf),
+        "num_codevector_groups": hf.get("num_codevector_groups", 2),
+        "codevectors_per_group": hf.get("num_codevectors_per_group", 320),
+        "codevector_dim": hf.get("codevector_dim", 256),
+        "projection_dim": hf.get("proj_codevector_dim", 256),
+        "quantizer_input_dropout": hf.get("feat_quantizer_dropout", 0.0),
+        **overrides,
+    })
+
+
+def config_to_hf(config: Wav2Vec2Config) -> dict[str, Any]:
+    """Ours -> a HF `Wav2Vec2Config` dict (`encoder_fields_to_hf` and the quantiser's)."""
+    return {
+        "model_type": "wav2vec2", "architectures": ["Wav2Vec2ForPreTraining"],
+        **encoder_fields_to_hf(config),
+        "num_codevector_groups": config.num_codevector_groups,
+        "num_codevectors_per_group": config.codevectors_per_group,
+        "codevector_dim": config.codevector_dim, "proj_codevector_dim": config.projection_dim,
+        "feat_quantizer_dropout": config.quantizer_input_dropout,
     }
 
 

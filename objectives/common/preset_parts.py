@@ -36,5 +36,14 @@ FAIRSEQ_ROBERTA_OPTIM = {"learning_rate": 6e-4, "schedule": "linear_from_peak",
 # {digit}_{speaker}_{index}.wav; indices 0-4 are its official test set): labels from the names,
 # the official split, and the probes' windows of 1 s at 16 kHz (recordings last 0.14-2.28 s,
 # 0.44 s on average). Probed labels: digit and speaker (index splits).
+# The speech methods' test/demo encoder (wav2vec 2.0, HuBERT): a 3-convolution feature encoder
+# of 80 samples a frame (5 ms at 16 kHz), 2 Transformer blocks of 64, no dropout. Lists, as
+# config.json holds them.
+TINY_SPEECH_ENCODER = {"conv_channels": [32, 32, 32], "conv_kernel_sizes": [10, 4, 4],
+                       "conv_strides": [5, 4, 4], "hidden_size": 64, "num_layers": 2,
+                       "num_heads": 4, "intermediate_size": 128, "position_conv_kernel": 16,
+                       "position_conv_groups": 4, "hidden_dropout": 0.0,
+                       "attention_dropout": 0.0, "feature_projection_dropout": 0.0,
+                       "layerdrop": 0.0}
 FSDD_EXAMPLES = {"label_pattern": r"(?P<digit>\d)_(?P<speaker>[a-z]+)_(?P<index>\d+)",
                  "held_out_rule": "index<5", "probe_samples": 16000}

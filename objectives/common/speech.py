@@ -1,4 +1,4 @@
-"""What the speech methods (wav2vec 2.0, CPC) share: their data preparation from the audio
+"""What the speech methods (wav2vec 2.0, HuBERT, CPC) share: their data preparation from the audio
 source (`input_pipeline.audio`) and the downstream measure of their representations.
 
 The measure is a linear probe on frozen features, as CPC §3.1 evaluates speaker
@@ -12,7 +12,8 @@ speaker). The same probe on the mean MFCCs of the same windows (`mfcc_means`) is
 hand-made baseline, computed once while preparing; the CLI adds the same network untrained.
 
 Also wav2vec 2.0's span masks (`span_mask`, fairseq's `compute_mask_indices`), which
-pre-training draws over frames and CTC fine-tuning over frames and channels.
+pre-training (wav2vec 2.0's and HuBERT's) draws over frames and CTC fine-tuning over frames and
+channels, and the feature penalty both pre-training losses add.
 """
 
 from __future__ import annotations
@@ -32,13 +33,21 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.audio import (
     AudioExampleConfig,
     AudioRecords,
+    ShortestCropBatches,
     held_out_rule,
     mfcc_means,
     prepare_audio,
 )
 from pretext_jax.input_pipeline.prepare import DataConfig
+from pretext_jax.models.wav2vec2 import SpeechEncoderConfig, Wav2Vec2Body, feature_lengths
 from pretext_jax.objectives.common.evaluation import linear_probe_accuracy
-from pretext_jax.objectives.registry import PreparedData, Summarize, summary_of
+from pretext_jax.objectives.registry import (
+    PreparedData,
+    Segment,
+    Segments,
+    Summarize,
+    summary_of,
+)
 from pretext_jax.progress import progress
 
 PROBE_BATCH = 32  # utterances per feature batch (fixed, so one compiled shape)
@@ -116,14 +125,19 @@ def probe_data(train: AudioRecords, held_out: AudioRecords, examples: AudioExamp
 
 def prepare_speech(data: DataConfig, examples: AudioExampleConfig, cache_dir: Path,
                    seed: int) -> PreparedData:
-    """Audio records (`input_pipeline.audio.prepare_audio`): random `max_samples` crops for
-    training, the first window of at most `max_eval_examples` held-out utterances for
-    evaluation, the probes' records and the MFCC baseline's accuracies (`report`:
-    `mfcc_probe_<label>_accuracy`)."""
+    """Audio records (`input_pipeline.audio.prepare_audio`) as `speech_data`."""
     train, held_out = prepare_audio(data.source, data.eval_source, cache_dir, examples,
                                     held_out_fraction=data.held_out_fraction, seed=seed,
                                     tfds_split=data.tfds_split,
                                     tfds_data_dir=data.tfds_data_dir or None)
+    return speech_data(train, held_out, examples)
+
+
+def speech_data(train: AudioRecords, held_out: AudioRecords, examples: AudioExampleConfig
+                ) -> PreparedData:
+    """Random `max_samples` crops of `train` for training, the first window of at most
+    `max_eval_examples` `held_out` utterances for evaluation, the probes' records and the MFCC
+    baseline's accuracies (`report`: `mfcc_probe_<label>_accuracy`)."""
     probes = probe_data(train, held_out, examples)
     report = {}
     if probes is not None:
@@ -201,35 +215,65 @@ def probe_summary(metrics: tuple[str, ...]) -> Summarize:
     return summarize
 
 
+def probe_layers(model: Wav2Vec2Body, audio: jax.Array, attention_mask: jax.Array, layer: int
+                 ) -> tuple[jax.Array, jax.Array]:
+    """The probes' features of wav2vec 2.0 and HuBERT: the Transformer's hidden states as HF
+    numbers them (0 = its input, L = its last block's output), with the real frames."""
+    hidden_states, frames = model.hidden_states(audio, attention_mask)
+    return hidden_states[layer], frames
+
+
+def check_frames(model: SpeechEncoderConfig, examples: AudioExampleConfig, objective: Any = None
+                 ) -> None:
+    """A `max_samples` window makes at least one frame through the feature encoder; the
+    probes read one of the L + 1 hidden states."""
+    check_probe_layer(examples, model.num_layers + 1)
+    if feature_lengths(model, examples.max_samples) < 1:
+        raise UserError(f"examples.max_samples={examples.max_samples} is shorter than the "
+                        "feature encoder's receptive field (no frame); raise it (wav2vec 2.0: "
+                        "250000)")
+
+
 # --- Span masks (wav2vec 2.0 pre-training and CTC fine-tuning) -----------------------------
 
 @dataclasses.dataclass(frozen=True)
-class MaskingSettings:
-    """Host-side masking and distractor sampling (fairseq BASE: mask_prob 0.65 over spans of
-    10, i.e. 0.065 of the frames start a span; 100 negatives)."""
+class SpanSettings:
+    """Host-side span masking of frames (fairseq `compute_mask_indices`; wav2vec 2.0 BASE:
+    mask_prob 0.65 over spans of 10, i.e. 0.065 of the frames start a span)."""
 
     mask_start_fraction: float = 0.065
-    """p, the fraction of an utterance's frames that start a masked span (paper §4.2 0.065;
-    HF `mask_time_prob` / fairseq `mask_prob` = p x mask_span = 0.65)."""
+    """p, the fraction of an utterance's frames that start a masked span (wav2vec 2.0 §4.2
+    0.065; HF `mask_time_prob` / fairseq `mask_prob` = p x mask_span = 0.65)."""
     mask_span: int = 10
     """M, frames masked from each start (paper 10; HF `mask_time_length`)."""
     min_spans: int = 2
     """Fewest spans per utterance that has room for them (HF `mask_time_min_masks` 2)."""
-    num_negatives: int = 100
-    """K, distractors per masked frame, from the same utterance's masked frames (paper 100)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.mask_start_fraction < 1.0:
             raise ValueError(f"mask_start_fraction={self.mask_start_fraction} must be in (0, 1) "
                              "(wav2vec 2.0: 0.065)")
-        for name in ("mask_span", "num_negatives"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.mask_span < 1:
+            raise ValueError(f"mask_span={self.mask_span} must be >= 1")
         if self.min_spans < 0:
             raise ValueError(f"min_spans={self.min_spans} must be >= 0")
 
 
-def span_mask(frame_lengths: np.ndarray, num_frames: int, settings: MaskingSettings,
+@dataclasses.dataclass(frozen=True)
+class MaskingSettings(SpanSettings):
+    """Span masks (`SpanSettings`) and wav2vec 2.0's distractor sampling (fairseq BASE: 100
+    negatives)."""
+
+    num_negatives: int = 100
+    """K, distractors per masked frame, from the same utterance's masked frames (paper 100)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_negatives < 1:
+            raise ValueError(f"num_negatives={self.num_negatives} must be >= 1")
+
+
+def span_mask(frame_lengths: np.ndarray, num_frames: int, settings: SpanSettings,
               rng: np.random.Generator, same_count: bool = False) -> np.ndarray:
     """[B, T] bool, True = masked, for utterances of `frame_lengths` real frames (right-padded
     to `num_frames`), as fairseq's `compute_mask_indices` draws them for wav2vec2.py (static
@@ -258,3 +302,53 @@ def span_mask(frame_lengths: np.ndarray, num_frames: int, settings: MaskingSetti
     for row, frames in enumerate(masked):
         mask[row, frames] = True
     return mask
+
+
+def group_span_mask(frames: int, settings: SpanSettings, row: int, rows: int,
+                    group_rng: np.random.Generator) -> np.ndarray:
+    """[frames] bool: the mask of row `row` of a group of `rows` equally long rows of a batch
+    cropped to its shortest utterance, drawn as fairseq's `compute_mask_indices` draws them
+    over one GPU's batch with `require_same_masks`: every row of the group keeps the fewest
+    masked frames of any (`span_mask(same_count=True)`). The group's masks come from
+    `group_rng`, seeded by the group's place alone, so a row draws them without its
+    neighbours' audio, the same in every worker and after a resume."""
+    return span_mask(np.full(rows, frames), frames, settings, group_rng, same_count=True)[row]
+
+
+def check_batch_groups(batch_groups: int, config: Any) -> None:
+    """A micro-batch (train.batch_size / optim.grad_accum_steps rows) splits into
+    `batch_groups` groups of rows (wav2vec 2.0's and HuBERT's per-GPU batches)."""
+    micro = config.train.batch_size // config.optim.grad_accum_steps
+    if micro % batch_groups:
+        raise UserError(f"a micro-batch of {micro} rows (train.batch_size / "
+                        f"optim.grad_accum_steps) does not split into objective.batch_groups="
+                        f"{batch_groups} groups; use a multiple of it")
+
+
+def shortest_crop_segments(
+    records: AudioRecords, batch_groups: int,
+    finish: Callable[[int, int], Callable[[dict[str, np.ndarray], int, int, int],
+                                          dict[str, np.ndarray]]]) -> Segments:
+    """`PreparedData.segments` of batches cropped to their shortest utterance
+    (`examples.crop_to_shortest`): the whole run reads `ShortestCropBatches` of the run's batch
+    size and seed, in order, each row completed by `finish(rows, seed)` (wav2vec 2.0's
+    `GroupMasks`, HuBERT's targets and masks), `rows` = train.batch_size /
+    optim.grad_accum_steps / `batch_groups`, the rows of a batch group."""
+
+    def segment(step: int, config: Any) -> Segment:
+        del step
+        rows = config.train.batch_size // config.optim.grad_accum_steps // batch_groups
+        source = ShortestCropBatches(records, config.examples, config.train.batch_size,
+                                     config.train.seed, finish(rows, config.train.seed))
+        return Segment(first_step=1, last_step=None, records=lambda model: source,
+                       shuffle=False)
+
+    return segment
+
+
+def feature_penalty(conv_features: jax.Array, groups: int = 1) -> jax.Array:
+    """[groups]: the mean square of the feature encoder's output (fairseq `features_pen` of
+    wav2vec2.py and hubert.py) over each group of B / `groups` consecutive rows of
+    `conv_features` [B, T, C]."""
+    squares = jnp.square(conv_features.astype(jnp.float32))
+    return jnp.mean(squares.reshape(groups, -1), axis=1)
