@@ -36,7 +36,7 @@ PAGES = {
                      "summarize_prophetnet"), "seq2seq.md"),
     **dict.fromkeys(("simclr", "moco", "byol", "rotation", "jigsaw", "deepcluster", "cmc", "dim",
                      "amdim", "semi"), "images.md"),
-    **dict.fromkeys(("cpc", "wav2vec2", "hubert", "ctc"), "speech.md"),
+    **dict.fromkeys(("cpc", "wav2vec", "wav2vec2", "hubert", "ctc"), "speech.md"),
 }
 
 # Presets that are ours, not a paper's recipe: no card.
@@ -46,7 +46,7 @@ TEST_SIZES = ("albert_tiny", "amdim_tiny", "bart_tiny", "bert_tiny", "byol_tiny"
               "mass_bilingual_tiny", "mass_xlm_tiny",
               "moco_tiny", "mpnet_tiny", "prophetnet_tiny", "roberta_tiny", "rotation_tiny",
               "simclr_tiny", "structbert_tiny", "t5_tiny", "translation_tiny", "unilm_tiny",
-              "wav2vec2_tiny", "word2vec_tiny", "xlm_tiny", "xlnet_tiny")
+              "wav2vec_tiny", "wav2vec2_tiny", "word2vec_tiny", "xlm_tiny", "xlnet_tiny")
 EXEMPT = {
     **dict.fromkeys(TEST_SIZES, "the test and demo size (`preset_parts`)"),
     "bert_small": "an intermediate size for short runs (4 x 256: google-research/bert's "
