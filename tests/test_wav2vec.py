@@ -18,6 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from resilience_utils import (
+    GRADIENT_STEP,
+    abort_and_resume,
+    assert_same_step_on_every_mesh,
+    assert_same_training,
+    mesh_overrides,
+    run_in_process,
+)
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.audio import AudioExampleConfig
@@ -311,3 +319,29 @@ def test_tiny_preset_trains_with_the_probe(tmp_path, digits):
     restored = load_model(tmp_path / "w")
     assert isinstance(restored, Wav2Vec) and restored.config == trainer.config.model
 
+
+
+SHORT = {"train.log_every": 1, "train.eval_every": 1000, "train.eval_batches": 1,
+         "train.progress": False}
+
+
+def test_same_step_on_every_mesh(tmp_path, digits):
+    """One gradient step (same-utterance negatives drawn per row) gives the same loss and
+    parameters on one device and on the (2, 2, 2) mesh, and moves the parameters."""
+    def trainer_at(workdir, mesh, devices):
+        values = {**digits, **SHORT, **GRADIENT_STEP, **mesh_overrides(mesh),
+                  "train.steps": 1, "train.batch_size": 8}
+        return Trainer(make_config("wav2vec_tiny", values), workdir, devices=devices)
+
+    assert_same_step_on_every_mesh(trainer_at, tmp_path)
+
+
+def test_killed_run_resumes_bit_for_bit(tmp_path, digits):
+    """A run stopped in place of step 5 and resumed from its step-3 checkpoint reads the same
+    batches and ends with the same parameters as a straight run."""
+    overrides = {**digits, **SHORT, "train.steps": 6, "train.checkpoint_every": 3,
+                 "train.batch_size": 8}
+    reference = tmp_path / "reference", tmp_path / "reference.log"
+    run_in_process("wav2vec_tiny", overrides, *reference)
+    ours = abort_and_resume("wav2vec_tiny", overrides, tmp_path, step=5)
+    assert len(assert_same_training("wav2vec_tiny", overrides, ours, reference)) > 6
