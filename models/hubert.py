@@ -10,7 +10,8 @@ Reference: fairseq `models/hubert/hubert.py` (`HubertModel`: `layer_norm`, `post
 modeling_hubert.py (`HubertModel`), whose weights convert one-to-one (`models/hf/hubert.py`)
 and which is the parity oracle (tests/test_hubert.py). HF has no pre-training head: a HF
 export holds the body only. The loss on these outputs (masked prediction of cluster targets)
-is in `objectives/hubert.py`.
+is in `objectives/hubert.py`. `HubertForCTC` is the body fine-tuned for speech recognition
+(HF `HubertForCTC`, fairseq `HubertCtc`): wav2vec 2.0's CTC network on HuBERT's body.
 
 Paper sections: §II-A/B (learning the hidden units, masked prediction), §II-E (the model: the same
 feature encoder and Transformer as wav2vec 2.0, the projection matrix A and the embeddings
@@ -28,7 +29,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pretext_jax.models.layers import dense, split_rng
-from pretext_jax.models.wav2vec2 import SpeechEncoderConfig, Wav2Vec2Body
+from pretext_jax.models.wav2vec2 import (
+    SpeechEncoderConfig,
+    Wav2Vec2Body,
+    Wav2Vec2CTCConfig,
+    Wav2Vec2ForCTC,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,3 +135,25 @@ class Hubert(Wav2Vec2Body):
         """sim(A o_t, e_c) of §II-E for every cluster: `cosine_similarities` of
         `projected_states` [B, T, E] with `label_embeddings` -> [B, T, K]."""
         return cosine_similarities(projected_states, self.label_embeddings[...])
+
+
+@dataclasses.dataclass(frozen=True)
+class HubertCTCConfig(Wav2Vec2CTCConfig):
+    """HuBERT fine-tuned for speech recognition (HF `HubertForCTC`): `Wav2Vec2CTCConfig` (the
+    network, `vocab_size`, `blank_id`, `final_dropout`; its quantiser fields build nothing) with
+    HuBERT's `feature_projection_layer_norm`."""
+
+    feature_projection_layer_norm: bool = True
+    """LayerNorm on the feature encoder's output before the projection (as `HubertConfig`'s;
+    HF `feat_proj_layer_norm`)."""
+
+    @property
+    def normalizes_features(self) -> bool:
+        return self.feature_projection_layer_norm
+
+
+class HubertForCTC(Wav2Vec2ForCTC):
+    """HuBERT's body, dropout and a linear layer to the vocabulary (HF `HubertForCTC`, fairseq
+    `HubertCtc` of hubert_asr.py): the same network and call as `Wav2Vec2ForCTC` (HF's two
+    classes are the same modules), its own class so that it converts to and from
+    `HubertForCTC` (`models/hf/hubert.py`); built from a `HubertCTCConfig`."""

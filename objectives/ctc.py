@@ -5,11 +5,17 @@ and channel masks, the context network frozen for the first updates; fairseq's r
 labelled-data size as presets (`PRESETS`, `ctc_base_10m` .. `ctc_base_960h`; `base_10h` unless
 `run.py finetune --recipe` names another). The loss, decoding, data and WER are
 `objectives.common.ctc`'s.
+
+From HuBERT (Hsu et al. 2021 §IV-C), method `ctc_hubert` (`run.py finetune --task ctc --init <a
+pretext hubert run, or a HF HubertModel / HubertForCTC folder>`): the same network, loss, masks
+and frozen updates on HuBERT's body (`models.hubert.HubertForCTC`), with fairseq's
+examples/hubert/config/finetune/base_10h.yaml as its recipe (`HUBERT_PRESETS`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,7 +26,9 @@ import numpy as np
 from flax import nnx
 
 from pretext_jax.errors import UserError
+from pretext_jax.models.hubert import Hubert, HubertCTCConfig, HubertForCTC
 from pretext_jax.models.wav2vec2 import (
+    SpeechEncoderConfig,
     Wav2Vec2Body,
     Wav2Vec2Config,
     Wav2Vec2CTCConfig,
@@ -152,8 +160,10 @@ def finetune_loss(model: Wav2Vec2ForCTC, batch: Batch, rng: jax.Array | None, *,
 
 
 def build_ctc(config: CTCModelConfig, seed: int) -> Wav2Vec2ForCTC:
+    """`Wav2Vec2ForCTC`, or `HubertForCTC` for a HuBERT body's config (`ctc_hubert`'s)."""
+    model_class = HubertForCTC if isinstance(config, HubertCTCConfig) else Wav2Vec2ForCTC
     with nnx.use_eager_sharding(False):
-        return Wav2Vec2ForCTC(config, rngs=nnx.Rngs(seed))
+        return model_class(config, rngs=nnx.Rngs(seed))
 
 
 def pretrained_ctc(config: CTCModelConfig, seed: int,
@@ -164,8 +174,8 @@ def pretrained_ctc(config: CTCModelConfig, seed: int,
     pretrained = load(config.init)
     if not isinstance(pretrained, Wav2Vec2Body):
         raise UserError(f"model.init={config.init} holds a {type(pretrained).__name__}; CTC "
-                        "fine-tuning starts from wav2vec 2.0 (a pretext wav2vec2 run or a HF "
-                        "Wav2Vec2 folder)")
+                        "fine-tuning starts from wav2vec 2.0 or HuBERT (a pretext wav2vec2 or "
+                        "hubert run, or a HF Wav2Vec2 or Hubert folder)")
     try:
         return with_body_of(pretrained, build_ctc(config, seed))
     except ValueError as e:
@@ -180,14 +190,20 @@ within fairseq's 25,600,000 samples per update (`max_tokens` 3,200,000 x 2 GPUs 
 base_960h: x 8 GPUs)."""
 
 
-def _recipe(updates: int, learning_rate: float, mask_prob: float, channel_prob: float,
-            layerdrop: float, freeze_updates: int) -> dict[str, dict[str, Any]]:
+def fairseq_recipe(updates: int, learning_rate: float, mask_prob: float, channel_prob: float,
+                   layerdrop: float, freeze_updates: int, *, warmup: int | None = None,
+                   hold: int | None = None, end_scale: float = 0.05, rows: int = ROWS
+                   ) -> dict[str, dict[str, Any]]:
     """One of fairseq's examples/wav2vec/config/finetuning/base_*.yaml (Baevski et al. 2020
     §4.4, appendix B) on what they share: Adam (0.9, 0.98), eps 1e-8, no weight decay, the
     tri-stage schedule with phase ratios [0.1, 0.4, 0.5] from 0.01 x lr to 0.05 x lr, time
     masks of 10 frames, channel masks of 64 channels, activation dropout 0.1, the other
     dropouts 0, the loss averaged over utterances (`sentence_avg`). `mask_prob` and
-    `channel_prob` are fairseq's (per span length)."""
+    `channel_prob` are fairseq's (per span length). HuBERT's recipe (`ctc_hubert`) gives its
+    stages in updates (`warmup`, `hold`), the rate where the run stops (`end_scale` x lr) and
+    its `rows` per update."""
+    warmup = updates // 10 if warmup is None else warmup
+    hold = updates * 4 // 10 if hold is None else hold
     return {
         "model": {"hidden_dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.1,
                   "feature_projection_dropout": 0.0, "final_dropout": 0.0,
@@ -197,21 +213,21 @@ def _recipe(updates: int, learning_rate: float, mask_prob: float, channel_prob: 
                       "channel_mask_span": CHANNEL_MASK_LENGTH,
                       "freeze_updates": freeze_updates, "reduction": "sentences"},
         "optim": {"optimizer": "adamw", "learning_rate": learning_rate, "schedule": "tri_stage",
-                  "warmup_steps": updates // 10, "hold_steps": updates * 4 // 10,
+                  "warmup_steps": warmup, "hold_steps": hold,
                   "warmup_init_learning_rate": learning_rate / 100,
-                  "end_learning_rate": learning_rate / 20, "b1": 0.9, "b2": 0.98,
+                  "end_learning_rate": learning_rate * end_scale, "b1": 0.9, "b2": 0.98,
                   "eps": 1e-8, "weight_decay": 0.0, "bias_correction": True,
                   "eps_before_bias_correction": True, "clip_norm": 0.0},
-        "train": {"steps": updates, "batch_size": ROWS},
+        "train": {"steps": updates, "batch_size": rows},
     }
 
 
 PRESETS = {  # fairseq examples/wav2vec/config/finetuning/<name without ctc_>.yaml
-    "ctc_base_10m": _recipe(13000, 5e-5, 0.65, 0.25, 0.1, 10000),
-    "ctc_base_1h": _recipe(13000, 5e-5, 0.65, 0.25, 0.1, 10000),
-    "ctc_base_10h": _recipe(20000, 5e-5, 0.65, 0.5, 0.05, 10000),
-    "ctc_base_100h": _recipe(80000, 3e-5, 0.65, 0.5, 0.1, 0),
-    "ctc_base_960h": _recipe(320000, 1e-4, 0.5, 0.1, 0.1, 0),
+    "ctc_base_10m": fairseq_recipe(13000, 5e-5, 0.65, 0.25, 0.1, 10000),
+    "ctc_base_1h": fairseq_recipe(13000, 5e-5, 0.65, 0.25, 0.1, 10000),
+    "ctc_base_10h": fairseq_recipe(20000, 5e-5, 0.65, 0.5, 0.05, 10000),
+    "ctc_base_100h": fairseq_recipe(80000, 3e-5, 0.65, 0.5, 0.1, 0),
+    "ctc_base_960h": fairseq_recipe(320000, 1e-4, 0.5, 0.1, 0.1, 0),
 }
 RECIPE_PRESET = "ctc_base_10h"  # what `run.py finetune --task ctc` runs without --recipe
 NETWORK_FIELDS = tuple(f.name for f in dataclasses.fields(Wav2Vec2Config)
@@ -219,23 +235,31 @@ NETWORK_FIELDS = tuple(f.name for f in dataclasses.fields(Wav2Vec2Config)
                        and f.name != "quantizer_input_dropout")
 
 
+def body_recipe(pretrained: Wav2Vec2Body, method: str, presets: Mapping[str, Any],
+                default: str, network_fields: tuple[str, ...]) -> FinetuneRecipe:
+    """The fine-tuning run of `method` from `pretrained`: its `network_fields` and the
+    `default` one of `presets`, which `--recipe` chooses among."""
+    network = {f"model.{name}": getattr(pretrained.config, name) for name in network_fields}
+    preset = presets[default]
+    recipe = {f"{section}.{key}": value for section, values in preset.items()
+              for key, value in values.items()}
+    return FinetuneRecipe(values={"method": method, **{k: list(v) if isinstance(v, tuple) else v
+                                                        for k, v in network.items()}, **recipe},
+                          epochs=0, warmup=0.0, steps=preset["train"]["steps"],
+                          warmup_steps=preset["optim"]["warmup_steps"], recipes=tuple(presets))
+
+
 def ctc_recipe(pretrained: Any, task: DownstreamTask, source_config: Mapping[str, Any]
                ) -> FinetuneRecipe | None:
     """wav2vec 2.0 (pre-trained or fine-tuned) on task `ctc`: the starting network's sizes
     and the `RECIPE_PRESET` recipe (base_10h: 20,000 updates, 2,000 warmup, 8,000 hold, 10,000
     decay, the context network frozen for the first 10,000); `--recipe` chooses another of
-    `PRESETS`."""
+    `PRESETS`. HuBERT's bodies are `ctc_hubert`'s."""
     if (task.name != CTC or not isinstance(pretrained, Wav2Vec2Body)
-            or not isinstance(pretrained.config, Wav2Vec2Config)):  # not HuBERT's
+            or not isinstance(pretrained.config, Wav2Vec2Config)
+            or isinstance(pretrained.config, HubertCTCConfig)):
         return None
-    network = {f"model.{name}": getattr(pretrained.config, name) for name in NETWORK_FIELDS}
-    preset = PRESETS[RECIPE_PRESET]
-    recipe = {f"{section}.{key}": value for section, values in preset.items()
-              for key, value in values.items()}
-    return FinetuneRecipe(values={"method": CTC, **{k: list(v) if isinstance(v, tuple) else v
-                                                     for k, v in network.items()}, **recipe},
-                          epochs=0, warmup=0.0, steps=preset["train"]["steps"],
-                          warmup_steps=preset["optim"]["warmup_steps"], recipes=tuple(PRESETS))
+    return body_recipe(pretrained, CTC, PRESETS, RECIPE_PRESET, NETWORK_FIELDS)
 
 
 def ctc_transforms(data: PreparedData, model: CTCModelConfig, objective: CTCObjectiveConfig
@@ -258,4 +282,49 @@ METHOD = register(Method(
     evaluation=Evaluation(monitor=wer_monitor),
     presets=PRESETS,
     start=Start(hf_models=(Wav2Vec2ForCTC,), pretrained=pretrained_ctc, finetunes=ctc_recipe),
+))
+
+
+# --- From HuBERT: method `ctc_hubert` ---------------------------------------------------------
+
+HUBERT_CTC = "ctc_hubert"
+
+
+@dataclasses.dataclass(frozen=True)
+class HubertCTCModelConfig(CTCModelConfig, HubertCTCConfig):
+    """`CTCModelConfig` (`init`, `vocab_size` from the data) on HuBERT's body
+    (`HubertCTCConfig`): `init` is a pretext hubert workdir or model directory or a HF
+    `HubertModel` / `HubertForCTC` folder."""
+
+
+HUBERT_UPDATES, HUBERT_WARMUP, HUBERT_DECAY = 25000, 8000, 72000  # max_update, warmup/decay_steps
+HUBERT_PRESETS = {  # fairseq examples/hubert/config/finetune/base_10h.yaml
+    "ctc_hubert_base_10h": fairseq_recipe(
+        HUBERT_UPDATES, 2e-5, 0.75, 0.5, 0.1, 10000, warmup=HUBERT_WARMUP, hold=0,
+        # fairseq decays over 72,000 updates and stops 17,000 into them: the rate there.
+        end_scale=math.exp(math.log(0.05) * (HUBERT_UPDATES - HUBERT_WARMUP) / HUBERT_DECAY),
+        rows=8),  # max_tokens 3,200,000 on one GPU (distributed_world_size 1), update_freq 1
+}
+HUBERT_RECIPE_PRESET = "ctc_hubert_base_10h"
+HUBERT_NETWORK_FIELDS = (*(f.name for f in dataclasses.fields(SpeechEncoderConfig)
+                           if f.name not in HUBERT_PRESETS[HUBERT_RECIPE_PRESET]["model"]),
+                         "feature_projection_layer_norm")
+
+
+def hubert_ctc_recipe(pretrained: Any, task: DownstreamTask, source_config: Mapping[str, Any]
+                      ) -> FinetuneRecipe | None:
+    """HuBERT (pre-trained or fine-tuned) on task `ctc`: the starting network's sizes and
+    fairseq's HuBERT base_10h recipe (25,000 updates at 2e-5, 8,000 warmup, the context
+    network frozen for the first 10,000)."""
+    if task.name != CTC or not isinstance(pretrained, (Hubert, HubertForCTC)):
+        return None
+    return body_recipe(pretrained, HUBERT_CTC, HUBERT_PRESETS, HUBERT_RECIPE_PRESET,
+                       HUBERT_NETWORK_FIELDS)
+
+
+HUBERT_METHOD = register(dataclasses.replace(
+    METHOD, name=HUBERT_CTC, model_config=HubertCTCModelConfig, presets=HUBERT_PRESETS,
+    description="Fine-tuning: speech recognition with CTC on HuBERT (WER, CER)",
+    start=Start(hf_models=(HubertForCTC,), pretrained=pretrained_ctc,
+                finetunes=hubert_ctc_recipe),
 ))

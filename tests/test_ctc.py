@@ -532,3 +532,124 @@ def test_finetune_from_a_cpc_run_chooses_ctc_cpc_and_starts_from_its_network(tra
     out = capsys.readouterr().out
     assert re.search(r"ctc dev after 8 steps: wer [0-9.]+ \(empty transcript 1.0000\)", out), out
     assert json.loads((workdir / "config.json").read_text())["method"] == "ctc_cpc"
+
+
+# --- From HuBERT: method ctc_hubert ----------------------------------------------------------
+
+def _hubert_ctc_config():
+    from test_hubert import HEAD
+    from test_hubert import TINY as HUBERT_TINY
+
+    from pretext_jax.models.hubert import HubertCTCConfig
+
+    body = {k: v for k, v in dataclasses.asdict(HUBERT_TINY).items() if k not in HEAD}
+    return HubertCTCConfig(**body, vocab_size=VOCAB, blank_id=0, quantizer_input_dropout=0.0)
+
+
+# rtol 3e-7: the summed loss (~108) is up to three float32 units in the last place from HF's
+# (2.3e-5); the logits and the mean loss meet the absolute 1e-5 alone.
+HUBERT_PARITY = Parity("HubertForCTC", hf_ctc_padded_logits, our_ctc, rtol=3e-7)
+
+
+@pytest.mark.usefixtures("deterministic_torch")
+@pytest.mark.parametrize("layout", ["base", "no_projection_norm"])
+def test_parity_with_hf_hubert_for_ctc_and_round_trip(tmp_path, layout):
+    """A HF `HubertForCTC` loads as `HubertForCTC` without a warning, logits on real frames
+    and the mean and summed CTC losses within 1e-5 on a padded batch (with and without the
+    feature projection's LayerNorm); ours exported is a complete `HubertForCTC` to transformers
+    computing the same, and reads back as itself; wav2vec 2.0's CTC weights are a negative
+    control."""
+    transformers = pytest.importorskip("transformers")
+    from parity_utils import hf_reference
+    from test_hubert import HF_HUBERT_TINY, LAYOUTS
+
+    from pretext_jax.models.hubert import HubertForCTC
+
+    hf_reference("HubertForCTC", 2, **HF_HUBERT_TINY, **LAYOUTS[layout], vocab_size=VOCAB,
+                 pad_token_id=0, ctc_loss_reduction="mean").save_pretrained(tmp_path / "hf")
+    reference = transformers.HubertForCTC.from_pretrained(tmp_path / "hf").eval()
+    ours = converted(reference, tmp_path / "again", **CTC_NO_DROPOUT)
+    assert type(ours) is HubertForCTC and ours.config.vocab_size == VOCAB
+    assert (ours.feature_layer_norm is None) == (layout == "no_projection_norm")
+    HUBERT_PARITY.assert_parity(ours, reference, *ctc_inputs(0), atol=1e-5)
+    other = random_model(Wav2Vec2ForCTC, TINY_CTC, 3)
+    with pytest.raises(AssertionError):
+        PARITY.assert_parity(other, reference, *ctc_inputs(0), atol=1e-5)
+    config = dataclasses.replace(_hubert_ctc_config(),
+                                 feature_projection_layer_norm=layout == "base")
+    _, saved = HUBERT_PARITY.round_trip(random_model(HubertForCTC, config, 3), tmp_path / "out",
+                                        *ctc_inputs(1), **CTC_NO_DROPOUT)
+    assert saved["model_type"] == "hubert" and saved["vocab_size"] == VOCAB
+    assert saved["feat_proj_layer_norm"] == (layout == "base")
+
+
+def test_finetune_from_a_hubert_run_chooses_ctc_hubert_with_fairseqs_recipe(transcribed,
+                                                                            tmp_path, capsys):
+    """A pretext hubert model directory on task ctc: method `ctc_hubert`, every value of the
+    `ctc_hubert_base_10h` preset (fairseq's HuBERT base_10h.yaml) and the body's sizes; the
+    body arrives parameter for parameter under a new output layer; the CLI run trains to a
+    finite loss and reports WER, and exports as HF `HubertForCTC`. A wav2vec 2.0 stays `ctc`'s
+    (the control)."""
+    from flax import nnx
+    from test_hubert import TINY as HUBERT_TINY
+
+    import run
+    from pretext_jax.models.hubert import Hubert, HubertForCTC
+    from pretext_jax.objectives import ctc, registry
+    from pretext_jax.pretrain.export import save_model
+    from pretext_jax.pretrain.finetune import finetune_config
+
+    hubert = random_model(Hubert, dataclasses.replace(HUBERT_TINY,
+                                                      feature_projection_layer_norm=False), 7)
+    init = str(save_model(hubert, "hubert", tmp_path / "hubert"))
+    data = f"{transcribed / 'train.tsv'},{transcribed / 'dev.tsv'}"
+    config = finetune_config("ctc", init, data)
+    assert config.method == "ctc_hubert"
+    preset = registry.preset(ctc.HUBERT_RECIPE_PRESET)
+    assert preset.pop("method") == "ctc_hubert"
+    for section, values in preset.items():
+        for key, value in values.items():
+            assert getattr(getattr(config, section), key) == value, (section, key)
+    o = config.optim  # base_10h.yaml: 25,000 updates at 2e-5, 8,000 warmup, mask_prob 0.75
+    assert (config.train.steps, o.learning_rate, o.warmup_steps, o.hold_steps) == (
+        25000, 2e-5, 8000, 0)
+    assert config.objective.mask_start_fraction * 10 == 0.75
+    assert (config.objective.freeze_updates, config.model.layerdrop) == (10000, 0.1)
+    # fairseq's decay: 0.05 x lr after 72,000 updates, stopped after 17,000 of them.
+    assert o.end_learning_rate == pytest.approx(2e-5 * 0.05 ** (17000 / 72000), rel=1e-12)
+    assert (config.model.hidden_size, config.model.feature_projection_layer_norm) == (32, False)
+    assert finetune_config("ctc", init, data, recipe=ctc.HUBERT_RECIPE_PRESET) == config
+    with pytest.raises(UserError, match="--recipe ctc_base_10h: .*ctc_hubert_base_10h"):
+        finetune_config("ctc", init, data, recipe="ctc_base_10h")
+    model = ctc.pretrained_ctc(dataclasses.replace(config.model, vocab_size=VOCAB), 0,
+                               lambda path: hubert)
+    assert type(model) is HubertForCTC and model.feature_layer_norm is None
+    theirs = dict(nnx.to_flat_state(nnx.state(hubert, nnx.Param)))
+    ours = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    body = [path for path in ours if path[0] != "lm_head"]
+    assert set(theirs) - set(body) == {("final_proj", "kernel"), ("final_proj", "bias"),
+                                       ("label_embeddings",)}
+    for path in body:
+        np.testing.assert_array_equal(np.asarray(ours[path].get_value()),
+                                      np.asarray(theirs[path].get_value()), err_msg=str(path))
+    w2v = finetune_config("ctc", str(transcribed / "w2v"), data)
+    assert w2v.method == "ctc" and w2v.train.steps == 20000
+    fast = ["train.batch_size=8", "train.progress=false", "optim.warmup_steps=1",
+            "objective.freeze_updates=2", "examples.max_samples=3200",
+            "optim.learning_rate=1e-3", "objective.channel_mask_fraction=0.1",
+            "objective.channel_mask_span=4"]
+    workdir = tmp_path / "run"
+    assert run.main(["finetune", "--task", "ctc", "--init", init, "--data", data,
+                     "--workdir", str(workdir), "--epochs", "2", *fast]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"ctc dev after 4 steps: wer [0-9.]+ \(empty transcript 1.0000\)", out), out
+    result = json.loads((workdir / "results.json").read_text())
+    assert all(np.isfinite(v) for v in result["dev"].values())
+    assert json.loads((workdir / "config.json").read_text())["method"] == "ctc_hubert"
+    from resilience_utils import train_losses
+
+    losses = train_losses(workdir)
+    assert losses and all(np.isfinite(loss) for loss in losses.values())
+    assert run.main(["convert", str(workdir), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert saved["architectures"] == ["HubertForCTC"] and not saved["feat_proj_layer_norm"]

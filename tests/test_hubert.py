@@ -262,19 +262,24 @@ def test_hubert_loss_reads_the_model():
         assert np.abs(np.asarray(grad.get_value())).max() > 0, path
 
 
-def test_hf_models_belong_to_hubert_and_ctc_does_not_claim_them():
-    """A HuBERT model (a wav2vec 2.0 body with another head) is the `hubert` method's, and
-    wav2vec 2.0's CTC recipe, which copies the quantiser's sizes, leaves it (None) where it
-    takes a wav2vec 2.0 (the control)."""
+def test_hf_models_belong_to_hubert_and_ctc_hubert_claims_them_for_ctc():
+    """A HuBERT model (a wav2vec 2.0 body with another head) is the `hubert` method's, a
+    `HubertForCTC` the `ctc_hubert` method's; on task ctc a HuBERT body (pre-trained or
+    fine-tuned) gets `ctc_hubert`'s recipe and a wav2vec 2.0 keeps `ctc`'s (the control)."""
     from test_wav2vec2 import TINY as WAV2VEC2_TINY
 
     from pretext_jax import objectives  # noqa: F401  (registers the methods)
+    from pretext_jax.models.hubert import HubertCTCConfig, HubertForCTC
     from pretext_jax.models.wav2vec2 import Wav2Vec2
     from pretext_jax.objectives import registry
 
     hubert = nnx.eval_shape(lambda: Hubert(TINY, rngs=nnx.Rngs(0)))
     assert registry.method_of_model(hubert) == "hubert"
+    body = {k: v for k, v in dataclasses.asdict(TINY).items() if k not in HEAD}
+    tuned = nnx.eval_shape(lambda: HubertForCTC(HubertCTCConfig(**body), rngs=nnx.Rngs(0)))
+    assert registry.method_of_model(tuned) == "ctc_hubert"
     ctc = registry.downstream_task("ctc")
-    assert registry.downstream_recipe(hubert, ctc, {}) is None
+    for model in (hubert, tuned):
+        assert registry.downstream_recipe(model, ctc, {}).values["method"] == "ctc_hubert"
     wav2vec2 = nnx.eval_shape(lambda: Wav2Vec2(WAV2VEC2_TINY, rngs=nnx.Rngs(0)))
-    assert registry.downstream_recipe(wav2vec2, ctc, {}) is not None
+    assert registry.downstream_recipe(wav2vec2, ctc, {}).values["method"] == "ctc"

@@ -36,7 +36,7 @@ PAGES = {
                      "summarize_prophetnet"), "seq2seq.md"),
     **dict.fromkeys(("simclr", "moco", "byol", "rotation", "jigsaw", "deepcluster", "cmc", "dim",
                      "amdim", "semi"), "images.md"),
-    **dict.fromkeys(("cpc", "wav2vec", "wav2vec2", "hubert", "ctc"), "speech.md"),
+    **dict.fromkeys(("cpc", "wav2vec", "wav2vec2", "hubert", "ctc", "ctc_hubert"), "speech.md"),
 }
 
 # Presets that are ours, not a paper's recipe: no card.

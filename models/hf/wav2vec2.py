@@ -98,9 +98,10 @@ def tensors(config: Wav2Vec2Config) -> tuple[Tensor, ...]:
     )
 
 
-def ctc_tensors(config: Wav2Vec2CTCConfig) -> tuple[Tensor, ...]:
-    """`Wav2Vec2ForCTC`: the body and `lm_head`, the output layer over the vocabulary."""
-    return (*body_tensors(config), *linear("lm_head", "lm_head"))
+def ctc_tensors(config: Wav2Vec2CTCConfig, prefix: str = "wav2vec2.") -> tuple[Tensor, ...]:
+    """`Wav2Vec2ForCTC` (`HubertForCTC` under `hubert.`): the body and `lm_head`, the output
+    layer over the vocabulary."""
+    return (*body_tensors(config, prefix), *linear("lm_head", "lm_head"))
 
 
 def encoder_fields_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
@@ -201,22 +202,30 @@ register("wav2vec2", Converter(
 ))
 
 
-def ctc_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> Wav2Vec2CTCConfig:
-    """A HF `Wav2Vec2ForCTC` config -> ours: the network's fields, `vocab_size`, the blank
-    (`pad_token_id`) and `final_dropout` (HF's defaults where absent). HF's CTC loss settings
-    (`ctc_loss_reduction`, `ctc_zero_infinity`) and masking probabilities are the
-    fine-tuning run's, not the network's, and are ignored."""
-    return config_from_hf(hf, Wav2Vec2CTCConfig, **{
+def ctc_config_from_hf(hf: Mapping[str, Any],
+                       config_class: type[Wav2Vec2CTCConfig] = Wav2Vec2CTCConfig,
+                       **overrides: Any) -> Wav2Vec2CTCConfig:
+    """A HF `Wav2Vec2ForCTC` (or `HubertForCTC`, with HuBERT's `config_class`) config -> ours:
+    the network's fields, `vocab_size`, the blank (`pad_token_id`) and `final_dropout` (HF's
+    defaults where absent). HF's CTC loss settings (`ctc_loss_reduction`, `ctc_zero_infinity`)
+    and masking probabilities are the fine-tuning run's, not the network's, and are
+    ignored."""
+    return config_from_hf(hf, config_class, **{
         "vocab_size": hf.get("vocab_size", 32), "blank_id": hf.get("pad_token_id", 0),
         "final_dropout": hf.get("final_dropout", 0.1), **overrides})
 
 
-def ctc_config_to_hf(config: Wav2Vec2CTCConfig) -> dict[str, Any]:
-    """Ours -> a HF `Wav2Vec2ForCTC` config dict (HF's mean CTC reduction written, ours is
-    the fine-tuning run's setting)."""
-    return {**config_to_hf(config), "architectures": ["Wav2Vec2ForCTC"],
-            "vocab_size": config.vocab_size, "pad_token_id": config.blank_id,
+def ctc_head_to_hf(config: Wav2Vec2CTCConfig) -> dict[str, Any]:
+    """The CTC head's HF config entries (`Wav2Vec2ForCTC`'s and `HubertForCTC`'s; HF's mean
+    CTC reduction written, ours is the fine-tuning run's setting)."""
+    return {"vocab_size": config.vocab_size, "pad_token_id": config.blank_id,
             "final_dropout": config.final_dropout, "ctc_loss_reduction": "mean"}
+
+
+def ctc_config_to_hf(config: Wav2Vec2CTCConfig) -> dict[str, Any]:
+    """Ours -> a HF `Wav2Vec2ForCTC` config dict."""
+    return {**config_to_hf(config), "architectures": ["Wav2Vec2ForCTC"],
+            **ctc_head_to_hf(config)}
 
 
 register("wav2vec2_ctc", Converter(
