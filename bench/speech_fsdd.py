@@ -6,11 +6,11 @@
 Data: $PRETEXT_SHARED_DATA/fsdd/recordings or ../shared/data/fsdd/recordings (3,000 real 8 kHz
 recordings, resampled to 16 kHz; FSDD's official split: index 0-4 held out, 300 utterances),
 or --data (any folder of {digit}_{speaker}_{index}.wav files).
-Pre-trains the preset (`cpc_digits`, `wav2vec2_digits` or `hubert_digits`: each reads FSDD's
-labels from the file names) on the 2,700 training recordings, then reports the linear probes of
-`objectives.common.speech` for the spoken digit and the speaker on the held-out recordings: the
-trained network, the same network at its random initialisation, and the MFCC baseline, with the
-steps and the wall-clock.
+Pre-trains the preset (`cpc_digits`, `wav2vec_digits`, `wav2vec2_digits` or `hubert_digits`:
+each reads FSDD's labels from the file names) on the 2,700 training recordings, then reports the
+linear probes of `objectives.common.speech` for the spoken digit and the speaker on the held-out
+recordings: the trained network, the same network at its random initialisation, and the MFCC
+baseline, with the steps and the wall-clock.
 Prints one JSON line and writes the Markdown row of docs/benchmarks.md ("Speech on FSDD",
 `bench.report`). Needs the `audio` extra.
 """
@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> dict:
     """Runs the benchmark; returns (and prints as one JSON line) its result."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="cpc_digits",
-                        choices=("cpc_digits", "wav2vec2_digits", "hubert_digits"))
+                        choices=("cpc_digits", "wav2vec_digits", "wav2vec2_digits",
+                                 "hubert_digits"))
     parser.add_argument("--steps", type=int, default=0, help="default: the preset's")
     parser.add_argument("--workdir", default="")
     parser.add_argument("--data", default="", help="default: the shared FSDD recordings")

@@ -34,6 +34,7 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.audio import AudioExampleConfig
 from pretext_jax.models.wav2vec import Wav2Vec, Wav2VecConfig, frame_lengths
+from pretext_jax.objectives.common.preset_parts import FSDD_EXAMPLES
 from pretext_jax.objectives.common.speech import (
     check_probe_layer,
     prepare_speech,
@@ -182,6 +183,20 @@ PRESETS = {
         "optim": {**FAIRSEQ_ADAM_COSINE, "learning_rate": 2e-3, "warmup_steps": 20},
         "train": {"steps": 200, "batch_size": 16, "log_every": 25, "eval_every": 100,
                   "checkpoint_every": 100, "eval_batches": 2},
+    },
+    # FSDD (../shared/data/fsdd/recordings, as wav2vec2_digits; bench/speech_fsdd.py): five
+    # encoder layers of 64 channels (the paper's kernels and strides) and a 3-layer context
+    # network of 64, K = 12 steps on half-second windows (50 frames), probes of digit and
+    # speaker on the context c; cosine decay over 1,500 steps.
+    "wav2vec_digits": {
+        "model": {**TINY_MODEL, "conv_channels": [64] * 5, "aggregator_channels": [64] * 3,
+                  "prediction_steps": 12},
+        "examples": {**FSDD_EXAMPLES, "max_samples": 8000, "max_eval_examples": 300,
+                     "probe_layer": 1},
+        "data": {"source": ""},
+        "optim": {**FAIRSEQ_ADAM_COSINE, "learning_rate": 2e-3, "warmup_steps": 100},
+        "train": {"steps": 1500, "batch_size": 32, "log_every": 25, "eval_every": 500,
+                  "checkpoint_every": 500, "eval_batches": 4},
     },
     # wav2vec large as fairseq's examples/wav2vec/README.md trains it (the model's and the
     # objective's defaults) on all 960 h of LibriSpeech: Adam lr 5e-3, 500 warmup updates,

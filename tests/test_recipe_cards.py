@@ -55,6 +55,7 @@ EXEMPT = {
     "cpc_digits": "the speech demo (FSDD)",
     "wav2vec2_digits": "the speech benchmark on FSDD (bench/speech_fsdd.py)",
     "hubert_digits": "the speech benchmark on FSDD",
+    "wav2vec_digits": "the speech benchmark on FSDD",
     "elmo_tiny_glue": "the downstream scalar-mix classifier at the test size",
 }
 
