@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -60,9 +61,13 @@ def test_console_command_runs_the_demo_from_a_fresh_environment(wheel, tmp_path)
     index would give them) into a new venv, then `pretext-jax demo` run in an unrelated folder:
     it imports the installed copy, not the checkout."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-                   check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python, command = venv / "bin" / "python", venv / "bin" / "pretext-jax"
+    # This interpreter's packages (its own venv's too, which --system-site-packages would miss)
+    # are the new venv's dependencies, behind its own site-packages.
+    venv_site = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
+                               check=True, capture_output=True, text=True).stdout.strip()
+    (Path(venv_site) / "_dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
                     str(wheel)], check=True, capture_output=True)
     elsewhere = tmp_path / "elsewhere"
