@@ -114,7 +114,9 @@ class DataConfig:
     worker_count: int = 0
     """Grain loader worker processes (0 = load in the training process)."""
     prepare_workers: int = 0
-    """Preparation worker processes on this host (0 = one per core, 1 = in process)."""
+    """Preparation worker processes on this host (0 = one per core, or in process for a corpus
+    under 8 MB / 4,096 records, where starting a pool costs more than it saves; 1 = in
+    process)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.held_out_fraction < 1.0:
@@ -305,9 +307,19 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 # ------------------------------------------------------------------------------- the driver
-def _workers(data: DataConfig) -> int:
+# Below these sizes the automatic setting prepares in process: spawning a pool (each worker
+# imports this package and JAX) costs seconds, more than a small corpus takes on one core.
+POOL_MIN_BYTES = 8 * 2**20
+POOL_MIN_RECORDS = 4096
+
+
+def _workers(data: DataConfig, jobs: list[ShardJob]) -> int:
     if data.prepare_workers:
         return data.prepare_workers
+    total = sum(job.shard.size for job in jobs)
+    if total < (POOL_MIN_BYTES if all(job.shard.kind == "files" for job in jobs)
+                else POOL_MIN_RECORDS):
+        return 1
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
@@ -437,7 +449,7 @@ def prepare_text(
                          f"{fingerprint(shard.identity, tokenizer_id)}"), markup)
             for split, shards in (("train", train_shards), ("eval_source", eval_shards))
             for shard in shards]
-    workers = _workers(data)
+    workers = _workers(data, jobs)
     total = sum(job.shard.size for job in jobs)
     unit = "MB" if all(job.shard.kind == "files" for job in jobs) else "documents"
     progress = _Progress(total, unit, f"preparing {data.source}", workers > 1)

@@ -13,19 +13,30 @@ import os
 # leaves step times as they were (a 300-step demo run took as long); level 0 compiles faster
 # again but doubles a step's time. A tiny model's trained parameters came out bit for bit the
 # same at both levels; tests comparing two different programs (a scan against a loop, one mesh
-# against another) can see float32 rounding differ. A level given in XLA_FLAGS is kept.
+# against another) can see float32 rounding differ. A level given in XLA_FLAGS is kept. LLVM's
+# expensive passes are skipped too (`xla_llvm_disable_expensive_passes`): a BERT step compiled
+# on four meshes took 57 s against 68 s with them.
 #
 # Convolutions run on the calling device's thread, not on Eigen's shared pool (as many threads
 # as cores): twice an image run (ResNet, BatchNorm statistics all-reduced over the 8 devices)
 # hung for good with every XLA:CPU thread waiting, presumably device threads blocked at a
 # collective while others' convolutions waited for pool threads they held; the intra-op pool
 # buys nothing with two test workers on two cores.
+#
+# XLA:CPU sizes its intra-op pool, which runs the thunks of every device's program that is not
+# small, at max(cores, devices): 8 threads here. A collective thunk holds its pool thread until
+# all 8 devices reach it, so when the devices' programs hold those 8 threads between two
+# collectives (each device at one, some threads taken by another's), none can complete: the
+# rare hang of image runs (BatchNorm all-reduces beside the gradients'). 32 threads
+# (`PJRT_NPROC`, read by XLA's `DefaultThreadPoolSize`) leave room for four blocked thunks per
+# device; tests and the `run.py` processes they start inherit it.
+os.environ.setdefault("PJRT_NPROC", "32")
 given = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join([
     given, "--xla_force_host_platform_device_count=8",
     "--xla_cpu_collective_call_warn_stuck_timeout_seconds=300",
     "--xla_cpu_collective_call_terminate_timeout_seconds=1200",
-    "--xla_cpu_multi_thread_eigen=false",
+    "--xla_cpu_multi_thread_eigen=false", "--xla_llvm_disable_expensive_passes=true",
     *([] if "--xla_backend_optimization_level" in given else
       ["--xla_backend_optimization_level=1"])]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

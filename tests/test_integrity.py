@@ -377,11 +377,11 @@ def test_ctrl_c_during_tokenizer_training_is_an_interruption(tmp_path):
     """SIGINT while sentencepiece trains: exit 130 and "interrupted", never a bad-input
     message, and no tokenizer left half-written."""
     rng = np.random.default_rng(0)
-    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 12)))
-             for _ in range(40_000)]
+    words = np.array(["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 12)))
+                      for _ in range(40_000)])
+    lines = [" ".join(row) + " ." for row in rng.choice(words, (8000, 15))]
     (tmp_path / "corpus.txt").write_text("\n\n".join(
-        "\n".join(" ".join(rng.choice(words, 15)) + " ." for _ in range(8))
-        for _ in range(1000)) + "\n")
+        "\n".join(lines[i:i + 8]) for i in range(0, 8000, 8)) + "\n")
     process = subprocess.Popen(
         [sys.executable, "-c", WITH_CTRL_C, str(Path(run.__file__)), "prepare", "--workdir",
          str(tmp_path / "w"), "--data", str(tmp_path / "corpus.txt"), "data.vocab_size=8000"],
