@@ -46,12 +46,16 @@ class PrefixLMConfig(EncoderConfig):
     """A BERT-style encoder run as a prefix LM: its special tokens (0 = the tokenizer's, set
     from the data) and the token types of the source and the target."""
 
+    type_vocab_size: int = 6
+    """Token types (UniLM's 6: its four LMs' segments, `source_type_id`, `target_type_id`)."""
     sos_token_id: int = 0
     """Starts the source ([CLS]); 0 = the tokenizer's."""
     eos_token_id: int = 0
     """Ends the source and the target ([SEP]) and starts decoding; 0 = the tokenizer's."""
     mask_token_id: int = 0
     """The pseudo-token at predicted positions ([MASK]); 0 = the tokenizer's."""
+    pad_token_id: int = 0
+    """Padding ([PAD]), which a smoothed target leaves out; 0 = the tokenizer's."""
     source_type_id: int = 4
     """Token type of the source block (UniLM's seq2seq source: 4)."""
     target_type_id: int = 5
