@@ -412,8 +412,11 @@ RECIPE_WARMUP = {"unilm_summarize": 0.1}
 def recipe_preset(model: Any, source_config: Mapping[str, Any]) -> str:
     """The recipe for a starting point: its family's, and for T5 models the pre-training
     objective's (`method` of the saved run config: MASS's; T5's text infilling is BART's; else
-    T5's). XLM's encoder-decoder (a mass_xlm run, or an XLM) takes MASS's."""
+    T5's). XLM's encoder-decoder (a mass_xlm run, or an XLM) takes MASS's; a `unilm` run's
+    BERT (or a fine-tuned prefix LM) UniLM's."""
     method = source_config.get("method", "")
+    if type(model) in ed.FAMILIES["unilm"].starts_from:
+        return "unilm_summarize"
     if isinstance(model, ed.FAMILIES["prophetnet"].model_class):
         return "prophetnet_summarize"
     if type(model) in ed.FAMILIES["xlm"].starts_from or method == "mass":
