@@ -373,7 +373,7 @@ PRESETS_PROPHETNET = {
         "train": {"batch_size": 512, "steps": _epochs(10, 512)},
     },
 }
-# microsoft/unilm unilm-v1/README.md:186-203 (CNN/DailyMail fine-tuning), :209-222 (decoding);
+# microsoft/unilm unilm-v1/README.md:186-205 (CNN/DailyMail fine-tuning), :210-227 (decoding);
 # Dong et al. 2019 §3.2. The card (docs/methods/seq2seq.md) gives each value's line.
 UNILM_STEPS = _epochs(30, 48)
 PRESETS_UNILM = {
