@@ -43,7 +43,7 @@ SOS, EOS, MASK, PAD = 2, 3, 4, 0
 TINY = PrefixLMConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2,
                       intermediate_size=32, max_position_embeddings=32, hidden_dropout=0.0,
                       attention_dropout=0.0, sos_token_id=SOS, eos_token_id=EOS,
-                      mask_token_id=MASK, pad_token_id=PAD, scan_layers=False)
+                      mask_token_id=MASK, pad_token_id=PAD)
 
 
 @pytest.fixture(scope="module")

@@ -81,9 +81,11 @@ def sample_masks(rng: jax.Array, batch: Batch, settings: MaskedTargetSettings, *
     target_tokens = batch["target_mask"].astype(bool)
     width = inputs.shape[1]
     count = jnp.sum(target_tokens, axis=1) - 1  # target tokens without EOS
-    source = source_tokens & (inputs != eos_id) & settings.mask_source_words
     if settings.mask_source_words:
+        source = source_tokens & (inputs != eos_id)  # the document, not its EOS
         count = count + jnp.sum(source, axis=1)
+    else:
+        source = jnp.zeros_like(source_tokens)
     candidates = jnp.concatenate([source, target_tokens], axis=1)  # [B, S + T]
     chosen_count = jnp.minimum(settings.max_pred, jnp.maximum(
         1, jnp.round(count * settings.mask_prob).astype(jnp.int32)))
