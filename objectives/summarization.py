@@ -10,7 +10,7 @@ Data (`input_pipeline.summaries`): `--data` a folder of line-aligned `SPLIT.sour
 starting point's. Loss: teacher-forced cross-entropy of the summary's tokens and EOS with label
 smoothing `objective.label_smoothing` (0.1 in every recipe: fairseq's
 `label_smoothed_cross_entropy` for MASS and BART, ProphetNet's `ngram_language_loss`, whose
-every predicting stream is trained here too).
+every predicting stream is trained here too); UniLM's masked summary tokens instead.
 
 Every evaluation decodes the first `examples.rouge_examples` dev documents by beam search
 (`models.beam_search`: `num_beams`, `length_penalty`, `min_length`, `max_length`,

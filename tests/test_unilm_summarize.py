@@ -208,6 +208,8 @@ def test_masking_follows_the_authors_loader(mask_source_words):
         (3, 1): 3, (4, 5): 6, (2, 9): 6, (5, 6): 6}
     for case, key in enumerate(lengths):
         assert set(weights[case * rows:(case + 1) * rows].sum(1)) == {expected[key]}, key
+    with pytest.raises(UserError, match=r"objective.mask_prob=0 must be in \(0, 1\]"):
+        MaskedTargetSettings(mask_prob=0)
 
 
 def test_smoothed_loss_equals_the_authors_label_smoothing_loss():
