@@ -17,11 +17,10 @@ import numpy as np
 import pytest
 from flax import nnx
 from test_beam_search import SEARCHES, ends, python_beam_search, sources
-from test_summarize import FAST, LINE, toy  # noqa: F401 (a fixture)
+from test_summarize import FAST, LINE, assert_results_rouge, toy  # noqa: F401 (a fixture)
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
-from pretext_jax.input_pipeline import summaries
 from pretext_jax.models.beam_search import beam_search
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
@@ -32,7 +31,6 @@ from pretext_jax.objectives.common.masked_targets import (
     sample_masks,
     smoothed_kl,
 )
-from pretext_jax.objectives.summarization import ROUGE_TYPES, rouge
 from pretext_jax.objectives.unilm import UnilmConfig
 from pretext_jax.pretrain import directories, loading
 from pretext_jax.pretrain.export import save_model
@@ -284,33 +282,23 @@ def test_cli_from_a_unilm_model_trains_decodes_and_resumes(toy, unilm_dir, tmp_p
     assert len(losses) == 2 and losses[1] < losses[0], losses
 
     # results.json's ROUGE: the final model's beam search summaries of the dev documents.
-    model, tokenizer = loading.load_model(workdir), toy["tokenizer"]
-    pairs = list(summaries.encoded_pairs(summaries.split_files(data, "dev"), tokenizer))[:6]
-    records = [summaries.summary_record(d, s, 0, 40, 12, tokenizer.eos_id, tokenizer.pad_id)
-               for _, _, d, s in pairs]
-    rows = ed.decode_rows(model, {k: np.stack([r[k] for r in records]) for k in records[0]},
-                          len(records), config.examples.search, 12, ed.FAMILIES["unilm"],
-                          tokenizer.pad_id)
-    texts = [tokenizer.decode(row) for row in rows]
-    assert any(texts), texts
-    expected = rouge(texts, [s for _, s, _, _ in pairs])
-    result = json.loads((workdir / "results.json").read_text())
-    for name in ROUGE_TYPES:
-        assert result["dev"][name] == pytest.approx(expected[name], abs=1e-9), name
+    texts = assert_results_rouge(workdir, data, toy["tokenizer"], config.examples.search, 6)
+    assert any(texts), texts  # not vacuous: the summaries have words
 
     bert = loading.load_model(unilm_dir)
     fresh = ed.pretrained_start(config.model, 0, loading.load_pretrained,
                                 family=ed.FAMILIES["unilm"])
-    rows = np.asarray(bert.encoder.embeddings.position_embeddings.embedding[...])
+    table = np.asarray(bert.encoder.embeddings.position_embeddings.embedding[...])
     np.testing.assert_array_equal(
         np.asarray(fresh.encoder.embeddings.position_embeddings.embedding[...]),
-        np.concatenate([rows, rows[:16]]))
+        np.concatenate([table, table[:16]]))
     np.testing.assert_array_equal(np.asarray(fresh.lm_head.bias[...]),
                                   np.asarray(bert.lm_head.bias[...]))
 
     assert Trainer(config, tmp_path / "resumed").run(stop_after=4)["step"] == 4
     resumed = Trainer(config, tmp_path / "resumed").run()["state"].params
-    for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(model, nnx.Param)),
+    straight = loading.load_model(workdir)
+    for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(straight, nnx.Param)),
                                  nnx.to_flat_state(nnx.state(resumed)), strict=True):
         np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()),
                                       err_msg=str(path))
