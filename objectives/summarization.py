@@ -51,7 +51,7 @@ from pretext_jax.objectives import registry
 from pretext_jax.objectives.common import encoder_decoders as ed
 from pretext_jax.objectives.common.encoder_decoders import Family
 from pretext_jax.objectives.common.masked_targets import MaskedTargetSettings, masked_target_loss
-from pretext_jax.objectives.common.preset_parts import NO_DROPOUT, TINY_TEXT_MODEL
+from pretext_jax.objectives.common.preset_parts import NO_DROPOUT
 from pretext_jax.objectives.common.starts import RUN_FIELDS
 from pretext_jax.objectives.registry import (
     Batch,
@@ -390,15 +390,15 @@ PRESETS_UNILM = {
                   "clip_norm": 1.0},
         "train": {"batch_size": 48, "steps": UNILM_STEPS},
     },
-    # The test and demo size: a `unilm_tiny` run's BERT on short documents.
+    # The test and demo size (`run.py finetune --recipe unilm_summarize_tiny`): short
+    # documents and summaries, no dropout, a large rate and a short warmup.
     "unilm_summarize_tiny": {
-        "model": {**TINY_TEXT_MODEL, "vocab_size": 0, **NO_DROPOUT},
-        "examples": {"max_source_length": 64, "max_target_length": 24, "num_beams": 3,
-                     "max_length": 24, "no_repeat_ngram_size": 3},
-        "objective": {"label_smoothing": 0.1, "mask_prob": 0.7, "max_pred": 24},
-        "optim": {"learning_rate": 1e-3, "schedule": "linear_from_peak", "warmup_steps": 20,
-                  "bias_correction": True},
-        "train": {"batch_size": 32, "steps": 200, "eval_every": 100, "checkpoint_every": 100},
+        "model": {**NO_DROPOUT, "max_position_embeddings": 64},
+        "examples": {"max_source_length": 40, "max_target_length": 12, "num_beams": 3,
+                     "max_length": 12, "no_repeat_ngram_size": 3},
+        "objective": {"label_smoothing": 0.1, "mask_prob": 0.7, "max_pred": 12},
+        "optim": {"learning_rate": 2e-3, "schedule": "linear_from_peak", "warmup_steps": 10},
+        "train": {"batch_size": 16, "steps": 200},
     },
 }
 # preset -> the epochs the recipe counts (None: it counts the preset's updates, train.steps)
@@ -426,9 +426,11 @@ def recipe_preset(model: Any, source_config: Mapping[str, Any]) -> str:
 
 
 def summary_recipe(model: Any, task: DownstreamTask, source_config: Mapping[str, Any], *,
-                   name: str, family: Family) -> FinetuneRecipe | None:
+                   name: str, family: Family, recipes: tuple[str, ...] = ()
+                   ) -> FinetuneRecipe | None:
     """The summarisation run of `model` when it is this family's (`Start.finetunes`): the
-    model's architecture, the recipe preset's other sections and its dropout."""
+    model's architecture, the recipe preset's other sections and its dropout; `recipes`, the
+    method's presets that `run.py finetune --recipe` may choose instead."""
     if task.name != SUMMARIZE or type(model) not in family.starts_from:
         return None
     preset_name = recipe_preset(model, source_config)
@@ -443,7 +445,7 @@ def summary_recipe(model: Any, task: DownstreamTask, source_config: Mapping[str,
     return FinetuneRecipe(values, epochs=epochs or 0, warmup=RECIPE_WARMUP.get(preset_name, 0.0),
                           steps=0 if epochs else preset["train"]["steps"],
                           warmup_steps=preset["optim"]["warmup_steps"],
-                          tokenizer_from_init=True)
+                          tokenizer_from_init=True, recipes=recipes)
 
 
 register_task(DownstreamTask(  # `run.py finetune --task summarize`
@@ -473,7 +475,8 @@ def summarization_method(name: str, family: Family, presets: Mapping[str, Any], 
         evaluation=Evaluation(monitor=functools.partial(rouge_monitor, family=family),
                               summarize=summarize_rouge),
         start=Start(pretrained=functools.partial(ed.pretrained_start, family=family),
-                    finetunes=functools.partial(summary_recipe, name=name, family=family)),
+                    finetunes=functools.partial(summary_recipe, name=name, family=family,
+                                                recipes=tuple(presets))),
     )
 
 
