@@ -37,7 +37,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pretext_jax.errors import UserError
-from pretext_jax.models.encoder import Encoder, EncoderConfig, EncoderLayer, post_ln_attend
+from pretext_jax.models.encoder import (
+    Encoder,
+    EncoderConfig,
+    EncoderLayer,
+    heads_keys_values,
+    post_ln_attend,
+)
 from pretext_jax.models.layers import DecoderCache, MaskedLMHead, run_stacked
 
 
@@ -148,11 +154,9 @@ class PrefixLM(nnx.Module):
         source block from its input states `encoded` [N, L, S + 1, H], and the source tokens
         (`attention_mask` [N, S], `[SOS]` added)."""
         c = self.config
-        size = (c.num_heads, c.hidden_size // c.num_heads)
 
         def apply(layer: EncoderLayer, carry: jax.Array, h: jax.Array):
-            keys, values = layer.key(h), layer.value(h)
-            return carry, (keys.reshape(*h.shape[:2], *size), values.reshape(*h.shape[:2], *size))
+            return carry, heads_keys_values(c, (layer.key, layer.value), h)
 
         _, prefix = run_stacked(self.encoder.stack.layers, apply, jnp.zeros(()),
                                 jnp.moveaxis(encoded, 1, 0), c)
@@ -182,9 +186,7 @@ class PrefixLM(nnx.Module):
 
         def apply(layer: EncoderLayer, h: jax.Array, per_layer: tuple[jax.Array, ...]):
             keys, values, prefix_keys, prefix_values = per_layer
-            size = (c.num_heads, c.hidden_size // c.num_heads)
-            new_keys = layer.key(h).reshape(rows, 2, *size)
-            new_values = layer.value(h).reshape(rows, 2, *size)
+            new_keys, new_values = heads_keys_values(c, (layer.key, layer.value), h)
             keys = jax.lax.dynamic_update_slice_in_dim(keys, new_keys[:, :1], slot, axis=1)
             values = jax.lax.dynamic_update_slice_in_dim(values, new_values[:, :1], slot, axis=1)
             attended = (jnp.concatenate([prefix_keys, keys, new_keys[:, 1:]], axis=1),
