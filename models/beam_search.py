@@ -4,8 +4,9 @@ cache, compiled once per shape and setting.
 Works with any model that has `encode(input_ids, attention_mask, *, language_ids=None)`,
 `prefill_decoder(encoded, attention_mask, length) -> DecoderCache` and `decode_step(token,
 position, cache, *, language_ids=None) -> (logits, cache)`, and `config.decoder_start_token_id`
-/ `config.eos_token_id` (models/t5.py, prophetnet.py, xlm.py `XLMTranslation`; `language_ids`
-only for models with language embeddings). The source is encoded once for B rows, its states
+/ `config.eos_token_id` (models/t5.py, prophetnet.py, xlm.py `XLMTranslation`, prefix_lm.py
+`PrefixLM`, whose cache's cross-attention slots hold its prefix; `language_ids` only for models
+with language embeddings). The source is encoded once for B rows, its states
 repeated for the B x num_beams beams; the cross-attention keys and values are computed once
 (`prefill_decoder`); each step of one `jax.lax.while_loop` feeds every beam's last token
 through the cached decoder and reorders the cached keys and values to the surviving beams.

@@ -90,11 +90,15 @@ class Embeddings(nnx.Module):
         self.layer_norm = layer_norm(config, h, rngs)
 
     def __call__(
-        self, input_ids: jax.Array, token_type_ids: jax.Array, rng: jax.Array | None
+        self, input_ids: jax.Array, token_type_ids: jax.Array, rng: jax.Array | None,
+        position_ids: jax.Array | None = None,
     ) -> jax.Array:
-        """`input_ids`, `token_type_ids` [B, T] -> embeddings [B, T, E]."""
+        """`input_ids`, `token_type_ids` [B, T] -> embeddings [B, T, E]; `position_ids` [B, T]
+        replaces the config's positions (a prefix LM's target after a padded source)."""
         padding_id = self.config.position_padding_id
-        if padding_id < 0:
+        if position_ids is not None:
+            positions = self.position_embeddings(position_ids)  # [B, T, E]
+        elif padding_id < 0:
             seq_len = input_ids.shape[1]
             positions = self.position_embeddings.embedding[:seq_len][None].astype(
                 self.config.compute_dtype)  # [1, T, E]
@@ -240,19 +244,26 @@ class Encoder(nnx.Module):
         token_type_ids: jax.Array | None = None,
         attention_mask: jax.Array | None = None,
         rng: jax.Array | None = None,
+        position_ids: jax.Array | None = None,
     ) -> jax.Array:
         """`input_ids`, `token_type_ids` [B, T] -> [B, T, H]. `attention_mask` [B, T] (1 = token)
         masks keys; [B, T, T] (1 = query i may attend to key j) sets each query's keys (UniLM's
-        self-attention masks, Dong et al. 2019 §2.2)."""
+        self-attention masks, Dong et al. 2019 §2.2). `position_ids` [B, T]: see `Embeddings`."""
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
         embed_rng, stack_rng = split_rng(rng, 2)
-        x = self.embeddings(input_ids, token_type_ids, embed_rng)  # [B, T, E]
-        if self.embeddings_project is not None:
-            x = self.embeddings_project(x)  # [B, T, H]
+        x = self.embed(input_ids, token_type_ids, embed_rng, position_ids)  # [B, T, H]
         mask = attention_mask.astype(bool)
         mask = mask[:, None, None, :] if mask.ndim == 2 else mask[:, None]  # [B, 1, 1 or T, T]
         return self.stack(x, mask, stack_rng)  # [B, T, H]
+
+    def embed(self, input_ids: jax.Array, token_type_ids: jax.Array, rng: jax.Array | None,
+              position_ids: jax.Array | None = None) -> jax.Array:
+        """The stack's input [B, T, H]: `Embeddings`, then the projection if any."""
+        x = self.embeddings(input_ids, token_type_ids, rng, position_ids)  # [B, T, E]
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)  # [B, T, H]
+        return x
 

@@ -1,15 +1,16 @@
 """Abstractive summarisation fine-tuning of an encoder-decoder (`run.py finetune --task
 summarize`): method `summarize` for T5 models (T5, and the MASS and BART objectives on them),
 `summarize_prophetnet` for ProphetNet, `summarize_xlm` for XLM's encoder-decoder (a `mass_xlm`
-run, or both sides from an XLM); the families and their shared parts are
-`objectives.common.encoder_decoders`'.
+run, or both sides from an XLM), `summarize_unilm` for a `unilm` run's BERT as a prefix LM
+(Dong et al. 2019 §3.2: its masked-target loss, `objectives.common.masked_targets`, in place of
+teacher forcing); the families and their shared parts are `objectives.common.encoder_decoders`'.
 
 Data (`input_pipeline.summaries`): `--data` a folder of line-aligned `SPLIT.source` /
 `SPLIT.target` files or `SPLIT.tsv` (document<TAB>summary) for train and dev; the tokenizer is the
 starting point's. Loss: teacher-forced cross-entropy of the summary's tokens and EOS with label
 smoothing `objective.label_smoothing` (0.1 in every recipe: fairseq's
 `label_smoothed_cross_entropy` for MASS and BART, ProphetNet's `ngram_language_loss`, whose
-every predicting stream is trained here too).
+every predicting stream is trained here too); UniLM's masked summary tokens instead.
 
 Every evaluation decodes the first `examples.rouge_examples` dev documents by beam search
 (`models.beam_search`: `num_beams`, `length_penalty`, `min_length`, `max_length`,
@@ -29,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,8 @@ from pretext_jax.models.beam_search import BeamSearch
 from pretext_jax.objectives import registry
 from pretext_jax.objectives.common import encoder_decoders as ed
 from pretext_jax.objectives.common.encoder_decoders import Family
+from pretext_jax.objectives.common.masked_targets import MaskedTargetSettings, masked_target_loss
+from pretext_jax.objectives.common.preset_parts import NO_DROPOUT
 from pretext_jax.objectives.common.starts import RUN_FIELDS
 from pretext_jax.objectives.registry import (
     Batch,
@@ -197,10 +200,11 @@ def _records(files: summaries.SummaryFiles, tokenizer: Any, examples: SummaryExa
 
 
 def prepare_summaries(data: DataConfig, examples: SummaryExampleConfig, cache_dir: Path,
-                      seed: int) -> PreparedData:
+                      seed: int, *, family: Family) -> PreparedData:
     """Training pairs as records (cached under a key of the files, the tokenizer and the record
-    settings), dev pairs in memory with their text, and the lead-3 baseline's ROUGE on the
-    dev documents the monitor scores."""
+    settings), dev pairs in memory with their text, the lead-3 baseline's ROUGE on the dev
+    documents the monitor scores, and the config fields the family takes from the tokenizer
+    (`Family.summary_fields`)."""
     del seed
     if not data.tokenizer:
         raise UserError("summarisation needs the starting point's tokenizer: set data.tokenizer "
@@ -228,6 +232,7 @@ def prepare_summaries(data: DataConfig, examples: SummaryExampleConfig, cache_di
                   stemmer=examples.rouge_stemmer)
     return PreparedData(
         train=RecordDirectory(train_dir), eval=arrays, tokenizer=tokenizer,
+        model_fields=family.summary_fields(tokenizer) if family.summary_fields else {},
         report={"lead3_baseline": lead3, "dev_pairs": len(references),
                 "rouge_examples": min(scored, len(references)),
                 "decoding": examples.describe_search()},
@@ -287,12 +292,13 @@ def summarize_rouge(evaluation: dict[str, float], report: dict[str, Any],
 
 def check_summaries(model: Any, examples: SummaryExampleConfig,
                     objective: Any = None, *, family: Family) -> None:
-    """Documents and summaries fit a model with learned positions; the language has an
-    embedding."""
+    """Documents and summaries fit a model with learned positions (a prefix LM's both in one
+    sequence); the language has an embedding."""
     limit = getattr(model, "max_length", None) or getattr(model, "max_position_embeddings",
                                                           None)
-    longest = max(examples.max_source_length, examples.max_target_length,
-                  examples.decoded_length)
+    target = max(examples.max_target_length, examples.decoded_length)
+    longest = (family.positions(examples.max_source_length, target) if family.positions
+               else max(examples.max_source_length, target))
     if limit is not None and longest > limit:
         raise UserError(f"the model has {limit} positions but examples.max_source_length / "
                         f"max_target_length / max_length reach {longest}; lower them")
@@ -367,16 +373,50 @@ PRESETS_PROPHETNET = {
         "train": {"batch_size": 512, "steps": _epochs(10, 512)},
     },
 }
+# microsoft/unilm unilm-v1/README.md:186-205 (CNN/DailyMail fine-tuning), :210-227 (decoding);
+# Dong et al. 2019 §3.2. The card (docs/methods/seq2seq.md) gives each value's line.
+UNILM_STEPS = _epochs(30, 48)
+PRESETS_UNILM = {
+    "unilm_summarize": {
+        "model": {**DROPOUT, "max_position_embeddings": 768},
+        "examples": {"max_source_length": 566, "max_target_length": 201, "num_beams": 5,
+                     "length_penalty": 1.0, "min_length": 0, "max_length": 128,
+                     "no_repeat_ngram_size": 3, "early_stopping": False},
+        "objective": {"label_smoothing": 0.1, "mask_prob": 0.7, "max_pred": 140,
+                      "mask_source_words": False},
+        "optim": {"optimizer": "adamw", "bias_correction": False, "b1": 0.9, "b2": 0.999,
+                  "eps": 1e-8, "learning_rate": 3e-5, "schedule": "linear_from_peak",
+                  "warmup_steps": round(0.1 * UNILM_STEPS), "weight_decay": 0.01,
+                  "clip_norm": 1.0},
+        "train": {"batch_size": 48, "steps": UNILM_STEPS},
+    },
+    # The test and demo size (`run.py finetune --recipe unilm_summarize_tiny`): short
+    # documents and summaries, no dropout, a large rate and a short warmup.
+    "unilm_summarize_tiny": {
+        "model": {**NO_DROPOUT, "max_position_embeddings": 64},
+        "examples": {"max_source_length": 40, "max_target_length": 12, "num_beams": 3,
+                     "max_length": 12, "no_repeat_ngram_size": 3},
+        "objective": {"label_smoothing": 0.1, "mask_prob": 0.7, "max_pred": 12},
+        "optim": {"learning_rate": 2e-3, "schedule": "linear_from_peak", "warmup_steps": 10},
+        "train": {"batch_size": 16, "steps": 200},
+    },
+}
 # preset -> the epochs the recipe counts (None: it counts the preset's updates, train.steps)
 RECIPE_EPOCHS = {"mass_summarize": 25, "bart_summarize": None, "t5_summarize": None,
-                 "prophetnet_summarize": 10}
+                 "prophetnet_summarize": 10, "unilm_summarize": 30}
+# preset -> its warmup as a share of the updates (run_seq2seq.py --warmup_proportion); others
+# count warmup steps
+RECIPE_WARMUP = {"unilm_summarize": 0.1}
 
 
 def recipe_preset(model: Any, source_config: Mapping[str, Any]) -> str:
     """The recipe for a starting point: its family's, and for T5 models the pre-training
     objective's (`method` of the saved run config: MASS's; T5's text infilling is BART's; else
-    T5's). XLM's encoder-decoder (a mass_xlm run, or an XLM) takes MASS's."""
+    T5's). XLM's encoder-decoder (a mass_xlm run, or an XLM) takes MASS's; a `unilm` run's
+    BERT (or a fine-tuned prefix LM) UniLM's."""
     method = source_config.get("method", "")
+    if type(model) in ed.FAMILIES["unilm"].starts_from:
+        return "unilm_summarize"
     if isinstance(model, ed.FAMILIES["prophetnet"].model_class):
         return "prophetnet_summarize"
     if type(model) in ed.FAMILIES["xlm"].starts_from or method == "mass":
@@ -386,9 +426,11 @@ def recipe_preset(model: Any, source_config: Mapping[str, Any]) -> str:
 
 
 def summary_recipe(model: Any, task: DownstreamTask, source_config: Mapping[str, Any], *,
-                   name: str, family: Family) -> FinetuneRecipe | None:
+                   name: str, family: Family, recipes: tuple[str, ...] = ()
+                   ) -> FinetuneRecipe | None:
     """The summarisation run of `model` when it is this family's (`Start.finetunes`): the
-    model's architecture, the recipe preset's other sections and its dropout."""
+    model's architecture, the recipe preset's other sections and its dropout; `recipes`, the
+    method's presets that `run.py finetune --recipe` may choose instead."""
     if task.name != SUMMARIZE or type(model) not in family.starts_from:
         return None
     preset_name = recipe_preset(model, source_config)
@@ -400,10 +442,10 @@ def summary_recipe(model: Any, task: DownstreamTask, source_config: Mapping[str,
                    if section != "method" for k, v in settings.items()})
     values["method"] = name
     epochs = RECIPE_EPOCHS[preset_name]
-    return FinetuneRecipe(values, epochs=epochs or 0, warmup=0.0,
+    return FinetuneRecipe(values, epochs=epochs or 0, warmup=RECIPE_WARMUP.get(preset_name, 0.0),
                           steps=0 if epochs else preset["train"]["steps"],
                           warmup_steps=preset["optim"]["warmup_steps"],
-                          tokenizer_from_init=True)
+                          tokenizer_from_init=True, recipes=recipes)
 
 
 register_task(DownstreamTask(  # `run.py finetune --task summarize`
@@ -412,17 +454,19 @@ register_task(DownstreamTask(  # `run.py finetune --task summarize`
     baseline_name="lead-3", aliases=("summarise", "summarization", "summarisation")))
 
 
-def summarization_method(name: str, family: Family,
-                         presets: Mapping[str, Any]) -> Method:
-    """The fine-tuning method of one family."""
+def summarization_method(name: str, family: Family, presets: Mapping[str, Any], *,
+                         objective_config: type = SummaryLossSettings,
+                         loss: Callable[..., Any] | None = None) -> Method:
+    """The fine-tuning method of one family: the teacher-forced `summarization_loss`, or
+    `loss` with its settings `objective_config`."""
     return Method(
         name=name,
         model_config=family.model_config,
         example_config=SummaryExampleConfig,
-        objective_config=SummaryLossSettings,
+        objective_config=objective_config,
         build_model=family.build_model,
-        loss=functools.partial(summarization_loss, family=family),
-        prepare=prepare_summaries,
+        loss=loss or functools.partial(summarization_loss, family=family),
+        prepare=functools.partial(prepare_summaries, family=family),
         units_per_example=lambda examples: (examples.max_source_length
                                             + examples.max_target_length),
         description=f"Summarisation fine-tuning with beam search and ROUGE ({name})",
@@ -431,7 +475,8 @@ def summarization_method(name: str, family: Family,
         evaluation=Evaluation(monitor=functools.partial(rouge_monitor, family=family),
                               summarize=summarize_rouge),
         start=Start(pretrained=functools.partial(ed.pretrained_start, family=family),
-                    finetunes=functools.partial(summary_recipe, name=name, family=family)),
+                    finetunes=functools.partial(summary_recipe, name=name, family=family,
+                                                recipes=tuple(presets))),
     )
 
 
@@ -440,3 +485,5 @@ for _name, _family, _presets in ((SUMMARIZE, ed.FAMILIES["t5"], PRESETS_T5),
                                   PRESETS_PROPHETNET),
                                  (f"{SUMMARIZE}_xlm", ed.FAMILIES["xlm"], {})):
     register(summarization_method(_name, _family, _presets))
+register(summarization_method(f"{SUMMARIZE}_unilm", ed.FAMILIES["unilm"], PRESETS_UNILM,
+                              objective_config=MaskedTargetSettings, loss=masked_target_loss))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -230,6 +231,28 @@ LINE = re.compile(r"summarize dev after (\d+) steps: " + ", ".join(
     rf"{name} ([0-9.]+) \(lead-3 ([0-9.]+)\)" for name in summarization.ROUGE_TYPES) + "$")
 
 
+def assert_results_rouge(workdir, data: str, tokenizer, search, count: int | None = None
+                         ) -> list[str]:
+    """results.json's ROUGE is rouge-score's on the beam search summaries (`search`, FAST's 40 /
+    12 tokens) of the first `count` dev documents (None: all) by the workdir's final model,
+    decoded here; returns those summaries."""
+    model = loading.load_model(workdir)
+    pairs = list(summaries.encoded_pairs(summaries.split_files(data, "dev"), tokenizer))[:count]
+    records = [summaries.summary_record(d, s, 0, 40, 12, tokenizer.eos_id, tokenizer.pad_id)
+               for _, _, d, s in pairs]
+    decoded = beam_search(
+        model, np.stack([r["inputs"] for r in records]),
+        np.stack([r["input_mask"] for r in records]), max_new_tokens=12, search=search,
+        pad_id=tokenizer.pad_id).sequences[:, 0]
+    texts = [tokenizer.decode(row[:list(row).index(tokenizer.eos_id)].tolist()
+                              if tokenizer.eos_id in row else row.tolist()) for row in decoded]
+    result = json.loads((Path(workdir) / "results.json").read_text())
+    expected = rouge(texts, [s for _, s, _, _ in pairs])
+    for name in summarization.ROUGE_TYPES:
+        assert result["dev"][name] == pytest.approx(expected[name], abs=1e-9), name
+    return texts
+
+
 def test_cli_summarize_trains_decodes_beats_lead3_and_resumes(toy, tmp_path, capsys):
     """From a MASS model directory: MASS's recipe with the test's overrides; two epochs lower
     the held-out loss and beat lead-3 (which misses the last sentence); results.json's ROUGE is
@@ -255,22 +278,7 @@ def test_cli_summarize_trains_decodes_beats_lead3_and_resumes(toy, tmp_path, cap
     assert config.method == "summarize" and config.objective.label_smoothing == 0.1
     assert (config.examples.no_repeat_ngram_size, config.optim.b2) == (3, 0.98)  # MASS's
 
-    # results.json's ROUGE: the final model's beam search summaries of the dev documents.
-    model, tokenizer = loading.load_model(workdir), toy["tokenizer"]
-    dev = summaries.split_files(data, "dev")
-    pairs = list(summaries.encoded_pairs(dev, tokenizer))
-    records = [summaries.summary_record(d, s, 0, 40, 12, tokenizer.eos_id, tokenizer.pad_id)
-               for _, _, d, s in pairs]
-    decoded = beam_search(
-        model, np.stack([r["inputs"] for r in records]),
-        np.stack([r["input_mask"] for r in records]), max_new_tokens=12,
-        search=config.examples.search, pad_id=tokenizer.pad_id).sequences[:, 0]
-    texts = [tokenizer.decode(row[:list(row).index(tokenizer.eos_id)].tolist()
-                              if tokenizer.eos_id in row else row.tolist()) for row in decoded]
-    result = json.loads((workdir / "results.json").read_text())
-    expected = rouge(texts, [s for _, s, _, _ in pairs])
-    for name in summarization.ROUGE_TYPES:
-        assert result["dev"][name] == pytest.approx(expected[name], abs=1e-9), name
+    assert_results_rouge(workdir, data, toy["tokenizer"], config.examples.search)
     assert run.main(["eval", "--workdir", str(workdir)]) == 0
     assert capsys.readouterr().out.strip() == re.sub(r"after (\d+) steps", r"at step \1", line)
 

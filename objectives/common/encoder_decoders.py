@@ -7,7 +7,10 @@ The protocol a family's model follows: `encode`, `decode`, `logits` for the loss
 `prefill_decoder`, `decode_step` for decoding; `config.decoder_start_token_id`,
 `config.eos_token_id`; `language_ids` for models with language embeddings. ProphetNet also
 gives every predicting stream's logits (`Family.stream_logits`), for losses that train them all
-(its fine-tuning criterion, `ngram_criterions.py`).
+(its fine-tuning criterion, `ngram_criterions.py`). UniLM's family is one network, a BERT run as
+a prefix LM (`models.prefix_lm`): it follows the decoding protocol only (its loss is
+`objectives.common.masked_targets`'), its source and target share one position range
+(`Family.positions`), and a `unilm` run's BERT starts it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.models.beam_search import BeamSearch, beam_search
+from pretext_jax.models.bert import Bert
 from pretext_jax.models.layers import split_rng
+from pretext_jax.models.prefix_lm import PrefixLM, PrefixLMConfig
 from pretext_jax.models.prophetnet import ProphetNet, ProphetNetConfig
 from pretext_jax.models.t5 import T5, T5Config
 from pretext_jax.models.xlm import XLM, XLMTranslation, XLMTranslationConfig, load_both_sides
@@ -61,6 +66,16 @@ class XLMTranslationRunConfig(XLMTranslationConfig):
     """End of sentence, which also starts the decoder; 0 = the tokenizer's EOS (the data's)."""
     init: str = ""
     """Start from this pretext XLM workdir or model directory; '' = random."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixLMRunConfig(PrefixLMConfig):
+    """A BERT run as a sequence-to-sequence prefix LM (UniLM, Dong et al. 2019 §2.4), and
+    where its weights come from."""
+
+    init: str = ""
+    """Start from this pretext `unilm` workdir or model directory (its BERT), or a fine-tuned
+    prefix LM of the same architecture; '' = random."""
 
 
 def _single_stream(model: Any, inputs: jax.Array, input_mask: jax.Array,
@@ -107,6 +122,12 @@ class Family:
     """(model, inputs, input_mask, decoder_inputs, rng, languages, target_languages) ->
     [B, S, T, V]: the logits of all S predicting streams (ProphetNet); None: the one
     next-token stream."""
+    positions: Callable[[int, int], int] | None = None
+    """(source length, target length) -> the positions a pair uses when source and target
+    are one sequence (a prefix LM); None: each side has its own."""
+    summary_fields: Callable[[Any], dict[str, Any]] | None = None
+    """tokenizer -> the config fields summarisation sets from it (`PreparedData.model_fields`):
+    the prefix LM's special tokens, which a BERT's config lacks; None: the starting model's."""
 
     @property
     def starts_from(self) -> tuple[type, ...]:
@@ -128,6 +149,31 @@ def xlm_fields(tokenizer: Any) -> dict[str, Any]:
     return {**eos_fields(tokenizer), "pad_token_id": tokenizer.pad_id}
 
 
+def prefix_lm_fields(tokenizer: Any) -> dict[str, Any]:
+    """The vocabulary and the prefix LM's [CLS], [SEP], [MASK] and [PAD]."""
+    return {"vocab_size": tokenizer.vocab_size, "sos_token_id": tokenizer.cls_id,
+            "eos_token_id": tokenizer.eos_id, "mask_token_id": tokenizer.mask_id,
+            "pad_token_id": tokenizer.pad_id}
+
+
+def widen_positions(rows: jax.Array, count: int) -> jax.Array:
+    """A position table [P, E] as `count` rows: its first `count`, or its rows repeated
+    from the start to fill the new ones (unilm-v1 modeling.py `from_pretrained` 826-845,
+    e.g. BERT's 512 rows as CNN/DailyMail's 768)."""
+    return jnp.concatenate([rows] * -(-count // rows.shape[0]), axis=0)[:count]
+
+
+def load_bert(fresh: PrefixLM, loaded: Bert) -> None:
+    """A `unilm` run's BERT into the prefix LM: its encoder and masked-LM head (not the pooler
+    and the pair head), the position table widened to the run's (`widen_positions`)."""
+    weights = dict(nnx.to_flat_state(nnx.state(loaded, nnx.Param)))
+    for key, variable in nnx.to_flat_state(nnx.state(fresh, nnx.Param)):
+        value = weights[key][...]
+        if "position_embeddings" in key:
+            value = widen_positions(value, fresh.config.max_position_embeddings)
+        variable.set_value(value)
+
+
 FAMILIES: dict[str, Family] = {
     "t5": Family(T5, T5TranslationConfig, eos_fields, lambda config: config.num_languages),
     "prophetnet": Family(ProphetNet, ProphetNetTranslationConfig, eos_fields, lambda config: 0,
@@ -136,6 +182,10 @@ FAMILIES: dict[str, Family] = {
                   lambda config: config.n_langs, pretrained_class=XLM,
                   free_fields=frozenset({"causal", "is_decoder"}),
                   load_pretrained=load_both_sides),
+    "unilm": Family(PrefixLM, PrefixLMRunConfig, prefix_lm_fields, lambda config: 0,
+                    pretrained_class=Bert, free_fields=frozenset({"max_position_embeddings"}),
+                    load_pretrained=load_bert, positions=lambda source, target: source + target + 1,
+                    summary_fields=prefix_lm_fields),
 }
 
 
