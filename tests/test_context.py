@@ -151,7 +151,7 @@ def test_context_loss_and_head_gradient_equal_numpy():
     """Evaluation mode: the loss is numpy's cross-entropy of the network's logits on the pairs
     with their labels; fc9's gradient is fc8's activations^T (softmax - one-hot) / B; the pairs
     are `patch_pair`'s for each image's key."""
-    config = ContextConfig(**TINY_NET, patch_features=8, hidden_dim=16)
+    config = ContextConfig(**{**TINY_NET, "depth": 10}, patch_features=8, hidden_dim=16)
     settings = ContextSettings(image_size=16, patch_size=4, gap=1, jitter=1,
                                counter_measure="project", downsample_probability=0.5,
                                downsample_min_pixels=4)
@@ -193,10 +193,10 @@ def overrides(data: str, tmp_path, **more) -> dict:
     """`context_tiny` at 8 images a step through a ResNet-10 2 channels wide, fc 16 (fewer
     BatchNorm layers than the preset's ResNet-18 to amplify float32 sums in another order)."""
     return {"data.source": data, "data.cache_dir": str(tmp_path / "cache"),
-            "model.depth": 10, "model.base_width": 2, "model.patch_features": 16, "model.hidden_dim": 16,
-            "train.batch_size": 8, "train.log_every": 1, "train.eval_every": 1000,
-            "train.eval_batches": 1, "train.checkpoint_every": 3, "train.progress": False,
-            "train.steps": 6, **more}
+            "model.depth": 10, "model.base_width": 2, "model.patch_features": 16,
+            "model.hidden_dim": 16, "train.batch_size": 8, "train.log_every": 1,
+            "train.eval_every": 1000, "train.eval_batches": 1, "train.checkpoint_every": 3,
+            "train.progress": False, "train.steps": 6, **more}
 
 
 def test_same_step_on_one_device_and_a_mixed_mesh(cifar_folder, tmp_path):
