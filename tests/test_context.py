@@ -90,22 +90,27 @@ def test_downsampling_is_a_resize_down_and_back_with_uniform_area():
     """A downsampled patch equals jax.image.resize (bilinear, no antialiasing) to side s and
     back; s = floor(sqrt(area)), area uniform in [min_pixels, (P - 1)^2] (train.py:94), so each
     side's share is its band of areas; a third of the patches (probability 0.33) change."""
-    size, min_pixels, count = 12, 4, 1500
+    size, min_pixels, count = 12, 4, 1000
     patch = jnp.asarray(np.random.default_rng(0).random((size, size, 3)), jnp.float32)
     sides = np.arange(2, size - 1)  # side P - 1 needs an area of exactly (P - 1)^2
     oracles = np.stack([np.asarray(jax.image.resize(jax.image.resize(
         patch, (s, s, 3), "linear", antialias=False), (size, size, 3), "linear",
         antialias=False)) for s in sides])
     keys = jax.random.split(jax.random.key(1), count)
-    degraded = np.asarray(jax.vmap(lambda k: context.degrade(k, patch, 1.0, min_pixels))(keys))
+
+    @jax.jit
+    def degraded_patches(probability: float) -> jax.Array:
+        return jax.vmap(lambda k: context.degrade(k, patch, probability, min_pixels))(keys)
+
+    degraded = np.asarray(degraded_patches(1.0))
     errors = np.abs(degraded[:, None] - oracles[None]).max(axis=(2, 3, 4))
     assert errors.min(1).max() < 1e-5
     counts = np.bincount(errors.argmin(1), minlength=len(sides))
     bands = np.minimum((sides + 1) ** 2, (size - 1) ** 2) - np.maximum(sides ** 2, min_pixels)
     assert chi_square(counts, count * bands / bands.sum()) < CHI2_8_DOF_999
-    some = np.asarray(jax.vmap(lambda k: context.degrade(k, patch, 0.33, min_pixels))(keys))
-    changed = np.abs(some - np.asarray(patch)).max(axis=(1, 2, 3)) > 0
-    assert 0.29 < changed.mean() < 0.37
+    changed = np.abs(np.asarray(degraded_patches(0.33)) - np.asarray(patch)).max(
+        axis=(1, 2, 3)) > 0
+    assert 0.28 < changed.mean() < 0.38
 
 
 def test_colour_dropping_keeps_one_channel_and_noises_the_others():
@@ -135,7 +140,8 @@ def test_projection_removes_the_green_magenta_component():
     a = context.GREEN_MAGENTA
 
     def sampled(mode: str) -> np.ndarray:
-        return np.asarray(context.patch_pair(jax.random.key(3), image, 5, 2, 1, mode, 0.0, 1)[0])
+        return np.asarray(jax.jit(context.patch_pair, static_argnums=range(2, 8))(
+            jax.random.key(3), image, 5, 2, 1, mode, 0.0, 1)[0])
 
     projected, plain = sampled("project"), sampled("none")
     np.testing.assert_allclose(projected @ a, 0, atol=1e-5)
@@ -160,22 +166,29 @@ def test_context_loss_and_head_gradient_equal_numpy():
     key = jax.random.key(0)  # two_view.EVAL_AUGMENT_SEED
     patches, labels = (np.asarray(x) for x in pairs(key, batch["image"], settings))
     assert patches.shape == (6, 2, 4, 4, 3) and labels.shape == (6,)
-    loss, metrics = context_loss(model, batch, None, objective=settings)
-    logits = np.asarray(model(jnp.asarray(patches), train=False))
+    loss, metrics = nnx.jit(lambda m: context_loss(m, batch, None, objective=settings))(model)
+
+    @nnx.jit
+    def logits_and_fc8(model, pairs):  # fc6 -> fc7 -> fc8 spelled out in evaluation mode
+        features = model.backbone(pairs.reshape(12, 4, 4, 3), train=False)
+        fc6 = jax.nn.relu(model.patch_norm(model.patch(features), use_running_average=True))
+        fc7 = jax.nn.relu(model.pair_norm(model.pair(fc6.reshape(6, -1)),
+                                          use_running_average=True))
+        return model(pairs, train=False), jax.nn.relu(model.classifier.hidden(fc7))
+
+    logits, fc8 = (np.asarray(x, np.float64) for x in logits_and_fc8(model,
+                                                                     jnp.asarray(patches)))
     assert float(loss) == pytest.approx(numpy_cross_entropy(logits, labels), rel=1e-5)
     assert float(metrics["accuracy"][1]) == 6
-    features = model.backbone(jnp.asarray(patches.reshape(12, 4, 4, 3)), train=False)
-    fc6 = jax.nn.relu(model.patch_norm(model.patch(features), use_running_average=True))
-    fc7 = jax.nn.relu(model.pair_norm(model.pair(fc6.reshape(6, -1)), use_running_average=True))
-    fc8 = np.asarray(jax.nn.relu(model.classifier.hidden(fc7)), np.float64)
-    expected = fc8.T @ (softmax(logits.astype(np.float64)) - np.eye(8)[labels]) / 6
+    expected = fc8.T @ (softmax(logits) - np.eye(8)[labels]) / 6
     gradient = head_gradient(model, context_loss, batch, settings,
                              ("classifier", "output", "kernel"))
     np.testing.assert_allclose(gradient, expected, rtol=1e-4, atol=1e-6)
     images = batch["image"].astype(jnp.float32) / 255
+    one = jax.jit(lambda k, x: context.patch_pair(k, x, 4, 1, 1, "project", 0.5, 4))
     for b, k in enumerate(jax.random.split(key, 6)):
-        pair, label = context.patch_pair(k, images[b], 4, 1, 1, "project", 0.5, 4)
-        np.testing.assert_array_equal(np.asarray(pair), patches[b])
+        pair, label = one(k, images[b])
+        np.testing.assert_allclose(np.asarray(pair), patches[b], rtol=1e-5, atol=1e-5)
         assert int(label) == labels[b]
 
 
@@ -195,8 +208,8 @@ def overrides(data: str, tmp_path, **more) -> dict:
     return {"data.source": data, "data.cache_dir": str(tmp_path / "cache"),
             "model.depth": 10, "model.base_width": 2, "model.patch_features": 16,
             "model.hidden_dim": 16, "train.batch_size": 8, "train.log_every": 1,
-            "train.eval_every": 1000, "train.eval_batches": 1, "train.checkpoint_every": 3,
-            "train.progress": False, "train.steps": 6, **more}
+            "train.eval_every": 1000, "train.eval_batches": 1, "train.checkpoint_every": 2,
+            "train.progress": False, "train.steps": 4, **more}
 
 
 def test_same_step_on_one_device_and_a_mixed_mesh(cifar_folder, tmp_path):
@@ -209,13 +222,13 @@ def test_same_step_on_one_device_and_a_mixed_mesh(cifar_folder, tmp_path):
 
 
 def test_killed_run_resumes_bit_for_bit(cifar_folder, tmp_path):
-    """Killed in place of step 5 (the last checkpoint is step 3's), then rerun: the batches,
+    """Killed in place of step 3 (the last checkpoint is step 2's), then rerun: the batches,
     losses and final parameters of an uninterrupted run."""
     values = overrides(cifar_folder, tmp_path)
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("context_tiny", values, *reference)
-    ours = abort_and_resume("context_tiny", values, tmp_path, step=5)
-    assert len(assert_same_training("context_tiny", values, ours, reference)) > 6
+    ours = abort_and_resume("context_tiny", values, tmp_path, step=3)
+    assert len(assert_same_training("context_tiny", values, ours, reference)) > 4
 
 
 @pytest.mark.parametrize(("override", "hint"), [
