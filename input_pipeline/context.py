@@ -34,7 +34,7 @@ CLASSES = len(NEIGHBOURS)
 GREEN_MAGENTA = np.array([-1.0, 2.0, -1.0])
 PROJECTION = np.eye(3) - np.outer(GREEN_MAGENTA, GREEN_MAGENTA) / (GREEN_MAGENTA @ GREEN_MAGENTA)
 COUNTER_MEASURES = ("drop", "project", "none")
-NOISE_LEVELS = 0.5 / 255  # train.py:105: uniform(0, 1) - 0.5 on the 0..255 scale
+NOISE_HALF_WIDTH = 0.5 / 255  # train.py:105: uniform(0, 1) - 0.5 on the 0..255 scale
 
 
 def grid_size(patch: int, gap: int, jitter: int) -> int:
@@ -74,6 +74,8 @@ def degrade(rng: jax.Array, patch: jax.Array, probability: float, min_pixels: in
             ) -> jax.Array:
     """The [P, P, C] patch, with `probability` downsampled to an area uniform in
     [min_pixels, (P - 1)^2] and back to P (train.py:92-96)."""
+    if probability == 0.0:
+        return patch
     size = patch.shape[0]
     apply_key, area_key = jax.random.split(rng)
     area = jax.random.uniform(area_key, minval=min_pixels, maxval=(size - 1) ** 2)
@@ -92,8 +94,8 @@ def counter_aberration(rng: jax.Array, patch: jax.Array, mode: str) -> jax.Array
     if mode == "drop":
         keep_key, noise_key = jax.random.split(rng)
         keep = jax.random.randint(keep_key, (), 0, 3)
-        noise = jax.random.uniform(noise_key, patch.shape, minval=-NOISE_LEVELS,
-                                   maxval=NOISE_LEVELS)
+        noise = jax.random.uniform(noise_key, patch.shape, minval=-NOISE_HALF_WIDTH,
+                                   maxval=NOISE_HALF_WIDTH)
         return jnp.where(jnp.arange(3) == keep, centred, noise)
     if mode == "none":
         return centred
