@@ -7,6 +7,8 @@ single-device one, a killed run's exact resume, and bad settings refused in one 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -98,7 +100,7 @@ def test_downsampling_is_a_resize_down_and_back_with_uniform_area():
         antialias=False)) for s in sides])
     keys = jax.random.split(jax.random.key(1), count)
 
-    @jax.jit
+    @functools.partial(jax.jit, static_argnums=0)
     def degraded_patches(probability: float) -> jax.Array:
         return jax.vmap(lambda k: context.degrade(k, patch, probability, min_pixels))(keys)
 
