@@ -6,8 +6,8 @@ the frozen backbone beside the same backbone untrained.
 
 Each finished preset is appended to `--results` (JSON lines) and skipped when the command runs
 again, so an interrupted table resumes. The batch counts images: a method that makes several
-inputs of each (two views, four rotations, nine tiles) sees the same images as one that makes
-one. CIFAR-10 pixels here are rebuilt from JPEG copies (lossy). The table is
+inputs of each (two views, four rotations, nine tiles, two patches) sees the same images as one
+that makes one. CIFAR-10 pixels here are rebuilt from JPEG copies (lossy). The table is
 `bench.image_cifar10`'s (`bench.report`): each row names the machine, date and command of its
 own run.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from bench import image_cifar10
 
 PRESETS = ("simclr_cifar10", "moco_tiny", "byol_tiny", "rotation_cifar10", "jigsaw_tiny",
-           "deepcluster_cifar10", "cmc_cifar10", "dim_cifar10", "amdim_cifar10")
+           "context_cifar10", "deepcluster_cifar10", "cmc_cifar10", "dim_cifar10", "amdim_cifar10")
 
 
 def table(rows: list[dict]) -> str:
