@@ -47,9 +47,21 @@ KINDS = (  # (kind, pattern on the kernel's name), first match wins
 )
 
 
-def kind_of(kernel: str, op_name: str = "") -> str:
+WEIGHT_GRADIENT = "convolution weight gradient"
+
+
+def is_kernel_shaped(dims: tuple[int, ...]) -> bool:
+    """A convolution kernel's shape as XLA:CPU lays out its gradient: [out, k, k, in], k <= 7."""
+    return len(dims) == 4 and dims[1] == dims[2] and 1 <= dims[1] <= 7
+
+
+def kind_of(kernel: str, op_name: str = "", dims: tuple[int, ...] = ()) -> str:
     """The kind of a kernel by its name (`KINDS`), else by the last step of its JAX operation
-    (XLA:CPU's `ynn_fusion` of a `dot_general`), else "other fusion"."""
+    (XLA:CPU's `ynn_fusion` of a `dot_general`), else "other fusion". XLA:CPU's `ynn_fusion`s
+    that compute a convolution's weight gradient carry no `op_name`; an output `dims` of a
+    kernel's shape names them (`WEIGHT_GRADIENT`)."""
+    if not op_name and "ynn_fusion" in kernel and is_kernel_shaped(dims):
+        return WEIGHT_GRADIENT
     for name in (kernel.lower(), op_name.rsplit("/", 1)[-1].lower()):
         kind = next((kind for kind, pattern in KINDS if name and pattern.search(name)), None)
         if kind:
@@ -73,6 +85,13 @@ def plain(name: str) -> str:
     return name.replace(".", "_").replace("-", "_")
 
 
+def output_dims(hlo_text: str) -> dict[str, tuple[int, ...]]:
+    """HLO instruction name (as `plain`) -> the dimensions of its (array) output."""
+    return {plain(match.group(1)): tuple(int(d) for d in match.group(2).split(",") if d)
+            for match in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = \w+\[([\d,]*)\]",
+                                     hlo_text, re.MULTILINE)}
+
+
 def kernel_times(trace: dict[str, Any]) -> dict[str, tuple[float, int]]:
     """Kernel name -> (total microseconds, count) over a Chrome trace's events of XLA
     operations: on the device processes where there are any (`/device:...`), else on the host
@@ -92,18 +111,25 @@ def kernel_times(trace: dict[str, Any]) -> dict[str, tuple[float, int]]:
 
 
 def summarize(times: dict[str, tuple[float, int]], steps: int, names: dict[str, str],
-              top: int = 25) -> dict[str, Any]:
-    """Per-step milliseconds by kind and for the `top` kernels (with their op names)."""
+              top: int = 25, dims: dict[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
+    """Per-step milliseconds by kind and for the `top` kernels (with their op names);
+    `dims`: each instruction's output dimensions (`output_dims`), which name XLA:CPU's
+    weight-gradient fusions."""
+    dims = dims or {}
+
+    def kind(kernel: str) -> str:
+        return kind_of(kernel, names.get(plain(kernel), ""), dims.get(plain(kernel), ()))
+
     kinds: dict[str, float] = collections.Counter()
     for kernel, (total, _) in times.items():
-        kinds[kind_of(kernel, names.get(plain(kernel), ""))] += total / steps / 1e3
+        kinds[kind(kernel)] += total / steps / 1e3
     ranked = sorted(times.items(), key=lambda item: -item[1][0])[:top]
     return {
         "step_kernel_ms": sum(total for total, _ in times.values()) / steps / 1e3,
         "kinds": dict(sorted(kinds.items(), key=lambda item: -item[1])),
         "kernels": [{"kernel": kernel, "ms_per_step": total / steps / 1e3,
                      "calls_per_step": count / steps,
-                     "kind": kind_of(kernel, names.get(plain(kernel), "")),
+                     "kind": kind(kernel),
                      "op_name": names.get(plain(kernel), "")}
                     for kernel, (total, count) in ranked],
     }
@@ -145,7 +171,8 @@ def profile(name: str, overrides: list[str], steps: int, out: Path) -> dict[str,
         shutil.copyfile(traces[-1], out / f"profile_{name}.trace.json.gz")
     with gzip.open(out / f"profile_{name}.trace.json.gz") as file:
         trace = json.load(file)
-    summary = summarize(kernel_times(trace), steps, op_names(compiled.as_text()))
+    hlo = compiled.as_text()
+    summary = summarize(kernel_times(trace), steps, op_names(hlo), dims=output_dims(hlo))
     return {"workload": name, "steps": steps, "device": jax.devices()[0].device_kind,
             **summary}
 

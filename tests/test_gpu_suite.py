@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_suite, throughput
+from bench import gpu_suite, profile_step, throughput
 
 REPO = Path(__file__).resolve().parent.parent
 # One CPU device and XLA's quick CPU code generation: the smoke checks that each workload
@@ -194,3 +194,18 @@ def test_semi_mode_needs_the_staged_data_and_a_pretraining_run(tmp_path):
     summary = gpu_suite.summary_markdown([row], [], "cmd", "H200")
     assert "top-1 0.5000 from the pre-trained backbone, 0.3000 from its random" in summary
     suite.close()
+
+
+def test_unnamed_kernel_shaped_fusions_are_convolution_weight_gradients():
+    """XLA:CPU's `ynn_fusion` computing a convolution's weight gradient has no `op_name`: its
+    output of a kernel's shape ([out, k, k, in]) names it. Controls: the same output with an
+    op name is a matrix product by that name; an unnamed fusion of another shape stays other."""
+    hlo = ("  %ynn_fusion.3 = f32[64,3,3,32]{3,2,1,0} fusion(%a, %b), kind=kCustom\n"
+           "  ROOT %ynn_fusion.4 = f32[8,64]{1,0} fusion(%c), kind=kCustom\n")
+    dims = profile_step.output_dims(hlo)
+    assert dims == {"ynn_fusion_3": (64, 3, 3, 32), "ynn_fusion_4": (8, 64)}
+    summary = profile_step.summarize({"ynn_fusion.3": (4000.0, 2), "ynn_fusion.4": (2000.0, 2)},
+                                     2, {}, dims=dims)
+    assert summary["kinds"] == {profile_step.WEIGHT_GRADIENT: 2.0, "other fusion": 1.0}
+    assert profile_step.kind_of("ynn_fusion.3", "jit(_step)/conv_general_dilated",
+                                (64, 3, 3, 32)) == "matrix product"
