@@ -96,8 +96,8 @@ class XLNetOutput:
     new_mems: jax.Array | None
 
 
-def _normal(config: XLNetConfig, shape: tuple[int, ...], axes: tuple[str | None, ...],
-            rngs: nnx.Rngs) -> nnx.Param:
+def normal_parameter(config: TransformerConfig, shape: tuple[int, ...],
+                     axes: tuple[str | None, ...], rngs: nnx.Rngs) -> nnx.Param:
     init = nnx.initializers.normal(config.initializer_range)
     return nnx.Param(init(rngs.params(), shape, jnp.float32), out_sharding=axes)
 
@@ -170,14 +170,17 @@ def shifted_rows(scores: jax.Array, positions: jax.Array, query_len: int,
 
 
 class XLNetLayer(nnx.Module):
-    """Relative multi-head attention (shared by both streams) + position-wise FFN."""
+    """Relative multi-head attention (shared by both streams) + position-wise FFN.
+    `segments=False` leaves out the segment embedding (Transformer-XL has none)."""
 
-    def __init__(self, config: XLNetConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: XLNetConfig, *, rngs: nnx.Rngs, segments: bool = True):
         h, n, d = config.hidden_size, config.num_heads, config.head_size
         self.config = config
         for name in ("q", "k", "v", "o", "r"):
-            setattr(self, name, _normal(config, (h, n, d), ("embed", "heads", None), rngs))
-        self.seg_embed = _normal(config, (2, n, d), (None, "heads", None), rngs)
+            setattr(self, name, normal_parameter(config, (h, n, d), ("embed", "heads", None),
+                                                 rngs))
+        if segments:
+            self.seg_embed = normal_parameter(config, (2, n, d), (None, "heads", None), rngs)
         self.attention_layer_norm = layer_norm(config, h, rngs)
         self.intermediate = dense(config, h, config.intermediate_size, ("embed", "mlp"), rngs)
         self.output = dense(config, config.intermediate_size, h, ("mlp", "embed"), rngs)
@@ -281,12 +284,12 @@ class XLNetModel(nnx.Module):
         with nnx.use_eager_sharding(False):
             self.word_embedding = embed(config, config.vocab_size, config.hidden_size,
                                         ("vocab", "embed"), rngs)
-            self.mask_emb = _normal(config, (1, 1, config.hidden_size), (None, None, "embed"),
-                                    rngs)
+            self.mask_emb = normal_parameter(config, (1, 1, config.hidden_size),
+                                             (None, None, "embed"), rngs)
             bias_shape = (config.num_layers, n, d) if config.untie_r else (n, d)
             bias_axes = ("layers", "heads", None) if config.untie_r else ("heads", None)
             for name in BIAS_NAMES:
-                setattr(self, name, _normal(config, bias_shape, bias_axes, rngs))
+                setattr(self, name, normal_parameter(config, bias_shape, bias_axes, rngs))
             self.layers = stacked_layers(lambda r: XLNetLayer(config, rngs=r),
                                          config.num_layers, rngs)
             if config.memory_batch_size and config.mem_len:
