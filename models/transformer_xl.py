@@ -76,9 +76,6 @@ class TransformerXLConfig(TransformerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"num_heads={self.num_heads} must divide hidden_size="
-                             f"{self.hidden_size} (d_head = d_model / n_head)")
         if min(self.mem_len, self.memory_batch_size) < 0:
             raise ValueError("mem_len and memory_batch_size must be >= 0")
 
