@@ -31,7 +31,8 @@ METHODS_DOCS = REPO / "docs" / "methods"
 PAGES = {
     **dict.fromkeys(("bert", "roberta", "albert", "electra", "structbert", "ernie", "mpnet"),
                     "masked_lm.md"),
-    **dict.fromkeys(("gpt", "xlnet", "elmo", "word2vec"), "autoregressive.md"),
+    **dict.fromkeys(("gpt", "xlnet", "transformer_xl", "elmo", "word2vec"),
+                    "autoregressive.md"),
     **dict.fromkeys(("t5", "mass", "mass_xlm", "prophetnet", "unilm", "xlm", "summarize",
                      "summarize_prophetnet", "summarize_unilm"), "seq2seq.md"),
     **dict.fromkeys(("simclr", "moco", "byol", "rotation", "jigsaw", "context", "deepcluster",
@@ -45,7 +46,8 @@ TEST_SIZES = ("albert_tiny", "amdim_tiny", "bart_tiny", "bert_tiny", "byol_tiny"
               "elmo_tiny", "ernie_tiny", "gpt_tiny", "hubert_tiny", "jigsaw_tiny", "mass_tiny",
               "mass_bilingual_tiny", "mass_xlm_tiny",
               "moco_tiny", "mpnet_tiny", "prophetnet_tiny", "roberta_tiny", "rotation_tiny",
-              "simclr_tiny", "structbert_tiny", "t5_tiny", "translation_tiny", "unilm_tiny",
+              "simclr_tiny", "structbert_tiny", "t5_tiny", "transformer_xl_tiny",
+              "translation_tiny", "unilm_tiny",
               "unilm_summarize_tiny",
               "wav2vec_tiny", "wav2vec2_tiny", "word2vec_tiny", "xlm_tiny", "xlnet_tiny")
 EXEMPT = {
