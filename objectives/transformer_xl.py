@@ -123,7 +123,8 @@ def long_text_nll(model: TransformerXL, stream: np.ndarray, settings: Transforme
     segments in order (eval.py `evaluate`), with `eval_mem_len` states of memory carried from
     segment to segment, or (`memory=False`) each segment alone."""
     segments = txl_examples.StreamSegments(stream, settings.eval_batch_size,
-                                           settings.eval_tgt_len, "held-out")
+                                           settings.eval_tgt_len, "held-out",
+                                           "objective.eval_batch_size")
     c = model.config
     mems = (jnp.zeros((c.num_layers, settings.eval_batch_size, settings.eval_mem_len,
                        c.hidden_size), jnp.float32) if memory else None)
@@ -184,8 +185,8 @@ def prepare_transformer_xl(data: DataConfig,
     """Corpus -> tokenizer -> one token stream per split (documents in order, end-of-text after
     each), stored in chunks (the cache does not depend on the segment length or the stream
     count) -> the training stream's ordered segments; the held-out stream for the long-text
-    evaluation, and its segments at the training layout (at most `MAX_EVAL_EXAMPLES`) for the
-    trainer's held-out loss."""
+    evaluation, and its segments of `tgt_len` (at most `MAX_EVAL_EXAMPLES`, in up to
+    `num_streams` rows) for the trainer's held-out loss."""
     train, held_out, tokenizer = prepare_text(
         data, txl_examples.create_training_examples, {"chunk": txl_examples.CHUNK},
         cache_dir, seed, ordered=True)
@@ -193,8 +194,9 @@ def prepare_transformer_xl(data: DataConfig,
                for name, records in (("train", train), ("eval", held_out))}
     segments = txl_examples.StreamSegments(streams["train"], examples.num_streams,
                                            examples.tgt_len, repr(train.source))
-    held_out_segments = txl_examples.StreamSegments(streams["eval"], examples.num_streams,
-                                                    examples.tgt_len, "held-out")
+    rows = min(examples.num_streams, max(1, len(streams["eval"]) // (examples.tgt_len + 1)))
+    held_out_segments = txl_examples.StreamSegments(streams["eval"], rows, examples.tgt_len,
+                                                    "held-out")
     return PreparedData(
         train=segments,
         eval=held_out_segments.examples(range(min(len(held_out_segments), MAX_EVAL_EXAMPLES))),

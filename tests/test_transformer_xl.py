@@ -390,5 +390,6 @@ def test_refusals():
             ({"examples.num_streams": 0}, "examples.num_streams=0 must be >= 1")):
         with pytest.raises(UserError, match=message):
             make_config("transformer_xl_tiny", overrides)
-    with pytest.raises(UserError, match="fewer than 2 per stream"):
-        txl_examples.StreamSegments(np.arange(7), 4, 3, "tiny")
+    with pytest.raises(UserError, match="fewer than 2 per stream for objective.eval_batch_size=4"):
+        txl.long_text_nll(None, np.arange(7), txl.TransformerXLEvaluation(eval_batch_size=4),
+                          memory=True)

@@ -75,15 +75,16 @@ class StreamSegments:
     """`LMOrderedIterator`'s batches of `stream` for `streams` rows and segments of `tgt_len`
     (see the module docstring) as records in batch order: record k is row k % B of batch
     k // B, with `tokens` [T + 1] (inputs and the last target), `token_mask` [T + 1] and
-    `stream_offset`. `description` names the stream (kept in checkpoints)."""
+    `stream_offset`. `description` names the stream (kept in checkpoints); `setting` names the
+    stream count's config key in the refusal of a text too short for it."""
 
-    def __init__(self, stream: np.ndarray, streams: int, tgt_len: int, name: str):
+    def __init__(self, stream: np.ndarray, streams: int, tgt_len: int, name: str,
+                 setting: str = "examples.num_streams"):
         self.streams, self.tgt_len = streams, tgt_len
         per_row = len(stream) // streams
         if per_row < 2:
-            raise UserError(f"the text has {len(stream)} tokens, fewer than 2 per stream for "
-                            f"examples.num_streams={streams}; use more text or fewer streams "
-                            "(and train.batch_size)")
+            raise UserError(f"the {name} text has {len(stream)} tokens, fewer than 2 per stream "
+                            f"for {setting}={streams}; use more text or fewer streams")
         self.rows = np.asarray(stream[:per_row * streams], np.int32).reshape(streams, per_row)
         self.batches = -(-(per_row - 1) // tgt_len)
         self.source = self
