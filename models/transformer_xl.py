@@ -17,7 +17,9 @@ r_r_bias = v, post-LN, ReLU feed-forward); around them:
   are filled and the rest are masked out, which gives the same attention exactly (a blocked key
   has probability 0, and the relative distance of every filled key is the reference's);
 - `_update_mems` (with `ext_len` 0): the last M states of [memory; this segment's layer
-  inputs]. The reference keeps L + 1 states (the last layer's output too) but reads only L;
+  inputs]. The reference keeps L + 1 states (the last layer's output too) but reads only L
+  (its call passes `mlen, qlen` for the parameters `qlen, mlen`, which only matters with
+  `ext_len` > 0);
 - the causal mask over [memory; segment] (`dec_attn_mask`), or with `same_length` the one that
   gives every query the same number of keys, as `_forward` computes it from `mlen`;
 - the output: dropout, then logits through the tied embedding plus a bias (the softmax of
