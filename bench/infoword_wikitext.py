@@ -29,10 +29,16 @@ import numpy as np
 from flax import nnx
 
 from bench import report
-from bench.electra_vs_bert import encode, features, linear_probe, read_sst2
+from bench.electra_vs_bert import (
+    encode,
+    features,
+    linear_probe,
+    read_sst2,
+    wikitext_tokenizer,
+)
 from bench.pretrain_wikitext import shared_data_dir, wikitext_dir
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
-from pretext_jax.input_pipeline import sources, tokenizers
+from pretext_jax.input_pipeline import tokenizers
 from pretext_jax.objectives import registry
 from pretext_jax.objectives.common.losses import mlm_and_pair_loss
 from pretext_jax.pretrain.config import make_config
@@ -74,12 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     workdir, wikitext = Path(args.workdir), wikitext_dir()
     sst2 = shared_data_dir() / "glue" / "SST-2"
-    tokenizer_file = workdir / "wikitext2_8k.model"
-    if not tokenizer_file.is_file():
-        workdir.mkdir(parents=True, exist_ok=True)
-        documents = sources.read_documents(str(wikitext / "train.txt"))
-        tokenizers.SentencePieceTokenizer.train(
-            (s for doc in documents for s in doc), workdir / "wikitext2_8k", vocab_size=8000)
+    tokenizer_file = wikitext_tokenizer(workdir, wikitext)
     tokenizer = tokenizers.load_tokenizer(str(tokenizer_file))
     steps = args.steps
     common = [

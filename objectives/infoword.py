@@ -35,10 +35,8 @@ from pretext_jax.objectives.common.contrastive import in_batch_info_nce
 from pretext_jax.objectives.common.losses import mlm_and_pair_terms
 from pretext_jax.objectives.common.masked_lm import check_max_seq_length, prepare_masked_lm
 from pretext_jax.objectives.common.preset_parts import (
-    NO_DROPOUT,
-    TINY_TEXT_MODEL,
-    TINY_TEXT_OPTIM,
-    TINY_TEXT_TRAIN,
+    BERT_RECIPE,
+    TINY_MASKED_LM,
 )
 from pretext_jax.objectives.registry import (
     Batch,
@@ -109,27 +107,12 @@ def check_infoword(model: EncoderConfig, examples: infoword_examples.InfoWordExa
                         "lower the first")
 
 
-# InfoWord at BERT-Base (Kong et al. 2020 §5): BERT-Base's network and BERT's pre-training
-# recipe (Devlin et al. 2019 §A.2: 1M steps of 256 sequences, lr 1e-4 with 10k warmup steps,
-# 128 tokens then the last 10% at 512); docs/methods/masked_lm.md's card says which of these the
-# paper states.
+# InfoWord at BERT-Base (Kong et al. 2020 §5): BERT-Base's network and BERT's pre-training recipe
+# (`preset_parts.BERT_RECIPE`); docs/methods/masked_lm.md's card says which of these the paper
+# states.
 PRESETS = {
-    "infoword_tiny": {
-        "model": {**TINY_TEXT_MODEL, "vocab_size": 0, **NO_DROPOUT},
-        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 10, "dupe_factor": 5},
-        "data": {"vocab_size": 4000},
-        "optim": TINY_TEXT_OPTIM,
-        "train": TINY_TEXT_TRAIN,
-    },
-    "infoword_base": {
-        "model": {"vocab_size": 30522},
-        "examples": {"max_seq_length": 128, "max_predictions_per_seq": 20,
-                     "long_phase_fraction": 0.1, "long_max_seq_length": 512,
-                     "long_max_predictions_per_seq": 80},
-        "data": {"vocab_size": 30522},
-        "optim": {"learning_rate": 1e-4, "warmup_steps": 10000},
-        "train": {"steps": 1000000, "batch_size": 256},
-    },
+    "infoword_tiny": TINY_MASKED_LM,
+    "infoword_base": {"model": {"vocab_size": 30522}, **BERT_RECIPE},
 }
 
 
