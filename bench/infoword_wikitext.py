@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
         models[preset] = {
             "steps": summary["step"], "mlm_accuracy": mlm_accuracy(trained, held_out, 40),
             "own_held_out": {k: round(v, 4) for k, v in summary["eval"].items()
-                             if k in ("mlm_accuracy", "dim_accuracy", "nsp_accuracy")},
+                             if k in ("mlm_accuracy", "dim_accuracy")},
             "sst2_probe_dev_accuracy": probe(trained.encoder),
             "wall_clock_s": round(seconds)}
     result = {"benchmark": "infoword_vs_bert_wikitext2", "models": models,

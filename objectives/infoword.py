@@ -10,9 +10,11 @@ term between a sentence and one of its n-grams, on BERT's encoder.
   its own as [CLS] x_i..x_j [SEP] (`infoword_examples`). The loss is -I_DIM, the mean over the
   batch of `contrastive.in_batch_info_nce`.
 - I_MLM: BERT's weighted loss at the masked positions (the n-gram's tokens and the rest of the
-  15% budget), sum(w * nll) / (sum(w) + 1e-5), and BERT's next-sentence loss on the pooled
-  [CLS] (`losses.mlm_and_pair_terms`, BERT's own code path).
-- Total (§4): mlm_weight x MLM + dim_weight x (-I_DIM) + next_sentence_weight x NSP.
+  15% budget), sum(w * nll) / (sum(w) + 1e-5), computed by BERT's own code
+  (`losses.mlm_and_pair_terms`, which also gives BERT's next-sentence loss on the pooled [CLS]).
+- Total (§4: lambda_MLM I_MLM + lambda_DIM I_DIM): mlm_weight x MLM + dim_weight x (-I_DIM),
+  plus next_sentence_weight x NSP, 0 by default (the pairs keep BERT's layout and labels, so
+  `next_sentence_weight=1` is BERT's loss plus the DIM term).
 - Dropout: the masked sentence's pass uses the step's key itself (so the MLM part is exactly
   BERT's), the n-gram's pass a key folded from it.
 """
@@ -52,20 +54,21 @@ from pretext_jax.objectives.registry import (
 
 @dataclasses.dataclass(frozen=True)
 class InfoWordSettings:
-    """The weights of InfoWord's terms (§4: lambda_MLM, lambda_DIM) and of BERT's NSP."""
+    """The weights of InfoWord's two terms (§4: lambda_MLM, lambda_DIM) and of BERT's NSP."""
 
     mlm_weight: float = 1.0
     """lambda_MLM, the masked LM's weight, >= 0."""
     dim_weight: float = 1.0
     """lambda_DIM, the sentence / n-gram InfoNCE term's weight, >= 0."""
-    next_sentence_weight: float = 1.0
-    """Weight of BERT's next-sentence loss, >= 0 (1 = BERT's; 0 drops it)."""
+    next_sentence_weight: float = 0.0
+    """Weight of BERT's next-sentence loss, >= 0 (InfoWord 0: §4's objective is the two terms
+    above; 1 = BERT's)."""
 
     def __post_init__(self) -> None:
         for name in ("mlm_weight", "dim_weight", "next_sentence_weight"):
             if getattr(self, name) < 0:
                 raise UserError(f"objective.{name}={getattr(self, name)} must be >= 0 "
-                                "(InfoWord: 1)")
+                                "(InfoWord: mlm 1, dim 1, next_sentence 0)")
 
 
 def infoword_loss(model: Bert, batch: Batch, rng: jax.Array | None, *,
@@ -129,6 +132,5 @@ register(Method(
                 "(Kong et al. 2020)",
     presets=PRESETS,
     resolution=Resolution(check=check_infoword),
-    evaluation=Evaluation(summarize=summary_of(accuracy="mlm", metrics=(
-        "loss", "dim_accuracy", "nsp_accuracy"))),
+    evaluation=Evaluation(summarize=summary_of(accuracy="mlm", metrics=("loss", "dim_accuracy"))),
 ))

@@ -160,7 +160,8 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 def test_loss_against_numpy_and_its_mlm_part_is_berts(records):
     """The loss in numpy from the model's outputs (full-sequence MLM logits; [CLS] of the masked
-    sentence and of the n-gram encoded alone); with dim_weight 0 it is BERT's loss on the same
+    sentence and of the n-gram encoded alone): any weights, and the default MLM + DIM (§4's two
+    terms, no NSP); with dim_weight 0 and next_sentence_weight 1 it is BERT's loss on the same
     batch exactly, and BERT's MLM is InfoWord's MLM metric."""
     config = EncoderConfig(vocab_size=VOCAB_SIZE, hidden_size=16, num_layers=1, num_heads=2,
                            intermediate_size=32, max_position_embeddings=48)
@@ -184,13 +185,18 @@ def test_loss_against_numpy_and_its_mlm_part_is_berts(records):
     dim = np.mean(-np.diag(log_softmax(scores)))
     np.testing.assert_allclose(float(total), 0.7 * mlm + 1.5 * dim + 0.3 * nsp, rtol=1e-5)
     np.testing.assert_allclose(float(metrics["dim_loss"][0] / 8), dim, rtol=1e-5)
+    default, _ = infoword_loss(model, batch, None, objective=InfoWordSettings())
+    np.testing.assert_allclose(float(default), mlm + dim, rtol=1e-5)
     # the MLM (+ NSP) part is BERT's own loss on the same batch, to the bit
-    without_dim, ours = infoword_loss(model, batch, None, objective=InfoWordSettings(dim_weight=0))
+    bert_weights = InfoWordSettings(dim_weight=0.0, next_sentence_weight=1.0)
+    without_dim, ours = infoword_loss(model, batch, None, objective=bert_weights)
     theirs_total, theirs = bert_loss(model, batch, None)
     assert float(without_dim) == float(theirs_total)
     for key in ("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy"):
         assert [float(x) for x in ours[key]] == [float(x) for x in theirs[key]], key
-    assert float(total) != float(theirs_total)  # control: the DIM term does count
+    # control: with NSP and DIM, the loss is BERT's plus the DIM term
+    both, _ = infoword_loss(model, batch, None, objective=InfoWordSettings(next_sentence_weight=1))
+    np.testing.assert_allclose(float(both) - float(theirs_total), dim, rtol=1e-4)
 
 
 def test_killed_run_resumes_bit_for_bit_falls_and_exports_as_bert(tmp_path):
