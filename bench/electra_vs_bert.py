@@ -118,6 +118,18 @@ def linear_probe(train_x, train_y, dev_x, dev_y, steps: int = 500) -> float:
     return float(np.mean(np.asarray(predictions) == dev_y))
 
 
+def wikitext_tokenizer(workdir: Path, wikitext: Path) -> Path:
+    """The sentencepiece 8k model trained on WikiText-2 train.txt that the compared models
+    share, trained into `workdir` unless it is there already."""
+    tokenizer_file = workdir / "wikitext2_8k.model"
+    if not tokenizer_file.is_file():
+        workdir.mkdir(parents=True, exist_ok=True)
+        documents = sources.read_documents(str(wikitext / "train.txt"))
+        tokenizers.SentencePieceTokenizer.train(
+            (s for doc in documents for s in doc), workdir / "wikitext2_8k", vocab_size=8000)
+    return tokenizer_file
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bert-steps", type=int, default=1200)
@@ -128,12 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     workdir, wikitext = Path(args.workdir), wikitext_dir()
     sst2 = shared_data_dir() / "glue" / "SST-2"
-    tokenizer_file = workdir / "wikitext2_8k.model"
-    if not tokenizer_file.is_file():
-        workdir.mkdir(parents=True, exist_ok=True)
-        documents = sources.read_documents(str(wikitext / "train.txt"))
-        tokenizers.SentencePieceTokenizer.train(
-            (s for doc in documents for s in doc), workdir / "wikitext2_8k", vocab_size=8000)
+    tokenizer_file = wikitext_tokenizer(workdir, wikitext)
     tokenizer = tokenizers.load_tokenizer(str(tokenizer_file))
     common = [
         f"data.source={wikitext / 'train.txt'}", f"data.eval_source={wikitext / 'valid.txt'}",

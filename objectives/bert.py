@@ -21,10 +21,8 @@ from pretext_jax.objectives.common.classifier_recipes import ClassifierSettings,
 from pretext_jax.objectives.common.losses import mlm_and_pair_loss
 from pretext_jax.objectives.common.masked_lm import check_max_seq_length, prepare_masked_lm
 from pretext_jax.objectives.common.preset_parts import (
-    NO_DROPOUT,
-    TINY_TEXT_MODEL,
-    TINY_TEXT_OPTIM,
-    TINY_TEXT_TRAIN,
+    BERT_RECIPE,
+    TINY_MASKED_LM,
 )
 from pretext_jax.objectives.registry import (
     Batch,
@@ -60,28 +58,9 @@ def prepare_bert(
                              bert_examples.bert_training_examples, examples.dynamic_masking)
 
 
-# Devlin et al. 2019 §A.2: 1M steps of 256 sequences, lr 1e-4, 10k warmup; 90 % of the steps
-# at 128 tokens (20 predictions), the last 10 % at 512 (80), the google-research/bert README's
-# recipe "so that positions 128-511 are learned" (run_pretraining.py run again from the 128
-# checkpoint on 512-token data, its schedule continuing: here one run of two phases).
-_BERT_RECIPE = {
-    "examples": {"max_seq_length": 128, "max_predictions_per_seq": 20,
-                 "long_phase_fraction": 0.1, "long_max_seq_length": 512,
-                 "long_max_predictions_per_seq": 80},
-    "data": {"vocab_size": 30522},
-    "optim": {"learning_rate": 1e-4, "warmup_steps": 10000},
-    "train": {"steps": 1000000, "batch_size": 256},
-}
-
 PRESETS = {
     # The demo/test size (`preset_parts`: no dropout, bias-corrected Adam).
-    "bert_tiny": {
-        "model": {**TINY_TEXT_MODEL, "vocab_size": 0, **NO_DROPOUT},
-        "examples": {"max_seq_length": 64, "max_predictions_per_seq": 10, "dupe_factor": 5},
-        "data": {"vocab_size": 4000},
-        "optim": TINY_TEXT_OPTIM,
-        "train": TINY_TEXT_TRAIN,
-    },
+    "bert_tiny": TINY_MASKED_LM,
     "bert_small": {
         "model": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 1024,
                   "vocab_size": 0},
@@ -90,11 +69,11 @@ PRESETS = {
         "optim": {"learning_rate": 5e-4, "warmup_steps": 1000},
         "train": {"steps": 20000, "batch_size": 128},
     },
-    "bert_base": {"model": {"vocab_size": 30522}, **_BERT_RECIPE},
+    "bert_base": {"model": {"vocab_size": 30522}, **BERT_RECIPE},
     "bert_large": {
         "model": {"vocab_size": 30522, "hidden_size": 1024, "num_layers": 24, "num_heads": 16,
                   "intermediate_size": 4096},
-        **_BERT_RECIPE,
+        **BERT_RECIPE,
     },
 }
 

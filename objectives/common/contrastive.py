@@ -1,5 +1,6 @@
-"""Contrastive losses for the image methods: SimCLR's NT-Xent, and InfoNCE of queries against one
-positive each and a shared set of negatives (MoCo's queue, CMC's memory-bank samples).
+"""Contrastive losses: SimCLR's NT-Xent, InfoNCE of queries against one
+positive each and a shared set of negatives (MoCo's queue, CMC's memory-bank samples), and
+InfoNCE against the other keys of the batch (InfoWord's sentence / n-gram term).
 
 Reference: google-research/simclr tf2/objective.py (`add_contrastive_loss`), Chen et al. 2020
 §2.1 (NT-Xent). Under `jit` the embeddings are global arrays, so the similarity matrices span
@@ -62,3 +63,19 @@ def info_nce(queries: jax.Array, keys: jax.Array, negatives: jax.Array, temperat
     correct = jnp.sum(jnp.argmax(logits, axis=1) == 0).astype(jnp.float32)
     return jnp.mean(per_query), {"contrastive_loss": (jnp.sum(per_query), count),
                                  "contrastive_accuracy": (correct, count)}
+
+
+def in_batch_info_nce(queries: jax.Array, keys: jax.Array) -> tuple[jax.Array, Metrics]:
+    """InfoNCE with in-batch negatives and a plain dot-product critic: query i's positive is
+    key i, the candidate set is every key of the (global) batch, so
+    loss_i = logsumexp_j(q_i . k_j) - q_i . k_i (InfoWord's I_DIM, Kong et al. 2020 §4, with
+    the sign turned into a loss); the mean over queries. No normalisation and no temperature:
+    the scores are the raw inner products of the two representations. Metrics: the loss and
+    the N-way accuracy (the positive scores highest)."""
+    queries, keys = queries.astype(jnp.float32), keys.astype(jnp.float32)
+    logits = queries @ keys.T
+    per_query = jax.nn.logsumexp(logits, axis=1) - jnp.diagonal(logits)
+    count = jnp.float32(queries.shape[0])
+    correct = jnp.sum(jnp.argmax(logits, axis=1) == jnp.arange(queries.shape[0]))
+    return jnp.mean(per_query), {"contrastive_loss": (jnp.sum(per_query), count),
+                                 "contrastive_accuracy": (correct.astype(jnp.float32), count)}

@@ -66,24 +66,32 @@ def label_smoothed_cross_entropy(logits: jax.Array, labels: jax.Array, weights: 
 
 
 
-def mlm_and_pair_loss(model: Any, batch: dict[str, jax.Array], rng: jax.Array | None,
-                      pair: str = "nsp") -> tuple[jax.Array, Metrics]:
-    """BERT's pre-training loss (run_pretraining.py `get_masked_lm_output`,
-    `get_next_sentence_output`) for a model returning `BertOutput`: the weighted MLM loss at the
-    gathered positions + the plain batch mean (`tf.reduce_mean`, no epsilon) of the pair
-    classifier's loss on `next_sentence_labels`; its metrics are named `{pair}_loss`,
-    `{pair}_accuracy` (BERT and ERNIE: nsp)."""
-    out = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                masked_positions=batch["masked_lm_positions"], rng=rng)
+def mlm_and_pair_terms(out: Any, batch: dict[str, jax.Array], pair: str = "nsp"
+                       ) -> tuple[jax.Array, jax.Array, Metrics]:
+    """BERT's two pre-training losses (run_pretraining.py `get_masked_lm_output`,
+    `get_next_sentence_output`) of a `BertOutput` computed at `masked_lm_positions`: the
+    weighted MLM loss and the plain batch mean (`tf.reduce_mean`, no epsilon) of the pair
+    classifier's loss on `next_sentence_labels`; metrics `mlm_loss`, `mlm_accuracy`,
+    `{pair}_loss`, `{pair}_accuracy` (BERT and ERNIE: nsp)."""
     mlm_loss, mlm = weighted_cross_entropy(out.mlm_logits, batch["masked_lm_ids"],
                                            batch["masked_lm_weights"])
     labels = batch["next_sentence_labels"]
     pair_loss, pair_metrics = weighted_cross_entropy(out.nsp_logits, labels,
                                                      jnp.ones(labels.shape), epsilon=0.0)
+    return mlm_loss, pair_loss, {"mlm_loss": mlm["loss"], "mlm_accuracy": mlm["accuracy"],
+                                 f"{pair}_loss": pair_metrics["loss"],
+                                 f"{pair}_accuracy": pair_metrics["accuracy"]}
+
+
+def mlm_and_pair_loss(model: Any, batch: dict[str, jax.Array], rng: jax.Array | None,
+                      pair: str = "nsp") -> tuple[jax.Array, Metrics]:
+    """BERT's pre-training loss for a model returning `BertOutput`: MLM + the pair loss
+    (`mlm_and_pair_terms`)."""
+    out = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                masked_positions=batch["masked_lm_positions"], rng=rng)
+    mlm_loss, pair_loss, metrics = mlm_and_pair_terms(out, batch, pair)
     total = mlm_loss + pair_loss
-    return total, {"loss": (total, jnp.ones((), jnp.float32)), "mlm_loss": mlm["loss"],
-                   "mlm_accuracy": mlm["accuracy"], f"{pair}_loss": pair_metrics["loss"],
-                   f"{pair}_accuracy": pair_metrics["accuracy"]}
+    return total, {"loss": (total, jnp.ones((), jnp.float32)), **metrics}
 
 
 

@@ -7,6 +7,20 @@ from __future__ import annotations
 TINY_TEXT_MODEL = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 256,
                    "max_position_embeddings": 128}
 NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
+# Devlin et al. 2019 §A.2: 1M steps of 256 sequences, lr 1e-4, 10k warmup; 90 % of the steps
+# at 128 tokens (20 predictions), the last 10 % at 512 (80), the google-research/bert README's
+# recipe "so that positions 128-511 are learned" (run_pretraining.py run again from the 128
+# checkpoint on 512-token data, its schedule continuing: here one run of two phases). BERT's
+# and InfoWord's paper presets.
+BERT_RECIPE = {
+    "examples": {"max_seq_length": 128, "max_predictions_per_seq": 20,
+                 "long_phase_fraction": 0.1, "long_max_seq_length": 512,
+                 "long_max_predictions_per_seq": 80},
+    "data": {"vocab_size": 30522},
+    "optim": {"learning_rate": 1e-4, "warmup_steps": 10000},
+    "train": {"steps": 1000000, "batch_size": 256},
+}
+
 # The encoder-decoder methods' (T5, BART, MASS) demo/test size, and T5's optimiser: Adafactor
 # with the inverse square root schedule, no decay or clipping (Raffel et al. 2020 §3.1.2).
 TINY_T5_MODEL = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "head_size": 16,
@@ -47,3 +61,12 @@ TINY_SPEECH_ENCODER = {"conv_channels": [32, 32, 32], "conv_kernel_sizes": [10, 
                        "layerdrop": 0.0}
 FSDD_EXAMPLES = {"label_pattern": r"(?P<digit>\d)_(?P<speaker>[a-z]+)_(?P<index>\d+)",
                  "held_out_rule": "index<5", "probe_samples": 16000}
+# The masked-LM methods' demo/test preset on BERT's encoder (no dropout, bias-corrected Adam):
+# `bert_tiny`, `infoword_tiny`.
+TINY_MASKED_LM = {
+    "model": {**TINY_TEXT_MODEL, "vocab_size": 0, **NO_DROPOUT},
+    "examples": {"max_seq_length": 64, "max_predictions_per_seq": 10, "dupe_factor": 5},
+    "data": {"vocab_size": 4000},
+    "optim": TINY_TEXT_OPTIM,
+    "train": TINY_TEXT_TRAIN,
+}
