@@ -133,7 +133,7 @@ def test_one_step_loss_and_memory_update_against_numpy():
     """A training call of `cmc_loss`: the L anchors against the ab bank's own rows and drawn
     rows, the ab anchors against the L bank's, then rows `index` of both banks <- normalise(m
     row + (1 - m) z) (m = 0.3 here); other rows unchanged."""
-    model = build_cmc(CMCConfig(depth=18, stem="cifar", base_width=2, projection_dim=8,
+    model = build_cmc(CMCConfig(depth=10, stem="cifar", base_width=2, projection_dim=8,
                                 num_images=12), seed=0)
     objective = CMCSettings(image_size=8, num_negatives=16, momentum=0.3)
     rng = np.random.default_rng(0)
@@ -190,10 +190,10 @@ def test_training_records_carry_their_row(colour_folder, tmp_path):
                                   train.examples(index)["image"])
 
 
-# 16 images a step through two ResNet-18s 2 channels wide.
-SMALL = {"model.base_width": 2, "model.projection_dim": 16, "objective.image_size": 8,
-         "objective.num_negatives": 256, "train.batch_size": 16, "train.log_every": 1,
-         "train.eval_batches": 1, "train.progress": False}
+# 16 images a step through two ResNet-10s 2 channels wide.
+SMALL = {"model.depth": 10, "model.base_width": 2, "model.projection_dim": 16,
+         "objective.image_size": 8, "objective.num_negatives": 256, "train.batch_size": 16,
+         "train.log_every": 1, "train.eval_batches": 1, "train.progress": False}
 MIXED = MESHES["mixed"][0]
 
 

@@ -158,13 +158,14 @@ def colour_folder(tmp_path_factory):
 
 
 def small(data: str, workdir, **overrides) -> dict:
-    """deepcluster_tiny at test size: 8 clusters of 8-dimensional features, a new clustering
-    every 4 steps, batch 16, a train row every step."""
+    """deepcluster_tiny at test size (a ResNet-10 4 channels wide): 8 clusters of
+    8-dimensional features, a new clustering every 4 steps, batch 16, a train row every step."""
     return {"data.source": data, "data.cache_dir": str(workdir / "cache"),
-            "model.base_width": 4, "model.num_clusters": 8, "objective.image_size": 16,
-            "objective.pca_dim": 8, "objective.recluster_every": 4, "train.batch_size": 16,
-            "train.steps": 8, "train.log_every": 1, "train.eval_every": 1000,
-            "train.eval_batches": 1, "train.checkpoint_every": 3, "train.progress": False,
+            "model.depth": 10, "model.base_width": 4, "model.num_clusters": 8,
+            "objective.image_size": 16, "objective.pca_dim": 8, "objective.recluster_every": 4,
+            "train.batch_size": 16, "train.steps": 8, "train.log_every": 1,
+            "train.eval_every": 1000, "train.eval_batches": 1, "train.checkpoint_every": 3,
+            "train.progress": False,
             **overrides}
 
 

@@ -25,7 +25,8 @@ from pretext_jax.pretrain.trainer import Trainer
 
 STEPS = 10
 SIMCLR = {
-    "model.base_width": 4, "objective.image_size": 16, "train.batch_size": 8, "train.steps": STEPS,
+    "model.depth": 10, "model.base_width": 4, "objective.image_size": 16, "train.batch_size": 8,
+    "train.steps": STEPS,
     "train.log_every": 1, "train.eval_every": 1000, "train.eval_batches": 1,
     "train.checkpoint_every": 3, "train.progress": False, "optim.warmup_steps": 2,
     "data.held_out_fraction": 0.25,

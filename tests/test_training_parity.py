@@ -920,7 +920,8 @@ def test_t5_negative_control_factoring_every_matrix(t5_run):
 
 
 # ------------------------------------------------------------------------------------- SimCLR
-# A narrow ResNet-18 with the ImageNet stem (HF ResNetModel has no CIFAR stem) on 32 px images,
+# A narrow ResNet-10 (one basic block a stage: the step's rules are those of any depth, at half
+# the compiling) with the ImageNet stem (HF ResNetModel has no CIFAR stem) on 32 px images,
 # 16 images = 32 views over the 8 devices, LARS with warmup then cosine. The step sizes are
 # chosen for a well-conditioned comparison: the BatchNorm parameters take plain momentum-SGD
 # steps (lr x gradient, gradients ~3 at initialisation), and at lr >= 0.01 a few such steps
@@ -932,7 +933,8 @@ def test_t5_negative_control_factoring_every_matrix(t5_run):
 LARS_STEPS = ["train.batch_size=16", "train.steps=10", "optim.warmup_steps=2",
               "optim.learning_rate=0.003", "optim.weight_decay=0.03", "optim.momentum=0.9",
               "optim.trust_coefficient=0.3"]
-SIMCLR = ["model.stem=imagenet", "model.base_width=4", "model.projection_dim=16", *LARS_STEPS]
+SIMCLR = ["model.stem=imagenet", "model.depth=10", "model.base_width=4", "model.projection_dim=16",
+          *LARS_STEPS]
 
 
 def image_batches(config: Config) -> list[dict[str, np.ndarray]]:
@@ -1511,7 +1513,7 @@ def test_elmo_stateful_streams_train_as_bilm_tf(elmo_stream_run):
 
 
 # ------------------------------------------------------------------------------- MoCo, BYOL
-# SimCLR's narrow ResNet-18 (ImageNet stem, for HF's ResNetModel) on the same 16 images. The
+# SimCLR's narrow ResNet-10 (ImageNet stem, for HF's ResNetModel) on the same 16 images. The
 # momentum/EMA rates are lower than the papers' (MoCo 0.9, BYOL's base 0.9: 0.99 and 0.996 in
 # them) so that four updates move the key/target encoders by more than the comparison's
 # resolution; the formulas are the references'. MoCo's keys come out of the key encoder's
@@ -1520,11 +1522,12 @@ def test_elmo_stateful_streams_train_as_bilm_tf(elmo_stream_run):
 # lr 0.0075 that noise in the logits (/ T = 0.2) grows past 1e-2 in the parameters within four
 # steps, in either implementation, so lr 0.001 here. The queue holds those keys as computed and
 # is compared within STATE_TOLERANCE, a few times torch's own float32 error.
-MOCO = ["model.stem=imagenet", "model.base_width=4", "model.projection_dim=16",
+MOCO = ["model.stem=imagenet", "model.depth=10", "model.base_width=4", "model.projection_dim=16",
         "model.queue_size=64", "objective.momentum=0.9", "objective.shuffle_bn_groups=2",
         "train.batch_size=16", "train.steps=10", "optim.learning_rate=0.001"]
-BYOL = ["model.stem=imagenet", "model.base_width=4", "model.projection_hidden_dim=32",
-        "model.projection_dim=16", "model.predictor_hidden_dim=32",
+BYOL = ["model.stem=imagenet", "model.depth=10", "model.base_width=4",
+        "model.projection_hidden_dim=32", "model.projection_dim=16",
+        "model.predictor_hidden_dim=32",
         "objective.base_target_decay=0.9", *LARS_STEPS]
 
 
