@@ -316,16 +316,16 @@ def prepare_local_aggregation(data: DataConfig, examples: ImageExampleConfig, ca
 
 def with_phases(prepared: PreparedData, model: LocalAggregationConfig,
                 objective: LocalAggregationSettings) -> PreparedData:
-    """`Resolution.complete_data`: the warm-up and the rounds (`phases`)."""
-    del model
+    """`Resolution.complete_data`: the bank's size checked against the settings now that the
+    data has set it (`check_bank`), then the warm-up and the rounds (`phases`)."""
+    check_bank(model, objective)
     return dataclasses.replace(prepared, segments=phases(prepared.train, objective))
 
 
-def check_local_aggregation(model: LocalAggregationConfig, examples: ImageExampleConfig,
-                            objective: LocalAggregationSettings) -> None:
-    """Host crops as the view's; a bank at least as large as the background set and the
-    warm-up's noise draw, and more images than clusters."""
-    check_two_view_method(model, examples, objective)
+def check_bank(model: LocalAggregationConfig, objective: LocalAggregationSettings) -> None:
+    """A bank (one row per training image) at least as large as the background set and the
+    warm-up's noise draw, and more images than clusters; nothing to check before the data has
+    set `model.num_images`."""
     if not model.num_images:
         return
     for name in ("background_neighbours", "instance_negatives"):
@@ -335,6 +335,13 @@ def check_local_aggregation(model: LocalAggregationConfig, examples: ImageExampl
     if objective.num_clusters >= model.num_images:
         raise UserError(f"objective.num_clusters={objective.num_clusters} must be below the "
                         f"{model.num_images} training images; lower it")
+
+
+def check_local_aggregation(model: LocalAggregationConfig, examples: ImageExampleConfig,
+                            objective: LocalAggregationSettings) -> None:
+    """`Resolution.check`: host crops as the view's, and `check_bank`."""
+    check_two_view_method(model, examples, objective)
+    check_bank(model, objective)
 
 
 def build_local_aggregation(config: LocalAggregationConfig, seed: int) -> LocalAggregation:
