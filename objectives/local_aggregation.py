@@ -63,7 +63,7 @@ from pretext_jax.models.local_aggregation import (
 )
 from pretext_jax.objectives.common.clustering import kmeans
 from pretext_jax.objectives.common.contrastive import l2_normalize
-from pretext_jax.objectives.common.preset_parts import TINY_IMAGE_TRAIN
+from pretext_jax.objectives.common.preset_parts import MEMORY_BANK_SGD, TINY_IMAGE_TRAIN
 from pretext_jax.objectives.common.two_view import (
     ImageExampleConfig,
     ViewSettings,
@@ -151,17 +151,18 @@ class LocalAggregationSettings(ViewSettings):
             grayscale_probability=self.grayscale_probability, blur_probability=0.0)
 
 
-def instance_recognition_loss(z: jax.Array, own: jax.Array, noise: jax.Array, num_images: int
-                              ) -> tuple[jax.Array, Metrics]:
+def instance_recognition_loss(z: jax.Array, own: jax.Array, noise: jax.Array, num_images: int,
+                              temperature: float) -> tuple[jax.Array, Metrics]:
     """Wu et al.'s NCE (instance_model.py `get_IR_losses`) of normalised embeddings z [B, d]
-    against their own bank rows `own` [B, d] and noise rows [B, K, d], scores already divided by
-    the temperature: P(j | v) = exp(s_j) / Z with Z = IMAGENET_Z / IMAGENET_IMAGES x N; the
-    data term log(P(i) / (P(i) + K / N)), the noise term log((K / N) / (P(n) + K / N)), both
-    summed and divided by B. Metrics: the loss and its two terms (`loss_model`, `loss_noise`)."""
+    against their own bank rows `own` [B, d] and noise rows [B, K, d] drawn uniformly from the
+    bank's `num_images`: P(j | v) = exp(v.m_j / T) / Z with Z = IMAGENET_Z / IMAGENET_IMAGES x
+    N; the data term log(P(i) / (P(i) + K / N)), the noise term log((K / N) / (P(n) + K / N)),
+    both summed and divided by B. Metrics: the loss and its two terms (`loss_model`,
+    `loss_noise`)."""
     z, own, noise = (x.astype(jnp.float32) for x in (z, own, noise))
     partition = IMAGENET_Z / IMAGENET_IMAGES * num_images
-    data_prob = jnp.exp(jnp.sum(z * own, axis=1)) / partition
-    noise_prob = jnp.exp(jnp.einsum("bd,bkd->bk", z, noise)) / partition
+    data_prob = jnp.exp(jnp.sum(z * own, axis=1) / temperature) / partition
+    noise_prob = jnp.exp(jnp.einsum("bd,bkd->bk", z, noise) / temperature) / partition
     noise_mass = noise.shape[1] / num_images
     ln_data = jnp.log(data_prob / (data_prob + noise_mass + EPSILON))
     ln_noise = jnp.log(noise_mass / (noise_prob + noise_mass + EPSILON))
@@ -238,8 +239,8 @@ def local_aggregation_loss(model: LocalAggregation, batch: Batch, rng: jax.Array
     def instance(z: jax.Array) -> tuple[jax.Array, Metrics]:
         noise = jax.random.randint(noise_key, (z.shape[0], objective.instance_negatives), 0,
                                    bank.shape[0])
-        loss, metrics = instance_recognition_loss(z / objective.temperature, bank[index],
-                                                  bank[noise], bank.shape[0])
+        loss, metrics = instance_recognition_loss(z, bank[index], bank[noise], bank.shape[0],
+                                                  objective.temperature)
         return loss, {**metrics, **empty_metrics(*LA_METRICS)}
 
     def aggregation(z: jax.Array) -> tuple[jax.Array, Metrics]:
@@ -349,11 +350,8 @@ def build_local_aggregation(config: LocalAggregationConfig, seed: int) -> LocalA
         return LocalAggregation(config, rngs=nnx.Rngs(seed))
 
 
-# param_setter.py: SGD momentum 0.9, weight decay 1e-4 on every weight but BatchNorm's,
-# initial lr 0.03, x0.1 at each of `lr_boundaries` (global steps, the warm-up's included).
-_SGD = {"optimizer": "sgd", "learning_rate": 0.03, "momentum": 0.9, "weight_decay": 1e-4,
-        "schedule": "step", "decay_factor": 0.1, "warmup_steps": 0, "clip_norm": 0.0}
-
+# param_setter.py's optimiser (`MEMORY_BANK_SGD`; its weight decay skips BatchNorm, ours does
+# not), the lr x0.1 at each of `lr_boundaries` (global steps, the warm-up's included).
 PRESETS = {
     # Test size: a narrow ResNet-18 (CIFAR stem), 32-dimensional embeddings, 50 warm-up steps,
     # then 2 clusterings of 16 clusters re-made every 25 steps, 256 background neighbours.
@@ -362,7 +360,7 @@ PRESETS = {
                   "num_clusterings": 2},
         "objective": {"image_size": 32, "instance_steps": 50, "instance_negatives": 256,
                       "background_neighbours": 256, "num_clusters": 16, "recluster_every": 25},
-        "optim": {**_SGD, "decay_boundaries": "150,175"},
+        "optim": {**MEMORY_BANK_SGD, "decay_boundaries": "150,175"},
         "train": TINY_IMAGE_TRAIN,
     },
     # la_final.json `res18_IR` then `res18_LA` as one run: ResNet-18, batch 128, 10 warm-up
@@ -379,7 +377,7 @@ PRESETS = {
                       "momentum": 0.5},
         "examples": {"host_crop_size": 224, "host_crop_area_min": 0.2},
         "data": {"source": ""},
-        "optim": {**_SGD, "decay_boundaries": "1600000,1873411"},
+        "optim": {**MEMORY_BANK_SGD, "decay_boundaries": "1600000,1873411"},
         "train": {"steps": 2001800, "batch_size": 128, "eval_every": 10009,
                   "checkpoint_every": 10009},
     },
@@ -394,7 +392,7 @@ PRESETS = {
                       "instance_negatives": 4096, "background_neighbours": 4096,
                       "num_clusters": 1000, "recluster_every": 390},
         "data": {"source": ""},
-        "optim": {**_SGD, "decay_boundaries": "62400,72930"},
+        "optim": {**MEMORY_BANK_SGD, "decay_boundaries": "62400,72930"},
         "train": {"steps": 78000, "batch_size": 128, "eval_every": 3900,
                   "checkpoint_every": 3900},
     },
@@ -417,5 +415,5 @@ register(Method(
     presets=PRESETS,
     resolution=Resolution(check=check_local_aggregation, complete_data=with_phases),
     evaluation=Evaluation(monitor=knn_monitor,
-                          summarize=knn_summary(("loss", "aggregation_loss"))),
+                          summarize=knn_summary()),
 ))

@@ -26,7 +26,7 @@ from resilience_utils import (
     tampered_restore,
     train_losses,
 )
-from tfds_utils import write_cifar10_folder
+from tfds_utils import write_colour_folder
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
@@ -132,29 +132,28 @@ def test_close_neighbours_are_the_union_over_clusterings_of_shared_clusters():
     assert 0 < close.mean() < 1
 
 
-def numpy_instance(z, own, noise, n):
-    """instance_model.py `get_IR_losses` in float64 (scores already over the temperature) and
-    its gradient in z."""
+def numpy_instance(z, own, noise, n, t):
+    """instance_model.py `get_IR_losses` in float64 and its gradient in z."""
     partition = IMAGENET_Z / IMAGENET_IMAGES * n
-    p_data = np.exp(np.sum(z * own, 1)) / partition
-    p_noise = np.exp(np.einsum("bd,bkd->bk", z, noise)) / partition
+    p_data = np.exp(np.sum(z * own, 1) / t) / partition
+    p_noise = np.exp(np.einsum("bd,bkd->bk", z, noise) / t) / partition
     c = noise.shape[1] / n
     loss = -(np.log(p_data / (p_data + c + 1e-7)).sum()
              + np.log(c / (p_noise + c + 1e-7)).sum()) / len(z)
     grad = -((1 - p_data / (p_data + c + 1e-7))[:, None] * own
-             - np.einsum("bk,bkd->bd", p_noise / (p_noise + c + 1e-7), noise)) / len(z)
+             - np.einsum("bk,bkd->bd", p_noise / (p_noise + c + 1e-7), noise)) / t / len(z)
     return loss, grad
 
 
 def test_instance_recognition_loss_and_gradient_against_numpy():
     rng = np.random.default_rng(2)
-    z, own = unit(rng.normal(size=(5, 6))) / 0.07, unit(rng.normal(size=(5, 6)))
-    own[0] = z[0] * 0.07  # one image's own row equals its embedding
+    z, own = unit(rng.normal(size=(5, 6))), unit(rng.normal(size=(5, 6)))
+    own[0] = z[0]  # one image's own row equals its embedding
     noise = unit(rng.normal(size=(5, 7, 6)))
-    expected, expected_grad = numpy_instance(z, own, noise, 50)
+    expected, expected_grad = numpy_instance(z, own, noise, 50, 0.07)
     args = [jnp.asarray(a, jnp.float32) for a in (z, own, noise)]
     (loss, metrics), grad = jax.jit(jax.value_and_grad(instance_recognition_loss, has_aux=True),
-                                    static_argnums=3)(*args, 50)
+                                    static_argnums=(3, 4))(*args, 50, 0.07)
     assert float(loss) == pytest.approx(expected, rel=1e-5)
     assert sum(float(metrics[k][0]) for k in ("loss_model", "loss_noise")) / 5 == \
         pytest.approx(expected, rel=1e-5)
@@ -196,7 +195,7 @@ def test_one_training_call_in_each_phase_against_numpy():
         if phase == "instance":
             noise_key = jax.random.split(key)[1]
             noise = np.asarray(jax.random.randint(noise_key, (4, 32), 0, 40))
-            expected = numpy_instance(z / 0.1, bank[index], bank[noise], 40)[0]
+            expected = numpy_instance(z, bank[index], bank[noise], 40, 0.1)[0]
         else:
             expected = numpy_aggregation(z, bank, labels, index, 6, 0.1)[0]
         assert float(loss) == pytest.approx(expected, rel=1e-4), phase
@@ -243,15 +242,7 @@ def test_settings_that_do_not_fit_the_data_are_refused():
 @pytest.fixture(scope="module")
 def colour_folder(tmp_path_factory):
     """A CIFAR-10-format folder of 192 images of 8 noisy colours (160 training images)."""
-    root = tmp_path_factory.mktemp("la_colours")
-    rng = np.random.default_rng(0)
-    palette = rng.integers(0, 256, (8, 1, 1, 3))
-
-    def batch():
-        classes = rng.integers(0, 8, 32)
-        return np.clip(palette[classes] + rng.normal(0, 12, (32, 32, 32, 3)), 0, 255), classes
-
-    return write_cifar10_folder(root, batch)
+    return write_colour_folder(tmp_path_factory.mktemp("la_colours"))
 
 
 def small(folder: str, root, **overrides) -> dict:
