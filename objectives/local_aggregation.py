@@ -4,11 +4,10 @@ model/cluster_km.py, param_setter.py; the PyTorch port neuroailab/LocalAggregati
 src/objectives/localagg.py).
 
 A run is two phases of one network (`models.local_aggregation`), one memory bank and one
-optimizer, as the reference's LA run restores its instance-recognition (IR) run's variables and
-global step and continues (README "as LA algorithm requires training the model using IR
-algorithm for 10 epochs as a warm start"):
+optimizer, as the reference's LA run restores the variables and global step of a 10-epoch
+instance-recognition (IR) run and continues from them (its README; la_final.json `load_step`):
 
-1. steps 1..`instance_steps`: instance recognition (Wu et al. 2018 §3.2-3.3,
+1. steps 1..`instance_steps`: instance recognition (Wu et al. 2018 §3.2,
    `instance_recognition_loss`): each image's normalised embedding v against its own bank
    row and `instance_negatives` rows drawn uniformly for it, through NCE with the fixed
    partition constant of `LossBuilder._softmax`;
@@ -16,7 +15,7 @@ algorithm for 10 epochs as a warm start"):
    `num_clusterings` k-means runs of `num_clusters` clusters over the memory bank
    (`objectives.common.clustering.kmeans`, 20 iterations as cluster_km.py's faiss setting,
    clustering h seeded by the run's seed and h, as cluster_km.py seeds it 1234 + h every
-   time); each step of the round minimises the local aggregation loss (§3.1, eq. 3-4,
+   time); each step of the round minimises the local aggregation loss (§3,
    `aggregation_loss`): with B_i the `background_neighbours` bank rows most similar to v_i
    and C_i the images sharing a cluster with i in any clustering,
    L_i = -log(P(C_i ∩ B_i | v_i) / P(B_i | v_i)), P(A | v) = sum_{j in A} exp(v.m_j / T) / Z.
@@ -185,7 +184,7 @@ def close_in_background(labels: jax.Array, index: jax.Array, background: jax.Arr
 def aggregation_loss(z: jax.Array, bank: jax.Array, labels: jax.Array, index: jax.Array,
                      background_neighbours: int, temperature: float
                      ) -> tuple[jax.Array, Metrics]:
-    """The local aggregation loss (§3.1; instance_model.py `get_LA_loss`) of normalised
+    """The local aggregation loss (§3; instance_model.py `get_LA_loss`) of normalised
     embeddings z [B, d] of training images `index` [B]: B_i the `background_neighbours` rows of
     `bank` [N, d] with the largest v_i.m_j (the image's own row among them if it ranks),
     C_i ∩ B_i those sharing a cluster of `labels` [H, N] with i, and the mean over the batch of

@@ -178,8 +178,9 @@ def test_one_training_call_in_each_phase_against_numpy():
 
     @nnx.jit
     def step(model, batch, key):
-        """The embeddings the loss sees (the same views; BatchNorm in training mode uses the
-        batch's statistics, so a first forward pass leaves them as they are), then the loss."""
+        """The embeddings the loss sees (its views; BatchNorm in training mode normalises by the
+        batch's statistics, so this extra forward pass changes nothing the loss sees), then the
+        loss."""
         views = image_augment.augment_batch(jax.random.split(key)[0], batch["image"],
                                             objective.augmentation())
         z = model(views, train=True)
