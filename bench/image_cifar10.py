@@ -15,7 +15,9 @@ MoCo: batch 128 at the CIFAR demo's lr scaled to it; DeepCluster: batch 128, re-
 times in the run, PCA to 64 of the 128 features; CMC: two ResNets of 8 base channels, the L and
 ab halves of one 16-wide network as the reference's half-width `v1` models, its lr steps at
 50/67/83% as 120/160/200 of 240 epochs; AMDIM: warmup min(500, 5% of the run), the lr steps at
-epochs 250 and 280 of 300 as fractions of the run); `--recipe` keeps the preset's own model
+epochs 250 and 280 of 300 as fractions of the run; Local Aggregation: batch 128, half the run
+instance recognition, then two rounds of 3 clusterings, the lr steps at 80/93.5% as 160/187 of
+200 epochs); `--recipe` keeps the preset's own model
 and recipe instead (GPU runs). Overrides after them win. `--train-seconds` stops pre-training
 with a checkpoint after that long (printing a JSON line with `stopped_by`, evaluating nothing);
 the same command resumes the workdir exactly. After training:
@@ -105,6 +107,13 @@ def preset_defaults(preset: str, steps: int, cpu_sized: bool = True) -> list[str
         # (the preset's 256 of ResNet-18's 512; width 16 gives 128).
         "deepcluster_cifar10": ["train.batch_size=128", "objective.pca_dim=64",
                                 f"objective.recluster_every={max(1, steps // 4)}"],
+        # Half the run instance recognition, then two rounds of local aggregation (the
+        # preset's 10 of 200 epochs would leave 10 steps of warm-up), 3 clusterings instead of
+        # 10 (host k-means over the 50,000-row bank), the lr drops at 160/200 and 187/200.
+        "local_aggregation_cifar10": [
+            "train.batch_size=128", f"objective.instance_steps={steps // 2}",
+            f"objective.recluster_every={max(1, (steps - steps // 2) // 2)}",
+            "model.num_clusterings=3", decay_boundaries(steps, 160 / 200, 187 / 200)],
         "amdim_cifar10": [f"optim.warmup_steps={min(500, steps // 20)}",
                           decay_boundaries(steps, 250 / 300, 280 / 300)],
     }

@@ -21,7 +21,8 @@ from pathlib import Path
 from bench import image_cifar10
 
 PRESETS = ("simclr_cifar10", "moco_tiny", "byol_tiny", "rotation_cifar10", "jigsaw_tiny",
-           "context_cifar10", "deepcluster_cifar10", "cmc_cifar10", "dim_cifar10", "amdim_cifar10")
+           "context_cifar10", "deepcluster_cifar10", "cmc_cifar10", "dim_cifar10", "amdim_cifar10",
+           "local_aggregation_cifar10")
 
 
 def table(rows: list[dict]) -> str:

@@ -43,7 +43,7 @@ from pretext_jax.input_pipeline.indexed import IndexedRecords
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.cmc import CMC, CMCConfig
 from pretext_jax.objectives.common.contrastive import info_nce, l2_normalize
-from pretext_jax.objectives.common.preset_parts import TINY_IMAGE_TRAIN
+from pretext_jax.objectives.common.preset_parts import MEMORY_BANK_SGD, TINY_IMAGE_TRAIN
 from pretext_jax.objectives.common.two_view import (
     EVAL_AUGMENT_SEED,
     ImageExampleConfig,
@@ -155,9 +155,6 @@ def build_cmc(config: CMCConfig, seed: int) -> CMC:
         return CMC(config, rngs=nnx.Rngs(seed))
 
 
-_SGD = {"optimizer": "sgd", "learning_rate": 0.03, "momentum": 0.9, "weight_decay": 1e-4,
-        "schedule": "step", "decay_factor": 0.1, "warmup_steps": 0, "clip_norm": 0.0}
-
 PRESETS = {
     # Test size: two ResNet-18s (CIFAR stem) of 4 base channels each (half the other tiny
     # presets' 8), 64-dimensional embeddings, 4,096 negatives, the reference's optimiser with
@@ -165,7 +162,7 @@ PRESETS = {
     "cmc_tiny": {
         "model": {"depth": 18, "stem": "cifar", "base_width": 4, "projection_dim": 64},
         "objective": {"image_size": 32, "num_negatives": 4096},
-        "optim": {**_SGD, "decay_boundaries": "100,133,167"},
+        "optim": {**MEMORY_BANK_SGD, "decay_boundaries": "100,133,167"},
         "train": TINY_IMAGE_TRAIN,
     },
     # train_CMC.py's defaults with `--softmax`, at CIFAR-10 size: batch 128, 240 epochs of
@@ -178,7 +175,7 @@ PRESETS = {
         "objective": {"image_size": 32, "crop_area_min": 0.2, "temperature": 0.07,
                       "num_negatives": 16384, "momentum": 0.5},
         "data": {"source": ""},
-        "optim": {**_SGD, "decay_boundaries": "46875,62500,78125"},
+        "optim": {**MEMORY_BANK_SGD, "decay_boundaries": "46875,62500,78125"},
         "train": {"steps": 93750, "batch_size": 128, "eval_every": 3750},
     },
 }

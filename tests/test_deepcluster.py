@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from resilience_utils import GRADIENT_STEP, abort_and_resume, assert_same_training, run_in_process
-from tfds_utils import write_cifar10_folder
+from tfds_utils import write_colour_folder
 
 from pretext_jax import run
 from pretext_jax.models.deepcluster import SOBEL_X, sobel
@@ -146,15 +146,7 @@ def test_sobel_filter_against_a_numpy_convolution():
 @pytest.fixture(scope="module")
 def colour_folder(tmp_path_factory):
     """A CIFAR-10-format folder of 192 images of 8 noisy colours (160 training images)."""
-    root = tmp_path_factory.mktemp("colours")
-    rng = np.random.default_rng(0)
-    palette = rng.integers(0, 256, (8, 1, 1, 3))
-
-    def batch():
-        classes = rng.integers(0, 8, 32)
-        return np.clip(palette[classes] + rng.normal(0, 12, (32, 32, 32, 3)), 0, 255), classes
-
-    return write_cifar10_folder(root, batch)
+    return write_colour_folder(tmp_path_factory.mktemp("colours"))
 
 
 def small(data: str, workdir, **overrides) -> dict:

@@ -36,7 +36,7 @@ PAGES = {
     **dict.fromkeys(("t5", "mass", "mass_xlm", "prophetnet", "unilm", "xlm", "summarize",
                      "summarize_prophetnet", "summarize_unilm"), "seq2seq.md"),
     **dict.fromkeys(("simclr", "moco", "byol", "rotation", "jigsaw", "context", "deepcluster",
-                     "cmc", "dim", "amdim", "semi"), "images.md"),
+                     "cmc", "dim", "amdim", "semi", "local_aggregation"), "images.md"),
     **dict.fromkeys(("cpc", "wav2vec", "wav2vec2", "hubert", "ctc", "ctc_hubert"), "speech.md"),
 }
 
@@ -44,7 +44,7 @@ PAGES = {
 TEST_SIZES = ("albert_tiny", "amdim_tiny", "bart_tiny", "bert_tiny", "byol_tiny", "cmc_tiny",
               "context_tiny", "cpc_tiny", "deepcluster_tiny", "dim_tiny", "electra_tiny",
               "elmo_tiny", "ernie_tiny", "gpt_tiny", "hubert_tiny", "infoword_tiny", "jigsaw_tiny",
-              "mass_tiny", "mass_bilingual_tiny", "mass_xlm_tiny",
+              "local_aggregation_tiny", "mass_tiny", "mass_bilingual_tiny", "mass_xlm_tiny",
               "moco_tiny", "mpnet_tiny", "prophetnet_tiny", "roberta_tiny", "rotation_tiny",
               "simclr_tiny", "structbert_tiny", "t5_tiny", "transformer_xl_tiny",
               "translation_tiny", "unilm_tiny",

@@ -133,7 +133,8 @@ def test_random_start_copies_the_architecture_and_a_text_model_is_refused(
 
 
 IMAGE_PRESETS = ("simclr_tiny", "moco_tiny", "byol_tiny", "rotation_tiny", "jigsaw_tiny",
-                 "context_tiny", "deepcluster_tiny", "cmc_tiny", "dim_tiny", "amdim_tiny")
+                 "context_tiny", "deepcluster_tiny", "cmc_tiny", "dim_tiny", "amdim_tiny",
+                 "local_aggregation_tiny")
 
 
 def test_every_image_methods_backbone_takes_the_head(tmp_path):

@@ -141,3 +141,17 @@ def write_cifar10_folder(root: Path, batch: Callable[[], tuple[np.ndarray, Any]]
     for name in CIFAR10_FILES:
         write_cifar10_batch(root / name, *batch())
     return str(root)
+
+
+def write_colour_folder(root: Path, colours: int = 8, seed: int = 0) -> str:
+    """A CIFAR-10-format folder (`write_cifar10_folder`) of 6 x 32 images, each one of
+    `colours` random colours (its label) with Gaussian pixel noise of 12: 160 training images,
+    32 held out."""
+    rng = np.random.default_rng(seed)
+    palette = rng.integers(0, 256, (colours, 1, 1, 3))
+
+    def batch() -> tuple[np.ndarray, np.ndarray]:
+        classes = rng.integers(0, colours, 32)
+        return np.clip(palette[classes] + rng.normal(0, 12, (32, 32, 32, 3)), 0, 255), classes
+
+    return write_cifar10_folder(root, batch)

@@ -33,6 +33,12 @@ T5_OPTIM = {"optimizer": "adafactor", "schedule": "inverse_sqrt", "learning_rate
 TINY_TEXT_OPTIM = {"learning_rate": 2e-3, "warmup_steps": 30, "bias_correction": True}
 TINY_TEXT_TRAIN = {"steps": 600, "batch_size": 64, "log_every": 25, "eval_every": 200,
                    "checkpoint_every": 200}
+# The memory-bank methods' optimiser, Wu et al. 2018's as CMC (train_CMC.py) and Local
+# Aggregation (param_setter.py) run it: SGD lr 0.03, momentum 0.9, weight decay 1e-4, lr x0.1
+# at each of the preset's `decay_boundaries`, no warmup or clipping.
+MEMORY_BANK_SGD = {"optimizer": "sgd", "learning_rate": 0.03, "momentum": 0.9,
+                   "weight_decay": 1e-4, "schedule": "step", "decay_factor": 0.1,
+                   "warmup_steps": 0, "clip_norm": 0.0}
 TINY_IMAGE_TRAIN = {"steps": 200, "batch_size": 64, "log_every": 25, "eval_every": 100,
                     "checkpoint_every": 100}
 # RoBERTa-Base as fairseq-train runs it (Liu et al. 2019, Table 9; fairseq
