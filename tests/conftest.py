@@ -42,6 +42,19 @@ os.environ["XLA_FLAGS"] = " ".join([
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
+from jax._src import core as jax_core  # noqa: E402
+
+# flax's `Variable.__setitem__` (every BatchNorm statistics update in a traced step) compares
+# `getattr(value, "sharding", None)` of two tracers; jax answers with an AttributeError whose
+# message first walks the whole jaxpr traced so far for the value's origin
+# (`DynamicJaxprTracer._origin_msg`), so tracing an image network grows with the square of its
+# BatchNorm layers: 40 % of a BYOL step test's time. The tests raise the same error without
+# that message (only the text of an error that `getattr` swallows differs).
+if isinstance(getattr(jax_core.Tracer, "sharding", None), property):
+    def _no_sharding_on_tracers(tracer: jax_core.Tracer) -> None:
+        raise AttributeError("The 'sharding' attribute is not available on a tracer.")
+
+    jax_core.Tracer.sharding = property(_no_sharding_on_tracers)
 
 # One cache per pytest-xdist worker (`-n 2`), so no two processes write the same entry.
 jax.config.update("jax_compilation_cache_dir", os.path.expanduser(
