@@ -246,4 +246,6 @@ def student_from_teacher(student: DistilBert, teacher: nnx.Module,
         value = theirs[path][...]
         if path[:3] == ("encoder", "stack", "layers"):
             value = value[index]
-        variable.set_value(jnp.asarray(value, variable.get_value().dtype))
+        # A copy: the student's buffers must not be the teacher's (a training step donates
+        # its parameters).
+        variable.set_value(jnp.array(value, variable.get_value().dtype, copy=True))
