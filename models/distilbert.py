@@ -120,6 +120,7 @@ class DistillationConfig(DistilBertConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        object.__setattr__(self, "init_layers", tuple(int(i) for i in self.init_layers))
         layers = self.student_init_layers
         if len(layers) != self.num_layers or not all(
                 0 <= i < self.teacher_num_layers for i in layers):

@@ -29,8 +29,8 @@ METHODS_DOCS = REPO / "docs" / "methods"
 
 # The page that holds each method's cards.
 PAGES = {
-    **dict.fromkeys(("bert", "roberta", "albert", "electra", "structbert", "ernie", "mpnet"),
-                    "masked_lm.md"),
+    **dict.fromkeys(("bert", "roberta", "albert", "electra", "structbert", "ernie", "mpnet",
+                     "distilbert"), "masked_lm.md"),
     **dict.fromkeys(("gpt", "xlnet", "elmo", "word2vec"), "autoregressive.md"),
     **dict.fromkeys(("t5", "mass", "mass_xlm", "prophetnet", "unilm", "xlm", "summarize",
                      "summarize_prophetnet", "summarize_unilm"), "seq2seq.md"),
@@ -41,7 +41,8 @@ PAGES = {
 
 # Presets that are ours, not a paper's recipe: no card.
 TEST_SIZES = ("albert_tiny", "amdim_tiny", "bart_tiny", "bert_tiny", "byol_tiny", "cmc_tiny",
-              "context_tiny", "cpc_tiny", "deepcluster_tiny", "dim_tiny", "electra_tiny",
+              "context_tiny", "cpc_tiny", "deepcluster_tiny", "dim_tiny", "distilbert_tiny",
+              "electra_tiny",
               "elmo_tiny", "ernie_tiny", "gpt_tiny", "hubert_tiny", "jigsaw_tiny", "mass_tiny",
               "mass_bilingual_tiny", "mass_xlm_tiny",
               "moco_tiny", "mpnet_tiny", "prophetnet_tiny", "roberta_tiny", "rotation_tiny",
