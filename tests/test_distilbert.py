@@ -206,9 +206,9 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *map(str, range(1
          *(f"##{d}" for d in range(10))]
 
 
-def hf_teacher(folder, architecture="BertForMaskedLM", hidden=32, vocab=len(VOCAB)):
-    """A random HF BERT of 2 layers saved with the WordPiece vocabulary of `VOCAB`."""
-    model = hf_reference(architecture, 0, vocab_size=vocab, hidden_size=hidden,
+def hf_teacher(folder, architecture="BertForMaskedLM"):
+    """A random HF BERT of 2 layers of 32 saved with the WordPiece vocabulary of `VOCAB`."""
+    model = hf_reference(architecture, 0, vocab_size=len(VOCAB), hidden_size=32,
                          num_hidden_layers=2, num_attention_heads=2, intermediate_size=48,
                          max_position_embeddings=64)
     model.save_pretrained(folder)
