@@ -202,6 +202,10 @@ def check_teacher(config: DistillationConfig, teacher: Any, has_head: bool) -> N
         raise UserError(f"the teacher's vocabulary has {theirs.vocab_size} tokens, the "
                         f"student's {config.vocab_size}; tokenize with the teacher's own "
                         f"vocabulary (data.tokenizer={where} or its vocab.txt)")
+    if theirs.max_position_embeddings != config.max_position_embeddings:
+        raise UserError(f"the student starts from the teacher's {theirs.max_position_embeddings} "
+                        "position embeddings (train.py asserts the two agree); set "
+                        f"model.max_position_embeddings={theirs.max_position_embeddings}")
     fixes = [f"model.{ours}={getattr(theirs, field)}" for field, ours in TEACHER_FIELDS.items()
              if getattr(theirs, field) != getattr(config, ours)]
     if has_head != config.teacher_mlm_head:

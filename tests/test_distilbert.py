@@ -303,6 +303,7 @@ def test_bad_teachers_and_settings_are_refused_in_one_line(teacher, tmp_path):
     assert "not a directory" in refusal(path=tmp_path / "absent")
     assert "set model.hidden_size=32" in refusal(hidden_size=16, num_heads=2)
     assert "data.tokenizer=" in refusal(vocab_size=40)
+    assert "set model.max_position_embeddings=64" in refusal(max_position_embeddings=32)
     assert "set model.teacher_num_layers=2 model.teacher_intermediate_size=48" in refusal(
         teacher_num_layers=3, init_layers=(2,), teacher_intermediate_size=64)
     # A bare BertModel (a sentence-transformers model such as all-MiniLM-L6-v2) has no head.
