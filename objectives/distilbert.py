@@ -228,7 +228,9 @@ def pretrained_distillation(config: DistillationConfig, seed: int,
                         "bert workdir or a HuggingFace BERT folder")
     teacher = load(config.teacher)
     check_teacher(config, teacher, teacher_has_mlm_head(Path(config.teacher)))
-    model = build_distillation(config, seed)
+    # Initialised under jit (in place; eagerly, every small op would compile on its own).
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_distillation(config, seed)))
+    model = nnx.merge(graphdef, jax.jit(lambda: nnx.state(build_distillation(config, seed)))())
     student_from_teacher(model.student, teacher, config.student_init_layers,
                          config.init_vocab_transform)
     weights = dict(nnx.to_flat_state(nnx.state(teacher, nnx.Param)))
