@@ -157,8 +157,9 @@ class Teacher(nnx.Module):
 
     def __init__(self, config: EncoderConfig, mlm_head: bool, *, rngs: nnx.Rngs):
         self.config = config
-        self.encoder = Encoder(config, rngs=rngs)
-        self.lm_head = MaskedLMHead(config, rngs=rngs) if mlm_head else None
+        with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
+            self.encoder = Encoder(config, rngs=rngs)
+            self.lm_head = MaskedLMHead(config, rngs=rngs) if mlm_head else None
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, *, logits: bool = True
                  ) -> tuple[jax.Array, jax.Array | None]:

@@ -7,6 +7,9 @@ teachers and settings refused in one line."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,6 +41,8 @@ from pretext_jax.models.distilbert import (
     DistilBertConfig,
     Distillation,
     DistillationConfig,
+    Teacher,
+    student_from_teacher,
 )
 from pretext_jax.models.layers import Frozen
 from pretext_jax.objectives.distilbert import (
@@ -199,6 +204,27 @@ def test_the_whole_loss_is_the_weighted_sum_of_its_terms():
     assert "teacher" not in grads and jax.tree.leaves(grads["student"])
 
 
+def test_student_layers_come_from_every_other_teacher_layer_or_the_chosen_ones():
+    """extract_distilbert.py: student layer i <- teacher layer 2i by default, or
+    `init_layers[i]`; with `init_vocab_transform` the LM head's transform too. Compute in the
+    student's dtype for the teacher as well (bfloat16 when the student trains in it)."""
+    for chosen, expected in (((), [0, 2, 4]), ((4, 1, 0), [4, 1, 0])):
+        config = dataclasses.replace(TINY, num_layers=3, teacher_num_layers=5,
+                                     init_layers=chosen, init_vocab_transform=bool(chosen))
+        model = random_model(Distillation, config, 0)
+        teacher = random_model(functools.partial(Teacher, mlm_head=True),
+                               config.teacher_config(), 1)
+        student_from_teacher(model.student, teacher, config.student_init_layers,
+                             config.init_vocab_transform)
+        ours = model.student.encoder.stack.layers.query.kernel[...]
+        np.testing.assert_array_equal(ours, teacher.encoder.stack.layers.query.kernel[...][
+            np.asarray(expected)])
+        same = np.array_equal(model.student.lm_head.dense.kernel[...],
+                              teacher.lm_head.dense.kernel[...])
+        assert same == bool(chosen)
+    assert dataclasses.replace(TINY, dtype="bfloat16").teacher_config().dtype == "bfloat16"
+
+
 # --- a run with a teacher ---------------------------------------------------------------------
 
 WORDS = ["sentence", "talks", "about", "topic", "and", "then", "some", "more", "words", "."]
@@ -297,7 +323,6 @@ def test_sharded_step_equals_single_device_step(teacher, tmp_path):
 @pytest.mark.usefixtures("deterministic_torch")
 def test_bad_teachers_and_settings_are_refused_in_one_line(teacher, tmp_path):
     config = make_config("distilbert_tiny", run_overrides(tmp_path, teacher)).model
-    import dataclasses
 
     def refusal(path=teacher, **fields):
         with pytest.raises(UserError) as error:
