@@ -52,7 +52,7 @@ class EncoderConfig(TransformerConfig):
     max_position_embeddings: int = 512
     """Rows of the learned position table (BERT 512; RoBERTa 514 = 512 + padding id + 1)."""
     type_vocab_size: int = 2
-    """Token-type (segment) ids in the embedding table (BERT 2, RoBERTa 1)."""
+    """Token-type (segment) ids in the embedding table (BERT 2, RoBERTa 1; DistilBERT 0: none)."""
     position_padding_id: int = -1
     """-1: positions 0..T-1 (BERT); p >= 0: padding id p, real tokens from p + 1 (RoBERTa)."""
     task_type_vocab_size: int = 0
@@ -62,6 +62,9 @@ class EncoderConfig(TransformerConfig):
         super().__post_init__()
         if self.embedding_size < 0:
             raise ValueError(f"embedding_size {self.embedding_size} must be >= 0 (0 = hidden_size)")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size {self.type_vocab_size} must be >= 0 (0 = no "
+                             "token-type embeddings)")
         if self.task_type_vocab_size < 0:
             raise ValueError(f"task_type_vocab_size {self.task_type_vocab_size} must be >= 0 "
                              "(0 = no task-type embeddings)")
@@ -74,7 +77,8 @@ class EncoderConfig(TransformerConfig):
 class Embeddings(nnx.Module):
     """Word + position + token-type embeddings, LayerNorm, dropout (modeling.py
     `embedding_lookup` + `embedding_postprocessor`); with `task_type_vocab_size`, plus the
-    embedding of task 0 at every position (HF `ErnieEmbeddings` without `task_type_ids`)."""
+    embedding of task 0 at every position (HF `ErnieEmbeddings` without `task_type_ids`); with
+    `type_vocab_size` 0, no token-type table (HF DistilBERT `Embeddings`)."""
 
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
         h = config.embedding_width
@@ -82,8 +86,9 @@ class Embeddings(nnx.Module):
         self.word_embeddings = embed(config, config.vocab_size, h, ("vocab", "embed"), rngs)
         self.position_embeddings = embed(config, config.max_position_embeddings, h,
                                          (None, "embed"), rngs)
-        self.token_type_embeddings = embed(config, config.type_vocab_size, h, (None, "embed"),
-                                           rngs)
+        self.token_type_embeddings = (
+            embed(config, config.type_vocab_size, h, (None, "embed"), rngs)
+            if config.type_vocab_size else None)
         self.task_type_embeddings = (
             embed(config, config.task_type_vocab_size, h, (None, "embed"), rngs)
             if config.task_type_vocab_size else None)
@@ -105,11 +110,9 @@ class Embeddings(nnx.Module):
         else:
             positions = self.position_embeddings(
                 padded_position_ids(input_ids, padding_id))  # [B, T, E]
-        x = (
-            self.word_embeddings(input_ids)  # [B, T, E]
-            + positions
-            + self.token_type_embeddings(token_type_ids)  # [B, T, E]
-        )
+        x = self.word_embeddings(input_ids) + positions  # [B, T, E]
+        if self.token_type_embeddings is not None:
+            x = x + self.token_type_embeddings(token_type_ids)  # [B, T, E]
         if self.task_type_embeddings is not None:
             x = x + self.task_type_embeddings.embedding[0].astype(x.dtype)  # task 0: [E]
         return dropout(self.layer_norm(x), self.config.hidden_dropout, rng)  # [B, T, E]

@@ -107,6 +107,20 @@ class UpdateCount(nnx.Variable):
     target's EMA updates k; wav2vec 2.0: the updates the Gumbel temperature anneals over."""
 
 
+class Frozen(nnx.Variable):
+    """A pre-trained weight that nothing trains (not a parameter: no gradient, no optimizer
+    state; checkpointed with the model's other state). DistilBERT's teacher."""
+
+
+def params_as(module: nnx.Module, kind: type[nnx.Variable]) -> nnx.Module:
+    """`module` (a copy) with every `nnx.Param` turned into a `kind` Variable of the same value
+    and sharding metadata; its other state as it is."""
+    graphdef, params, rest = nnx.split(nnx.clone(module), nnx.Param, ...)
+    params = jax.tree.map(lambda p: kind(p.get_value(), **p.get_metadata()), params,
+                          is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.merge(graphdef, params, rest)
+
+
 def check_rates(config: Any, names: tuple[str, ...]) -> None:
     """Probabilities such as dropout rates must lie in [0, 1)."""
     for name in names:

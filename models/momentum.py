@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pretext_jax.models.layers import UpdateCount
+from pretext_jax.models.layers import UpdateCount, params_as
 from pretext_jax.models.resnet import ResNet, ResNetConfig
 from pretext_jax.models.simclr import SimCLROutput
 
@@ -117,10 +117,7 @@ class Encoder(nnx.Module):
 def momentum_copy(module: nnx.Module) -> nnx.Module:
     """An independent copy of `module` whose parameters are `EMA` Variables (same values and
     sharding metadata); its other state (BatchNorm statistics) is copied as it is."""
-    graphdef, params, rest = nnx.split(nnx.clone(module), nnx.Param, ...)
-    params = jax.tree.map(lambda p: EMA(p.get_value(), **p.get_metadata()), params,
-                          is_leaf=lambda x: isinstance(x, nnx.Variable))
-    return nnx.merge(graphdef, params, rest)
+    return params_as(module, EMA)
 
 
 def ema_update(target: nnx.Module, online: nnx.Module, decay: jax.Array | float) -> None:

@@ -22,6 +22,7 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import prepare
+from pretext_jax.models.layers import Frozen
 from pretext_jax.objectives import registry
 from pretext_jax.pretrain import directories, integrity, resilience
 from pretext_jax.pretrain import mesh as mesh_lib
@@ -202,16 +203,20 @@ class Trainer:
 
     def init_state(self) -> TrainState:
         """Fresh, sharded train state (jit-compiled init: parameters are created in place),
-        with the method's pre-trained parameters put in place of the random ones and the
-        variables the data decides (`PreparedData.model_variables`) set."""
+        with the method's pre-trained parameters (and `Frozen` weights: a teacher) put in place
+        of the random ones and the variables the data decides (`PreparedData.model_variables`)
+        set."""
         state = self._with_data_variables(self._init())
         pretrained = self.method.start.pretrained
         model = (pretrained(self.model_config, self.config.train.seed, load_pretrained)
                  if pretrained else None)
         if model is None:
             return state
+        fresh = nnx.merge(self.graphdef, state.params, state.model_state)
+        nnx.update(fresh, nnx.state(model, Frozen))
+        rest = jax.device_put(nnx.state(fresh, nnx.Not(nnx.Param)), self.state_sharding.model_state)
         params = jax.device_put(nnx.state(model, nnx.Param), self.state_sharding.params)
-        return dataclasses.replace(state, params=params)
+        return dataclasses.replace(state, params=params, model_state=rest)
 
     def _with_data_variables(self, state: TrainState) -> TrainState:
         """`state` with the model variables named in `PreparedData.model_variables` set to the

@@ -30,7 +30,7 @@ METHODS_DOCS = REPO / "docs" / "methods"
 # The page that holds each method's cards.
 PAGES = {
     **dict.fromkeys(("bert", "roberta", "albert", "electra", "structbert", "ernie", "mpnet",
-                     "infoword"), "masked_lm.md"),
+                     "infoword", "distilbert"), "masked_lm.md"),
     **dict.fromkeys(("gpt", "xlnet", "transformer_xl", "elmo", "word2vec"),
                     "autoregressive.md"),
     **dict.fromkeys(("t5", "mass", "mass_xlm", "prophetnet", "unilm", "xlm", "summarize",
@@ -42,9 +42,10 @@ PAGES = {
 
 # Presets that are ours, not a paper's recipe: no card.
 TEST_SIZES = ("albert_tiny", "amdim_tiny", "bart_tiny", "bert_tiny", "byol_tiny", "cmc_tiny",
-              "context_tiny", "cpc_tiny", "deepcluster_tiny", "dim_tiny", "electra_tiny",
-              "elmo_tiny", "ernie_tiny", "gpt_tiny", "hubert_tiny", "infoword_tiny", "jigsaw_tiny",
-              "local_aggregation_tiny", "mass_tiny", "mass_bilingual_tiny", "mass_xlm_tiny",
+              "context_tiny", "cpc_tiny", "deepcluster_tiny", "dim_tiny", "distilbert_tiny",
+              "electra_tiny", "elmo_tiny", "ernie_tiny", "gpt_tiny", "hubert_tiny", "infoword_tiny",
+              "jigsaw_tiny", "local_aggregation_tiny", "mass_tiny", "mass_bilingual_tiny",
+              "mass_xlm_tiny",
               "moco_tiny", "mpnet_tiny", "prophetnet_tiny", "roberta_tiny", "rotation_tiny",
               "simclr_tiny", "structbert_tiny", "t5_tiny", "transformer_xl_tiny",
               "translation_tiny", "unilm_tiny",
