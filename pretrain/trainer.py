@@ -203,9 +203,9 @@ class Trainer:
 
     def init_state(self) -> TrainState:
         """Fresh, sharded train state (jit-compiled init: parameters are created in place),
-        with the method's pre-trained parameters (and `Frozen` weights: a teacher) put in place
-        of the random ones and the variables the data decides (`PreparedData.model_variables`)
-        set."""
+        with the method's pre-trained parameters, BatchNorm statistics and `Frozen` weights (a
+        teacher) put in place of the random ones and the variables the data decides
+        (`PreparedData.model_variables`) set."""
         state = self._with_data_variables(self._init())
         pretrained = self.method.start.pretrained
         model = (pretrained(self.model_config, self.config.train.seed, load_pretrained)
@@ -213,7 +213,7 @@ class Trainer:
         if model is None:
             return state
         fresh = nnx.merge(self.graphdef, state.params, state.model_state)
-        nnx.update(fresh, nnx.state(model, Frozen))
+        nnx.update(fresh, nnx.state(model, nnx.Any(Frozen, nnx.BatchStat)))
         rest = jax.device_put(nnx.state(fresh, nnx.Not(nnx.Param)), self.state_sharding.model_state)
         params = jax.device_put(nnx.state(model, nnx.Param), self.state_sharding.params)
         return dataclasses.replace(state, params=params, model_state=rest)

@@ -81,11 +81,19 @@ def test_simclr_backbone_fine_tunes_resumes_exactly_and_evaluates(tmp_path, colo
     assert config.method == "semi" and config.model.architecture == simclr_run
     assert (optim.optimizer, optim.nesterov, optim.momentum, optim.weight_decay,
             optim.schedule, optim.warmup_steps) == ("sgd", True, 0.9, 0.0, "cosine", 0)
-    # The start is the pre-trained backbone under a zero head.
-    params = nnx.to_pure_dict(Trainer(config, tmp_path / "probe").init_state().params)
+    # The start is the pre-trained backbone, its BatchNorm statistics too, under a zero head.
+    start = Trainer(config, tmp_path / "probe").init_state()
+    params = nnx.to_pure_dict(start.params)
     source = nnx.to_pure_dict(nnx.state(load_pretrained(simclr_run), nnx.Param))
     jax.tree.map(np.testing.assert_array_equal, params["backbone"], source)
     assert not np.any(params["head"]["kernel"])
+    statistics = nnx.to_pure_dict(nnx.state(load_pretrained(simclr_run), nnx.BatchStat))
+    started = nnx.to_pure_dict(jax.device_get(start.model_state))["backbone"]
+    trained = [(started_value, value) for started_value, value in zip(
+        jax.tree.leaves(started), jax.tree.leaves(statistics), strict=True)]
+    assert trained and any(np.any(value != np.round(value)) for _, value in trained)
+    for started_value, value in trained:  # control: a fresh network's are all 0 and 1
+        np.testing.assert_array_equal(started_value, value)
     # Interrupted and resumed == straight through, parameter for parameter.
     Trainer(config, tmp_path / "a").run(stop_after=7)
     resumed = finetune(config, tmp_path / "a")
