@@ -208,8 +208,8 @@ class HubertObjectiveConfig(HubertLossSettings, SpanSettings):
     kmeans_max_no_improvement: int = 100
     """Steps without a better smoothed inertia before stopping (--max_no_improvement)."""
     kmeans_fraction: float = 1.0
-    """Fraction of the training utterances whose frames fit the clusters (--percent; 1.0 =
-    all); every frame is labelled."""
+    """Fraction of the training utterances whose frames fit the clusters (--percent, rounded
+    up as learn_kmeans.py's np.ceil; 1.0 = all); every frame is labelled."""
     targets: str = "mfcc"
     """What is clustered (§IV-B): mfcc (iteration 1: 39 MFCCs with deltas of 10 ms frames) or
     hidden (iteration 2: `target_layer`'s hidden states of `target_model`, one per frame of
@@ -327,8 +327,9 @@ def model_identity(model: nnx.Module) -> str:
 def teacher_features(model: HubertConfig, examples: AudioBatchingConfig,
                      objective: HubertObjectiveConfig, load: Loader | None) -> FrameFeatures:
     """targets=hidden: `hidden_features` of `objective.target_model` read by `load` (the
-    trainer's reader), refused in one line where it is missing, not a wav2vec 2.0 / HuBERT
-    network, has fewer blocks than `target_layer` or frames at another rate than `model`."""
+    trainer's reader) and run in float32, refused in one line where it is missing, not a
+    wav2vec 2.0 / HuBERT network, has fewer blocks than `target_layer` or frames at another
+    rate than `model`."""
     path = objective.target_model
     if not path:
         raise UserError("objective.targets=hidden needs objective.target_model=PATH: the "
@@ -356,6 +357,11 @@ def teacher_features(model: HubertConfig, examples: AudioBatchingConfig,
         raise UserError(f"examples.sample_rate={examples.sample_rate} is not a multiple of the "
                         f"{model.samples_per_frame} samples of a frame; the labels need a "
                         "whole frame rate")
+    if teacher.config.compute_dtype != jnp.float32:  # dump_hubert_feature.py: float32
+        params = nnx.state(teacher, nnx.Param)
+        teacher = nnx.eval_shape(lambda: type(teacher)(
+            dataclasses.replace(teacher.config, dtype="float32"), rngs=nnx.Rngs(0)))
+        nnx.update(teacher, params)
     name = f"hidden:{model_identity(teacher)}:layer{objective.target_layer}"
     return hidden_features(teacher, objective.target_layer, objective.target_batch_size,
                            examples.normalize, name, examples.sample_rate)
@@ -432,7 +438,7 @@ def cluster_targets(train: AudioRecords, held_out: AudioRecords, clusters: int,
                                         features.rate) for split in ("train", "held_out"))
     rng = np.random.default_rng(KMEANS_SEED)
     chosen = (range(len(train)) if objective.kmeans_fraction == 1.0 else np.sort(rng.choice(
-        len(train), max(1, round(objective.kmeans_fraction * len(train))), replace=False)))
+        len(train), int(np.ceil(objective.kmeans_fraction * len(train))), replace=False)))
     sample = dict(features.of(train, chosen))
     centroids = fit_kmeans(np.concatenate([sample.pop(int(i)) for i in chosen]), clusters,
                            objective, KMEANS_SEED)
