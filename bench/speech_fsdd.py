@@ -6,11 +6,13 @@
 Data: $PRETEXT_SHARED_DATA/fsdd/recordings or ../shared/data/fsdd/recordings (3,000 real 8 kHz
 recordings, resampled to 16 kHz; FSDD's official split: index 0-4 held out, 300 utterances),
 or --data (any folder of {digit}_{speaker}_{index}.wav files).
-Pre-trains the preset (`cpc_digits`, `wav2vec_digits`, `wav2vec2_digits` or `hubert_digits`:
-each reads FSDD's labels from the file names) on the 2,700 training recordings, then reports the
-linear probes of `objectives.common.speech` for the spoken digit and the speaker on the held-out
-recordings: the trained network, the same network at its random initialisation, and the MFCC
-baseline, with the steps and the wall-clock.
+Pre-trains the preset (`cpc_digits`, `wav2vec_digits`, `wav2vec2_digits`, `hubert_digits` or
+`hubert_digits_iter2`: each reads FSDD's labels from the file names; HuBERT's second iteration
+clusters the first's hidden states, by default those of `hubert_digits`' bench workdir
+runs/bench_hubert_digits, or `objective.target_model=DIR`) on the 2,700 training recordings,
+then reports the linear probes of `objectives.common.speech` for the spoken digit and the
+speaker on the held-out recordings: the trained network, the same network at its random
+initialisation, and the MFCC baseline, with the steps and the wall-clock.
 Prints one JSON line and writes the Markdown row of docs/benchmarks.md ("Speech on FSDD",
 `bench.report`). Needs the `audio` extra.
 """
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="cpc_digits",
                         choices=("cpc_digits", "wav2vec_digits", "wav2vec2_digits",
-                                 "hubert_digits"))
+                                 "hubert_digits", "hubert_digits_iter2"))
     parser.add_argument("--steps", type=int, default=0, help="default: the preset's")
     parser.add_argument("--workdir", default="")
     parser.add_argument("--data", default="", help="default: the shared FSDD recordings")
@@ -59,6 +61,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.steps:
         overrides += [f"train.steps={args.steps}", f"train.eval_every={args.steps}",
                       f"train.checkpoint_every={args.steps}"]
+    if args.preset == "hubert_digits_iter2" and not any(
+            value.startswith("objective.target_model=") for value in args.overrides):
+        overrides.append("objective.target_model=runs/bench_hubert_digits")
     config = make_config(args.preset, overrides)
     workdir = args.workdir or f"runs/bench_{args.preset}"
     start = time.perf_counter()

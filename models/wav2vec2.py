@@ -269,10 +269,16 @@ class ConvLayer(nnx.Module):
         else:
             self.norm = None
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """[B, S_in, C_in] -> [B, S_out, C_out]."""
+    def __call__(self, x: jax.Array, lengths: jax.Array | None = None) -> jax.Array:
+        """[B, S_in, C_in] -> [B, S_out, C_out]. `lengths` [B] (real input samples per row;
+        None: every sample): the group norm's statistics over each row's real outputs only."""
         x = self.conv(x)
-        if self.norm is not None:
+        if isinstance(self.norm, nnx.GroupNorm) and lengths is not None:
+            c = self.config  # the group norm follows the first convolution only
+            real = (lengths - c.conv_kernel_sizes[0]) // c.conv_strides[0] + 1  # [B]
+            real_frames = jnp.arange(x.shape[1])[None, :, None] < real[:, None, None]
+            x = self.norm(x, mask=jnp.broadcast_to(real_frames, x.shape))
+        elif self.norm is not None:
             x = self.norm(x)
         return ACTIVATIONS[self.config.hidden_act](x)
 
@@ -507,22 +513,29 @@ class Wav2Vec2Body(nnx.Module):
                                                out_sharding=("embed",))
             self.encoder = Wav2Vec2Encoder(config, rngs=rngs)
 
-    def extract_features(self, input_values: jax.Array) -> jax.Array:
-        """The feature encoder: waveform [B, S] -> conv features [B, T, C]."""
+    def extract_features(self, input_values: jax.Array, lengths: jax.Array | None = None
+                         ) -> jax.Array:
+        """The feature encoder: waveform [B, S] -> conv features [B, T, C]. `lengths` [B]: each
+        row's real samples, whose group norm then leaves the padding out, so a padded row's
+        real frames equal the utterance's alone (None: statistics over the whole row, as HF)."""
         x = input_values.astype(self.config.compute_dtype)[..., None]  # [B, S, 1]
         for conv_layer in self.conv_layers:
-            x = conv_layer(x)
+            x = conv_layer(x, lengths)
+            lengths = None  # the group norm is the first block's only
         return x  # [B, T, C]
 
     def _encoder_inputs(
         self, input_values: jax.Array, attention_mask: jax.Array | None,
-        rng: jax.Array | None, feature_gradient_scale: float = 1.0,
+        rng: jax.Array | None, feature_gradient_scale: float = 1.0, alone: bool = False,
     ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         """The feature encoder, its LayerNorm and the projection with its dropout (HF
         `Wav2Vec2FeatureProjection`): conv features [B, T, C] (after the gradient scaling),
-        frames [B, T] (True = real), normed features [B, T, C], projected features [B, T, H]."""
+        frames [B, T] (True = real), normed features [B, T, C], projected features [B, T, H].
+        `alone`: each row's group norm over its real samples (`extract_features`)."""
         c = self.config
-        features = self.extract_features(input_values)  # [B, T, C]
+        lengths = (attention_mask.astype(jnp.int32).sum(-1)
+                   if alone and attention_mask is not None else None)
+        features = self.extract_features(input_values, lengths)  # [B, T, C]
         if feature_gradient_scale == 0.0:  # frozen: no backward pass through the convolutions
             features = jax.lax.stop_gradient(features)
         elif feature_gradient_scale != 1.0:
@@ -541,8 +554,8 @@ class Wav2Vec2Body(nnx.Module):
         return jnp.where(mask_time_indices.astype(bool)[..., None],
                          self.masked_spec_embed[...].astype(hidden.dtype), hidden)
 
-    def hidden_states(self, input_values: jax.Array, attention_mask: jax.Array | None = None
-                      ) -> tuple[jax.Array, jax.Array]:
+    def hidden_states(self, input_values: jax.Array, attention_mask: jax.Array | None = None,
+                      *, alone: bool = False) -> tuple[jax.Array, jax.Array]:
         """Every layer's hidden states for frozen-feature probes, in evaluation mode (no
         dropout, LayerDrop or masking), as HF `Wav2Vec2Model(..., output_hidden_states=True)
         .hidden_states` (transformers 5 modeling_wav2vec2.py): `input_values` [B, S] and
@@ -553,8 +566,10 @@ class Wav2Vec2Body(nnx.Module):
         `last_hidden_state` when post-LN and the last block's output before the final LayerNorm
         when pre-LN (transformers 5 records the blocks' outputs, `capture_outputs(
         tie_last_hidden_states=False)`; transformers 4 appended the final LayerNorm's output
-        instead). Padded frames hold no meaningful values."""
-        _, frames, _, hidden = self._encoder_inputs(input_values, attention_mask, None)
+        instead). Padded frames hold no meaningful values. `alone`: a padded row's real frames
+        equal the utterance's run alone (the group norm leaves the padding out)."""
+        _, frames, _, hidden = self._encoder_inputs(input_values, attention_mask, None,
+                                                    alone=alone)
         return self.encoder(hidden, frames, None, all_hidden_states=True)[1], frames
 
 

@@ -50,6 +50,7 @@ from pretext_jax.objectives.registry import (
     DownstreamTask,
     Evaluation,
     FinetuneRecipe,
+    Loader,
     Method,
     Metrics,
     PreparedData,
@@ -262,8 +263,9 @@ def ctc_recipe(pretrained: Any, task: DownstreamTask, source_config: Mapping[str
     return body_recipe(pretrained, CTC, PRESETS, RECIPE_PRESET, NETWORK_FIELDS)
 
 
-def ctc_transforms(data: PreparedData, model: CTCModelConfig, objective: CTCObjectiveConfig
-                   ) -> PreparedData:
+def ctc_transforms(data: PreparedData, model: CTCModelConfig, objective: CTCObjectiveConfig,
+                   load: Loader | None = None) -> PreparedData:
+    del load
     return dataclasses.replace(data, transforms=(FinetuneMasking(model, objective),))
 
 

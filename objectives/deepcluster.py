@@ -58,6 +58,7 @@ from pretext_jax.objectives.common.two_view import (
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
+    Loader,
     Method,
     Metrics,
     PreparedData,
@@ -210,9 +211,9 @@ def prepare_deepcluster(data: DataConfig, examples: ImageExampleConfig, cache_di
 
 
 def with_rounds(prepared: PreparedData, model: DeepClusterConfig,
-                objective: DeepClusterSettings) -> PreparedData:
+                objective: DeepClusterSettings, load: Loader | None = None) -> PreparedData:
     """`Resolution.complete_data`: the training steps in rounds (`rounds`)."""
-    del model
+    del model, load
     return dataclasses.replace(prepared, segments=rounds(prepared.train, objective))
 
 

@@ -6,7 +6,9 @@ Reference: fairseq `models/hubert/hubert.py` (`compute_nce`, `compute_pred`, `fo
 `examples/hubert/config/pretrain/hubert_base_librispeech.yaml`.
 
 - Targets: one cluster index per 20 ms frame (`batch["cluster_labels"]` [B, T], -1 where a
-  frame has none).
+  frame has none): k-means of MFCCs (iteration 1, §IV-B) or of a layer's hidden states of the
+  iteration-1 model (iteration 2: fairseq simple_kmeans/dump_hubert_feature.py,
+  learn_kmeans.py, dump_km_label.py).
 - Masking (§IV-C): span masks as wav2vec 2.0's (`objectives.common.speech.span_mask`), with
   fairseq HuBERT's mask_prob 0.8 over spans of 10 (p = 0.08 of the frames start a span).
 - Prediction (§II-E): p(c | X~, t) = softmax_c(cos(A o_t, e_c) / tau), tau = 0.1 (fairseq
@@ -28,10 +30,12 @@ Reference: fairseq `models/hubert/hubert.py` (`compute_nce`, `compute_pred`, `fo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 import zlib
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +57,7 @@ from pretext_jax.input_pipeline.descriptions import describe
 from pretext_jax.input_pipeline.mfcc import mfcc_with_deltas
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.hubert import Hubert, HubertConfig
-from pretext_jax.models.wav2vec2 import feature_lengths
+from pretext_jax.models.wav2vec2 import Wav2Vec2Body, feature_lengths
 from pretext_jax.objectives.common.preset_parts import (
     FAIRSEQ_ROBERTA_OPTIM,
     FSDD_EXAMPLES,
@@ -75,6 +79,7 @@ from pretext_jax.objectives.common.speech import (
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
+    Loader,
     Method,
     Metrics,
     PreparedData,
@@ -180,13 +185,16 @@ def hubert_loss(model: Hubert, batch: Batch, rng: jax.Array | None, *,
                            feature_penalty(out.conv_features, groups), objective)
 
 
-# --- Targets: k-means of MFCCs (iteration 1) ----------------------------------------------
+# --- Targets: k-means of MFCCs (iteration 1) or of a model's hidden states (iteration 2) ---
+
+TARGETS = ("mfcc", "hidden")
 
 @dataclasses.dataclass(frozen=True)
 class HubertObjectiveConfig(HubertLossSettings, SpanSettings):
     """The `objective` section: the loss's settings (`HubertLossSettings`), the span masks
     (`SpanSettings`, fairseq HuBERT's mask_prob 0.8) and the k-means of the targets (fairseq
-    simple_kmeans/learn_kmeans.py's MiniBatchKMeans settings; its k is model.num_classes)."""
+    simple_kmeans/learn_kmeans.py's MiniBatchKMeans settings; its k is model.num_classes) of
+    what `targets` names."""
 
     mask_start_fraction: float = 0.08
     """p, the fraction of an utterance's frames that start a masked span of mask_span (fairseq
@@ -200,8 +208,21 @@ class HubertObjectiveConfig(HubertLossSettings, SpanSettings):
     kmeans_max_no_improvement: int = 100
     """Steps without a better smoothed inertia before stopping (--max_no_improvement)."""
     kmeans_fraction: float = 1.0
-    """Fraction of the training utterances whose frames fit the clusters (--percent; 1.0 =
-    all); every frame is labelled."""
+    """Fraction of the training utterances whose frames fit the clusters (--percent, rounded
+    up as learn_kmeans.py's np.ceil; 1.0 = all); every frame is labelled."""
+    targets: str = "mfcc"
+    """What is clustered (§IV-B): mfcc (iteration 1: 39 MFCCs with deltas of 10 ms frames) or
+    hidden (iteration 2: `target_layer`'s hidden states of `target_model`, one per frame of
+    the network; dump_hubert_feature.py)."""
+    target_model: str = ""
+    """targets=hidden: the model clustered (fairseq: the iteration-1 checkpoint), a pretext
+    hubert workdir or model directory, or a HuggingFace HubertModel folder."""
+    target_layer: int = 6
+    """targets=hidden: the Transformer block whose output is clustered, 1 = the first
+    (dump_hubert_feature.py `layer`; BASE's iteration 2: 6)."""
+    target_batch_size: int = 8
+    """targets=hidden: utterances per forward pass of the frozen model (each whole, padded to
+    a length bucket; the group norm leaves the padding out)."""
 
     def __post_init__(self) -> None:
         HubertLossSettings.__post_init__(self)
@@ -212,18 +233,138 @@ class HubertObjectiveConfig(HubertLossSettings, SpanSettings):
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if not 0.0 < self.kmeans_fraction <= 1.0:
             raise ValueError(f"kmeans_fraction={self.kmeans_fraction} must be in (0, 1]")
+        if self.targets not in TARGETS:
+            raise ValueError(f"targets={self.targets!r} must be one of {', '.join(TARGETS)}")
+        for name in ("target_layer", "target_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
 
 
-def utterance_mfccs(records: AudioRecords, indices: range | list[int], sample_rate: int
-                    ) -> list[np.ndarray]:
+@dataclasses.dataclass(frozen=True)
+class FrameFeatures:
+    """What the targets cluster: `of(records, indices)` yields (index, [frames, d] float32
+    features) for each utterance at `indices`, in any order; `rate` their frames per second;
+    `name` what decides them, in the targets' fingerprint."""
+
+    of: Callable[[AudioRecords, Sequence[int]], Iterator[tuple[int, np.ndarray]]]
+    rate: int
+    name: str
+
+
+def utterance_mfccs(records: AudioRecords, indices: Sequence[int]
+                    ) -> Iterator[tuple[int, np.ndarray]]:
     """[frames, 39] MFCCs with deltas (`input_pipeline.mfcc`) of each whole utterance at
     `indices`, its waveform in [-1, 1] as fairseq's reader gives it (no normalisation)."""
-    features = []
+    rate = records.example_config.sample_rate
     for index in progress(indices, "MFCC features", total=len(indices), unit="utterance"):
         audio = records.spec.decode(records.source[int(index)])["audio"]
         waveform, _ = audio_window(audio, len(audio), 0, normalize=False)
-        features.append(mfcc_with_deltas(waveform, sample_rate))
-    return features
+        yield int(index), mfcc_with_deltas(waveform, rate)
+
+
+MFCC_FEATURES = FrameFeatures(utterance_mfccs, MFCC_LABEL_RATE, "mfcc39")
+
+
+@functools.partial(nnx.jit, static_argnames=("layer",))
+def layer_features(model: Wav2Vec2Body, audio: jax.Array, attention_mask: jax.Array,
+                   layer: int) -> jax.Array:
+    """[B, T, H] float32 output of Transformer block `layer` (HF `hidden_states[layer]`) of
+    each row run alone (`hidden_states(alone=True)`), in evaluation mode."""
+    return model.hidden_states(audio, attention_mask, alone=True)[0][layer].astype(jnp.float32)
+
+
+def padded_length(samples: int) -> int:
+    """`samples` rounded up to a multiple of an eighth of its power of two (a few compiled
+    shapes per doubling of the utterances' length)."""
+    step = max(1 << max(samples.bit_length() - 4, 0), 1)
+    return -(-samples // step) * step
+
+
+def hidden_features(teacher: Wav2Vec2Body, layer: int, batch_size: int, normalize: bool,
+                    name: str, sample_rate: int) -> FrameFeatures:
+    """The `layer_features` of `teacher` for every frame of an utterance (fairseq
+    dump_hubert_feature.py: the whole utterance, normalised when the task normalises), in
+    jitted batches of `batch_size` utterances of similar length: a block of 16 batches is
+    decoded, sorted by length and run, so memory holds one block."""
+    block = 16 * batch_size
+
+    def batches(records: AudioRecords, indices: list[int]
+                ) -> Iterator[tuple[int, np.ndarray]]:
+        for first in range(0, len(indices), block):
+            audio = {i: records.spec.decode(records.source[i])["audio"]
+                     for i in indices[first:first + block]}
+            order = sorted(audio, key=lambda i: len(audio[i]))
+            for start in range(0, len(order), batch_size):
+                rows = order[start:start + batch_size]
+                size = padded_length(max(len(audio[i]) for i in rows))
+                windows = [audio_window(audio[i], size, 0, normalize) for i in rows]
+                windows += windows[-1:] * (batch_size - len(rows))  # one shape for every batch
+                features = np.asarray(jax.device_get(layer_features(
+                    teacher, jnp.asarray(np.stack([w[0] for w in windows])),
+                    jnp.asarray(np.stack([w[1] for w in windows])), layer)))
+                for row, index in enumerate(rows):
+                    frames = max(int(feature_lengths(teacher.config, len(audio[index]))), 0)
+                    yield index, features[row, :frames]
+
+    def of(records: AudioRecords, indices: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
+        indices = [int(i) for i in indices]
+        yield from progress(batches(records, indices), f"layer {layer} features",
+                            total=len(indices), unit="utterance")
+
+    return FrameFeatures(of, sample_rate // teacher.config.samples_per_frame, name)
+
+
+def model_identity(model: nnx.Module) -> str:
+    """A digest of the model's config and parameters: what decides its features."""
+    digest = hashlib.sha256(repr(getattr(model, "config", type(model))).encode())
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        digest.update(jax.tree_util.keystr(path).encode())
+        digest.update(np.ascontiguousarray(jax.device_get(leaf)).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def teacher_features(model: HubertConfig, examples: AudioBatchingConfig,
+                     objective: HubertObjectiveConfig, load: Loader | None) -> FrameFeatures:
+    """targets=hidden: `hidden_features` of `objective.target_model` read by `load` (the
+    trainer's reader) and run in float32, refused in one line where it is missing, not a
+    wav2vec 2.0 / HuBERT network, has fewer blocks than `target_layer` or frames at another
+    rate than `model`."""
+    path = objective.target_model
+    if not path:
+        raise UserError("objective.targets=hidden needs objective.target_model=PATH: the "
+                        "iteration-1 model (a hubert workdir or a HuggingFace HubertModel "
+                        "folder)")
+    if not Path(path).is_dir():
+        raise UserError(f"objective.target_model={path} is not a directory; pass the "
+                        "iteration-1 run's workdir or a HuggingFace HubertModel folder")
+    if load is None:
+        raise ValueError("targets=hidden needs the trainer's loader (`load`)")
+    teacher = load(path)
+    if not isinstance(teacher, Wav2Vec2Body):
+        raise UserError(f"objective.target_model={path} holds a {type(teacher).__name__}, "
+                        "not a HuBERT or wav2vec 2.0 network; pass an iteration-1 hubert "
+                        "workdir or a HuggingFace HubertModel folder")
+    layers = teacher.config.num_layers
+    if objective.target_layer > layers:
+        raise UserError(f"objective.target_layer={objective.target_layer} is past the "
+                        f"{layers} blocks of {path}; choose 1 to {layers} (BASE: 6)")
+    if teacher.config.samples_per_frame != model.samples_per_frame:
+        raise UserError(f"{path} makes a frame of {teacher.config.samples_per_frame} samples, "
+                        f"the model {model.samples_per_frame}, so its labels would not align "
+                        "with the frames; give both the same conv_strides")
+    if examples.sample_rate % model.samples_per_frame:
+        raise UserError(f"examples.sample_rate={examples.sample_rate} is not a multiple of the "
+                        f"{model.samples_per_frame} samples of a frame; the labels need a "
+                        "whole frame rate")
+    if teacher.config.compute_dtype != jnp.float32:  # dump_hubert_feature.py: float32
+        params = nnx.state(teacher, nnx.Param)
+        teacher = nnx.eval_shape(lambda: type(teacher)(
+            dataclasses.replace(teacher.config, dtype="float32"), rngs=nnx.Rngs(0)))
+        nnx.update(teacher, params)
+    name = f"hidden:{model_identity(teacher)}:layer{objective.target_layer}"
+    return hidden_features(teacher, objective.target_layer, objective.target_batch_size,
+                           examples.normalize, name, examples.sample_rate)
 
 
 def fit_kmeans(features: np.ndarray, clusters: int, objective: HubertObjectiveConfig,
@@ -267,38 +408,42 @@ class ClusterTargets:
         return zlib.crc32(self.labels.tobytes()) ^ zlib.crc32(self.offsets.tobytes())
 
 
-def label_utterances(records: AudioRecords, centroids: np.ndarray, sample_rate: int
+def label_utterances(records: AudioRecords, centroids: np.ndarray, features: FrameFeatures
                      ) -> ClusterTargets:
-    """Every utterance of `records` labelled by its MFCC frames' nearest centroids."""
-    labels = [nearest_centroid(f, centroids)
-              for f in utterance_mfccs(records, range(len(records)), sample_rate)]
+    """Every utterance of `records` labelled by its frames' nearest centroids."""
+    labels: list[np.ndarray] = [np.zeros(0, np.int16)] * len(records)
+    for index, frames in features.of(records, range(len(records))):
+        labels[index] = nearest_centroid(frames, centroids)
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in labels])]).astype(np.int64)
-    return ClusterTargets(np.concatenate(labels), offsets, MFCC_LABEL_RATE)
+    return ClusterTargets(np.concatenate(labels), offsets, features.rate)
 
 
 def cluster_targets(train: AudioRecords, held_out: AudioRecords, clusters: int,
-                    objective: HubertObjectiveConfig) -> tuple[ClusterTargets, ClusterTargets]:
-    """Iteration 1's targets (paper §IV-B, fairseq simple_kmeans): k-means of the training
-    utterances' MFCCs (a `kmeans_fraction` of them), then every frame of both splits labelled
-    by its nearest centroid. Deterministic (seed `KMEANS_SEED`); kept beside the training
-    records under a fingerprint of what decides them, so a rerun or resume reads the same
-    labels back instead of clustering again."""
-    settings = {"features": "mfcc39", "clusters": clusters, "held_out": repr(held_out.source),
+                    objective: HubertObjectiveConfig, features: FrameFeatures = MFCC_FEATURES
+                    ) -> tuple[ClusterTargets, ClusterTargets]:
+    """The targets (paper §IV-B, fairseq simple_kmeans): k-means of the training utterances'
+    `features` (a `kmeans_fraction` of them; MFCCs in iteration 1, a layer's hidden states
+    after), then every frame of both splits labelled by its nearest centroid. Deterministic
+    (seed `KMEANS_SEED`); kept beside the training records under a fingerprint of what decides
+    them (the features' `name`: the teacher's weights and layer), so a rerun or resume reads
+    the same labels back instead of clustering again."""
+    settings = {"features": features.name, "clusters": clusters, "held_out": repr(held_out.source),
                 **{f.name: getattr(objective, f.name) for f in dataclasses.fields(objective)
                    if f.name.startswith("kmeans_")}}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(train.directory) / f"hubert_targets_{key}.npz"
-    rate = train.example_config.sample_rate
     if path.is_file():
         with np.load(path) as stored:
             return tuple(ClusterTargets(stored[f"{split}_labels"], stored[f"{split}_offsets"],
-                                        MFCC_LABEL_RATE) for split in ("train", "held_out"))
+                                        features.rate) for split in ("train", "held_out"))
     rng = np.random.default_rng(KMEANS_SEED)
     chosen = (range(len(train)) if objective.kmeans_fraction == 1.0 else np.sort(rng.choice(
-        len(train), max(1, round(objective.kmeans_fraction * len(train))), replace=False)))
-    centroids = fit_kmeans(np.concatenate(utterance_mfccs(train, chosen, rate)), clusters,
+        len(train), int(np.ceil(objective.kmeans_fraction * len(train))), replace=False)))
+    sample = dict(features.of(train, chosen))
+    centroids = fit_kmeans(np.concatenate([sample.pop(int(i)) for i in chosen]), clusters,
                            objective, KMEANS_SEED)
-    found = (label_utterances(train, centroids, rate), label_utterances(held_out, centroids, rate))
+    found = (label_utterances(train, centroids, features),
+             label_utterances(held_out, centroids, features))
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
     np.savez(partial, **{f"{split}_{name}": getattr(targets, name)
                          for split, targets in zip(("train", "held_out"), found, strict=True)
@@ -434,15 +579,18 @@ def prepare_hubert(data: DataConfig, examples: AudioBatchingConfig, cache_dir: P
     return dataclasses.replace(speech_data(train, held_out, examples), eval=held_out)
 
 
-def with_targets(data: PreparedData, model: HubertConfig, objective: HubertObjectiveConfig
-                 ) -> PreparedData:
-    """`Resolution.complete_data`: the targets (`cluster_targets`), the training utterances
-    read with them (`TargetedRecords`: windows cut, labelled and masked while loading) and the
-    held-out first windows labelled and masked once with a fixed seed."""
+def with_targets(data: PreparedData, model: HubertConfig, objective: HubertObjectiveConfig,
+                 load: Loader | None = None) -> PreparedData:
+    """`Resolution.complete_data`: the targets (`cluster_targets` of MFCCs, or of the hidden
+    states of the model `load` reads, `teacher_features`), the training utterances read with
+    them (`TargetedRecords`: windows cut, labelled and masked while loading) and the held-out
+    first windows labelled and masked once with a fixed seed."""
     train, held_out_records = data.train, data.eval
     examples = train.example_config
+    features = (MFCC_FEATURES if objective.targets == "mfcc"
+                else teacher_features(model, examples, objective, load))
     train_targets, held_out_targets = cluster_targets(train, held_out_records,
-                                                      model.num_classes, objective)
+                                                      model.num_classes, objective, features)
     fields = train.label_fields
     window = TargetWindow(model, examples, objective, fields, train_targets.label_rate, True)
     first = TargetWindow(model, examples, objective, fields, held_out_targets.label_rate,
@@ -521,6 +669,25 @@ PRESETS = {
                   "clip_norm": 10.0},
         "train": {"steps": 250000, "batch_size": 192, "eval_every": 10000},
     },
+}
+# FSDD's second iteration: hubert_digits predicting 100 clusters of the first Transformer block
+# of the two (the tiny network's middle, as BASE's 6 of 12) of objective.target_model, the
+# hubert_digits run (bench.speech_fsdd --iteration2 passes it).
+PRESETS["hubert_digits_iter2"] = {
+    **PRESETS["hubert_digits"],
+    "objective": {"targets": "hidden", "target_layer": 1, "target_model": ""},
+}
+# BASE iteration 2 (§IV-B/C; fairseq hubert_base_librispeech.yaml, whose max_update 400k is
+# this iteration's): hubert_base predicting 500 clusters (simple_kmeans README: n_cluster 500,
+# --percent 0.1) of the 6th block's output of objective.target_model, the iteration-1 BASE
+# (a hubert_base workdir or HF HubertModel folder; labels at the model's 50 Hz, the yaml's
+# label_rate 50), for 400k updates; the rest as iteration 1.
+PRESETS["hubert_base_iter2"] = {
+    **PRESETS["hubert_base"],
+    "model": {**PRESETS["hubert_base"]["model"], "num_classes": 500},
+    "objective": {**PRESETS["hubert_base"]["objective"], "targets": "hidden",
+                  "target_layer": 6, "target_model": ""},
+    "train": {**PRESETS["hubert_base"]["train"], "steps": 400000},
 }
 
 

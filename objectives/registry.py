@@ -24,6 +24,8 @@ from pretext_jax.errors import UserError
 Batch = dict[str, jax.Array]
 Metrics = dict[str, tuple[jax.Array, jax.Array]]
 LossFn = Callable[[Any, Batch, jax.Array | None], tuple[jax.Array, Metrics]]
+# The trainer's reader of a pretext workdir, model directory or HF folder (`Start.pretrained`).
+Loader = Callable[..., Any]
 # (held-out metrics, PreparedData.report, the monitor's metrics of the untrained network) -> lines
 Summarize = Callable[[dict[str, float], dict[str, Any], Callable[[], dict[str, float]]],
                      list[str]]
@@ -247,15 +249,17 @@ class Resolution:
     - `run_settings(objective, config)`: the objective settings with the fields that depend on
       the run's settings filled in (BYOL: the target schedule spans train.steps x
       optim.grad_accum_steps loss calls).
-    - `complete_data(prepared_data, model_config, objective)`: the prepared data with what
-      depends on the network and the loss's settings added, once both are resolved (wav2vec
-      2.0: span masks and distractors drawn per record over the feature encoder's frames;
-      DeepCluster: its rounds as `PreparedData.segments`).
+    - `complete_data(prepared_data, model_config, objective, load)`: the prepared data with
+      what depends on the network and the loss's settings added, once both are resolved
+      (wav2vec 2.0: span masks and distractors drawn per record over the feature encoder's
+      frames; DeepCluster: its rounds as `PreparedData.segments`; HuBERT's second iteration:
+      targets from a model that `load`, the trainer's reader as `Start.pretrained` gets it,
+      reads).
     """
 
     check: Callable[[Any, Any, Any], None] = no_check
     run_settings: Callable[[Any, Any], Any] | None = None
-    complete_data: Callable[[PreparedData, Any, Any], PreparedData] | None = None
+    complete_data: Callable[[PreparedData, Any, Any, Loader], PreparedData] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,6 +49,7 @@ from pretext_jax.objectives.common.preset_parts import T5_OPTIM, TINY_T5_MODEL
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
+    Loader,
     Method,
     Metrics,
     PreparedData,
@@ -118,10 +119,11 @@ def prepare_translation(data: DataConfig, examples: te.TranslationExampleConfig,
         monitor_data=HeldOut(references, tokenizer))
 
 
-def check_languages(data: PreparedData, model_config: Any, objective: Any = None, *,
-                    family: Family) -> PreparedData:
+def check_languages(data: PreparedData, model_config: Any, objective: Any = None,
+                    load: Loader | None = None, *, family: Family) -> PreparedData:
     """A model with language embeddings has a row for both languages of the direction (ids:
     the corpus's languages in sorted order, as MASS's bilingual pre-training numbers them)."""
+    del load
     count = family.languages(model_config)
     ids = data.report["language_ids"]
     used = max(int(data.eval["source_language_ids"].max()),

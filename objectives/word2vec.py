@@ -63,6 +63,7 @@ from pretext_jax.objectives.common.held_out import held_out_examples
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
+    Loader,
     Method,
     Metrics,
     PreparedData,
@@ -368,10 +369,11 @@ def prepare_word2vec(data: DataConfig, examples: we.Word2VecExampleConfig, cache
         model_variables={"word_counts": counts.astype(np.float32)})
 
 
-def complete_report(data: PreparedData, model: Word2VecConfig, objective: Word2VecSettings
-                    ) -> PreparedData:
+def complete_report(data: PreparedData, model: Word2VecConfig, objective: Word2VecSettings,
+                    load: Loader | None = None) -> PreparedData:
     """Adds the untrained held-out loss, (1 + k) ln 2 per pair (σ(0) = 1/2 for every score:
     the output table starts at zero), up to the negatives that equal their pair's context."""
+    del load
     report = {**data.report, "untrained_loss": (1 + objective.negatives) * float(np.log(2))}
     return dataclasses.replace(data, report=report)
 

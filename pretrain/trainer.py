@@ -105,7 +105,7 @@ class Trainer:
             resolution = self.method.resolution
             if resolution.complete_data is not None:
                 self.data = resolution.complete_data(self.data, self.model_config,
-                                                     self.objective)
+                                                     self.objective, load_pretrained)
             self.data.segment(1, self.run_config)  # a layout that refuses this batch says so now
             self.rows = None  # every training record, when they live in device memory
             if config.train.records_in_device_memory:

@@ -59,6 +59,7 @@ EXEMPT = {
     "cpc_digits": "the speech demo (FSDD)",
     "wav2vec2_digits": "the speech benchmark on FSDD (bench/speech_fsdd.py)",
     "hubert_digits": "the speech benchmark on FSDD",
+    "hubert_digits_iter2": "the speech benchmark on FSDD, second iteration",
     "wav2vec_digits": "the speech benchmark on FSDD",
     "elmo_tiny_glue": "the downstream scalar-mix classifier at the test size",
 }
