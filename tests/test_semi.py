@@ -50,11 +50,10 @@ def colours(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def simclr_run(tmp_path_factory, colours):
-    """A SimCLR workdir (a 4-wide ResNet-10, 2 steps): an image method's starting point."""
+    """A SimCLR workdir (a 4-wide ResNet-18, 2 steps): an image method's starting point."""
     workdir = tmp_path_factory.mktemp("semi_simclr") / "run"
     config = make_config("simclr_tiny", [
-        f"data.source={colours}", "model.depth=10", "model.base_width=4", "train.batch_size=16",
-        "train.steps=2",
+        f"data.source={colours}", "model.base_width=4", "train.batch_size=16", "train.steps=2",
         "train.eval_every=2", "train.checkpoint_every=2", "train.eval_batches=1",
         "train.progress=false", "examples.knn_bank_size=32"])
     Trainer(config, workdir).run()
