@@ -10,6 +10,7 @@ bias correction, so that one transformation is written here; everything else is 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -162,14 +163,14 @@ def adapter_labels(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(label, params)
 
 
-def trained_parameters(params: Any, labels: Any | None) -> tuple[int, int]:
-    """(parameters that train, all parameters) of `params` under `labels` (None: all train)."""
+def trained_parameters(params: Any, labels: Callable[[Any], Any] | None) -> dict[str, int]:
+    """{"trained": parameters that train, "total": all} of `params` under the label function
+    `labels` (`adapter_labels`; None: all train). Gradual unfreezing trains them all in the
+    end, so it counts them all."""
     sizes = [int(math.prod(leaf.shape)) for leaf in jax.tree.leaves(params)]
-    if labels is None:
-        return sum(sizes), sum(sizes)
-    trained = [size for size, label in zip(sizes, jax.tree.leaves(labels), strict=True)
-               if label == TRAINED]
-    return sum(trained), sum(sizes)
+    kinds = jax.tree.leaves(labels(params)) if labels else [TRAINED] * len(sizes)
+    return {"trained": sum(size for size, kind in zip(sizes, kinds, strict=True)
+                           if kind == TRAINED), "total": sum(sizes)}
 
 
 def unfreezing_stages(params: Any, every: int) -> Any:

@@ -168,15 +168,13 @@ class Trainer:
     def _build(self) -> None:
         self.loss_fn = self.method.bind_loss(self.objective)
         total_steps = self.config.train.steps
-        # a model with adapters trains them, its layer norms and its head only (Houlsby et al.)
         labels = adapter_labels if getattr(self.model_config, "adapter_size", 0) else None
         self.tx = make_optimizer(self.config.optim, total_steps, labels)
         self.schedule = learning_rate_schedule(self.config.optim, total_steps)
         seed = self.config.train.seed
         abstract_model = nnx.eval_shape(lambda: self.method.build_model(self.model_config, seed))
         self.graphdef, abstract_params, abstract_rest = nnx.split(abstract_model, nnx.Param, ...)
-        trained, total = trained_parameters(abstract_params, labels and labels(abstract_params))
-        self.parameters = {"trained": trained, "total": total}
+        self.parameters = trained_parameters(abstract_params, labels)
         param_shardings = mesh_lib.state_shardings(abstract_params, self.mesh)
         rest_shardings = mesh_lib.state_shardings(abstract_rest, self.mesh)
         abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
