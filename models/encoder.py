@@ -57,6 +57,8 @@ class EncoderConfig(TransformerConfig):
     """-1: positions 0..T-1 (BERT); p >= 0: padding id p, real tokens from p + 1 (RoBERTa)."""
     task_type_vocab_size: int = 0
     """Task-type embeddings (HF ErnieConfig use_task_id: ERNIE 2.0); 0 = none (BERT, ERNIE 1.0)."""
+    adapter_size: int = 0
+    """Bottleneck of the adapters in every layer (Houlsby et al. 2019: 8, 64 or 256); 0 = none."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -68,6 +70,8 @@ class EncoderConfig(TransformerConfig):
         if self.task_type_vocab_size < 0:
             raise ValueError(f"task_type_vocab_size {self.task_type_vocab_size} must be >= 0 "
                              "(0 = no task-type embeddings)")
+        if self.adapter_size < 0:
+            raise ValueError(f"adapter_size {self.adapter_size} must be >= 0 (0 = no adapters)")
 
     @property
     def embedding_width(self) -> int:
@@ -125,6 +129,26 @@ def padded_position_ids(input_ids: jax.Array, padding_id: int) -> jax.Array:
     return jnp.cumsum(real, axis=1) * real + padding_id
 
 
+ADAPTER_INIT_SCALE = 1e-3
+"""Std of the adapters' truncated-normal weights (adapter-bert modeling.py
+`feedforward_adapter`'s `init_scale`): near zero, so each adapter starts near the identity."""
+
+
+class Adapter(nnx.Module):
+    """Houlsby et al. 2019 §2.1's bottleneck adapter: x + up(gelu(down(x))), [B, T, H] ->
+    [B, T, H] (adapter-bert modeling.py `feedforward_adapter`: weights truncated normal with std
+    1e-3 at +-2 std, zero biases, tanh-approximated GELU as that file's `gelu`)."""
+
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        h, m = config.hidden_size, config.adapter_size
+        init = nnx.initializers.truncated_normal(ADAPTER_INIT_SCALE)
+        self.down = dense(config, h, m, ("embed", None), rngs, kernel_init=init)
+        self.up = dense(config, m, h, (None, "embed"), rngs, kernel_init=init)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x + self.up(jax.nn.gelu(self.down(x), approximate=True))
+
+
 class EncoderLayer(nnx.Module):
     """One post-LN block: self-attention + residual + LayerNorm, GELU MLP + residual + LayerNorm."""
 
@@ -139,6 +163,12 @@ class EncoderLayer(nnx.Module):
         self.intermediate = dense(config, h, i, ("embed", "mlp"), rngs)
         self.output = dense(config, i, h, ("mlp", "embed"), rngs)
         self.output_layer_norm = layer_norm(config, h, rngs)
+        # Houlsby et al. 2019 Figure 2: an adapter after each sub-layer's output projection
+        # (and its dropout), before the residual sum and LayerNorm; the layers of MPNet, XLM and
+        # wav2vec 2.0 reuse this one on configs without adapters
+        self.attention_adapter, self.output_adapter = (
+            (Adapter(config, rngs=rngs), Adapter(config, rngs=rngs))
+            if getattr(config, "adapter_size", 0) else (None, None))
 
     def __call__(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None) -> jax.Array:
         """`x` [B, T, H], `mask` [B, 1, 1, T] or per query [B, 1, T, T] (True = key may be
@@ -146,26 +176,31 @@ class EncoderLayer(nnx.Module):
         attn_rng, attn_out_rng, mlp_rng = split_rng(rng, 3)
         x = post_ln_attention(self.config, (self.query, self.key, self.value,
                                             self.attention_output), self.attention_layer_norm,
-                              x, x, mask, attn_rng, attn_out_rng)
+                              x, x, mask, attn_rng, attn_out_rng, self.attention_adapter)
         return self.feed_forward(x, mlp_rng)
 
     def feed_forward(self, x: jax.Array, rng: jax.Array | None) -> jax.Array:
         """The MLP block: LayerNorm(x + dropout(output(act(intermediate(x))))), [B, T, H]."""
         c = self.config
         y = self.output(ACTIVATIONS[c.hidden_act](self.intermediate(x)))  # [B, T, F] -> [B, T, H]
-        return self.output_layer_norm(x + dropout(y, c.hidden_dropout, rng))  # [B, T, H]
+        y = dropout(y, c.hidden_dropout, rng)
+        if self.output_adapter is not None:
+            y = self.output_adapter(y)
+        return self.output_layer_norm(x + y)  # [B, T, H]
 
 
 def post_ln_attention(config: TransformerConfig, projections: tuple[nnx.Linear, ...],
                       norm: nnx.LayerNorm, x: jax.Array, kv: jax.Array, mask: jax.Array,
-                      attn_rng: jax.Array | None, out_rng: jax.Array | None) -> jax.Array:
+                      attn_rng: jax.Array | None, out_rng: jax.Array | None,
+                      adapter: Adapter | None = None) -> jax.Array:
     """One post-LN attention block: LayerNorm(x + dropout(out(attention(q(x), k(kv), v(kv))))).
     `projections` = (query, key, value, output); `x` [B, T, H] queries, `kv` [B, S, H] keys and
     values (x itself for self-attention, the encoder's states for cross-attention), `mask`
-    [B, 1, 1 or T, S] -> [B, T, H]."""
+    [B, 1, 1 or T, S] -> [B, T, H]; `adapter` (if any) applies to the dropped-out output."""
     query, key, value, output = projections
     return post_ln_attend(config, (query, output), norm, x,
-                          heads_keys_values(config, (key, value), kv), mask, attn_rng, out_rng)
+                          heads_keys_values(config, (key, value), kv), mask, attn_rng, out_rng,
+                          adapter)
 
 
 def heads_keys_values(config: TransformerConfig, projections: tuple[nnx.Linear, nnx.Linear],
@@ -178,8 +213,8 @@ def heads_keys_values(config: TransformerConfig, projections: tuple[nnx.Linear, 
 
 def post_ln_attend(config: TransformerConfig, projections: tuple[nnx.Linear, nnx.Linear],
                    norm: nnx.LayerNorm, x: jax.Array, keys_values: tuple[jax.Array, jax.Array],
-                   mask: jax.Array, attn_rng: jax.Array | None, out_rng: jax.Array | None
-                   ) -> jax.Array:
+                   mask: jax.Array, attn_rng: jax.Array | None, out_rng: jax.Array | None,
+                   adapter: Adapter | None = None) -> jax.Array:
     """`post_ln_attention` over given keys and values [B, S, N, D] (a decoder's cache);
     `projections` = (query, output)."""
     c = config
@@ -187,7 +222,8 @@ def post_ln_attend(config: TransformerConfig, projections: tuple[nnx.Linear, nnx
     q = query(x).reshape(*x.shape[:2], c.num_heads, c.hidden_size // c.num_heads)  # [B, T, N, D]
     context = attention(q, *keys_values, mask, c.attention_dropout, attn_rng,
                         c.attention_implementation).reshape(x.shape)  # [B, T, H]
-    return norm(x + dropout(output(context), c.hidden_dropout, out_rng))  # [B, T, H]
+    y = dropout(output(context), c.hidden_dropout, out_rng)  # [B, T, H]
+    return norm(x + (y if adapter is None else adapter(y)))  # [B, T, H]
 
 
 class EncoderStack(nnx.Module):

@@ -70,7 +70,8 @@ class OptimConfig:
     `decay_norms_and_biases` (adamw, lamb): weight decay on every parameter, as fairseq's
     Adam, instead of skipping LayerNorm and biases. `layerwise_lr_decay` < 1 scales each
     Transformer layer's learning rate by decay^(depth from the top) (ELECTRA fine-tuning:
-    0.8)."""
+    0.8). `unfreeze_every_steps` > 0: gradual unfreezing (`pretrain.optim.gradually_unfrozen`).
+    """
 
     optimizer: str = "adamw"
     """adamw, lamb, lars (SimCLR, BYOL), sgd (MoCo), adafactor (T5) or adagrad (ELMo)."""
@@ -116,6 +117,9 @@ class OptimConfig:
     w -= v (SimCLR's classic momentum); they differ while the rate changes."""
     layerwise_lr_decay: float = 1.0
     """Each Transformer layer's lr x decay^(depth from the top) (ELECTRA fine-tuning 0.8)."""
+    unfreeze_every_steps: int = 0
+    """Gradual unfreezing (ULMFiT): head only, then one more layer group from the top every
+    this many updates (an epoch's: ULMFiT); 0 = all train from the start."""
     decay_boundaries: str = ""
     """Schedule `step`: steps, comma-separated, after which the lr is x decay_factor."""
     decay_factor: float = 0.1
@@ -491,7 +495,7 @@ RANGES = {
     "optim.b1": "[0, 1)", "optim.b2": "[0, 1)", "optim.eps": "[0, inf)",
     "optim.clip_norm": "[0, inf)", "optim.grad_accum_steps": "[1, inf)",
     "optim.momentum": "[0, 1)", "optim.trust_coefficient": "[0, inf)",
-    "optim.layerwise_lr_decay": "(0, 1]",
+    "optim.layerwise_lr_decay": "(0, 1]", "optim.unfreeze_every_steps": "[0, inf)",
     "train.steps": "[1, inf)", "train.batch_size": "[1, inf)", "train.seed": "[0, 4294967295]",
     "train.log_every": "[1, inf)", "train.eval_every": "[1, inf)", "train.eval_batches": "[1, inf)",
     "train.checkpoint_every": "[1, inf)", "train.keep_checkpoints": "[1, inf)",

@@ -166,8 +166,9 @@ def _against_baseline(dev: dict[str, float], report: dict[str, Any], task: str
 
 def finetune(config: Config, workdir: str | Path) -> dict[str, Any]:
     """Trains `config` (a downstream run) in `workdir`, resuming if it holds one (a finished
-    one is only evaluated), and writes the final dev metrics to `<workdir>/results.json` (and a
-    run on a subset of the labels lists it in `label_subset.json`)."""
+    one is only evaluated), and writes the final dev metrics and the trained and total
+    parameter counts to `<workdir>/results.json` (and a run on a subset of the labels lists it
+    in `label_subset.json`)."""
     trainer = Trainer(config, workdir)
     if "label_subset" in trainer.data.report:  # the labelled images a run trains on
         Path(workdir).mkdir(parents=True, exist_ok=True)
@@ -178,7 +179,7 @@ def finetune(config: Config, workdir: str | Path) -> dict[str, Any]:
     dev = (_task_metrics(summary["eval"], task) if summary["eval"]
            else evaluate(workdir)["dev"])
     result = {"task": task, "init": config.model.init, "seed": config.train.seed,
-              "steps": summary["step"], "dev": dev,
+              "steps": summary["step"], "parameters": summary["parameters"], "dev": dev,
               **_against_baseline(dev, summary["report"], task)}
     (Path(workdir) / RESULTS_FILE).write_text(json.dumps(result, indent=2))
     return result

@@ -205,6 +205,9 @@ def checkpoints(model: nnx.Module, untrained: Collection[str] = ()) -> dict[str,
     """`model` as HF checkpoints, by part name for a joint model (its `parts()`), else one
     named "". Parameters at the paths `untrained` (of `model`: neither trained nor imported) are
     left out (`to_hf`). What HF cannot hold is refused here, before anything is written."""
+    if getattr(getattr(model, "config", None), "adapter_size", 0):
+        raise UserError("HF's Bert/Electra/Roberta models have no adapter layers: a model with "
+                        "model.adapter_size > 0 cannot be exported to HF; keep it in pretext form")
     parts = conversion.parts(model) or {"": model}
     found = {}
     for name, paths in conversion.part_paths(model).items():

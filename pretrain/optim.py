@@ -10,6 +10,7 @@ bias correction, so that one transformation is written here; everything else is 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -141,6 +142,87 @@ def scale_by_layer_depth(decay: float) -> optax.GradientTransformation:
         return jax.tree.map(lambda u, f: u * f.astype(u.dtype), updates, factors), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+TRAINED, FROZEN = "trained", "frozen"
+
+
+def adapter_labels(params: Any) -> Any:
+    """`TRAINED` or `FROZEN` per parameter for adapter tuning (Houlsby et al. 2019 §2: only the
+    adapters, the layer norms and the task head train; adapter-bert optimization.py
+    `create_optimizer` trains its "adapters", "layer_norm" and "head" collections): a parameter
+    trains if a component of its path names an adapter, it belongs to a layer norm, or it lies
+    outside the `encoder` (the head on it; BERT's pre-trained pooler included)."""
+
+    def label(path: tuple[Any, ...], _: Any) -> str:
+        names = _names(path)
+        trained = (names[0] != "encoder" or any("adapter" in n for n in names)
+                   or any(n.endswith("layer_norm") for n in names))
+        return TRAINED if trained else FROZEN
+
+    return jax.tree_util.tree_map_with_path(label, params)
+
+
+def trained_parameters(params: Any, labels: Callable[[Any], Any] | None) -> dict[str, int]:
+    """{"trained": parameters that train, "total": all} of `params` under the label function
+    `labels` (`adapter_labels`; None: all train). Gradual unfreezing trains them all in the
+    end, so it counts them all."""
+    sizes = [int(math.prod(leaf.shape)) for leaf in jax.tree.leaves(params)]
+    kinds = jax.tree.leaves(labels(params)) if labels else [TRAINED] * len(sizes)
+    return {"trained": sum(size for size, kind in zip(sizes, kinds, strict=True)
+                           if kind == TRAINED), "total": sum(sizes)}
+
+
+def unfreezing_stages(params: Any, every: int) -> Any:
+    """The update count from which each parameter trains under gradual unfreezing (ULMFiT,
+    Howard & Ruder 2018 §3.3: the last layer group first, then the next lower group every
+    `every` updates): the head and all else outside the embeddings and layers from 0, layer i
+    of L (0-based from the bottom, a [L, 1, ...] array on stacked layer parameters) from
+    (L - i) x every, the embeddings (and their projection) from (L + 1) x every. The layer
+    groups are `layer_depth_factors`'."""
+    layers = next((leaf.shape[0] for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+                   if "layers" in _names(path)), 0)
+    if not layers:
+        raise UserError(f"optim.unfreeze_every_steps={every} unfreezes stacked Transformer layers "
+                        "one by one; this model has none (ALBERT shares one layer): set "
+                        "optim.unfreeze_every_steps=0")
+
+    def stage(path: tuple[Any, ...], leaf: Any) -> Any:
+        names = _names(path)
+        if any(n.startswith("embeddings") for n in names):
+            return jnp.int32((layers + 1) * every)
+        if "layers" in names:
+            start = (layers - jnp.arange(layers, dtype=jnp.int32)) * every
+            return start.reshape(-1, *([1] * (leaf.ndim - 1)))
+        return jnp.int32(0)
+
+    return jax.tree_util.tree_map_with_path(stage, params)
+
+
+class GradualUnfreezingState(NamedTuple):
+    count: jax.Array
+    inner: Any
+
+
+def gradually_unfrozen(inner: optax.GradientTransformation, every: int
+                       ) -> optax.GradientTransformation:
+    """`inner` on the parameters `unfreezing_stages` has unfrozen by the update count: the others'
+    gradients enter it as 0 (no clipping share, no moments) and their updates leave it as
+    exactly 0 (no weight decay), as frozen (requires_grad False) parameters in fastai's
+    ULMFiT. The count lives in the state, so a resumed run continues the schedule."""
+
+    def mask(tree: Any, count: jax.Array) -> Any:
+        return jax.tree.map(lambda u, start: jnp.where(count >= start, u, jnp.zeros_like(u)),
+                            tree, unfreezing_stages(tree, every))
+
+    def init(params: Any) -> GradualUnfreezingState:
+        return GradualUnfreezingState(count=jnp.zeros((), jnp.int32), inner=inner.init(params))
+
+    def update(updates: Any, state: GradualUnfreezingState, params: Any = None):
+        updates, inner_state = inner.update(mask(updates, state.count), state.inner, params)
+        return mask(updates, state.count), GradualUnfreezingState(state.count + 1, inner_state)
+
+    return optax.GradientTransformation(init, update)
 
 
 def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
@@ -349,8 +431,22 @@ def scale_by_layer_trust_ratio(mask: Any = None) -> optax.GradientTransformation
     return transform if mask is None else optax.masked(transform, mask)
 
 
-def make_optimizer(config: Any, total_steps: int) -> optax.GradientTransformation:
-    """The optax chain for `config` (OptimConfig): clip -> moments -> decoupled decay -> lr."""
+def make_optimizer(config: Any, total_steps: int, labels: Any = None
+                   ) -> optax.GradientTransformation:
+    """The optax chain for `config` (OptimConfig): clip -> moments -> decoupled decay -> lr,
+    under gradual unfreezing with `unfreeze_every_steps`; with `labels` (a function of the
+    parameters to `TRAINED` or `FROZEN` each, `adapter_labels`), on the trained parameters only:
+    the frozen ones have no optimizer state and an update of exactly 0."""
+    tx = _optimizer(config, total_steps)
+    if config.unfreeze_every_steps:
+        tx = gradually_unfrozen(tx, config.unfreeze_every_steps)
+    if labels is None:
+        return tx
+    return optax.multi_transform({TRAINED: tx, FROZEN: optax.set_to_zero()}, labels)
+
+
+def _optimizer(config: Any, total_steps: int) -> optax.GradientTransformation:
+    """`make_optimizer`'s chain for every parameter."""
     schedule = learning_rate_schedule(config, total_steps)
     # fairseq's Adam decays every parameter; the TF references skip LayerNorm and biases.
     decayed = None if config.decay_norms_and_biases else decay_mask

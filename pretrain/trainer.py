@@ -36,7 +36,12 @@ from pretext_jax.pretrain.config import Config
 from pretext_jax.pretrain.feed import StepFeed, open_loader, records_in_device_memory
 from pretext_jax.pretrain.loading import load_pretrained
 from pretext_jax.pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
-from pretext_jax.pretrain.optim import learning_rate_schedule, make_optimizer
+from pretext_jax.pretrain.optim import (
+    adapter_labels,
+    learning_rate_schedule,
+    make_optimizer,
+    trained_parameters,
+)
 from pretext_jax.pretrain.profiling import PROFILE_DIR, Profile
 from pretext_jax.pretrain.step import gather_rows, update_step
 
@@ -164,11 +169,13 @@ class Trainer:
     def _build(self) -> None:
         self.loss_fn = self.method.bind_loss(self.objective)
         total_steps = self.config.train.steps
-        self.tx = make_optimizer(self.config.optim, total_steps)
+        labels = adapter_labels if getattr(self.model_config, "adapter_size", 0) else None
+        self.tx = make_optimizer(self.config.optim, total_steps, labels)
         self.schedule = learning_rate_schedule(self.config.optim, total_steps)
         seed = self.config.train.seed
         abstract_model = nnx.eval_shape(lambda: self.method.build_model(self.model_config, seed))
         self.graphdef, abstract_params, abstract_rest = nnx.split(abstract_model, nnx.Param, ...)
+        self.parameters = trained_parameters(abstract_params, labels)
         param_shardings = mesh_lib.state_shardings(abstract_params, self.mesh)
         rest_shardings = mesh_lib.state_shardings(abstract_rest, self.mesh)
         abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
@@ -391,6 +398,9 @@ class Trainer:
                               enabled=self.is_writer, progress=t.progress)
         if start:  # restored from a checkpoint
             writer.print(f"resumed from step {start} in {self.workdir}")
+        if self.parameters["trained"] < self.parameters["total"]:
+            writer.print(f"training {self.parameters['trained']:,} of "
+                         f"{self.parameters['total']:,} parameters (the rest frozen)")
         units = self.method.units_per_example(self.example_config) * t.batch_size
         last_train: dict[str, float] = {}
         last_eval: dict[str, float] = {}
@@ -463,7 +473,8 @@ class Trainer:
         curves = plot_curves(self.workdir) if self.is_writer else None
         return {"step": int(jax.device_get(state.step)), "train": last_train, "eval": last_eval,
                 "report": self.data.report, "workdir": str(self.workdir),
-                "curves": str(curves) if curves else None, "state": state,
+                "parameters": self.parameters, "curves": str(curves) if curves else None,
+                "state": state,
                 "stopped_by": stopped_by, "skipped_nonfinite": skipped}
 
     def _check_finite(self, flags: list[tuple[int, jax.Array]],

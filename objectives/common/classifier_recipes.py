@@ -34,6 +34,9 @@ from pretext_jax.objectives import registry
 from pretext_jax.objectives.registry import DownstreamTask, FinetuneRecipe
 
 CLASSIFY = "classify"  # the transformer classifier's method (objectives/classification.py)
+# The heads whose network has a layer of its own per depth in models/encoder.py, where adapters
+# go (`EncoderConfig.adapter_size`; ALBERT's one shared layer would share them across depths).
+ADAPTER_HEADS = ("bert", "electra", "roberta")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +92,13 @@ class FinetuneModelConfig(ClassifierConfig, XLNetClassifierConfig, XLMClassifier
     head: str = "bert"
     init: str = ""
     """Start from: a pretext workdir/model dir or HF folder of a head's family; '' = random."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.adapter_size and self.head not in ADAPTER_HEADS:
+            raise ValueError(f"adapter_size={self.adapter_size}: adapters sit in the layers of "
+                             f"models/encoder.py ({', '.join(ADAPTER_HEADS)} heads), one per "
+                             f"layer; set model.adapter_size=0 for head={self.head}")
 
     @property
     def is_xlm(self) -> bool:
