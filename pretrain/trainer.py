@@ -24,7 +24,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import prepare
 from pretext_jax.models.layers import Frozen
 from pretext_jax.objectives import registry
-from pretext_jax.pretrain import directories, integrity, resilience
+from pretext_jax.pretrain import directories, integrity, optim, resilience
 from pretext_jax.pretrain import mesh as mesh_lib
 from pretext_jax.pretrain.checkpoints import (
     CheckpointStore,
@@ -36,12 +36,6 @@ from pretext_jax.pretrain.config import Config
 from pretext_jax.pretrain.feed import StepFeed, open_loader, records_in_device_memory
 from pretext_jax.pretrain.loading import load_pretrained
 from pretext_jax.pretrain.metrics import MetricWriter, plot_curves, reduce_metrics
-from pretext_jax.pretrain.optim import (
-    adapter_labels,
-    learning_rate_schedule,
-    make_optimizer,
-    trained_parameters,
-)
 from pretext_jax.pretrain.profiling import PROFILE_DIR, Profile
 from pretext_jax.pretrain.step import gather_rows, update_step
 
@@ -169,13 +163,13 @@ class Trainer:
     def _build(self) -> None:
         self.loss_fn = self.method.bind_loss(self.objective)
         total_steps = self.config.train.steps
-        labels = adapter_labels if getattr(self.model_config, "adapter_size", 0) else None
-        self.tx = make_optimizer(self.config.optim, total_steps, labels)
-        self.schedule = learning_rate_schedule(self.config.optim, total_steps)
+        labels = optim.adapter_labels if getattr(self.model_config, "adapter_size", 0) else None
+        self.tx = optim.make_optimizer(self.config.optim, total_steps, labels)
+        self.schedule = optim.learning_rate_schedule(self.config.optim, total_steps)
         seed = self.config.train.seed
         abstract_model = nnx.eval_shape(lambda: self.method.build_model(self.model_config, seed))
         self.graphdef, abstract_params, abstract_rest = nnx.split(abstract_model, nnx.Param, ...)
-        self.parameters = trained_parameters(abstract_params, labels)
+        self.parameters = optim.trained_parameters(abstract_params, labels)
         param_shardings = mesh_lib.state_shardings(abstract_params, self.mesh)
         rest_shardings = mesh_lib.state_shardings(abstract_rest, self.mesh)
         abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
@@ -474,8 +468,7 @@ class Trainer:
         return {"step": int(jax.device_get(state.step)), "train": last_train, "eval": last_eval,
                 "report": self.data.report, "workdir": str(self.workdir),
                 "parameters": self.parameters, "curves": str(curves) if curves else None,
-                "state": state,
-                "stopped_by": stopped_by, "skipped_nonfinite": skipped}
+                "state": state, "stopped_by": stopped_by, "skipped_nonfinite": skipped}
 
     def _check_finite(self, flags: list[tuple[int, jax.Array]],
                       segment: registry.Segment | None) -> int:
