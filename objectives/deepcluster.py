@@ -169,7 +169,8 @@ def begin_round(model: DeepCluster, train: Any, objective: DeepClusterSettings, 
     layer (module docstring, step 1); the head's optimizer state restarts."""
     points = pca_whiten(training_features(model, train, objective), objective.pca_dim)
     seed_k = int(round_seed(seed, round_index, 0).integers(2**31))
-    _, labels, _ = kmeans(points, model.config.num_clusters, objective.kmeans_iterations, seed_k)
+    _, labels, _ = kmeans(points, model.config.num_clusters, objective.kmeans_iterations, seed_k,
+                          setting="model.num_clusters")
     model.labels.set_value(jnp.asarray(labels))
     model.reinitialise_head(jax.random.fold_in(jax.random.key(seed), round_index))
     return ("head",)

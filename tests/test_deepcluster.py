@@ -14,6 +14,7 @@ from resilience_utils import GRADIENT_STEP, abort_and_resume, assert_same_traini
 from tfds_utils import write_colour_folder
 
 from pretext_jax import run
+from pretext_jax.errors import UserError
 from pretext_jax.models.deepcluster import SOBEL_X, sobel
 from pretext_jax.objectives.common.clustering import (
     SPLIT_EPS,
@@ -55,6 +56,8 @@ def test_kmeans_equals_a_plain_numpy_kmeans_on_the_same_seeds():
         np.testing.assert_allclose(centroids, expected_centroids, rtol=1e-5, atol=1e-5)
     again = kmeans(points, 5, 6, 1)
     np.testing.assert_array_equal(again[1], kmeans(points, 5, 6, 1)[1])  # deterministic
+    with pytest.raises(UserError, match="^model.num_clusters=120 must be below the 120 "):
+        kmeans(points, 120, 6, 0, setting="model.num_clusters")  # DeepCluster's setting
 
 
 def test_empty_clusters_are_split_from_a_non_empty_one():

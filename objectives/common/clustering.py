@@ -73,15 +73,16 @@ def split_empty_clusters(centroids: np.ndarray, counts: np.ndarray, rng: np.rand
     return splits
 
 
-def kmeans(points: np.ndarray, k: int, iterations: int, seed: int
-           ) -> tuple[np.ndarray, np.ndarray, int]:
+def kmeans(points: np.ndarray, k: int, iterations: int, seed: int,
+           setting: str = "objective.num_clusters") -> tuple[np.ndarray, np.ndarray, int]:
     """(centroids [k, d], assignments [N], empty clusters re-seeded) of `iterations` Lloyd
     steps from k distinct points drawn with `seed`. Each step assigns every point to its
     nearest centroid, moves each centroid to the mean of its points and re-seeds the empty
-    ones; the returned assignments are to the final centroids."""
+    ones; the returned assignments are to the final centroids. `setting`: the config key of
+    k, which a refusal names."""
     points = np.asarray(points, np.float32)
     if k >= len(points):
-        raise UserError(f"objective.num_clusters={k} exceeds the {len(points)} training images; "
+        raise UserError(f"{setting}={k} must be below the {len(points)} training images; "
                         "lower it")
     rng = np.random.default_rng(seed)
     centroids = points[np.sort(rng.choice(len(points), k, replace=False))].astype(np.float64)
