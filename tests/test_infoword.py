@@ -23,6 +23,7 @@ from resilience_utils import (
     small_corpus,
     train_losses,
 )
+from text_utils import unique_token_documents
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.examples.bert import MaskingVocab, prediction_budget
@@ -49,14 +50,7 @@ FIRST = 10  # token ids >= FIRST are unique: 10 + 100 * document + place in it
 
 def documents() -> list[list[list[int]]]:
     """60 documents of 8 sentences of 2-10 tokens, every token id unique (never [MASK])."""
-    rng = np.random.default_rng(0)
-    out = []
-    for d in range(60):
-        ids, sentences = iter(range(FIRST + 100 * d, FIRST + 100 * (d + 1))), []
-        for _ in range(8):
-            sentences.append([next(ids) for _ in range(int(rng.integers(2, 11)))])
-        out.append(sentences)
-    return out
+    return unique_token_documents(FIRST, 100, (2, 10))
 
 
 @pytest.fixture(scope="module")

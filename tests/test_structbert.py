@@ -20,6 +20,7 @@ from resilience_utils import (
     small_corpus,
     train_losses,
 )
+from text_utils import unique_token_documents
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.examples.bert import MaskingVocab
@@ -42,14 +43,7 @@ FIRST = 10  # token ids >= FIRST name (document, place in it): 10 + 60 * documen
 def documents() -> list[list[list[int]]]:
     """60 documents of 8 sentences of 3-7 tokens; every token id is unique and increases along
     its document, so a token tells where it came from."""
-    rng = np.random.default_rng(0)
-    out = []
-    for d in range(60):
-        ids, sentences = iter(range(FIRST + 60 * d, FIRST + 60 * (d + 1))), []
-        for _ in range(8):
-            sentences.append([next(ids) for _ in range(int(rng.integers(3, 8)))])
-        out.append(sentences)
-    return out
+    return unique_token_documents(FIRST, 60, (3, 7))
 
 
 @pytest.fixture(scope="module")
