@@ -76,6 +76,7 @@ from pretext_jax.objectives.common.two_view import (
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
+    Loader,
     Method,
     Metrics,
     PreparedData,
@@ -316,9 +317,10 @@ def prepare_local_aggregation(data: DataConfig, examples: ImageExampleConfig, ca
 
 
 def with_phases(prepared: PreparedData, model: LocalAggregationConfig,
-                objective: LocalAggregationSettings) -> PreparedData:
+                objective: LocalAggregationSettings, load: Loader | None = None) -> PreparedData:
     """`Resolution.complete_data`: the bank's size checked against the settings now that the
     data has set it (`check_bank`), then the warm-up and the rounds (`phases`)."""
+    del load
     check_bank(model, objective)
     return dataclasses.replace(prepared, segments=phases(prepared.train, objective))
 

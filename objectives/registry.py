@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -407,9 +408,35 @@ def downstream_task(name: str) -> DownstreamTask:
     return task
 
 
+# Each hook's positional arguments, as the trainer passes them (the docstrings above).
+_HOOK_ARITY = {
+    "build_model": 2, "prepare": 4, "units_per_example": 1,
+    "resolution.check": 3, "resolution.run_settings": 2, "resolution.complete_data": 4,
+    "evaluation.monitor": 4, "evaluation.summarize": 3,
+    "start.pretrained": 3, "start.finetunes": 3,
+}
+
+
+def check_hooks(method: Method) -> None:
+    """Every hook of `method` accepts the positional arguments the trainer passes it, checked
+    when it registers rather than when a run first calls it."""
+    for hook, arity in _HOOK_ARITY.items():
+        function: Any = method
+        for part in hook.split("."):
+            function = getattr(function, part)
+        if function is None:
+            continue
+        try:
+            inspect.signature(function).bind(*range(arity))
+        except TypeError as error:
+            raise TypeError(f"method {method.name!r}: {hook} must accept {arity} positional "
+                            f"arguments ({error})") from None
+
+
 def register(method: Method) -> Method:
-    """Adds a method and its presets; a second method of the same name, or a preset name another
-    method already declares, is an error."""
+    """Adds a method and its presets; a second method of the same name, a preset name another
+    method already declares or a hook of the wrong arity (`check_hooks`) is an error."""
+    check_hooks(method)
     if method.name in _METHODS:
         raise ValueError(f"method {method.name!r} is already registered")
     taken = sorted(set(method.presets) & set(_PRESET_METHODS))

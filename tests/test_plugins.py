@@ -3,12 +3,16 @@ docs/add_your_own_objective.md) is registered by `run.py --import` and trains fr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pretext_jax import run
+from pretext_jax.objectives import registry
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "docs" / "examples" / "smoothed_mlm.py"
@@ -108,3 +112,25 @@ def test_a_new_method_is_one_file_with_one_registration_line(tmp_path, capsys):
     assert json.loads((tmp_path / "w" / "config.json").read_text())["method"] == \
         "mlm_only_from_test"
     assert tree_state() == before  # nothing in the tree was edited for it
+
+
+def test_a_hook_of_the_wrong_arity_is_refused_when_the_method_registers():
+    """`register` binds every hook to the arguments the trainer passes (`check_hooks`): a
+    `complete_data` written before `load` joined its arguments fails at import, naming the hook,
+    not at a run's first call; the same hook with `load` registers."""
+    bert = registry.get("bert")
+
+    def without_load(prepared, model_config, objective):
+        return prepared
+
+    def with_load(prepared, model_config, objective, load=None):
+        return prepared
+
+    stale = dataclasses.replace(bert, name="stale_hook_from_test", presets={},
+                                resolution=registry.Resolution(complete_data=without_load))
+    with pytest.raises(TypeError, match=r"'stale_hook_from_test': resolution.complete_data "
+                                        r"must accept 4 positional arguments"):
+        registry.register(stale)
+    assert "stale_hook_from_test" not in registry.names()
+    registry.check_hooks(dataclasses.replace(
+        stale, resolution=registry.Resolution(complete_data=with_load)))
