@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
+import os
 import re
+import sys
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -292,9 +296,39 @@ def _stdlib_docstrings() -> Iterable[list[str]]:
 def python_docs_documents() -> Documents:
     """The offline demo corpus, English prose that ships with every CPython: the reference
     topics of `pydoc_data` (one document per topic) and the docstrings of the standard library
-    (one document per module); about 2 MB of text."""
+    (one document per module); about 2 MB of text.
+
+    Parsing the standard library takes seconds, so the documents are kept in the user's cache
+    folder (`$XDG_CACHE_HOME` or ~/.cache, `pretext-jax/`) under a name keyed by this Python's
+    build and standard library; an unwritable or damaged cache only means parsing again."""
+    import sysconfig
+
+    build = f"{sys.version}|{sysconfig.get_paths()['stdlib']}|{_DEMO_CORPUS_FORMAT}"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pretext-jax" / (
+        f"python-docs-{hashlib.sha256(build.encode()).hexdigest()[:16]}.json")
+    try:
+        return json.loads(cache.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
     from pydoc_data.topics import topics
 
     documents = [_prose_sentences(topics[name]) for name in sorted(topics)]
     documents.extend(_stdlib_docstrings())
-    return [d for d in documents if d]
+    documents = [d for d in documents if d]
+    try:  # written whole or not at all: a temporary file renamed over the name
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=cache.parent,
+                                         suffix=".tmp", delete=False) as handle:
+            try:
+                json.dump(documents, handle)
+            except OSError:
+                Path(handle.name).unlink()
+                raise
+        os.replace(handle.name, cache)
+    except OSError:
+        pass
+    return documents
+
+
+# Bumped when `_prose_sentences` or the files read change, so no older cache is read.
+_DEMO_CORPUS_FORMAT = 1

@@ -110,13 +110,26 @@ def test_unprepared_tfds_dataset_names_the_build_command_and_never_downloads(tmp
         sources.open_tfds("tiny_corpus", "train", str(tmp_path))
 
 
-def test_python_docs_corpus_is_prose():
+def test_python_docs_corpus_is_prose_and_is_parsed_once(tmp_path, monkeypatch):
+    """The demo corpus is prose; the documents parsed once are kept in the cache folder and read
+    back equal; a damaged cache file is parsed again and replaced."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     docs = sources.python_docs_documents()
     sentences = [s for doc in docs for s in doc]
     assert len(docs) > 300 and len(sentences) > 10000
     assert not any(s.startswith(">>>") for s in sentences)
     words = sum(len(s.split()) for s in sentences)
     assert words > 200_000
+    [cache] = (tmp_path / "pretext-jax").iterdir()
+    parses = []  # parsing again stands in for the standard library with one module
+    monkeypatch.setattr(sources, "_stdlib_docstrings",
+                        lambda: parses.append(1) or [["One module's docstring."]])
+    assert sources.python_docs_documents() == docs and not parses  # read from the cache
+    cache.write_text(cache.read_text()[:1000])  # a cut-off write
+    reparsed = sources.python_docs_documents()
+    assert parses == [1] and reparsed[-1] == ["One module's docstring."]
+    assert sources.python_docs_documents() == reparsed and parses == [1]  # rewritten whole
+    assert [p.name for p in cache.parent.iterdir()] == [cache.name]  # no temporary file left
 
 
 def test_bad_sources(tmp_path):
