@@ -1,7 +1,8 @@
 """Metric sinks for the trainer: progress bar, JSONL, TensorBoard, PNG curves (process 0 only),
 and the estimate of a long run's duration from its first step after compilation.
 
-TensorBoard events are written with tensorboardX, which needs no TensorFlow.
+TensorBoard events are written with tensorboardX, which needs no TensorFlow, imported without
+torch (`import_tensorboardx`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,22 @@ LONG_RUN_S = 3600.0
 """A run estimated to last longer than this says so after its first timed step."""
 FULL_SIZE_PARAMETERS = 3_000_000
 """A network this large is noted before it trains on a CPU (`full_size_note`)."""
+
+
+def import_tensorboardx() -> Any:
+    """tensorboardX, or None when the `tensorboard` extra is not installed. Its writer module
+    imports torch when torch is installed (to accept torch tensors: 1 s and hundreds of MB, for
+    scalars pretext passes as floats), so torch is hidden while it is imported unless something
+    imported it already."""
+    hide_torch = "torch" not in sys.modules
+    if hide_torch:
+        sys.modules["torch"] = None  # `import torch` raises ImportError, which it catches
+    try:
+        return optional_import("tensorboardX", "tensorboard",
+                               "TensorBoard events are not written (JSONL only)")
+    finally:
+        if hide_torch:
+            del sys.modules["torch"]
 
 
 def reduce_metrics(sums: dict[str, tuple[Any, Any]]) -> dict[str, float]:
@@ -134,8 +151,7 @@ class MetricWriter:
             return
         truncate_after(workdir / METRICS_FILE, start_step)
         self.jsonl = (workdir / METRICS_FILE).open("a")
-        tensorboard = optional_import(  # heavy import, only on the writing process
-            "tensorboardX", "tensorboard", "TensorBoard events are not written (JSONL only)")
+        tensorboard = import_tensorboardx()  # only on the writing process
         if tensorboard is not None:
             self.tensorboard = tensorboard.SummaryWriter(str(workdir / "tensorboard"),
                                                          purge_step=start_step + 1)

@@ -79,10 +79,19 @@ def test_console_command_runs_the_demo_from_a_fresh_environment(wheel, tmp_path)
     run = subprocess.run(
         [command, "demo", "--workdir", "demo", "train.steps=20", "train.eval_every=20",
          "train.checkpoint_every=20", "train.progress=false", "model.num_layers=1"],
-        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=900)
+        cwd=elsewhere, env={**env, "PYTHONPROFILEIMPORTTIME": "1"}, capture_output=True,
+        text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "held-out MLM accuracy" in run.stdout
     assert any((elsewhere / "demo" / "checkpoints").iterdir())
+    assert any((elsewhere / "demo" / "tensorboard").iterdir())
+    # Python's import log: the run (TensorBoard events included) loads neither torch nor
+    # TensorFlow, though this environment has torch (tensorboardX imports it when it can; the
+    # log also lists the refused attempt, `torch` alone, so the test looks for its submodules).
+    imported = {line.rsplit("|", 1)[1].strip() for line in run.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert {"tensorboardX.writer", "jax"} <= imported
+    assert not [name for name in imported if name.startswith(("torch.", "tensorflow."))]
 
 
 # A run in a process where the optional extras' packages cannot be imported (`None` in
