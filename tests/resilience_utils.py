@@ -97,14 +97,15 @@ def wait_for_step(process: subprocess.Popen, log: Path, step: int, timeout_s: fl
 
 
 def run_in_process(preset: str, overrides: dict, workdir: Path, log: Path,
-                   kill_at: int | None = None) -> None:
+                   kill_at: int | None = None, sigterm_at: int | None = None) -> None:
     """The worker's run in this process, whose compilation cache is warm: a reference run, or
     the rerun that finishes an interrupted one (compiled programs are the same in either).
-    `kill_at`: raise `resilience_worker.Killed` in place of that step."""
+    `kill_at`: raise `resilience_worker.Killed` in place of that step; `sigterm_at`: send this
+    process SIGTERM as that step begins."""
     import resilience_worker
 
     resilience_worker.main(json.dumps({"preset": preset, "overrides": overrides}), str(workdir),
-                           str(log), kill_at=kill_at)
+                           str(log), kill_at=kill_at, sigterm_at=sigterm_at)
 
 
 def interrupt(preset: str, overrides: dict, workdir: Path, log: Path, step: int,
@@ -151,6 +152,18 @@ def abort_and_resume(preset: str, overrides: dict, root: Path, step: int) -> tup
     (workdir, log)."""
     ours = root / "w", root / "w.log"
     abort(preset, overrides, *ours, step=step)
+    run_in_process(preset, overrides, *ours)
+    return ours
+
+
+def stop_and_resume(preset: str, overrides: dict, root: Path, step: int) -> tuple[Path, Path]:
+    """`kill_and_resume` with SIGTERM, in this process, its compilation cache warm: a run under
+    `root`/w sent SIGTERM as `step` begins finishes that step, checkpoints it and returns
+    (asserted), then `run_in_process` finishes it. Returns its (workdir, log)."""
+    ours = root / "w", root / "w.log"
+    run_in_process(preset, overrides, *ours, sigterm_at=step)
+    saved = sorted(int(p.name) for p in (ours[0] / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved[-1] == step and sorted(dict(read_log(ours[1]))) == list(range(1, step + 1))
     run_in_process(preset, overrides, *ours)
     return ours
 

@@ -6,7 +6,9 @@ executed step to LOG: the step and a digest of the batch it consumed, flushed to
 the step runs, so a kill at any point leaves a record of exactly what was read.
 
 In a test's own process, `main(..., kill_at=step)` stands in for a kill: `step` is logged as
-begun and `Killed` is raised in its place (tests/resilience_utils.py `abort_and_resume`).
+begun and `Killed` is raised in its place (tests/resilience_utils.py `abort_and_resume`);
+`main(..., sigterm_at=step)` sends the process SIGTERM as that step begins, as a scheduler's
+preemption would (`stop_and_resume`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class Killed(Exception):
     """Raised by `main(..., kill_at=step)` in place of that step."""
 
 
-def main(spec: str, workdir: str, log_path: str, kill_at: int | None = None) -> None:
+def main(spec: str, workdir: str, log_path: str, kill_at: int | None = None,
+         sigterm_at: int | None = None) -> None:
     settings = json.loads(spec)
     trainer = Trainer(make_config(settings["preset"], settings["overrides"]), workdir)
     step_fn = trainer.train_step
@@ -52,6 +55,8 @@ def main(spec: str, workdir: str, log_path: str, kill_at: int | None = None) -> 
             os.fsync(log.fileno())
         if step == kill_at:
             raise Killed(f"stopped in place of step {step}, as a kill would stop it")
+        if step == sigterm_at:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled by the trainer's PreemptionWatch
         return step_fn(state, local_batch)
 
     trainer.train_step = logged_step

@@ -1,21 +1,19 @@
-"""Kills and preemption signals change nothing about image runs either: SimCLR on an image
-folder (whole images) stopped as a kill stops it, and on a TFDS image dataset prepared on disk
-(images of many sizes, cropped on the host) stopped with SIGTERM in a worker process, then
-rerun, ends with the losses and parameters of an uninterrupted run, bit for bit. The data
-position resumes because image sources describe their content, not their object ids; other
-images are refused with the fact that changed."""
+"""Kills and preemption signals change nothing about image runs either: SimCLR on an image folder
+(whole images) stopped as a kill stops it, and on a TFDS image dataset prepared on disk (images
+of many sizes, cropped on the host) stopped with SIGTERM, then rerun, ends with the losses and
+parameters of an uninterrupted run, bit for bit. The data position resumes because image
+sources describe their content, not their object ids; other images are refused with the fact
+that changed."""
 
 from __future__ import annotations
-
-import signal
 
 import numpy as np
 import pytest
 from resilience_utils import (
     abort_and_resume,
     assert_same_training,
-    kill_and_resume,
     run_in_process,
+    stop_and_resume,
 )
 from tfds_utils import build_image_dataset
 
@@ -57,23 +55,24 @@ def sources(tmp_path_factory) -> dict[str, dict]:
                             "examples.host_crop_size": 16}}
 
 
-@pytest.mark.parametrize(("source", "sig", "step"), [("image folder", None, 5),
-                                                     ("TFDS images", signal.SIGTERM, 8)])
-def test_killed_or_stopped_image_run_equals_an_uninterrupted_one(source, sig, step, sources,
+@pytest.mark.parametrize(("source", "stop", "step"), [("image folder", "kill", 5),
+                                                      ("TFDS images", "SIGTERM", 8)])
+def test_killed_or_stopped_image_run_equals_an_uninterrupted_one(source, stop, step, sources,
                                                                 tmp_path):
-    """A run is stopped as a kill stops it in place of step 5 (`abort_and_resume`, in this
-    process: the last checkpoint is step 3's, so steps 4-5 are redone), or a worker process is
-    stopped (SIGTERM at step 8: it checkpoints and exits); the rerun that finishes, and the
-    reference, run in this process (its compilation cache is warm). tests/test_resilience.py
-    sends SIGKILL and SIGTERM to text runs' worker processes: a signal's effect does not depend
-    on the method, the resumed image data position is what this checks."""
+    """A run is stopped as a kill stops it in place of step 5 (`abort_and_resume`: the last
+    checkpoint is step 3's, so steps 4-5 are redone), or sent SIGTERM as step 8 begins
+    (`stop_and_resume`: it finishes step 8, checkpoints it and returns, so the rerun starts
+    mid-epoch at step 9); the rerun that finishes, and the reference, run in this process (its
+    compilation cache is warm). tests/test_resilience.py sends SIGKILL and SIGTERM to text
+    runs' worker processes: a signal's effect does not depend on the method, the resumed image
+    data position is what this checks."""
     overrides = {**SIMCLR, **sources[source], "data.cache_dir": str(tmp_path / "cache")}
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("simclr_tiny", overrides, *reference)
-    ours = (abort_and_resume("simclr_tiny", overrides, tmp_path, step=step) if sig is None
-            else kill_and_resume("simclr_tiny", overrides, tmp_path, step=step, sig=sig))
+    ours = (abort_and_resume if stop == "kill" else stop_and_resume)(
+        "simclr_tiny", overrides, tmp_path, step=step)
     executed = assert_same_training("simclr_tiny", overrides, ours, reference)
-    assert len(executed) > STEPS or sig == signal.SIGTERM  # a kill loses steps, redone
+    assert len(executed) > STEPS or stop == "SIGTERM"  # a kill loses steps, redone
 
 
 def test_resuming_on_changed_images_names_what_changed(tmp_path):
