@@ -121,16 +121,6 @@ def interrupt(preset: str, overrides: dict, workdir: Path, log: Path, step: int,
         assert json.loads(out.splitlines()[-1])["stopped_by"] == "SIGTERM"
 
 
-def kill_and_resume(preset: str, overrides: dict, root: Path, step: int,
-                    sig: signal.Signals = signal.SIGKILL) -> tuple[Path, Path]:
-    """A worker run under `root`/w sent `sig` during `step` (`interrupt`), then finished in this
-    process (`run_in_process`). Returns its (workdir, log)."""
-    ours = root / "w", root / "w.log"
-    interrupt(preset, overrides, *ours, step=step, sig=sig)
-    run_in_process(preset, overrides, *ours)
-    return ours
-
-
 def abort(preset: str, overrides: dict, workdir: Path, log: Path, step: int) -> None:
     """A run stopped as a kill stops it, in this process: `step` is logged as begun, then
     `resilience_worker.Killed` is raised in its place (`run_in_process(kill_at=step)`). The
@@ -147,8 +137,8 @@ def abort(preset: str, overrides: dict, workdir: Path, log: Path, step: int) -> 
 
 
 def abort_and_resume(preset: str, overrides: dict, root: Path, step: int) -> tuple[Path, Path]:
-    """`kill_and_resume` in this process, its compilation cache warm: a run under `root`/w
-    stopped in place of `step` (`abort`), then finished by `run_in_process`. Returns its
+    """A run under `root`/w stopped in place of `step` as a kill stops it (`abort`), then
+    finished by `run_in_process`, both in this process, its compilation cache warm. Returns its
     (workdir, log)."""
     ours = root / "w", root / "w.log"
     abort(preset, overrides, *ours, step=step)
@@ -157,9 +147,9 @@ def abort_and_resume(preset: str, overrides: dict, root: Path, step: int) -> tup
 
 
 def stop_and_resume(preset: str, overrides: dict, root: Path, step: int) -> tuple[Path, Path]:
-    """`kill_and_resume` with SIGTERM, in this process, its compilation cache warm: a run under
-    `root`/w sent SIGTERM as `step` begins finishes that step, checkpoints it and returns
-    (asserted), then `run_in_process` finishes it. Returns its (workdir, log)."""
+    """A run under `root`/w sent SIGTERM as `step` begins finishes that step, checkpoints it and
+    returns (asserted), then `run_in_process` finishes it, both in this process, its compilation
+    cache warm. Returns its (workdir, log)."""
     ours = root / "w", root / "w.log"
     run_in_process(preset, overrides, *ours, sigterm_at=step)
     saved = sorted(int(p.name) for p in (ours[0] / "checkpoints").iterdir() if p.name.isdigit())
