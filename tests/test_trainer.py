@@ -48,7 +48,8 @@ XLNET_TINY = {
     "examples.num_streams": 16,
 }
 # SimCLR: a 4-wide ResNet-10 on a small CIFAR-format folder (written by the fixture below).
-SIMCLR_TINY = {"model.depth": 10, "model.base_width": 4, "train.batch_size": 16,
+SIMCLR_TINY = {"model.depth": 10, "model.base_width": 4, "objective.image_size": 16,
+               "train.batch_size": 16,
                "train.log_every": 1,
                "train.eval_every": 1000, "train.eval_batches": 1, "train.progress": False,
                "optim.warmup_steps": 2}
@@ -242,12 +243,12 @@ def test_simclr_workdir_with_view_settings_under_model_loads_and_resumes(tmp_pat
     first = make_trainer(workdir, data_cache, preset="simclr_tiny", **settings)
     first.run(stop_after=1)
     new = json.loads((workdir / "config.json").read_text())
-    assert (new["objective"]["image_size"], new["objective"]["jitter_strength"]) == (32, 0.25)
+    assert (new["objective"]["image_size"], new["objective"]["jitter_strength"]) == (16, 0.25)
     assert not set(VIEW_KEYS) & set(new["model"])
     views = {k: v for k, v in new["objective"].items() if k in VIEW_KEYS}
     old = {**new, "model": {**new["model"], **views},
            "objective": {k: v for k, v in new["objective"].items() if k not in VIEW_KEYS}}
-    assert (old["model"]["image_size"], old["model"]["jitter_strength"]) == (32, 0.25)
+    assert (old["model"]["image_size"], old["model"]["jitter_strength"]) == (16, 0.25)
     assert old["objective"]["temperature"] == 0.5 and not set(VIEW_KEYS) & set(old["objective"])
     assert config_from_dict(old) == config_from_dict(old_layout(new)) == first.config
     (workdir / "config.json").write_text(json.dumps(old))
@@ -257,7 +258,7 @@ def test_simclr_workdir_with_view_settings_under_model_loads_and_resumes(tmp_pat
     integrity.seal(workdir / "checkpoints" / "1")  # as if written so, not damaged
     model_json = workdir / "model.json"
     info = json.loads(model_json.read_text())
-    assert info["objective"]["image_size"] == 32 and "image_size" not in info["model"]
+    assert info["objective"]["image_size"] == 16 and "image_size" not in info["model"]
     model_json.write_text(json.dumps({"method": "simclr",
                                       "model": {**info["model"], **info["objective"]}}))
     assert type(load_model(workdir)).__name__ == "SimCLR"
@@ -266,8 +267,8 @@ def test_simclr_workdir_with_view_settings_under_model_loads_and_resumes(tmp_pat
     resumed.checkpoints.close()
     assert resumed.run()["step"] == 2
     with pytest.raises(UserError, match="model.image_size moved to the objective section; "
-                                        "write objective.image_size=16"):
-        make_config("simclr_tiny", ["model.image_size=16"])
+                                        "write objective.image_size=24"):
+        make_config("simclr_tiny", ["model.image_size=24"])
 
 
 def test_checkpoint_of_other_records_is_refused_with_a_clear_error(tmp_path, data_cache):
