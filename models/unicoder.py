@@ -45,7 +45,8 @@ class Unicoder(nnx.Module):
         w = self.recovery_weight[...].astype(x.dtype)
         scores = ((x @ w[0])[:, :, None] + (y @ w[1])[:, None, :]
                   + jnp.einsum("bsh,bth->bst", x * w[2], y)).astype(jnp.float32)
-        scores = jnp.where(target_mask[:, None, :] > 0, scores, -jnp.inf)
+        # A finite floor, so an all-padding row (no target word) stays finite.
+        scores = jnp.where(target_mask[:, None, :] > 0, scores, jnp.finfo(jnp.float32).min)
         attention = jax.nn.softmax(scores, axis=-1)
         mixed = jnp.einsum("bst,bth->bsh", attention.astype(y.dtype), y)
         return mixed * source_mask[..., None].astype(mixed.dtype), attention
