@@ -9,7 +9,8 @@ Data (`input_pipeline.examples.unicoder`): a line-aligned parallel corpus of two
 One shared sentencepiece vocabulary (XLM §3.1), language ids in sorted order. Every record holds
 every task's fields, so each batch trains all five tasks (see `unicoder_loss`).
 
-Loss: the sum of the five task losses, each a mean over its own targets: MLM, TLM and
+Loss: the sum of the five task losses (`objective.*_weight`, 1 each), each a mean over its own
+targets: MLM, TLM and
 cross-lingual MLM, cross-entropy at the masked positions (XLM's `mlm_step`); word recovery,
 cross-entropy of the original source word at every source position; paraphrase
 classification, two-class cross-entropy on the first token's state.
@@ -17,6 +18,7 @@ classification, two-class cross-entropy on the first token's state.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,28 @@ TASKS = ("mlm", "tlm", "xmlm", "wr", "pc")
 (§3.1), paraphrase classification (§3.2)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class UnicoderLossSettings:
+    """Each task's weight in the summed loss (1 each: the five tasks counted alike; 0 leaves a
+    task out, for ablations)."""
+
+    mlm_weight: float = 1.0
+    """Masked LM on the monolingual streams."""
+    tlm_weight: float = 1.0
+    """Translation LM."""
+    xmlm_weight: float = 1.0
+    """Cross-lingual masked LM (§3.3)."""
+    wr_weight: float = 1.0
+    """Cross-lingual word recovery (§3.1)."""
+    pc_weight: float = 1.0
+    """Cross-lingual paraphrase classification (§3.2)."""
+
+    def __post_init__(self) -> None:
+        weights = [getattr(self, f"{task}_weight") for task in TASKS]
+        if min(weights) < 0 or not any(weights):
+            raise UserError("objective.*_weight must be >= 0 with at least one above 0")
+
+
 def task_losses(model: Unicoder, batch: Batch, rng: jax.Array | None
                 ) -> dict[str, tuple[jax.Array, Metrics]]:
     """Each task's (loss, {"loss", "accuracy"}) on the batch's fields of that task; `rng=None`
@@ -80,11 +104,13 @@ def task_losses(model: Unicoder, batch: Batch, rng: jax.Array | None
     return out
 
 
-def unicoder_loss(model: Unicoder, batch: Batch, rng: jax.Array | None
+def unicoder_loss(model: Unicoder, batch: Batch, rng: jax.Array | None, *,
+                  objective: UnicoderLossSettings = UnicoderLossSettings()
                   ) -> tuple[jax.Array, Metrics]:
-    """The sum of the five task losses (`task_losses`), with each task's loss and accuracy."""
+    """The weighted sum of the five task losses (`task_losses`; weights 1 by default), with
+    each task's loss and accuracy."""
     terms = task_losses(model, batch, rng)
-    loss = sum(term[0] for term in terms.values())
+    loss = sum(getattr(objective, f"{name}_weight") * term[0] for name, term in terms.items())
     metrics: Metrics = {"loss": (loss, jnp.ones((), jnp.float32))}
     for name, (_, parts) in terms.items():
         metrics[f"{name}_loss"] = parts["loss"]
@@ -169,6 +195,7 @@ register(Method(
     name="unicoder",
     model_config=XLMConfig,
     example_config=unicoder_examples.UnicoderExampleConfig,
+    objective_config=UnicoderLossSettings,
     build_model=build_unicoder,
     loss=unicoder_loss,
     prepare=prepare_unicoder,
