@@ -252,6 +252,7 @@ class XLM(nnx.Module):
         encoded: jax.Array | None = None,
         encoder_mask: jax.Array | None = None,
         rng: jax.Array | None = None,
+        inputs_embeds: jax.Array | None = None,
     ) -> jax.Array:
         """`input_ids` [B, T]; `attention_mask` [B, T] (1 = token; default: ids !=
         `pad_token_id`, as HF's lengths for right-padded rows); `langs` [B, T] language ids
@@ -261,7 +262,8 @@ class XLM(nnx.Module):
         Returns the last hidden states [B, T, H], zero at padding. A decoder
         (`is_decoder`) cross-attends to `encoded` [B, S, H] at the keys where `encoder_mask`
         [B, S] is 1 (the reference's `src_enc`, `src_len`). `rng` enables dropout (None =
-        deterministic)."""
+        deterministic). `inputs_embeds` [B, T, H] replaces the token embeddings of `input_ids`
+        (whose shape and default mask still apply)."""
         c = self.config
         if c.is_decoder != (encoded is not None) or (encoded is None) != (encoder_mask is None):
             raise ValueError("a decoder (is_decoder) takes encoded and encoder_mask, an encoder "
@@ -278,7 +280,7 @@ class XLM(nnx.Module):
         mask = causal_mask(token_mask) if c.causal else token_mask[:, None, None, :]
         keep = token_mask[..., None].astype(c.compute_dtype)  # [B, T, 1]
         embed_rng, layers_rng = split_rng(rng, 2)
-        x = dropout(self.embed(input_ids, position_ids, langs), c.hidden_dropout,
+        x = dropout(self.embed(input_ids, position_ids, langs, inputs_embeds), c.hidden_dropout,
                     embed_rng) * keep
         keys = None if layers_rng is None else jax.random.split(layers_rng, c.num_layers)
 
@@ -292,10 +294,12 @@ class XLM(nnx.Module):
 
         return run_stacked(self.layers, apply, x, keys, c)[0]  # [B, T, H]
 
-    def embed(self, input_ids: jax.Array, position_ids: jax.Array, langs: jax.Array | None
-              ) -> jax.Array:
-        """Token + position (+ language) embeddings, then the embedding LayerNorm, [B, T, H]."""
-        x = self.word_embeddings(input_ids) + self.position_table(position_ids)
+    def embed(self, input_ids: jax.Array, position_ids: jax.Array, langs: jax.Array | None,
+              inputs_embeds: jax.Array | None = None) -> jax.Array:
+        """Token (or `inputs_embeds`) + position (+ language) embeddings, then the embedding
+        LayerNorm, [B, T, H]."""
+        tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        x = tokens + self.position_table(position_ids)
         if langs is not None and self.lang_embeddings is not None:
             x = x + self.lang_embeddings(langs)
         return self.embedding_layer_norm(x)

@@ -34,7 +34,7 @@ PAGES = {
     **dict.fromkeys(("gpt", "xlnet", "transformer_xl", "elmo", "word2vec"),
                     "autoregressive.md"),
     **dict.fromkeys(("t5", "mass", "mass_xlm", "prophetnet", "unilm", "xlm", "summarize",
-                     "summarize_prophetnet", "summarize_unilm"), "seq2seq.md"),
+                     "summarize_prophetnet", "summarize_unilm", "unicoder"), "seq2seq.md"),
     **dict.fromkeys(("simclr", "moco", "byol", "rotation", "jigsaw", "context", "deepcluster",
                      "cmc", "dim", "amdim", "semi", "local_aggregation"), "images.md"),
     **dict.fromkeys(("cpc", "wav2vec", "wav2vec2", "hubert", "ctc", "ctc_hubert"), "speech.md"),
@@ -48,7 +48,7 @@ TEST_SIZES = ("albert_tiny", "amdim_tiny", "bart_tiny", "bert_tiny", "byol_tiny"
               "mass_xlm_tiny",
               "moco_tiny", "mpnet_tiny", "prophetnet_tiny", "roberta_tiny", "rotation_tiny",
               "simclr_tiny", "structbert_tiny", "t5_tiny", "transformer_xl_tiny",
-              "translation_tiny", "unilm_tiny",
+              "translation_tiny", "unicoder_tiny", "unilm_tiny",
               "unilm_summarize_tiny",
               "wav2vec_tiny", "wav2vec2_tiny", "word2vec_tiny", "xlm_tiny", "xlnet_tiny")
 EXEMPT = {

@@ -19,6 +19,7 @@ from resilience_utils import (
     assert_same_training,
     run_in_process,
 )
+from text_utils import WORDS, sentences
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
@@ -26,11 +27,6 @@ from pretext_jax.objectives.xlm import xlm_loss
 from pretext_jax.pretrain.config import make_config
 from pretext_jax.pretrain.trainer import Trainer
 
-# Two made-up languages with one grammar: "en" words and their "de" translations.
-WORDS = {"en": ["the", "cat", "dog", "bird", "sees", "likes", "big", "small", "red", "blue",
-                "and", "house", "tree", "runs", "to", "a"],
-         "de": ["der", "katze", "hund", "vogel", "sieht", "mag", "gross", "klein", "rot",
-                "blau", "und", "haus", "baum", "rennt", "zum", "ein"]}
 TINY = {"model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,
         "model.intermediate_size": 128, "model.max_position_embeddings": 64,
         "model.embed_init_std": 32 ** -0.5, "examples.stream_length": 64,
@@ -38,17 +34,6 @@ TINY = {"model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,
         "data.vocab_size": 40, "data.held_out_fraction": 0.2, "train.batch_size": 16,
         "train.log_every": 1, "train.eval_batches": 2, "train.progress": False,
         "optim.warmup_steps": 2}
-
-
-def sentences(count: int, seed: int) -> list[tuple[str, str]]:
-    """(en, de) pairs: adjective subject verb object, word for word."""
-    rng = np.random.default_rng(seed)
-    pairs = []
-    for _ in range(count):
-        picks = [int(rng.integers(6, 10)), int(rng.integers(1, 4)), int(rng.integers(4, 6)),
-                 int(rng.choice([1, 2, 3, 11, 12]))]
-        pairs.append(tuple(" ".join(WORDS[lang][i] for i in picks) for lang in ("en", "de")))
-    return pairs
 
 
 @pytest.fixture(scope="module")

@@ -76,3 +76,39 @@ TINY_MASKED_LM = {
     "optim": TINY_TEXT_OPTIM,
     "train": TINY_TEXT_TRAIN,
 }
+
+_XLM_DATA_SIZED = {"vocab_size": 0, "n_langs": 0, "pad_token_id": 0}
+
+# `xlm`'s presets, which `unicoder` (XLM's structure) shares. XLM (Lample & Conneau 2019 §5.1;
+# facebookresearch/XLM README and train.py): 1024 hidden, 8 heads, GELU, dropout and attention
+# dropout 0.1, learned positions (512), streams of 256 tokens, batches of 64, languages and masks
+# sampled with alpha 0.5, Adam (b2 0.98 as the README's
+# `adam_inverse_sqrt,beta1=0.9,beta2=0.98,lr=0.0001`; bias-corrected, eps 1e-8, no weight
+# decay) with gradients clipped at norm 5 (train.py `clip_grad_norm`). 6 layers as the
+# unsupervised-MT models (12 for XNLI); the rate ramps from 1e-7 over 4,000 updates, then
+# decays as 1/sqrt(step) (src/optim.py `AdamInverseSqrtWithWarmup`). Departures: the vocabulary
+# is sentencepiece (XLM: fastBPE, 95k codes for XNLI-15), and the step count is ours (XLM stops
+# on held-out perplexity).
+XLM_TINY = {
+    "model": {**TINY_TEXT_MODEL, **NO_DROPOUT, **_XLM_DATA_SIZED,
+              "embed_init_std": TINY_TEXT_MODEL["hidden_size"] ** -0.5},
+    "examples": {"stream_length": 64, "max_sentence_length": 30,
+                 "max_predictions_per_seq": 10},
+    "data": {"vocab_size": 4000},
+    "optim": {**TINY_TEXT_OPTIM, "b2": 0.98},
+    "train": TINY_TEXT_TRAIN,
+}
+XLM_BASE = {
+    "model": {"hidden_size": 1024, "num_layers": 6, "num_heads": 8,
+              "intermediate_size": 4096, "hidden_act": "gelu", "hidden_dropout": 0.1,
+              "attention_dropout": 0.1, "max_position_embeddings": 512,
+              "embed_init_std": 1024 ** -0.5, "initializer_range": 0.02, **_XLM_DATA_SIZED},
+    "examples": {"stream_length": 256, "max_sentence_length": 100, "language_alpha": 0.5,
+                 "mask_alpha": 0.5},
+    "data": {"vocab_size": 95000},
+    "optim": {"optimizer": "adamw", "learning_rate": 1e-4, "schedule": "inverse_sqrt_warmup",
+              "warmup_steps": 4000, "warmup_init_learning_rate": 1e-7,
+              "b1": 0.9, "b2": 0.98, "eps": 1e-8,
+              "weight_decay": 0.0, "bias_correction": True, "clip_norm": 5.0},
+    "train": {"steps": 500000, "batch_size": 64},
+}
