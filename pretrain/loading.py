@@ -33,9 +33,9 @@ def load_model(path: str | Path, *, downstream: bool = False, layers_to_keep: st
 
     `downstream=True` returns the part that fine-tuning starts from: ELECTRA's discriminator
     (its `downstream_model(**choices)`, e.g. SimCLR's `projection_layers`); models without
-    such a method are returned whole. `layers_to_keep` (e.g. "0,2"; '' = the stored config's
-    `model.layers_to_keep`, normally '') prunes the encoder to those layers (LayerDrop, Fan et
-    al. 2020 §4): the model holds only them, renumbered, and its config says so.
+    such a method are returned whole. `layers_to_keep` (e.g. "0,2"; '' = all) prunes models/encoder.py's
+    encoder to those layers (LayerDrop, Fan et al. 2020 §4; fairseq `prune_state_dict`): the
+    model holds only them, renumbered, and its config's `num_layers` is their count.
     """
     model = _load_pretraining_model(Path(path), layers_to_keep)
     if downstream and hasattr(model, "downstream_model"):
@@ -115,7 +115,7 @@ def _model_from_state(directory: Path, pure_params: dict[str, Any],
         model_config = method.model_config(**model_section)
     except ValueError as error:
         raise UserError(f"{directory}: {error}") from None
-    keep = kept_layers(model_config) if hasattr(model_config, "layers_to_keep") else ()
+    keep = kept_layers(model_config) if layers_to_keep else ()
     if keep:
         model_config = dataclasses.replace(model_config, num_layers=len(keep), layers_to_keep="")
     model = nnx.eval_shape(lambda: method.build_model(model_config, 0))

@@ -17,6 +17,7 @@ import pytest
 from flax import nnx
 from resilience_utils import (
     GRADIENT_STEP,
+    TINY_BERT,
     abort_and_resume,
     assert_same_step_on_every_mesh,
     assert_same_training,
@@ -25,6 +26,7 @@ from resilience_utils import (
     small_corpus,
 )
 
+from pretext_jax import run
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import WordPieceTokenizer
 from pretext_jax.models import encoder as encoder_module
@@ -188,7 +190,12 @@ def test_pruned_model_is_the_full_one_with_layers_skipped_and_exports_smaller(
     np.testing.assert_allclose(theirs.prediction_logits.numpy(), ours.mlm_logits, atol=1e-5)
 
 
-def test_bad_settings_are_refused_in_one_line(trained, tmp_path):
+def test_bad_settings_are_refused_in_one_line(trained, tmp_path, capsys):
+    assert run.main(["convert", str(trained), str(tmp_path / "hf"), "--to", "hf",
+                     "--layers-to-keep", "0,9"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "[9] outside the 4 layers" in error, error
+    assert not (tmp_path / "hf").exists()
     for spec, match in (("0,4", r"\[4\] outside the 4 layers"), ("1,1", "more than once"),
                         (",", "comma-separated layer indices"), ("0;2", "comma-separated")):
         with pytest.raises(UserError, match=match):
@@ -204,29 +211,23 @@ def test_bad_settings_are_refused_in_one_line(trained, tmp_path):
 
 
 def run_overrides(root, **extra):
-    """RoBERTa with 4 layers at p = 0.5 on `small_corpus`: 6 steps, checkpoints every 2."""
-    return {**small_corpus(root), "model.hidden_size": 16, "model.num_heads": 2,
-            "model.num_layers": 4, "model.intermediate_size": 32,
-            "model.max_position_embeddings": 40, "model.layerdrop": 0.5,
-            "model.hidden_dropout": 0.1, "examples.max_seq_length": 24,
-            "examples.max_predictions_per_seq": 4, "data.vocab_size": 60,
-            "train.batch_size": 8, "train.steps": 6, "train.log_every": 1,
-            "train.eval_every": 1000, "train.eval_batches": 1, "train.checkpoint_every": 2,
-            "train.progress": False, **extra}
+    """`TINY_BERT` with 4 layers at p = 0.5 on `small_corpus`: 6 steps, checkpoints every 2."""
+    return {**TINY_BERT, **small_corpus(root), "model.num_layers": 4, "model.layerdrop": 0.5,
+            "train.steps": 6, "train.checkpoint_every": 2, **extra}
 
 
 def test_sharded_step_equals_single_device_step(tmp_path):
     def trainer_at(workdir, mesh, devices):
         values = run_overrides(tmp_path, **GRADIENT_STEP, **mesh_overrides(mesh))
-        return Trainer(make_config("roberta_tiny", values), workdir, devices=devices)
+        return Trainer(make_config("bert_tiny", values), workdir, devices=devices)
 
-    assert assert_same_step_on_every_mesh(trainer_at, tmp_path)["input_ids"].shape == (8, 24)
+    assert assert_same_step_on_every_mesh(trainer_at, tmp_path)["input_ids"].shape == (16, 32)
 
 
 def test_killed_run_resumes_exactly(tmp_path):
     values = run_overrides(tmp_path)
     reference = tmp_path / "reference", tmp_path / "reference.log"
-    run_in_process("roberta_tiny", values, *reference)
-    ours = abort_and_resume("roberta_tiny", values, tmp_path, step=3)
-    executed = assert_same_training("roberta_tiny", values, ours, reference)
+    run_in_process("bert_tiny", values, *reference)
+    ours = abort_and_resume("bert_tiny", values, tmp_path, step=3)
+    executed = assert_same_training("bert_tiny", values, ours, reference)
     assert [step for step, _ in executed].count(3) == 2
