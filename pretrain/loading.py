@@ -33,9 +33,10 @@ def load_model(path: str | Path, *, downstream: bool = False, layers_to_keep: st
 
     `downstream=True` returns the part that fine-tuning starts from: ELECTRA's discriminator
     (its `downstream_model(**choices)`, e.g. SimCLR's `projection_layers`); models without
-    such a method are returned whole. `layers_to_keep` (e.g. "0,2"; '' = all) prunes models/encoder.py's
-    encoder to those layers (LayerDrop, Fan et al. 2020 §4; fairseq `prune_state_dict`): the
-    model holds only them, renumbered, and its config's `num_layers` is their count.
+    such a method are returned whole. `layers_to_keep` (e.g. "0,2"; '' = all) prunes the
+    encoder of models/encoder.py to those layers (LayerDrop, Fan et al. 2020 §4; fairseq
+    `prune_state_dict`): the model holds only them, renumbered, and its config's `num_layers`
+    is their count.
     """
     model = _load_pretraining_model(Path(path), layers_to_keep)
     if downstream and hasattr(model, "downstream_model"):
