@@ -139,7 +139,7 @@ def test_skipped_layers_pass_their_input_on_and_p0_and_evaluation_are_unchanged(
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def model_dir(tmp_path_factory):
     """A random 4-layer BERT model directory with a small WordPiece vocabulary."""
     root = tmp_path_factory.mktemp("layerdrop")
     vocab = root / "vocab.txt"
@@ -153,15 +153,15 @@ def trained(tmp_path_factory):
 
 
 def test_pruned_model_is_the_full_one_with_layers_skipped_and_exports_smaller(
-        trained, tmp_path, monkeypatch):
+        model_dir, tmp_path, monkeypatch):
     """`load_model(layers_to_keep="2,0")` holds layers 0 and 2 only (sorted and renumbered, as
     fairseq's `prune_state_dict`) and equals the full model in a training step whose LayerDrop
     draw skipped layers 1 and 3 (dropout 0); `convert --to hf` of it writes a 2-layer HF
     BertForPreTraining that equals it (<= 1e-5)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    full = load_model(trained)
-    pruned = load_model(trained, layers_to_keep="2,0")
+    full = load_model(model_dir)
+    pruned = load_model(model_dir, layers_to_keep="2,0")
     assert (full.config.num_layers, pruned.config.num_layers) == (4, 2)
     assert pruned.config.layers_to_keep == "" and pruned.config.layerdrop == 0.2
     layers = nnx.state(full.encoder.stack.layers)
@@ -180,7 +180,7 @@ def test_pruned_model_is_the_full_one_with_layers_skipped_and_exports_smaller(
                                    err_msg=name)
     assert not np.allclose(full(ids, attention_mask=mask).mlm_logits, ours.mlm_logits, atol=1e-3)
 
-    folder = export.convert(trained, tmp_path / "hf", to="hf", layers_to_keep="0,2")
+    folder = export.convert(model_dir, tmp_path / "hf", to="hf", layers_to_keep="0,2")
     hf = transformers.BertForPreTraining.from_pretrained(folder).eval()
     assert hf.config.num_hidden_layers == 2
     with torch.no_grad():
@@ -190,8 +190,8 @@ def test_pruned_model_is_the_full_one_with_layers_skipped_and_exports_smaller(
     np.testing.assert_allclose(theirs.prediction_logits.numpy(), ours.mlm_logits, atol=1e-5)
 
 
-def test_bad_settings_are_refused_in_one_line(trained, tmp_path, capsys):
-    assert run.main(["convert", str(trained), str(tmp_path / "hf"), "--to", "hf",
+def test_bad_settings_are_refused_in_one_line(model_dir, tmp_path, capsys):
+    assert run.main(["convert", str(model_dir), str(tmp_path / "hf"), "--to", "hf",
                      "--layers-to-keep", "0,9"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "[9] outside the 4 layers" in error, error
@@ -199,7 +199,7 @@ def test_bad_settings_are_refused_in_one_line(trained, tmp_path, capsys):
     for spec, match in (("0,4", r"\[4\] outside the 4 layers"), ("1,1", "more than once"),
                         (",", "comma-separated layer indices"), ("0;2", "comma-separated")):
         with pytest.raises(UserError, match=match):
-            load_model(trained, layers_to_keep=spec)
+            load_model(model_dir, layers_to_keep=spec)
     with pytest.raises(ValueError, match="must be in"):
         dataclasses.replace(TINY, layerdrop=1.0)
     with pytest.raises(ValueError, match="ALBERT's one shared layer"):
@@ -217,6 +217,8 @@ def run_overrides(root, **extra):
 
 
 def test_sharded_step_equals_single_device_step(tmp_path):
+    """A step at p = 0.5 (layers skipped under `jax.lax.cond`) on the (2, 2, 2) mesh equals
+    the single-device step: the draw comes from the step's key, the same on every mesh."""
     def trainer_at(workdir, mesh, devices):
         values = run_overrides(tmp_path, **GRADIENT_STEP, **mesh_overrides(mesh))
         return Trainer(make_config("bert_tiny", values), workdir, devices=devices)
@@ -225,6 +227,8 @@ def test_sharded_step_equals_single_device_step(tmp_path):
 
 
 def test_killed_run_resumes_exactly(tmp_path):
+    """A run at p = 0.5 stopped in place of step 3 and resumed from step 2's checkpoint ends
+    bit for bit as an uninterrupted one (the draws depend on the step's key only)."""
     values = run_overrides(tmp_path)
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("bert_tiny", values, *reference)
