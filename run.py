@@ -119,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="hf: pretext -> HuggingFace; pretext: HuggingFace -> pretext")
     convert.add_argument("--tokenizer", help="the model's tokenizer (sentencepiece .model, "
                          "vocab.txt or folder) where the source records none")
+    convert.add_argument("--layers-to-keep", default="", metavar="I,J,...",
+                         help="with --to hf: keep only these encoder layers, e.g. 0,2,4 "
+                         "(LayerDrop's pruning, fairseq encoder_layers_to_keep)")
 
     def add_glue_arguments(command: argparse.ArgumentParser) -> None:
         command.add_argument("--init", default="",
@@ -562,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
             from pretext_jax.pretrain import export
 
             out = export.convert(args.source, args.target, to=args.to,
-                                 tokenizer=args.tokenizer)
+                                 tokenizer=args.tokenizer, layers_to_keep=args.layers_to_keep)
             print(f"wrote {out}")
         elif args.command == "generate":
             from pretext_jax.models.generate import Sampling, generate_text

@@ -38,6 +38,9 @@ class AlbertConfig(EncoderConfig):
             raise ValueError(f"embedding_size {self.embedding_width} equals hidden_size: ALBERT "
                              "factorises its embeddings (E < H, e.g. 128 for 768) and always "
                              "projects E -> H; choose a smaller embedding_size")
+        if self.layers_to_keep:
+            raise ValueError(f"layers_to_keep={self.layers_to_keep!r}: ALBERT's one shared "
+                             "layer has no layers to prune; set layers_to_keep=''")
 
 
 @jax.tree_util.register_dataclass

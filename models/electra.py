@@ -45,6 +45,11 @@ class ElectraConfig(EncoderConfig):
                 f"generator_hidden_size={self.generator_hidden_size} and generator_layers="
                 f"{self.generator_layers} must be fractions of the discriminator's size in "
                 "(0, 1], e.g. 0.25 (Small) or 0.3333 (Base) and 1.0")
+        if self.layers_to_keep and self.generator_layers != 1.0:
+            raise ValueError(f"layers_to_keep={self.layers_to_keep!r} prunes the generator's "
+                             f"layers as the discriminator's, but generator_layers="
+                             f"{self.generator_layers} gives it fewer; prune only an ELECTRA whose "
+                             "generator_layers is 1.0")
 
     @classmethod
     def from_parts(cls, discriminator: EncoderConfig, generator: EncoderConfig

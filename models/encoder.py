@@ -3,7 +3,9 @@
 Reference: google-research/bert modeling.py (`embedding_postprocessor`, `transformer_model`) and
 HF transformers modeling_bert.py, whose weights convert one-to-one (`models/hf/encoder.py`).
 Used by BERT, ELECTRA, RoBERTa (`position_padding_id`: positions counted over non-padding
-tokens) and ALBERT (`shared_layers`: one layer applied `num_layers` times).
+tokens) and ALBERT (`shared_layers`: one layer applied `num_layers` times). LayerDrop (Fan et
+al. 2020, fairseq modules/layer_drop.py `LayerDropModuleList`) skips whole layers in training
+(`layerdrop`); `layers_to_keep` prunes a trained stack when it is loaded (`keep_layers`).
 
 Parameters carry logical axis names in their `out_sharding` metadata (`vocab`, `embed`, `heads`,
 `mlp`, `layers`, `norm`); `pretrain.mesh` maps those to mesh axes. Layers are stored stacked
@@ -15,15 +17,19 @@ Shape comments use the letters of `Encoder`'s legend.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from pretext_jax.errors import UserError
 from pretext_jax.models.layers import (
     ACTIVATIONS,
     TransformerConfig,
     attention,
+    check_rates,
     dense,
     dropout,
     embed,
@@ -59,6 +65,12 @@ class EncoderConfig(TransformerConfig):
     """Task-type embeddings (HF ErnieConfig use_task_id: ERNIE 2.0); 0 = none (BERT, ERNIE 1.0)."""
     adapter_size: int = 0
     """Bottleneck of the adapters in every layer (Houlsby et al. 2019: 8, 64 or 256); 0 = none."""
+    layerdrop: float = 0.0
+    """LayerDrop (Fan et al. 2020 §3): in training each layer is skipped for the whole batch
+    with this probability, drawn per layer per step; evaluation runs every layer. 0 = off."""
+    layers_to_keep: str = ""
+    """Layers a trained model keeps when loaded, e.g. "0,2,4" (Fan et al. 2020 §4, fairseq
+    `encoder_layers_to_keep`): the loaded model holds only those, renumbered. '' = all."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -72,6 +84,8 @@ class EncoderConfig(TransformerConfig):
                              "(0 = no task-type embeddings)")
         if self.adapter_size < 0:
             raise ValueError(f"adapter_size {self.adapter_size} must be >= 0 (0 = no adapters)")
+        check_rates(self, ("layerdrop",))
+        kept_layers(self)
 
     @property
     def embedding_width(self) -> int:
@@ -231,6 +245,11 @@ class EncoderStack(nnx.Module):
     EncoderLayer (`layer`) applied `num_layers` times; run by `nnx.scan` or a Python loop."""
 
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs, shared: bool = False):
+        if config.layers_to_keep:
+            raise UserError(f"model.layers_to_keep={config.layers_to_keep} prunes a trained "
+                            "model as it is loaded (run.py convert --layers-to-keep, "
+                            "pretrain.loading.load_model); a new network has all its layers: "
+                            "set model.layers_to_keep=''")
         self.config = config
         self.shared = shared
         if shared:
@@ -240,14 +259,80 @@ class EncoderStack(nnx.Module):
                                          config.num_layers, rngs)
 
     def __call__(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None) -> jax.Array:
-        """`x` [B, T, H] through the L layers -> [B, T, H]; `mask` [B, 1, 1 or T, T]."""
+        """`x` [B, T, H] through the L layers -> [B, T, H]; `mask` [B, 1, 1 or T, T]. With
+        `rng` and `layerdrop` p > 0, layer i is skipped (its input passed on) when
+        `layers_dropped`'s draw says so; its dropout key is the same either way."""
         keys = None if rng is None else jax.random.split(rng, self.config.num_layers)  # [L, 2]
+        dropped = layers_dropped(rng, self.config)  # [L] bool, or None: every layer runs
 
-        def apply(layer: EncoderLayer, h: jax.Array, key: jax.Array | None):
-            return layer(h, mask, key), None
+        def apply(layer: EncoderLayer, h: jax.Array, per_layer: tuple[jax.Array | None, ...]):
+            key, skip = per_layer
+            if skip is None:
+                return layer(h, mask, key), None
+            # a cond, not a select: a skipped layer costs no compute (the predicate is one
+            # replicated scalar, so every device takes the same branch)
+            return jax.lax.cond(skip, lambda h: h, lambda h: layer(h, mask, key), h), None
 
         layers = self.layer if self.shared else self.layers
-        return run_stacked(layers, apply, x, keys, self.config, shared=self.shared)[0]
+        return run_stacked(layers, apply, x, (keys, dropped), self.config,
+                           shared=self.shared)[0]
+
+
+LAYERDROP_STREAM = 0x4C44
+"""Folded into a step's stack key for LayerDrop's draws, so the layers' own dropout keys (split
+from the stack key) are those of the same step without LayerDrop."""
+
+
+def layers_dropped(rng: jax.Array | None, config: EncoderConfig) -> jax.Array | None:
+    """Which of the L layers this step skips [L] bool: u_i ~ U[0, 1) independent per layer,
+    skipped when u_i < p (fairseq `LayerDropModuleList` keeps layer i when u_i > p); None in
+    evaluation (no `rng`) or when `layerdrop` is 0."""
+    if rng is None or not getattr(config, "layerdrop", 0.0):
+        return None
+    draws = jax.random.uniform(jax.random.fold_in(rng, LAYERDROP_STREAM), (config.num_layers,))
+    return draws < config.layerdrop
+
+
+def kept_layers(config: EncoderConfig) -> tuple[int, ...]:
+    """`layers_to_keep` as sorted layer indices (fairseq checkpoint_utils.py `prune_state_dict`
+    sorts them too), () when it is ''; refuses anything but distinct indices in
+    [0, num_layers)."""
+    spec = config.layers_to_keep.strip()
+    if not spec:
+        return ()
+    try:
+        keep = [int(part) for part in spec.split(",")]
+    except ValueError:
+        raise ValueError(f"layers_to_keep={spec!r} must be comma-separated layer indices, e.g. "
+                         "0,2,4") from None
+    outside = [i for i in keep if not 0 <= i < config.num_layers]
+    if outside:
+        raise ValueError(f"layers_to_keep={spec!r}: {outside} outside the {config.num_layers} "
+                         f"layers; use indices 0..{config.num_layers - 1}")
+    if len(set(keep)) != len(keep):
+        raise ValueError(f"layers_to_keep={spec!r} names a layer more than once; list each once")
+    return tuple(sorted(keep))
+
+
+def keep_layers(params: dict[str, Any], keep: tuple[int, ...]) -> dict[str, Any]:
+    """The pure-dict `params` of a model with every EncoderStack's stacked layers cut to `keep`
+    (renumbered 0..len(keep) - 1, as fairseq `prune_state_dict`), the rest as they are; a
+    ValueError when they hold no such stack."""
+    cuts = []
+
+    def cut(tree: Any, in_stack: bool) -> Any:
+        if not isinstance(tree, dict):
+            return tree
+        if in_stack and "layers" in tree:
+            cuts.append(True)
+            return {**tree, "layers": jax.tree.map(lambda a: a[np.asarray(keep)], tree["layers"])}
+        return {name: cut(value, name == "stack") for name, value in tree.items()}
+
+    pruned = cut(params, False)
+    if not cuts:
+        raise ValueError("layers_to_keep prunes the stacked layers of models/encoder.py's "
+                         "encoder, which this model does not have; set layers_to_keep=''")
+    return pruned
 
 
 class Encoder(nnx.Module):

@@ -107,6 +107,12 @@ PRESETS = {
         "train": {"steps": 500000, "batch_size": 8192},
     },
 }
+# RoBERTa + LayerDrop (Fan et al. 2020 §5; fairseq examples/layerdrop/README.md, the released
+# `roberta_layerdrop.base`): roberta_base trained with `--encoder-layerdrop 0.2`.
+PRESETS["roberta_layerdrop"] = {
+    **PRESETS["roberta_base"],
+    "model": {**PRESETS["roberta_base"]["model"], "layerdrop": 0.2},
+}
 
 
 def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:

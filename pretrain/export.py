@@ -74,7 +74,7 @@ def _check_new_folder(path: Path) -> None:
 
 
 def convert(source: str | Path, target: str | Path, *, to: str,
-            tokenizer: str | None = None) -> Path:
+            tokenizer: str | None = None, layers_to_keep: str = "") -> Path:
     """`to="hf"`: pretext workdir or model dir -> HuggingFace directory (ELECTRA: one folder per
     part, `discriminator/` and `generator/`) with the tokenizer's HF files (`find_tokenizer`'s,
     or the `tokenizer` spec given) and a model card, `README.md`; parameters that a model
@@ -82,15 +82,19 @@ def convert(source: str | Path, target: str | Path, *, to: str,
     with the HF folder's tokenizer when pretext reads it (or the `tokenizer` given), its name
     and licence, and which parameters it lacked, in `model.json`. Either way all or nothing:
     every refusal comes before the first file is written, and a killed convert leaves no
-    partial output (`directories.staged`)."""
+    partial output (`directories.staged`). `layers_to_keep` (to HF only): export the encoder
+    pruned to those layers (`loading.load_model`), a smaller HF model."""
     source, target = Path(source), Path(target)
     if to == "hf":
-        model = load_model(source)
+        model = load_model(source, layers_to_keep=layers_to_keep)
         origin = read_json_object(source / MODEL_FILE).get(SOURCE_KEY)
         found = _export_tokenizer(source, target, model, tokenizer)
         converted = hf.checkpoints(model, (origin or {}).get("untrained", ()))
         return hf.write(converted, target, found,
                         model_card(source, target, model, found, converted, origin))
+    if layers_to_keep:
+        raise UserError("--layers-to-keep prunes a pretext model as it is exported (--to hf); "
+                        "convert to pretext first, then export with it")
     _check_new_folder(target)
     model, untrained = hf.read(source)
     return save_model(model, hf.method_name(model), target,

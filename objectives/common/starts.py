@@ -9,7 +9,7 @@ from typing import Any
 from pretext_jax.errors import UserError
 
 # Fields that may differ between the pre-trained model and the run that starts from it.
-RUN_FIELDS = frozenset({"init", "hidden_dropout", "attention_dropout", "dropout",
+RUN_FIELDS = frozenset({"init", "hidden_dropout", "attention_dropout", "dropout", "layerdrop",
                         "dtype", "scan_layers", "remat", "attention_implementation"})
 
 
