@@ -488,6 +488,7 @@ def test_hf_albert_and_mpnet_folders_tokenize_as_auto_tokenizer(hf_folders, name
     give its single and pair templates."""
     transformers = pytest.importorskip("transformers")
     from pretext_jax.input_pipeline.glue import with_specials
+    from pretext_jax.pretrain import hf_tokenizer
     from pretext_jax.input_pipeline.tokenizers import (
         AlbertSentencePieceTokenizer,
         WordPieceTokenizer,
@@ -519,6 +520,12 @@ def test_hf_albert_and_mpnet_folders_tokenize_as_auto_tokenizer(hf_folders, name
     ours.save(saved)
     back = load_tokenizer(saved)
     assert type(back) is type(ours) and all(back.encode(t) == ours.encode(t) for t in texts)
+    # Exported with a model (pretrain.hf_tokenizer), read by AutoTokenizer as the same.
+    exported = folder.parent / f"{name}_exported"
+    exported.mkdir(exist_ok=True)
+    hf_tokenizer.save(ours, exported, "mpnet" if name == "mpnet" else "albert", ours.vocab_size)
+    again = transformers.AutoTokenizer.from_pretrained(str(exported))
+    assert all(again(t)["input_ids"] == auto(t)["input_ids"] for t in texts)
     if name == "albert":  # control: BERT's text handling of the same pieces differs
         plain = SentencePieceTokenizer.__new__(SentencePieceTokenizer)
         plain.processor = ours.processor
