@@ -411,6 +411,7 @@ def test_family_recipes_for_squad():
     large = xlnet.glue_settings(1024, "squad2")  # scripts/tpu_squad_large.sh
     assert (large.learning_rate, large.batch_size, large.epochs, large.warmup,
             large.max_seq_length, large.eps) == (3e-5, 48, 3, 0.125, 512, 1e-6)
+    assert large.span_head == "beam" and xlnet.glue_settings(768, "squad").span_head == "beam"
     assert xlnet.glue_settings(1024, "sst2").batch_size == 32  # GLUE's unchanged
     assert xlm.glue_settings(1024, "squad").schedule == "linear"
     assert xlm.glue_settings(1024, "sst2").schedule == "constant"
@@ -579,7 +580,8 @@ def test_xlnet_squad2_from_a_hf_folder(tmp_path, squad_setup):
     hf_reference("XLNetLMHeadModel", 0, vocab_size=load_tokenizer(vocab).vocab_size, d_model=16,
                  n_layer=1, n_head=2, d_inner=32).save_pretrained(folder)
     config = finetune_config("squad2", str(folder), data, SMALL)
-    assert (config.model.head, config.examples.layout) == ("xlnet", "xlnet")
+    assert (config.model.head, config.examples.layout, config.model.span_head) == (
+        "xlnet", "xlnet", "beam")  # run_squad.py's head
     assert (config.optim.learning_rate, config.optim.eps, config.optim.schedule) == (
         2e-5, 1e-6, "linear_from_peak")  # scripts/gpu_squad_base.sh
     model = squad_objective.pretrained_span_extractor(config.model, 0, load_pretrained)
