@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from parity_utils import Parity, converted, hf_reference, random_params, xlnet_spiece
+from resilience_utils import GRADIENT_STEP, assert_same_step_on_every_mesh, mesh_overrides
 
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.errors import UserError
@@ -226,7 +227,8 @@ SMALL = ["examples.max_seq_length=16", "examples.doc_stride=4", "examples.max_qu
 
 def test_xlnet_squad2_with_the_beam_head(tmp_path):
     """XLNet's SQuAD recipe (`model.span_head=beam`) from an HF XLNet folder: two training
-    steps, the workdir's model is a beam head, the dev windows' p_mask is 0 exactly at the
+    steps, the workdir's model is a beam head, resumed after one step it ends the same, one
+    step on the (2, 2, 2) mesh is the single device's, the dev windows' p_mask is 0 exactly at the
     context and <cls>, the monitor predicts from the beams; the beam head on another family
     is refused in one line."""
     pytest.importorskip("transformers")
@@ -249,13 +251,32 @@ def test_xlnet_squad2_with_the_beam_head(tmp_path):
     vocab = xlnet_spiece(folder, texts, 40)
     hf_reference("XLNetLMHeadModel", 0, vocab_size=load_tokenizer(vocab).vocab_size,
                  d_model=16, n_layer=1, n_head=2, d_inner=32).save_pretrained(folder)
-    overrides = [*SMALL, "train.steps=2", "optim.learning_rate=1e-3"]
+    overrides = [*SMALL, "train.steps=2", "train.checkpoint_every=1",
+                 "optim.learning_rate=1e-3"]
     config = finetune_config("squad2", str(folder), str(data), overrides)
     assert (config.model.span_head, config.model.head) == ("beam", "xlnet")  # XLNet's recipe
-    result = Trainer(config, tmp_path / "run").run()
-    assert result["step"] == 2
+    assert Trainer(config, tmp_path / "run").run()["step"] == 2
     trained = load_pretrained(str(tmp_path / "run"))
     assert isinstance(trained, BeamSpanExtractor), type(trained)
+    # Exact resume: 1 step, a restart, 1 more == the 2 straight steps.
+    assert Trainer(config, tmp_path / "resumed").run(stop_after=1)["step"] == 1
+    resumed = nnx.to_flat_state(nnx.state(Trainer(config, tmp_path / "resumed").run()[
+        "state"].params))
+    straight = dict(nnx.to_flat_state(nnx.state(trained, nnx.Param)))
+    assert len(straight) == len(resumed)
+    for path, value in resumed:
+        np.testing.assert_array_equal(np.asarray(value.get_value()),
+                                      np.asarray(straight[path].get_value()), err_msg=str(path))
+
+    # One step on one device == on the (2, 2, 2) mesh.
+    def trainer_at(workdir, mesh, devices):
+        values = {**GRADIENT_STEP, **mesh_overrides(mesh), "optim.learning_rate": 0.1}
+        step = finetune_config("squad2", str(folder), str(data), [
+            *SMALL, *(f"{k}={v}" for k, v in values.items())])
+        return Trainer(step, workdir, devices=devices)
+
+    batch = assert_same_step_on_every_mesh(trainer_at, tmp_path / "mesh")
+    assert {"p_mask", "cls_index"} <= set(batch)
     prepared = squad_objective.prepare_squad(config.data, config.examples, tmp_path / "c", 0)
     windows = prepared.monitor_data.windows
     assert ((windows.arrays["p_mask"] == 0) == ((windows.token_words >= 0) | (
