@@ -90,7 +90,8 @@ def test_beam_head_parity_with_hf_both_ways(tmp_path):
     """HF's training loss (gold start in the answer class: `answer_class_start=gold`) and its
     beams and cls logits, on an imported model and on our random model exported and read
     back; then the authors' answer class (the expected start state, function_builder.py)
-    against HF's own pooler modules run that way, with HF's gold form as the control."""
+    against HF's own pooler modules run that way, with HF's gold form as the control; and
+    the gold form's gradients against torch's."""
     import torch
 
     pytest.importorskip("transformers")
@@ -128,6 +129,26 @@ def test_beam_head_parity_with_hf_both_ways(tmp_path):
     ours_loss = parity.our_outputs(authors, *inputs)["loss"]
     np.testing.assert_allclose(ours_loss, wanted + 0.5 * bce, atol=1e-5, rtol=0)
     assert abs(ours_loss - expected["loss"]) > 1e-3  # the gold form differs
+    # Gradients of HF's loss (gold form) through the head and into the transformer.
+    batch = dict(zip(("input_ids", "token_type_ids", "attention_mask", "p_mask", "cls_index",
+                      "start_positions", "end_positions"), map(jnp.asarray, inputs[:7]),
+                     strict=True))
+    grads = nnx.grad(lambda m: squad_objective.span_loss(m, batch, None)[0])(model)
+    reference.zero_grad()
+    ids, types, mask, p_mask, cls_index, starts, ends, impossible = map(torch.as_tensor, inputs)
+    reference(input_ids=ids, token_type_ids=types, attention_mask=mask, p_mask=p_mask,
+              cls_index=cls_index, start_positions=starts, end_positions=ends,
+              is_impossible=impossible).loss.backward()
+    for ours_grad, theirs in (  # torch Linear weights are [out, in]
+            (grads["start_dense"]["kernel"][...].T, reference.start_logits.dense.weight),
+            (grads["end_dense_0"]["kernel"][...].T, reference.end_logits.dense_0.weight),
+            (grads["end_norm"]["scale"][...], reference.end_logits.LayerNorm.weight),
+            (grads["answer_dense_0"]["kernel"][...].T, reference.answer_class.dense_0.weight),
+            (grads["answer_dense_1"]["kernel"][...].T, reference.answer_class.dense_1.weight),
+            (grads["transformer"]["word_embedding"]["embedding"][...],
+             reference.transformer.word_embedding.weight)):
+        np.testing.assert_allclose(np.asarray(ours_grad), theirs.grad.numpy(), atol=1e-5,
+                                   rtol=0)
 
 
 # --- prediction ------------------------------------------------------------------------------

@@ -13,13 +13,16 @@ import pytest
 from parity_utils import xlnet_spiece
 
 from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline.glue import with_specials
 from pretext_jax.input_pipeline.tokenizers import (
     SPECIALS,
+    AlbertSentencePieceTokenizer,
     SentencePieceTokenizer,
     WordPieceTokenizer,
     XLNetSentencePieceTokenizer,
     load_tokenizer,
 )
+from pretext_jax.pretrain import hf_tokenizer
 
 FALLBACK_TEXT = [
     "The quick brown fox jumps over the lazy dog.",
@@ -487,13 +490,6 @@ def test_hf_albert_and_mpnet_folders_tokenize_as_auto_tokenizer(hf_folders, name
     special tokens; the SQuAD / GLUE layouts of the family (ALBERT: BERT's, MPNet: RoBERTa's)
     give its single and pair templates."""
     transformers = pytest.importorskip("transformers")
-    from pretext_jax.input_pipeline.glue import with_specials
-    from pretext_jax.pretrain import hf_tokenizer
-    from pretext_jax.input_pipeline.tokenizers import (
-        AlbertSentencePieceTokenizer,
-        WordPieceTokenizer,
-    )
-
     folder = hf_folders[name]
     auto = transformers.AutoTokenizer.from_pretrained(str(folder))
     ours = load_tokenizer(folder)
