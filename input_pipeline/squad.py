@@ -14,7 +14,9 @@ token types 0; in the xlnet layout `piece <sep> question <sep>
 windows is predicted only from the one where it has the most context on both sides
 (`max_context`). In training an answer outside a window, and v2.0's unanswerable questions,
 point at the window's [CLS] / <s> / <cls> / first </s> (`cls_index`), whose start + end logits are
-also the null score.
+also the null score. XLNet's beam head reads each window's `p_mask` (1 where no answer can start
+or end: all but the context and the null position) and `cls_index`, and is predicted from its
+beams (`predict_beam_answers`, zihangdai/xlnet run_squad.py `write_predictions`).
 """
 
 from __future__ import annotations
@@ -121,17 +123,20 @@ def read_squad(path: str | Path) -> list[SquadExample]:
 @dataclasses.dataclass(frozen=True)
 class Windows:
     """The encoded windows of a list of examples: int32 `arrays` (`input_ids`,
-    `token_type_ids`, `attention_mask`, `start_positions`, `end_positions`, each [N, L]/[N]),
-    and for prediction each window's `example` index, its positions' context words
-    (`token_words`: position -> word index, -1 outside the context), whether the window
-    is the position's max-context one (`max_context`, [N, L] bool) and the position of its
-    no-answer token (`cls_index`, [N])."""
+    `token_type_ids`, `attention_mask`, `p_mask`, `start_positions`, `end_positions`,
+    `cls_index`, each [N, L]/[N]), and for prediction each window's `example` index, its
+    positions' context words (`token_words`: position -> word index, -1 outside the context)
+    and whether the window is the position's max-context one (`max_context`, [N, L] bool);
+    `cls_index` is the position of each window's no-answer token."""
 
     arrays: dict[str, np.ndarray]
     example: np.ndarray
     token_words: np.ndarray
     max_context: np.ndarray
-    cls_index: np.ndarray
+
+    @property
+    def cls_index(self) -> np.ndarray:
+        return self.arrays["cls_index"]
 
     def __len__(self) -> int:
         return len(self.example)
@@ -190,12 +195,14 @@ def encode_windows(examples: Sequence[SquadExample], tokenizer: Tokenizer, max_s
     """run_squad.py `convert_examples_to_features` (google-research/bert's; zihangdai/xlnet's
     for `layout="xlnet"`): every example's windows in the layout's order (`_window`), padded on
     the right with `pad_id` (xlnet: token type `SQUAD_SEG_ID_PAD`); start/end positions of the
-    first answer where the window holds all of it, else the window's `cls_index`."""
+    first answer where the window holds all of it, else the window's `cls_index`; `p_mask` 0
+    at the context and `cls_index`, 1 elsewhere (run_squad.py's `p_mask`)."""
     if layout not in LAYOUTS:
         raise UserError(f"examples.layout={layout!r} is unknown; use one of {LAYOUTS}")
     rows: dict[str, list] = {k: [] for k in ("input_ids", "token_type_ids", "attention_mask",
-                                             "start_positions", "end_positions")}
-    example_of, token_words, max_context, cls_index = [], [], [], []
+                                             "p_mask", "start_positions", "end_positions",
+                                             "cls_index")}
+    example_of, token_words, max_context = [], [], []
     pad_type = SQUAD_SEG_ID_PAD if layout == "xlnet" else 0
     for number, example in enumerate(examples):
         query = tokenizer.encode(example.question)[:max_query_length]
@@ -240,17 +247,20 @@ def encode_windows(examples: Sequence[SquadExample], tokenizer: Tokenizer, max_s
             rows["input_ids"].append(ids + [tokenizer.pad_id] * pad)
             rows["token_type_ids"].append(types + [pad_type] * pad)
             rows["attention_mask"].append([1] * len(ids) + [0] * pad)
+            p_mask = np.where(words >= 0, 0, 1)
+            p_mask[cls] = 0
+            rows["p_mask"].append(p_mask)
             rows["start_positions"].append(start_position)
             rows["end_positions"].append(end_position)
+            rows["cls_index"].append(cls)
             example_of.append(number)
             token_words.append(words)
             max_context.append(best)
-            cls_index.append(cls)
     arrays = {k: np.asarray(v, np.int32) for k, v in rows.items()}
+    arrays["p_mask"] = arrays["p_mask"].reshape(len(example_of), max_seq_length)
     return Windows(arrays, np.asarray(example_of, np.int32),
                    np.asarray(token_words, np.int32).reshape(len(example_of), max_seq_length),
-                   np.asarray(max_context, bool).reshape(len(example_of), max_seq_length),
-                   np.asarray(cls_index, np.int32))
+                   np.asarray(max_context, bool).reshape(len(example_of), max_seq_length))
 
 
 def _strip_accents(text: str) -> str:
@@ -282,12 +292,34 @@ def final_text(predicted: str, original: str, lowercase: bool) -> str:
 @dataclasses.dataclass(frozen=True)
 class Predictions:
     """Per question id: the answer `text` at the threshold used, the best non-null answer
-    (`best_non_null`), and v2.0's `score_diff` (null score minus the best non-null span's; the
-    official evaluation's `na_prob`)."""
+    (`best_non_null`), v2.0's `score_diff` (the official evaluation's `na_prob`: null score
+    minus the best non-null span's, or the beam head's null logit) and, from the beam head,
+    the n-best answers with their probabilities (`nbest`)."""
 
     text: dict[str, str]
     best_non_null: dict[str, str]
     score_diff: dict[str, float]
+    nbest: dict[str, list[tuple[str, float]]] = dataclasses.field(default_factory=dict)
+
+
+def _by_example(windows: Windows) -> dict[int, list[int]]:
+    """example index -> its window rows."""
+    rows: dict[int, list[int]] = {}
+    for row, number in enumerate(windows.example):
+        rows.setdefault(int(number), []).append(row)
+    return rows
+
+
+def _answer_text(example: SquadExample, windows: Windows, row: int, start: int, end: int,
+                 tokenizer: Tokenizer) -> str:
+    """The context text of window `row`'s sub-tokens `start`..`end`: detokenised and mapped
+    back onto the words they lie in (`final_text`)."""
+    ids = windows.arrays["input_ids"][row, start:end + 1]
+    first_word, last_word = windows.token_words[row, start], windows.token_words[row, end]
+    original = example.context[example.word_spans[first_word][0]:
+                               example.word_spans[last_word][1]]
+    return final_text(tokenizer.decode([int(i) for i in ids]), original,
+                      bool(getattr(tokenizer, "lowercase", False)))
 
 
 def predict_answers(examples: Sequence[SquadExample], windows: Windows, start_logits: np.ndarray,
@@ -301,10 +333,7 @@ def predict_answers(examples: Sequence[SquadExample], windows: Windows, start_lo
     back to the context's characters (`final_text`). With `with_null` (v2.0), the null score
     is the lowest start + end at the windows' `cls_index`, and the answer is empty when it beats
     the best span by more than `null_score_diff_threshold`."""
-    by_example: dict[int, list[int]] = {}
-    for row, number in enumerate(windows.example):
-        by_example.setdefault(int(number), []).append(row)
-    lowercase = bool(getattr(tokenizer, "lowercase", False))
+    by_example = _by_example(windows)
     text, best_text, diffs = {}, {}, {}
     for number, example in enumerate(examples):
         candidates, null_score = [], None
@@ -327,11 +356,7 @@ def predict_answers(examples: Sequence[SquadExample], windows: Windows, start_lo
         answer, score = "", None
         if candidates:
             score, row, s, e = candidates[0]
-            ids = windows.arrays["input_ids"][row, s:e + 1]
-            first_word, last_word = windows.token_words[row, s], windows.token_words[row, e]
-            original = example.context[example.word_spans[first_word][0]:
-                                       example.word_spans[last_word][1]]
-            answer = final_text(tokenizer.decode([int(i) for i in ids]), original, lowercase)
+            answer = _answer_text(example, windows, row, s, e, tokenizer)
         best_text[example.qid] = answer
         if with_null and null_score is not None:
             diff = null_score - (score if score is not None else -np.inf)
@@ -340,3 +365,60 @@ def predict_answers(examples: Sequence[SquadExample], windows: Windows, start_lo
         else:
             text[example.qid] = answer
     return Predictions(text, best_text, diffs)
+
+
+def predict_beam_answers(examples: Sequence[SquadExample], windows: Windows,
+                         beams: dict[str, np.ndarray], tokenizer: Tokenizer, *, with_null: bool,
+                         n_best: int = 5, max_answer_length: int = 64,
+                         null_score_diff_threshold: float = 0.0) -> Predictions:
+    """zihangdai/xlnet run_squad.py `write_predictions` on the beam head's outputs
+    (`models.span.BeamSpanExtractor.beam`: `start_top_log_probs` / `start_top_index` [N, S],
+    `end_top_log_probs` / `end_top_index` [N, S, E], `cls_logits` [N]): every (start, end)
+    beam pair of a question's windows is a candidate unless the start or end is outside the
+    context or its last sub-token (run_squad.py's bound `index >= paragraph_len - 1`, kept),
+    the window is not the start's max-context one, the end precedes the start or the span is
+    longer than `max_answer_length`; candidates rank by start + end log-probability; the
+    first `n_best` distinct answer texts, with the softmax of their scores, are `nbest`, and
+    the first is the best non-null answer. The null score is the lowest `cls_logits` over the
+    question's windows and is itself the `score_diff` (run_squad.py's null odds); with
+    `with_null` the answer is empty when it exceeds `null_score_diff_threshold`."""
+    by_example = _by_example(windows)
+    text, best_text, diffs, nbest = {}, {}, {}, {}
+    for number, example in enumerate(examples):
+        candidates, null_score = [], None
+        for row in by_example.get(number, []):
+            null = float(beams["cls_logits"][row])
+            null_score = null if null_score is None else min(null_score, null)
+            context = np.flatnonzero(windows.token_words[row] >= 0)
+            last = context[-1] if len(context) else -1
+            for i, s in enumerate(beams["start_top_index"][row]):
+                for j, e in enumerate(beams["end_top_index"][row, i]):
+                    s, e = int(s), int(e)
+                    if windows.token_words[row, s] < 0 or windows.token_words[row, e] < 0:
+                        continue
+                    if s >= last or e >= last or not windows.max_context[row, s]:
+                        continue
+                    if e < s or e - s + 1 > max_answer_length:
+                        continue
+                    candidates.append((float(beams["start_top_log_probs"][row, i])
+                                       + float(beams["end_top_log_probs"][row, i, j]),
+                                       row, s, e))
+        candidates.sort(key=lambda c: -c[0])  # stable: ties keep run_squad.py's order
+        seen: dict[str, float] = {}
+        for score, row, s, e in candidates:
+            if len(seen) >= n_best:
+                break
+            seen.setdefault(_answer_text(example, windows, row, s, e, tokenizer), score)
+        if not seen:  # run_squad.py's "nonce prediction"
+            seen[""] = -2e6
+        scores = np.asarray(list(seen.values()))
+        probabilities = np.exp(scores - scores.max())
+        probabilities /= probabilities.sum()
+        nbest[example.qid] = list(zip(seen, probabilities.tolist(), strict=True))
+        answer = best_text[example.qid] = next(iter(seen))
+        if with_null and null_score is not None:
+            diffs[example.qid] = null_score
+            text[example.qid] = "" if null_score > null_score_diff_threshold else answer
+        else:
+            text[example.qid] = answer
+    return Predictions(text, best_text, diffs, nbest)

@@ -20,7 +20,7 @@ import re
 import shutil
 import sys
 import unicodedata
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -30,10 +30,19 @@ import sentencepiece as spm
 from pretext_jax.errors import UserError
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-# What BERT's specials other than [UNK] are for: a vocab.txt may lack them (encoding does not
-# use them); a method that needs one is refused, naming it and this use.
-SPECIAL_USES = {"[PAD]": "to pad sequences", "[CLS]": "to start a sequence",
-                "[SEP]": "to end segments and documents", "[MASK]": "to mask tokens"}
+# A WordPiece vocabulary's specials other than the unknown token, by role: BERT's, and MPNet's
+# (HF `MPNetTokenizer`: <s> opens a sequence, </s> separates and ends; microsoft/MPNet's
+# vocab.txt adds them, <pad>, <unk> and <mask> to BERT's).
+BERT_ROLES = {"pad": "[PAD]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+MPNET_ROLES = {"pad": "<pad>", "cls": "<s>", "sep": "</s>", "mask": "<mask>"}
+# What those roles are for: a vocab.txt may lack them (encoding does not use them); a method
+# that needs one is refused, naming it and this use.
+ROLE_USES = {"pad": "to pad sequences", "cls": "to start a sequence",
+             "sep": "to end segments and documents", "mask": "to mask tokens"}
+SPECIAL_USES = {BERT_ROLES[role]: use for role, use in ROLE_USES.items()}
+# ALBERT's spiece.model specials in SPECIALS' order (google-research/albert; HF
+# `AlbertTokenizer`: pad <pad>, unk <unk>, cls [CLS], sep [SEP], mask [MASK]).
+ALBERT_SPECIALS = ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]")
 # A HF folder's tokenizer settings; `load_tokenizer` reads its `do_lower_case`.
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SENTENCEPIECE_FILE = "spiece.model"
@@ -62,8 +71,29 @@ class Tokenizer(Protocol):
     def save(self, directory: Path) -> None: ...
 
 
-def _write_lowercase(directory: Path, lowercase: bool) -> None:
-    (directory / TOKENIZER_CONFIG).write_text(json.dumps({"do_lower_case": lowercase}) + "\n")
+def _write_lowercase(directory: Path, lowercase: bool, **settings: object) -> None:
+    (directory / TOKENIZER_CONFIG).write_text(
+        json.dumps({"do_lower_case": lowercase, **settings}) + "\n")
+
+
+def _specials_pattern(tokens: Iterable[str]) -> re.Pattern:
+    """A regex that splits text at any of `tokens` (longest first), keeping them."""
+    return re.compile("(" + "|".join(map(re.escape, sorted(tokens, key=len, reverse=True)))
+                      + ")")
+
+
+def _encode_around_specials(text: str, pattern: re.Pattern, encode: Callable[[str], list[int]],
+                            special_id: Callable[[str], int]) -> list[int]:
+    """HF's handling of special-token strings in text (tokenizers' added tokens, matched in the
+    raw text before normalisation): each becomes its id, the text between is encoded on its
+    own."""
+    ids: list[int] = []
+    for index, part in enumerate(pattern.split(text)):
+        if index % 2:
+            ids.append(special_id(part))
+        elif part:
+            ids += encode(part)
+    return ids
 
 
 def _is_punctuation(char: str) -> bool:
@@ -163,54 +193,63 @@ class WordPieceTokenizer:
     cached_words = 1 << 18
     """Distinct words whose ids are kept; the cache starts again when full."""
 
-    def __init__(self, vocab: list[str], lowercase: bool, source: str = "the vocabulary"):
+    def __init__(self, vocab: list[str], lowercase: bool, source: str = "the vocabulary",
+                 roles: Mapping[str, str] = BERT_ROLES, unk: str = "[UNK]"):
         self.tokens = vocab
         self.vocab = {token: i for i, token in enumerate(vocab)}
         self.lowercase = lowercase
         self.source = source
+        self.roles, self.unk = dict(roles), unk
         self.vocab_size = len(vocab)
-        self.unk_id = self.vocab["[UNK]"]
-        self.missing = tuple(token for token in SPECIAL_USES if token not in self.vocab)
-        self.special_ids = frozenset(self.vocab[t] for t in SPECIAL_USES if t in self.vocab)
+        self.unk_id = self.vocab[unk]
+        self.missing = tuple(token for token in self.roles.values() if token not in self.vocab)
+        self.special_ids = frozenset(self.vocab[t] for t in self.roles.values() if t in self.vocab)
         self.continuation = np.array([t.startswith("##") for t in vocab], bool)
-        self._cache = _WordPieces(self)
+        self._cache = _WordPieces(self._word_pieces)
+        # MPNet's specials in text are those tokens (HF `MPNetTokenizer`); BERT's stay text
+        self._specials = (None if self.roles == BERT_ROLES else _specials_pattern(
+            [t for t in (*self.roles.values(), unk) if t in self.vocab]))
 
-    def _special(self, token: str) -> int:
+    def _special(self, role: str) -> int:
+        token = self.roles[role]
         if token not in self.vocab:
             raise UserError(f"{self.source} lacks {', '.join(self.missing)}; this method needs "
-                            f"{token} ({SPECIAL_USES[token]}): add it to the vocabulary (e.g. in "
+                            f"{token} ({ROLE_USES[role]}): add it to the vocabulary (e.g. in "
                             "place of an [unused] line) or choose a method that does without")
         return self.vocab[token]
 
     @property
     def pad_id(self) -> int:
-        return self._special("[PAD]")
+        return self._special("pad")
 
     @property
     def cls_id(self) -> int:
-        return self._special("[CLS]")
+        return self._special("cls")
 
     @property
     def sep_id(self) -> int:
-        return self._special("[SEP]")
+        return self._special("sep")
 
     @property
     def eos_id(self) -> int:
-        """The end of a document for the causal LM: [SEP]."""
-        return self._special("[SEP]")
+        """The end of a document for the causal LM: [SEP] (MPNet's </s>)."""
+        return self._special("sep")
 
     @property
     def mask_id(self) -> int:
-        return self._special("[MASK]")
+        return self._special("mask")
 
     @classmethod
-    def from_vocab_file(cls, path: str | Path, lowercase: bool | None = None
-                        ) -> WordPieceTokenizer:
-        """Loads a `vocab.txt` (one token per line, id = line number). Only [UNK] is required,
-        as in tokenization.py; [PAD], [CLS], [SEP] and [MASK] are refused where a method asks
-        for them (`SPECIAL_USES`). `lowercase=None` infers an uncased vocabulary when no token
-        other than the bracketed specials has an ASCII uppercase letter (bert-base-uncased's
-        holds `ℝ`, so any uppercase would read it as cased)."""
+    def from_vocab_file(cls, path: str | Path, lowercase: bool | None = None,
+                        unk: str | None = None) -> WordPieceTokenizer:
+        """Loads a `vocab.txt` (one token per line, id = line number). Only the unknown token
+        is required, as in tokenization.py; the others are refused where a method asks for
+        them (`ROLE_USES`). A vocabulary with <s>, </s>, <pad> and <mask> is MPNet's
+        (`MPNET_ROLES`); its unknown token is `unk` (a HF folder's `unk_token`), else [UNK]
+        where the vocabulary has it (microsoft/mpnet-base's, HF `MPNetTokenizer`'s default),
+        else <unk>. `lowercase=None` infers an uncased vocabulary when no token other than the
+        bracketed specials has an ASCII uppercase letter (bert-base-uncased's holds `ℝ`, so
+        any uppercase would read it as cased)."""
         path = Path(path)
         if not path.is_file():
             raise UserError(f"vocab file {path} not found; pass a BERT vocab.txt or a "
@@ -223,13 +262,17 @@ class WordPieceTokenizer:
         vocab = [line.rstrip("\n") for line in vocab]
         while vocab and not vocab[-1].strip():
             vocab.pop()
-        if "[UNK]" not in vocab:  # WordPiece's id for a word it cannot spell
-            raise UserError(f"vocab file {path} lacks [UNK]; pass a BERT WordPiece vocab.txt "
-                            "(it has [PAD] [UNK] [CLS] [SEP] [MASK])")
+        present = set(vocab)
+        roles = MPNET_ROLES if set(MPNET_ROLES.values()) <= present else BERT_ROLES
+        if unk not in present:
+            unk = "[UNK]" if "[UNK]" in present or roles is BERT_ROLES else "<unk>"
+        if unk not in present:  # WordPiece's id for a word it cannot spell
+            raise UserError(f"vocab file {path} lacks {unk}; pass a BERT WordPiece vocab.txt "
+                            "(it has [PAD] [UNK] [CLS] [SEP] [MASK]) or MPNet's")
         if lowercase is None:  # ASCII only: uncased vocabularies keep symbols such as ℝ
             lowercase = not any("A" <= c <= "Z" for t in vocab
                                 if not (t.startswith("[") and t.endswith("]")) for c in t)
-        return cls(vocab, lowercase, f"vocab file {path}")
+        return cls(vocab, lowercase, f"vocab file {path}", roles, unk)
 
     def _basic_tokens(self, text: str) -> list[str]:
         """tokenization.py `BasicTokenizer.tokenize`."""
@@ -265,6 +308,12 @@ class WordPieceTokenizer:
         return tuple(pieces)
 
     def encode(self, text: str) -> list[int]:
+        if self._specials is not None:
+            return _encode_around_specials(text, self._specials, self._encode_text,
+                                           self.vocab.__getitem__)
+        return self._encode_text(text)
+
+    def _encode_text(self, text: str) -> list[int]:
         if len(self._cache) > self.cached_words:
             self._cache.clear()
         return list(itertools.chain.from_iterable(map(self._cache.__getitem__,
@@ -278,21 +327,22 @@ class WordPieceTokenizer:
         return text.replace(" ##", "")
 
     def save(self, directory: Path) -> None:
-        """`vocab.txt` (one token a line) and `tokenizer_config.json` with `do_lower_case`."""
+        """`vocab.txt` (one token a line) and `tokenizer_config.json` with `do_lower_case` and
+        the unknown token."""
         (directory / "vocab.txt").write_text("".join(t + "\n" for t in self.tokens),
                                              encoding="utf-8")
-        _write_lowercase(directory, self.lowercase)
+        _write_lowercase(directory, self.lowercase, unk_token=self.unk)
 
 
 class _WordPieces(dict):
-    """word -> its WordPiece ids, computed on first use."""
+    """word -> its ids (`pieces(word)`), computed on first use."""
 
-    def __init__(self, tokenizer: WordPieceTokenizer):
+    def __init__(self, pieces: Callable[[str], tuple[int, ...]]):
         super().__init__()
-        self.tokenizer = tokenizer
+        self.pieces = pieces
 
     def __missing__(self, word: str) -> tuple[int, ...]:
-        pieces = self[word] = self.tokenizer._word_pieces(word)
+        pieces = self[word] = self.pieces(word)
         return pieces
 
 
@@ -455,6 +505,97 @@ class XLNetSentencePieceTokenizer(SentencePieceTokenizer):
         _write_lowercase(directory, self.lowercase)
 
 
+class AlbertSentencePieceTokenizer(SentencePieceTokenizer):
+    """ALBERT's sentencepiece model (HF folders: `spiece.model`; specials `ALBERT_SPECIALS`)
+    as HF `AlbertTokenizer` (what `AutoTokenizer` gives an ALBERT folder) encodes with it:
+    special-token strings in the text are those tokens; the rest has `` and '' turned into ",
+    accents stripped (NFKD, marks dropped) unless `keep_accents`, is lowercased when
+    `lowercase`, normalised by the model's rule (its precompiled charsmap), split at
+    whitespace, and each word, after a `▁`, is segmented by HF's unigram search (`_unigram`).
+    google-research/albert tokenization.py also re-splits a piece that ends in a digit and a
+    comma; HF's does not, nor does this."""
+
+    cached_words = 1 << 18
+    """Distinct words whose ids are kept; the cache starts again when full."""
+    unknown_penalty = 10.0
+    """The unknown token's score below the lowest piece score (sentencepiece `kUnkPenalty`)."""
+
+    def __init__(self, model_file: str | Path, lowercase: bool = True,
+                 keep_accents: bool = False):
+        self.lowercase, self.keep_accents = lowercase, keep_accents
+        super().__init__(model_file)
+        self._specials = _specials_pattern(ALBERT_SPECIALS)
+        self._normalizer = spm.SentencePieceNormalizer(
+            model_file=self.model_file, add_dummy_prefix=False, escape_whitespaces=False,
+            remove_extra_whitespaces=False)
+        self._scores = {self.processor.id_to_piece(i): (i, self.processor.get_score(i))
+                        for i in range(self.vocab_size)}
+        self._longest = max(map(len, self._scores))
+        self._unknown_score = min(score for _, score in self._scores.values()) - \
+            self.unknown_penalty
+        self._cache = _WordPieces(self._unigram)
+
+    def _special_ids(self) -> list[int]:
+        ids = [self.processor.piece_to_id(s) for s in ALBERT_SPECIALS]
+        if [self.processor.id_to_piece(i) for i in ids] != list(ALBERT_SPECIALS):
+            raise UserError(f"sentencepiece model {self.model_file} lacks one of "
+                            f"{', '.join(ALBERT_SPECIALS)}; pass ALBERT's spiece.model")
+        return ids
+
+    def _unigram(self, word: str) -> tuple[int, ...]:
+        """The best-scoring pieces of `word` (tokenizers' `Unigram::encode_optimized`, after
+        sentencepiece's unigram_model.cc): a forward pass where a position keeps the first
+        start with the strictly highest score (ties go to the earlier start, where
+        sentencepiece's own search may differ), any vocabulary piece a candidate, a character
+        no piece covers alone an unknown at `unknown_penalty` below the lowest score; runs of
+        unknowns are one unknown id."""
+        best: list[tuple[float, int, int] | None] = [(0.0, 0, -1)] + [None] * len(word)
+        for start in range(len(word)):
+            score_here = best[start][0]
+            single = False
+            for end in range(start + 1, min(len(word), start + self._longest) + 1):
+                found = self._scores.get(word[start:end])
+                if found is None:
+                    continue
+                single |= end == start + 1
+                candidate = score_here + found[1]
+                if best[end] is None or candidate > best[end][0]:
+                    best[end] = (candidate, start, found[0])
+            if not single:
+                candidate = score_here + self._unknown_score
+                if best[start + 1] is None or candidate > best[start + 1][0]:
+                    best[start + 1] = (candidate, start, self.unk_id)
+        ids, end = [], len(word)
+        while end > 0:
+            _, start, index = best[end]
+            if not (index == self.unk_id and ids and ids[-1] == self.unk_id):
+                ids.append(index)
+            end = start
+        return tuple(reversed(ids))
+
+    def _encode_text(self, text: str) -> list[int]:
+        text = text.replace("``", '"').replace("''", '"')
+        if not self.keep_accents:
+            text = "".join(c for c in unicodedata.normalize("NFKD", text)
+                           if not unicodedata.category(c).startswith("M"))
+        if self.lowercase:
+            text = text.lower()
+        if len(self._cache) > self.cached_words:
+            self._cache.clear()
+        return [i for word in self._normalizer.normalize(text).split()
+                for i in self._cache["▁" + word]]
+
+    def encode(self, text: str) -> list[int]:
+        return _encode_around_specials(text, self._specials, self._encode_text,
+                                       self.processor.piece_to_id)
+
+    def save(self, directory: Path) -> None:
+        """`spiece.model` and `tokenizer_config.json` with `do_lower_case` and
+        `keep_accents`."""
+        super().save(directory)
+        _write_lowercase(directory, self.lowercase, keep_accents=self.keep_accents)
+
+
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> character table (openai/gpt-2 encoder.py): the printable
     Latin-1 bytes stand for themselves, the other 68 (control bytes, space, ...) for U+0100
@@ -609,14 +750,22 @@ class ByteLevelBPETokenizer:
         return self.tokens[index]
 
 
-def _sentencepiece(path: Path, lowercase: bool | None = None) -> SentencePieceTokenizer:
-    """Ours (BERT's specials) or XLNet's (<cls>, <sep>, ...), by the pieces the model has. Only
-    XLNet's text handling has a lowercasing step (prepro_utils.py `preprocess_text`)."""
+def _sentencepiece(path: Path, lowercase: bool | None = None, keep_accents: bool = False
+                   ) -> SentencePieceTokenizer:
+    """Ours (BERT's specials), XLNet's (<cls>, <sep>, ...) or ALBERT's (<pad>, <unk>, [CLS],
+    ...), by the pieces the model has. XLNet's and ALBERT's text handling lowercase (XLNet's
+    by default not, ALBERT's by default, as HF's tokenizers)."""
     processor = spm.SentencePieceProcessor(model_file=str(path))
-    if processor.id_to_piece(processor.piece_to_id("<cls>")) == "<cls>":
+
+    def has(piece: str) -> bool:
+        return processor.id_to_piece(processor.piece_to_id(piece)) == piece
+
+    if has("<cls>"):
         return XLNetSentencePieceTokenizer(path, bool(lowercase))
+    if all(map(has, ALBERT_SPECIALS)):
+        return AlbertSentencePieceTokenizer(path, lowercase is not False, keep_accents)
     if lowercase:
-        raise UserError(f"data.lowercase=true needs a WordPiece vocab.txt or XLNet's "
+        raise UserError(f"data.lowercase=true needs a WordPiece vocab.txt, XLNet's or ALBERT's "
                         f"spiece.model; {path.name} encodes text as it is (leave data.lowercase "
                         "unset)")
     return SentencePieceTokenizer(path)
@@ -635,23 +784,31 @@ def casing_from_folder_name(path: Path) -> bool | None:
 
 def load_tokenizer(spec: str | Path, lowercase: bool | None = None
                    ) -> WordPieceTokenizer | SentencePieceTokenizer | ByteLevelBPETokenizer:
-    """A sentencepiece `.model` (ours, or XLNet's `spiece.model`), a BERT `vocab.txt`, a
-    byte-level BPE `vocab.json` (with `merges.txt` beside it), or a folder holding one of those.
+    """A sentencepiece `.model` (ours, or XLNet's or ALBERT's `spiece.model`), a BERT (or
+    MPNet) `vocab.txt`, a byte-level BPE `vocab.json` (with `merges.txt` beside it), or a
+    folder holding one of those. A HF folder's `tokenizer_config.json` also gives ALBERT's
+    `keep_accents` and a vocab.txt's `unk_token`.
 
-    Casing (`lowercase`, WordPiece and XLNet only), first that applies: the argument
+    Casing (`lowercase`, WordPiece, XLNet and ALBERT only), first that applies: the argument
     (`data.lowercase`), a HF folder's `tokenizer_config.json` `do_lower_case`, the folder name
     (`casing_from_folder_name`), then for a vocab.txt whether it has ASCII capitals."""
     path = Path(spec)
     if not path.exists():
         raise UserError(f"tokenizer {path} not found; pass a sentencepiece .model, a BERT "
-                        "vocab.txt or a HuggingFace BERT/XLNet/GPT-2/RoBERTa folder")
+                        "vocab.txt or a HuggingFace BERT/ALBERT/MPNet/XLNet/GPT-2/RoBERTa "
+                        "folder")
     folder = path if path.is_dir() else path.parent
-    if lowercase is None and (folder / TOKENIZER_CONFIG).is_file():
+    settings = {}
+    if (folder / TOKENIZER_CONFIG).is_file():
         try:
-            lowercase = json.loads((folder / TOKENIZER_CONFIG).read_text()).get("do_lower_case")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            settings = json.loads((folder / TOKENIZER_CONFIG).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            settings = None
+        if not isinstance(settings, dict):
             raise UserError(f"{folder / TOKENIZER_CONFIG} is not a JSON object; fix or remove "
-                            "it") from None
+                            "it")
+    if lowercase is None:
+        lowercase = settings.get("do_lower_case")
     if lowercase is None:
         lowercase = casing_from_folder_name(folder)
     if path.is_dir():
@@ -671,8 +828,10 @@ def load_tokenizer(spec: str | Path, lowercase: bool | None = None
         return ByteLevelBPETokenizer.from_folder(path.parent)
     if path.suffix == ".model":
         try:
-            return _sentencepiece(path, lowercase)
+            return _sentencepiece(path, lowercase, bool(settings.get("keep_accents", False)))
         except (RuntimeError, OSError):
             raise UserError(f"{path} is not a sentencepiece model; retrain it or pass a "
                             "vocab.txt") from None
-    return WordPieceTokenizer.from_vocab_file(path, lowercase)
+    unk = settings.get("unk_token")
+    return WordPieceTokenizer.from_vocab_file(path, lowercase, unk if isinstance(unk, str)
+                                              else None)

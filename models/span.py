@@ -4,17 +4,58 @@ run_squad.py `create_model`; HF `*ForQuestionAnswering` of BERT, ELECTRA, RoBERT
 MPNet, `XLNetForQuestionAnsweringSimple`, `XLMForQuestionAnsweringSimple`: `qa_outputs`). It
 sits on the network each family pre-trains, held and run as `models.classifier` holds and runs
 it (`EncoderHeads`), so a pre-trained model's weights move over unchanged (`span_extractor`);
-the head has no dropout (no reference applies one). XLNet's beam head (zihangdai/xlnet
-run_squad.py's start/end top-n and answer class; ALBERT's run_squad_v2.py has the same) is not
-built."""
+the head has no dropout (no reference applies one).
+
+`BeamSpanExtractor` is XLNet's SQuAD head (zihangdai/xlnet function_builder.py `get_qa_outputs`,
+run by run_squad.py; HF `XLNetForQuestionAnswering`: `XLNetPoolerStartLogits`,
+`XLNetPoolerEndLogits`, `XLNetPoolerAnswerClass`): start logits, end logits conditioned on a
+start's state, and an answer class (whether the window holds no answer) from the <cls> state
+and the start distribution's expected state; inference keeps the `start_n_top` best starts and
+the `end_n_top` best ends of each (`beam`)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
-from pretext_jax.models.classifier import EncoderHeads, HeadConfig, move_encoder
-from pretext_jax.models.layers import dense
+from pretext_jax.models.classifier import (
+    EncoderHeads,
+    HeadConfig,
+    XLNetClassifierConfig,
+    move_encoder,
+)
+from pretext_jax.models.layers import dense, dropout, layer_norm, split_rng
+
+SPAN_HEADS = ("simple", "beam")
+ANSWER_CLASS_STARTS = ("expected", "gold")
+
+
+@dataclasses.dataclass(frozen=True)
+class BeamFields:
+    """The span head's choice and XLNet's beam settings (zihangdai/xlnet run_squad.py flags
+    `start_n_top`, `end_n_top`; HF `XLNetConfig.start_n_top`, `end_n_top`)."""
+
+    span_head: str = "simple"
+    """simple (a linear start/end layer, `SpanExtractor`) or beam (XLNet's beam head with an
+    answer class, `BeamSpanExtractor`; head xlnet only)."""
+    start_n_top: int = 5
+    """Beam: starts kept per window at inference (run_squad.py `start_n_top`: 5)."""
+    end_n_top: int = 5
+    """Beam: ends kept per start at inference (run_squad.py `end_n_top`: 5)."""
+    answer_class_start: str = "expected"
+    """Beam, training: the start state the answer class reads: expected (the start
+    distribution's expected state, function_builder.py `get_qa_outputs`) or gold (the gold
+    start's state, HF `XLNetForQuestionAnswering`); inference always reads the expected one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class XLNetBeamConfig(XLNetClassifierConfig, BeamFields):
+    """XLNet's config plus the beam head (HF `XLNetForQuestionAnswering`'s config)."""
+
+    span_head: str = "beam"
 
 
 class SpanExtractor(EncoderHeads):
@@ -44,5 +85,118 @@ def span_extractor(pretrained: nnx.Module, config: HeadConfig, rngs: nnx.Rngs
     `models.classifier.FAMILIES`, or a classifier or span extractor on one); `qa_outputs` is
     freshly initialised (run_squad.py: truncated normal, stddev 0.02)."""
     model = SpanExtractor(config, rngs=rngs)
+    move_encoder(model, pretrained)
+    return model
+
+
+def _mask(logits: jax.Array, p_mask: jax.Array) -> jax.Array:
+    """function_builder.py's masking of impossible positions (p_mask 1): logit * (1 - p) -
+    1e30 * p."""
+    p = p_mask.astype(jnp.float32)
+    return logits.astype(jnp.float32) * (1 - p) - 1e30 * p
+
+
+def _rows(states: jax.Array, index: jax.Array) -> jax.Array:
+    """states[b, index[b, ...]]: [B, T, H], [B, K] -> [B, K, H]."""
+    return jnp.take_along_axis(states, index[..., None].astype(jnp.int32), axis=1)
+
+
+class BeamSpanExtractor(EncoderHeads):
+    """Encoder + XLNet's beam head (module docstring). `start_logits`: dense to 1;
+    `end_logits`: dense(2H -> H) on [state, start state], tanh, LayerNorm, dense to 1;
+    `answer_class`: dense(2H -> H) on [start state, <cls> state], tanh, dropout, dense to 1
+    without bias. Start and end logits of positions with `p_mask` 1 are -1e30. The config is a
+    head config with `BeamFields` (`XLNetBeamConfig`)."""
+
+    def __init__(self, config: HeadConfig, *, rngs: nnx.Rngs):
+        if config.head != "xlnet":
+            raise ValueError(f"head={config.head}: the beam head is XLNet's")
+        if config.start_n_top < 1 or config.end_n_top < 1:
+            raise ValueError("start_n_top and end_n_top must be >= 1")
+        if config.answer_class_start not in ANSWER_CLASS_STARTS:
+            raise ValueError(f"answer_class_start={config.answer_class_start!r} must be one of "
+                             f"{ANSWER_CLASS_STARTS}")
+        self.config = config
+        h = config.hidden_size
+        with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
+            self._build_encoder(config, rngs)
+            self.start_dense = dense(config, h, 1, ("embed", None), rngs)
+            self.end_dense_0 = dense(config, 2 * h, h, ("embed", "mlp"), rngs)
+            self.end_norm = layer_norm(config, h, rngs)
+            self.end_dense_1 = dense(config, h, 1, ("mlp", None), rngs)
+            self.answer_dense_0 = dense(config, 2 * h, h, ("embed", "mlp"), rngs)
+            self.answer_dense_1 = nnx.Linear(
+                h, 1, use_bias=False, dtype=config.compute_dtype, rngs=rngs,
+                kernel_init=nnx.with_partitioning(
+                    nnx.initializers.truncated_normal(config.initializer_range),
+                    ("mlp", None)))
+
+    def _end_logits(self, hidden: jax.Array, start_states: jax.Array) -> jax.Array:
+        """End logits [B, T, K] of K start states [B, K, H] (function_builder.py
+        `end_logits` scope: dense_0 tanh, layer norm, dense_1)."""
+        t, k = hidden.shape[1], start_states.shape[1]
+        x = jnp.concatenate([jnp.broadcast_to(hidden[:, :, None], (*hidden.shape[:2], k,
+                                                                   hidden.shape[-1])),
+                             jnp.broadcast_to(start_states[:, None], (hidden.shape[0], t,
+                                                                      *start_states.shape[1:]))],
+                            axis=-1)
+        x = self.end_norm(jnp.tanh(self.end_dense_0(x)))
+        return self.end_dense_1(x)[..., 0]
+
+    def _answer_class(self, hidden: jax.Array, start_state: jax.Array, cls_index: jax.Array,
+                      rng: jax.Array | None) -> jax.Array:
+        """cls_logits [B] (function_builder.py `answer_class` scope)."""
+        cls_state = _rows(hidden, cls_index[:, None])[:, 0]
+        x = jnp.tanh(self.answer_dense_0(jnp.concatenate([start_state, cls_state], axis=-1)))
+        x = dropout(x, self.config.head_dropout, rng)
+        return self.answer_dense_1(x)[..., 0].astype(jnp.float32)
+
+    def _start(self, input_ids: jax.Array, token_type_ids: jax.Array | None,
+               attention_mask: jax.Array | None, p_mask: jax.Array, rng: jax.Array | None
+               ) -> tuple[jax.Array, jax.Array]:
+        hidden = self.hidden(input_ids, token_type_ids, attention_mask, rng)
+        return hidden, _mask(self.start_dense(hidden)[..., 0], p_mask)
+
+    def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array | None,
+                 attention_mask: jax.Array | None, *, p_mask: jax.Array,
+                 start_positions: jax.Array, cls_index: jax.Array, rng: jax.Array | None = None
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Training: (start logits [B, T], end logits [B, T] given the gold start, cls_logits
+        [B]), the start and end logits masked by `p_mask`."""
+        encoder_rng, answer_rng = split_rng(rng, 2)
+        hidden, starts = self._start(input_ids, token_type_ids, attention_mask, p_mask,
+                                     encoder_rng)
+        gold = _rows(hidden, start_positions[:, None])
+        ends = _mask(self._end_logits(hidden, gold)[..., 0], p_mask)
+        if self.config.answer_class_start == "gold":
+            start_state = gold[:, 0]
+        else:
+            start_state = jnp.einsum("bth,bt->bh", hidden, jax.nn.softmax(starts, axis=-1))
+        return starts, ends, self._answer_class(hidden, start_state, cls_index, answer_rng)
+
+    def beam(self, input_ids: jax.Array, token_type_ids: jax.Array | None,
+             attention_mask: jax.Array | None, *, p_mask: jax.Array, cls_index: jax.Array
+             ) -> dict[str, jax.Array]:
+        """Inference (function_builder.py `get_qa_outputs` without is_training): the
+        `start_n_top` best start log-probabilities and positions [B, S], for each the
+        `end_n_top` best end log-probabilities and positions [B, S, E], and cls_logits [B]
+        from the expected start state."""
+        hidden, starts = self._start(input_ids, token_type_ids, attention_mask, p_mask, None)
+        start_log_probs = jax.nn.log_softmax(starts, axis=-1)
+        start_top, start_index = jax.lax.top_k(start_log_probs, self.config.start_n_top)
+        ends = self._end_logits(hidden, _rows(hidden, start_index))  # [B, T, S]
+        ends = _mask(jnp.swapaxes(ends, 1, 2), p_mask[:, None])  # [B, S, T]
+        end_top, end_index = jax.lax.top_k(jax.nn.log_softmax(ends, axis=-1),
+                                           self.config.end_n_top)
+        start_state = jnp.einsum("bth,bt->bh", hidden, jnp.exp(start_log_probs))
+        return {"start_top_log_probs": start_top, "start_top_index": start_index,
+                "end_top_log_probs": end_top, "end_top_index": end_index,
+                "cls_logits": self._answer_class(hidden, start_state, cls_index, None)}
+
+
+def beam_span_extractor(pretrained: nnx.Module, config: HeadConfig, rngs: nnx.Rngs
+                        ) -> BeamSpanExtractor:
+    """`span_extractor`'s beam form: the pre-trained XLNet under a fresh beam head."""
+    model = BeamSpanExtractor(config, rngs=rngs)
     move_encoder(model, pretrained)
     return model

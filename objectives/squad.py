@@ -1,7 +1,9 @@
 """Fine-tuning on SQuAD v1.1 and v2.0 span extraction, as a method of the one trainer
 (google-research/bert run_squad.py): the start and end logits of a pre-trained encoder's
 states (`models.span.SpanExtractor`), trained with the mean of the start and end positions'
-cross-entropies, evaluated on the whole dev set by mapping every question's best span back to
+cross-entropies; or, with `model.span_head=beam` on XLNet, XLNet's beam head
+(`models.span.BeamSpanExtractor`, zihangdai/xlnet run_squad.py) with its answer-class loss;
+evaluated on the whole dev set by mapping every question's best span back to
 its context (`input_pipeline.squad.predict_answers`) and scoring it as the official scripts do
 (`objectives.common.squad_metrics`).
 
@@ -27,7 +29,15 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import prepare, squad
 from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
 from pretext_jax.input_pipeline.records import RecordDirectory, write_records
-from pretext_jax.models.span import SpanExtractor, span_extractor
+from pretext_jax.models.span import (
+    ANSWER_CLASS_STARTS,
+    SPAN_HEADS,
+    BeamFields,
+    BeamSpanExtractor,
+    SpanExtractor,
+    beam_span_extractor,
+    span_extractor,
+)
 from pretext_jax.objectives.common.classifier_recipes import (
     FinetuneModelConfig,
     check_input_length,
@@ -75,10 +85,11 @@ VERSIONS = {"squad": SquadVersion("squad", "train-v1.1.json", "dev-v1.1.json", F
 
 
 @dataclasses.dataclass(frozen=True)
-class SpanModelConfig(FinetuneModelConfig):
+class SpanModelConfig(FinetuneModelConfig, BeamFields):
     """The encoder's config and its family's `head` (which HF `*ForQuestionAnswering(Simple)`
-    it exports to), as the classifiers' (`FinetuneModelConfig`), and `init`, where the encoder
-    comes from."""
+    it exports to), as the classifiers' (`FinetuneModelConfig`), `init`, where the encoder
+    comes from, and the span head (`BeamFields`: simple, or XLNet's beam head, exported as HF
+    `XLNetForQuestionAnswering`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,21 +121,42 @@ class SquadExampleConfig:
     context </s>); the head's own."""
 
 
-def span_loss(model: SpanExtractor, batch: Batch, rng: jax.Array | None
+def _cross_entropy(logits: jax.Array, positions: jax.Array) -> jax.Array:
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+    return -jnp.mean(jnp.take_along_axis(log_probs, positions[:, None].astype(jnp.int32),
+                                         axis=1))
+
+
+def beam_loss(model: BeamSpanExtractor, batch: Batch, rng: jax.Array | None
+              ) -> tuple[jax.Array, Metrics]:
+    """zihangdai/xlnet run_squad.py `model_fn` (HF `XLNetForQuestionAnswering` the same): the
+    mean of the start and end cross-entropies (the end logits given the gold start), plus 0.5
+    x the mean sigmoid cross-entropy of the answer class against `is_impossible` (the window
+    holds no answer: its positions point at `cls_index`)."""
+    starts, ends, cls_logits = model(
+        batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+        p_mask=batch["p_mask"], start_positions=batch["start_positions"],
+        cls_index=batch["cls_index"], rng=rng)
+    one = jnp.ones((), jnp.float32)
+    span = (_cross_entropy(starts, batch["start_positions"])
+            + _cross_entropy(ends, batch["end_positions"])) / 2
+    impossible = (batch["start_positions"] == batch["cls_index"]).astype(jnp.float32)
+    answer_class = jnp.mean(jnp.logaddexp(0.0, cls_logits) - impossible * cls_logits)
+    loss = span + 0.5 * answer_class
+    return loss, {"loss": (loss, one), "answer_class_loss": (answer_class, one)}
+
+
+def span_loss(model: SpanExtractor | BeamSpanExtractor, batch: Batch, rng: jax.Array | None
               ) -> tuple[jax.Array, Metrics]:
     """run_squad.py `model_fn`: the mean of the start and end positions' cross-entropies over
-    every window position."""
+    every window position (the beam head: `beam_loss`)."""
+    if isinstance(model, BeamSpanExtractor):
+        return beam_loss(model, batch, rng)
     starts, ends = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                          rng=rng)
     one = jnp.ones((), jnp.float32)
-
-    def cross_entropy(logits: jax.Array, positions: jax.Array) -> jax.Array:
-        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
-        return -jnp.mean(jnp.take_along_axis(log_probs, positions[:, None].astype(jnp.int32),
-                                             axis=1))
-
-    loss = (cross_entropy(starts, batch["start_positions"])
-            + cross_entropy(ends, batch["end_positions"])) / 2
+    loss = (_cross_entropy(starts, batch["start_positions"])
+            + _cross_entropy(ends, batch["end_positions"])) / 2
     return loss, {"loss": (loss, one)}
 
 
@@ -146,6 +178,26 @@ def span_logits(model: SpanExtractor, arrays: dict[str, np.ndarray], batch_size:
     return np.concatenate(starts), np.concatenate(ends)
 
 
+@nnx.jit
+def _beams(model: BeamSpanExtractor, input_ids: jax.Array, token_type_ids: jax.Array,
+           attention_mask: jax.Array, p_mask: jax.Array, cls_index: jax.Array
+           ) -> dict[str, jax.Array]:
+    return model.beam(input_ids, token_type_ids, attention_mask, p_mask=p_mask,
+                      cls_index=cls_index)
+
+
+def beam_outputs(model: BeamSpanExtractor, arrays: dict[str, np.ndarray], batch_size: int = 64
+                 ) -> dict[str, np.ndarray]:
+    """The beam head's evaluation outputs of every window (`BeamSpanExtractor.beam`)."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for begin in range(0, len(arrays["input_ids"]), batch_size):
+        out = _beams(model, *(arrays[k][begin:begin + batch_size] for k in (
+            "input_ids", "token_type_ids", "attention_mask", "p_mask", "cls_index")))
+        for key, value in out.items():
+            parts.setdefault(key, []).append(np.asarray(value))
+    return {key: np.concatenate(value) for key, value in parts.items()}
+
+
 @dataclasses.dataclass(frozen=True)
 class DevSet:
     """What the monitor reads: the dev questions, their windows and the tokenizer."""
@@ -155,17 +207,24 @@ class DevSet:
     tokenizer: Any
 
 
-def squad_monitor(model: SpanExtractor, data: PreparedData, examples: SquadExampleConfig,
-                  objective: Any = None) -> dict[str, float]:
+def squad_monitor(model: SpanExtractor | BeamSpanExtractor, data: PreparedData,
+                  examples: SquadExampleConfig, objective: Any = None) -> dict[str, float]:
     """The official metrics of the predicted answers on the whole dev set (v2.0: with the
-    HasAns/NoAns split and the best null-score thresholds)."""
+    HasAns/NoAns split and the best null-score thresholds); the beam head's answers from its
+    beams (`squad.predict_beam_answers`)."""
     dev: DevSet = data.monitor_data
     version = VERSIONS[examples.task]
-    starts, ends = span_logits(model, dev.windows.arrays)
-    predicted = squad.predict_answers(
-        dev.examples, dev.windows, starts, ends, dev.tokenizer, with_null=version.with_null,
-        n_best=examples.n_best_size, max_answer_length=examples.max_answer_length,
-        null_score_diff_threshold=examples.null_score_diff_threshold)
+    options = dict(with_null=version.with_null, n_best=examples.n_best_size,
+                   max_answer_length=examples.max_answer_length,
+                   null_score_diff_threshold=examples.null_score_diff_threshold)
+    if isinstance(model, BeamSpanExtractor):
+        predicted = squad.predict_beam_answers(
+            dev.examples, dev.windows, beam_outputs(model, dev.windows.arrays), dev.tokenizer,
+            **options)
+    else:
+        starts, ends = span_logits(model, dev.windows.arrays)
+        predicted = squad.predict_answers(dev.examples, dev.windows, starts, ends,
+                                          dev.tokenizer, **options)
     answers = {e.qid: e.answers for e in dev.examples}
     if not version.with_null:
         return squad_metrics(predicted.text, answers)
@@ -208,7 +267,8 @@ def prepare_squad(data: DataConfig, examples: SquadExampleConfig, cache_dir: Pat
     settings); the dev windows in memory, with their questions for the monitor."""
     version = VERSIONS[examples.task]
     tokenizer = prepare.load_tokenizer(data) if data.tokenizer else None
-    key = fingerprint("squad", version.name, dataclasses.asdict(examples),
+    # "windows-2": records with p_mask and cls_index (older caches lack them)
+    key = fingerprint("squad", "windows-2", version.name, dataclasses.asdict(examples),
                       source_fingerprint(str(version.path(data.source, "train"))),
                       source_fingerprint(data.tokenizer), data.lowercase)
     train_dir = Path(cache_dir) / key / "train"
@@ -238,22 +298,36 @@ def check_squad(model: SpanModelConfig, examples: SquadExampleConfig,
         raise UserError(f"examples.layout={examples.layout} does not suit model.head="
                         f"{model.head}; use examples.layout={wanted}")
     check_input_length(model, examples.max_seq_length)
+    if model.span_head not in SPAN_HEADS:
+        raise UserError(f"model.span_head={model.span_head} is unknown; use one of {SPAN_HEADS}")
+    if model.span_head == "beam" and model.head != "xlnet":
+        raise UserError(f"model.span_head=beam is XLNet's head; model.head={model.head} takes "
+                        "model.span_head=simple")
+    if model.answer_class_start not in ANSWER_CLASS_STARTS:
+        raise UserError(f"model.answer_class_start={model.answer_class_start} is unknown; use "
+                        f"one of {ANSWER_CLASS_STARTS}")
+    if model.start_n_top < 1 or model.end_n_top < 1:
+        raise UserError("model.start_n_top and model.end_n_top must be >= 1")
     if examples.doc_stride < 1 or examples.n_best_size < 1 or examples.max_answer_length < 1:
         raise UserError("examples.doc_stride, n_best_size and max_answer_length must be >= 1")
 
 
 def pretrained_span_extractor(config: SpanModelConfig, seed: int,
-                              load: Callable[[str], nnx.Module]) -> SpanExtractor | None:
-    """The encoder of `config.init` under a fresh span head (None: random init)."""
+                              load: Callable[[str], nnx.Module]
+                              ) -> SpanExtractor | BeamSpanExtractor | None:
+    """The encoder of `config.init` under a fresh span head of `config.span_head` (None:
+    random init)."""
     if not config.init:
         return None
-    return span_extractor(load_encoder(config.init, load, config.head), config,
-                          nnx.Rngs(seed))
+    build = beam_span_extractor if config.span_head == "beam" else span_extractor
+    return build(load_encoder(config.init, load, config.head), config, nnx.Rngs(seed))
 
 
-def build_span_extractor(config: SpanModelConfig, seed: int) -> SpanExtractor:
+def build_span_extractor(config: SpanModelConfig, seed: int
+                         ) -> SpanExtractor | BeamSpanExtractor:
+    model_class = BeamSpanExtractor if config.span_head == "beam" else SpanExtractor
     with nnx.use_eager_sharding(False):
-        return SpanExtractor(config, rngs=nnx.Rngs(seed))
+        return model_class(config, rngs=nnx.Rngs(seed))
 
 
 def squad_train_rows(data: str, config: Any) -> int:
@@ -286,5 +360,6 @@ METHOD = register(Method(
     description="Fine-tuning: span extraction (SQuAD v1.1/v2.0)",
     resolution=Resolution(check=check_squad),
     evaluation=Evaluation(monitor=squad_monitor),
-    start=Start(hf_models=(SpanExtractor,), pretrained=pretrained_span_extractor),
+    start=Start(hf_models=(SpanExtractor, BeamSpanExtractor),
+                pretrained=pretrained_span_extractor),
 ))

@@ -177,7 +177,8 @@ def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
     XLNet-Large, hidden 1024: lr 3e-5, batch 48, 8000 steps with 1000 of warmup; with
     scripts/gpu_squad_base.sh for XLNet-Base: lr 2e-5, 3 GPUs x 8, 12000 steps with 1000 of
     warmup): sequence length 512, the same optimiser. The steps become epochs over SQuAD
-    2.0's ~131K windows: 8000 x 48 ~ 3, 12000 x 24 ~ 2. run_squad.py's `lr_layer_decay_rate`
+    2.0's ~131K windows: 8000 x 48 ~ 3, 12000 x 24 ~ 2; run_squad.py's head, the beam head
+    with its answer class (`model.span_head=beam`). run_squad.py's `lr_layer_decay_rate`
     0.75 is not applied (its rule, top layer undecayed and embeddings untouched, is not
     ELECTRA's that `optim.layerwise_lr_decay` implements)."""
     if task in ("squad", "squad2"):
@@ -186,7 +187,7 @@ def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
             learning_rate=3e-5 if large else 2e-5, epochs=3 if large else 2, weight_decay=0.0,
             schedule="linear_from_peak", eps_before_bias_correction=True,
             batch_size=48 if large else 24, warmup=1000 / (8000 if large else 12000),
-            max_seq_length=512)
+            max_seq_length=512, span_head="beam")
     return ClassifierSettings(learning_rate=2e-5, epochs=3, weight_decay=0.0,
                               schedule="linear_from_peak", eps_before_bias_correction=True)
 

@@ -13,7 +13,9 @@ tokens (pad, unk, cls, sep, mask, eos; bos is cls).
   builds it, read by `PreTrainedTokenizerFast`, with the family's special-token template.
   XLNet's `spiece.model` is built as `XLNetConverter` does it and read by `XLNetTokenizer`:
   prepro_utils.py's text handling as normalizers, and pieces that end in a digit and a comma
-  scored down by 100, HF's stand-in for XLNet's re-splitting of such pieces.
+  scored down by 100, HF's stand-in for XLNet's re-splitting of such pieces. ALBERT's is built
+  as transformers' `AlbertTokenizer` builds it (its text handling as normalizers, the words
+  split at whitespace) and read by `AlbertTokenizer`.
 - T5: the model's `extra_ids` sentinels `<extra_id_0>`, ... from the top id down.
 
 Special-token strings inside text (`[MASK]`, `<unk>`) become those tokens, HF's convention
@@ -30,6 +32,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.tokenizers import (
     GPT2_EOT,
     TOKENIZER_CONFIG,
+    AlbertSentencePieceTokenizer,
     ByteLevelBPETokenizer,
     SentencePieceTokenizer,
     Tokenizer,
@@ -63,6 +66,8 @@ def describe(tokenizer: Tokenizer) -> str:
         return f"WordPiece, {tokenizer.vocab_size:,} tokens" + (case or ", cased")
     if isinstance(tokenizer, XLNetSentencePieceTokenizer):
         return f"XLNet's sentencepiece, {tokenizer.vocab_size:,} pieces{case}"
+    if isinstance(tokenizer, AlbertSentencePieceTokenizer):
+        return f"ALBERT's sentencepiece, {tokenizer.vocab_size:,} pieces{case}"
     if isinstance(tokenizer, SentencePieceTokenizer):
         return f"sentencepiece, {tokenizer.vocab_size:,} pieces"
     return f"byte-level BPE, {tokenizer.vocab_size:,} tokens"
@@ -98,8 +103,11 @@ def save(tokenizer: Tokenizer, directory: Path, model_type: str, vocab_size: int
                  if model_type == "t5" else [])
     tokenizer.save(directory)
     config: dict[str, Any] = {"tokenizer_class": _class_name(tokenizer, model_type), **specials}
-    if isinstance(tokenizer, (WordPieceTokenizer, XLNetSentencePieceTokenizer)):
+    if isinstance(tokenizer, (WordPieceTokenizer, XLNetSentencePieceTokenizer,
+                              AlbertSentencePieceTokenizer)):
         config["do_lower_case"] = tokenizer.lowercase
+    if isinstance(tokenizer, AlbertSentencePieceTokenizer):
+        config["keep_accents"] = tokenizer.keep_accents
     if isinstance(tokenizer, ByteLevelBPETokenizer):
         config["add_prefix_space"] = False
     if isinstance(tokenizer, XLNetSentencePieceTokenizer):
@@ -147,6 +155,8 @@ def _class_name(tokenizer: Tokenizer, model_type: str) -> str:
         return "GPT2Tokenizer" if GPT2_EOT in tokenizer.vocab else "RobertaTokenizer"
     if isinstance(tokenizer, XLNetSentencePieceTokenizer):
         return "XLNetTokenizer"
+    if isinstance(tokenizer, AlbertSentencePieceTokenizer):
+        return "AlbertTokenizer"
     return "PreTrainedTokenizerFast"
 
 
@@ -168,9 +178,12 @@ def _sentencepiece_backend(tokenizer: SentencePieceTokenizer, model_type: str,
         else []
     prepend = "always" if spec.add_dummy_prefix else "never"
     metaspace = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=prepend)
-    if xlnet:  # prepro_utils.py preprocess_text, then sentencepiece's own normalisation
-        front = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"'),
-                 normalizers.NFKD(), normalizers.StripAccents()]
+    if xlnet or isinstance(tokenizer, AlbertSentencePieceTokenizer):
+        # prepro_utils.py preprocess_text (AlbertTokenizer's the same, accents optional), then
+        # sentencepiece's own normalisation
+        front = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
+        if not getattr(tokenizer, "keep_accents", False):
+            front += [normalizers.NFKD(), normalizers.StripAccents()]
         if tokenizer.lowercase:
             front.append(normalizers.Lowercase())
         steps = [*front, *steps, normalizers.Replace(Regex(" {2,}"), " ")]

@@ -411,6 +411,7 @@ def test_family_recipes_for_squad():
     large = xlnet.glue_settings(1024, "squad2")  # scripts/tpu_squad_large.sh
     assert (large.learning_rate, large.batch_size, large.epochs, large.warmup,
             large.max_seq_length, large.eps) == (3e-5, 48, 3, 0.125, 512, 1e-6)
+    assert large.span_head == "beam" and xlnet.glue_settings(768, "squad").span_head == "beam"
     assert xlnet.glue_settings(1024, "sst2").batch_size == 32  # GLUE's unchanged
     assert xlm.glue_settings(1024, "squad").schedule == "linear"
     assert xlm.glue_settings(1024, "sst2").schedule == "constant"
@@ -579,7 +580,8 @@ def test_xlnet_squad2_from_a_hf_folder(tmp_path, squad_setup):
     hf_reference("XLNetLMHeadModel", 0, vocab_size=load_tokenizer(vocab).vocab_size, d_model=16,
                  n_layer=1, n_head=2, d_inner=32).save_pretrained(folder)
     config = finetune_config("squad2", str(folder), data, SMALL)
-    assert (config.model.head, config.examples.layout) == ("xlnet", "xlnet")
+    assert (config.model.head, config.examples.layout, config.model.span_head) == (
+        "xlnet", "xlnet", "beam")  # run_squad.py's head
     assert (config.optim.learning_rate, config.optim.eps, config.optim.schedule) == (
         2e-5, 1e-6, "linear_from_peak")  # scripts/gpu_squad_base.sh
     model = squad_objective.pretrained_span_extractor(config.model, 0, load_pretrained)
@@ -595,3 +597,51 @@ def test_xlnet_squad2_from_a_hf_folder(tmp_path, squad_setup):
             dataclasses.replace(config.model, head="bert"), 0, load_pretrained)
     with pytest.raises(UserError, match="use examples.layout=xlnet"):
         finetune_config("squad2", str(folder), data, [*SMALL, "examples.layout=bert"])
+
+
+@pytest.mark.parametrize("family", ["albert", "mpnet"])
+def test_albert_and_mpnet_folders_window_as_auto_tokenizer(tmp_path, squad_setup, family):
+    """`run.py finetune --task squad2 --init FOLDER` of a HF ALBERT folder (ALBERT's
+    spiece.model and flags) and an MPNet one (MPNet's vocab.txt specials) encodes every
+    question with its context as `AutoTokenizer.from_pretrained(FOLDER)(question, context)`:
+    ALBERT's [CLS] q [SEP] c [SEP] with token types, MPNet's <s> q </s></s> c </s>."""
+    transformers = pytest.importorskip("transformers")
+    import sentencepiece as spm
+
+    _, data = squad_setup
+    folder = tmp_path / family
+    folder.mkdir()
+    words = [*VOCAB[5:], "animal", "what"]
+    if family == "albert":
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter([" ".join(words)] * 20 + ["What Color, Cat?"] * 5),
+            model_prefix=str(folder / "spiece"), vocab_size=60, model_type="unigram",
+            pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="<pad>", unk_piece="<unk>",
+            control_symbols=["[CLS]", "[SEP]", "[MASK]"], num_threads=1, minloglevel=2,
+            hard_vocab_limit=False)
+        transformers.AlbertTokenizer.from_pretrained(str(folder)).save_pretrained(str(folder))
+        model = hf_reference("AlbertForPreTraining", 0, vocab_size=60, embedding_size=8,
+                             hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                             intermediate_size=32, max_position_embeddings=64)
+    else:
+        (folder / "vocab.txt").write_text("\n".join(
+            ["<s>", "<pad>", "</s>", "<unk>", *VOCAB, "animal", "<mask>"]) + "\n")
+        transformers.MPNetTokenizer.from_pretrained(str(folder)).save_pretrained(str(folder))
+        model = hf_reference("MPNetForMaskedLM", 0, vocab_size=len(VOCAB) + 6, hidden_size=16,
+                             num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                             max_position_embeddings=70)
+    model.save_pretrained(folder)
+    auto = transformers.AutoTokenizer.from_pretrained(str(folder))
+    config = finetune_config("squad2", str(folder), data, [*SMALL, "examples.max_seq_length=64",
+                                                           "examples.max_query_length=64"])
+    assert (config.model.head, config.examples.layout) == (
+        family, "bert" if family == "albert" else "roberta")
+    questions, windows = squad_objective.windows_of(config.data, config.examples, "dev")
+    assert len(windows) == len(questions)  # one window each: the whole context
+    for row, question in enumerate(questions):
+        length = int(windows.arrays["attention_mask"][row].sum())
+        expected = auto(question.question, question.context, return_token_type_ids=True)
+        assert windows.arrays["input_ids"][row, :length].tolist() == expected["input_ids"]
+        if family == "albert":
+            assert windows.arrays["token_type_ids"][row, :length].tolist() == \
+                expected["token_type_ids"]

@@ -13,13 +13,16 @@ import pytest
 from parity_utils import xlnet_spiece
 
 from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline.glue import with_specials
 from pretext_jax.input_pipeline.tokenizers import (
     SPECIALS,
+    AlbertSentencePieceTokenizer,
     SentencePieceTokenizer,
     WordPieceTokenizer,
     XLNetSentencePieceTokenizer,
     load_tokenizer,
 )
+from pretext_jax.pretrain import hf_tokenizer
 
 FALLBACK_TEXT = [
     "The quick brown fox jumps over the lazy dog.",
@@ -420,3 +423,106 @@ def test_untrainable_corpus_is_one_line_through_run_py(content, hint, tmp_path):
     error = result.stderr.strip()
     assert result.returncode == 2 and error.startswith("error: ") and "\n" not in error, error
     assert hint in error and "vocab_size" not in error, error
+
+
+# ------------------------------------------------- ALBERT's and MPNet's HF folders (issue 36)
+ACCENTED = ["Ça va à l'école, naïve Zoë?", "Ångström Øre ĳ ﬁ ½ ²", "São Paulo's coração",
+            "Ελληνικά και русский текст", "Đặng Thị Ngọc Hân", "ﬀ ℌ ① Ⅻ ㍱"]
+DIGITS = ["It cost 1,234,567.89 dollars in 1999, 2000, 3,4.", "Call 555-0199 at 10:30pm #42",
+          "v1.2.3-rc1 ≥ 0.5% of 7/8", "''quoted`` ``again'' 3,14"]
+
+
+def varied_sentences(lines: list[str]) -> list[str]:
+    """A few hundred varied texts: corpus lines, cased and upper-cased, with accents, digits,
+    punctuation, whitespace runs and every family's special-token strings inside."""
+    specials = ["[CLS]", "[SEP]", "[MASK]", "<pad>", "<unk>", "<s>", "</s>", "<mask>", "[UNK]",
+                "[PAD]"]
+    texts = [*lines[:150], *TRICKY, *ACCENTED, *DIGITS]
+    rng = np.random.default_rng(0)
+    for i, line in enumerate(lines[:80]):
+        words = line.split()
+        at = int(rng.integers(0, len(words) + 1))
+        special = specials[i % len(specials)]
+        glued = "" if i % 3 else " "
+        texts.append(" ".join(words[:at]) + glued + special + glued + " ".join(words[at:]))
+        texts.append(line.upper() + " " + ACCENTED[i % len(ACCENTED)] + "  " + DIGITS[i % 4])
+    return texts
+
+
+@pytest.fixture(scope="module")
+def hf_folders(tmp_path_factory):
+    """An ALBERT folder (a sentencepiece model with ALBERT's specials and flags, saved by
+    transformers' `AlbertTokenizer`: spiece.model, tokenizer.json, tokenizer_config.json) and an
+    MPNet folder (microsoft/mpnet-base's vocab.txt layout: <s> <pad> </s> <unk>, BERT's
+    vocabulary, <mask> last; saved by `MPNetTokenizer`)."""
+    transformers = pytest.importorskip("transformers")
+    import sentencepiece as spm
+
+    root = tmp_path_factory.mktemp("hf_tokenizers")
+    lines = corpus_lines(None) + TRICKY + ACCENTED + DIGITS
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_prefix=str(root / "spiece"), vocab_size=200,
+        model_type="unigram", pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="<pad>",
+        unk_piece="<unk>", control_symbols=["[CLS]", "[SEP]", "[MASK]"], num_threads=1,
+        minloglevel=2, hard_vocab_limit=False)
+    folders = {}
+    for name, keep_accents in (("albert", False), ("albert_accents", True)):
+        raw = root / f"{name}_raw"
+        raw.mkdir()
+        (raw / "spiece.model").write_bytes((root / "spiece.model").read_bytes())
+        folder = folders[name] = root / name
+        transformers.AlbertTokenizer.from_pretrained(
+            str(raw), keep_accents=keep_accents).save_pretrained(str(folder))
+        (folder / "spiece.model").write_bytes((root / "spiece.model").read_bytes())
+    bert = write_vocab(root / "bert_vocab.txt", lines, True).read_text().splitlines()
+    folder = folders["mpnet"] = root / "mpnet"
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("\n".join(["<s>", "<pad>", "</s>", "<unk>", *bert,
+                                                 "<mask>"]) + "\n")
+    transformers.MPNetTokenizer.from_pretrained(str(folder)).save_pretrained(str(folder))
+    return folders
+
+
+@pytest.mark.parametrize("name", ["albert", "albert_accents", "mpnet"])
+def test_hf_albert_and_mpnet_folders_tokenize_as_auto_tokenizer(hf_folders, name, maybe_shared):
+    """`load_tokenizer(folder)` (what `run.py finetune --init FOLDER` reads) gives
+    `AutoTokenizer.from_pretrained(folder)`'s ids on a few hundred varied texts, and its
+    special tokens; the SQuAD / GLUE layouts of the family (ALBERT: BERT's, MPNet: RoBERTa's)
+    give its single and pair templates."""
+    transformers = pytest.importorskip("transformers")
+    folder = hf_folders[name]
+    auto = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ours = load_tokenizer(folder)
+    expected_class = WordPieceTokenizer if name == "mpnet" else AlbertSentencePieceTokenizer
+    assert isinstance(ours, expected_class)
+    assert ours.lowercase is True and getattr(ours, "keep_accents", False) is (
+        name == "albert_accents")
+    assert [ours.pad_id, ours.unk_id, ours.cls_id, ours.sep_id, ours.mask_id] == [
+        auto.pad_token_id, auto.unk_token_id, auto.cls_token_id, auto.sep_token_id,
+        auto.mask_token_id]
+    texts = varied_sentences(corpus_lines(maybe_shared))
+    assert len(texts) >= 300
+    mismatches = [text for text in texts
+                  if ours.encode(text) != auto(text, add_special_tokens=False)["input_ids"]]
+    assert not mismatches, mismatches[:3]
+    layout = "roberta" if name == "mpnet" else "bert"
+    for first, second in zip(texts[:40], texts[40:80], strict=True):
+        a, b = ours.encode(first), ours.encode(second)
+        assert with_specials(a, None, ours, layout)[0] == auto(first)["input_ids"]
+        assert with_specials(a, b, ours, layout)[0] == auto(first, second)["input_ids"]
+    # Written back by `save` (a workdir's tokenizer/), read as the same tokenizer.
+    saved = folder.parent / f"{name}_saved"
+    saved.mkdir(exist_ok=True)
+    ours.save(saved)
+    back = load_tokenizer(saved)
+    assert type(back) is type(ours) and all(back.encode(t) == ours.encode(t) for t in texts)
+    # Exported with a model (pretrain.hf_tokenizer), read by AutoTokenizer as the same.
+    exported = folder.parent / f"{name}_exported"
+    exported.mkdir(exist_ok=True)
+    hf_tokenizer.save(ours, exported, "mpnet" if name == "mpnet" else "albert", ours.vocab_size)
+    again = transformers.AutoTokenizer.from_pretrained(str(exported))
+    assert all(again(t)["input_ids"] == auto(t)["input_ids"] for t in texts)
+    if name == "albert":  # control: BERT's text handling of the same pieces differs
+        plain = SentencePieceTokenizer.__new__(SentencePieceTokenizer)
+        plain.processor = ours.processor
+        assert any(plain.encode(t) != ours.encode(t) for t in texts)

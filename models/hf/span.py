@@ -2,7 +2,9 @@
 `ElectraForQuestionAnswering`, `RobertaForQuestionAnswering`, `AlbertForQuestionAnswering`,
 `MPNetForQuestionAnswering`, `XLNetForQuestionAnsweringSimple` and
 `XLMForQuestionAnsweringSimple` (transformers modeling_<family>.py: the base model without its
-pooler + `qa_outputs`) <-> `models.span.SpanExtractor` with that family's head."""
+pooler + `qa_outputs`) <-> `models.span.SpanExtractor` with that family's head; and
+`XLNetForQuestionAnswering` (`start_logits`, `end_logits`, `answer_class`) <->
+`models.span.BeamSpanExtractor`."""
 
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ from pretext_jax.models.hf import mpnet as mpnet_hf
 from pretext_jax.models.hf import roberta as roberta_hf
 from pretext_jax.models.hf import xlm as xlm_hf
 from pretext_jax.models.hf import xlnet as xlnet_hf
-from pretext_jax.models.hf.conversion import Converter, Tensor, linear, register
-from pretext_jax.models.span import SpanExtractor
+from pretext_jax.models.hf.conversion import Converter, Tensor, layer_norm, linear, register
+from pretext_jax.models.span import BeamSpanExtractor, SpanExtractor, XLNetBeamConfig
 
 
 def span_converter(head: str, architecture: str, prefix: str, config_class: type[HeadConfig],
@@ -89,3 +91,35 @@ register("xlm-span", span_converter(
     lambda config: xlm_hf.transformer_tensors(config, "transformer."),
     xlm_hf.classifier_config_from_hf, xlm_hf.config_to_hf, converter_class=xlm_hf.XLMConverter,
     ignored=("position_ids",), buffers=xlm_hf.buffers))
+
+
+def _beam_tensors(config: XLNetBeamConfig) -> tuple[Tensor, ...]:
+    """`XLNetForQuestionAnswering`: `transformer`, `start_logits.dense`, `end_logits` (dense_0,
+    LayerNorm, dense_1), `answer_class` (dense_0, dense_1 without bias)."""
+    return (*xlnet_hf.transformer_tensors(config, "transformer."),
+            *linear("start_logits.dense", "start_dense"),
+            *linear("end_logits.dense_0", "end_dense_0"),
+            *layer_norm("end_logits.LayerNorm", "end_norm"),
+            *linear("end_logits.dense_1", "end_dense_1"),
+            *linear("answer_class.dense_0", "answer_dense_0"),
+            Tensor("answer_class.dense_1.weight", "answer_dense_1.kernel", transpose=True))
+
+
+def _beam_config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> XLNetBeamConfig:
+    return XLNetBeamConfig(**{
+        **dataclasses.asdict(xlnet_hf.config_from_hf(hf)), "head": "xlnet", "num_labels": 2,
+        **classifier_hf.dropout_from_hf(hf), "start_n_top": hf.get("start_n_top", 5),
+        "end_n_top": hf.get("end_n_top", 5), **overrides})
+
+
+def _beam_config_to_hf(config: XLNetBeamConfig) -> dict[str, Any]:
+    return {**xlnet_hf.config_to_hf(config), "architectures": ["XLNetForQuestionAnswering"],
+            "start_n_top": config.start_n_top, "end_n_top": config.end_n_top,
+            **classifier_hf.dropout_to_hf(config)}
+
+
+register("xlnet-beam-span", Converter(
+    model_type="xlnet", model_class=BeamSpanExtractor,
+    architectures=("XLNetForQuestionAnswering",), config_from_hf=_beam_config_from_hf,
+    config_to_hf=_beam_config_to_hf, tensors=_beam_tensors, prefix="transformer.",
+    optional=("start_logits.", "end_logits.", "answer_class."), ignored=encoder_hf.BUFFERS))

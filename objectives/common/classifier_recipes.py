@@ -58,6 +58,7 @@ class ClassifierSettings:
     clip_norm: float = 1.0
     classifier_dropout: float = -1.0  # < 0: the encoder's hidden dropout
     max_seq_length: int = 0  # 0: the task's input length
+    span_head: str = ""  # SQuAD's span head (models.span.SPAN_HEADS); "": the method's default
 
 
 # fairseq's RoBERTa README.glue.md, per task: (lr, batch size); microsoft/MPNet's README.glue.md
@@ -192,6 +193,8 @@ def claims_encoders(head: str, settings: Callable[[int, str], ClassifierSettings
                   "optim.eps": chosen.eps, "optim.b2": chosen.b2,
                   "optim.decay_norms_and_biases": chosen.decay_norms_and_biases,
                   "optim.clip_norm": chosen.clip_norm}
+        if chosen.span_head:
+            values["model.span_head"] = chosen.span_head
         return FinetuneRecipe(values, epochs=chosen.epochs, warmup=chosen.warmup,
                               tokenizer_from_init=True)
 
