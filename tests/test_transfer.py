@@ -22,16 +22,21 @@ from resilience_utils import (
     train_losses,
 )
 
-from pretext_jax import objectives  # noqa: F401  (registers the methods)
+from pretext_jax import (
+    objectives,  # noqa: F401  (registers the methods)
+    run,
+)
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.glue import read_glue
 from pretext_jax.input_pipeline.multitask import MultiTaskBatches
 from pretext_jax.models.classifier import MultiHeadClassifier
+from pretext_jax.objectives.classification import pretrained_classifier
 from pretext_jax.objectives.mtdnn import MultiTaskModelConfig, multitask_loss
 from pretext_jax.pretrain import transfer
 from pretext_jax.pretrain.config import config_from_dict, make_config
 from pretext_jax.pretrain.directories import CONFIG_FILE, read_json_object
-from pretext_jax.pretrain.loading import load_model
+from pretext_jax.pretrain.finetune import finetune_config
+from pretext_jax.pretrain.loading import load_model, load_pretrained
 from pretext_jax.pretrain.trainer import Trainer
 
 WORDS = ["good", "bad", "movie", "film", "plot", "actors", "the", "a", "was", "is", "very",
@@ -250,29 +255,72 @@ def test_mtdnn_loss_matches_numpy_and_a_task_trains_only_its_own_layer():
 
 
 def test_mtdnn_step_is_the_same_on_every_mesh_and_per_task_fine_tuning_starts_from_it(
-        tmp_path, checkpoint, glue_folder):
-    """One MT-DNN step on one device and on the (2, 2, 2) mesh agree; a short MT-DNN run then
-    fine-tunes each task from its encoder and shared pooler, and reports every task's dev
-    metrics."""
+        tmp_path, checkpoint, glue_folder, monkeypatch):
+    """One MT-DNN step on one device and on the (2, 2, 2) mesh agree and read one task's rows;
+    a short MT-DNN run reports every task's dev metrics, and each task's fine-tuning starts
+    from its encoder and shared pooler under a fresh output layer."""
     tasks = ["sst2", "stsb"]
 
+    def overrides(mesh):
+        return [*TUNING, *(f"{k}={v}" for k, v in {**GRADIENT_STEP,
+                                                   **mesh_overrides(mesh)}.items())]
+
     def trainer_at(workdir, mesh, devices):
-        config = transfer.multitask_config(tasks, checkpoint, glue_folder, [
-            *TUNING, *(f"{k}={v}" for k, v in {**GRADIENT_STEP, **mesh_overrides(mesh)}.items())])
+        config = transfer.multitask_config(tasks, checkpoint, glue_folder, overrides(mesh))
         return Trainer(config, workdir, devices=devices)
 
     batch = assert_same_step_on_every_mesh(trainer_at, tmp_path)
     assert len(set(batch["task"].tolist())) == 1  # one task per batch
 
-    result = transfer.run_multitask(tasks, checkpoint, glue_folder, tmp_path / "mt", TUNING,
-                                    epochs=0.5, finetune_each=True, finetune_epochs=0.2)
+    tuned = []
+    monkeypatch.setattr(transfer, "finetune", lambda config, workdir: tuned.append(
+        (config.examples.task, config.model.init, workdir.name)) or {"task": tuned[-1][0]})
+
+    def run(root):
+        return transfer.run_multitask(tasks, checkpoint, glue_folder, root, overrides((2, 2, 2)),
+                                      epochs=0.5, finetune_each=True)
+
+    root = tmp_path / "mt"
+    result = run(root)
     assert result["steps"] == 4  # half an epoch of 5 + 3 batches
-    assert {"sst2_accuracy", "stsb_pearson", "stsb_spearmanr", "glue_score"} <= set(
-        result["multitask"])
-    multitask = load_model(str(tmp_path / "mt" / transfer.MULTITASK))
-    for task in tasks:
-        tuned = config_from_dict(read_json_object(tmp_path / "mt" / task / CONFIG_FILE))
-        assert tuned.model.init == str(tmp_path / "mt" / transfer.MULTITASK)
-        assert tuned.examples.task == task and result["finetuned"][task]["task"] == task
-    assert json.loads((tmp_path / "mt" / "results.json").read_text())["tasks"] == tasks
-    assert multitask.config.task_labels == (2, 1)
+    assert {"sst2_accuracy", "stsb_pearson", "stsb_spearman", "stsb_glue_score",
+            "glue_score"} <= set(result["multitask"])
+    multitask = str(root / transfer.MULTITASK)
+    assert tuned == [(task, multitask, task) for task in tasks]
+    assert json.loads((root / "results.json").read_text())["tasks"] == tasks
+    # killed after its checkpoint at step 2, then run again: the same schedule and parameters
+    with monkeypatch.context() as patch:
+        killing(patch, transfer.MULTITASK, 3)
+        with pytest.raises(Killed):
+            run(tmp_path / "again")
+    assert run(tmp_path / "again")["multitask"] == result["multitask"]
+    mine, theirs = (flat_params(nnx.state(load_model(str(r / transfer.MULTITASK)), nnx.Param))
+                    for r in (tmp_path / "again", root))
+    assert all(np.array_equal(mine[k], theirs[k]) for k in theirs)
+    assert train_losses(tmp_path / "again" / transfer.MULTITASK) == train_losses(
+        root / transfer.MULTITASK)
+
+    shared = load_model(multitask)
+    assert shared.config.task_labels == (2, 1)
+    config = finetune_config("stsb", multitask, glue_folder, TUNING)
+    assert config.method == "classify" and config.model.num_labels == 1
+    start = pretrained_classifier(config.model, 0, load_pretrained)
+    for part in ("encoder", "head_dense"):
+        mine, theirs = (flat_params(nnx.state(getattr(m, part), nnx.Param))
+                        for m in (start, shared))
+        assert all(np.array_equal(mine[k], theirs[k]) for k in theirs), part
+
+
+def test_cli_refusals(tmp_path, glue_folder, capsys):
+    """`run.py finetune`'s stage options refuse what they cannot do, before anything is
+    written."""
+    common = ["finetune", "--data", glue_folder, "--workdir", str(tmp_path / "w")]
+    for options, message in (
+            (["--task", "sst2", "--finetune-each", "--init", glue_folder], "several --task"),
+            (["--task", "sst2,stsb", "--continue-steps", "3", "--init", glue_folder],
+             "drop --continue-steps"),
+            (["--task", "sst2", "--continue-steps", "3", "--architecture", glue_folder],
+             "give it as --init")):
+        assert run.main([*common, *options]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
