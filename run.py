@@ -502,6 +502,9 @@ def _transfer(args: argparse.Namespace) -> dict[str, Any]:
     if "dev" in result:
         print(f"{result['task']} dev after {args.continue_steps} steps of continued "
               f"pre-training and {result['steps']} of fine-tuning: {_metrics(result)}")
+    else:
+        print(f"stopped by {result['stopped_by']} at step {result['step']} of continued "
+              "pre-training; the same command resumes it")
     return result
 
 

@@ -16,10 +16,12 @@ anything is written."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,19 @@ def _write_plan(workdir: Path, plan: dict[str, Any]) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     if not (workdir / PLAN_FILE).is_file():
         (workdir / PLAN_FILE).write_text(json.dumps(plan, indent=2))
+
+
+@contextlib.contextmanager
+def _taken_back_on_refusal(workdir: Path) -> Iterator[None]:
+    """A refusal (UserError) inside removes `workdir` if this call made it and no stage has a
+    checkpoint yet, so bad input found only once a stage's data is read changes nothing."""
+    existed = workdir.exists()
+    try:
+        yield
+    except UserError:
+        if not existed and not any(workdir.glob("*/checkpoints/[0-9]*")):
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
 
 
 def _split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -173,15 +188,17 @@ def run_two_stage(task: str, init: str, data: str, workdir: str | Path, continue
         folder = root / FINETUNE / (f"seed{seed}" if len(seeds) > 1 else "")
         directories.check_workdir(folder, dataclasses.replace(
             tuned, model=dataclasses.replace(tuned.model, init=str(first))))
-    _write_plan(root, plan)
-    first.mkdir(exist_ok=True)
-    if not (first / CORPUS_FILE).is_file():
-        (first / CORPUS_FILE).write_text(task_text(spec.name, data,
-                                                   config.data.tfds_data_dir))
-    if directories.checkpoint_step(first) != continue_steps:
-        summary = ContinuedPretraining(config, first, init).run()
-        if summary["stopped_by"]:
-            return {"stage": CONTINUE, "step": summary["step"], "stopped_by": summary["stopped_by"]}
+    with _taken_back_on_refusal(root):
+        _write_plan(root, plan)
+        first.mkdir(exist_ok=True)
+        if not (first / CORPUS_FILE).is_file():
+            (first / CORPUS_FILE).write_text(task_text(spec.name, data,
+                                                       tuning[0].data.tfds_data_dir))
+        if directories.checkpoint_step(first) != continue_steps:
+            summary = ContinuedPretraining(config, first, init).run()
+            if summary["stopped_by"]:
+                return {"stage": CONTINUE, "step": summary["step"],
+                        "stopped_by": summary["stopped_by"]}
     if len(seeds) > 1:
         result = finetune_seeds(task, str(first), data, root / FINETUNE, seeds,
                                 tuning_overrides, epochs=epochs, config_file=config_file,
@@ -248,7 +265,7 @@ def run_multitask(tasks: Sequence[str], init: str, data: str, workdir: str | Pat
     and, with `finetune_each`, each fine-tuned run's."""
     root = Path(workdir)
     plan = {"tasks": [glue.glue_task(t).name for t in tasks], "data": data, "seed": seed,
-            "init": str(Path(init).absolute()) if init else "", "finetune_each": finetune_each}
+            "init": str(Path(init).absolute()) if init else ""}
     _check_plan(root, plan)
     config = multitask_config(tasks, init, data, overrides, seed=seed, epochs=epochs,
                               architecture=architecture, config_file=config_file)
@@ -257,8 +274,9 @@ def run_multitask(tasks: Sequence[str], init: str, data: str, workdir: str | Pat
         for name in plan["tasks"]:
             finetune_config(name, init, data, seed=seed, epochs=finetune_epochs,
                             architecture=architecture)
-    _write_plan(root, plan)
-    summary = Trainer(config, root / MULTITASK).run()
+    with _taken_back_on_refusal(root):
+        _write_plan(root, plan)
+        summary = Trainer(config, root / MULTITASK).run()
     evaluation = summary["eval"] or _evaluate(config, root / MULTITASK)
     result: dict[str, Any] = {"tasks": plan["tasks"], "steps": summary["step"],
                               "multitask": {k: v for k, v in evaluation.items() if k != "loss"},
