@@ -156,7 +156,8 @@ def _parser() -> argparse.ArgumentParser:
                           "then fine-tune the result (WORKDIR/finetune)")
     finetune.add_argument("--finetune-each", action="store_true",
                           help="with several --task: then fine-tune each task from the "
-                          "multi-task model (WORKDIR/<task>)")
+                          "multi-task model (WORKDIR/<task>; overrides prefixed each. apply "
+                          "there)")
     finetune.add_argument("--seed", type=_bounded(int, 0), default=0)
     finetune.add_argument("--seeds", type=_bounded(int, 1), default=1,
                           help="runs with seeds SEED, SEED + 1, ... (each in WORKDIR/seed<k>); "

@@ -54,6 +54,7 @@ PLAN_FILE = "transfer.json"
 CONTINUE, FINETUNE, MULTITASK = "continue", "finetune", "multitask"
 CORPUS_FILE = "task_text.txt"
 STAGE_PREFIX = "continue."  # overrides for the continued pre-training stage only
+EACH_PREFIX = "each."  # overrides for MT-DNN's per-task fine-tuning runs only
 TAPT_WARMUP = 0.06  # Gururangan et al. 2020 Appendix B (Table 13): warmup over 6 % of the steps
 # MT-DNN §4: Adamax at 5e-5 (AdamW here), batch 32, 5 epochs, linear decay after warmup over
 # 0.1 of the steps, task-layer dropout 0.1, gradient-norm clip 1.
@@ -96,11 +97,10 @@ def _taken_back_on_refusal(workdir: Path) -> Iterator[None]:
         raise
 
 
-def _split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(the continued pre-training stage's overrides, without their `continue.` prefix; the
-    fine-tuning stage's)."""
-    stage = [o[len(STAGE_PREFIX):] for o in overrides if o.startswith(STAGE_PREFIX)]
-    return stage, [o for o in overrides if not o.startswith(STAGE_PREFIX)]
+def _split_overrides(overrides: Sequence[str], prefix: str) -> tuple[list[str], list[str]]:
+    """(the overrides prefixed `prefix`, without it: another stage's; the others)."""
+    stage = [o[len(prefix):] for o in overrides if o.startswith(prefix)]
+    return stage, [o for o in overrides if not o.startswith(prefix)]
 
 
 # --------------------------------------------------------------- continued pre-training
@@ -167,7 +167,7 @@ def run_two_stage(task: str, init: str, data: str, workdir: str | Path, continue
     `<workdir>/finetune/seed<k>` (`finetune_seeds`), the other overrides applying there.
     A rerun resumes the stage it stopped in. Writes `<workdir>/results.json`."""
     root = Path(workdir)
-    stage_overrides, tuning_overrides = _split_overrides(overrides)
+    stage_overrides, tuning_overrides = _split_overrides(overrides, STAGE_PREFIX)
     spec = registry.downstream_task(task)
     if not isinstance(spec.spec, glue.GlueTask):
         raise UserError(f"--continue-steps reads a GLUE task's sentences; {spec.name} is not a "
@@ -260,19 +260,21 @@ def run_multitask(tasks: Sequence[str], init: str, data: str, workdir: str | Pat
                   ) -> dict[str, Any]:
     """MT-DNN on `tasks` in `<workdir>/multitask` (`multitask_config`), then with
     `finetune_each` every task fine-tuned from the multi-task model in `<workdir>/<task>` (its
-    family's recipe, `finetune_epochs` or the recipe's). A rerun resumes where it stopped.
+    family's recipe, `finetune_epochs` or the recipe's; the overrides prefixed `each.` apply
+    there, the others to the multi-task run). A rerun resumes where it stopped.
     Returns and writes `<workdir>/results.json`: the multi-task model's dev metrics per task
     and, with `finetune_each`, each fine-tuned run's."""
     root = Path(workdir)
     plan = {"tasks": [glue.glue_task(t).name for t in tasks], "data": data, "seed": seed,
             "init": str(Path(init).absolute()) if init else ""}
     _check_plan(root, plan)
+    each, overrides = _split_overrides(overrides, EACH_PREFIX)
     config = multitask_config(tasks, init, data, overrides, seed=seed, epochs=epochs,
                               architecture=architecture, config_file=config_file)
     directories.check_workdir(root / MULTITASK, config)
     if finetune_each:  # the fine-tuning runs' settings, as they will be from the new model
         for name in plan["tasks"]:
-            finetune_config(name, init, data, seed=seed, epochs=finetune_epochs,
+            finetune_config(name, init, data, each, seed=seed, epochs=finetune_epochs,
                             architecture=architecture)
     with _taken_back_on_refusal(root):
         _write_plan(root, plan)
@@ -283,7 +285,7 @@ def run_multitask(tasks: Sequence[str], init: str, data: str, workdir: str | Pat
                               "majority_baseline": summary["report"]["majority_baseline"]}
     if finetune_each:
         result["finetuned"] = {name: finetune(finetune_config(
-            name, str(root / MULTITASK), data, seed=seed, epochs=finetune_epochs),
+            name, str(root / MULTITASK), data, each, seed=seed, epochs=finetune_epochs),
             root / name) for name in plan["tasks"]}
     (root / RESULTS_FILE).write_text(json.dumps(result, indent=2))
     return result

@@ -281,10 +281,12 @@ def test_mtdnn_step_is_the_same_on_every_mesh_and_per_task_fine_tuning_starts_fr
 
     tuned = []
     monkeypatch.setattr(transfer, "finetune", lambda config, workdir: tuned.append(
-        (config.examples.task, config.model.init, workdir.name)) or {"task": tuned[-1][0]})
+        (config.examples.task, config.model.init, workdir.name, config.train.batch_size))
+        or {"task": tuned[-1][0]})
 
     def run(root):
-        return transfer.run_multitask(tasks, checkpoint, glue_folder, root, overrides((2, 2, 2)),
+        return transfer.run_multitask(tasks, checkpoint, glue_folder, root,
+                                      [*overrides((2, 2, 2)), "each.train.batch_size=8"],
                                       epochs=0.5, finetune_each=True)
 
     root = tmp_path / "mt"
@@ -293,7 +295,7 @@ def test_mtdnn_step_is_the_same_on_every_mesh_and_per_task_fine_tuning_starts_fr
     assert {"sst2_accuracy", "stsb_pearson", "stsb_spearman", "stsb_glue_score",
             "glue_score"} <= set(result["multitask"])
     multitask = str(root / transfer.MULTITASK)
-    assert tuned == [(task, multitask, task) for task in tasks]
+    assert tuned == [(task, multitask, task, 8) for task in tasks]
     assert json.loads((root / "results.json").read_text())["tasks"] == tasks
     # killed after its checkpoint at step 2, then run again: the same schedule and parameters
     with monkeypatch.context() as patch:
