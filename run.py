@@ -150,7 +150,17 @@ def _parser() -> argparse.ArgumentParser:
     finetune = commands.add_parser("finetune", help="fine-tune on one downstream task")
     finetune.add_argument("--task", required=True,
                           help="a GLUE task (sst2, cola, mrpc, rte, stsb) or another registered "
-                          "downstream task")
+                          "downstream task; several GLUE tasks comma-separated (sst2,mrpc,...) "
+                          "train MT-DNN's multi-task model in WORKDIR/multitask")
+    finetune.add_argument("--continue-steps", type=_bounded(int, 1), metavar="N",
+                          help="first continue pre-training --init (a pretext pre-training "
+                          "workdir) with its own objective on the task's training text for N "
+                          "steps (WORKDIR/continue; overrides prefixed continue. apply there), "
+                          "then fine-tune the result (WORKDIR/finetune)")
+    finetune.add_argument("--finetune-each", action="store_true",
+                          help="with several --task: then fine-tune each task from the "
+                          "multi-task model (WORKDIR/<task>; overrides prefixed each. apply "
+                          "there)")
     finetune.add_argument("--seed", type=_bounded(int, 0), default=0)
     finetune.add_argument("--seeds", type=_bounded(int, 1), default=1,
                           help="runs with seeds SEED, SEED + 1, ... (each in WORKDIR/seed<k>); "
@@ -459,6 +469,49 @@ def _rates(text: str) -> list[float]:
     return [positive(rate) for rate in text.split(",") if rate]
 
 
+def _transfer(args: argparse.Namespace) -> dict[str, Any]:
+    """`run.py finetune` in stages (`pretrain.transfer`): MT-DNN on several tasks, or within-task
+    continued pre-training then fine-tuning; prints the outcome."""
+    from pretext_jax.errors import UserError
+    from pretext_jax.pretrain import transfer
+
+    tasks = [task for task in args.task.split(",") if task]
+    if len(tasks) > 1:
+        if args.continue_steps or args.seeds > 1 or args.recipe:
+            raise UserError("several --task train one multi-task model: drop --continue-steps, "
+                            "--seeds and --recipe (or give one task)")
+        result = transfer.run_multitask(tasks, args.init, args.data, args.workdir,
+                                        args.overrides, seed=args.seed, epochs=args.epochs,
+                                        architecture=args.architecture,
+                                        config_file=args.config,
+                                        finetune_each=args.finetune_each)
+        for name in result["tasks"]:
+            scores = {k.removeprefix(f"{name}_"): v for k, v in result["multitask"].items()
+                      if k.startswith(f"{name}_")}
+            print(f"{name} dev, multi-task model: "
+                  + ", ".join(f"{metric} {value:.4f}" for metric, value in scores.items()))
+            if "finetuned" in result:
+                print(f"  fine-tuned from it: {_metrics(result['finetuned'][name])}")
+        return result
+    if args.finetune_each or not args.continue_steps:
+        raise UserError("--finetune-each follows a multi-task run: give several --task "
+                        "(sst2,mrpc,...)")
+    if not args.init or args.architecture:
+        raise UserError("--continue-steps continues pre-training a checkpoint: give it as "
+                        "--init (not --architecture)")
+    result = transfer.run_two_stage(
+        args.task, args.init, args.data, args.workdir, args.continue_steps, args.overrides,
+        seeds=range(args.seed, args.seed + args.seeds), epochs=args.epochs,
+        config_file=args.config, recipe=args.recipe)
+    if "dev" in result:
+        print(f"{result['task']} dev after {args.continue_steps} steps of continued "
+              f"pre-training and {result['steps']} of fine-tuning: {_metrics(result)}")
+    else:
+        print(f"stopped by {result['stopped_by']} at step {result['step']} of continued "
+              "pre-training; the same command resumes it")
+    return result
+
+
 def _metrics(result: dict[str, Any]) -> str:
     """A fine-tuning result's dev metrics, each beside the task's trivial baseline's (GLUE: the
     majority class; SQuAD: no answer; NER: all-O) where it has that metric."""
@@ -518,7 +571,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "finetune":
             from pretext_jax.pretrain import finetune
 
-            if args.seeds > 1:
+            if "," in args.task or args.continue_steps or args.finetune_each:
+                result = _transfer(args)
+            elif args.seeds > 1:
                 result = finetune.finetune_seeds(
                     args.task, args.init, args.data, args.workdir,
                     range(args.seed, args.seed + args.seeds), args.overrides, epochs=args.epochs,

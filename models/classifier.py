@@ -180,19 +180,70 @@ class SequenceClassifier(EncoderHeads):
         *,
         rng: jax.Array | None = None,
     ) -> jax.Array:
+        return self.head_output(self.features(input_ids, token_type_ids, attention_mask, rng))
+
+    def features(self, input_ids: jax.Array, token_type_ids: jax.Array | None,
+                 attention_mask: jax.Array | None, rng: jax.Array | None) -> jax.Array:
+        """What the output layer reads [B, H]: the summary token through the head's layers
+        before its last, after the head's dropout."""
         encoder_rng, first_rng, second_rng = split_rng(rng, 3)
         head, rate = self.config.head, self.config.head_dropout
         hidden = self.hidden(input_ids, token_type_ids, attention_mask, encoder_rng)
         # XLNet's <cls> ends the (left-padded) input; the others' first token opens it
         summary_token = hidden[:, -1] if head == "xlnet" else hidden[:, 0]
         if head == "xlm":
-            return self.head_output(dropout(summary_token, rate, first_rng))
+            return dropout(summary_token, rate, first_rng)
         if head in TWO_LAYER_ACTIVATIONS:
             x = self.head_dense(dropout(summary_token, rate, first_rng))
-            x = TWO_LAYER_ACTIVATIONS[head](x)
-            return self.head_output(dropout(x, rate, second_rng))
-        pooled = jnp.tanh(self.head_dense(summary_token))
-        return self.head_output(dropout(pooled, rate, first_rng))
+            return dropout(TWO_LAYER_ACTIVATIONS[head](x), rate, second_rng)
+        return dropout(jnp.tanh(self.head_dense(summary_token)), rate, first_rng)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiHeadConfig(ClassifierConfig):
+    """A classifier with one output layer per task: `task_labels` (each task's outputs, 1 =
+    regression), on the bert/electra/roberta/albert heads' encoder."""
+
+    task_labels: tuple[int, ...] | None = None
+    """Outputs of each task's layer, in the order of the tasks; None = from the data."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.task_labels is not None:  # a JSON list read back
+            object.__setattr__(self, "task_labels", tuple(int(n) for n in self.task_labels))
+
+
+class MultiHeadClassifier(SequenceClassifier):
+    """One encoder and the head's layers before its last shared by every task, one output
+    layer per task (MT-DNN, Liu et al. 2019 §3: the shared lexicon and transformer encoders,
+    a task-specific output layer; namisan/mt-dnn mt_dnn/matcher.py `SANBertNetwork`: BERT's
+    pooler, then `scoring_list[task_id]`). Returns every task's logits, padded to the widest
+    task's outputs [B, tasks, max labels]. A classifier started from it takes its encoder and
+    the shared layers (`from_pretrained`), a fresh output layer."""
+
+    def __init__(self, config: MultiHeadConfig, *, rngs: nnx.Rngs):
+        h = config.hidden_size
+        self.config = config
+        with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
+            self._build_encoder(config, rngs)
+            self.head_dense = (None if config.head == "xlm"
+                               else dense(config, h, h, ("embed", "mlp"), rngs))
+            self.task_outputs = nnx.List([dense(config, h, labels, ("mlp", None), rngs)
+                                          for labels in config.task_labels])
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        token_type_ids: jax.Array | None = None,
+        attention_mask: jax.Array | None = None,
+        *,
+        rng: jax.Array | None = None,
+    ) -> jax.Array:
+        x = self.features(input_ids, token_type_ids, attention_mask, rng)
+        widest = max(self.config.task_labels)
+        return jnp.stack([jnp.pad(output(x), ((0, 0), (0, widest - labels)))
+                          for output, labels in zip(self.task_outputs, self.config.task_labels,
+                                                    strict=True)], axis=1)
 
 
 class TokenClassifier(EncoderHeads):
@@ -285,10 +336,13 @@ def from_pretrained(pretrained: Pretrained, config: HeadConfig, rngs: nnx.Rngs,
     """A `model_class` (sequence or token classifier) whose encoder (and, for a sequence
     classifier with a pooler head from BERT or ALBERT, the pooler) are the pre-trained
     model's; the rest of the head is freshly initialised. From a fine-tuned classifier, only
-    its encoder moves over."""
+    its encoder moves over; from a multi-task one, its encoder and the layer its tasks share
+    (pooler heads)."""
     model = model_class(config, rngs=rngs)
     move_encoder(model, pretrained)
     pooler = getattr(pretrained, "pooler", None)
+    if isinstance(pretrained, MultiHeadClassifier) and pretrained.head_dense is not None:
+        pooler = pretrained.head_dense  # the tasks' shared layer (MT-DNN §3's refinement)
     if isinstance(model, SequenceClassifier) and pooler is not None and config.head in (
             "bert", "albert"):
         nnx.update(model.head_dense, nnx.state(pooler, nnx.Param))

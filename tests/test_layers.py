@@ -27,7 +27,7 @@ ROOT_MODULES = ("errors", "progress")
 # pretrain/ modules that drive one method's workflow, and that method's objectives/ module:
 # finetune.py holds the GLUE recipes and sweeps of `classify` (objectives/classification.py),
 # translate.py the translation runs from a pre-trained encoder-decoder (objectives/translation.py)
-DRIVERS = {"finetune.py": "classification", "translate.py": "translation"}
+DRIVERS = {"finetune.py": "classification", "translate.py": "translation", "transfer.py": "mtdnn"}
 ALLOWED = {"models": set(), "input_pipeline": set(), "objectives": {"models", "input_pipeline"},
            "pretrain": {"models", "input_pipeline", "objectives"}}
 
