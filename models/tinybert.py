@@ -16,28 +16,31 @@ Reference: huawei-noah/Pretrained-Language-Model TinyBERT/transformer/modeling.p
 - `TinyBertOutput` holds the student's projected states (embeddings and each layer's output)
   and raw attention scores, and the teacher's, unmapped: which teacher layer each student
   layer learns from is the loss's choice (objectives/tinybert.py `layer_map`).
+- `TinyBertTask` is task_distill.py's pair: a student and a fine-tuned teacher, each a BERT
+  `SequenceClassifier`, traced as above and with their logits.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from pretext_jax.models.bert import Bert
+from pretext_jax.models.classifier import ClassifierConfig, SequenceClassifier
 from pretext_jax.models.encoder import Encoder, EncoderConfig
-from pretext_jax.models.layers import Frozen, dense, params_as
+from pretext_jax.models.layers import Frozen, dense, params_as, split_rng
 
 
 @dataclasses.dataclass(frozen=True)
-class TinyBertConfig(EncoderConfig):
-    """The student (`EncoderConfig`'s fields: TinyBERT_4 has 4 layers of 312, 12 heads, FFN
-    1200) and the shape of its BERT teacher (`teacher_*`; bert-base by default). Student and
-    teacher share the vocabulary (the teacher's tokenizer), the number of attention heads (the
-    attention-score loss compares them head by head) and the token types; the teacher's layers
-    are a multiple of the student's (general_distill.py asserts it)."""
+class TeacherFields:
+    """The shape of the BERT teacher (bert-base by default) and the projection to its width.
+    Student and teacher share the vocabulary (the teacher's tokenizer), the number of attention
+    heads (the attention-score loss compares them head by head) and the token types; the
+    teacher's layers are a multiple of the student's (general_distill.py asserts it)."""
 
     teacher: str = ""
     """The BERT teacher: a pretext workdir or model directory, or a HuggingFace folder."""
@@ -57,25 +60,16 @@ class TinyBertConfig(EncoderConfig):
     """One projection W_h for the embeddings and every layer (modeling.py `fit_dense`); false:
     the embeddings get their own W_e (§3.1 Eq. 10)."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def teacher_fields(self) -> dict[str, Any]:
+        """The teacher encoder's `EncoderConfig` fields: the `teacher_*` ones, the student's
+        vocabulary, heads, token types, dtype and layer execution, no dropout (a departure:
+        general_distill.py and task_distill.py never call the teacher's `eval()`, so its
+        dropout stays on there; see the recipe card)."""
         if self.teacher_num_layers % self.num_layers:
             raise ValueError(f"teacher_num_layers={self.teacher_num_layers} must be a multiple "
                              f"of num_layers={self.num_layers} (g(m) = m x N / M; "
                              "general_distill.py asserts it)")
-        self.teacher_config()  # the teacher's own checks
-
-    def student_config(self) -> EncoderConfig:
-        """The student's own fields."""
-        names = {f.name for f in dataclasses.fields(EncoderConfig)}
-        return EncoderConfig(**{n: getattr(self, n) for n in names})
-
-    def teacher_config(self) -> EncoderConfig:
-        """The teacher's encoder: the `teacher_*` fields, the student's vocabulary, heads,
-        token types, dtype and layer execution, no dropout (general_distill.py never calls
-        the teacher's `eval()`, so its dropout stays on there: a departure, see the recipe
-        card)."""
-        return EncoderConfig(
+        return dict(
             vocab_size=self.vocab_size, hidden_size=self.teacher_hidden_size,
             num_layers=self.teacher_num_layers, num_heads=self.num_heads,
             intermediate_size=self.teacher_intermediate_size,
@@ -84,6 +78,48 @@ class TinyBertConfig(EncoderConfig):
             layer_norm_eps=self.teacher_layer_norm_eps, hidden_dropout=0.0,
             attention_dropout=0.0, dtype=self.dtype, scan_layers=self.scan_layers,
             attention_implementation=self.attention_implementation)
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyBertConfig(EncoderConfig, TeacherFields):
+    """General distillation: the student (`EncoderConfig`'s fields: TinyBERT_4 has 4 layers of
+    312, 12 heads, FFN 1200) and its teacher (`TeacherFields`)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.teacher_config()  # the teacher's own checks
+
+    def student_config(self) -> EncoderConfig:
+        """The student's own fields."""
+        names = {f.name for f in dataclasses.fields(EncoderConfig)}
+        return EncoderConfig(**{n: getattr(self, n) for n in names})
+
+    def teacher_config(self) -> EncoderConfig:
+        return EncoderConfig(**self.teacher_fields())
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyBertTaskConfig(ClassifierConfig, TeacherFields):
+    """Task distillation: the student classifier (`ClassifierConfig`'s fields, the bert head)
+    started from `init`, and its teacher (`TeacherFields`), a BERT classifier fine-tuned on
+    the task."""
+
+    heads: ClassVar[tuple[str, ...]] = ("bert",)
+    init: str = ""
+    """The student's start: a general TinyBERT (a pretext tinybert workdir), any BERT, or this
+    method's intermediate-stage workdir; '' = random."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.teacher_config()  # the teacher's own checks
+
+    def student_config(self) -> ClassifierConfig:
+        """The student's own fields."""
+        names = {f.name for f in dataclasses.fields(ClassifierConfig)}
+        return ClassifierConfig(**{n: getattr(self, n) for n in names})
+
+    def teacher_config(self) -> ClassifierConfig:
+        return ClassifierConfig(**self.teacher_fields(), num_labels=self.num_labels)
 
 
 @jax.tree_util.register_dataclass
@@ -110,18 +146,34 @@ def traced(encoder: Encoder, input_ids: jax.Array, token_type_ids: jax.Array,
     return jnp.concatenate([x[None], states]), scores
 
 
+class Fit(nnx.Module):
+    """The projection of the student's states to the teacher's width: `dense` (W_h, d' -> d
+    with a bias: modeling.py `fit_dense`) on every state, or with `shared_projection` false on
+    the layers' only, `embeddings` (W_e) on the embeddings'."""
+
+    def __init__(self, config: TeacherFields, *, rngs: nnx.Rngs):
+        h, d = config.hidden_size, config.teacher_hidden_size
+        self.dense = dense(config, h, d, ("embed", "mlp"), rngs)
+        self.embeddings = (None if config.shared_projection
+                           else dense(config, h, d, ("embed", "mlp"), rngs))
+
+    def __call__(self, states: jax.Array) -> jax.Array:
+        """[M + 1, B, T, d'] (the embeddings first) -> [M + 1, B, T, d]."""
+        projected = self.dense(states)
+        if self.embeddings is not None:
+            projected = projected.at[0].set(self.embeddings(states[0]))
+        return projected
+
+
 class TinyBert(nnx.Module):
-    """The TinyBERT `student` (a `Bert`) with its projection(s) to the teacher's width
+    """The TinyBERT `student` (a `Bert`) with its projection(s) to the teacher's width `fit`
     (parameters), and the BERT `teacher` encoder (`Frozen` Variables)."""
 
     def __init__(self, config: TinyBertConfig, *, rngs: nnx.Rngs):
         self.config = config
-        h, d = config.hidden_size, config.teacher_hidden_size
         with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
             self.student = Bert(config.student_config(), rngs=rngs)
-            self.fit_dense = dense(config, h, d, ("embed", "mlp"), rngs)
-            self.fit_embeddings = (None if config.shared_projection
-                                   else dense(config, h, d, ("embed", "mlp"), rngs))
+            self.fit = Fit(config, rngs=rngs)
             self.teacher = params_as(Encoder(config.teacher_config(), rngs=rngs), Frozen)
 
     def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array,
@@ -131,12 +183,9 @@ class TinyBert(nnx.Module):
         student's dropout."""
         states, scores = traced(self.student.encoder, input_ids, token_type_ids,
                                 attention_mask, rng)
-        projected = self.fit_dense(states)  # [M + 1, B, T, d]
-        if self.fit_embeddings is not None:
-            projected = projected.at[0].set(self.fit_embeddings(states[0]))
         teacher = jax.lax.stop_gradient(traced(self.teacher, input_ids, token_type_ids,
                                                attention_mask, None))
-        return TinyBertOutput(student_states=projected, student_scores=scores,
+        return TinyBertOutput(student_states=self.fit(states), student_scores=scores,
                               teacher_states=teacher[0], teacher_scores=teacher[1])
 
     def downstream_model(self) -> Bert:
@@ -147,4 +196,54 @@ class TinyBert(nnx.Module):
         """What has a HuggingFace form: the student alone (HF `BertForPreTraining`, as the
         authors save `TinyBertForPreTraining`); the projection is a training device, the
         teacher is where it came from."""
+        return {"": self.student}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TinyBertTaskOutput:
+    """The layers' `TinyBertOutput` and both classifiers' logits [B, num_labels] (the
+    teacher's constant to differentiation)."""
+
+    layers: TinyBertOutput
+    student_logits: jax.Array
+    teacher_logits: jax.Array
+
+
+class TinyBertTask(nnx.Module):
+    """task_distill.py's pair: the `student` classifier and `fit` (parameters), the fine-tuned
+    `teacher` classifier (`Frozen` Variables)."""
+
+    def __init__(self, config: TinyBertTaskConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        with nnx.use_eager_sharding(False):  # placement is pretrain.mesh's job
+            self.student = SequenceClassifier(config.student_config(), rngs=rngs)
+            self.fit = Fit(config, rngs=rngs)
+            self.teacher = params_as(SequenceClassifier(config.teacher_config(), rngs=rngs),
+                                     Frozen)
+
+    def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array,
+                 attention_mask: jax.Array, rng: jax.Array | None = None
+                 ) -> TinyBertTaskOutput:
+        """Both classifiers on the same inputs [B, T], traced layer by layer; `rng` is the
+        student's dropout (split as `SequenceClassifier` splits it)."""
+        encoder_rng, first_rng, second_rng = split_rng(rng, 3)
+        states, scores = traced(self.student.encoder, input_ids, token_type_ids,
+                                attention_mask, encoder_rng)
+        logits = self.student.logits(states[-1], first_rng, second_rng)
+        t_states, t_scores = traced(self.teacher.encoder, input_ids, token_type_ids,
+                                    attention_mask, None)
+        teacher = jax.lax.stop_gradient(
+            (t_states, t_scores, self.teacher.logits(t_states[-1], None, None)))
+        return TinyBertTaskOutput(
+            layers=TinyBertOutput(student_states=self.fit(states), student_scores=scores,
+                                  teacher_states=teacher[0], teacher_scores=teacher[1]),
+            student_logits=logits, teacher_logits=teacher[2])
+
+    def downstream_model(self) -> SequenceClassifier:
+        """The student classifier: what is exported, evaluated and distilled further."""
+        return self.student
+
+    def parts(self) -> dict[str, nnx.Module]:
+        """The student alone (HF `BertForSequenceClassification`)."""
         return {"": self.student}

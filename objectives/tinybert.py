@@ -1,5 +1,7 @@
-"""TinyBERT's general distillation: a small BERT learns a frozen BERT's embeddings, hidden
-states and attention scores layer by layer (Jiao et al. 2020 §3.1-3.2).
+"""TinyBERT (Jiao et al. 2020 §3.1-3.2): a small BERT learns a frozen BERT's embeddings, hidden
+states and attention scores layer by layer (`tinybert`: general distillation), then on a GLUE
+task from a fine-tuned teacher, those layers first and its predictions after
+(`tinybert_task`: task distillation).
 
 Reference: huawei-noah/Pretrained-Language-Model TinyBERT/general_distill.py (the loss in the
 training loop, argparse defaults, the README's command), transformer/modeling.py (the student
@@ -25,6 +27,15 @@ The data is BERT's sentence pairs ([CLS] A [SEP] B [SEP], token types 0/1, short
 without [MASK] (their README), and their script reads no label. The teacher is the
 `model.teacher` BERT (pretext workdir or HF folder), its encoder's weights `Frozen`; the student
 starts from scratch (general_distill.py `TinyBertForPreTraining.from_scratch`).
+
+Task distillation (task_distill.py) runs twice on the task's training set:
+`objective.stage=intermediate` with the same layer losses against a BERT classifier fine-tuned
+on the task (a pretext `classify` workdir), the student started from the general TinyBERT
+(`model.init`); then `objective.stage=prediction` from that run (`model.init`) with the soft
+cross-entropy of the logits at temperature t = 1, task_distill.py's `soft_cross_entropy`:
+the mean over the batch AND the classes of -softmax(z_T / t) log_softmax(z_S / t) (so 1 / C
+of the usual per-example cross-entropy); STS-B (one output) takes the mean squared error to the
+gold score instead, as the script does.
 """
 
 from __future__ import annotations
@@ -40,15 +51,31 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pretext_jax.errors import UserError
+from pretext_jax.input_pipeline import glue
 from pretext_jax.input_pipeline.examples import bert as bert_examples
 from pretext_jax.input_pipeline.prepare import DataConfig, prepare_text
-from pretext_jax.models.tinybert import TinyBert, TinyBertConfig, TinyBertOutput
+from pretext_jax.models.bert import Bert
+from pretext_jax.models.classifier import SequenceClassifier, from_pretrained
+from pretext_jax.models.tinybert import (
+    TeacherFields,
+    TinyBert,
+    TinyBertConfig,
+    TinyBertOutput,
+    TinyBertTask,
+    TinyBertTaskConfig,
+)
+from pretext_jax.objectives.common.glue_data import (
+    GlueExampleConfig,
+    glue_monitor,
+    prepare_glue,
+)
 from pretext_jax.objectives.common.held_out import held_out_examples
 from pretext_jax.objectives.common.preset_parts import (
     NO_DROPOUT,
     TINY_TEXT_OPTIM,
     TINY_TEXT_TRAIN,
 )
+from pretext_jax.objectives.common.starts import check_same_architecture
 from pretext_jax.objectives.common.teachers import (
     built_under_jit,
     check_is_bert,
@@ -177,12 +204,10 @@ TEACHER_FIELDS = {"hidden_size": "teacher_hidden_size", "num_layers": "teacher_n
                   "layer_norm_eps": "teacher_layer_norm_eps"}
 
 
-def check_teacher(config: TinyBertConfig, teacher: Any) -> None:
-    """The loaded `teacher` is a BERT with the student's vocabulary and number of heads whose
+def check_teacher_shape(config: TeacherFields, theirs: Any) -> None:
+    """The teacher's config `theirs` has the student's vocabulary and number of heads and the
     shape the `teacher_*` fields state; each mismatch is one line naming the fix."""
     where = config.teacher
-    check_is_bert(teacher, where, "TinyBERT")
-    theirs = teacher.config
     if theirs.num_heads != config.num_heads:
         raise UserError(f"the teacher has {theirs.num_heads} attention heads, the student "
                         f"model.num_heads={config.num_heads}; the attention-score loss compares "
@@ -206,9 +231,123 @@ def pretrained_tinybert(config: TinyBertConfig, seed: int, load: Callable[[str],
     teacher `config.teacher`, checked against the settings."""
     teacher = load_teacher(config.teacher, load, "TinyBERT",
                            "a pretext bert workdir or a HuggingFace BERT folder")
-    check_teacher(config, teacher)
+    check_is_bert(teacher, config.teacher, "TinyBERT")
+    check_teacher_shape(config, teacher.config)
     model = built_under_jit(lambda: build_tinybert(config, seed))
     freeze_into(model.teacher, teacher.encoder)
+    return model
+
+
+STAGES = ("intermediate", "prediction")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskDistillationSettings:
+    """task_distill.py's two runs (`--pred_distill` off, then on) and `--temperature`."""
+
+    stage: str = "intermediate"
+    """intermediate: the layer losses (embeddings, hidden states, attention scores);
+    prediction: the soft cross-entropy of the logits (§3.2's two steps)."""
+    temperature: float = 1.0
+    """Temperature t of the soft cross-entropy (task_distill.py 1.0; §3.1 Eq. 11)."""
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise UserError(f"objective.stage={self.stage!r} must be one of {', '.join(STAGES)} "
+                            "(task_distill.py without, then with --pred_distill)")
+        if not self.temperature > 0:
+            raise UserError(f"objective.temperature={self.temperature} must be > 0 (1.0)")
+
+
+def soft_cross_entropy(student_logits: jax.Array, teacher_logits: jax.Array,
+                       temperature: float) -> jax.Array:
+    """task_distill.py `soft_cross_entropy(z_S / t, z_T / t)`: the mean over [B, C] of
+    -softmax(z_T / t) x log_softmax(z_S / t)."""
+    log_p = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature, -1)
+    target = jax.nn.softmax(teacher_logits.astype(jnp.float32) / temperature, -1)
+    return jnp.mean(-target * log_p)
+
+
+def task_distillation_loss(model: TinyBertTask, batch: Batch, rng: jax.Array | None, *,
+                           objective: TaskDistillationSettings) -> tuple[jax.Array, Metrics]:
+    """The stage's loss on one batch of the task's examples (`rng=None`: no dropout)."""
+    mask = batch["attention_mask"]
+    out = model(batch["input_ids"], batch["token_type_ids"], mask, rng)
+    one = jnp.ones((), jnp.float32)
+    if objective.stage == "intermediate":
+        attention, hidden = layer_losses(out.layers, mask)
+        loss = attention + hidden
+        return loss, {"loss": (loss, one), "att_loss": (attention, one),
+                      "rep_loss": (hidden, one)}
+    logits = out.student_logits.astype(jnp.float32)
+    if logits.shape[-1] == 1:  # STS-B: task_distill.py regresses on the gold score
+        loss = jnp.mean(jnp.square(logits[:, 0] - batch["label"].astype(jnp.float32)))
+        return loss, {"loss": (loss, one)}
+    loss = soft_cross_entropy(logits, out.teacher_logits, objective.temperature)
+    correct = jnp.sum(jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32)
+    return loss, {"loss": (loss, one),
+                  "accuracy": (correct, jnp.asarray(logits.shape[0], jnp.float32))}
+
+
+def build_tinybert_task(config: TinyBertTaskConfig, seed: int) -> TinyBertTask:
+    return TinyBertTask(config, rngs=nnx.Rngs(seed))
+
+
+def prepare_task(data: DataConfig, examples: GlueExampleConfig, cache_dir: Path, seed: int
+                 ) -> PreparedData:
+    """The GLUE task's records (`common.glue_data.prepare_glue`, the teacher's tokenizer) and
+    the vocabulary size they give the student."""
+    prepared = prepare_glue(data, examples, cache_dir, seed)
+    return dataclasses.replace(prepared, model_fields={
+        **prepared.model_fields, "vocab_size": prepared.tokenizer.vocab_size})
+
+
+def check_task(model: TinyBertTaskConfig, examples: GlueExampleConfig, objective: Any = None
+               ) -> None:
+    """The task exists, reads BERT's layout and fits both networks' positions."""
+    glue.glue_task(examples.task)
+    if examples.layout != "bert":
+        raise UserError(f"examples.layout={examples.layout}: TinyBERT's classifiers are BERT's; "
+                        "set examples.layout=bert")
+    check_lengths(model, examples)
+
+
+def student_glue_metrics(model: TinyBertTask, data: PreparedData, examples: GlueExampleConfig,
+                         objective: Any = None) -> dict[str, float]:
+    """The student's GLUE metrics on the whole dev set."""
+    return glue_monitor(model.student, data, examples)
+
+
+def pretrained_tinybert_task(config: TinyBertTaskConfig, seed: int,
+                             load: Callable[[str], Any]) -> TinyBertTask:
+    """The run's start: the frozen fine-tuned teacher `config.teacher`, checked against the
+    settings, and the student from `config.init` (a BERT such as a general TinyBERT: its
+    encoder and pooler under a new head; a classifier of the student's shape, e.g. the
+    intermediate stage's: whole) or random."""
+    teacher = load_teacher(config.teacher, load, "TinyBERT's task distillation",
+                           "a pretext classify workdir fine-tuned from a BERT")
+    if not isinstance(teacher, SequenceClassifier) or teacher.config.head != "bert":
+        raise UserError(f"{config.teacher} holds a {type(teacher).__name__}, not a BERT "
+                        "classifier; the teacher is a BERT fine-tuned on the task (run.py "
+                        "finetune --task TASK --init BERT)")
+    if teacher.config.num_labels != config.num_labels:
+        raise UserError(f"the teacher {config.teacher} has {teacher.config.num_labels} "
+                        f"outputs, the task {config.num_labels}; pass a teacher fine-tuned on "
+                        "this task")
+    check_teacher_shape(config, teacher.config)
+    model = built_under_jit(lambda: build_tinybert_task(config, seed))
+    freeze_into(model.teacher, teacher)
+    if config.init:
+        start = load(config.init)
+        if not isinstance(start, Bert | SequenceClassifier):
+            raise UserError(f"model.init={config.init} holds a {type(start).__name__}; start "
+                            "the student from a general TinyBERT, a BERT or this method's "
+                            "intermediate stage")
+        check_same_architecture(config, start.config, f"model.init={config.init}",
+                                frozenset({"classifier_dropout"}))
+        if isinstance(start, Bert):
+            start = from_pretrained(start, config.student_config(), nnx.Rngs(seed))
+        nnx.update(model.student, nnx.state(start, nnx.Param))
     return model
 
 
@@ -243,6 +382,21 @@ PRESETS = {
 }
 
 
+# Task distillation's test size: the general tiny student under a BERT head, its teacher a
+# `classify` run fine-tuned from a bert_tiny-sized BERT.
+TASK_PRESETS = {
+    "tinybert_task_tiny": {
+        "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 4, "intermediate_size": 64,
+                  "max_position_embeddings": 128, "vocab_size": 0, **NO_DROPOUT,
+                  "teacher_hidden_size": 64, "teacher_num_layers": 2,
+                  "teacher_intermediate_size": 256, "teacher_max_position_embeddings": 128},
+        "examples": {"task": "sst2", "max_seq_length": 64},
+        "optim": TINY_TEXT_OPTIM,
+        "train": TINY_TEXT_TRAIN,
+    },
+}
+
+
 register(Method(
     name="tinybert",
     model_config=TinyBertConfig,
@@ -257,4 +411,22 @@ register(Method(
     resolution=Resolution(check=check_lengths),
     evaluation=Evaluation(summarize=summary_of(metrics=("loss", "att_loss", "rep_loss"))),
     start=Start(pretrained=pretrained_tinybert),
+))
+
+
+register(Method(
+    name="tinybert_task",
+    model_config=TinyBertTaskConfig,
+    example_config=GlueExampleConfig,
+    objective_config=TaskDistillationSettings,
+    build_model=build_tinybert_task,
+    loss=task_distillation_loss,
+    prepare=prepare_task,
+    units_per_example=lambda examples: examples.max_seq_length,
+    description="TinyBERT task distillation: a student classifier learns a fine-tuned BERT's "
+                "layers, then its predictions, on a GLUE task (Jiao et al. 2020 §3.2)",
+    presets=TASK_PRESETS,
+    resolution=Resolution(check=check_task),
+    evaluation=Evaluation(monitor=student_glue_metrics),
+    start=Start(pretrained=pretrained_tinybert_task),
 ))
