@@ -427,6 +427,7 @@ register(Method(
                 "layers, then its predictions, on a GLUE task (Jiao et al. 2020 §3.2)",
     presets=TASK_PRESETS,
     resolution=Resolution(check=check_task),
-    evaluation=Evaluation(monitor=student_glue_metrics),
+    evaluation=Evaluation(monitor=student_glue_metrics, summarize=summary_of(
+        metrics=("loss", "att_loss", "rep_loss", "accuracy", "glue_score"))),
     start=Start(pretrained=pretrained_tinybert_task),
 ))
