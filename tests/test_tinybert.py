@@ -212,7 +212,7 @@ def run_overrides(root, teacher, **extra):
             "model.intermediate_size": 24, "model.max_position_embeddings": 32,
             "model.teacher_hidden_size": 32, "model.teacher_intermediate_size": 48,
             "model.teacher_max_position_embeddings": 64, "examples.max_seq_length": 24,
-            "train.batch_size": 8, "train.steps": 4, "train.log_every": 1,
+            "train.batch_size": 8, "train.steps": 3, "train.log_every": 1,
             "train.eval_every": 1000, "train.eval_batches": 1, "train.checkpoint_every": 2,
             "train.progress": False, **extra}
 
@@ -233,8 +233,8 @@ def test_teacher_stays_frozen_and_a_killed_run_resumes_exactly(teacher, tmp_path
     reference = tmp_path / "reference", tmp_path / "reference.log"
     run_in_process("tinybert_tiny", values, *reference)
     ours = abort_and_resume("tinybert_tiny", values, tmp_path, step=3)
-    assert len(assert_same_training("tinybert_tiny", values, ours, reference)) > 4
-    assert len(set(train_losses(ours[0]).values())) == 4
+    assert len(assert_same_training("tinybert_tiny", values, ours, reference)) > 3
+    assert len(set(train_losses(ours[0]).values())) == 3
     end = Trainer(make_config("tinybert_tiny", values), ours[0])
     final, _ = end.checkpoints.restore_latest_readable()
     end.checkpoints.close()
