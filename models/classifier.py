@@ -187,8 +187,14 @@ class SequenceClassifier(EncoderHeads):
         """What the output layer reads [B, H]: the summary token through the head's layers
         before its last, after the head's dropout."""
         encoder_rng, first_rng, second_rng = split_rng(rng, 3)
-        head, rate = self.config.head, self.config.head_dropout
         hidden = self.hidden(input_ids, token_type_ids, attention_mask, encoder_rng)
+        return self.logits(hidden, first_rng, second_rng)
+
+    def logits(self, hidden: jax.Array, first_rng: jax.Array | None,
+               second_rng: jax.Array | None) -> jax.Array:
+        """The head on the final states [B, T, H] -> [B, num_labels]; the keys drop out before
+        its first and second layer."""
+        head, rate = self.config.head, self.config.head_dropout
         # XLNet's <cls> ends the (left-padded) input; the others' first token opens it
         summary_token = hidden[:, -1] if head == "xlnet" else hidden[:, 0]
         if head == "xlm":

@@ -193,6 +193,15 @@ class EncoderLayer(nnx.Module):
                               x, x, mask, attn_rng, attn_out_rng, self.attention_adapter)
         return self.feed_forward(x, mlp_rng)
 
+    def attention_scores(self, x: jax.Array) -> jax.Array:
+        """The scaled dot products q.k / sqrt(D) [B, N, T, T] of this layer's self-attention
+        on `x` [B, T, H], before any mask or softmax (TinyBERT transformer/modeling.py
+        `BertSelfAttention`'s `attention_scores` less its additive mask)."""
+        size = (self.config.num_heads, self.config.hidden_size // self.config.num_heads)
+        q = self.query(x).reshape(*x.shape[:2], *size)  # [B, T, N, D]
+        k = self.key(x).reshape(*x.shape[:2], *size)  # [B, T, N, D]
+        return jnp.einsum("bqhd,bkhd->bhqk", q, k) * size[1] ** -0.5  # [B, N, T, T]
+
     def feed_forward(self, x: jax.Array, rng: jax.Array | None) -> jax.Array:
         """The MLP block: LayerNorm(x + dropout(output(act(intermediate(x))))), [B, T, H]."""
         c = self.config
@@ -334,6 +343,21 @@ def keep_layers(params: dict[str, Any], keep: tuple[int, ...]) -> dict[str, Any]
                          "encoder, which this model does not have; set layers_to_keep=''")
     return pruned
 
+    def trace(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None
+              ) -> tuple[jax.Array, jax.Array]:
+        """`__call__` that also returns what each layer saw: every layer's output [L, B, T, H]
+        and its attention scores [L, B, N, T, T] (`EncoderLayer.attention_scores` of its input;
+        TinyBERT's layer distillation, Jiao et al. 2020 §3.1)."""
+        keys = None if rng is None else jax.random.split(rng, self.config.num_layers)  # [L, 2]
+
+        def apply(layer: EncoderLayer, h: jax.Array, key: jax.Array | None):
+            scores = layer.attention_scores(h)
+            h = layer(h, mask, key)
+            return h, (h, scores)
+
+        layers = self.layer if self.shared else self.layers
+        return run_stacked(layers, apply, x, keys, self.config, shared=self.shared)[1]
+
 
 class Encoder(nnx.Module):
     """Embeddings (+ projection when `embedding_size` != `hidden_size`) + encoder stack; returns
@@ -373,6 +397,16 @@ class Encoder(nnx.Module):
         """`input_ids`, `token_type_ids` [B, T] -> [B, T, H]. `attention_mask` [B, T] (1 = token)
         masks keys; [B, T, T] (1 = query i may attend to key j) sets each query's keys (UniLM's
         self-attention masks, Dong et al. 2019 §2.2). `position_ids` [B, T]: see `Embeddings`."""
+        return self.stack(*self.stack_inputs(input_ids, token_type_ids, attention_mask, rng,
+                                             position_ids))  # [B, T, H]
+
+    def stack_inputs(
+        self, input_ids: jax.Array, token_type_ids: jax.Array | None,
+        attention_mask: jax.Array | None, rng: jax.Array | None,
+        position_ids: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        """`__call__`'s arguments -> the stack's: the embeddings [B, T, H], the boolean mask
+        [B, 1, 1 or T, T] and the stack's dropout key."""
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         if attention_mask is None:
@@ -381,7 +415,7 @@ class Encoder(nnx.Module):
         x = self.embed(input_ids, token_type_ids, embed_rng, position_ids)  # [B, T, H]
         mask = attention_mask.astype(bool)
         mask = mask[:, None, None, :] if mask.ndim == 2 else mask[:, None]  # [B, 1, 1 or T, T]
-        return self.stack(x, mask, stack_rng)  # [B, T, H]
+        return x, mask, stack_rng
 
     def embed(self, input_ids: jax.Array, token_type_ids: jax.Array, rng: jax.Array | None,
               position_ids: jax.Array | None = None) -> jax.Array:

@@ -37,14 +37,12 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.examples import roberta as roberta_examples
 from pretext_jax.input_pipeline.prepare import DataConfig
-from pretext_jax.models.bert import Bert
 from pretext_jax.models.distilbert import (
     Distillation,
     DistillationConfig,
     DistillationOutput,
     student_from_teacher,
 )
-from pretext_jax.models.layers import Frozen
 from pretext_jax.objectives.common.losses import weighted_cross_entropy
 from pretext_jax.objectives.common.masked_lm import prepare_masked_lm
 from pretext_jax.objectives.common.preset_parts import (
@@ -52,6 +50,13 @@ from pretext_jax.objectives.common.preset_parts import (
     TINY_TEXT_MODEL,
     TINY_TEXT_OPTIM,
     TINY_TEXT_TRAIN,
+)
+from pretext_jax.objectives.common.teachers import (
+    built_under_jit,
+    check_is_bert,
+    freeze_into,
+    load_teacher,
+    mismatched_fields,
 )
 from pretext_jax.objectives.registry import (
     Batch,
@@ -189,10 +194,7 @@ def check_teacher(config: DistillationConfig, teacher: Any, has_head: bool) -> N
     """The loaded `teacher` is a BERT of the student's width and vocabulary whose shape the
     `teacher_*` fields state; each mismatch is one line naming the fix."""
     where = config.teacher
-    if not isinstance(teacher, Bert) or teacher.config.task_type_vocab_size:
-        raise UserError(f"{where} holds a {type(teacher).__name__}, not a BERT "
-                        "(BertForMaskedLM, BertForPreTraining, BertModel, a pretext bert run); "
-                        "DistilBERT distils a BERT")
+    check_is_bert(teacher, where, "DistilBERT")
     theirs = teacher.config
     if theirs.hidden_size != config.hidden_size:
         raise UserError(f"the teacher's hidden size {theirs.hidden_size} differs from the "
@@ -206,8 +208,7 @@ def check_teacher(config: DistillationConfig, teacher: Any, has_head: bool) -> N
         raise UserError(f"the student starts from the teacher's {theirs.max_position_embeddings} "
                         "position embeddings (train.py asserts the two agree); set "
                         f"model.max_position_embeddings={theirs.max_position_embeddings}")
-    fixes = [f"model.{ours}={getattr(theirs, field)}" for field, ours in TEACHER_FIELDS.items()
-             if getattr(theirs, field) != getattr(config, ours)]
+    fixes = mismatched_fields(theirs, config, TEACHER_FIELDS)
     if has_head != config.teacher_mlm_head:
         fixes.append(f"model.teacher_mlm_head={str(has_head).lower()}")
     if fixes:
@@ -219,23 +220,13 @@ def pretrained_distillation(config: DistillationConfig, seed: int,
                             load: Callable[[str], Any]) -> Distillation:
     """The run's start: the frozen teacher `config.teacher`, checked against the settings,
     and the student initialised from its layers (extract_distilbert.py)."""
-    if not config.teacher:
-        raise UserError("model.teacher is empty; DistilBERT needs the BERT to distil: pass "
-                        "model.teacher=PATH (a pretext bert workdir or a HF BertForMaskedLM "
-                        "folder)")
-    if not Path(config.teacher).is_dir():
-        raise UserError(f"model.teacher={config.teacher} is not a directory; pass a pretext "
-                        "bert workdir or a HuggingFace BERT folder")
-    teacher = load(config.teacher)
+    teacher = load_teacher(config.teacher, load, "DistilBERT",
+                           "a pretext bert workdir or a HuggingFace BertForMaskedLM folder")
     check_teacher(config, teacher, teacher_has_mlm_head(Path(config.teacher)))
-    # Initialised under jit (in place; eagerly, every small op would compile on its own).
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_distillation(config, seed)))
-    model = nnx.merge(graphdef, jax.jit(lambda: nnx.state(build_distillation(config, seed)))())
+    model = built_under_jit(lambda: build_distillation(config, seed))
     student_from_teacher(model.student, teacher, config.student_init_layers,
                          config.init_vocab_transform)
-    weights = dict(nnx.to_flat_state(nnx.state(teacher, nnx.Param)))
-    for path, variable in nnx.to_flat_state(nnx.state(model.teacher, Frozen)):
-        variable.set_value(weights[path][...])
+    freeze_into(model.teacher, teacher)
     return model
 
 

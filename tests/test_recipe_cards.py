@@ -30,7 +30,7 @@ METHODS_DOCS = REPO / "docs" / "methods"
 # The page that holds each method's cards.
 PAGES = {
     **dict.fromkeys(("bert", "roberta", "albert", "electra", "structbert", "ernie", "mpnet",
-                     "infoword", "distilbert"), "masked_lm.md"),
+                     "infoword", "distilbert", "tinybert", "tinybert_task"), "masked_lm.md"),
     **dict.fromkeys(("gpt", "xlnet", "transformer_xl", "elmo", "word2vec"),
                     "autoregressive.md"),
     **dict.fromkeys(("t5", "mass", "mass_xlm", "prophetnet", "unilm", "xlm", "summarize",
@@ -47,8 +47,8 @@ TEST_SIZES = ("albert_tiny", "amdim_tiny", "bart_tiny", "bert_tiny", "byol_tiny"
               "jigsaw_tiny", "local_aggregation_tiny", "mass_tiny", "mass_bilingual_tiny",
               "mass_xlm_tiny",
               "moco_tiny", "mpnet_tiny", "prophetnet_tiny", "roberta_tiny", "rotation_tiny",
-              "simclr_tiny", "structbert_tiny", "t5_tiny", "transformer_xl_tiny",
-              "translation_tiny", "unicoder_tiny", "unilm_tiny",
+              "simclr_tiny", "structbert_tiny", "t5_tiny", "tinybert_tiny", "tinybert_task_tiny",
+              "transformer_xl_tiny", "translation_tiny", "unicoder_tiny", "unilm_tiny",
               "unilm_summarize_tiny",
               "wav2vec_tiny", "wav2vec2_tiny", "word2vec_tiny", "xlm_tiny", "xlnet_tiny")
 EXEMPT = {
