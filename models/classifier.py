@@ -188,12 +188,19 @@ class SequenceClassifier(EncoderHeads):
         before its last, after the head's dropout."""
         encoder_rng, first_rng, second_rng = split_rng(rng, 3)
         hidden = self.hidden(input_ids, token_type_ids, attention_mask, encoder_rng)
-        return self.logits(hidden, first_rng, second_rng)
+        return self.summary(hidden, first_rng, second_rng)
 
     def logits(self, hidden: jax.Array, first_rng: jax.Array | None,
                second_rng: jax.Array | None) -> jax.Array:
-        """The head on the final states [B, T, H] -> [B, num_labels]; the keys drop out before
-        its first and second layer."""
+        """The head on the final states [B, T, H] -> [B, num_labels] (TinyBERT reads both
+        networks' states and logits in one pass)."""
+        return self.head_output(self.summary(hidden, first_rng, second_rng))
+
+    def summary(self, hidden: jax.Array, first_rng: jax.Array | None,
+                second_rng: jax.Array | None) -> jax.Array:
+        """What the output layer reads [B, H] from the final states [B, T, H]: the summary
+        token through the head's layers before its last; the keys drop out before its first
+        and second layer."""
         head, rate = self.config.head, self.config.head_dropout
         # XLNet's <cls> ends the (left-padded) input; the others' first token opens it
         summary_token = hidden[:, -1] if head == "xlnet" else hidden[:, 0]

@@ -286,6 +286,21 @@ class EncoderStack(nnx.Module):
         return run_stacked(layers, apply, x, (keys, dropped), self.config,
                            shared=self.shared)[0]
 
+    def trace(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None
+              ) -> tuple[jax.Array, jax.Array]:
+        """`__call__` that also returns what each layer saw: every layer's output [L, B, T, H]
+        and its attention scores [L, B, N, T, T] (`EncoderLayer.attention_scores` of its input;
+        TinyBERT's layer distillation, Jiao et al. 2020 §3.1)."""
+        keys = None if rng is None else jax.random.split(rng, self.config.num_layers)  # [L, 2]
+
+        def apply(layer: EncoderLayer, h: jax.Array, key: jax.Array | None):
+            scores = layer.attention_scores(h)
+            h = layer(h, mask, key)
+            return h, (h, scores)
+
+        layers = self.layer if self.shared else self.layers
+        return run_stacked(layers, apply, x, keys, self.config, shared=self.shared)[1]
+
 
 LAYERDROP_STREAM = 0x4C44
 """Folded into a step's stack key for LayerDrop's draws, so the layers' own dropout keys (split
@@ -343,21 +358,6 @@ def keep_layers(params: dict[str, Any], keep: tuple[int, ...]) -> dict[str, Any]
                          "encoder, which this model does not have; set layers_to_keep=''")
     return pruned
 
-    def trace(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None
-              ) -> tuple[jax.Array, jax.Array]:
-        """`__call__` that also returns what each layer saw: every layer's output [L, B, T, H]
-        and its attention scores [L, B, N, T, T] (`EncoderLayer.attention_scores` of its input;
-        TinyBERT's layer distillation, Jiao et al. 2020 §3.1)."""
-        keys = None if rng is None else jax.random.split(rng, self.config.num_layers)  # [L, 2]
-
-        def apply(layer: EncoderLayer, h: jax.Array, key: jax.Array | None):
-            scores = layer.attention_scores(h)
-            h = layer(h, mask, key)
-            return h, (h, scores)
-
-        layers = self.layer if self.shared else self.layers
-        return run_stacked(layers, apply, x, keys, self.config, shared=self.shared)[1]
-
 
 class Encoder(nnx.Module):
     """Embeddings (+ projection when `embedding_size` != `hidden_size`) + encoder stack; returns
@@ -381,8 +381,10 @@ class Encoder(nnx.Module):
             raise ValueError(f"shared embeddings have width {embeddings.config.embedding_width}, "
                              f"this encoder expects embedding_size {config.embedding_width}")
         self.embeddings = embeddings if embeddings is not None else Embeddings(config, rngs=rngs)
+        # Its output is the hidden width, sharded as every hidden ("embed"; ("embed", "mlp")
+        # is the pattern that gave the masked-LM head wrong gradients, MaskedLMHead).
         self.embeddings_project = (
-            dense(config, config.embedding_width, config.hidden_size, ("embed", "mlp"), rngs)
+            dense(config, config.embedding_width, config.hidden_size, ("mlp", "embed"), rngs)
             if config.embedding_width != config.hidden_size else None)
         self.stack = EncoderStack(config, rngs=rngs, shared=shared_layers)
 

@@ -404,7 +404,9 @@ class MaskedLMHead(nnx.Module):
                  activation: str | None = None):
         e = config.embedding_width
         self.activation = activation or config.hidden_act
-        self.dense = dense(config, config.hidden_size, e, ("embed", "mlp"), rngs)
+        # Its output meets the tied table's "embed" axis and is sharded so: ("embed", "mlp")
+        # gave wrong gradients on a data x fsdp x tensor mesh (XLA; tests/test_models.py).
+        self.dense = dense(config, config.hidden_size, e, ("mlp", "embed"), rngs)
         self.layer_norm = layer_norm(config, e, rngs)
         self.bias = nnx.Param(jnp.zeros((config.vocab_size,)), out_sharding=("vocab",))
 

@@ -190,7 +190,11 @@ def prepare_pairs(data: DataConfig, examples: PairExampleConfig, cache_dir: Path
 def check_lengths(model: TinyBertConfig, examples: PairExampleConfig, objective: Any = None
                   ) -> None:
     """Every position needs a student and a teacher position embedding (no `objective`
-    setting bears on it)."""
+    setting bears on it); no LayerDrop, as the layer losses read every student layer
+    (`EncoderStack.trace` runs them all)."""
+    if model.layerdrop:
+        raise UserError(f"model.layerdrop={model.layerdrop}: TinyBERT's layer losses read every "
+                        "student layer, so none is dropped; set model.layerdrop=0")
     positions = min(model.max_position_embeddings, model.teacher_max_position_embeddings)
     if examples.max_seq_length > positions:
         raise UserError(f"examples.max_seq_length={examples.max_seq_length} exceeds the "

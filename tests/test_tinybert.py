@@ -305,6 +305,8 @@ def test_bad_teachers_and_settings_are_refused_in_one_line(teacher, tmp_path):
         make_config("tinybert_tiny", {"model.num_layers": 3})
     with pytest.raises(UserError, match="position embeddings"):
         make_config("tinybert_tiny", {"examples.max_seq_length": 512})
+    with pytest.raises(UserError, match="read every student layer.*set model.layerdrop=0"):
+        make_config("tinybert_tiny", {"model.layerdrop": 0.2})
 
 
 # --- task distillation -----------------------------------------------------------------------
