@@ -224,8 +224,8 @@ def evaluate(workdir: str | Path) -> dict[str, Any]:
                         "the --workdir of run.py finetune")
     config = config_from_dict(directories.read_json_object(path / CONFIG_FILE))
     if not is_finetuning(registry.get(config.method)):
-        raise UserError(f"{workdir} holds a {config.method} pre-training run; evaluate a "
-                        "fine-tuning workdir (run.py finetune)")
+        raise UserError(f"{workdir} holds a {config.method} run, not one task's fine-tuning; "
+                        "evaluate the --workdir of run.py finetune --task TASK")
     trainer = Trainer(config, path)
     step = trainer.checkpoints.latest_step()
     if step is None:
