@@ -55,7 +55,7 @@ def tokenizer_of(init: str) -> str:
     return found
 
 
-def _as_overrides(values: dict[str, Any]) -> list[str]:
+def as_overrides(values: dict[str, Any]) -> list[str]:
     return [f"{key}={value}" for key, value in values.items()]
 
 
@@ -68,7 +68,7 @@ def file_overrides(path: str | Path | None) -> list[str]:
     if {"preset", "method"} & set(settings):
         raise UserError(f"--config {path}: fine-tuning takes its method and recipe from --task "
                         "and --init; remove preset/method from the file")
-    return _as_overrides({f"{section}.{key}": as_override(value)
+    return as_overrides({f"{section}.{key}": as_override(value)
                           for section, values in settings.items() for key, value in values.items()})
 
 
@@ -130,7 +130,7 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
     if chosen.tokenizer_from_init and not any(
             override.startswith("data.tokenizer=") for override in overrides):
         values["data.tokenizer"] = tokenizer_of(source)  # its casing travels in its folder
-    draft = make_config(None, [*_as_overrides(values), *overrides])
+    draft = make_config(None, [*as_overrides(values), *overrides])
     rows = spec.train_rows(data, draft)
     per_epoch = max(1, math.ceil(rows / draft.train.batch_size))
     if chosen.steps and epochs is None:
@@ -144,7 +144,7 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
                 else chosen.warmup_steps,
                 "train.eval_every": per_epoch, "train.checkpoint_every": per_epoch,
                 "train.log_every": max(1, min(50, per_epoch))}
-    return make_config(None, [*_as_overrides({**values, **schedule}), *overrides])
+    return make_config(None, [*as_overrides({**values, **schedule}), *overrides])
 
 
 def _task_metrics(evaluation: dict[str, float], task: str) -> dict[str, float]:

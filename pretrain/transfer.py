@@ -39,7 +39,7 @@ from pretext_jax.pretrain.config import Config, config_from_dict, make_config
 from pretext_jax.pretrain.directories import CONFIG_FILE
 from pretext_jax.pretrain.finetune import (
     RESULTS_FILE,
-    _as_overrides,
+    as_overrides,
     file_overrides,
     finetune,
     finetune_config,
@@ -124,7 +124,7 @@ def continued_config(init: str, corpus: Path, steps: int, overrides: Sequence[st
               "data.cache_dir": "", "data.tokenizer": tokenizer_of(init), "train.steps": steps,
               "optim.warmup_steps": max(1, round(TAPT_WARMUP * steps)),
               "train.checkpoint_every": min(base.train.checkpoint_every, steps)}
-    return make_config(None, [*_as_overrides(values), *overrides], file=saved)
+    return make_config(None, [*as_overrides(values), *overrides], file=saved)
 
 
 def task_text(task: str, data: str, tfds_data_dir: str = "") -> str:
@@ -235,7 +235,7 @@ def multitask_config(tasks: Sequence[str], init: str, data: str,
               "examples.layout": single.examples.layout, "data.source": data,
               "data.tokenizer": single.data.tokenizer, "train.seed": seed,
               "train.eval_batches": 1, **MTDNN_SETTINGS}
-    everything = [*_as_overrides(values), *file_overrides(config_file), *overrides]
+    everything = [*as_overrides(values), *file_overrides(config_file), *overrides]
     draft = make_config(None, everything)
     per_epoch = sum(math.ceil(_rows(name, data, draft) / draft.train.batch_size)
                     for name in names.split(","))
@@ -243,7 +243,7 @@ def multitask_config(tasks: Sequence[str], init: str, data: str,
     schedule = {"train.steps": steps, "optim.warmup_steps": max(1, round(MTDNN_WARMUP * steps)),
                 "train.eval_every": per_epoch, "train.checkpoint_every": per_epoch,
                 "train.log_every": max(1, min(50, per_epoch))}
-    return make_config(None, [*_as_overrides(values), *_as_overrides(schedule),
+    return make_config(None, [*as_overrides(values), *as_overrides(schedule),
                               *file_overrides(config_file), *overrides])
 
 
