@@ -56,6 +56,7 @@ def tokenizer_of(init: str) -> str:
 
 
 def as_overrides(values: dict[str, Any]) -> list[str]:
+    """`{key: value}` as the `key=value` overrides `make_config` reads."""
     return [f"{key}={value}" for key, value in values.items()]
 
 
