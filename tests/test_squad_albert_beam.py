@@ -118,8 +118,8 @@ def tiny_albert_beam() -> BeamSpanExtractor:
 def test_albert_v2_head_against_squad_utils_restatement():
     """Loss, the head's gradients (central differences of the float64 re-statement) and every
     beam output (start-major, as squad_utils.py reshapes them) <= 1e-5 from create_v2_model;
-    controls (each off by > 10x the tolerance): the answer class on the last token's state (XLNet's <cls>) and the gold start
-    state (HF XLNet's training form) both give other values."""
+    controls, each off by far more than the tolerance: the answer class on the last token's
+    state (XLNet's <cls>) and on the gold start state (HF XLNet's training form)."""
     model = tiny_albert_beam()
     ids, types, mask, p_mask, starts, ends, impossible = albert_inputs(40)
     batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "p_mask": p_mask,
