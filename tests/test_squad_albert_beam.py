@@ -6,8 +6,6 @@ beams, and one `squad2` fine-tuning run from an HF ALBERT folder."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from flax import nnx
@@ -69,10 +67,12 @@ def _log_softmax(x):
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def numpy_v2_head(params, hidden, p_mask, starts, ends, impossible, cls_at: int = 0):
+def numpy_v2_head(params, hidden, p_mask, starts, ends, impossible, cls_at: int = 0,
+                  gold_answer_start: bool = False):
     """squad_utils.py `create_v2_model` (both modes) and `v2_model_fn_builder`'s loss on the
     encoder's states `hidden` [B, T, H] with the head's `params` (`head_params`), in float64:
-    (loss, beam outputs)."""
+    (loss, beam outputs). Controls: `cls_at` another position than [CLS]'s 0,
+    `gold_answer_start` the answer class on the gold start's state."""
     b = np.arange(len(hidden))
 
     def end_log_probs(start_states):  # [B, K, H] -> [B, K, T], "end_logits" scope
@@ -88,7 +88,9 @@ def numpy_v2_head(params, hidden, p_mask, starts, ends, impossible, cls_at: int 
     start_logits = _dense(hidden, params, "start_dense")[..., 0] * (1 - p_mask) - 1e30 * p_mask
     start_log_probs = _log_softmax(start_logits)
     start_p = np.exp(start_log_probs)  # softmax_start
-    answer = np.concatenate([np.einsum("bth,bt->bh", hidden, start_p), hidden[:, cls_at]], -1)
+    start_state = hidden[b, starts] if gold_answer_start else np.einsum("bth,bt->bh", hidden,
+                                                                         start_p)
+    answer = np.concatenate([start_state, hidden[:, cls_at]], -1)
     cls_logits = _dense(np.tanh(_dense(answer, params, "answer_dense_0")), params,
                         "answer_dense_1")[:, 0]
     gold_ends = end_log_probs(hidden[b, starts][:, None])[:, 0]
@@ -118,16 +120,23 @@ def tiny_albert_beam() -> BeamSpanExtractor:
 def test_albert_v2_head_against_squad_utils_restatement():
     """Loss, the head's gradients (central differences of the float64 re-statement) and every
     beam output (start-major, as squad_utils.py reshapes them) <= 1e-5 from create_v2_model;
-    controls, each off by far more than the tolerance: the answer class on the last token's
-    state (XLNet's <cls>) and on the gold start state (HF XLNet's training form)."""
+    controls: the re-statement with the answer class on the last token's state (XLNet's
+    <cls>), or on the gold start's state (HF XLNet's training form), is far off ours."""
     model = tiny_albert_beam()
     ids, types, mask, p_mask, starts, ends, impossible = albert_inputs(40)
     batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "p_mask": p_mask,
              "cls_index": np.zeros(3, np.int32), "start_positions": starts,
              "end_positions": ends}
-    loss, _ = squad_objective.span_loss(model, batch, None)
-    out = model.beam(ids, types, mask, p_mask=p_mask, cls_index=batch["cls_index"])
-    hidden = np.asarray(model.hidden(ids, types, mask, None), np.float64)
+
+    @nnx.jit
+    def outputs(model, batch):  # one program: eager ops would compile one each
+        loss, grads = nnx.value_and_grad(
+            lambda m: squad_objective.span_loss(m, batch, None)[0])(model)
+        return loss, grads, model.beam(ids, types, mask, p_mask=p_mask, cls_index=batch[
+            "cls_index"]), model.hidden(ids, types, mask, None)
+
+    loss, grads, out, hidden = outputs(model, batch)
+    hidden = np.asarray(hidden, np.float64)
     params = head_params(model)
     wanted, beams = numpy_v2_head(params, hidden, p_mask, starts, ends, impossible)
     np.testing.assert_allclose(float(loss), wanted, atol=1e-5, rtol=0)
@@ -137,15 +146,13 @@ def test_albert_v2_head_against_squad_utils_restatement():
         np.testing.assert_allclose(np.asarray(ours[key], np.float64), value, atol=1e-5, rtol=0,
                                    err_msg=key)
     assert impossible.tolist() == (starts == 0).tolist()  # the loss reads it from the positions
-    last = (mask.sum(1) - 1)[0]  # a control: XLNet's <cls> position
-    control = numpy_v2_head(params, hidden, p_mask, starts, ends, impossible, last)[1]
-    assert np.abs(control["cls_logits"] - np.asarray(out["cls_logits"])).max() > 1e-2
-    gold_model = BeamSpanExtractor(dataclasses.replace(model.config, answer_class_start="gold"),
-                                   rngs=nnx.Rngs(0))
-    nnx.update(gold_model, nnx.state(model))
-    assert abs(float(squad_objective.span_loss(gold_model, batch, None)[0]) - wanted) > 1e-3
+    last = (mask.sum(1) - 1)[0]  # XLNet's <cls> position
+    for control in (numpy_v2_head(params, hidden, p_mask, starts, ends, impossible, last),
+                    numpy_v2_head(params, hidden, p_mask, starts, ends, impossible,
+                                  gold_answer_start=True)):
+        assert abs(control[0] - float(loss)) > 1e-3
+        assert np.abs(control[1]["cls_logits"] - np.asarray(out["cls_logits"])).max() > 1e-2
     # Gradients of the head's layers against the re-statement's central differences.
-    grads = nnx.grad(lambda m: squad_objective.span_loss(m, batch, None)[0])(model)
     for name in ("start_dense", "end_dense_1", "answer_dense_1", "end_norm"):
         key = f"{name}.scale" if name == "end_norm" else f"{name}.kernel"
         numeric = np.zeros_like(params[key])
