@@ -367,10 +367,14 @@ def predict_answers(examples: Sequence[SquadExample], windows: Windows, start_lo
     return Predictions(text, best_text, diffs)
 
 
+BEAM_RULES = ("xlnet", "albert")  # whose prediction rules `predict_beam_answers` follows
+
+
 def predict_beam_answers(examples: Sequence[SquadExample], windows: Windows,
                          beams: dict[str, np.ndarray], tokenizer: Tokenizer, *, with_null: bool,
                          n_best: int = 5, max_answer_length: int = 64,
-                         null_score_diff_threshold: float = 0.0) -> Predictions:
+                         null_score_diff_threshold: float = 0.0, rules: str = "xlnet"
+                         ) -> Predictions:
     """zihangdai/xlnet run_squad.py `write_predictions` on the beam head's outputs
     (`models.span.BeamSpanExtractor.beam`: `start_top_log_probs` / `start_top_index` [N, S],
     `end_top_log_probs` / `end_top_index` [N, S, E], `cls_logits` [N]): every (start, end)
@@ -381,7 +385,14 @@ def predict_beam_answers(examples: Sequence[SquadExample], windows: Windows,
     first `n_best` distinct answer texts, with the softmax of their scores, are `nbest`, and
     the first is the best non-null answer. The null score is the lowest `cls_logits` over the
     question's windows and is itself the `score_diff` (run_squad.py's null odds); with
-    `with_null` the answer is empty when it exceeds `null_score_diff_threshold`."""
+    `with_null` the answer is empty when it exceeds `null_score_diff_threshold`.
+    `rules="albert"`: google-research/albert squad_utils.py `accumulate_predictions_v2` /
+    `write_predictions_v2` instead, which differ in two points: the window's last context
+    sub-token may start or end a span, and the answer is empty when the null score reaches
+    the threshold (kept only when below it)."""
+    if rules not in BEAM_RULES:
+        raise ValueError(f"rules={rules!r} must be one of {BEAM_RULES}")
+    xlnet = rules == "xlnet"
     by_example = _by_example(windows)
     text, best_text, diffs, nbest = {}, {}, {}, {}
     for number, example in enumerate(examples):
@@ -396,7 +407,9 @@ def predict_beam_answers(examples: Sequence[SquadExample], windows: Windows,
                     s, e = int(s), int(e)
                     if windows.token_words[row, s] < 0 or windows.token_words[row, e] < 0:
                         continue
-                    if s >= last or e >= last or not windows.max_context[row, s]:
+                    if xlnet and (s >= last or e >= last):
+                        continue
+                    if not windows.max_context[row, s]:
                         continue
                     if e < s or e - s + 1 > max_answer_length:
                         continue
@@ -418,7 +431,9 @@ def predict_beam_answers(examples: Sequence[SquadExample], windows: Windows,
         answer = best_text[example.qid] = next(iter(seen))
         if with_null and null_score is not None:
             diffs[example.qid] = null_score
-            text[example.qid] = "" if null_score > null_score_diff_threshold else answer
+            empty = (null_score > null_score_diff_threshold if xlnet
+                     else null_score >= null_score_diff_threshold)
+            text[example.qid] = "" if empty else answer
         else:
             text[example.qid] = answer
     return Predictions(text, best_text, diffs, nbest)

@@ -11,7 +11,10 @@ run by run_squad.py; HF `XLNetForQuestionAnswering`: `XLNetPoolerStartLogits`,
 `XLNetPoolerEndLogits`, `XLNetPoolerAnswerClass`): start logits, end logits conditioned on a
 start's state, and an answer class (whether the window holds no answer) from the <cls> state
 and the start distribution's expected state; inference keeps the `start_n_top` best starts and
-the `end_n_top` best ends of each (`beam`)."""
+the `end_n_top` best ends of each (`beam`). ALBERT's SQuAD v2.0 head (google-research/albert
+squad_utils.py `create_v2_model`) is the same network on ALBERT's encoder, its answer class
+reading the first token's ([CLS]) state where XLNet's reads the last (<cls>): both come as
+`cls_index`; ALBERT's has no HF class."""
 
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from pretext_jax.models.classifier import (
 from pretext_jax.models.layers import dense, dropout, layer_norm, split_rng
 
 SPAN_HEADS = ("simple", "beam")
+BEAM_HEADS = ("xlnet", "albert")  # the families whose authors use the beam head
 ANSWER_CLASS_STARTS = ("expected", "gold")
 
 
@@ -40,7 +44,7 @@ class BeamFields:
 
     span_head: str = "simple"
     """simple (a linear start/end layer, `SpanExtractor`) or beam (XLNet's beam head with an
-    answer class, `BeamSpanExtractor`; head xlnet only)."""
+    answer class, `BeamSpanExtractor`; heads xlnet and albert only)."""
     start_n_top: int = 5
     """Beam: starts kept per window at inference (run_squad.py `start_n_top`: 5)."""
     end_n_top: int = 5
@@ -106,11 +110,11 @@ class BeamSpanExtractor(EncoderHeads):
     `end_logits`: dense(2H -> H) on [state, start state], tanh, LayerNorm, dense to 1;
     `answer_class`: dense(2H -> H) on [start state, <cls> state], tanh, dropout, dense to 1
     without bias. Start and end logits of positions with `p_mask` 1 are -1e30. The config is a
-    head config with `BeamFields` (`XLNetBeamConfig`)."""
+    head config with `BeamFields` (`XLNetBeamConfig`; for ALBERT, `objectives.squad`'s)."""
 
     def __init__(self, config: HeadConfig, *, rngs: nnx.Rngs):
-        if config.head != "xlnet":
-            raise ValueError(f"head={config.head}: the beam head is XLNet's")
+        if config.head not in BEAM_HEADS:
+            raise ValueError(f"head={config.head}: the beam head is that of {BEAM_HEADS}")
         if config.start_n_top < 1 or config.end_n_top < 1:
             raise ValueError("start_n_top and end_n_top must be >= 1")
         if config.answer_class_start not in ANSWER_CLASS_STARTS:
@@ -196,7 +200,8 @@ class BeamSpanExtractor(EncoderHeads):
 
 def beam_span_extractor(pretrained: nnx.Module, config: HeadConfig, rngs: nnx.Rngs
                         ) -> BeamSpanExtractor:
-    """`span_extractor`'s beam form: the pre-trained XLNet under a fresh beam head."""
+    """`span_extractor`'s beam form: the pre-trained XLNet or ALBERT under a fresh beam
+    head."""
     model = BeamSpanExtractor(config, rngs=rngs)
     move_encoder(model, pretrained)
     return model

@@ -110,9 +110,15 @@ def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
     clipping at 1.0, warmup then linear decay over the run), and classifier_utils.py's 0.1
     dropout before the output layer whatever the config's (v2: 0). SQuAD v1.1 and v2.0 (the
     README's run_squad_v1.py / run_squad_v2.py commands): lr 5e-5, batch 48, 2 epochs, warmup
-    10 %, windows of 384. The same for every size."""
+    10 %, windows of 384; v2.0 with run_squad_v2.py's head, the beam head with its answer
+    class (`model.span_head=beam`, squad_utils.py `create_v2_model`; start_n_top = end_n_top
+    = 5 and `dropout_prob` 0.1 before the answer class's output, run_squad_v2.py's flags).
+    The same for every size."""
     del hidden_size
-    if task in ("squad", "squad2"):
+    if task == "squad2":
+        return ClassifierSettings(learning_rate=5e-5, epochs=2, weight_decay=0.01,
+                                  batch_size=48, span_head="beam", classifier_dropout=0.1)
+    if task == "squad":
         return ClassifierSettings(learning_rate=5e-5, epochs=2, weight_decay=0.01,
                                   batch_size=48)
     learning_rate, batch_size, epochs, warmup = ALBERT_GLUE.get(task, ALBERT_GLUE["sst2"])

@@ -1,8 +1,9 @@
 """Fine-tuning on SQuAD v1.1 and v2.0 span extraction, as a method of the one trainer
 (google-research/bert run_squad.py): the start and end logits of a pre-trained encoder's
 states (`models.span.SpanExtractor`), trained with the mean of the start and end positions'
-cross-entropies; or, with `model.span_head=beam` on XLNet, XLNet's beam head
-(`models.span.BeamSpanExtractor`, zihangdai/xlnet run_squad.py) with its answer-class loss;
+cross-entropies; or, with `model.span_head=beam` on XLNet or ALBERT, XLNet's beam head
+(`models.span.BeamSpanExtractor`, zihangdai/xlnet run_squad.py; google-research/albert
+squad_utils.py `create_v2_model`, ALBERT's SQuAD v2.0 head) with its answer-class loss;
 evaluated on the whole dev set by mapping every question's best span back to
 its context (`input_pipeline.squad.predict_answers`) and scoring it as the official scripts do
 (`objectives.common.squad_metrics`).
@@ -31,6 +32,7 @@ from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, source_f
 from pretext_jax.input_pipeline.records import RecordDirectory, write_records
 from pretext_jax.models.span import (
     ANSWER_CLASS_STARTS,
+    BEAM_HEADS,
     SPAN_HEADS,
     BeamFields,
     BeamSpanExtractor,
@@ -88,8 +90,8 @@ VERSIONS = {"squad": SquadVersion("squad", "train-v1.1.json", "dev-v1.1.json", F
 class SpanModelConfig(FinetuneModelConfig, BeamFields):
     """The encoder's config and its family's `head` (which HF `*ForQuestionAnswering(Simple)`
     it exports to), as the classifiers' (`FinetuneModelConfig`), `init`, where the encoder
-    comes from, and the span head (`BeamFields`: simple, or XLNet's beam head, exported as HF
-    `XLNetForQuestionAnswering`)."""
+    comes from, and the span head (`BeamFields`: simple, or the beam head of XLNet, exported as
+    HF `XLNetForQuestionAnswering`, or of ALBERT, which has no HF class)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,10 +131,11 @@ def _cross_entropy(logits: jax.Array, positions: jax.Array) -> jax.Array:
 
 def beam_loss(model: BeamSpanExtractor, batch: Batch, rng: jax.Array | None
               ) -> tuple[jax.Array, Metrics]:
-    """zihangdai/xlnet run_squad.py `model_fn` (HF `XLNetForQuestionAnswering` the same): the
-    mean of the start and end cross-entropies (the end logits given the gold start), plus 0.5
-    x the mean sigmoid cross-entropy of the answer class against `is_impossible` (the window
-    holds no answer: its positions point at `cls_index`)."""
+    """zihangdai/xlnet run_squad.py `model_fn` (HF `XLNetForQuestionAnswering` and
+    google-research/albert squad_utils.py `v2_model_fn_builder` the same): the mean of the
+    start and end cross-entropies (the end logits given the gold start), plus 0.5 x the mean
+    sigmoid cross-entropy of the answer class against `is_impossible` (the window holds no
+    answer: its positions point at `cls_index`)."""
     starts, ends, cls_logits = model(
         batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
         p_mask=batch["p_mask"], start_positions=batch["start_positions"],
@@ -211,7 +214,7 @@ def squad_monitor(model: SpanExtractor | BeamSpanExtractor, data: PreparedData,
                   examples: SquadExampleConfig, objective: Any = None) -> dict[str, float]:
     """The official metrics of the predicted answers on the whole dev set (v2.0: with the
     HasAns/NoAns split and the best null-score thresholds); the beam head's answers from its
-    beams (`squad.predict_beam_answers`)."""
+    beams (`squad.predict_beam_answers`, by the rules of the head's family)."""
     dev: DevSet = data.monitor_data
     version = VERSIONS[examples.task]
     options = dict(with_null=version.with_null, n_best=examples.n_best_size,
@@ -220,7 +223,7 @@ def squad_monitor(model: SpanExtractor | BeamSpanExtractor, data: PreparedData,
     if isinstance(model, BeamSpanExtractor):
         predicted = squad.predict_beam_answers(
             dev.examples, dev.windows, beam_outputs(model, dev.windows.arrays), dev.tokenizer,
-            **options)
+            rules=model.config.head, **options)
     else:
         starts, ends = span_logits(model, dev.windows.arrays)
         predicted = squad.predict_answers(dev.examples, dev.windows, starts, ends,
@@ -300,9 +303,9 @@ def check_squad(model: SpanModelConfig, examples: SquadExampleConfig,
     check_input_length(model, examples.max_seq_length)
     if model.span_head not in SPAN_HEADS:
         raise UserError(f"model.span_head={model.span_head} is unknown; use one of {SPAN_HEADS}")
-    if model.span_head == "beam" and model.head != "xlnet":
-        raise UserError(f"model.span_head=beam is XLNet's head; model.head={model.head} takes "
-                        "model.span_head=simple")
+    if model.span_head == "beam" and model.head not in BEAM_HEADS:
+        raise UserError(f"model.span_head=beam is the head of {BEAM_HEADS}; model.head="
+                        f"{model.head} takes model.span_head=simple")
     if model.answer_class_start not in ANSWER_CLASS_STARTS:
         raise UserError(f"model.answer_class_start={model.answer_class_start} is unknown; use "
                         f"one of {ANSWER_CLASS_STARTS}")

@@ -304,7 +304,7 @@ def test_xlnet_squad2_with_the_beam_head(tmp_path):
         np.arange(16) == windows.cls_index[:, None]))).all()
     metrics = squad_objective.squad_monitor(trained, prepared, config.examples)
     assert 0.0 <= metrics["best_f1"] <= 100.0 and "NoAns_f1" in metrics
-    with pytest.raises(UserError, match="model.span_head=beam is XLNet's head"):
+    with pytest.raises(UserError, match="model.span_head=beam is the head of"):
         squad_objective.check_squad(
             squad_objective.SpanModelConfig(span_head="beam"), squad_objective.
             SquadExampleConfig())

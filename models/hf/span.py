@@ -122,4 +122,5 @@ register("xlnet-beam-span", Converter(
     model_type="xlnet", model_class=BeamSpanExtractor,
     architectures=("XLNetForQuestionAnswering",), config_from_hf=_beam_config_from_hf,
     config_to_hf=_beam_config_to_hf, tensors=_beam_tensors, prefix="transformer.",
-    optional=("start_logits.", "end_logits.", "answer_class."), ignored=encoder_hf.BUFFERS))
+    optional=("start_logits.", "end_logits.", "answer_class."), ignored=encoder_hf.BUFFERS,
+    accepts=lambda config: config.head == "xlnet"))  # ALBERT's beam head has no HF class
