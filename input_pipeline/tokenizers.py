@@ -397,6 +397,8 @@ class SentencePieceTokenizer:
                 max_sentence_length=text.limit,
             )
         except RuntimeError as e:
+            if text.interrupted:  # Ctrl-C while sentencepiece read the sentences
+                raise KeyboardInterrupt from None
             raise UserError(text.failure(str(e).splitlines()[0])) from None
         return cls(prefix + ".model")
 
@@ -427,10 +429,18 @@ class _TrainingText:
     def __init__(self, sentences: Iterable[str], limit: int):
         self.sentences, self.limit = sentences, limit
         self.lines = self.visible = self.too_long = self.longest = 0
+        self.interrupted = False  # a KeyboardInterrupt stopped the reading
         tables = _BasicTokenizerTables.build()
         self._visible = re.compile(f"[^\\s{tables.dropped.pattern[1:-1]}]")
 
     def __iter__(self) -> Iterator[str]:
+        try:
+            yield from self._counted()
+        except KeyboardInterrupt:  # sentencepiece reports it as a RuntimeError of its own
+            self.interrupted = True
+            raise
+
+    def _counted(self) -> Iterator[str]:
         for sentence in self.sentences:
             self.lines += 1
             if self._visible.search(sentence):

@@ -373,6 +373,23 @@ WITH_CTRL_C = ("import runpy, signal, sys; "
                "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
+def test_ctrl_c_while_sentencepiece_reads_the_sentences_stays_an_interruption(tmp_path):
+    """A KeyboardInterrupt raised in the sentence iterator sentencepiece reads (its C++ side
+    returns it as a RuntimeError "INTERNAL: KeyboardInterrupt") comes back out as a
+    KeyboardInterrupt, not as a bad-input UserError."""
+    from pretext_jax.input_pipeline.tokenizers import SentencePieceTokenizer
+
+    def sentences():
+        for i in range(2000):
+            if i == 1000:
+                raise KeyboardInterrupt
+            yield f"sentence number {i} about topic {i % 13} and more words"
+
+    with pytest.raises(KeyboardInterrupt):
+        SentencePieceTokenizer.train(sentences(), tmp_path / "tok", vocab_size=60)
+    assert not list(tmp_path.iterdir())
+
+
 def test_ctrl_c_during_tokenizer_training_is_an_interruption(tmp_path):
     """SIGINT while sentencepiece trains: exit 130 and "interrupted", never a bad-input
     message, and no tokenizer left half-written."""
