@@ -257,6 +257,8 @@ def test_decay_mask_of_every_model_is_the_name_list_one(method, model_config, tm
     model_config = model_config or m.model_config()
     if getattr(model_config, "vocab_size", None) == 0:  # set from the data at prepare time
         model_config = dataclasses.replace(model_config, vocab_size=64)
+    if hasattr(model_config, "task_labels") and model_config.task_labels is None:  # so too
+        model_config = dataclasses.replace(model_config, task_labels=(3, 1))
     if method == "semi":  # its network is the backbone of a saved image run, under a head
         (tmp_path / "model.json").write_text(json.dumps({"method": "simclr", "model": {
             "depth": 18, "stem": "cifar", "base_width": 4}}))
