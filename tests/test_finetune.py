@@ -15,6 +15,7 @@ import optax
 import pytest
 from flax import nnx
 from parity_utils import classifier_parity, hf_reference, xlnet_spiece
+from text_utils import labelled_sentences, write_glue_folder
 from tfds_utils import build_glue_dataset
 
 from pretext_jax import (
@@ -45,35 +46,12 @@ FAST = ["examples.max_seq_length=16", "train.batch_size=16", "train.progress=fal
 
 
 def sentences(rng: np.random.Generator, count: int) -> tuple[list[str], np.ndarray]:
-    """Random filler sentences; label 1 when "good" appears, never together with "bad"."""
-    filler = WORDS[2:]
-    texts, labels = [], rng.integers(0, 2, count)
-    for label in labels:
-        words = list(rng.choice(filler, 6)) + ["good" if label else "bad"]
-        rng.shuffle(words)
-        texts.append(" ".join(words))
-    return texts, labels
+    return labelled_sentences(rng, count, WORDS)
 
 
 @pytest.fixture(scope="module")
 def glue_folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("glue")
-    rng = np.random.default_rng(0)
-    (root / "SST-2").mkdir()
-    for split, count in (("train", 192), ("dev", 64)):
-        texts, labels = sentences(rng, count)
-        rows = [f"{t}\t{y}" for t, y in zip(texts, labels, strict=True)]
-        (root / "SST-2" / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
-    (root / "STS-B").mkdir()
-    header = "\t".join(["index", "genre", "filename", "year", "old_index", "source1", "source2",
-                        "sentence1", "sentence2", "score"])
-    for split, count in (("train", 48), ("dev", 24)):
-        a, _ = sentences(rng, count)
-        b, _ = sentences(rng, count)
-        rows = [f"{i}\tg\tf\t2012\t{i}\ts\ts\t{x}\t{y}\t{rng.uniform(0, 5):.2f}"
-                for i, (x, y) in enumerate(zip(a, b, strict=True))]
-        (root / "STS-B" / f"{split}.tsv").write_text(header + "\n" + "\n".join(rows) + "\n")
-    return str(root)
+    return write_glue_folder(tmp_path_factory.mktemp("glue"), WORDS, (192, 64), (48, 24))
 
 
 def hf_folder(path, kind: str):

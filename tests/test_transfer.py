@@ -21,6 +21,7 @@ from resilience_utils import (
     small_corpus,
     train_losses,
 )
+from text_utils import labelled_sentences, write_glue_folder
 
 from pretext_jax import (
     objectives,  # noqa: F401  (registers the methods)
@@ -56,35 +57,13 @@ class Killed(Exception):
 
 
 def sentences(rng: np.random.Generator, count: int) -> tuple[list[str], np.ndarray]:
-    """Filler sentences; label 1 when "good" appears, 0 when "bad" does."""
-    texts, labels = [], rng.integers(0, 2, count)
-    for label in labels:
-        words = [*rng.choice(WORDS[2:], 6), "good" if label else "bad"]
-        rng.shuffle(words)
-        texts.append(" ".join(words))
-    return texts, labels
+    return labelled_sentences(rng, count, WORDS)
 
 
 @pytest.fixture(scope="module")
 def glue_folder(tmp_path_factory):
     """SST-2 (80 train rows) and STS-B (40) in GLUE's file layout."""
-    root = tmp_path_factory.mktemp("glue")
-    rng = np.random.default_rng(0)
-    (root / "SST-2").mkdir()
-    for split, count in (("train", 80), ("dev", 32)):
-        texts, labels = sentences(rng, count)
-        rows = [f"{t}\t{y}" for t, y in zip(texts, labels, strict=True)]
-        (root / "SST-2" / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
-    (root / "STS-B").mkdir()
-    header = "\t".join(["index", "genre", "filename", "year", "old_index", "source1", "source2",
-                        "sentence1", "sentence2", "score"])
-    for split, count in (("train", 40), ("dev", 16)):
-        a, _ = sentences(rng, count)
-        b, _ = sentences(rng, count)
-        rows = [f"{i}\tg\tf\t2012\t{i}\ts\ts\t{x}\t{y}\t{rng.uniform(0, 5):.2f}"
-                for i, (x, y) in enumerate(zip(a, b, strict=True))]
-        (root / "STS-B" / f"{split}.tsv").write_text(header + "\n" + "\n".join(rows) + "\n")
-    return str(root)
+    return write_glue_folder(tmp_path_factory.mktemp("glue"), WORDS, (80, 32), (40, 16))
 
 
 @pytest.fixture(scope="module")

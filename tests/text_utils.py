@@ -1,8 +1,10 @@
 """Token documents for the example builders' tests: every token id unique, so a token says which
 document and place it came from; and the made-up parallel sentences of the XLM and Unicoder
-tests."""
+tests; the GLUE files of the fine-tuning tests."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
@@ -36,3 +38,37 @@ def sentences(count: int, seed: int) -> list[tuple[str, str]]:
                  int(rng.choice([1, 2, 3, 11, 12]))]
         pairs.append(tuple(" ".join(WORDS[lang][i] for i in picks) for lang in ("en", "de")))
     return pairs
+
+
+def labelled_sentences(rng: np.random.Generator, count: int, words: list[str]
+                       ) -> tuple[list[str], np.ndarray]:
+    """Filler sentences of six of `words[2:]` plus "good" (label 1) or "bad" (label 0),
+    shuffled; `words` starts with "good", "bad"."""
+    texts, labels = [], rng.integers(0, 2, count)
+    for label in labels:
+        sentence = [*rng.choice(words[2:], 6), "good" if label else "bad"]
+        rng.shuffle(sentence)
+        texts.append(" ".join(sentence))
+    return texts, labels
+
+
+def write_glue_folder(root: Path, words: list[str], sst2: tuple[int, int],
+                      stsb: tuple[int, int]) -> str:
+    """SST-2 and STS-B in GLUE's file layout under `root`, (train, dev) rows each, from
+    `labelled_sentences` (seed 0)."""
+    rng = np.random.default_rng(0)
+    (root / "SST-2").mkdir()
+    for split, count in zip(("train", "dev"), sst2, strict=True):
+        texts, labels = labelled_sentences(rng, count, words)
+        rows = [f"{t}\t{y}" for t, y in zip(texts, labels, strict=True)]
+        (root / "SST-2" / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    (root / "STS-B").mkdir()
+    header = "\t".join(["index", "genre", "filename", "year", "old_index", "source1", "source2",
+                        "sentence1", "sentence2", "score"])
+    for split, count in zip(("train", "dev"), stsb, strict=True):
+        a, _ = labelled_sentences(rng, count, words)
+        b, _ = labelled_sentences(rng, count, words)
+        rows = [f"{i}\tg\tf\t2012\t{i}\ts\ts\t{x}\t{y}\t{rng.uniform(0, 5):.2f}"
+                for i, (x, y) in enumerate(zip(a, b, strict=True))]
+        (root / "STS-B" / f"{split}.tsv").write_text(header + "\n" + "\n".join(rows) + "\n")
+    return str(root)
