@@ -111,7 +111,9 @@ def test_beam_search_equals_hf_generate(converted, family):
         expected, expected_scores = hf_beam_search(reference, ids, mask, search, eos)
         out = beam_search(model, ids, mask, max_new_tokens=NEW_TOKENS, search=search)
         np.testing.assert_array_equal(out.sequences, expected, err_msg=name)
-        np.testing.assert_allclose(out.scores, expected_scores, rtol=1e-5, atol=1e-5,
+        # The scores add up to NEW_TOKENS log-probabilities of weights moved by N(0, 1):
+        # ProphetNet's came 1.1e-5 from HF's on one CPU and within 1e-5 on another.
+        np.testing.assert_allclose(out.scores, expected_scores, rtol=1e-5, atol=3e-5,
                                    err_msg=name)
         endings |= ends(out.sequences, eos)
     assert None in endings and len(endings) >= 3, endings  # finished at several steps

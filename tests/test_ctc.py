@@ -153,9 +153,10 @@ def hf_ctc_padded_logits(model, waveforms, mask, labels):
     return {**out, "logits": out["logits"] * frames[..., None]}
 
 
-# rtol 1e-7: the summed loss (~185) is 1e-5 apart at float32's resolution, one unit in the last
-# place; the mean loss and the logits meet the absolute 1e-5 alone.
-PARITY = Parity("Wav2Vec2ForCTC", hf_ctc_padded_logits, our_ctc, rtol=1e-7)
+# rtol 3e-7: the summed loss (~200) is one or two float32 units in the last place from HF's
+# (1.5e-5 each), by CPU (two on an AVX-512 Xeon, one on CI's); the mean loss and the logits meet
+# the absolute 1e-5 alone.
+PARITY = Parity("Wav2Vec2ForCTC", hf_ctc_padded_logits, our_ctc, rtol=3e-7)
 
 
 def ctc_inputs(seed: int):
