@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from parity_utils import hf_reference, random_params
-from resilience_utils import GRADIENT_STEP, assert_same_step_on_every_mesh, mesh_overrides
-from test_squad_beam import SMALL, VOCAB, _squad_json, beams_of
+from test_squad_beam import VOCAB, beams_of, train_resume_and_mesh_step, write_colour_squad2
 
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.errors import UserError
@@ -21,9 +20,6 @@ from pretext_jax.models.hf.conversion import converter_for
 from pretext_jax.models.span import BeamSpanExtractor
 from pretext_jax.objectives import albert
 from pretext_jax.objectives import squad as squad_objective
-from pretext_jax.pretrain.finetune import finetune_config
-from pretext_jax.pretrain.loading import load_pretrained
-from pretext_jax.pretrain.trainer import Trainer
 
 S, E, T, H = 3, 2, 12, 16  # start_n_top, end_n_top, window length, hidden size
 
@@ -207,24 +203,12 @@ def test_albert_squad2_with_the_beam_head(tmp_path):
     transformers = pytest.importorskip("transformers")
     import sentencepiece as spm
 
-    rng = np.random.default_rng(0)
-    filler = ["the", "cat", "sat", "on", "mat", "ran", "."]
     data = tmp_path / "data"
-    data.mkdir()
-    for split, count in (("train", 8), ("dev", 4)):
-        paragraphs = []
-        for i in range(count):
-            words = list(rng.choice(filler, 10))
-            colour = str(rng.choice(["red", "blue", "green"]))
-            words.insert(int(rng.integers(0, 10)), colour)
-            paragraphs.append((" ".join(words), [(f"{split}{i}c", "what color", colour),
-                                                 (f"{split}{i}a", "what animal", None)]))
-        _squad_json(data / f"{split}-v2.0.json", paragraphs)
+    words = write_colour_squad2(data)
     folder = tmp_path / "albert"
     folder.mkdir()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter([" ".join([*filler, "red", "blue", "green", "what", "color",
-                                          "animal"])] * 20),
+        sentence_iterator=iter([" ".join(words)] * 20),
         model_prefix=str(folder / "spiece"), vocab_size=40, model_type="unigram", pad_id=0,
         unk_id=1, bos_id=-1, eos_id=-1, pad_piece="<pad>", unk_piece="<unk>",
         control_symbols=["[CLS]", "[SEP]", "[MASK]"], num_threads=1, minloglevel=2,
@@ -233,32 +217,11 @@ def test_albert_squad2_with_the_beam_head(tmp_path):
     hf_reference("AlbertForPreTraining", 0, vocab_size=40, embedding_size=8, hidden_size=16,
                  num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
                  max_position_embeddings=16).save_pretrained(folder)
-    config = finetune_config("squad2", str(folder), str(data), [
-        *SMALL, "train.steps=2", "train.checkpoint_every=1", "optim.learning_rate=1e-3"])
+    config, trained = train_resume_and_mesh_step(folder, data, tmp_path)
     assert (config.model.head, config.model.span_head, config.model.classifier_dropout,
             config.examples.layout) == ("albert", "beam", 0.1, "bert")  # run_squad_v2.py's
     assert albert.glue_settings(768, "squad").span_head == ""  # v1.1: the method's simple head
-    assert Trainer(config, tmp_path / "run").run()["step"] == 2
-    trained = load_pretrained(str(tmp_path / "run"))
     assert isinstance(trained, BeamSpanExtractor) and trained.config.head == "albert"
-    # Exact resume: 1 step, a restart, 1 more == the 2 straight steps.
-    assert Trainer(config, tmp_path / "resumed").run(stop_after=1)["step"] == 1
-    resumed = nnx.to_flat_state(nnx.state(Trainer(config, tmp_path / "resumed").run()[
-        "state"].params))
-    straight = dict(nnx.to_flat_state(nnx.state(trained, nnx.Param)))
-    assert len(straight) == len(resumed)
-    for path, value in resumed:
-        np.testing.assert_array_equal(np.asarray(value.get_value()),
-                                      np.asarray(straight[path].get_value()), err_msg=str(path))
-
-    def trainer_at(workdir, mesh, devices):
-        values = {**GRADIENT_STEP, **mesh_overrides(mesh), "optim.learning_rate": 0.1}
-        step = finetune_config("squad2", str(folder), str(data), [
-            *SMALL, *(f"{k}={v}" for k, v in values.items())])
-        return Trainer(step, workdir, devices=devices)
-
-    batch = assert_same_step_on_every_mesh(trainer_at, tmp_path / "mesh")
-    assert {"p_mask", "cls_index"} <= set(batch)
     prepared = squad_objective.prepare_squad(config.data, config.examples, tmp_path / "c", 0)
     windows = prepared.monitor_data.windows
     assert (windows.cls_index == 0).all()

@@ -246,16 +246,11 @@ SMALL = ["examples.max_seq_length=16", "examples.doc_stride=4", "examples.max_qu
          "train.batch_size=8", "train.progress=false"]
 
 
-def test_xlnet_squad2_with_the_beam_head(tmp_path):
-    """XLNet's SQuAD recipe (`model.span_head=beam`) from an HF XLNet folder: two training
-    steps, the workdir's model is a beam head, resumed after one step it ends the same, one
-    step on the (2, 2, 2) mesh is the single device's, the dev windows' p_mask is 0 exactly at the
-    context and <cls>, the monitor predicts from the beams; the beam head on another family
-    is refused in one line."""
-    pytest.importorskip("transformers")
+def write_colour_squad2(data: Path) -> list[str]:
+    """SQuAD v2.0 train (8) and dev (4) files in `data`: ten filler words and a colour per
+    context, "what color" answered, "what animal" unanswerable. Returns the words used."""
     rng = np.random.default_rng(0)
     filler = ["the", "cat", "sat", "on", "mat", "ran", "."]
-    data = tmp_path / "data"
     data.mkdir()
     for split, count in (("train", 8), ("dev", 4)):
         paragraphs = []
@@ -266,22 +261,20 @@ def test_xlnet_squad2_with_the_beam_head(tmp_path):
             paragraphs.append((" ".join(words), [(f"{split}{i}c", "what color", colour),
                                                  (f"{split}{i}a", "what animal", None)]))
         _squad_json(data / f"{split}-v2.0.json", paragraphs)
-    folder = tmp_path / "xlnet"
-    folder.mkdir()
-    texts = [" ".join(filler + ["red", "blue", "green", "what", "color", "animal"])] * 20
-    vocab = xlnet_spiece(folder, texts, 40)
-    hf_reference("XLNetLMHeadModel", 0, vocab_size=load_tokenizer(vocab).vocab_size,
-                 d_model=16, n_layer=1, n_head=2, d_inner=32).save_pretrained(folder)
-    overrides = [*SMALL, "train.steps=2", "train.checkpoint_every=1",
-                 "optim.learning_rate=1e-3"]
-    config = finetune_config("squad2", str(folder), str(data), overrides)
-    assert (config.model.span_head, config.model.head) == ("beam", "xlnet")  # XLNet's recipe
-    assert Trainer(config, tmp_path / "run").run()["step"] == 2
-    trained = load_pretrained(str(tmp_path / "run"))
-    assert isinstance(trained, BeamSpanExtractor), type(trained)
+    return [*filler, "red", "blue", "green", "what", "color", "animal"]
+
+
+def train_resume_and_mesh_step(folder: Path, data: Path, root: Path):
+    """`squad2` fine-tuning of the HF folder `folder` on `data`: two training steps; resumed
+    after one step it ends the same; one step on the (2, 2, 2) mesh is the single device's and
+    its batch carries the beam head's p_mask and cls_index. Returns (config, trained model)."""
+    config = finetune_config("squad2", str(folder), str(data), [
+        *SMALL, "train.steps=2", "train.checkpoint_every=1", "optim.learning_rate=1e-3"])
+    assert Trainer(config, root / "run").run()["step"] == 2
+    trained = load_pretrained(str(root / "run"))
     # Exact resume: 1 step, a restart, 1 more == the 2 straight steps.
-    assert Trainer(config, tmp_path / "resumed").run(stop_after=1)["step"] == 1
-    resumed = nnx.to_flat_state(nnx.state(Trainer(config, tmp_path / "resumed").run()[
+    assert Trainer(config, root / "resumed").run(stop_after=1)["step"] == 1
+    resumed = nnx.to_flat_state(nnx.state(Trainer(config, root / "resumed").run()[
         "state"].params))
     straight = dict(nnx.to_flat_state(nnx.state(trained, nnx.Param)))
     assert len(straight) == len(resumed)
@@ -289,15 +282,34 @@ def test_xlnet_squad2_with_the_beam_head(tmp_path):
         np.testing.assert_array_equal(np.asarray(value.get_value()),
                                       np.asarray(straight[path].get_value()), err_msg=str(path))
 
-    # One step on one device == on the (2, 2, 2) mesh.
     def trainer_at(workdir, mesh, devices):
         values = {**GRADIENT_STEP, **mesh_overrides(mesh), "optim.learning_rate": 0.1}
         step = finetune_config("squad2", str(folder), str(data), [
             *SMALL, *(f"{k}={v}" for k, v in values.items())])
         return Trainer(step, workdir, devices=devices)
 
-    batch = assert_same_step_on_every_mesh(trainer_at, tmp_path / "mesh")
+    batch = assert_same_step_on_every_mesh(trainer_at, root / "mesh")
     assert {"p_mask", "cls_index"} <= set(batch)
+    return config, trained
+
+
+def test_xlnet_squad2_with_the_beam_head(tmp_path):
+    """XLNet's SQuAD recipe (`model.span_head=beam`) from an HF XLNet folder: trains, resumes
+    exactly and steps alike on the (2, 2, 2) mesh (`train_resume_and_mesh_step`), the
+    workdir's model is a beam head, the dev windows' p_mask is 0 exactly at the context and
+    <cls>, the monitor predicts from the beams; the beam head on another family is refused in
+    one line."""
+    pytest.importorskip("transformers")
+    data = tmp_path / "data"
+    words = write_colour_squad2(data)
+    folder = tmp_path / "xlnet"
+    folder.mkdir()
+    vocab = xlnet_spiece(folder, [" ".join(words)] * 20, 40)
+    hf_reference("XLNetLMHeadModel", 0, vocab_size=load_tokenizer(vocab).vocab_size,
+                 d_model=16, n_layer=1, n_head=2, d_inner=32).save_pretrained(folder)
+    config, trained = train_resume_and_mesh_step(folder, data, tmp_path)
+    assert (config.model.span_head, config.model.head) == ("beam", "xlnet")  # XLNet's recipe
+    assert isinstance(trained, BeamSpanExtractor), type(trained)
     prepared = squad_objective.prepare_squad(config.data, config.examples, tmp_path / "c", 0)
     windows = prepared.monitor_data.windows
     assert ((windows.arrays["p_mask"] == 0) == ((windows.token_words >= 0) | (
