@@ -1,5 +1,7 @@
 """Test set-up: 8 fake CPU devices so that sharding is exercised, and a persistent compile cache."""
 
+import ctypes
+import gc
 import os
 
 # The 8 fake devices run one program each on the CPU's threads, meeting at every collective.
@@ -40,6 +42,13 @@ os.environ["XLA_FLAGS"] = " ".join([
     *([] if "--xla_backend_optimization_level" in given else
       ["--xla_backend_optimization_level=1"])]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The persistent compilation cache, one per pytest-xdist worker (`-n 2`) so that the two workers
+# never write the same entry, set in the environment so that the `run.py` processes a test
+# starts share it: a killed run's restart, and the CLI tests' runs of one preset, load the
+# programs an earlier process compiled. (jax reads a damaged entry as a miss, with a warning.)
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.expanduser(
+    "~/.cache/pretext-jax-tests" + os.environ.get("PYTEST_XDIST_WORKER", ""))
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
 
 import jax  # noqa: E402
 from jax._src import core as jax_core  # noqa: E402
@@ -56,16 +65,36 @@ if isinstance(getattr(jax_core.Tracer, "sharding", None), property):
 
     jax_core.Tracer.sharding = property(_no_sharding_on_tracers)
 
-# One cache per pytest-xdist worker (`-n 2`), so no two processes write the same entry.
-jax.config.update("jax_compilation_cache_dir", os.path.expanduser(
-    "~/.cache/pretext-jax-tests" + os.environ.get("PYTEST_XDIST_WORKER", "")))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+try:
+    _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim  # glibc's
+except (OSError, AttributeError):
+    _MALLOC_TRIM = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_memory():
+    """After each test file: drop jax's in-memory caches (traced and compiled programs) and
+    hand the freed heap back to the system.
+
+    A pytest-xdist worker runs half the suite in one process: without this a worker grew past
+    8 GB in 80 minutes, and a CI run lost a worker near its end (two workers and their `run.py`
+    subprocesses on a 24 GB machine; the likely cause, the log says only that it died). Most
+    of it was freed memory that glibc's allocator keeps in its per-thread arenas (XLA runs on
+    many threads): after test_mass.py, 1.46 GB resident, 0.54 GB after `malloc_trim`.
+    Programs another file needs again come back from the persistent compilation cache."""
+    yield
+    jax.clear_caches()
+    gc.collect()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def shared_data_dir() -> Path:
