@@ -6,7 +6,6 @@ the beam head from an HF XLNet folder."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -15,6 +14,7 @@ import pytest
 from flax import nnx
 from parity_utils import Parity, converted, hf_reference, random_params, xlnet_spiece
 from resilience_utils import GRADIENT_STEP, assert_same_step_on_every_mesh, mesh_overrides
+from test_squad import squad_json
 
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.errors import UserError
@@ -231,17 +231,6 @@ def test_beam_prediction_rules_on_hand_made_beams():
 
 # --- a run -----------------------------------------------------------------------------------
 
-def _squad_json(path: Path, paragraphs) -> None:
-    data = [{"title": "t", "paragraphs": [
-        {"context": context, "qas": [
-            {"id": qid, "question": question, "is_impossible": answer is None,
-             "answers": [] if answer is None else [
-                 {"text": answer, "answer_start": context.index(answer)}]}
-            for qid, question, answer in questions]}
-        for context, questions in paragraphs]}]
-    path.write_text(json.dumps({"version": "v2.0", "data": data}))
-
-
 SMALL = ["examples.max_seq_length=16", "examples.doc_stride=4", "examples.max_query_length=6",
          "train.batch_size=8", "train.progress=false"]
 
@@ -260,7 +249,7 @@ def write_colour_squad2(data: Path) -> list[str]:
             words.insert(int(rng.integers(0, 10)), colour)
             paragraphs.append((" ".join(words), [(f"{split}{i}c", "what color", colour),
                                                  (f"{split}{i}a", "what animal", None)]))
-        _squad_json(data / f"{split}-v2.0.json", paragraphs)
+        squad_json(data / f"{split}-v2.0.json", paragraphs)
     return [*filler, "red", "blue", "green", "what", "color", "animal"]
 
 
