@@ -528,7 +528,35 @@ def _metrics(result: dict[str, Any]) -> str:
     return text
 
 
+def _interrupt_again_if_dropped(previous_hook: typing.Callable) -> typing.Callable:
+    """A `sys.unraisablehook` for the CLI. Python prints and forgets an exception raised where
+    it cannot propagate: a garbage-collector callback (jax registers one), a `__del__`, a
+    weakref callback. A Ctrl-C landing there would let the run go on to its end (seen: a
+    `prepare` finishing with exit 0 after SIGINT), so the main thread is interrupted again a
+    moment later, once that callback has returned (a signal to the main thread, which also ends
+    a sleep or a blocking read). Other exceptions go to `previous_hook`."""
+    import signal
+    import threading
+
+    def hook(unraisable: typing.Any) -> None:
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            threading.Timer(0.01, signal.pthread_kill,
+                            (threading.main_thread().ident, signal.SIGINT)).start()
+        else:
+            previous_hook(unraisable)
+    return hook
+
+
 def main(argv: list[str] | None = None) -> int:
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _interrupt_again_if_dropped(previous_hook)
+    try:
+        return _main(argv)
+    finally:
+        sys.unraisablehook = previous_hook
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     show_traceback = args.traceback or os.environ.get("PRETEXT_TRACEBACK") == "1"
     from pretext_jax.errors import UserError

@@ -290,16 +290,16 @@ def test_layerwise_learning_rate_decay_scales_updates_by_depth():
 
 def test_glue_sweep_reports_medians_and_a_table(tmp_path, bert_dir, glue_folder):
     results = run_glue(bert_dir, glue_folder, tmp_path / "glue", tasks=["sst2", "stsb"],
-                       seeds=[0, 1, 2], overrides=[*FAST, "train.steps=1"])
+                       seeds=[0, 1], overrides=[*FAST, "train.steps=1"])
     for task, metric in (("sst2", "accuracy"), ("stsb", "spearman")):
         runs = [run[metric] for run in results[task]["runs"]]
-        assert len(runs) == 3 and results[task]["median"][metric] == np.median(runs)
+        assert len(runs) == 2 and results[task]["median"][metric] == np.median(runs)
     table = (tmp_path / "glue" / "results.md").read_text()
     again = run_glue(bert_dir, glue_folder, tmp_path / "glue", tasks=["sst2", "stsb"],
-                     seeds=[0, 1, 2], overrides=[*FAST, "train.steps=1"])
+                     seeds=[0, 1], overrides=[*FAST, "train.steps=1"])
     assert again == results  # the finished sweep is read back, not retrained
     assert "| sst2 | accuracy |" in table and "| stsb | pearson |" in table
-    assert json.loads((tmp_path / "glue" / "results.json").read_text())["seeds"] == [0, 1, 2]
+    assert json.loads((tmp_path / "glue" / "results.json").read_text())["seeds"] == [0, 1]
 
 
 def test_cli_finetune_eval_and_bad_input(tmp_path, bert_dir, glue_folder, capsys):

@@ -373,6 +373,47 @@ WITH_CTRL_C = ("import runpy, signal, sys; "
                "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
+DROPPED_CTRL_C = """
+import gc, signal, sys, time
+from pretext_jax import run
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+if sys.argv[1] == "without the hook":
+    run._interrupt_again_if_dropped = lambda previous_hook: previous_hook
+
+def ctrl_c_inside_the_collector(phase, info):  # as if SIGINT landed in jax's gc callback
+    if phase == "start" and not gc.callbacks.remove(ctrl_c_inside_the_collector):
+        raise KeyboardInterrupt
+
+def command(argv):
+    try:
+        gc.callbacks.append(ctrl_c_inside_the_collector)
+        gc.collect()
+        time.sleep(20)
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+run._main = command
+sys.exit(run.main([]))
+"""
+
+
+@pytest.mark.parametrize("hook", ["with the hook", "without the hook"])
+def test_ctrl_c_dropped_in_a_gc_callback_still_interrupts(hook):
+    """Python prints and drops a KeyboardInterrupt raised in a garbage-collector callback (CI
+    once saw `prepare` finish with exit 0 after a Ctrl-C landed in jax's); the CLI's
+    unraisable hook interrupts the main thread again. Control: without it the command runs on."""
+    started = time.monotonic()
+    process = subprocess.run([sys.executable, "-c", DROPPED_CTRL_C, hook], capture_output=True,
+                             text=True, timeout=60)
+    if hook == "with the hook":
+        assert process.returncode == 130 and time.monotonic() - started < 15, process.stderr
+        assert "KeyboardInterrupt" not in process.stderr
+    else:
+        assert process.returncode == 0 and "KeyboardInterrupt" in process.stderr
+
+
 def test_ctrl_c_while_sentencepiece_reads_the_sentences_stays_an_interruption(tmp_path):
     """A KeyboardInterrupt raised in the sentence iterator sentencepiece reads (its C++ side
     returns it as a RuntimeError "INTERNAL: KeyboardInterrupt") comes back out as a
