@@ -154,7 +154,8 @@ def _parser() -> argparse.ArgumentParser:
                           "train MT-DNN's multi-task model in WORKDIR/multitask")
     finetune.add_argument("--continue-steps", type=_bounded(int, 1), metavar="N",
                           help="first continue pre-training --init (a pretext pre-training "
-                          "workdir) with its own objective on the task's training text for N "
+                          "workdir, or a HuggingFace checkpoint: the method that trains its "
+                          "model) with its own objective on the task's training text for N "
                           "steps (WORKDIR/continue; overrides prefixed continue. apply there), "
                           "then fine-tune the result (WORKDIR/finetune)")
     finetune.add_argument("--finetune-each", action="store_true",
@@ -306,7 +307,7 @@ def _generation_model(path: str, tokenizer_spec: str | None) -> tuple[Any, Any]:
     from pretext_jax.pretrain.finetune import tokenizer_of
     from pretext_jax.pretrain.loading import load_model
 
-    if hf._is_hf_checkpoint(Path(path)):
+    if hf.is_checkpoint(Path(path)):
         model, tokenizer = hf.load(path), tokenizer_spec or path
     else:
         model, tokenizer = load_model(path), tokenizer_spec or tokenizer_of(path)

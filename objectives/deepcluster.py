@@ -83,6 +83,9 @@ class DeepClusterSettings(ViewSettings):
     """Dimensions kept by the PCA-whitening before k-means (the paper: 256)."""
     kmeans_iterations: int = 20
     """Lloyd iterations of k-means (the reference's faiss `niter` 20)."""
+    kmeans_on_device: bool = False
+    """Run the k-means' assignments on the accelerator (as the reference's faiss on a GPU),
+    float32; false: numpy on the host, float64 distances."""
     cluster_batch_size: int = 256
     """Images per batch of the feature pass over the training set."""
 
@@ -170,7 +173,7 @@ def begin_round(model: DeepCluster, train: Any, objective: DeepClusterSettings, 
     points = pca_whiten(training_features(model, train, objective), objective.pca_dim)
     seed_k = int(round_seed(seed, round_index, 0).integers(2**31))
     _, labels, _ = kmeans(points, model.config.num_clusters, objective.kmeans_iterations, seed_k,
-                          setting="model.num_clusters")
+                          setting="model.num_clusters", on_device=objective.kmeans_on_device)
     model.labels.set_value(jnp.asarray(labels))
     model.reinitialise_head(jax.random.fold_in(jax.random.key(seed), round_index))
     return ("head",)

@@ -33,9 +33,10 @@ round is exact (the memory bank and the cluster labels are checkpointed model st
 
 Departures: ResNet v1.5 (the reference's resnet_model.py is pre-activation ResNet v2, its
 default version); BatchNorm over the global batch; grayscale is applied after the colour
-jitter (the reference: before); the k-means is DeepCluster's numpy one on the host (the
-reference: faiss on a GPU): at ImageNet's 1.28 M rows and 30,000 clusters about 2 x 10^14
-floating-point operations a clustering, hours per epoch; the reference re-clusters also
+jitter (the reference: before); the k-means is DeepCluster's Lloyd's (the reference: faiss on
+a GPU), its assignments on the accelerator with `kmeans_on_device` (ImageNet's 1.28 M rows and
+30,000 clusters are about 2 x 10^14 floating-point operations a clustering, hours per epoch on
+a host), else in numpy on the host; the reference re-clusters also
 whenever its process restarts, a resume here keeps the checkpointed clusters. An image twice in
 one batch keeps one of its two bank updates. Held-out images have no bank rows or clusters:
 evaluation reports no loss, the kNN monitor measures the backbone.
@@ -97,9 +98,9 @@ EPSILON = 1e-7  # instance_model.py: added inside both losses' logarithms
 class LocalAggregationSettings(ViewSettings):
     """The `objective` section: the warm-up `instance_steps` and its `instance_negatives`, the
     softmax `temperature`, the background set's size `background_neighbours`, the clusterings'
-    `num_clusters` and `kmeans_iterations`, the round length `recluster_every`, the bank's
-    `momentum`, and the view (crop of area `crop_area_min`..1, `color_jitter`,
-    `grayscale_probability`, flip)."""
+    `num_clusters`, `kmeans_iterations` and where they run (`kmeans_on_device`), the round
+    length `recluster_every`, the bank's `momentum`, and the view (crop of area
+    `crop_area_min`..1, `color_jitter`, `grayscale_probability`, flip)."""
 
     crop_area_min: float = 0.2
     """Smallest area fraction of the random resized crop (preprocessing_inst `size_minval` 0.2)."""
@@ -122,6 +123,9 @@ class LocalAggregationSettings(ViewSettings):
     """k of each k-means over the memory bank (`kmeans_k`; la_final.json: 30,000 for ResNets)."""
     kmeans_iterations: int = 20
     """Lloyd iterations of each k-means (cluster_km.py's faiss `niter` 20)."""
+    kmeans_on_device: bool = False
+    """Run the k-means' assignments on the accelerator (as the reference's faiss on a GPU),
+    float32; false: numpy on the host, float64 distances."""
     recluster_every: int = 10009
     """Steps between clusterings (the reference: an epoch, data_len // batch_size)."""
 
@@ -267,7 +271,8 @@ def cluster_memory(model: LocalAggregation, objective: LocalAggregationSettings,
     bank = np.asarray(jax.device_get(model.memory.get_value()), np.float32)
     labels = np.stack([
         kmeans(bank, objective.num_clusters, objective.kmeans_iterations,
-               clustering_seed(seed, h))[1] for h in range(model.config.num_clusterings)])
+               clustering_seed(seed, h), on_device=objective.kmeans_on_device)[1]
+        for h in range(model.config.num_clusterings)])
     model.labels.set_value(jnp.asarray(labels, jnp.int32))
     return ()
 
@@ -376,7 +381,7 @@ PRESETS = {
         "objective": {"image_size": 224, "crop_area_min": 0.2, "instance_steps": 100090,
                       "instance_negatives": 4096, "background_neighbours": 4096,
                       "num_clusters": 30000, "recluster_every": 10009, "temperature": 0.07,
-                      "momentum": 0.5},
+                      "momentum": 0.5, "kmeans_on_device": True},
         "examples": {"host_crop_size": 224, "host_crop_area_min": 0.2},
         "data": {"source": ""},
         "optim": {**MEMORY_BANK_SGD, "decay_boundaries": "1600000,1873411"},

@@ -216,6 +216,9 @@ class DownstreamTask:
       that predictor is; `lower_is_better`: the main metric is an error rate (CTC's WER), so a
       run is at the baseline when it is no lower.
     - `spec`: the task's own description (`input_pipeline.glue.GlueTask`, ...), for its method.
+    - `train_text(data, config)`: the training rows the run `config` reads, without their
+      labels, each a list of sentences: the corpus of within-task continued pre-training
+      (`pretrain.transfer`); None where the task has none.
     """
 
     name: str
@@ -230,6 +233,7 @@ class DownstreamTask:
     aliases: tuple[str, ...] = ()
     spec: Any = None
     lower_is_better: bool = False
+    train_text: Callable[[str, Any], list[list[str]]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

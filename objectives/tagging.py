@@ -252,10 +252,17 @@ def ner_train_rows(data: str, config: Any) -> int:
                                    config.examples.stride)["sentence"])
 
 
+def ner_train_text(data: str, config: Any) -> list[list[str]]:
+    """The training sentences the run reads, words joined by spaces, each its own document."""
+    words = conll.read_conll(conll.split_file(data, "train")).words
+    return [[" ".join(sentence)] for sentence in
+            words[:config.examples.max_train_examples or len(words)]]
+
+
 register_task(DownstreamTask(  # `run.py finetune --task ner`
     name="ner", method=TAG, num_labels=0, train_rows=ner_train_rows, metrics=NER_METRICS,
     main_metric="f1", baseline="all_o_baseline", baseline_name="all-O",
-    aliases=("conll", "wnut17")))
+    aliases=("conll", "wnut17"), train_text=ner_train_text))
 
 
 METHOD = register(Method(

@@ -212,6 +212,8 @@ def _parse_value(text: str, kind: Any, key: str) -> Any:
             if text.lower() not in ("true", "false", "1", "0"):
                 raise ValueError
             return text.lower() in ("true", "1")
+        if kind is str and text in ("''", '""'):  # `as_override("")`, quoted as in a shell
+            return ""
         if kind in (int, float, str):
             return kind(text)
     except ValueError:

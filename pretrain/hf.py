@@ -6,7 +6,8 @@ Public API:
 - `load(path, **config_overrides)`: a HF folder (`config.json` + `model.safetensors`, a sharded
   `model.safetensors.index.json`, or `pytorch_model.bin`) -> our Flax NNX model; a folder of one
   sub-folder per part (a method's `Start.hf_parts`) -> the joint pre-training model. `read`
-  also gives the paths of the parameters the folder lacked, `source_of` its name and licence.
+  also gives the paths of the parameters the folder lacked, `source_of` its name and licence,
+  `is_checkpoint` whether a folder holds one.
 - `save(model, path, tokenizer)`: our model -> `config.json` + `model.safetensors` (float32)
   and the tokenizer's HF files (`pretrain.hf_tokenizer`); a joint model -> one such folder per
   part. `checkpoints` + `write` are its two halves: the conversion in memory (leaving out
@@ -44,8 +45,8 @@ from pretext_jax.objectives import registry
 from pretext_jax.pretrain import hf_tokenizer
 from pretext_jax.pretrain.directories import is_leftover, staged, step_written
 
-__all__ = ["CONFIG_FILE", "MODEL_CARD", "Checkpoint", "checkpoints", "from_hf", "load",
-           "method_name", "read", "save", "source_of", "to_hf", "write"]
+__all__ = ["CONFIG_FILE", "MODEL_CARD", "Checkpoint", "checkpoints", "from_hf", "is_checkpoint",
+           "load", "method_name", "read", "save", "source_of", "to_hf", "write"]
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -170,9 +171,10 @@ def source_of(path: str | Path) -> dict[str, str]:
     return found
 
 
-def _is_hf_checkpoint(path: Path) -> bool:
+def is_checkpoint(path: str | Path) -> bool:
+    """Whether `path` holds a HuggingFace checkpoint (a `config.json` with a `model_type`)."""
     try:
-        return "model_type" in json.loads((path / CONFIG_FILE).read_text())
+        return "model_type" in json.loads((Path(path) / CONFIG_FILE).read_text())
     except (OSError, ValueError, TypeError):
         return False
 
@@ -236,7 +238,7 @@ def _check_output(path: Path, parts: Collection[str], tokenizer: Tokenizer | Non
     for folder in folders:
         if folder.exists() and not folder.is_dir():
             raise UserError(f"{folder} is a file; pass a directory to write the checkpoint into")
-        if folder.is_dir() and any(folder.iterdir()) and not _is_hf_checkpoint(folder):
+        if folder.is_dir() and any(folder.iterdir()) and not is_checkpoint(folder):
             raise UserError(f"{folder} is a non-empty folder that is not a HuggingFace "
                             "checkpoint; choose a new or empty output directory")
     for config in configs if tokenizer is not None else ():

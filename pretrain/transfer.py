@@ -4,8 +4,9 @@ the workdir (so a killed run resumes in the stage it was in, from that stage's c
 - Within-task continued pre-training, then fine-tuning (`run_two_stage`; Gururangan et al.
   2020 "Don't Stop Pretraining" §4 TAPT; Sun et al. 2019 "How to Fine-Tune BERT for Text
   Classification" §5.1): the checkpoint keeps pre-training with its own method's objective
-  (its saved run config: BERT's MLM, ELECTRA's replaced-token detection, ...) on the task's
-  own training text, without labels, in `<workdir>/continue`; the result is fine-tuned on the
+  (its saved run config: BERT's MLM, ELECTRA's replaced-token detection, ...; for a
+  HuggingFace checkpoint, the method that trains its model) on the task's own training text,
+  without labels, in `<workdir>/continue`; the result is fine-tuned on the
   task in `<workdir>/finetune` (`pretrain.finetune`).
 - MT-DNN (`run_multitask`; Liu et al. 2019 §3-4): the encoder trained on several GLUE tasks at
   once (`objectives.mtdnn`) in `<workdir>/multitask`, then optionally fine-tuned on each task
@@ -33,9 +34,9 @@ from pretext_jax.input_pipeline import glue
 from pretext_jax.models.layers import Frozen
 from pretext_jax.objectives import registry
 from pretext_jax.objectives.mtdnn import MTDNN, MultiTaskExampleConfig, glue_tasks
-from pretext_jax.pretrain import directories
+from pretext_jax.pretrain import directories, hf
 from pretext_jax.pretrain.checkpoints import TrainState
-from pretext_jax.pretrain.config import Config, config_from_dict, make_config
+from pretext_jax.pretrain.config import Config, as_override, config_from_dict, make_config
 from pretext_jax.pretrain.directories import CONFIG_FILE
 from pretext_jax.pretrain.finetune import (
     RESULTS_FILE,
@@ -106,34 +107,58 @@ def _split_overrides(overrides: Sequence[str], prefix: str) -> tuple[list[str], 
 # --------------------------------------------------------------- continued pre-training
 def continued_config(init: str, corpus: Path, steps: int, overrides: Sequence[str] = ()
                      ) -> Config:
-    """The run that continues pre-training the pretext workdir `init` with its own method on
-    the text file `corpus` for `steps` steps: its saved config with that corpus, its own
-    tokenizer, no held-out file or cache of the original corpus, a fresh optimizer warmed up
-    over 6 % of the steps (TAPT's schedule); `overrides` (key=value) win."""
-    saved = Path(init) / CONFIG_FILE
-    if not saved.is_file():
-        raise UserError(f"--continue-steps continues a pretext pre-training run: {init} has no "
-                        f"{CONFIG_FILE} (a HuggingFace folder or model directory has no "
-                        "objective to continue); convert it and pre-train, or drop "
-                        "--continue-steps")
-    base = config_from_dict(directories.read_json_object(saved))
-    if is_finetuning(registry.get(base.method)) or base.method == MTDNN:
-        raise UserError(f"{init} holds a {base.method} fine-tuning run; --continue-steps "
-                        "continues a pre-trained checkpoint")
+    """The run that continues pre-training `init` with its own method on the text file `corpus`
+    for `steps` steps. `init` is a pretext workdir (its saved config) or a HuggingFace
+    checkpoint (`hf_pretraining_settings`: TAPT from an HF model, as Gururangan et al. 2020
+    continue roberta-base); then that corpus, the checkpoint's own tokenizer, no held-out file
+    or cache of the original corpus, a fresh optimizer warmed up over 6 % of the steps (TAPT's
+    schedule); `overrides` (key=value) win."""
+    if hf.is_checkpoint(init):
+        base, file = hf_pretraining_settings(init), None
+    else:
+        file = Path(init) / CONFIG_FILE
+        if not file.is_file():
+            raise UserError(f"--continue-steps continues a pretext pre-training run or a "
+                            f"HuggingFace checkpoint: {init} has no {CONFIG_FILE} (a model "
+                            "directory has no objective to continue); pass its pre-training "
+                            "workdir, or drop --continue-steps")
+        base = []
+        saved = config_from_dict(directories.read_json_object(file))
+        if is_finetuning(registry.get(saved.method)) or saved.method == MTDNN:
+            raise UserError(f"{init} holds a {saved.method} fine-tuning run; --continue-steps "
+                            "continues a pre-trained checkpoint")
     values = {"data.source": corpus, "data.text_format": "auto", "data.eval_source": "",
               "data.cache_dir": "", "data.tokenizer": tokenizer_of(init), "train.steps": steps,
-              "optim.warmup_steps": max(1, round(TAPT_WARMUP * steps)),
-              "train.checkpoint_every": min(base.train.checkpoint_every, steps)}
-    return make_config(None, [*as_overrides(values), *overrides], file=saved)
+              "optim.warmup_steps": max(1, round(TAPT_WARMUP * steps))}
+    config = make_config(None, [*base, *as_overrides(values), *overrides], file=file)
+    if any(override.startswith("train.checkpoint_every=") for override in overrides):
+        return config
+    return dataclasses.replace(config, train=dataclasses.replace(
+        config.train, checkpoint_every=min(config.train.checkpoint_every, steps)))
 
 
-def task_text(task: str, data: str, tfds_data_dir: str = "") -> str:
-    """The task's training sentences without labels, as a corpus: one document per example,
-    its sentence(s) one per line, documents apart by a blank line."""
-    rows = glue.read_glue(data, glue.glue_task(task).name, "train", tfds_data_dir or None)
-    texts_b = rows.texts_b or [""] * len(rows.texts_a)
-    return "\n\n".join("\n".join(text for text in pair if text.strip())
-                       for pair in zip(rows.texts_a, texts_b, strict=True)) + "\n"
+def hf_pretraining_settings(init: str) -> list[str]:
+    """The overrides of a run that continues pre-training the HuggingFace checkpoint `init`:
+    the method that trains its model (`registry.method_of_model`; BERT for a `BertModel` or
+    `BertForPreTraining`, ...) at that method's default settings, the checkpoint's
+    architecture. Heads the checkpoint lacks (a bare `BertModel` has no MLM head) start at
+    their initial values, with `hf.read`'s warning."""
+    model = hf.load(init)
+    method = registry.get(hf.method_name(model))
+    if is_finetuning(method) or not isinstance(model.config, method.model_config):
+        raise UserError(f"{init} holds a {type(model).__name__}, which no pre-training method "
+                        "continues; --continue-steps takes a pre-trained checkpoint (e.g. "
+                        "BertForPreTraining, RobertaForMaskedLM)")
+    return [f"method={method.name}", *(f"model.{key}={as_override(value)}" for key, value in
+                                       dataclasses.asdict(model.config).items())]
+
+
+def task_text(task: registry.DownstreamTask, data: str, config: Config) -> str:
+    """The task's training rows the fine-tuning run `config` reads, without labels, as a
+    corpus (`DownstreamTask.train_text`): one document per row, its sentence(s) one per line,
+    documents apart by a blank line."""
+    return "\n\n".join("\n".join(sentences)
+                       for sentences in task.train_text(data, config)) + "\n"
 
 
 class ContinuedPretraining(Trainer):
@@ -148,7 +173,7 @@ class ContinuedPretraining(Trainer):
 
     def init_state(self) -> TrainState:
         state = super().init_state()
-        model = load_model(self.source)
+        model = hf.load(self.source) if hf.is_checkpoint(self.source) else load_model(self.source)
         fresh = nnx.merge(self.graphdef, state.params, state.model_state)
         nnx.update(fresh, nnx.state(model, nnx.Any(Frozen, nnx.BatchStat)))
         rest = jax.device_put(nnx.state(fresh, nnx.Not(nnx.Param)),
@@ -169,9 +194,9 @@ def run_two_stage(task: str, init: str, data: str, workdir: str | Path, continue
     root = Path(workdir)
     stage_overrides, tuning_overrides = _split_overrides(overrides, STAGE_PREFIX)
     spec = registry.downstream_task(task)
-    if not isinstance(spec.spec, glue.GlueTask):
-        raise UserError(f"--continue-steps reads a GLUE task's sentences; {spec.name} is not a "
-                        "GLUE task")
+    if spec.train_text is None:
+        raise UserError(f"--continue-steps continues pre-training on the task's own text, which "
+                        f"{spec.name} does not give; fine-tune without it")
     first = root / CONTINUE
     # Every refusal before anything is written: the plan, both stages' configs and folders.
     plan = {"task": spec.name, "init": str(Path(init).absolute()),
@@ -192,8 +217,7 @@ def run_two_stage(task: str, init: str, data: str, workdir: str | Path, continue
         _write_plan(root, plan)
         first.mkdir(exist_ok=True)
         if not (first / CORPUS_FILE).is_file():
-            (first / CORPUS_FILE).write_text(task_text(spec.name, data,
-                                                       tuning[0].data.tfds_data_dir))
+            (first / CORPUS_FILE).write_text(task_text(spec, data, tuning[0]))
         if directories.checkpoint_step(first) != continue_steps:
             summary = ContinuedPretraining(config, first, init).run()
             if summary["stopped_by"]:

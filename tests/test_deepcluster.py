@@ -16,6 +16,7 @@ from tfds_utils import write_colour_folder
 from pretext_jax import run
 from pretext_jax.errors import UserError
 from pretext_jax.models.deepcluster import SOBEL_X, sobel
+from pretext_jax.objectives.common import clustering
 from pretext_jax.objectives.common.clustering import (
     SPLIT_EPS,
     kmeans,
@@ -44,18 +45,22 @@ def simple_kmeans(points: np.ndarray, k: int, iterations: int, seed: int):
     return centroids, nearest(centroids)
 
 
-def test_kmeans_equals_a_plain_numpy_kmeans_on_the_same_seeds():
+@pytest.mark.parametrize("on_device", [False, True], ids=["host", "device"])
+def test_kmeans_equals_a_plain_numpy_kmeans_on_the_same_seeds(on_device, monkeypatch):
+    """On the host (numpy, float64 distances) and on the device (jax, float32, here in chunks
+    of 7 points: 120 is no multiple, so the last chunk is padded)."""
+    monkeypatch.setattr(clustering, "DEVICE_DISTANCES", 7 * 5)
     rng = np.random.default_rng(0)
     centres = rng.normal(0, 4, (5, 3))
     points = (centres[rng.integers(0, 5, 120)] + rng.normal(0, 1, (120, 3))).astype(np.float32)
     for seed in (0, 1, 2):
-        centroids, labels, splits = kmeans(points, 5, 6, seed)
+        centroids, labels, splits = kmeans(points, 5, 6, seed, on_device=on_device)
         expected_centroids, expected_labels = simple_kmeans(points, 5, 6, seed)
         assert splits == 0
         np.testing.assert_array_equal(labels, expected_labels)
         np.testing.assert_allclose(centroids, expected_centroids, rtol=1e-5, atol=1e-5)
-    again = kmeans(points, 5, 6, 1)
-    np.testing.assert_array_equal(again[1], kmeans(points, 5, 6, 1)[1])  # deterministic
+    again = kmeans(points, 5, 6, 1, on_device=on_device)
+    np.testing.assert_array_equal(again[1], kmeans(points, 5, 6, 1, on_device=on_device)[1])
     with pytest.raises(UserError, match="^model.num_clusters=120 must be below the 120 "):
         kmeans(points, 120, 6, 0, setting="model.num_clusters")  # DeepCluster's setting
 
@@ -79,9 +84,10 @@ def test_empty_clusters_are_split_from_a_non_empty_one():
                              [6.0, 6.0] + rng.normal(0, 0.1, (8, 2))]).astype(np.float32)
     seed = next(s for s in range(100)
                 if np.sum(np.random.default_rng(s).choice(24, 3, replace=False) < 8) >= 2)
-    _, labels, splits = kmeans(points, 3, 5, seed)
-    assert splits >= 1
-    assert np.bincount(labels, minlength=3).min() > 0
+    for on_device in (False, True):
+        _, labels, splits = kmeans(points, 3, 5, seed, on_device=on_device)
+        assert splits >= 1
+        assert np.bincount(labels, minlength=3).min() > 0
 
 
 def test_pca_whitening_gives_identity_covariance_on_the_kept_axes_and_unit_rows():

@@ -150,12 +150,14 @@ def test_anchors_follow_github():
 
 # ---------------------------------------------------------------------------------- figures
 def bench_tables() -> dict[str, report.Table]:
-    """Every `bench/` module's `TABLE`, by module name."""
+    """Every `bench/` module's `TABLE`, by module name, and each of its `TABLES` (one per task
+    of the module), by table name."""
     found = {}
     for path in sorted((REPO / "bench").glob("*.py")):
         module = importlib.import_module(f"bench.{path.stem}")
         if isinstance(getattr(module, "TABLE", None), report.Table):
             found[path.stem] = module.TABLE
+        found.update({table.name: table for table in getattr(module, "TABLES", ())})
     return found
 
 

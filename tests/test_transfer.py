@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from parity_utils import hf_reference
 from resilience_utils import (
     GRADIENT_STEP,
     TINY_BERT,
@@ -138,6 +139,80 @@ def test_two_stage_trains_on_the_task_text_then_fine_tunes_and_resumes_in_each_s
         transfer.run_two_stage("sst2", str(second), glue_folder, tmp_path / "new", 3, TUNING)
     with pytest.raises(UserError, match="has no config.json"):
         transfer.run_two_stage("sst2", glue_folder, glue_folder, tmp_path / "new", 3, TUNING)
+    assert not (tmp_path / "new").exists()
+
+
+def hf_bert(path, architecture: str) -> str:
+    """A random one-layer HF BERT of `architecture` with a vocab of WORDS."""
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    hf_reference(architecture, 0, vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1,
+                 num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
+                 num_labels=2).save_pretrained(path)
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    return str(path)
+
+
+def test_two_stage_continues_a_huggingface_checkpoint(tmp_path, glue_folder):
+    """TAPT from a HF BERT (as Gururangan et al. continue roberta-base): the continued stage is
+    the `bert` method at its defaults with the checkpoint's architecture and tokenizer, it
+    starts from the checkpoint's weights (heads included), and its result is fine-tuned. A
+    bare `BertModel` continues with new heads; a fine-tuned classifier is refused."""
+    pytest.importorskip("transformers")
+    from pretext_jax.pretrain import hf
+
+    init = hf_bert(tmp_path / "hf", "BertForPreTraining")
+    result = transfer.run_two_stage("sst2", init, glue_folder, tmp_path / "w", 2,
+                                    ["continue.train.batch_size=16",
+                                     "continue.examples.max_seq_length=32", *TUNING], epochs=0.5)
+    first = tmp_path / "w" / transfer.CONTINUE
+    saved = config_from_dict(read_json_object(first / CONFIG_FILE))
+    default = make_config(None, ["method=bert"])
+    assert (saved.method, saved.model.hidden_size, saved.model.num_layers) == ("bert", 32, 1)
+    assert (saved.optim.learning_rate, saved.data.tokenizer) == (default.optim.learning_rate, init)
+    assert result["continued_from"] == init and result["steps"] == 3
+    # The stage's start is the checkpoint (its MLM and NSP heads too); a fresh network differs.
+    trainer = transfer.ContinuedPretraining(saved, tmp_path / "start", init)
+    start = flat_params(nnx.state(trainer.model_of(trainer.init_state()), nnx.Param))
+    checkpoint = flat_params(nnx.state(hf.load(init), nnx.Param))
+    assert start.keys() == checkpoint.keys()
+    assert all(np.array_equal(start[k], checkpoint[k]) for k in checkpoint)
+    fresh = flat_params(Trainer(saved, tmp_path / "fresh").init_state().params)
+    assert any(not np.array_equal(fresh[k], checkpoint[k]) for k in checkpoint)
+
+    bare = hf_bert(tmp_path / "bare", "BertModel")
+    with pytest.warns(UserWarning, match="keep their initial values"):
+        settings = transfer.hf_pretraining_settings(bare)
+    assert "method=bert" in settings and "model.hidden_size=32" in settings
+    tuned = hf_bert(tmp_path / "tuned", "BertForSequenceClassification")
+    with pytest.raises(UserError, match="which no pre-training method continues"):
+        transfer.run_two_stage("sst2", tuned, glue_folder, tmp_path / "new", 2, TUNING)
+    assert not (tmp_path / "new").exists()
+
+
+def test_task_text_is_the_rows_the_run_reads_without_labels(tmp_path, glue_folder):
+    """TAPT's corpus (`DownstreamTask.train_text`): GLUE rows and CoNLL sentences (words joined
+    by spaces), one document each, as many as `examples.max_train_examples` lets the run read;
+    a task without text is refused before anything is written."""
+    from types import SimpleNamespace
+
+    from pretext_jax.objectives import registry
+
+    def run_of(rows: int) -> SimpleNamespace:
+        return SimpleNamespace(examples=SimpleNamespace(max_train_examples=rows),
+                               data=SimpleNamespace(tfds_data_dir=""))
+
+    sentences = read_glue(glue_folder, "sst2", "train").texts_a
+    sst2 = registry.downstream_task("sst2")
+    assert transfer.task_text(sst2, glue_folder, run_of(0)) == "\n\n".join(sentences) + "\n"
+    assert transfer.task_text(sst2, glue_folder, run_of(3)) == "\n\n".join(sentences[:3]) + "\n"
+    train = tmp_path / "train.conll"
+    train.write_text("Paris B-loc\nis O\nbig O\n\nAnna B-person\nsings O\n\nok O\n")
+    ner = registry.downstream_task("wnut17")
+    assert transfer.task_text(ner, str(train), run_of(2)) == "Paris is big\n\nAnna sings\n"
+    squad = registry.downstream_task("squad")
+    assert squad.train_text is None
+    with pytest.raises(UserError, match="squad does not give"):
+        transfer.run_two_stage("squad", str(tmp_path), str(tmp_path), tmp_path / "new", 2)
     assert not (tmp_path / "new").exists()
 
 

@@ -9,7 +9,9 @@ facebookresearch/deepcluster clustering.py, util.py), deterministic for a seed:
   cluster takes the centroid of a non-empty one (faiss visits the clusters in turn and takes
   each with probability (size - 1) / (n - k)), both moved apart by a relative 1/1024 in
   alternating directions, and the donor's points are split between the two at the next
-  assignment;
+  assignment. `on_device=True` runs each iteration's assignments and per-cluster sums on the
+  accelerator (`device_lloyd_step`, jax, float32, chunks of rows: the faiss-on-GPU of the
+  reference), the centroid update and the re-seeding on the host as before;
 - `uniform_cluster_order`: the reference's `UnifLabelSampler`: n images drawn uniformly over the
   non-empty clusters (each cluster gives floor(n / non-empty) + 1 images, with replacement only
   when it is too small), shuffled, cut (or repeated) to n.
@@ -17,6 +19,11 @@ facebookresearch/deepcluster clustering.py, util.py), deterministic for a seed:
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from pretext_jax.errors import UserError
@@ -73,29 +80,76 @@ def split_empty_clusters(centroids: np.ndarray, counts: np.ndarray, rng: np.rand
     return splits
 
 
+# An iteration's step: (assignment of each point, per-cluster sums [k, d] and counts [k]) for
+# the centroids [k, d] it is given.
+LloydStep = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+DEVICE_DISTANCES = 2**26  # distances per chunk on the device (256 MB of float32)
+
+
 def kmeans(points: np.ndarray, k: int, iterations: int, seed: int,
-           setting: str = "objective.num_clusters") -> tuple[np.ndarray, np.ndarray, int]:
+           setting: str = "objective.num_clusters", on_device: bool = False
+           ) -> tuple[np.ndarray, np.ndarray, int]:
     """(centroids [k, d], assignments [N], empty clusters re-seeded) of `iterations` Lloyd
     steps from k distinct points drawn with `seed`. Each step assigns every point to its
     nearest centroid, moves each centroid to the mean of its points and re-seeds the empty
     ones; the returned assignments are to the final centroids. `setting`: the config key of
-    k, which a refusal names."""
+    k, which a refusal names. `on_device`: assignments and sums on the accelerator
+    (`device_lloyd_step`), else in numpy (float64 distances)."""
     points = np.asarray(points, np.float32)
     if k >= len(points):
         raise UserError(f"{setting}={k} must be below the {len(points)} training images; "
                         "lower it")
     rng = np.random.default_rng(seed)
     centroids = points[np.sort(rng.choice(len(points), k, replace=False))].astype(np.float64)
+    step = device_lloyd_step(points) if on_device else host_lloyd_step(points)
     splits = 0
     for _ in progress(range(iterations), f"k-means (k={k})", unit="iteration"):
-        labels = assign(points, centroids)
-        counts = np.bincount(labels, minlength=k)
-        sums = np.zeros_like(centroids)
-        np.add.at(sums, labels, points)
+        _, sums, counts = step(centroids)
         filled = counts > 0
         centroids[filled] = sums[filled] / counts[filled, None]
         splits += split_empty_clusters(centroids, counts, rng)
-    return centroids.astype(np.float32), assign(points, centroids), splits
+    return centroids.astype(np.float32), step(centroids)[0], splits
+
+
+def host_lloyd_step(points: np.ndarray) -> LloydStep:
+    """Lloyd's assignment and sums in numpy (`assign`: float64 distances)."""
+    def step(centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        labels = assign(points, centroids)
+        sums = np.zeros(centroids.shape, np.float64)
+        np.add.at(sums, labels, points)
+        return labels, sums, np.bincount(labels, minlength=len(centroids))
+    return step
+
+
+def device_lloyd_step(points: np.ndarray) -> LloydStep:
+    """Lloyd's assignment and sums on the default jax device: the points go there once, each
+    call sends the centroids (float32) and brings back the assignments, sums and counts. The
+    distances of `DEVICE_DISTANCES // k` points at a time (ties to the lowest index)."""
+    on_device = jnp.asarray(points, jnp.float32)
+
+    def step(centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        chunk = max(1, min(len(points), DEVICE_DISTANCES // len(centroids)))
+        labels, sums, counts = jax.device_get(_lloyd_sums(
+            on_device, jnp.asarray(centroids, jnp.float32), chunk=chunk))
+        return (np.asarray(labels, np.int32), np.asarray(sums, np.float64),
+                np.asarray(counts, np.int64))
+    return step
+
+
+@functools.partial(jax.jit, static_argnames="chunk")
+def _lloyd_sums(points: jax.Array, centroids: jax.Array, chunk: int
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    count, k = points.shape[0], centroids.shape[0]
+    squared = jnp.sum(centroids * centroids, axis=1)
+    padded = jnp.pad(points, ((0, -count % chunk), (0, 0)))
+
+    def nearest(rows: jax.Array) -> jax.Array:
+        return jnp.argmin(squared[None, :] - 2.0 * rows @ centroids.T, axis=1)
+
+    labels = jax.lax.map(nearest, padded.reshape(-1, chunk, points.shape[1])).reshape(-1)[:count]
+    sums = jax.ops.segment_sum(points, labels, num_segments=k)
+    counts = jax.ops.segment_sum(jnp.ones(count, jnp.int32), labels, num_segments=k)
+    return labels, sums, counts
 
 
 def uniform_cluster_order(labels: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
