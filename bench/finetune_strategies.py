@@ -12,9 +12,10 @@ dev set (SST-2: accuracy; WNUT-17: entity F1, conlleval). Adapters: size 64 (ada
 default) at lr 3e-4 (the authors' README). Gradual unfreezing: one more layer group every
 `--unfreeze-every` updates (head, 6 layers, embeddings: 8 groups) with ULMFiT's discriminative
 rates (`optim.layerwise_lr_decay` 1/2.6). Two-stage (Gururangan et al. 2020 TAPT; Sun et al.
-2019 §5.1): `--continue-steps` steps of BERT's MLM + NSP on the same training rows' text
-(batches of `--continue-batch` sequences of the fine-tuning length; new MLM and NSP heads,
-all-MiniLM-L6-v2 has none), then full fine-tuning (`pretrain.transfer.run_two_stage`).
+2019 §5.1): `--continue-steps` steps of BERT's MLM + NSP (or, "two-stage MLM only", the MLM
+alone: `objective.next_sentence_weight=0`) on the same training rows' text (batches of
+`--continue-batch` sequences of the fine-tuning length; new MLM and NSP heads, all-MiniLM-L6-v2
+has none), then full fine-tuning (`pretrain.transfer.run_two_stage`).
 Data: $PRETEXT_SHARED_DATA/glue or /wnut17, else ../shared/data/.... Prints one Markdown row
 per strategy (`bench.report`, one table per task): the trained and total parameters, the dev
 score and wall-clock seconds (two-stage's include its continued pre-training).
@@ -63,14 +64,17 @@ TWO_STAGE = "two-stage"
 def strategies(unfreeze_every: int, continue_batch: int, continue_length: int
                ) -> dict[str, list[str]]:
     """Each strategy's overrides over the recipe; two-stage's `continue.` ones set its
-    continued pre-training (BERT's MLM + NSP at the method's defaults otherwise: lr 1e-4)."""
+    continued pre-training (BERT's MLM + NSP at the method's defaults otherwise: lr 1e-4; or
+    the MLM alone)."""
+    continued = [f"continue.train.batch_size={continue_batch}",
+                 f"continue.examples.max_seq_length={continue_length}",
+                 "continue.train.progress=false"]
     return {"full fine-tuning": [],
             "adapters": ["model.adapter_size=64", "optim.learning_rate=3e-4"],
             "gradual unfreezing": [f"optim.unfreeze_every_steps={unfreeze_every}",
                                    f"optim.layerwise_lr_decay={1 / 2.6:.4f}"],
-            TWO_STAGE: [f"continue.train.batch_size={continue_batch}",
-                        f"continue.examples.max_seq_length={continue_length}",
-                        "continue.train.progress=false"]}
+            TWO_STAGE: continued,
+            f"{TWO_STAGE} MLM only": [*continued, "continue.objective.next_sentence_weight=0"]}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             continue
         workdir = Path(args.workdir) / args.task / name.replace(" ", "_")
         start = time.perf_counter()
-        if name == TWO_STAGE:
+        if name.startswith(TWO_STAGE):
             result = run_two_stage(task.name, init, data, workdir, args.continue_steps,
                                    [*common, *overrides], epochs=args.epochs)
             overrides = [f"continue {args.continue_steps} steps", *overrides]

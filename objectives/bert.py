@@ -8,6 +8,7 @@ plain mean over the batch (`tf.reduce_mean`, no epsilon); total = MLM + NSP.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -38,10 +39,27 @@ from pretext_jax.objectives.registry import (
 )
 
 
-def bert_loss(model: Bert, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, Metrics]:
-    """MLM + NSP on one batch of `bert_examples` features (`text.mlm_and_pair_loss`);
-    `rng=None` disables dropout."""
-    return mlm_and_pair_loss(model, batch, rng)
+@dataclasses.dataclass(frozen=True)
+class BertLossSettings:
+    """The `objective` section: the weight of next-sentence prediction."""
+
+    next_sentence_weight: float = 1.0
+    """NSP's weight in the loss: 1 is BERT's MLM + NSP (run_pretraining.py adds the two); 0
+    trains the MLM alone (NSP's accuracy is still reported), as RoBERTa drops NSP (Liu et al.
+    2019 §4.2), e.g. to continue pre-training on a task's one-sentence rows, where every NSP
+    pair is a random one (create_pretraining_data.py: a one-segment chunk takes a random B)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.next_sentence_weight < float("inf"):
+            raise ValueError(f"next_sentence_weight={self.next_sentence_weight} must be >= 0 "
+                             "(1: BERT's loss; 0: MLM only)")
+
+
+def bert_loss(model: Bert, batch: Batch, rng: jax.Array | None, *,
+              objective: BertLossSettings = BertLossSettings()) -> tuple[jax.Array, Metrics]:
+    """MLM + NSP (weighted by `objective.next_sentence_weight`) on one batch of `bert_examples`
+    features (`losses.mlm_and_pair_loss`); `rng=None` disables dropout."""
+    return mlm_and_pair_loss(model, batch, rng, pair_weight=objective.next_sentence_weight)
 
 
 def build_bert(config: EncoderConfig, seed: int) -> Bert:
@@ -102,6 +120,7 @@ METHOD = declare_default(register(Method(
     name="bert",
     model_config=EncoderConfig,
     example_config=bert_examples.BertExampleConfig,
+    objective_config=BertLossSettings,
     build_model=build_bert,
     loss=bert_loss,
     prepare=prepare_bert,

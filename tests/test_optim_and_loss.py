@@ -299,7 +299,7 @@ def test_bert_loss_is_mlm_plus_the_plain_mean_of_nsp():
     per-example losses (no epsilon in the NSP denominator)."""
     from types import SimpleNamespace
 
-    from pretext_jax.objectives.bert import bert_loss
+    from pretext_jax.objectives.bert import BertLossSettings, bert_loss
 
     rng = np.random.default_rng(1)
     mlm_logits = rng.normal(size=(4, 3, 7)).astype(np.float32)
@@ -329,6 +329,15 @@ def test_bert_loss_is_mlm_plus_the_plain_mean_of_nsp():
     # 30 float32 ulps away, so only the plain mean passes.
     nsp_only, _ = bert_loss(model, {**batch, "masked_lm_weights": 0 * weights}, None)
     assert abs(float(nsp_only) - nsp) < 2e-7 < abs(float(nsp_only) - nsp * 4 / (4 + 1e-5))
+    # `objective.next_sentence_weight` scales NSP's term; at 0 the loss is the MLM's and the
+    # NSP accuracy is still reported.
+    for weight in (0.0, 0.5):
+        total, metrics = bert_loss(model, batch, None,
+                                   objective=BertLossSettings(next_sentence_weight=weight))
+        assert float(total) == pytest.approx(mlm + weight * nsp, rel=3e-7)
+        assert "nsp_accuracy" in metrics
+    with pytest.raises(ValueError, match="next_sentence_weight=-1.0 must be >= 0"):
+        BertLossSettings(next_sentence_weight=-1.0)
 
 
 def test_lars_matches_simclr_lars_optimizer_by_hand():

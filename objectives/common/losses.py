@@ -84,13 +84,13 @@ def mlm_and_pair_terms(out: Any, batch: dict[str, jax.Array], pair: str = "nsp"
 
 
 def mlm_and_pair_loss(model: Any, batch: dict[str, jax.Array], rng: jax.Array | None,
-                      pair: str = "nsp") -> tuple[jax.Array, Metrics]:
-    """BERT's pre-training loss for a model returning `BertOutput`: MLM + the pair loss
-    (`mlm_and_pair_terms`)."""
+                      pair: str = "nsp", pair_weight: float = 1.0) -> tuple[jax.Array, Metrics]:
+    """BERT's pre-training loss for a model returning `BertOutput`: MLM + `pair_weight` x the
+    pair loss (`mlm_and_pair_terms`; its metrics are reported whatever the weight)."""
     out = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                 masked_positions=batch["masked_lm_positions"], rng=rng)
     mlm_loss, pair_loss, metrics = mlm_and_pair_terms(out, batch, pair)
-    total = mlm_loss + pair_loss
+    total = mlm_loss + pair_weight * pair_loss
     return total, {"loss": (total, jnp.ones((), jnp.float32)), **metrics}
 
 
