@@ -124,7 +124,8 @@ def read_squad(path: str | Path) -> list[SquadExample]:
 class Windows:
     """The encoded windows of a list of examples: int32 `arrays` (`input_ids`,
     `token_type_ids`, `attention_mask`, `p_mask`, `start_positions`, `end_positions`,
-    `cls_index`, each [N, L]/[N]), and for prediction each window's `example` index, its
+    `cls_index`, each [N, L]/[N], and `is_impossible` [N]: the window's question has no
+    answer, wherever its answer lies), and for prediction each window's `example` index, its
     positions' context words (`token_words`: position -> word index, -1 outside the context)
     and whether the window is the position's max-context one (`max_context`, [N, L] bool);
     `cls_index` is the position of each window's no-answer token."""
@@ -196,12 +197,13 @@ def encode_windows(examples: Sequence[SquadExample], tokenizer: Tokenizer, max_s
     for `layout="xlnet"`): every example's windows in the layout's order (`_window`), padded on
     the right with `pad_id` (xlnet: token type `SQUAD_SEG_ID_PAD`); start/end positions of the
     first answer where the window holds all of it, else the window's `cls_index`; `p_mask` 0
-    at the context and `cls_index`, 1 elsewhere (run_squad.py's `p_mask`)."""
+    at the context and `cls_index`, 1 elsewhere (run_squad.py's `p_mask`); `is_impossible`
+    the question's (google-research/electra qa_tasks.py `featurize`)."""
     if layout not in LAYOUTS:
         raise UserError(f"examples.layout={layout!r} is unknown; use one of {LAYOUTS}")
     rows: dict[str, list] = {k: [] for k in ("input_ids", "token_type_ids", "attention_mask",
                                              "p_mask", "start_positions", "end_positions",
-                                             "cls_index")}
+                                             "cls_index", "is_impossible")}
     example_of, token_words, max_context = [], [], []
     pad_type = SQUAD_SEG_ID_PAD if layout == "xlnet" else 0
     for number, example in enumerate(examples):
@@ -253,6 +255,7 @@ def encode_windows(examples: Sequence[SquadExample], tokenizer: Tokenizer, max_s
             rows["start_positions"].append(start_position)
             rows["end_positions"].append(end_position)
             rows["cls_index"].append(cls)
+            rows["is_impossible"].append(int(example.is_impossible))
             example_of.append(number)
             token_words.append(words)
             max_context.append(best)
@@ -325,14 +328,20 @@ def _answer_text(example: SquadExample, windows: Windows, row: int, start: int, 
 def predict_answers(examples: Sequence[SquadExample], windows: Windows, start_logits: np.ndarray,
                     end_logits: np.ndarray, tokenizer: Tokenizer, *, with_null: bool,
                     n_best: int = 20, max_answer_length: int = 30,
-                    null_score_diff_threshold: float = 0.0) -> Predictions:
+                    null_score_diff_threshold: float = 0.0,
+                    answerable_logits: np.ndarray | None = None) -> Predictions:
     """run_squad.py `write_predictions`: for every question, the `n_best` best starts and ends
     of each of its windows pair up into spans (inside the context, end >= start, at most
     `max_answer_length` sub-tokens, starting in the window where that sub-token has max
     context), scored start + end logit; the best span's sub-tokens are detokenised and mapped
     back to the context's characters (`final_text`). With `with_null` (v2.0), the null score
     is the lowest start + end at the windows' `cls_index`, and the answer is empty when it beats
-    the best span by more than `null_score_diff_threshold`."""
+    the best span by more than `null_score_diff_threshold`. Given `answerable_logits` [N] (the
+    answerable head's, RoBERTa §5.2: spans are predicted only for questions classified
+    answerable), the score difference is instead minus the highest answerability logit over
+    the question's windows (a question is answerable where one of its windows holds the
+    answer), so that at the threshold 0 the answer is empty unless some window's probability
+    of holding it exceeds 0.5."""
     by_example = _by_example(windows)
     text, best_text, diffs = {}, {}, {}
     for number, example in enumerate(examples):
@@ -359,7 +368,10 @@ def predict_answers(examples: Sequence[SquadExample], windows: Windows, start_lo
             answer = _answer_text(example, windows, row, s, e, tokenizer)
         best_text[example.qid] = answer
         if with_null and null_score is not None:
-            diff = null_score - (score if score is not None else -np.inf)
+            if answerable_logits is not None:
+                diff = -max(float(answerable_logits[row]) for row in by_example[number])
+            else:
+                diff = null_score - (score if score is not None else -np.inf)
             diffs[example.qid] = float(diff)
             text[example.qid] = "" if diff > null_score_diff_threshold else answer
         else:
@@ -367,7 +379,7 @@ def predict_answers(examples: Sequence[SquadExample], windows: Windows, start_lo
     return Predictions(text, best_text, diffs)
 
 
-BEAM_RULES = ("xlnet", "albert")  # whose prediction rules `predict_beam_answers` follows
+BEAM_RULES = ("xlnet", "albert", "electra")  # whose rules `predict_beam_answers` follows
 
 
 def predict_beam_answers(examples: Sequence[SquadExample], windows: Windows,
@@ -389,10 +401,14 @@ def predict_beam_answers(examples: Sequence[SquadExample], windows: Windows,
     `rules="albert"`: google-research/albert squad_utils.py `accumulate_predictions_v2` /
     `write_predictions_v2` instead, which differ in two points: the window's last context
     sub-token may start or end a span, and the answer is empty when the null score reaches
-    the threshold (kept only when below it)."""
+    the threshold (kept only when below it). `rules="electra"`: google-research/electra
+    finetune/qa/qa_metrics.py `write_predictions` on the joint head's outputs: the last
+    context sub-token may start or end a span (as ALBERT's), the null score is the lowest
+    answerability logit and empties the answer when above the threshold (as XLNet's), and a
+    question without candidates is answered "empty" (its nonce prediction)."""
     if rules not in BEAM_RULES:
         raise ValueError(f"rules={rules!r} must be one of {BEAM_RULES}")
-    xlnet = rules == "xlnet"
+    xlnet, strict = rules == "xlnet", rules != "albert"
     by_example = _by_example(windows)
     text, best_text, diffs, nbest = {}, {}, {}, {}
     for number, example in enumerate(examples):
@@ -422,8 +438,8 @@ def predict_beam_answers(examples: Sequence[SquadExample], windows: Windows,
             if len(seen) >= n_best:
                 break
             seen.setdefault(_answer_text(example, windows, row, s, e, tokenizer), score)
-        if not seen:  # run_squad.py's "nonce prediction"
-            seen[""] = -2e6
+        if not seen:  # run_squad.py's "nonce prediction" (qa_metrics.py's: "empty", 0)
+            seen.update({"empty": 0.0} if rules == "electra" else {"": -2e6})
         scores = np.asarray(list(seen.values()))
         probabilities = np.exp(scores - scores.max())
         probabilities /= probabilities.sum()
@@ -431,7 +447,7 @@ def predict_beam_answers(examples: Sequence[SquadExample], windows: Windows,
         answer = best_text[example.qid] = next(iter(seen))
         if with_null and null_score is not None:
             diffs[example.qid] = null_score
-            empty = (null_score > null_score_diff_threshold if xlnet
+            empty = (null_score > null_score_diff_threshold if strict
                      else null_score >= null_score_diff_threshold)
             text[example.qid] = "" if empty else answer
         else:

@@ -74,7 +74,8 @@ def pretrained_classifier(config: FinetuneModelConfig, seed: int,
     random init)."""
     if not config.init:
         return None
-    return from_pretrained(load_encoder(config.init, load, config.head), config, nnx.Rngs(seed))
+    encoder = load_encoder(config.init, load, config.head, config.init_layers)
+    return from_pretrained(encoder, config, nnx.Rngs(seed))
 
 
 def build_classifier(config: FinetuneModelConfig, seed: int) -> SequenceClassifier:

@@ -227,13 +227,16 @@ def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
     decay, 3 epochs, 10 for RTE and STS-B; the schedule is ELECTRA's own
     (`optim.schedule=electra_linear`: the linear decay over the run multiplied by the warmup
     ramp, model/optimization.py, which its run_finetuning.py uses), not BERT's. SQuAD
-    (configure_finetuning.py): the same rates and decay, 2 epochs, windows of 512."""
+    (configure_finetuning.py): the same rates and decay, 2 epochs, windows of 512, ELECTRA's
+    joint head with its answerability classifier (`model.span_head=joint`, finetune/qa/
+    qa_tasks.py) and a beam of 20 (`beam_size`)."""
     learning_rate = 3e-4 if hidden_size <= 256 else 1e-4 if hidden_size <= 768 else 5e-5
     squad = task in ("squad", "squad2")
     return ClassifierSettings(
         learning_rate=learning_rate, epochs=2 if squad else 10 if task in ("rte", "stsb") else 3,
         weight_decay=0.0, layerwise_lr_decay=0.8 if hidden_size <= 768 else 0.9,
-        schedule="electra_linear", max_seq_length=512 if squad else 0)
+        schedule="electra_linear", max_seq_length=512 if squad else 0,
+        span_head="joint" if squad else "", beam_size=20 if squad else 0)
 
 
 register(Method(

@@ -71,6 +71,8 @@ class MultiTaskModelConfig(MultiHeadConfig):
     heads: ClassVar[tuple[str, ...]] = ADAPTER_HEADS + ("albert",)
     init: str = ""
     """Start from: a pretext workdir/model dir or HF folder of a head's family; '' = random."""
+    init_layers: str = ""
+    """Keep only these layers of `init`'s encoder (`FinetuneModelConfig.init_layers`)."""
 
 
 def glue_tasks(examples: MultiTaskExampleConfig) -> list[glue.GlueTask]:
@@ -147,7 +149,7 @@ def pretrained_multitask(config: MultiTaskModelConfig, seed: int, load: Any
     init), as `classify` starts (BERT's pooler kept, `from_pretrained`)."""
     if not config.init:
         return None
-    encoder = load_encoder(config.init, load, config.head)
+    encoder = load_encoder(config.init, load, config.head, config.init_layers)
     return from_pretrained(encoder, config, nnx.Rngs(seed), MultiHeadClassifier)
 
 

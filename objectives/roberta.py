@@ -119,13 +119,15 @@ def glue_settings(hidden_size: int, task: str) -> ClassifierSettings:
     """RoBERTa's fine-tuning. GLUE: fairseq's examples/roberta/README.glue.md
     (`fairseq_glue_settings`: 10 epochs, per-task lr and batch, 6 % warmup, weight decay 0.1).
     SQuAD (Liu et al. 2019, Appendix Table 10): lr 1.5e-5, batch 48, weight decay 0.01, 2
-    epochs, warmup 6 % then linear decay, with fairseq's Adam as for GLUE. Named entities: no
-    RoBERTa recipe; the GLUE one's large-task column. The same for every size."""
+    epochs, warmup 6 % then linear decay, with fairseq's Adam as for GLUE; v2.0 with the
+    answerability classifier trained jointly (§5.2, `model.span_head=answerable`). Named
+    entities: no RoBERTa recipe; the GLUE one's large-task column. The same for every size."""
     del hidden_size
     settings = fairseq_glue_settings(task)
     if task in ("squad", "squad2"):
         return dataclasses.replace(settings, learning_rate=1.5e-5, batch_size=48,
-                                   weight_decay=0.01, epochs=2)
+                                   weight_decay=0.01, epochs=2,
+                                   span_head="answerable" if task == "squad2" else "")
     return settings
 
 

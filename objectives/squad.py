@@ -3,9 +3,13 @@
 states (`models.span.SpanExtractor`), trained with the mean of the start and end positions'
 cross-entropies; or, with `model.span_head=beam` on XLNet or ALBERT, XLNet's beam head
 (`models.span.BeamSpanExtractor`, zihangdai/xlnet run_squad.py; google-research/albert
-squad_utils.py `create_v2_model`, ALBERT's SQuAD v2.0 head) with its answer-class loss;
-evaluated on the whole dev set by mapping every question's best span back to
-its context (`input_pipeline.squad.predict_answers`) and scoring it as the official scripts do
+squad_utils.py `create_v2_model`, ALBERT's SQuAD v2.0 head) with its answer-class loss; or,
+with `model.span_head=answerable` (RoBERTa's v2.0 recipe, Liu et al. 2019 §5.2), the simple
+head and an answerability classifier trained jointly (`answerable_loss`); or, with
+`model.span_head=joint` (ELECTRA's, google-research/electra qa_tasks.py), a joint start/end
+head with an answerability classifier (`joint_loss`); evaluated on the whole dev set by
+mapping every question's best span back to its context (`input_pipeline.squad.predict_answers`,
+`predict_beam_answers`) and scoring it as the official scripts do
 (`objectives.common.squad_metrics`).
 
 `--data` is a folder with the official files: train-v1.1.json and dev-v1.1.json (`squad`) or
@@ -33,11 +37,15 @@ from pretext_jax.input_pipeline.records import RecordDirectory, write_records
 from pretext_jax.models.span import (
     ANSWER_CLASS_STARTS,
     BEAM_HEADS,
+    JOINT_HEADS,
     SPAN_HEADS,
+    AnswerableSpanExtractor,
     BeamFields,
     BeamSpanExtractor,
+    JointSpanExtractor,
     SpanExtractor,
     beam_span_extractor,
+    joint_span_extractor,
     span_extractor,
 )
 from pretext_jax.objectives.common.classifier_recipes import (
@@ -129,6 +137,21 @@ def _cross_entropy(logits: jax.Array, positions: jax.Array) -> jax.Array:
                                          axis=1))
 
 
+def _span_and_class_loss(starts: jax.Array, ends: jax.Array, class_logits: jax.Array,
+                         labels: jax.Array, batch: Batch, weight: float
+                         ) -> tuple[jax.Array, Metrics]:
+    """The mean of the start and end positions' cross-entropies + `weight` x the mean sigmoid
+    cross-entropy of `class_logits` [B] against `labels` [B] (0/1), with both in the metrics
+    (`answer_class_loss` the latter)."""
+    one = jnp.ones((), jnp.float32)
+    span = (_cross_entropy(starts, batch["start_positions"])
+            + _cross_entropy(ends, batch["end_positions"])) / 2
+    labels = labels.astype(jnp.float32)
+    answer_class = jnp.mean(jnp.logaddexp(0.0, class_logits) - labels * class_logits)
+    loss = span + weight * answer_class
+    return loss, {"loss": (loss, one), "answer_class_loss": (answer_class, one)}
+
+
 def beam_loss(model: BeamSpanExtractor, batch: Batch, rng: jax.Array | None
               ) -> tuple[jax.Array, Metrics]:
     """zihangdai/xlnet run_squad.py `model_fn` (HF `XLNetForQuestionAnswering` and
@@ -140,21 +163,53 @@ def beam_loss(model: BeamSpanExtractor, batch: Batch, rng: jax.Array | None
         batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
         p_mask=batch["p_mask"], start_positions=batch["start_positions"],
         cls_index=batch["cls_index"], rng=rng)
-    one = jnp.ones((), jnp.float32)
-    span = (_cross_entropy(starts, batch["start_positions"])
-            + _cross_entropy(ends, batch["end_positions"])) / 2
-    impossible = (batch["start_positions"] == batch["cls_index"]).astype(jnp.float32)
-    answer_class = jnp.mean(jnp.logaddexp(0.0, cls_logits) - impossible * cls_logits)
-    loss = span + 0.5 * answer_class
-    return loss, {"loss": (loss, one), "answer_class_loss": (answer_class, one)}
+    impossible = batch["start_positions"] == batch["cls_index"]
+    return _span_and_class_loss(starts, ends, cls_logits, impossible, batch, 0.5)
 
 
-def span_loss(model: SpanExtractor | BeamSpanExtractor, batch: Batch, rng: jax.Array | None
+def answerable_loss(model: AnswerableSpanExtractor, batch: Batch, rng: jax.Array | None
+                    ) -> tuple[jax.Array, Metrics]:
+    """RoBERTa §5.2: "the classification and span loss terms" summed: run_squad.py's span loss
+    (the mean of the start and end cross-entropies; a window without the answer points both
+    at its null token, as for BERT: the paper does not say otherwise) + the mean sigmoid
+    cross-entropy of the answerability logit against the question being answerable (the
+    paper classifies "whether a given question is answerable"; a window of an answerable
+    question that lacks the answer is labelled answerable, as ELECTRA's qa_tasks.py labels
+    its windows with the question's `is_impossible`)."""
+    starts, ends, answerable_logits = model(
+        batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+        cls_index=batch["cls_index"], rng=rng)
+    answerable = batch["is_impossible"] == 0
+    return _span_and_class_loss(starts, ends, answerable_logits, answerable, batch, 1.0)
+
+
+def joint_loss(model: JointSpanExtractor, batch: Batch, rng: jax.Array | None
+               ) -> tuple[jax.Array, Metrics]:
+    """google-research/electra qa_tasks.py `get_prediction_module`: the mean of the start and
+    end cross-entropies (the end logits given the gold start) + `answerable_weight` (0.5) x the
+    sigmoid cross-entropy of the answerability logit against the question having no answer
+    (`is_impossible`, the question's, for every one of its windows), averaged over windows."""
+    starts, ends, answerable_logits = model(
+        batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+        start_positions=batch["start_positions"], rng=rng)
+    return _span_and_class_loss(starts, ends, answerable_logits, batch["is_impossible"], batch,
+                                0.5)
+
+
+SpanModel = SpanExtractor | BeamSpanExtractor | JointSpanExtractor
+
+
+def span_loss(model: SpanModel, batch: Batch, rng: jax.Array | None
               ) -> tuple[jax.Array, Metrics]:
     """run_squad.py `model_fn`: the mean of the start and end positions' cross-entropies over
-    every window position (the beam head: `beam_loss`)."""
+    every window position (the beam head: `beam_loss`; the answerable head:
+    `answerable_loss`; the joint head: `joint_loss`)."""
     if isinstance(model, BeamSpanExtractor):
         return beam_loss(model, batch, rng)
+    if isinstance(model, JointSpanExtractor):
+        return joint_loss(model, batch, rng)
+    if isinstance(model, AnswerableSpanExtractor):
+        return answerable_loss(model, batch, rng)
     starts, ends = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                          rng=rng)
     one = jnp.ones((), jnp.float32)
@@ -165,33 +220,37 @@ def span_loss(model: SpanExtractor | BeamSpanExtractor, batch: Batch, rng: jax.A
 
 @nnx.jit
 def _logits(model: SpanExtractor, input_ids: jax.Array, token_type_ids: jax.Array,
-            attention_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+            attention_mask: jax.Array, cls_index: jax.Array) -> tuple[jax.Array, ...]:
+    if isinstance(model, AnswerableSpanExtractor):
+        return model(input_ids, token_type_ids, attention_mask, cls_index=cls_index)
     return model(input_ids, token_type_ids, attention_mask)
 
 
 def span_logits(model: SpanExtractor, arrays: dict[str, np.ndarray], batch_size: int = 64
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Evaluation-mode start and end logits [N, L] of every window."""
-    starts, ends = [], []
+                ) -> tuple[np.ndarray, ...]:
+    """Evaluation-mode start and end logits [N, L] of every window (and, from the answerable
+    head, its answerability logits [N])."""
+    parts: list[list[np.ndarray]] = []
     for begin in range(0, len(arrays["input_ids"]), batch_size):
-        s, e = _logits(model, *(arrays[k][begin:begin + batch_size] for k in (
-            "input_ids", "token_type_ids", "attention_mask")))
-        starts.append(np.asarray(s, np.float32))
-        ends.append(np.asarray(e, np.float32))
-    return np.concatenate(starts), np.concatenate(ends)
+        outputs = _logits(model, *(arrays[k][begin:begin + batch_size] for k in (
+            "input_ids", "token_type_ids", "attention_mask", "cls_index")))
+        parts.append([np.asarray(output, np.float32) for output in outputs])
+    return tuple(np.concatenate(column) for column in zip(*parts, strict=True))
 
 
 @nnx.jit
-def _beams(model: BeamSpanExtractor, input_ids: jax.Array, token_type_ids: jax.Array,
-           attention_mask: jax.Array, p_mask: jax.Array, cls_index: jax.Array
-           ) -> dict[str, jax.Array]:
+def _beams(model: BeamSpanExtractor | JointSpanExtractor, input_ids: jax.Array,
+           token_type_ids: jax.Array, attention_mask: jax.Array, p_mask: jax.Array,
+           cls_index: jax.Array) -> dict[str, jax.Array]:
+    if isinstance(model, JointSpanExtractor):
+        return model.beam(input_ids, token_type_ids, attention_mask)
     return model.beam(input_ids, token_type_ids, attention_mask, p_mask=p_mask,
                       cls_index=cls_index)
 
 
-def beam_outputs(model: BeamSpanExtractor, arrays: dict[str, np.ndarray], batch_size: int = 64
-                 ) -> dict[str, np.ndarray]:
-    """The beam head's evaluation outputs of every window (`BeamSpanExtractor.beam`)."""
+def beam_outputs(model: BeamSpanExtractor | JointSpanExtractor, arrays: dict[str, np.ndarray],
+                 batch_size: int = 64) -> dict[str, np.ndarray]:
+    """The beam or joint head's evaluation outputs of every window (their `beam`)."""
     parts: dict[str, list[np.ndarray]] = {}
     for begin in range(0, len(arrays["input_ids"]), batch_size):
         out = _beams(model, *(arrays[k][begin:begin + batch_size] for k in (
@@ -210,7 +269,7 @@ class DevSet:
     tokenizer: Any
 
 
-def squad_monitor(model: SpanExtractor | BeamSpanExtractor, data: PreparedData,
+def squad_monitor(model: SpanModel, data: PreparedData,
                   examples: SquadExampleConfig, objective: Any = None) -> dict[str, float]:
     """The official metrics of the predicted answers on the whole dev set (v2.0: with the
     HasAns/NoAns split and the best null-score thresholds); the beam head's answers from its
@@ -220,14 +279,16 @@ def squad_monitor(model: SpanExtractor | BeamSpanExtractor, data: PreparedData,
     options = dict(with_null=version.with_null, n_best=examples.n_best_size,
                    max_answer_length=examples.max_answer_length,
                    null_score_diff_threshold=examples.null_score_diff_threshold)
-    if isinstance(model, BeamSpanExtractor):
+    if isinstance(model, BeamSpanExtractor | JointSpanExtractor):
+        rules = "electra" if isinstance(model, JointSpanExtractor) else model.config.head
         predicted = squad.predict_beam_answers(
             dev.examples, dev.windows, beam_outputs(model, dev.windows.arrays), dev.tokenizer,
-            rules=model.config.head, **options)
+            rules=rules, **options)
     else:
-        starts, ends = span_logits(model, dev.windows.arrays)
-        predicted = squad.predict_answers(dev.examples, dev.windows, starts, ends,
-                                          dev.tokenizer, **options)
+        starts, ends, *answerable = span_logits(model, dev.windows.arrays)
+        predicted = squad.predict_answers(
+            dev.examples, dev.windows, starts, ends, dev.tokenizer,
+            answerable_logits=answerable[0] if answerable else None, **options)
     answers = {e.qid: e.answers for e in dev.examples}
     if not version.with_null:
         return squad_metrics(predicted.text, answers)
@@ -270,8 +331,8 @@ def prepare_squad(data: DataConfig, examples: SquadExampleConfig, cache_dir: Pat
     settings); the dev windows in memory, with their questions for the monitor."""
     version = VERSIONS[examples.task]
     tokenizer = prepare.load_tokenizer(data) if data.tokenizer else None
-    # "windows-2": records with p_mask and cls_index (older caches lack them)
-    key = fingerprint("squad", "windows-2", version.name, dataclasses.asdict(examples),
+    # "windows-3": records with p_mask, cls_index and is_impossible (older caches lack them)
+    key = fingerprint("squad", "windows-3", version.name, dataclasses.asdict(examples),
                       source_fingerprint(str(version.path(data.source, "train"))),
                       source_fingerprint(data.tokenizer), data.lowercase)
     train_dir = Path(cache_dir) / key / "train"
@@ -306,6 +367,13 @@ def check_squad(model: SpanModelConfig, examples: SquadExampleConfig,
     if model.span_head == "beam" and model.head not in BEAM_HEADS:
         raise UserError(f"model.span_head=beam is the head of {BEAM_HEADS}; model.head="
                         f"{model.head} takes model.span_head=simple")
+    if model.span_head == "joint" and model.head not in JOINT_HEADS:
+        raise UserError(f"model.span_head=joint reads BERT's token types (heads {JOINT_HEADS});"
+                        f" model.head={model.head} takes model.span_head=simple")
+    if model.span_head == "answerable" and not VERSIONS[examples.task].with_null:
+        raise UserError("model.span_head=answerable classifies unanswerable questions, which "
+                        f"{examples.task} has none of; use it with squad2 or take "
+                        "model.span_head=simple")
     if model.answer_class_start not in ANSWER_CLASS_STARTS:
         raise UserError(f"model.answer_class_start={model.answer_class_start} is unknown; use "
                         f"one of {ANSWER_CLASS_STARTS}")
@@ -317,18 +385,21 @@ def check_squad(model: SpanModelConfig, examples: SquadExampleConfig,
 
 def pretrained_span_extractor(config: SpanModelConfig, seed: int,
                               load: Callable[[str], nnx.Module]
-                              ) -> SpanExtractor | BeamSpanExtractor | None:
+                              ) -> SpanModel | None:
     """The encoder of `config.init` under a fresh span head of `config.span_head` (None:
     random init)."""
     if not config.init:
         return None
-    build = beam_span_extractor if config.span_head == "beam" else span_extractor
-    return build(load_encoder(config.init, load, config.head), config, nnx.Rngs(seed))
+    build = {"beam": beam_span_extractor, "joint": joint_span_extractor}.get(
+        config.span_head, span_extractor)
+    encoder = load_encoder(config.init, load, config.head, config.init_layers)
+    return build(encoder, config, nnx.Rngs(seed))
 
 
 def build_span_extractor(config: SpanModelConfig, seed: int
-                         ) -> SpanExtractor | BeamSpanExtractor:
-    model_class = BeamSpanExtractor if config.span_head == "beam" else SpanExtractor
+                         ) -> SpanModel:
+    model_class = {"beam": BeamSpanExtractor, "answerable": AnswerableSpanExtractor,
+                   "joint": JointSpanExtractor}.get(config.span_head, SpanExtractor)
     with nnx.use_eager_sharding(False):
         return model_class(config, rngs=nnx.Rngs(seed))
 

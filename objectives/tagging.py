@@ -237,8 +237,8 @@ def pretrained_tagger(config: FinetuneModelConfig, seed: int,
     """The encoder of `config.init` under a fresh linear layer (None: random init)."""
     if not config.init:
         return None
-    return from_pretrained(load_encoder(config.init, load, config.head), config, nnx.Rngs(seed),
-                           TokenClassifier)
+    encoder = load_encoder(config.init, load, config.head, config.init_layers)
+    return from_pretrained(encoder, config, nnx.Rngs(seed), TokenClassifier)
 
 
 def ner_train_rows(data: str, config: Any) -> int:

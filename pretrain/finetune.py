@@ -118,7 +118,8 @@ def finetune_config(task: str, init: str, data: str, overrides: Sequence[str] = 
     if not source:
         raise UserError("give a starting point (--init) or, for a random encoder, the "
                         "checkpoint whose architecture to copy (--architecture)")
-    pretrained = read_pretrained(source, load_pretrained)
+    layers = [o.split("=", 1)[1] for o in overrides if o.startswith("model.init_layers=")]
+    pretrained = read_pretrained(source, load_pretrained, layers[-1] if layers else "")
     chosen = registry.downstream_recipe(pretrained, spec,
                                         {**_saved_run_config(source), "source": source})
     if chosen is None:  # no family claims it: say what the classifier starts from

@@ -52,6 +52,10 @@ def load_pretrained(path: str | Path, **choices: Any) -> nnx.Module:
     path = Path(path)
     if (path / MODEL_FILE).is_file():
         return load_model(path, downstream=True, **choices)
+    if choices.get("layers_to_keep"):
+        raise UserError(f"{path} is a HuggingFace folder; pruning its layers (model.init_layers) "
+                        f"takes a pretext model: run.py convert {path} DIR --to pretext, then "
+                        "--init DIR")
     if choices:
         raise UserError(f"{path} is a HuggingFace folder; {sorted(choices)} choose parts of a "
                         "pretext model only")

@@ -25,6 +25,7 @@ from resilience_utils import (
     run_in_process,
     small_corpus,
 )
+from text_utils import write_glue_folder
 
 from pretext_jax import run
 from pretext_jax.errors import UserError
@@ -33,9 +34,11 @@ from pretext_jax.models import encoder as encoder_module
 from pretext_jax.models.albert import AlbertConfig
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import LAYERDROP_STREAM, Encoder, EncoderConfig, layers_dropped
+from pretext_jax.objectives import classification
 from pretext_jax.pretrain import export
 from pretext_jax.pretrain.config import make_config
-from pretext_jax.pretrain.loading import load_model
+from pretext_jax.pretrain.finetune import finetune_config
+from pretext_jax.pretrain.loading import load_model, load_pretrained
 from pretext_jax.pretrain.trainer import Trainer
 
 TINY = EncoderConfig(vocab_size=40, hidden_size=16, num_layers=4, num_heads=2,
@@ -188,6 +191,27 @@ def test_pruned_model_is_the_full_one_with_layers_skipped_and_exports_smaller(
                     output_hidden_states=True)
     np.testing.assert_allclose(theirs.hidden_states[-1].numpy(), ours.hidden_states, atol=1e-5)
     np.testing.assert_allclose(theirs.prediction_logits.numpy(), ours.mlm_logits, atol=1e-5)
+
+
+def test_fine_tuning_starts_from_the_kept_layers(model_dir, tmp_path):
+    """`run.py finetune --init W model.init_layers=0,2`: the recipe's model has 2 layers and
+    the run starts from layers 0 and 2 of W's encoder (Fan et al. §4: prune, then fine-tune
+    without training the dropped ones); an HF folder or a bad list is refused in one line."""
+    data = write_glue_folder(tmp_path, WORDS, (16, 8), (4, 4))
+    config = finetune_config("sst2", str(model_dir), data, ["model.init_layers=0,2"])
+    assert (config.model.num_layers, config.model.init_layers) == (2, "0,2")
+    start = classification.pretrained_classifier(config.model, 0, load_pretrained)
+    full = nnx.state(load_model(model_dir).encoder.stack.layers)
+    kept = nnx.state(start.encoder.stack.layers)
+    for (path, value), (_, cut) in zip(nnx.to_flat_state(full), nnx.to_flat_state(kept),
+                                       strict=True):
+        np.testing.assert_array_equal(cut[...], value[...][np.array([0, 2])], err_msg=str(path))
+    assert finetune_config("sst2", str(model_dir), data).model.num_layers == 4  # control
+    with pytest.raises(UserError, match=r"\[7\] outside the 4 layers"):
+        finetune_config("sst2", str(model_dir), data, ["model.init_layers=0,7"])
+    hf_folder = export.convert(model_dir, tmp_path / "hf", to="hf")
+    with pytest.raises(UserError, match="takes a pretext model: run.py convert"):
+        finetune_config("sst2", str(hf_folder), data, ["model.init_layers=0"])
 
 
 def test_bad_settings_are_refused_in_one_line(model_dir, tmp_path, capsys):

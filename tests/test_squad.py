@@ -39,7 +39,12 @@ from pretext_jax.models.classifier import (
     classifier_config,
 )
 from pretext_jax.models.mpnet import MPNet, MPNetConfig
-from pretext_jax.models.span import SpanExtractor, span_extractor
+from pretext_jax.models.span import (
+    AnswerableSpanExtractor,
+    JointSpanExtractor,
+    SpanExtractor,
+    span_extractor,
+)
 from pretext_jax.models.xlm import XLM, XLMConfig
 from pretext_jax.models.xlnet import XLNet, XLNetConfig
 from pretext_jax.objectives import albert, bert, electra, mpnet, roberta, xlm, xlnet
@@ -51,6 +56,7 @@ from pretext_jax.objectives.common.squad_metrics import (
     squad_metrics,
     token_f1,
 )
+from pretext_jax.pretrain import hf
 from pretext_jax.pretrain.finetune import finetune_config
 from pretext_jax.pretrain.loading import load_pretrained
 from pretext_jax.pretrain.trainer import Trainer
@@ -231,6 +237,12 @@ def test_prediction_rules_on_hand_made_logits():
     assert out.text["q"] == "" and out.best_non_null["q"] == "dog ran"
     assert predict(starts, ends, with_null=True, null_score_diff_threshold=1.0).text["q"] \
         == "dog ran"
+    # The answerable head (RoBERTa §5.2): the best window's answerability logit decides, the
+    # start/end logits at the null token play no part.
+    out = predict(starts, ends, with_null=True, answerable_logits=np.array([-3.0, 0.5]))
+    assert out.score_diff["q"] == pytest.approx(-0.5) and out.text["q"] == "dog ran"
+    out = predict(starts, ends, with_null=True, answerable_logits=np.array([-3.0, -0.5]))
+    assert out.text["q"] == "" and out.best_non_null["q"] == "dog ran"
 
 
 @pytest.mark.parametrize("layout", ["xlnet", "xlm", "roberta"])
@@ -398,6 +410,193 @@ def test_a_span_extractor_starts_from_its_family():
                    nnx.to_flat_state(nnx.state(fresh.transformer, nnx.Param)))
 
 
+def test_answerable_head_loss_and_prediction_against_numpy(tmp_path):
+    """RoBERTa's v2.0 model (§5.2): the simple head's start/end logits unchanged, an
+    answerability logit from RoBERTa's classification head (dense, tanh, dense) on the null
+    token's state, the loss the span loss plus the answerability's sigmoid cross-entropy;
+    the monitor predicts from it; HF has no class for it (export refused in one line)."""
+    config = squad_objective.SpanModelConfig(**{
+        **dataclasses.asdict(OUR_CONFIGS["roberta"]()), "span_head": "answerable"})
+    model = random_params(squad_objective.build_span_extractor(config, 0), 1)
+    assert isinstance(model, AnswerableSpanExtractor)
+    ids, types, mask = span_inputs("roberta", 50)
+    cls_index = np.zeros(len(ids), np.int32)
+    starts, ends, answerable = model(ids, types, mask, cls_index=cls_index)
+    plain = SpanExtractor(OUR_CONFIGS["roberta"](), rngs=nnx.Rngs(0))
+    plain.encoder, plain.qa_outputs = model.encoder, model.qa_outputs
+    plain_starts, plain_ends = plain(ids, types, mask)
+    np.testing.assert_array_equal(starts, plain_starts)
+    np.testing.assert_array_equal(ends, plain_ends)
+    hidden = np.asarray(model.hidden(ids, types, mask, None))[:, 0]
+    weights = {name: np.asarray(getattr(model, name).kernel[...]) for name in (
+        "answer_dense", "answer_out")}
+    biases = {name: np.asarray(getattr(model, name).bias[...]) for name in weights}
+    x = np.tanh(hidden @ weights["answer_dense"] + biases["answer_dense"])
+    expected = (x @ weights["answer_out"] + biases["answer_out"])[:, 0]
+    np.testing.assert_allclose(answerable, expected, rtol=1e-5, atol=1e-5)
+    # The loss: (start CE + end CE) / 2 + sigmoid CE of "the question is answerable". Windows
+    # 2 and 3 hold no answer; window 2's question has one elsewhere (labelled answerable).
+    positions = np.array([3, 0, 0], np.int32)
+    batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask,
+             "cls_index": cls_index, "start_positions": positions,
+             "end_positions": np.array([4, 0, 0], np.int32),
+             "is_impossible": np.array([0, 0, 1], np.int32)}
+    loss, metrics = squad_objective.span_loss(model, batch, None)
+
+    def cross_entropy(logits, gold):
+        logits = np.asarray(logits, np.float64)
+        top = logits.max(1, keepdims=True)
+        log_probs = logits - top - np.log(np.exp(logits - top).sum(1, keepdims=True))
+        return -log_probs[np.arange(len(gold)), gold].mean()
+
+    span = (cross_entropy(starts, positions) + cross_entropy(ends, batch["end_positions"])) / 2
+    label = np.array([1.0, 1.0, 0.0])
+    probability = 1 / (1 + np.exp(-np.asarray(answerable, np.float64)))
+    answer_class = -np.mean(label * np.log(probability) + (1 - label) * np.log(1 - probability))
+    assert float(loss) == pytest.approx(span + answer_class, rel=1e-5)
+    assert float(metrics["answer_class_loss"][0]) == pytest.approx(answer_class, rel=1e-5)
+    with pytest.raises(UserError, match="fine-tune with model.span_head=simple to export"):
+        hf.save(model, tmp_path / "export")
+    assert not (tmp_path / "export").exists()
+    with pytest.raises(UserError, match="answerable classifies unanswerable questions"):
+        squad_objective.check_squad(config, squad_objective.SquadExampleConfig(
+            task="squad", layout="roberta", max_seq_length=16))
+
+
+def _erf_gelu(x):
+    from scipy.special import erf
+    return 0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))
+
+
+def electra_head_numpy(model, hidden, types, mask, start_positions, beam):
+    """google-research/electra qa_tasks.py `get_prediction_module` re-stated in numpy (float64)
+    on the encoder's final states: training outputs (start, end given the gold start,
+    answerability logits) and the inference beams."""
+    w = {name: (np.asarray(getattr(model, name).kernel[...], np.float64),
+                np.asarray(getattr(model, name).bias[...], np.float64))
+         for name in ("start_dense", "end_hidden", "end_dense", "answer_hidden", "answer_dense")}
+
+    def layer(name, x):
+        return x @ w[name][0] + w[name][1]
+
+    def log_softmax(x):
+        top = x.max(-1, keepdims=True)
+        return x - top - np.log(np.exp(x - top).sum(-1, keepdims=True))
+
+    batch, length, _ = hidden.shape
+    answer_mask = mask * types
+    answer_mask[:, 0] += 1
+    penalty = 1000.0 * (answer_mask - 1)
+    starts = layer("start_dense", hidden)[..., 0] + penalty
+    start_p = np.exp(log_softmax(starts))
+    answer_in = np.concatenate([hidden[:, 0], (start_p[..., None] * hidden).sum(1)], -1)
+    answerable = layer("answer_dense", _erf_gelu(layer("answer_hidden", answer_in)))[:, 0]
+    gold = hidden[np.arange(batch), start_positions]
+    end_in = np.concatenate([np.repeat(gold[:, None], length, 1), hidden], -1)
+    ends = layer("end_dense", _erf_gelu(layer("end_hidden", end_in)))[..., 0] + penalty
+    start_log_probs = log_softmax(starts)
+    start_index = np.argsort(-start_log_probs, axis=1, kind="stable")[:, :beam]
+    chosen = hidden[np.arange(batch)[:, None], start_index]  # [B, K, H]
+    beam_in = np.concatenate([np.repeat(chosen[:, :, None], length, 2),
+                              np.repeat(hidden[:, None], beam, 1)], -1)
+    beam_ends = log_softmax(layer("end_dense", _erf_gelu(layer("end_hidden", beam_in)))[..., 0]
+                            + penalty[:, None])
+    end_index = np.argsort(-beam_ends, axis=2, kind="stable")[..., :beam]
+    return {"starts": starts, "ends": ends, "answerable": answerable,
+            "start_top_log_probs": np.take_along_axis(start_log_probs, start_index, 1),
+            "start_top_index": start_index, "end_index": end_index,
+            "end_top_log_probs": np.take_along_axis(beam_ends, end_index, 2)}
+
+
+def test_joint_head_against_electras_definition_in_numpy(tmp_path):
+    """ELECTRA's SQuAD head (`model.span_head=joint`) against qa_tasks.py re-stated in numpy:
+    masked start logits, end logits given the gold start, the answerability logit from [CLS]
+    and the expected start state, the loss (start + end CE) / 2 + 0.5 x the answerability's
+    sigmoid CE against `is_impossible`, and the inference beams; no HF export."""
+    config = squad_objective.SpanModelConfig(**{
+        **dataclasses.asdict(OUR_CONFIGS["electra"]()), "span_head": "joint",
+        "start_n_top": 4, "end_n_top": 3})
+    model = random_params(squad_objective.build_span_extractor(config, 0), 2)
+    assert isinstance(model, JointSpanExtractor)
+    ids, types, mask = span_inputs("electra", 50)
+    positions = np.array([5, 0, 7], np.int32)
+    hidden = np.asarray(model.hidden(ids, types, mask, None), np.float64)
+    expected = electra_head_numpy(model, hidden, types.astype(np.float64),
+                                  mask.astype(np.float64), positions, 4)
+    starts, ends, answerable = model(ids, types, mask, start_positions=positions)
+    for name, ours in (("starts", starts), ("ends", ends), ("answerable", answerable)):
+        np.testing.assert_allclose(ours, expected[name], rtol=1e-5, atol=1e-4, err_msg=name)
+    beams = model.beam(ids, types, mask)
+    np.testing.assert_array_equal(beams["start_top_index"], expected["start_top_index"])
+    np.testing.assert_array_equal(beams["end_top_index"], expected["end_index"][..., :3])
+    for name in ("start_top_log_probs", "end_top_log_probs"):
+        np.testing.assert_allclose(beams[name], expected[name][..., :3] if name[0] == "e"
+                                   else expected[name], rtol=1e-5, atol=1e-4, err_msg=name)
+    np.testing.assert_allclose(beams["cls_logits"], expected["answerable"], rtol=1e-5, atol=1e-5)
+    impossible = np.array([0, 1, 0], np.int32)
+    batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask,
+             "start_positions": positions, "end_positions": np.array([6, 0, 7], np.int32),
+             "is_impossible": impossible, "cls_index": np.zeros(3, np.int32)}
+    loss, metrics = squad_objective.span_loss(model, batch, None)
+
+    def cross_entropy(logits, gold):
+        top = logits.max(1, keepdims=True)
+        log_probs = logits - top - np.log(np.exp(logits - top).sum(1, keepdims=True))
+        return -log_probs[np.arange(len(gold)), gold].mean()
+
+    span = (cross_entropy(expected["starts"], positions)
+            + cross_entropy(expected["ends"], batch["end_positions"])) / 2
+    logit = expected["answerable"]
+    answer_class = np.mean(np.logaddexp(0.0, logit) - impossible * logit)
+    assert float(loss) == pytest.approx(span + 0.5 * answer_class, rel=1e-5)
+    assert float(metrics["answer_class_loss"][0]) == pytest.approx(answer_class, rel=1e-5)
+    with pytest.raises(UserError, match="no HuggingFace conversion for JointSpanExtractor"):
+        hf.save(model, tmp_path / "export")
+    assert not (tmp_path / "export").exists()
+    with pytest.raises(UserError, match="span_head=joint reads BERT's token types"):
+        squad_objective.check_squad(dataclasses.replace(config, head="roberta"),
+                                    squad_objective.SquadExampleConfig(layout="roberta",
+                                                                       max_seq_length=16))
+
+
+def test_electra_prediction_rules_on_hand_made_beams():
+    """qa_metrics.py's rules for the joint head: the last context sub-token may end a span
+    (XLNet's rules drop it), the null score (the lowest answerability logit) empties the
+    answer only above the threshold, and no candidate at all answers "empty"."""
+    tokenizer, example, windows = hand_made()
+    row, first = 1, 4
+    last = int(np.flatnonzero(windows.token_words[row] >= 0)[-1])
+    beams = {"start_top_index": np.full((2, 1), last, np.int32),
+             "end_top_index": np.full((2, 1, 1), last, np.int32),
+             "start_top_log_probs": np.zeros((2, 1), np.float32),
+             "end_top_log_probs": np.zeros((2, 1, 1), np.float32),
+             "cls_logits": np.array([0.5, 0.0], np.float32)}
+    beams["start_top_index"][0] = beams["end_top_index"][0] = first  # row 0's first word,
+    beams["start_top_log_probs"][0] = -1.0  # scored below row 1's last one
+    options = dict(with_null=True, n_best=20, max_answer_length=30)
+    electra = squad.predict_beam_answers([example], windows, beams, tokenizer, rules="electra",
+                                         **options)
+    xlnet = squad.predict_beam_answers([example], windows, beams, tokenizer, rules="xlnet",
+                                       **options)
+    assert electra.best_non_null["q"] == _last_word(example, windows, row, last)
+    assert xlnet.best_non_null["q"] != electra.best_non_null["q"]
+    assert electra.score_diff["q"] == 0.0 and electra.text["q"] != ""  # 0 > 0 is false
+    albert = squad.predict_beam_answers([example], windows, beams, tokenizer, rules="albert",
+                                        **options)
+    assert albert.text["q"] == ""  # ALBERT empties the answer at the threshold itself
+    beams["start_top_index"][:] = 0  # [CLS]: no candidate
+    beams["end_top_index"][:] = 0
+    none = squad.predict_beam_answers([example], windows, beams, tokenizer, rules="electra",
+                                      **options)
+    assert none.best_non_null["q"] == "empty" and none.nbest["q"] == [("empty", 1.0)]
+
+
+def _last_word(example, windows, row, position):
+    word = int(windows.token_words[row, position])
+    start, end = example.word_spans[word]
+    return example.context[start:end]
+
+
 # --- recipes and the CLI ---------------------------------------------------------------------
 
 def test_family_recipes_for_squad():
@@ -408,10 +607,13 @@ def test_family_recipes_for_squad():
     assert (small.learning_rate, small.layerwise_lr_decay, small.epochs,
             small.max_seq_length) == (3e-4, 0.8, 2, 512)
     assert electra.glue_settings(256, "rte").max_seq_length == 0
+    assert (small.span_head, small.beam_size) == ("joint", 20)  # qa_tasks.py's defaults
     large = xlnet.glue_settings(1024, "squad2")  # scripts/tpu_squad_large.sh
     assert (large.learning_rate, large.batch_size, large.epochs, large.warmup,
             large.max_seq_length, large.eps) == (3e-5, 48, 3, 0.125, 512, 1e-6)
     assert large.span_head == "beam" and xlnet.glue_settings(768, "squad").span_head == "beam"
+    assert (roberta.glue_settings(768, "squad2").span_head,
+            roberta.glue_settings(768, "squad").span_head) == ("answerable", "")  # §5.2
     assert xlnet.glue_settings(1024, "sst2").batch_size == 32  # GLUE's unchanged
     assert xlm.glue_settings(1024, "squad").schedule == "linear"
     assert xlm.glue_settings(1024, "sst2").schedule == "constant"
@@ -597,6 +799,37 @@ def test_xlnet_squad2_from_a_hf_folder(tmp_path, squad_setup):
             dataclasses.replace(config.model, head="bert"), 0, load_pretrained)
     with pytest.raises(UserError, match="use examples.layout=xlnet"):
         finetune_config("squad2", str(folder), data, [*SMALL, "examples.layout=bert"])
+
+
+@pytest.mark.parametrize("span_head", ["answerable", "joint"])
+def test_answerable_and_joint_heads_start_from_a_folder_and_the_monitor_reads_them(
+        tmp_path, squad_setup, span_head):
+    """RoBERTa's and ELECTRA's v2.0 heads on a pre-trained encoder: the encoder moves over and
+    the monitor scores them; the answerable head's answers follow its answerability logits
+    (every question answered at a threshold below all of them, none above)."""
+    bert_dir, data = squad_setup
+    config = finetune_config("squad2", bert_dir, data, [*SMALL, f"model.span_head={span_head}"])
+    model = squad_objective.pretrained_span_extractor(config.model, 0, load_pretrained)
+    assert isinstance(model, {"answerable": AnswerableSpanExtractor,
+                              "joint": JointSpanExtractor}[span_head])
+    np.testing.assert_array_equal(
+        model.encoder.embeddings.word_embeddings.embedding[...],
+        load_pretrained(bert_dir).encoder.embeddings.word_embeddings.embedding[...])
+    prepared = squad_objective.prepare_squad(config.data, config.examples, tmp_path / "cache", 0)
+    metrics = squad_objective.squad_monitor(model, prepared, config.examples)
+    assert "best_f1_thresh" in metrics and 0.0 <= metrics["f1"] <= 100.0
+    if span_head == "joint":
+        return
+    starts, ends, answerable = squad_objective.span_logits(model, prepared.eval)
+    assert answerable.shape == (len(starts),)
+    for threshold, empty in ((-np.abs(answerable).max() - 1, False),
+                             (np.abs(answerable).max() + 1, True)):
+        examples = dataclasses.replace(config.examples, null_score_diff_threshold=-threshold)
+        predicted = squad.predict_answers(
+            prepared.monitor_data.examples, prepared.monitor_data.windows, starts, ends,
+            prepared.monitor_data.tokenizer, with_null=True, answerable_logits=answerable,
+            null_score_diff_threshold=examples.null_score_diff_threshold)
+        assert all((text == "") == empty for text in predicted.text.values()), threshold
 
 
 @pytest.mark.parametrize("family", ["albert", "mpnet"])

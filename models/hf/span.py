@@ -2,7 +2,8 @@
 `ElectraForQuestionAnswering`, `RobertaForQuestionAnswering`, `AlbertForQuestionAnswering`,
 `MPNetForQuestionAnswering`, `XLNetForQuestionAnsweringSimple` and
 `XLMForQuestionAnsweringSimple` (transformers modeling_<family>.py: the base model without its
-pooler + `qa_outputs`) <-> `models.span.SpanExtractor` with that family's head; and
+pooler + `qa_outputs`) <-> `models.span.SpanExtractor` with that family's head (not its
+`AnswerableSpanExtractor` form: HF has no answerability classifier); and
 `XLNetForQuestionAnswering` (`start_logits`, `end_logits`, `answer_class`) <->
 `models.span.BeamSpanExtractor`."""
 
@@ -29,7 +30,20 @@ from pretext_jax.models.hf import roberta as roberta_hf
 from pretext_jax.models.hf import xlm as xlm_hf
 from pretext_jax.models.hf import xlnet as xlnet_hf
 from pretext_jax.models.hf.conversion import Converter, Tensor, layer_norm, linear, register
-from pretext_jax.models.span import BeamSpanExtractor, SpanExtractor, XLNetBeamConfig
+from pretext_jax.models.span import (
+    AnswerableSpanExtractor,
+    BeamSpanExtractor,
+    SpanExtractor,
+    XLNetBeamConfig,
+)
+
+
+def _no_answerability_head(model: Any) -> str | None:
+    """HF's `*ForQuestionAnswering` hold no answerability classifier (RoBERTa §5.2)."""
+    if isinstance(model, AnswerableSpanExtractor):
+        return ("HF's *ForQuestionAnswering have no place for the answerability classifier of "
+                "model.span_head=answerable; fine-tune with model.span_head=simple to export")
+    return None
 
 
 def span_converter(head: str, architecture: str, prefix: str, config_class: type[HeadConfig],
@@ -58,7 +72,7 @@ def span_converter(head: str, architecture: str, prefix: str, config_class: type
         model_type=head, model_class=SpanExtractor, architectures=(architecture,),
         config_from_hf=config_from_hf, config_to_hf=config_to_hf, tensors=tensors,
         prefix=prefix, optional=("qa_outputs.",), ignored=ignored,
-        accepts=lambda config: config.head == head, **fields)
+        accepts=lambda config: config.head == head, refuses=_no_answerability_head, **fields)
 
 
 def _encoder_tensors(prefix: str) -> Callable[[ClassifierConfig], tuple[Tensor, ...]]:

@@ -59,6 +59,7 @@ class ClassifierSettings:
     classifier_dropout: float = -1.0  # < 0: the encoder's hidden dropout
     max_seq_length: int = 0  # 0: the task's input length
     span_head: str = ""  # SQuAD's span head (models.span.SPAN_HEADS); "": the method's default
+    beam_size: int = 0  # SQuAD's beam and joint heads: starts and ends kept; 0: the head's default
 
 
 # fairseq's RoBERTa README.glue.md, per task: (lr, batch size); microsoft/MPNet's README.glue.md
@@ -93,6 +94,11 @@ class FinetuneModelConfig(ClassifierConfig, XLNetClassifierConfig, XLMClassifier
     head: str = "bert"
     init: str = ""
     """Start from: a pretext workdir/model dir or HF folder of a head's family; '' = random."""
+    init_layers: str = ""
+    """Keep only these layers of `init`'s encoder, e.g. 0,2,4 (LayerDrop's pruning before
+    fine-tuning, Fan et al. 2020 §4; fairseq `encoder_layers_to_keep`): the model holds them,
+    renumbered, and `num_layers` counts them; a pretext `init` of models/encoder.py's encoder
+    only; '' = all."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -106,15 +112,17 @@ class FinetuneModelConfig(ClassifierConfig, XLNetClassifierConfig, XLMClassifier
         return self.head == "xlm"
 
 
-def read_pretrained(init: str, load: Callable[[str], nnx.Module]) -> nnx.Module:
+def read_pretrained(init: str, load: Callable[..., nnx.Module], layers_to_keep: str = ""
+                    ) -> nnx.Module:
     """The model of `init`, a pretext workdir/model directory or a HuggingFace folder, read by
     `load` (the trainer's checkpoint loader, `pretrain.loading.load_pretrained`: the checkpoint
-    formats live with the trainer)."""
+    formats live with the trainer), its encoder pruned to `layers_to_keep` ('' = all; a pretext
+    `init` only)."""
     if not Path(init).is_dir():
         raise UserError(f"model.init={init} is not a directory; pass a pretext workdir, a "
                         "model directory or a HuggingFace BERT/ELECTRA/RoBERTa/ALBERT/MPNet/"
                         "XLNet/XLM folder")
-    return load(init)
+    return load(init, layers_to_keep=layers_to_keep) if layers_to_keep else load(init)
 
 
 def as_encoder(init: str, model: nnx.Module, head: str = "") -> nnx.Module:
@@ -134,9 +142,11 @@ def as_encoder(init: str, model: nnx.Module, head: str = "") -> nnx.Module:
     return model
 
 
-def load_encoder(init: str, load: Callable[[str], nnx.Module], head: str = "") -> nnx.Module:
-    """The pre-trained encoder to start a `head` from (`read_pretrained`, `as_encoder`)."""
-    return as_encoder(init, read_pretrained(init, load), head)
+def load_encoder(init: str, load: Callable[..., nnx.Module], head: str = "",
+                 layers_to_keep: str = "") -> nnx.Module:
+    """The pre-trained encoder to start a `head` from (`read_pretrained`, `as_encoder`), pruned
+    to `layers_to_keep` ('' = all)."""
+    return as_encoder(init, read_pretrained(init, load, layers_to_keep), head)
 
 
 # The input layout each head reads (`input_pipeline.glue.LAYOUTS`); the others read BERT's.
@@ -195,6 +205,8 @@ def claims_encoders(head: str, settings: Callable[[int, str], ClassifierSettings
                   "optim.clip_norm": chosen.clip_norm}
         if chosen.span_head:
             values["model.span_head"] = chosen.span_head
+        if chosen.beam_size:
+            values["model.start_n_top"] = values["model.end_n_top"] = chosen.beam_size
         return FinetuneRecipe(values, epochs=chosen.epochs, warmup=chosen.warmup,
                               tokenizer_from_init=True)
 
