@@ -661,10 +661,17 @@ def test_squad_cards_match_the_recipes(family):
         wanted["optim.eps"] = chosen.eps
     if family in ("roberta", "mpnet"):  # fairseq's Adam
         wanted["optim.b2"] = chosen.b2
+    if chosen.beam_size:
+        wanted["model.start_n_top`, `model.end_n_top"] = chosen.beam_size
     rows = card_rows(family)
     assert set(wanted) <= set(rows), set(wanted) - set(rows)
     for key, value in wanted.items():
         assert float(rows[key].rstrip(" %")) == pytest.approx(value, rel=1e-3), key
+    if family == "electra":
+        assert rows["model.span_head"] == chosen.span_head == "joint"
+    if family == "roberta":  # v2.0's head: the card's head row names it
+        assert FAMILIES[family][0].glue_settings(768, "squad2").span_head == "answerable"
+        assert "`model.span_head=answerable`" in rows["head"]
 
 
 GLUE_CARD = re.compile(r"lr ([0-9.e-]+), batch (\d+), ([0-9.]+) epochs, warmup ([0-9.]+) %")
