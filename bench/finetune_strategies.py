@@ -15,7 +15,10 @@ rates (`optim.layerwise_lr_decay` 1/2.6). Two-stage (Gururangan et al. 2020 TAPT
 2019 §5.1): `--continue-steps` steps of BERT's MLM + NSP (or, "two-stage MLM only", the MLM
 alone: `objective.next_sentence_weight=0`) on the same training rows' text (batches of
 `--continue-batch` sequences of the fine-tuning length; new MLM and NSP heads, all-MiniLM-L6-v2
-has none), then full fine-tuning (`pretrain.transfer.run_two_stage`).
+has none), then full fine-tuning (`pretrain.transfer.run_two_stage`). MT-DNN (SST-2 only; Liu et
+al. 2019 §3-4): the multi-task model on SST-2 with `--mtdnn-tasks` (each limited to
+`--max-train` rows, tasks sampled in proportion to their size) for `--epochs`, then SST-2
+fine-tuned from it as full fine-tuning is (`pretrain.transfer.run_multitask`).
 Data: $PRETEXT_SHARED_DATA/glue or /wnut17, else ../shared/data/.... Prints one Markdown row
 per strategy (`bench.report`, one table per task): the trained and total parameters, the dev
 score and wall-clock seconds (two-stage's include its continued pre-training).
@@ -34,7 +37,7 @@ from bench.pretrain_wikitext import shared_data_dir
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
 from pretext_jax.pretrain.finetune import finetune, finetune_config
 from pretext_jax.pretrain.sentence_embeddings import minilm_path
-from pretext_jax.pretrain.transfer import run_two_stage
+from pretext_jax.pretrain.transfer import MULTITASK, run_multitask, run_two_stage
 
 COLUMNS = ("strategy", "settings", "trained / total parameters", "max train rows", "epochs")
 
@@ -59,6 +62,7 @@ TABLES = tuple(task.table for task in TASKS.values())  # docs/benchmarks.md show
 
 
 TWO_STAGE = "two-stage"
+MTDNN = "MT-DNN, then fine-tuning"
 
 
 def strategies(unfreeze_every: int, continue_batch: int, continue_length: int
@@ -74,7 +78,8 @@ def strategies(unfreeze_every: int, continue_batch: int, continue_length: int
             "gradual unfreezing": [f"optim.unfreeze_every_steps={unfreeze_every}",
                                    f"optim.layerwise_lr_decay={1 / 2.6:.4f}"],
             TWO_STAGE: continued,
-            f"{TWO_STAGE} MLM only": [*continued, "continue.objective.next_sentence_weight=0"]}
+            f"{TWO_STAGE} MLM only": [*continued, "continue.objective.next_sentence_weight=0"],
+            MTDNN: []}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -87,6 +92,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--continue-steps", type=int, default=64,
                         help="two-stage: steps of continued pre-training on the task's text")
     parser.add_argument("--continue-batch", type=int, default=32)
+    parser.add_argument("--mtdnn-tasks", default="mrpc,rte",
+                        help="MT-DNN: the GLUE tasks trained beside SST-2")
     parser.add_argument("--only", default="", help="comma-separated strategies (default: all)")
     parser.add_argument("--workdir", default="runs/bench_finetune_strategies")
     report.add_markdown_argument(parser, "finetune_strategies")
@@ -107,7 +114,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             continue
         workdir = Path(args.workdir) / args.task / name.replace(" ", "_")
         start = time.perf_counter()
-        if name.startswith(TWO_STAGE):
+        if name == MTDNN:
+            if task.name != "sst2":
+                continue  # GLUE's tasks only
+            tasks = ["sst2", *[t for t in args.mtdnn_tasks.split(",") if t]]
+            run_multitask(tasks, init, data, workdir, common, epochs=args.epochs)
+            result = finetune(finetune_config(task.name, str(workdir / MULTITASK), data, common,
+                                              epochs=args.epochs), workdir / task.name)
+            overrides = [f"multi-task {'+'.join(tasks)}"]
+        elif name.startswith(TWO_STAGE):
             result = run_two_stage(task.name, init, data, workdir, args.continue_steps,
                                    [*common, *overrides], epochs=args.epochs)
             overrides = [f"continue {args.continue_steps} steps", *overrides]

@@ -19,6 +19,12 @@ import os
 # expensive passes are skipped too (`xla_llvm_disable_expensive_passes`): a BERT step compiled
 # on four meshes took 57 s against 68 s with them.
 #
+# XLA:CPU's newer MLIR fusion emitters are off (`xla_cpu_use_fusion_emitters=false`: the LLVM IR
+# emitters it used before): compiling the BERT, XLNet and SimCLR tiny steps on one device and
+# on the (2, 2, 2) mesh took 35-36 s against 46-51 s with them (two alternating runs each,
+# persistent cache off, `/tmp/exp/flagbench.py` of this stop's note), their steps no slower;
+# backend compiling was 57 % of the suite's worker time (jax's monitoring events, per file).
+#
 # Convolutions run on the calling device's thread, not on Eigen's shared pool (as many threads
 # as cores): twice an image run (ResNet, BatchNorm statistics all-reduced over the 8 devices)
 # hung for good with every XLA:CPU thread waiting, presumably device threads blocked at a
@@ -39,6 +45,8 @@ os.environ["XLA_FLAGS"] = " ".join([
     "--xla_cpu_collective_call_warn_stuck_timeout_seconds=300",
     "--xla_cpu_collective_call_terminate_timeout_seconds=1200",
     "--xla_cpu_multi_thread_eigen=false", "--xla_llvm_disable_expensive_passes=true",
+    *([] if "--xla_cpu_use_fusion_emitters" in given else
+      ["--xla_cpu_use_fusion_emitters=false"]),
     *([] if "--xla_backend_optimization_level" in given else
       ["--xla_backend_optimization_level=1"])]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
