@@ -63,8 +63,11 @@ def measure_here(workload: str, mesh: tuple[int, int, int]) -> dict[str, float]:
 
 def run_one(flags: str, workload: str, devices: int, mesh: tuple[int, int, int]
             ) -> dict[str, float]:
-    """`measure_here` in a fresh process: the suite's flags, the candidate's, `devices`."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+    """`measure_here` in a fresh process: the suite's flags, then the candidate's and
+    `devices` (XLA takes the last setting of a flag)."""
+    env = {key: value for key, value in os.environ.items()
+           if key != "JAX_COMPILATION_CACHE_DIR"}  # conftest's, set by `suite_flags`
+    env = {**env, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": " ".join([suite_flags(), flags,
                                   f"--xla_force_host_platform_device_count={devices}"])}
     code = ("import json, sys; from bench.compile_flags import measure_here; "

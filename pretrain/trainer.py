@@ -407,7 +407,8 @@ class Trainer:
         watch = resilience.PreemptionWatch()
         flags: list[tuple[int, jax.Array]] = []  # (step, non-finite flag) not yet looked at
         stopped_by = None
-        profile = Profile(t.profile_steps, self.workdir / PROFILE_DIR, writer)
+        profile = Profile(t.profile_steps, self.workdir / PROFILE_DIR, writer,
+                          settle=self.checkpoints.seal_saved)
         try:
             end = t.steps if stop_after is None else min(stop_after, t.steps)
             for step in range(start + 1, end + 1):

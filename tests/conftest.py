@@ -20,10 +20,8 @@ import os
 # on four meshes took 57 s against 68 s with them.
 #
 # XLA:CPU's newer MLIR fusion emitters are off (`xla_cpu_use_fusion_emitters=false`: the LLVM IR
-# emitters it used before): compiling the BERT, XLNet and SimCLR tiny steps on one device and
-# on the (2, 2, 2) mesh took 35-36 s against 46-51 s with them (two alternating runs each,
-# persistent cache off, `/tmp/exp/flagbench.py` of this stop's note), their steps no slower;
-# backend compiling was 57 % of the suite's worker time (jax's monitoring events, per file).
+# emitters it used before): over two full cold runs the suite's backend compile took 3,785
+# worker-seconds without them against 5,185 with them (docs/testing.md, "Compile time").
 #
 # Convolutions run on the calling device's thread, not on Eigen's shared pool (as many threads
 # as cores): twice an image run (ResNet, BatchNorm statistics all-reduced over the 8 devices)
