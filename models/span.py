@@ -130,18 +130,6 @@ class AnswerableSpanExtractor(SpanExtractor):
         return logits[..., 0], logits[..., 1], self.answer_out(x)[..., 0].astype(jnp.float32)
 
 
-def span_extractor(pretrained: nnx.Module, config: HeadConfig, rngs: nnx.Rngs
-                   ) -> SpanExtractor:
-    """A span extractor (`AnswerableSpanExtractor` where `config.span_head` is answerable)
-    whose encoder is the pre-trained model's (a family of `models.classifier.FAMILIES`, or a
-    classifier or span extractor on one); the heads are freshly initialised (run_squad.py:
-    truncated normal, stddev 0.02)."""
-    answerable = getattr(config, "span_head", "simple") == "answerable"
-    model = (AnswerableSpanExtractor if answerable else SpanExtractor)(config, rngs=rngs)
-    move_encoder(model, pretrained)
-    return model
-
-
 def _mask(logits: jax.Array, p_mask: jax.Array) -> jax.Array:
     """function_builder.py's masking of impossible positions (p_mask 1): logit * (1 - p) -
     1e30 * p."""
@@ -247,15 +235,6 @@ class BeamSpanExtractor(EncoderHeads):
                 "cls_logits": self._answer_class(hidden, start_state, cls_index, None)}
 
 
-def beam_span_extractor(pretrained: nnx.Module, config: HeadConfig, rngs: nnx.Rngs
-                        ) -> BeamSpanExtractor:
-    """`span_extractor`'s beam form: the pre-trained XLNet or ALBERT under a fresh beam
-    head."""
-    model = BeamSpanExtractor(config, rngs=rngs)
-    move_encoder(model, pretrained)
-    return model
-
-
 class JointSpanExtractor(EncoderHeads):
     """Encoder + ELECTRA's joint head (module docstring): `start_dense` (H -> 1), `end_hidden`
     (2H -> 512, GELU) and `end_dense` (512 -> 1) on [start state, state], `answer_hidden`
@@ -336,9 +315,20 @@ class JointSpanExtractor(EncoderHeads):
                 "cls_logits": answerable}
 
 
-def joint_span_extractor(pretrained: nnx.Module, config: HeadConfig, rngs: nnx.Rngs
-                         ) -> JointSpanExtractor:
-    """`span_extractor`'s joint form: the pre-trained encoder under a fresh ELECTRA head."""
-    model = JointSpanExtractor(config, rngs=rngs)
+SPAN_MODELS = {"simple": SpanExtractor, "beam": BeamSpanExtractor,
+               "answerable": AnswerableSpanExtractor, "joint": JointSpanExtractor}
+
+
+def span_model_class(config: HeadConfig) -> type[EncoderHeads]:
+    """The span extractor of `config.span_head` (`SPAN_MODELS`; simple without the field)."""
+    return SPAN_MODELS[getattr(config, "span_head", "simple")]
+
+
+def span_extractor(pretrained: nnx.Module, config: HeadConfig, rngs: nnx.Rngs) -> EncoderHeads:
+    """A span extractor of `config.span_head` whose encoder is the pre-trained model's (a
+    family of `models.classifier.FAMILIES`, or a classifier or span extractor on one); its
+    head is freshly initialised (run_squad.py: truncated normal, stddev 0.02; the joint head
+    as `tf.layers.dense`)."""
+    model = span_model_class(config)(config, rngs=rngs)
     move_encoder(model, pretrained)
     return model

@@ -44,9 +44,8 @@ from pretext_jax.models.span import (
     BeamSpanExtractor,
     JointSpanExtractor,
     SpanExtractor,
-    beam_span_extractor,
-    joint_span_extractor,
     span_extractor,
+    span_model_class,
 )
 from pretext_jax.objectives.common.classifier_recipes import (
     FinetuneModelConfig,
@@ -390,16 +389,13 @@ def pretrained_span_extractor(config: SpanModelConfig, seed: int,
     random init)."""
     if not config.init:
         return None
-    build = {"beam": beam_span_extractor, "joint": joint_span_extractor}.get(
-        config.span_head, span_extractor)
     encoder = load_encoder(config.init, load, config.head, config.init_layers)
-    return build(encoder, config, nnx.Rngs(seed))
+    return span_extractor(encoder, config, nnx.Rngs(seed))
 
 
 def build_span_extractor(config: SpanModelConfig, seed: int
                          ) -> SpanModel:
-    model_class = {"beam": BeamSpanExtractor, "answerable": AnswerableSpanExtractor,
-                   "joint": JointSpanExtractor}.get(config.span_head, SpanExtractor)
+    model_class = span_model_class(config)
     with nnx.use_eager_sharding(False):
         return model_class(config, rngs=nnx.Rngs(seed))
 
