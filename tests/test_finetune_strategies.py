@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from resilience_utils import GRADIENT_STEP, assert_same_step_on_every_mesh, mesh_overrides
 from test_finetune import FAST, bert_dir, glue_folder  # noqa: F401  (fixtures)
 
 from pretext_jax import objectives  # noqa: F401  (registers the methods)
@@ -109,6 +110,23 @@ def test_adapter_tuning_trains_adapters_layer_norms_and_head_only(
                                                         "model.head=albert"])
     with pytest.raises(UserError, match="no adapter layers"):
         hf.checkpoints(trainer.model_of(summary["state"]))
+
+
+def test_adapters_under_gradual_unfreezing_step_the_same_on_every_mesh(
+        tmp_path, bert_dir, glue_folder):  # noqa: F811  (test_finetune's fixtures)
+    """One plain gradient step of an adapter-tuned classifier under gradual unfreezing (both
+    masks at once: the head alone trains at the first step) gives the same loss and parameters
+    on one device and on the (2, 2, 2) mesh, which shards the frozen parameters and the masked
+    optimizer state too."""
+
+    def trainer_at(workdir, mesh, devices):
+        overrides = [*FAST, "train.steps=1", "model.adapter_size=4",
+                     "optim.unfreeze_every_steps=1", *(
+            f"{k}={v}" for k, v in {**GRADIENT_STEP, **mesh_overrides(mesh)}.items())]
+        return Trainer(finetune_config("sst2", bert_dir, glue_folder, overrides), workdir,
+                       devices=devices)
+
+    assert_same_step_on_every_mesh(trainer_at, tmp_path)
 
 
 def test_gradual_unfreezing_unfreezes_a_layer_group_every_n_steps_and_resumes_exactly(

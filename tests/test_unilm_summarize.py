@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from parity_utils import Parity, converted, hf_reference, random_model
 from test_beam_search import SEARCHES, ends, python_beam_search, sources
 from test_summarize import LINE, assert_results_rouge, toy  # noqa: F401 (a fixture)
 
@@ -25,6 +26,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.models.beam_search import beam_search
 from pretext_jax.models.bert import Bert
 from pretext_jax.models.encoder import EncoderConfig
+from pretext_jax.models.hf.bert import PREFIX_LM_FIELDS, PREFIX_LM_KEY
 from pretext_jax.models.prefix_lm import PrefixLM, PrefixLMConfig
 from pretext_jax.objectives.common import encoder_decoders as ed
 from pretext_jax.objectives.common.masked_targets import (
@@ -33,7 +35,7 @@ from pretext_jax.objectives.common.masked_targets import (
     smoothed_kl,
 )
 from pretext_jax.objectives.unilm import UnilmConfig
-from pretext_jax.pretrain import directories, loading
+from pretext_jax.pretrain import directories, hf, loading
 from pretext_jax.pretrain.export import save_model
 from pretext_jax.pretrain.finetune import finetune_config
 from pretext_jax.pretrain.trainer import Trainer
@@ -91,6 +93,73 @@ def test_incremental_decoding_equals_the_full_forward_at_every_step(tiny):
         other = full_logits(tiny, ids, mask, outputs[:, :step], last=outputs[0, step])
         assert np.abs(other - expected).max() > 1e-3  # negative control
         previous = outputs[:, step]
+
+
+def packed_for_hf(source: np.ndarray, source_mask: np.ndarray, targets: np.ndarray,
+                  config: PrefixLMConfig) -> tuple[np.ndarray, ...]:
+    """The packed sequence as HF BERT reads it: [SOS] + source + target ids, the source's and
+    the target's token types, positions (the source block's 0.., the target's from the count
+    of source tokens on), and the additive [B, 1, S, S] mask of unilm-v1 seq2seq_loader.py:
+    every query sees the source's tokens, target queries also the target keys up to their
+    own."""
+    rows, width, length = source.shape[0], source.shape[1] + 1, targets.shape[1]
+    ids = np.concatenate([np.full((rows, 1), config.sos_token_id), source, targets], axis=1)
+    types = np.where(np.arange(width + length) < width, config.source_type_id,
+                     config.target_type_id)[None].repeat(rows, 0)
+    tokens = np.concatenate([np.ones((rows, 1), bool), source_mask.astype(bool)], axis=1)
+    count = tokens.sum(1, keepdims=True)
+    positions = np.concatenate([np.arange(width)[None].repeat(rows, 0),
+                                count + np.arange(length)], axis=1)
+    allowed = np.zeros((rows, width + length, width + length), bool)
+    for b in range(rows):
+        for i in range(width + length):
+            for j in range(width + length):
+                allowed[b, i, j] = (j < width and tokens[b, j]) or width <= j <= i
+    bias = np.where(allowed, 0.0, np.finfo(np.float32).min).astype(np.float32)[:, None]
+    return ids, types, positions, bias
+
+
+def _hf_packed_logits(model, source, mask, targets, ids, types, positions, bias):
+    return {"logits": model(input_ids=ids, token_type_ids=types, position_ids=positions,
+                            attention_mask=bias).logits}
+
+
+def _our_packed_logits(model, source, mask, targets, *hf_inputs):
+    return {"logits": model(source, mask, targets)}
+
+
+PREFIX_LM = Parity("BertForMaskedLM", _hf_packed_logits, _our_packed_logits)
+
+
+def test_prefix_lm_is_hf_bert_for_masked_lm_under_the_seq2seq_mask(deterministic_torch,
+                                                                     tmp_path):
+    """HF has no UniLM class; UniLM's prefix LM is HF `BertForMaskedLM` fed the packed
+    sequence's token types and positions and the seq2seq mask as a [B, 1, S, S] attention
+    mask. Import (config.json's `prefix_lm` settings make it a PrefixLM), export (transformers
+    reads every tensor) and the way back, within 1e-5; the same BertForMaskedLM without those
+    settings still imports as a BERT (BERT checkpoints of that class stay BERTs)."""
+    rng = np.random.default_rng(0)
+    source, targets = rng.integers(5, 40, (3, 7)), rng.integers(5, 40, (3, 5))
+    mask = np.ones((3, 7), np.int32)
+    mask[1, 4:] = 0
+    mask[2, 2:] = 0
+    inputs = (source, mask, targets, *packed_for_hf(source, mask, targets, TINY))
+    shape = {"vocab_size": 40, "hidden_size": 16, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 32,
+             "type_vocab_size": 6, "hidden_dropout_prob": 0.0,
+             "attention_probs_dropout_prob": 0.0}
+    settings = {name: getattr(TINY, name) for name in PREFIX_LM_FIELDS}
+    reference = hf_reference("BertForMaskedLM", 0, **shape, **{PREFIX_LM_KEY: settings})
+    model = converted(reference, tmp_path / "hf")
+    assert type(model) is PrefixLM and model.config == TINY
+    PREFIX_LM.assert_parity(model, reference, *inputs)
+    _, saved = PREFIX_LM.round_trip(random_model(PrefixLM, TINY, 1), tmp_path / "out", *inputs)
+    assert saved[PREFIX_LM_KEY] == settings
+
+    plain = hf_reference("BertForMaskedLM", 0, **shape)
+    plain.save_pretrained(tmp_path / "plain")
+    with pytest.warns(UserWarning, match="pooler"):  # BertForMaskedLM has no pooler
+        assert type(hf.load(tmp_path / "plain")) is Bert
 
 
 def test_beam_search_equals_hf_search_on_the_full_forward():

@@ -122,6 +122,10 @@ class Converter:
     - `architectures`: the HF classes this converter reads and writes (the first is written);
       a `model_type` with several converters (e.g. the parts of a joint model) picks by
       `config.json`'s `architectures`, falling back to its first converter.
+    - `marker`: a `config.json` key that this converter's `config_to_hf` writes and that
+      selects it on import before `architectures` do, for a model of ours written as another
+      model's HF class (UniLM's prefix LM as a `BertForMaskedLM` with its `prefix_lm` settings,
+      which must not take over BERT checkpoints of that class); "" for none.
     - `tensors(config)`: the name table for a model of that config, in the HF names of the
       pre-training class (`*ForPreTraining`, `*ForMaskedLM`, ...), i.e. with the base-model
       `prefix` (HF `base_model_prefix` + "."). Checkpoints of the bare base model (`*Model`)
@@ -159,6 +163,7 @@ class Converter:
     accepts: Callable[[Any], bool] = lambda config: True
     refuses: Callable[[nnx.Module], str | None] = lambda model: None
     unheld: tuple[str, ...] = ()
+    marker: str = ""
 
     def params_to_hf(self, model: nnx.Module,
                      leave_out: Collection[str] = ()) -> dict[str, np.ndarray]:
@@ -339,7 +344,9 @@ def converter_and_config(hf_config: Mapping[str, Any], source: str,
         raise UserError(f"{source}: model_type {model_type!r} is not supported; convert one "
                         f"of {sorted({c.model_type for c in _CONVERTERS.values()})}")
     architecture = (hf_config.get("architectures") or [""])[0]
-    converter = next((c for c in candidates if architecture in c.architectures), candidates[0])
+    unmarked = [c for c in candidates if not c.marker]
+    converter = next((c for c in candidates if c.marker and c.marker in hf_config), None) or next(
+        (c for c in unmarked if architecture in c.architectures), unmarked[0])
     try:
         return converter, converter.config_from_hf(hf_config, **overrides)
     except KeyError as e:
