@@ -178,6 +178,27 @@ def _parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="dev metrics of a fine-tuning workdir")
     evaluate.add_argument("--workdir", required=True, type=_workdir,
                           help="a run.py finetune workdir")
+    augment = commands.add_parser(
+        "augment", help="TinyBERT's data augmentation of a GLUE task's training set (for its "
+        "task distillation)")
+    augment.add_argument("--task", required=True, help="cola, sst2, mrpc, stsb or rte")
+    augment.add_argument("--data", required=True, help="the GLUE folder (holding e.g. SST-2/)")
+    augment.add_argument("--out", required=True, type=_workdir,
+                         help="a new GLUE folder: the augmented train.tsv, the other splits "
+                         "copied (a killed run resumes from here)")
+    augment.add_argument("--bert", required=True,
+                         help="a BERT with its masked-LM head: HF BertForMaskedLM / "
+                         "BertForPreTraining folder (the paper: bert-base-uncased) or a "
+                         "pretext bert run")
+    augment.add_argument("--glove", help="GloVe text file for words of several WordPieces "
+                         "(the paper: glove.6B.300d.txt); without it they stay as they are")
+    augment.add_argument("--copies", type=_bounded(int, 1),
+                         help="N, variants per sentence (default: the authors' per task)")
+    augment.add_argument("--candidates", type=_bounded(int, 1), default=15,
+                         help="M, candidates per word (default %(default)s)")
+    augment.add_argument("--replace-prob", type=_bounded(float, 0.0), default=0.4,
+                         help="p, the chance of replacing a word (default %(default)s)")
+    augment.add_argument("--seed", type=_bounded(int, 0), default=0)
     glue = commands.add_parser("glue", help="fine-tune all five GLUE tasks, print the table")
     glue.add_argument("--tasks", default="cola,sst2,mrpc,stsb,rte", help="comma-separated")
     glue.add_argument("--seeds", type=_bounded(int, 1), default=1,
@@ -394,6 +415,10 @@ _PATH_ARGUMENTS = [
     ("translate", "init", "give a pretext workdir or model directory"),
     ("translate", "architecture", "give a pretext workdir or model directory"),
     ("eval", "workdir", "give the --workdir of a run.py finetune"),
+    ("augment", "data", "give the GLUE folder (holding SST-2/, CoLA/, ...)"),
+    ("augment", "bert", "give a HuggingFace BERT folder with its masked-LM head or a pretext "
+     "bert run"),
+    ("augment", "glove", "give a GloVe text file (e.g. glove.6B.300d.txt) or leave --glove out"),
     ("generate", "workdir", "give a GPT workdir or model directory, or a GPT-2 folder"),
     ("generate", "tokenizer", "give a tokenizer file or folder, or leave --tokenizer out"),
 ]
@@ -624,6 +649,16 @@ def _main(argv: list[str] | None) -> int:
 
             result = finetune.evaluate(args.workdir)
             print(f"{result['task']} dev at step {result['step']}: {_metrics(result)}")
+        elif args.command == "augment":
+            from pretext_jax.pretrain.augment import AugmentSettings, augment_glue
+
+            result = augment_glue(args.task, args.data, args.out, args.bert, args.glove,
+                                  AugmentSettings(args.copies or 0, args.candidates,
+                                                  args.replace_prob, args.seed))
+            kept = "" if args.glove else "; words of several pieces kept (no --glove)"
+            print(f"{result['task']}: {result['rows']:,} training rows -> "
+                  f"{result['augmented_rows']:,} in {result['out']} (N {result['copies']}, M "
+                  f"{result['candidates']}, p {result['replace_prob']}{kept})")
         elif args.command == "glue":
             from pretext_jax.pretrain import finetune
 

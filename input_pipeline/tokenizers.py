@@ -274,6 +274,14 @@ class WordPieceTokenizer:
                                 if not (t.startswith("[") and t.endswith("]")) for c in t)
         return cls(vocab, lowercase, f"vocab file {path}", roles, unk)
 
+    def basic_tokens(self, text: str) -> list[str]:
+        """The words of `text`: tokenization.py `BasicTokenizer.tokenize`."""
+        return self._basic_tokens(text)
+
+    def word_pieces(self, word: str) -> tuple[int, ...]:
+        """The ids of one basic token's WordPieces (`[UNK]` alone when it has no spelling)."""
+        return self._cache[word]
+
     def _basic_tokens(self, text: str) -> list[str]:
         """tokenization.py `BasicTokenizer.tokenize`."""
         tables = _BasicTokenizerTables.build()
