@@ -48,13 +48,18 @@ os.environ["XLA_FLAGS"] = " ".join([
     *([] if "--xla_backend_optimization_level" in given else
       ["--xla_backend_optimization_level=1"])]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# The persistent compilation cache, one per pytest-xdist worker (`-n 2`) so that the two workers
-# never write the same entry, set in the environment so that the `run.py` processes a test
-# starts share it: a killed run's restart, and the CLI tests' runs of one preset, load the
-# programs an earlier process compiled. (jax reads a damaged entry as a miss, with a warning.)
-os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.expanduser(
-    "~/.cache/pretext-jax-tests" + os.environ.get("PYTEST_XDIST_WORKER", ""))
-os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+# One persistent compilation cache for both pytest-xdist workers (`-n 2`) and the `run.py`
+# processes the tests start (set in the environment, which they inherit): a killed run's restart,
+# the CLI tests' runs of one preset, and a test file on the other worker load the programs an
+# earlier process compiled. Every program is kept, however fast it compiled: each test file
+# starts on empty in-memory caches (`_release_memory`), so its small programs come back from
+# disk. jax writes an entry in place, unlocked (a size limit would add a lock, and a scan of
+# the whole folder at every write): a process reading an entry while another writes it gets a
+# damaged entry, which jax reads as a miss, with a warning. XLA's GPU caches are off: their
+# folder, inside this one, would enter every program's key and part the processes' entries.
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.expanduser("~/.cache/pretext-jax-tests")
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] = "none"
 
 import jax  # noqa: E402
 from jax._src import core as jax_core  # noqa: E402
