@@ -132,11 +132,17 @@ class WordVectors:
         self.usable = norms[:, 0] > 0
         self.words = words
         self.index = {word: i for i, word in enumerate(words)}
+        self._found: dict[tuple[str, int], list[str]] = {}  # a word recurs across rows
 
     def neighbours(self, word: str, count: int) -> list[str]:
         """`DataAugmentor._word_distance`: the `count` words of highest cosine similarity."""
         if word not in self.index:
             return []
+        if (word, count) not in self._found:
+            self._found[word, count] = self._nearest(word, count)
+        return list(self._found[word, count])
+
+    def _nearest(self, word: str, count: int) -> list[str]:
         similarity = np.where(self.usable, self.unit @ self.unit[self.index[word]], -np.inf)
         similarity[self.index[word]] = -np.inf
         found = [self.words[i] for i in np.argsort(-similarity, kind="stable")[:count]

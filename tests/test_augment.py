@@ -72,7 +72,8 @@ def theirs_candidates(folder, sentence: str, m: int) -> dict[int, list[str]]:
     return found
 
 
-def test_candidates_are_the_authors_masked_lm_top_words(deterministic_torch, bert_folder):
+def test_candidates_are_the_authors_masked_lm_top_words(deterministic_torch, bert_folder,
+                                                        tmp_path):
     """Every replaceable word's candidates as the script finds them (one-piece words: the
     masked LM's top 15 at the [MASK] in `[CLS] masked [SEP] sentence [SEP]`, `##` pieces
     dropped; several pieces and no GloVe: the word), stop words and punctuation left out."""
@@ -89,6 +90,15 @@ def test_candidates_are_the_authors_masked_lm_top_words(deterministic_torch, ber
     for words, choices in ours:
         for index, options in choices.items():
             assert (options == [words[index]]) == (words[index] in several), words[index]
+    # with GloVe, a word of several pieces takes its neighbours; the one-piece words as before
+    glove = tmp_path / "glove.txt"
+    glove.write_text("snugglebunnies 1 0\ncuddles 0.9 0.2\nrocks -1 0\n")
+    augmentor.vectors = WordVectors(glove)
+    (_, with_glove), = augmentor.candidates(SENTENCES[1:])
+    index = ours[1][0].index("snugglebunnies")
+    assert with_glove[index] == ["cuddles", "rocks"]
+    assert {i: c for i, c in with_glove.items() if i != index} == {
+        i: c for i, c in ours[1][1].items() if i != index}
 
 
 def test_glove_neighbours_by_cosine_among_the_first_words(tmp_path):
