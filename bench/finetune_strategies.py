@@ -62,7 +62,7 @@ TABLES = tuple(task.table for task in TASKS.values())  # docs/benchmarks.md show
 
 
 TWO_STAGE = "two-stage"
-MTDNN = "MT-DNN, then fine-tuning"
+MTDNN = "MT-DNN then fine-tuning"
 
 
 def strategies(unfreeze_every: int, continue_batch: int, continue_length: int
@@ -106,10 +106,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"examples.max_seq_length={args.max_seq_length}", "train.progress=false",
               "train.eval_every=1000000", "train.checkpoint_every=1000000"]
     chosen = [name for name in args.only.split(",") if name]
+    table = strategies(args.unfreeze_every, args.continue_batch, args.max_seq_length)
+    if unknown := sorted(set(chosen) - set(table)):
+        parser.error(f"--only: no strategy {unknown}; choose from {', '.join(table)}")
     results = []
     init = str(minilm_path())
-    for name, overrides in strategies(args.unfreeze_every, args.continue_batch,
-                                      args.max_seq_length).items():
+    for name, overrides in table.items():
         if chosen and name not in chosen:
             continue
         workdir = Path(args.workdir) / args.task / name.replace(" ", "_")
