@@ -71,6 +71,7 @@ class OptimConfig:
     Adam, instead of skipping LayerNorm and biases. `layerwise_lr_decay` < 1 scales each
     Transformer layer's learning rate by decay^(depth from the top) (ELECTRA fine-tuning:
     0.8). `unfreeze_every_steps` > 0: gradual unfreezing (`pretrain.optim.gradually_unfrozen`).
+    `prune_*` and `keep_pruned`: magnitude pruning (`pretrain.optim.magnitude_pruned`).
     """
 
     optimizer: str = "adamw"
@@ -126,6 +127,23 @@ class OptimConfig:
     """Schedule `step`: the lr's factor at each boundary (Caffe gamma 0.1; RotNet 0.2)."""
     nesterov: bool = False
     """sgd: Nesterov momentum, as torch's SGD(nesterov=True) (RotNet true)."""
+    prune_sparsity: float = 0.0
+    """Gradual magnitude pruning (Gordon et al. 2020): the fraction of each encoder matrix's
+    and the word embeddings' weights at 0 in the end (0 = off;
+    `pretrain.optim.magnitude_pruned`)."""
+    prune_initial_sparsity: float = 0.0
+    """Magnitude pruning: the sparsity at update 0 (bert-prune's one-shot runs: = the target)."""
+    prune_end_step: int = 10000
+    """Magnitude pruning: the update at which the cubic ramp reaches the target (bert-prune:
+    10,000; its one-shot runs: 1)."""
+    prune_frequency: int = 10
+    """Magnitude pruning: masks recomputed every this many updates (model_pruning's 10)."""
+    prune_until_step: int = -1
+    """Magnitude pruning: the last update that recomputes masks (-1: to the end, bert-prune's
+    gradual runs; its one-shot runs: 200); later updates keep them."""
+    keep_pruned: bool = False
+    """Hold the encoder's and word embeddings' weights that are exactly 0 at the first update
+    (a pruned checkpoint's) at 0, as bert-prune's fine-tuning keeps its pre-training masks."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -498,6 +516,9 @@ RANGES = {
     "optim.clip_norm": "[0, inf)", "optim.grad_accum_steps": "[1, inf)",
     "optim.momentum": "[0, 1)", "optim.trust_coefficient": "[0, inf)",
     "optim.layerwise_lr_decay": "(0, 1]", "optim.unfreeze_every_steps": "[0, inf)",
+    "optim.prune_sparsity": "[0, 1)", "optim.prune_initial_sparsity": "[0, 1)",
+    "optim.prune_end_step": "[1, inf)", "optim.prune_frequency": "[1, inf)",
+    "optim.prune_until_step": "[-1, inf)",
     "train.steps": "[1, inf)", "train.batch_size": "[1, inf)", "train.seed": "[0, 4294967295]",
     "train.log_every": "[1, inf)", "train.eval_every": "[1, inf)", "train.eval_batches": "[1, inf)",
     "train.checkpoint_every": "[1, inf)", "train.keep_checkpoints": "[1, inf)",

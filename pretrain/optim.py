@@ -225,6 +225,126 @@ def gradually_unfrozen(inner: optax.GradientTransformation, every: int
     return optax.GradientTransformation(init, update)
 
 
+def pruning_targets(params: Any) -> Any:
+    """True for the weights magnitude pruning prunes, as Gordon et al. 2020's bert-prune masks
+    them (its modeling.py wraps them in model_pruning's `apply_mask`): the word embeddings and
+    every dense kernel of the encoder (attention query/key/value/output, intermediate, output)
+    and of BERT's pre-training pooler; not biases, layer norms, position or token-type
+    embeddings, the pre-training heads, adapters or a task head. Departure: bert-prune also
+    masks the pooler in fine-tuning, where pretext's classifier holds it as the head's first
+    dense layer (`head_dense`, new in the other families), which stays dense."""
+
+    def target(path: tuple[Any, ...], leaf: Any) -> bool:
+        names = _names(path)
+        if any("adapter" in n for n in names) or len(getattr(leaf, "shape", ())) < 2:
+            return False
+        name = _parameter_name(path)
+        return ((name == "kernel" and ("encoder" in names or names[0] == "pooler"))
+                or (name == "embedding" and "word_embeddings" in names))
+
+    return jax.tree_util.tree_map_with_path(target, params)
+
+
+def pruning_sparsity(config: Any, step: Any) -> jax.Array:
+    """The sparsity at update `step` (0-based): model_pruning's `_setup_sparsity` (Zhu & Gupta
+    2017 eq. 1, begin step 0, exponent 3): s_f + (s_i - s_f) (1 - min(1, step / end))^3."""
+    progress = jnp.clip(jnp.asarray(step, jnp.float32) / config.prune_end_step, 0.0, 1.0)
+    return (config.prune_sparsity + (config.prune_initial_sparsity - config.prune_sparsity)
+            * (1.0 - progress) ** 3)
+
+
+def magnitude_mask(weights: jax.Array, sparsity: jax.Array, per_layer: bool) -> jax.Array:
+    """Keeps the largest-magnitude weights of each matrix (each layer's own on stacked layer
+    parameters `per_layer`): model_pruning's `_update_mask`, k = round(n (1 - sparsity)) weights
+    kept (at least 1), the threshold the k-th largest |w|, the mask |w| >= threshold (ties at
+    the threshold kept)."""
+    rows = jnp.abs(weights).reshape((weights.shape[0], -1) if per_layer else (1, -1))
+    size = rows.shape[1]
+    kept = jnp.clip(jnp.round(size * (1.0 - sparsity)).astype(jnp.int32), 1, size)
+    threshold = jnp.sort(rows, axis=1)[:, size - kept]
+    return (rows >= threshold[:, None]).reshape(weights.shape)
+
+
+class MagnitudePruningState(NamedTuple):
+    count: jax.Array
+    last_update: jax.Array
+    masks: Any
+    weights: Any
+    inner: Any
+
+
+def magnitude_pruned(inner: optax.GradientTransformation, config: Any
+                     ) -> optax.GradientTransformation:
+    """`inner` with gradual magnitude pruning as TF's model_pruning runs it for Gordon et al.
+    2020 (bert-prune's optimization.py, settings in `config`): each `pruning_targets` matrix
+    has a mask and keeps its unmasked ("raw") weights in the state, as model_pruning's weight
+    variables; the model sees raw x mask (the parameters), so a masked weight's gradient enters
+    `inner` as 0, `inner` updates the raw weights (Adam's moments and the weight decay still
+    move a masked one), and every `prune_frequency` updates (the first at that count:
+    `conditional_mask_update_op`), while the count is at most `prune_until_step` (-1: always),
+    the masks are recomputed from the updated raw weights at `pruning_sparsity`
+    (`magnitude_mask`; a masked weight that has grown back above the threshold returns). The
+    raw weights start as the parameters at the first update (after a checkpoint's are loaded).
+    With `keep_pruned`, weights exactly 0 at the first update (a pruned checkpoint's, whose
+    raw values are gone) are masked from the start, as bert-prune's fine-tuning keeps the
+    pre-training masks. Costs one more copy of the pruned matrices beside Adam's two; the
+    masks, raw weights and counts live in the state, so a resumed run continues them."""
+    prunes = config.prune_sparsity > 0 or config.prune_initial_sparsity > 0
+
+    def init(params: Any) -> MagnitudePruningState:
+        targets = pruning_targets(params)
+        if not any(jax.tree.leaves(targets)):
+            raise UserError("magnitude pruning (optim.prune_sparsity, optim.keep_pruned) prunes "
+                            "a Transformer encoder's dense kernels and word embeddings; this "
+                            "model has no weights to prune: set optim.prune_sparsity=0, "
+                            "optim.prune_initial_sparsity=0 and optim.keep_pruned=false")
+        return MagnitudePruningState(
+            count=jnp.zeros((), jnp.int32), last_update=jnp.zeros((), jnp.int32),
+            masks=jax.tree.map(lambda p, t: jnp.ones(p.shape if t else (), jnp.bool_),
+                               params, targets),
+            weights=jax.tree.map(lambda p, t: p if t else jnp.zeros((), p.dtype),
+                                 params, targets),
+            inner=inner.init(params))
+
+    def update(updates: Any, state: MagnitudePruningState, params: Any = None):
+        targets = pruning_targets(params)
+        first = state.count == 0
+
+        def on_targets(fn: Callable[..., Any], *trees: Any) -> Any:
+            return jax.tree.map(lambda t, *leaves: fn(*leaves) if t else leaves[0],
+                                targets, *trees)
+
+        raw = on_targets(lambda w, p: jnp.where(first, p, w), state.weights, params)
+        masks = state.masks
+        if config.keep_pruned:
+            masks = on_targets(lambda m, p: jnp.where(first, p != 0, m), masks, params)
+        grads = on_targets(lambda g, m: jnp.where(m, g, jnp.zeros_like(g)), updates, masks)
+        inner_params = on_targets(lambda p, w: w, params, raw)
+        raw_updates, inner_state = inner.update(grads, state.inner, inner_params)
+        raw = on_targets(lambda w, u: w + u, raw, raw_updates)
+        count, last_update, new_masks = state.count, state.last_update, masks
+        if prunes:
+            due = count >= last_update + config.prune_frequency
+            if config.prune_until_step >= 0:
+                due &= count <= config.prune_until_step
+            sparsity = pruning_sparsity(config, count)
+            per_layer = jax.tree_util.tree_map_with_path(
+                lambda path, _: "layers" in _names(path), params)
+            new_masks = jax.lax.cond(
+                due, lambda: on_targets(lambda m, w, layered: magnitude_mask(w, sparsity, layered),
+                                        masks, raw, per_layer),
+                lambda: masks)
+            last_update = jnp.where(due, count, last_update)
+        # The parameters become raw x mask exactly: kept weights move by their update (they
+        # equal their raw value), returning ones jump to it, masked ones go to 0.
+        updates = on_targets(
+            lambda u, p, w, old, new: jnp.where(new, jnp.where(old, u, w), -p),
+            raw_updates, params, raw, masks, new_masks)
+        return updates, MagnitudePruningState(count + 1, last_update, new_masks, raw, inner_state)
+
+    return optax.GradientTransformation(init, update)
+
+
 def learning_rate_schedule(config: Any, total_steps: int) -> optax.Schedule:
     """`linear` (BERT: warmup, then peak * (1 - step/total) down to end_learning_rate),
     `electra_linear` (ELECTRA: the linear decay times the warmup ramp, `electra_schedule`),
@@ -436,13 +556,17 @@ def make_optimizer(config: Any, total_steps: int, labels: Any = None
     """The optax chain for `config` (OptimConfig): clip -> moments -> decoupled decay -> lr,
     under gradual unfreezing with `unfreeze_every_steps`; with `labels` (a function of the
     parameters to `TRAINED` or `FROZEN` each, `adapter_labels`), on the trained parameters only:
-    the frozen ones have no optimizer state and an update of exactly 0."""
+    the frozen ones have no optimizer state and an update of exactly 0; all under magnitude
+    pruning (`magnitude_pruned`) with `prune_sparsity`, `prune_initial_sparsity` or
+    `keep_pruned`."""
     tx = _optimizer(config, total_steps)
     if config.unfreeze_every_steps:
         tx = gradually_unfrozen(tx, config.unfreeze_every_steps)
-    if labels is None:
-        return tx
-    return optax.multi_transform({TRAINED: tx, FROZEN: optax.set_to_zero()}, labels)
+    if labels is not None:
+        tx = optax.multi_transform({TRAINED: tx, FROZEN: optax.set_to_zero()}, labels)
+    if config.prune_sparsity or config.prune_initial_sparsity or config.keep_pruned:
+        tx = magnitude_pruned(tx, config)
+    return tx
 
 
 def _optimizer(config: Any, total_steps: int) -> optax.GradientTransformation:
