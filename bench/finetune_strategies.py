@@ -18,7 +18,11 @@ alone: `objective.next_sentence_weight=0`) on the same training rows' text (batc
 has none), then full fine-tuning (`pretrain.transfer.run_two_stage`). MT-DNN (SST-2 only; Liu et
 al. 2019 §3-4): the multi-task model on SST-2 with `--mtdnn-tasks` (each limited to
 `--max-train` rows, tasks sampled in proportion to their size) for `--epochs`, then SST-2
-fine-tuned from it as full fine-tuning is (`pretrain.transfer.run_multitask`).
+fine-tuned from it as full fine-tuning is (`pretrain.transfer.run_multitask`). Magnitude
+pruning (Gordon et al. 2020, `optim.prune_*`): one-shot pruning of the encoder's matrices and
+word embeddings to 30, 60 or 90 % while fine-tuning, as bert-prune's downstream runs; and
+two-stage MLM only with the continued pre-training pruned gradually to 60 % (bert-prune's
+pre-training pruning), the fine-tuning holding those weights at 0 (`optim.keep_pruned`).
 Data: $PRETEXT_SHARED_DATA/glue or /wnut17, else ../shared/data/.... Prints one Markdown row
 per strategy (`bench.report`, one table per task): the trained and total parameters, the dev
 score and wall-clock seconds (two-stage's include its continued pre-training).
@@ -65,11 +69,12 @@ TWO_STAGE = "two-stage"
 MTDNN = "MT-DNN then fine-tuning"
 
 
-def strategies(unfreeze_every: int, continue_batch: int, continue_length: int
-               ) -> dict[str, list[str]]:
+def strategies(unfreeze_every: int, continue_batch: int, continue_length: int,
+               continue_steps: int) -> dict[str, list[str]]:
     """Each strategy's overrides over the recipe; two-stage's `continue.` ones set its
     continued pre-training (BERT's MLM + NSP at the method's defaults otherwise: lr 1e-4; or
-    the MLM alone)."""
+    the MLM alone, also with gradual magnitude pruning to 60 % over its first half, the
+    fine-tuning keeping the pruned weights at 0)."""
     continued = [f"continue.train.batch_size={continue_batch}",
                  f"continue.examples.max_seq_length={continue_length}",
                  "continue.train.progress=false"]
@@ -79,7 +84,21 @@ def strategies(unfreeze_every: int, continue_batch: int, continue_length: int
                                    f"optim.layerwise_lr_decay={1 / 2.6:.4f}"],
             TWO_STAGE: continued,
             f"{TWO_STAGE} MLM only": [*continued, "continue.objective.next_sentence_weight=0"],
-            MTDNN: []}
+            MTDNN: [],
+            **{f"magnitude pruning {percent} %": one_shot_pruning(percent / 100)
+               for percent in (30, 60, 90)},
+            f"{TWO_STAGE} MLM only pruned 60 % in pre-training": [
+                *continued, "continue.objective.next_sentence_weight=0",
+                "continue.optim.prune_sparsity=0.6",
+                f"continue.optim.prune_end_step={continue_steps // 2}", "optim.keep_pruned=true"]}
+
+
+def one_shot_pruning(sparsity: float) -> list[str]:
+    """bert-prune's one-shot pruning while fine-tuning (tapes/downstream.tape: initial =
+    target sparsity, sparsity_function_end_step 1, end_pruning_step 200; masks recomputed
+    every 10 updates, the first at update 10)."""
+    return [f"optim.prune_sparsity={sparsity}", f"optim.prune_initial_sparsity={sparsity}",
+            "optim.prune_end_step=1", "optim.prune_until_step=200"]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -106,7 +125,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"examples.max_seq_length={args.max_seq_length}", "train.progress=false",
               "train.eval_every=1000000", "train.checkpoint_every=1000000"]
     chosen = [name for name in args.only.split(",") if name]
-    table = strategies(args.unfreeze_every, args.continue_batch, args.max_seq_length)
+    table = strategies(args.unfreeze_every, args.continue_batch, args.max_seq_length,
+                       args.continue_steps)
     if unknown := sorted(set(chosen) - set(table)):
         parser.error(f"--only: no strategy {unknown}; choose from {', '.join(table)}")
     results = []
