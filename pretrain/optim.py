@@ -287,8 +287,9 @@ def magnitude_pruned(inner: optax.GradientTransformation, config: Any
     raw weights start as the parameters at the first update (after a checkpoint's are loaded).
     With `keep_pruned`, weights exactly 0 at the first update (a pruned checkpoint's, whose
     raw values are gone) are masked from the start, as bert-prune's fine-tuning keeps the
-    pre-training masks. Costs one more copy of the pruned matrices beside Adam's two; the
-    masks, raw weights and counts live in the state, so a resumed run continues them."""
+    pre-training masks. Pruning costs one more copy of the pruned matrices beside Adam's two
+    (`keep_pruned` alone none); the masks, raw weights and counts live in the state, so a
+    resumed run continues them."""
     prunes = config.prune_sparsity > 0 or config.prune_initial_sparsity > 0
 
     def init(params: Any) -> MagnitudePruningState:
@@ -302,7 +303,7 @@ def magnitude_pruned(inner: optax.GradientTransformation, config: Any
             count=jnp.zeros((), jnp.int32), last_update=jnp.zeros((), jnp.int32),
             masks=jax.tree.map(lambda p, t: jnp.ones(p.shape if t else (), jnp.bool_),
                                params, targets),
-            weights=jax.tree.map(lambda p, t: p if t else jnp.zeros((), p.dtype),
+            weights=jax.tree.map(lambda p, t: p if t and prunes else jnp.zeros((), p.dtype),
                                  params, targets),
             inner=inner.init(params))
 
@@ -314,7 +315,10 @@ def magnitude_pruned(inner: optax.GradientTransformation, config: Any
             return jax.tree.map(lambda t, *leaves: fn(*leaves) if t else leaves[0],
                                 targets, *trees)
 
-        raw = on_targets(lambda w, p: jnp.where(first, p, w), state.weights, params)
+        # Without mask updates (keep_pruned alone) a masked weight never moves (gradient,
+        # moments and decay all 0), so the raw weights are the parameters and are not stored.
+        raw = (on_targets(lambda w, p: jnp.where(first, p, w), state.weights, params)
+               if prunes else on_targets(lambda w, p: p, state.weights, params))
         masks = state.masks
         if config.keep_pruned:
             masks = on_targets(lambda m, p: jnp.where(first, p != 0, m), masks, params)
@@ -340,7 +344,8 @@ def magnitude_pruned(inner: optax.GradientTransformation, config: Any
         updates = on_targets(
             lambda u, p, w, old, new: jnp.where(new, jnp.where(old, u, w), -p),
             raw_updates, params, raw, masks, new_masks)
-        return updates, MagnitudePruningState(count + 1, last_update, new_masks, raw, inner_state)
+        return updates, MagnitudePruningState(count + 1, last_update, new_masks,
+                                              raw if prunes else state.weights, inner_state)
 
     return optax.GradientTransformation(init, update)
 
