@@ -265,6 +265,11 @@ def magnitude_mask(weights: jax.Array, sparsity: jax.Array, per_layer: bool) -> 
     return (rows >= threshold[:, None]).reshape(weights.shape)
 
 
+def updates_masks(config: Any) -> bool:
+    """Whether `config` (OptimConfig) prunes by magnitude as it trains (a sparsity above 0)."""
+    return config.prune_sparsity > 0 or config.prune_initial_sparsity > 0
+
+
 class MagnitudePruningState(NamedTuple):
     count: jax.Array
     last_update: jax.Array
@@ -290,7 +295,7 @@ def magnitude_pruned(inner: optax.GradientTransformation, config: Any
     pre-training masks. Pruning costs one more copy of the pruned matrices beside Adam's two
     (`keep_pruned` alone none); the masks, raw weights and counts live in the state, so a
     resumed run continues them."""
-    prunes = config.prune_sparsity > 0 or config.prune_initial_sparsity > 0
+    prunes = updates_masks(config)
 
     def init(params: Any) -> MagnitudePruningState:
         targets = pruning_targets(params)
@@ -318,7 +323,7 @@ def magnitude_pruned(inner: optax.GradientTransformation, config: Any
         # Without mask updates (keep_pruned alone) a masked weight never moves (gradient,
         # moments and decay all 0), so the raw weights are the parameters and are not stored.
         raw = (on_targets(lambda w, p: jnp.where(first, p, w), state.weights, params)
-               if prunes else on_targets(lambda w, p: p, state.weights, params))
+               if prunes else params)
         masks = state.masks
         if config.keep_pruned:
             masks = on_targets(lambda m, p: jnp.where(first, p != 0, m), masks, params)
@@ -335,7 +340,7 @@ def magnitude_pruned(inner: optax.GradientTransformation, config: Any
             per_layer = jax.tree_util.tree_map_with_path(
                 lambda path, _: "layers" in _names(path), params)
             new_masks = jax.lax.cond(
-                due, lambda: on_targets(lambda m, w, layered: magnitude_mask(w, sparsity, layered),
+                due, lambda: on_targets(lambda _, w, layered: magnitude_mask(w, sparsity, layered),
                                         masks, raw, per_layer),
                 lambda: masks)
             last_update = jnp.where(due, count, last_update)
@@ -569,7 +574,7 @@ def make_optimizer(config: Any, total_steps: int, labels: Any = None
         tx = gradually_unfrozen(tx, config.unfreeze_every_steps)
     if labels is not None:
         tx = optax.multi_transform({TRAINED: tx, FROZEN: optax.set_to_zero()}, labels)
-    if config.prune_sparsity or config.prune_initial_sparsity or config.keep_pruned:
+    if updates_masks(config) or config.keep_pruned:
         tx = magnitude_pruned(tx, config)
     return tx
 
