@@ -1,6 +1,6 @@
 """Tokenizers: sentencepiece (train and load; also XLNet's released `spiece.model`), BERT
-WordPiece from a released `vocab.txt`, and GPT-2's byte-level BPE from a `vocab.json` +
-`merges.txt` folder (GPT-2, RoBERTa).
+WordPiece from a released `vocab.txt`, GPT-2's byte-level BPE from a `vocab.json` +
+`merges.txt` folder (GPT-2, RoBERTa), and XLM's Moses + fastBPE from an HF XLM folder.
 
 All expose the same small interface that example builders use (ids only): `vocab_size`,
 `pad_id`, `unk_id`, `cls_id`, `sep_id`, `mask_id`, `eos_id` (the end-of-text token put between
@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 import sentencepiece as spm
 
-from pretext_jax.errors import UserError
+from pretext_jax.errors import UserError, require
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # A WordPiece vocabulary's specials other than the unknown token, by role: BERT's, and MPNet's
@@ -655,6 +655,27 @@ GPT2_EOT = "<|endoftext|>"
 ROBERTA_SPECIALS = {"pad": "<pad>", "unk": "<unk>", "cls": "<s>", "sep": "</s>", "mask": "<mask>"}
 
 
+def merge_pairs(parts: list[str], ranks: Mapping[tuple[str, str], int]) -> list[str]:
+    """BPE on one word's symbols: the lowest-ranked adjacent pair present is merged wherever it
+    occurs (left to right), until no adjacent pair has a rank (openai/gpt-2 encoder.py `bpe`,
+    fastBPE's `applybpe`)."""
+    while len(parts) > 1:
+        pairs = set(zip(parts, parts[1:], strict=False))
+        best = min(pairs, key=lambda pair: ranks.get(pair, len(ranks)))
+        if best not in ranks:
+            break
+        merged, i = [], 0
+        while i < len(parts):
+            if i + 1 < len(parts) and (parts[i], parts[i + 1]) == best:
+                merged.append(parts[i] + parts[i + 1])
+                i += 2
+            else:
+                merged.append(parts[i])
+                i += 1
+        parts = merged
+    return parts
+
+
 class ByteLevelBPETokenizer:
     """GPT-2's byte-level BPE (Radford et al. 2019 §2.2; openai/gpt-2 encoder.py), from a
     `vocab.json` (token -> id) and `merges.txt` (one merge `a b` per line, by rank) as HF GPT-2
@@ -723,21 +744,7 @@ class ByteLevelBPETokenizer:
         if word in self._cache:
             return self._cache[word]
         parts = [self.byte_encoder[b] for b in word.encode("utf-8")]
-        while len(parts) > 1:
-            pairs = {(a, b) for a, b in zip(parts, parts[1:], strict=False)}
-            best = min(pairs, key=lambda pair: self.ranks.get(pair, len(self.ranks)))
-            if best not in self.ranks:
-                break
-            merged, i = [], 0
-            while i < len(parts):
-                if i + 1 < len(parts) and (parts[i], parts[i + 1]) == best:
-                    merged.append(parts[i] + parts[i + 1])
-                    i += 2
-                else:
-                    merged.append(parts[i])
-                    i += 1
-            parts = merged
-        ids = [self.vocab.get(part, self.unk_id) for part in parts]
+        ids = [self.vocab.get(part, self.unk_id) for part in merge_pairs(parts, self.ranks)]
         self._cache[word] = ids
         return ids
 
@@ -766,6 +773,197 @@ class ByteLevelBPETokenizer:
 
     def id_to_token(self, index: int) -> str:
         return self.tokens[index]
+
+
+# ------------------------------------------------------------------ XLM's Moses + fastBPE
+# XLM's dictionary order (facebookresearch/XLM xlm/data/dictionary.py): <s> 0, </s> 1,
+# <pad> 2, <unk> 3, then <special0> .. <special9>; XLM starts and ends a sentence with </s>
+# (its `eos_index`) and masks with <special1> (HF `XLMTokenizer`'s mask token).
+XLM_SPECIALS = {"pad": "<pad>", "unk": "<unk>", "cls": "</s>", "sep": "</s>",
+                "mask": "<special1>"}
+XLM_OTHER_SPECIALS = ("<s>", *(f"<special{i}>" for i in range(10)))
+# Moses' replace-unicode-punctuation.perl: full-width and CJK punctuation to ASCII (the two
+# full stops, which also eat the spaces after them, are the regexes).
+_UNICODE_PUNCT = str.maketrans({
+    "，": ",", "、": ",", "”": '"', "“": '"', "∶": ":", "：": ":", "？": "?", "《": '"',
+    "》": '"', "）": ")", "！": "!", "（": "(", "；": ";", "」": '"', "「": '"', "～": "~",
+    "’": "'", "…": "...", "━": "-", "〈": "<", "〉": ">", "【": "[", "】": "]", "％": "%",
+    **{chr(0xFF10 + digit): str(digit) for digit in range(10)}})
+_CJK_FULL_STOPS = re.compile(r"[。．]\s*")
+
+
+@functools.cache
+def _non_printing() -> re.Pattern:
+    """Moses' remove-non-printing-char.perl: every code point of Unicode category C* (it
+    becomes a space there; HF `XLMTokenizer` drops it instead)."""
+    return re.compile(f"[{_class_body(_runs(_is('C')))}]")
+
+
+# Sennrich's WMT16 Romanian normalisation and diacritic removal (XLM's en-ro model; HF
+# `XLMTokenizer` applies it for lang=ro).
+_ROMANIAN = str.maketrans("ŞşŢţȘșȚțĂăÂâÎî", "SsTtSsTtAaAaIi")
+WORD_END = "</w>"
+
+
+class MosesBPETokenizer:
+    """XLM's text pipeline (Lample & Conneau 2019 §3.1; facebookresearch/XLM
+    `tools/tokenize.sh`, `tools/lowercase_and_remove_accent.py`, fastBPE `applybpe`; HF
+    `XLMTokenizer`) from an HF XLM folder's `vocab.json` + `merges.txt`: Moses'
+    replace-unicode-punctuation, normalize-punctuation and remove-non-printing-char, then
+    Moses' tokenizer without escaping (`sacremoses`, per `language`), optionally lowercasing
+    and stripping accents (NFD, drop Mn), then BPE over each word's characters with `</w>`
+    on the last (the lowest-ranked pair present merged everywhere, until none has a rank).
+
+    Moses is language-dependent: `for_language(code)` gives the same vocabulary for another
+    language (`encode` uses `language`). zh, th and ja need word segmenters XLM runs before
+    BPE; they are refused. Special tokens in text become their ids (as transformers does).
+    `lang2id` is the checkpoint's language table (its `config.json`) when known.
+    `continuation` is False everywhere: with fastBPE's end-of-word marks, whether a piece
+    starts a word depends on the piece before it, not on the piece itself."""
+
+    unsupported_languages = frozenset({"zh", "th", "ja"})
+
+    def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]], *,
+                 lowercase: bool = True, language: str = "en",
+                 lang2id: Mapping[str, int] | None = None):
+        if language in self.unsupported_languages:
+            raise UserError(f"XLM's tokenizer for {language!r} needs a word segmenter pretext "
+                            "does not ship; segment the text beforehand or use another tokenizer")
+        missing = sorted(set(XLM_SPECIALS.values()) - set(vocab))
+        if missing:
+            raise UserError(f"vocab.json lacks XLM's {' '.join(missing)}; pass an XLM "
+                            "tokenizer folder (vocab.json + merges.txt)")
+        self.vocab, self.merges = vocab, merges
+        self.ranks = {pair: rank for rank, pair in enumerate(merges)}
+        self.lowercase, self.language = lowercase, language
+        self.lang2id = dict(lang2id) if lang2id else None
+        self.vocab_size = max(vocab.values()) + 1
+        self.tokens = [""] * self.vocab_size
+        for token, index in vocab.items():
+            self.tokens[index] = token
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            vocab[XLM_SPECIALS[role]] for role in ("pad", "unk", "cls", "sep", "mask"))
+        self.eos_id = self.sep_id
+        specials = [t for t in (*XLM_SPECIALS.values(), *XLM_OTHER_SPECIALS) if t in vocab]
+        self.special_ids = frozenset(vocab[t] for t in specials)
+        self.continuation = np.zeros(self.vocab_size, bool)
+        self._specials = _specials_pattern(specials)
+        moses = require("sacremoses", "xlm", "XLM's tokenizer (Moses)")
+        self._normalizer = moses.MosesPunctNormalizer(lang=language)
+        self._moses = moses.MosesTokenizer(lang=language)
+        self._cache: dict[str, list[int]] = {}
+
+    @classmethod
+    def from_folder(cls, path: str | Path, lowercase: bool | None = None,
+                    language: str = "en") -> MosesBPETokenizer:
+        """An HF XLM folder: `vocab.json`, `merges.txt` (`a b count` lines, by rank), the
+        casing from `tokenizer_config.json`'s `do_lowercase_and_remove_accent` (XLM's default:
+        true) unless `lowercase` is given, `lang2id` from it or `config.json`."""
+        path = Path(path)
+        try:
+            vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+            lines = (path / "merges.txt").read_text(encoding="utf-8").splitlines()
+            settings = {}
+            for name in ("config.json", TOKENIZER_CONFIG):
+                if (path / name).is_file():
+                    settings.update(json.loads((path / name).read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UserError(f"cannot read XLM's tokenizer files in {path} ({e}); pass a folder "
+                            "with XLM's vocab.json and merges.txt") from None
+        if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+            raise UserError(f"{path / 'vocab.json'} is not a token -> id object; pass XLM's "
+                            "vocab.json")
+        merges = [tuple(line.split()[:2]) for line in lines if line.strip()]
+        if any(len(pair) != 2 for pair in merges):
+            raise UserError(f"{path / 'merges.txt'} has a line that is not 'a b [count]'; pass "
+                            "XLM's merges.txt")
+        if lowercase is None:
+            lowercase = bool(settings.get("do_lowercase_and_remove_accent", True))
+        lang2id = settings.get("lang2id")
+        return cls(vocab, merges, lowercase=lowercase, language=language,
+                   lang2id=lang2id if isinstance(lang2id, dict) else None)
+
+    def for_language(self, language: str) -> MosesBPETokenizer:
+        """The same vocabulary, merges and casing with Moses' rules for `language`."""
+        if language == self.language:
+            return self
+        return MosesBPETokenizer(self.vocab, self.merges, lowercase=self.lowercase,
+                                 language=language, lang2id=self.lang2id)
+
+    def words(self, text: str) -> list[str]:
+        """Moses' words of `text` after XLM's normalisation (and lowercasing)."""
+        text = _CJK_FULL_STOPS.sub(". ", text).translate(_UNICODE_PUNCT)
+        text = _non_printing().sub(" ", self._normalizer.normalize(text))
+        if self.language == "ro":
+            text = text.translate(_ROMANIAN)
+        words = self._moses.tokenize(text, return_str=False, escape=False)
+        if self.lowercase:
+            text = unicodedata.normalize("NFD", " ".join(words).lower())
+            text = "".join(c for c in text if unicodedata.category(c) != "Mn")
+            words = text.lower().split(" ")
+        return [word for word in words if word]
+
+    def _bpe(self, word: str) -> list[int]:
+        if word in self._cache:
+            return self._cache[word]
+        parts = [*word[:-1], word[-1] + WORD_END]
+        ids = [self.vocab.get(part, self.unk_id) for part in merge_pairs(parts, self.ranks)]
+        self._cache[word] = ids
+        return ids
+
+    def _encode_text(self, text: str) -> list[int]:
+        return [i for word in self.words(text) for i in self._bpe(word)]
+
+    def encode(self, text: str) -> list[int]:
+        return _encode_around_specials(text, self._specials, self._encode_text,
+                                       self.vocab.__getitem__)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.tokens[int(i)] for i in ids).replace(WORD_END, " ").strip()
+
+    def id_to_token(self, index: int) -> str:
+        return self.tokens[index]
+
+    def save(self, directory: Path) -> None:
+        """`vocab.json`, `merges.txt` and a `tokenizer_config.json` that names XLM's tokenizer,
+        its casing and the language table."""
+        (directory / "vocab.json").write_text(json.dumps(self.vocab, ensure_ascii=False),
+                                              encoding="utf-8")
+        (directory / "merges.txt").write_text("".join(f"{a} {b}\n" for a, b in self.merges),
+                                              encoding="utf-8")
+        (directory / TOKENIZER_CONFIG).write_text(json.dumps(self.settings(), ensure_ascii=False))
+
+    def settings(self) -> dict[str, object]:
+        """The `tokenizer_config.json` entries of HF `XLMTokenizer` that this one sets."""
+        settings: dict[str, object] = {"tokenizer_class": "XLMTokenizer",
+                                       "do_lowercase_and_remove_accent": self.lowercase}
+        if self.lang2id:
+            settings["lang2id"] = self.lang2id
+            settings["id2lang"] = {str(i): lang for lang, i in self.lang2id.items()}
+        return settings
+
+
+def is_xlm_folder(folder: Path) -> bool:
+    """An HF XLM tokenizer folder: its config names XLM's tokenizer, or its merges mark word
+    ends with `</w>` (fastBPE) where GPT-2's byte-level BPE has none."""
+    try:
+        settings = json.loads((folder / TOKENIZER_CONFIG).read_text(encoding="utf-8"))
+        if isinstance(settings, dict) and settings.get("tokenizer_class") == "XLMTokenizer":
+            return True
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        pass
+    try:
+        with open(folder / "merges.txt", encoding="utf-8") as merges:
+            return any(WORD_END in line for line in itertools.islice(merges, 200))
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def language_encoder(tokenizer: Tokenizer, language: str) -> Callable[[str], list[int]]:
+    """`encode` for text of `language`: a language-dependent tokenizer's (XLM's Moses rules,
+    `for_language`), else the tokenizer's own."""
+    for_language = getattr(tokenizer, "for_language", None)
+    return tokenizer.encode if for_language is None else for_language(language).encode
 
 
 def _sentencepiece(path: Path, lowercase: bool | None = None, keep_accents: bool = False
@@ -803,17 +1001,19 @@ def casing_from_folder_name(path: Path) -> bool | None:
 def load_tokenizer(spec: str | Path, lowercase: bool | None = None
                    ) -> WordPieceTokenizer | SentencePieceTokenizer | ByteLevelBPETokenizer:
     """A sentencepiece `.model` (ours, or XLNet's or ALBERT's `spiece.model`), a BERT (or
-    MPNet) `vocab.txt`, a byte-level BPE `vocab.json` (with `merges.txt` beside it), or a
-    folder holding one of those. A HF folder's `tokenizer_config.json` also gives ALBERT's
-    `keep_accents` and a vocab.txt's `unk_token`.
+    MPNet) `vocab.txt`, a byte-level BPE `vocab.json` (with `merges.txt` beside it), XLM's
+    `vocab.json` + `merges.txt` (`is_xlm_folder`; its casing: the argument, else its
+    `do_lowercase_and_remove_accent`), or a folder holding one of those. A HF folder's
+    `tokenizer_config.json` also gives ALBERT's `keep_accents` and a vocab.txt's `unk_token`.
 
     Casing (`lowercase`, WordPiece, XLNet and ALBERT only), first that applies: the argument
     (`data.lowercase`), a HF folder's `tokenizer_config.json` `do_lower_case`, the folder name
     (`casing_from_folder_name`), then for a vocab.txt whether it has ASCII capitals."""
     path = Path(spec)
+    requested_lowercase = lowercase
     if not path.exists():
         raise UserError(f"tokenizer {path} not found; pass a sentencepiece .model, a BERT "
-                        "vocab.txt or a HuggingFace BERT/ALBERT/MPNet/XLNet/GPT-2/RoBERTa "
+                        "vocab.txt or a HuggingFace BERT/ALBERT/MPNet/XLNet/GPT-2/RoBERTa/XLM "
                         "folder")
     folder = path if path.is_dir() else path.parent
     settings = {}
@@ -839,6 +1039,8 @@ def load_tokenizer(spec: str | Path, lowercase: bool | None = None
         else:
             raise UserError(f"{path} holds no vocab.txt, vocab.json + merges.txt or single "
                             "sentencepiece .model; point data.tokenizer at the file or folder")
+    if path.name == "vocab.json" and is_xlm_folder(path.parent):
+        return MosesBPETokenizer.from_folder(path.parent, requested_lowercase)
     if path.name == "vocab.json":
         if lowercase:
             raise UserError("data.lowercase=true does not apply to byte-level BPE (GPT-2, "

@@ -9,6 +9,12 @@ Data (`input_pipeline.examples.unicoder`): a line-aligned parallel corpus of two
 One shared sentencepiece vocabulary (XLM §3.1), language ids in sorted order. Every record holds
 every task's fields, so each batch trains all five tasks (see `unicoder_loss`).
 
+Start (§4: Unicoder continues XLM-15's MLM + TLM model): `model.init` names an XLM (an HF folder
+such as xlm-mlm-tlm-xnli15-1024, or a pretext XLM or Unicoder run) whose weights start the
+Transformer, with `data.tokenizer` the same folder: XLM's Moses + BPE tokenizer, and its
+language table for the language ids (`tokenizer_language_ids`); W and the paraphrase layer
+start at random.
+
 Loss: the sum of the five task losses (`objective.*_weight`, 1 each), each a mean over its own
 targets: MLM, TLM and
 cross-lingual MLM, cross-entropy at the masked positions (XLM's `mlm_step`); word recovery,
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +39,18 @@ from pretext_jax.input_pipeline.examples import unicoder as unicoder_examples
 from pretext_jax.input_pipeline.examples.bert import MaskingVocab, majority_baseline_accuracy
 from pretext_jax.input_pipeline.examples.xlm import (
     LineSplit,
-    language_ids,
     mask_weights,
     parallel_tokenizer,
+    tokenizer_language_ids,
 )
 from pretext_jax.input_pipeline.prepare import DataConfig
 from pretext_jax.models.layers import split_rng
 from pretext_jax.models.unicoder import Unicoder
-from pretext_jax.models.xlm import XLMConfig
+from pretext_jax.models.xlm import XLM, XLMConfig
 from pretext_jax.objectives.common.held_out import MAX_EVAL_EXAMPLES, mask_records
 from pretext_jax.objectives.common.losses import weighted_cross_entropy
 from pretext_jax.objectives.common.preset_parts import XLM_BASE, XLM_TINY
+from pretext_jax.objectives.common.starts import check_same_architecture
 from pretext_jax.objectives.registry import (
     Batch,
     Evaluation,
@@ -50,6 +58,7 @@ from pretext_jax.objectives.registry import (
     Metrics,
     PreparedData,
     Resolution,
+    Start,
     register,
     summary_of,
 )
@@ -57,6 +66,16 @@ from pretext_jax.objectives.registry import (
 TASKS = ("mlm", "tlm", "xmlm", "wr", "pc")
 """The loss terms: masked LM, translation LM, cross-lingual masked LM (§3.3), word recovery
 (§3.1), paraphrase classification (§3.2)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class UnicoderConfig(XLMConfig):
+    """XLM's structure (`models.xlm.XLMConfig`), and the XLM the run may start from."""
+
+    init: str = ""
+    """Start from this XLM (§4: XLM-15's MLM + TLM model): an HF folder (the paper's:
+    xlm-mlm-tlm-xnli15-1024), a pretext XLM or Unicoder workdir or model directory of the same
+    architecture, with data.tokenizer the same folder; '' = random initialisation."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +141,35 @@ def build_unicoder(config: XLMConfig, seed: int) -> Unicoder:
     return Unicoder(config, rngs=nnx.Rngs(seed))
 
 
+def pretrained_unicoder(config: UnicoderConfig, seed: int, load: Callable[[str], nnx.Module]
+                        ) -> Unicoder | None:
+    """The run's model with the Transformer of the XLM at `config.init` (a Unicoder's: every
+    weight), or None for a random start. The data's tokenizer must be the checkpoint's (its
+    ids and language table); another architecture is a UserError naming the setting."""
+    if not config.init:
+        return None
+    if not Path(config.init).is_dir():
+        raise UserError(f"model.init={config.init} is not a directory; download the XLM to start "
+                        "from (the paper: xlm-mlm-tlm-xnli15-1024, e.g. huggingface-cli download "
+                        "FacebookAI/xlm-mlm-tlm-xnli15-1024 --local-dir FOLDER) and pass "
+                        "model.init=FOLDER data.tokenizer=FOLDER")
+    loaded = load(config.init)
+    if type(loaded) not in (XLM, Unicoder):
+        raise UserError(f"{config.init} holds a {type(loaded).__name__}, not the XLM that "
+                        "Unicoder continues from")
+    for field, what in (("vocab_size", "token ids"), ("n_langs", "languages")):
+        ours, theirs = getattr(config, field), getattr(loaded.config, field)
+        if ours != theirs:
+            raise UserError(f"the data's tokenizer gives {ours} {what} but {config.init} has "
+                            f"{theirs}; pass data.tokenizer={config.init} (its vocabulary and "
+                            "language table)")
+    check_same_architecture(config, loaded.config, config.init)
+    fresh = build_unicoder(config, seed)
+    nnx.update(fresh if type(loaded) is Unicoder else fresh.transformer,
+               nnx.state(loaded, nnx.Param))
+    return fresh
+
+
 def held_out_split(data: DataConfig, seed: int) -> tuple[LineSplit | None, str, LineSplit | None]:
     """(training split, held-out corpus, held-out split): all of `data.source` and
     `data.eval_source`, or without one a fixed-seed `data.held_out_fraction` of the lines."""
@@ -142,7 +190,7 @@ def prepare_unicoder(data: DataConfig, examples: unicoder_examples.UnicoderExamp
     if held_spec != data.source:
         unicoder_examples.parallel_languages(held_spec)
     tokenizer = parallel_tokenizer(data.source, data, examples, cache_dir, seed, train_split)
-    ids = language_ids(languages)
+    ids, language_count = tokenizer_language_ids(languages, tokenizer)
     train, held = (unicoder_examples.prepare_unicoder_records(
         spec, tokenizer, examples, ids, cache_dir, seed + offset, split)
         for spec, split, offset in ((data.source, train_split, 0),
@@ -162,11 +210,11 @@ def prepare_unicoder(data: DataConfig, examples: unicoder_examples.UnicoderExamp
         train=train, eval=held_out, transforms=(masking,), tokenizer=tokenizer,
         report={"majority_baseline_xmlm_accuracy": baseline,
                 "paraphrase_negative_rate": examples.paraphrase_negative_rate},
-        model_fields={"vocab_size": tokenizer.vocab_size, "n_langs": len(ids),
+        model_fields={"vocab_size": tokenizer.vocab_size, "n_langs": language_count,
                       "pad_token_id": tokenizer.pad_id})
 
 
-def check_unicoder(model: XLMConfig, examples: unicoder_examples.UnicoderExampleConfig,
+def check_unicoder(model: UnicoderConfig, examples: unicoder_examples.UnicoderExampleConfig,
                    objective: Any = None) -> None:
     """Every position of a record has an embedding; the encoder is bidirectional and not a
     decoder; the languages have embeddings. No `objective` setting bears on it."""
@@ -193,7 +241,7 @@ PRESETS = {
 
 register(Method(
     name="unicoder",
-    model_config=XLMConfig,
+    model_config=UnicoderConfig,
     example_config=unicoder_examples.UnicoderExampleConfig,
     objective_config=UnicoderLossSettings,
     build_model=build_unicoder,
@@ -204,6 +252,7 @@ register(Method(
                 "classification and cross-lingual MLM on parallel text (Huang et al. 2019)",
     presets=PRESETS,
     resolution=Resolution(check=check_unicoder),
+    start=Start(pretrained=pretrained_unicoder),
     evaluation=Evaluation(summarize=summary_of(
         accuracy="xmlm", metrics=("pc_accuracy", "wr_accuracy", "tlm_accuracy", "loss"))),
 ))

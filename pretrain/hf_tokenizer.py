@@ -7,6 +7,8 @@ tokens (pad, unk, cls, sep, mask, eos; bos is cls).
   `BertTokenizer` (`ElectraTokenizer` for ELECTRA, `MPNetTokenizer` for MPNet).
 - byte-level BPE: `vocab.json` + `merges.txt`, read by `RobertaTokenizer` when the vocabulary
   has RoBERTa's specials, else `GPT2Tokenizer`; no prefix space, as pretext encodes.
+- XLM's Moses + BPE: `vocab.json` + `merges.txt` with its casing and language table, read by
+  `XLMTokenizer` (sentences start and end with </s>, XLM's convention, as pretext's).
 - sentencepiece: `spiece.model` + `tokenizer.json`, a `tokenizers` Unigram model with the
   model's pieces and scores behind sentencepiece's own normalisation (the precompiled charsmap,
   whitespace handling, `▁` prefix), as transformers' convert_slow_tokenizer.py `SpmConverter`
@@ -34,6 +36,7 @@ from pretext_jax.input_pipeline.tokenizers import (
     TOKENIZER_CONFIG,
     AlbertSentencePieceTokenizer,
     ByteLevelBPETokenizer,
+    MosesBPETokenizer,
     SentencePieceTokenizer,
     Tokenizer,
     WordPieceTokenizer,
@@ -70,6 +73,8 @@ def describe(tokenizer: Tokenizer) -> str:
         return f"ALBERT's sentencepiece, {tokenizer.vocab_size:,} pieces{case}"
     if isinstance(tokenizer, SentencePieceTokenizer):
         return f"sentencepiece, {tokenizer.vocab_size:,} pieces"
+    if isinstance(tokenizer, MosesBPETokenizer):
+        return f"XLM's Moses + BPE, {tokenizer.vocab_size:,} tokens{case}"
     return f"byte-level BPE, {tokenizer.vocab_size:,} tokens"
 
 
@@ -110,6 +115,8 @@ def save(tokenizer: Tokenizer, directory: Path, model_type: str, vocab_size: int
         config["keep_accents"] = tokenizer.keep_accents
     if isinstance(tokenizer, ByteLevelBPETokenizer):
         config["add_prefix_space"] = False
+    if isinstance(tokenizer, MosesBPETokenizer):
+        config.update(tokenizer.settings())
     if isinstance(tokenizer, XLNetSentencePieceTokenizer):
         config["additional_special_tokens"] = [
             t for t in ("<eop>", "<eod>") if tokenizer.id_to_token(

@@ -7,7 +7,9 @@ exact in-process resume, and the one-line refusals."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -241,3 +243,62 @@ def test_refusals(settings, tmp_path):
                        ({"examples.paraphrase_negative_rate": 1.5}, "negative_rate")):
         with pytest.raises(UserError, match=match):
             Trainer(make_config("unicoder_tiny", {**settings, **bad}), root / "w").data  # noqa: B018
+
+
+def test_starts_from_an_hf_xlm_checkpoint(settings, tmp_path):
+    """§4: from an HF XLM folder (`model.init` and `data.tokenizer` the folder): the
+    Transformer starts with the checkpoint's weights, W and the paraphrase layer at random;
+    the records hold XLM's Moses + BPE ids and the checkpoint's language ids (its table puts en
+    at 1 and de at 2, where the sorted order would give de 0). Without the checkpoint's
+    tokenizer it is a one-line refusal naming data.tokenizer. (Training from there is the
+    step every other test runs.)"""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("sacremoses")
+    torch = pytest.importorskip("torch")
+    from text_utils import write_xlm_tokenizer
+
+    from pretext_jax.pretrain.loading import load_pretrained
+
+    lines = [line for path in settings["data.source"].split(",")
+             for line in Path(path).read_text().splitlines()]
+    folder = write_xlm_tokenizer(tmp_path / "xlm", lines, True, 60, {"fr": 0, "en": 1, "de": 2})
+    vocab_size = len(json.loads((folder / "vocab.json").read_text()))
+    torch.manual_seed(0)
+    transformers.XLMWithLMHeadModel(transformers.XLMConfig(
+        vocab_size=vocab_size, emb_dim=16, n_layers=1, n_heads=2, n_langs=3,
+        max_position_embeddings=48, embed_init_std=16 ** -0.5, init_std=0.02, dropout=0.0,
+        attention_dropout=0.0, pad_index=2, pad_token_id=2, lang2id={"fr": 0, "en": 1, "de": 2},
+    )).save_pretrained(str(folder))
+    start = {**settings, "model.init": str(folder), "data.tokenizer": str(folder),
+             "train.steps": 1}
+    trainer = Trainer(make_config("unicoder_tiny", start), tmp_path / "w")
+    assert trainer.model_config.n_langs == 3 and trainer.model_config.vocab_size == vocab_size
+    records = trainer.data.train.examples(range(len(trainer.data.train)))
+    assert set(np.unique(records["wr_langs"]).tolist()) == {1, 2}
+    # The records' sentences are XLM's ids of each language (HF `XLMTokenizer` the oracle).
+    hf = transformers.XLMTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+    raw = dict(zip(("en", "de"), (Path(p).read_text().splitlines()
+                                  for p in settings["data.source"].split(",")), strict=True))
+    expected = [{lang: hf.convert_tokens_to_ids(hf._tokenize(raw[lang][i], lang=lang))
+                 for lang in raw} for i in range(len(raw["en"]))]
+    expected = [line for line in expected if all(0 < len(t) <= 12 for t in line.values())]
+    assert examples.tokenized_lines(settings["data.source"], trainer.data.tokenizer,
+                                    trainer.config.examples, None) == expected
+    sources = {tuple(line[lang]) for line in expected for lang in line}
+    assert all(tuple(row[mask > 0]) in sources
+               for row, mask in zip(records["wr_source"], records["wr_source_mask"], strict=True))
+    params = flat_params(trainer.init_state().params)
+    checkpoint = flat_params(nnx.state(load_pretrained(folder), nnx.Param))
+    transformer = {key.removeprefix("['transformer']"): value for key, value in params.items()
+                   if key.startswith("['transformer']")}
+    assert transformer.keys() == checkpoint.keys() and len(checkpoint) > 10
+    assert all(np.array_equal(transformer[key], checkpoint[key]) for key in checkpoint)
+    random = Trainer(make_config("unicoder_tiny", {**start, "model.init": ""}), tmp_path / "r")
+    fresh = flat_params(random.init_state().params)
+    assert all(np.array_equal(fresh[key], params[key]) for key in params
+               if not key.startswith("['transformer']"))  # W and the classifier: the seed's
+    assert not any(np.array_equal(fresh[key], params[key]) for key in params
+                   if key.startswith("['transformer']") and params[key].std() > 0)
+    with pytest.raises(UserError, match="pass data.tokenizer="):
+        Trainer(make_config("unicoder_tiny", {**start, "data.tokenizer": ""}),
+                tmp_path / "bad").init_state()

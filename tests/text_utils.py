@@ -4,6 +4,7 @@ tests; the GLUE files of the fine-tuning tests."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -72,3 +73,37 @@ def write_glue_folder(root: Path, words: list[str], sst2: tuple[int, int],
                 for i, (x, y) in enumerate(zip(a, b, strict=True))]
         (root / "STS-B" / f"{split}.tsv").write_text(header + "\n" + "\n".join(rows) + "\n")
     return str(root)
+
+
+XLM_DICTIONARY_START = ("<s>", "</s>", "<pad>", "<unk>", *(f"<special{i}>" for i in range(10)))
+
+
+def write_xlm_tokenizer(folder: Path, lines: list[str], lowercase: bool, merges: int,
+                        lang2id: dict[str, int] | None = None) -> Path:
+    """An HF XLM tokenizer folder for `lines`: fastBPE-style merges (words split at whitespace,
+    `</w>` on each word's last character) learned by `tokenizers`' BPE trainer; a vocab.json in
+    XLM's dictionary order (<s> </s> <pad> <unk> <special0..9>), every character with and
+    without `</w>`, the merged symbols; merges.txt as `a b count`; the casing in
+    tokenizer_config.json and `lang2id` in config.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    lines = [line.lower() if lowercase else line for line in lines]
+    alphabet = sorted({c for line in lines for c in line if not c.isspace()})
+    bpe = Tokenizer(models.BPE(end_of_word_suffix="</w>"))
+    bpe.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    bpe.train_from_iterator(lines, trainers.BpeTrainer(
+        vocab_size=2 * len(alphabet) + merges, end_of_word_suffix="</w>", show_progress=False))
+    learned = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
+               for m in json.loads(bpe.to_str())["model"]["merges"]]
+    symbols = [*XLM_DICTIONARY_START, *alphabet, *(c + "</w>" for c in alphabet),
+               *(a + b for a, b in learned)]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.json").write_text(json.dumps(
+        {s: i for i, s in enumerate(dict.fromkeys(symbols))}, ensure_ascii=False))
+    (folder / "merges.txt").write_text("".join(f"{a} {b} {len(learned) - n}\n"
+                                               for n, (a, b) in enumerate(learned)))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"do_lowercase_and_remove_accent": lowercase}))
+    if lang2id:
+        (folder / "config.json").write_text(json.dumps({"model_type": "xlm", "lang2id": lang2id}))
+    return folder

@@ -30,7 +30,6 @@ from its seed; the MLM / TLM / cross-lingual MLM masks are drawn at every load
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -39,12 +38,18 @@ import numpy as np
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.examples.bert import MaskingVocab, check_masking
-from pretext_jax.input_pipeline.examples.xlm import LineSplit, record, split_lines, tlm_record
+from pretext_jax.input_pipeline.examples.xlm import (
+    LineSplit,
+    record,
+    split_lines,
+    tlm_record,
+    tokenizer_key,
+)
 from pretext_jax.input_pipeline.examples.xlm import weighted_mask as xlm_weighted_mask
 from pretext_jax.input_pipeline.parallel import open_parallel
 from pretext_jax.input_pipeline.prepare import fingerprint
 from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
-from pretext_jax.input_pipeline.tokenizers import Tokenizer
+from pretext_jax.input_pipeline.tokenizers import Tokenizer, language_encoder
 
 MASKED = ("mlm", "tlm", "xmlm")
 """The record groups masked at load (each `{group}_input_ids`, ... of `xlm.FEATURES`)."""
@@ -163,9 +168,10 @@ def tokenized_lines(spec: str, tokenizer: Tokenizer, config: UnicoderExampleConf
     """The aligned lines of `spec` (one side of `split`) as token ids, those with an empty side
     or a side over `max_sentence_length` tokens dropped."""
     source = open_parallel(spec)
+    encode = {language: language_encoder(tokenizer, language) for language in source.languages}
     kept = []
     for line in split_lines(source, split):
-        encoded = {language: list(tokenizer.encode(line[language]))
+        encoded = {language: list(encode[language](line[language]))
                    for language in source.languages}
         if all(0 < len(t) <= config.max_sentence_length for t in encoded.values()):
             kept.append(encoded)
@@ -178,10 +184,7 @@ def prepare_unicoder_records(spec: str, tokenizer: Tokenizer, config: UnicoderEx
     """Unicoder's records of the parallel corpus `spec` (of one side of `split`), written once
     under `cache_root` (kept: a key of the files, tokenizer, settings, split and seed)."""
     languages = parallel_languages(spec)
-    model_file = getattr(tokenizer, "model_file", None)
-    tokenizer_key = (hashlib.sha256(Path(model_file).read_bytes()).hexdigest() if model_file
-                     else [type(tokenizer).__name__, tokenizer.vocab_size])
-    key = fingerprint(open_parallel(spec).fingerprint(), tokenizer_key,
+    key = fingerprint(open_parallel(spec).fingerprint(), tokenizer_key(tokenizer),
                       dataclasses.asdict(config), ids, seed,
                       *([] if split is None else [dataclasses.asdict(split)]))
     directory = Path(cache_root) / f"unicoder-{key}"

@@ -72,7 +72,12 @@ from pretext_jax.input_pipeline.records import (
     RecordDirectory,
     write_records,
 )
-from pretext_jax.input_pipeline.tokenizers import SentencePieceTokenizer, Tokenizer
+from pretext_jax.input_pipeline.tokenizers import (
+    MosesBPETokenizer,
+    SentencePieceTokenizer,
+    Tokenizer,
+    language_encoder,
+)
 
 FEATURES = ("input_ids", "input_mask", "positions", "langs")
 TASKS = ("clm", "mlm", "tlm", "mlm_tlm")
@@ -134,6 +139,34 @@ class XLMExampleConfig:
 def language_ids(languages: Iterable[str]) -> dict[str, int]:
     """Language -> id in sorted order (XLM `lang2id`)."""
     return {language: i for i, language in enumerate(sorted(set(languages)))}
+
+
+def tokenizer_language_ids(languages: Iterable[str], tokenizer: Tokenizer
+                           ) -> tuple[dict[str, int], int]:
+    """(language -> id, count of language embeddings): the table of the checkpoint whose
+    tokenizer this is when it carries one (an HF XLM folder's `lang2id`, e.g. XLM-15's), else
+    `language_ids`' sorted order over `languages` alone. A language the table lacks is a
+    UserError."""
+    table = getattr(tokenizer, "lang2id", None)
+    if not table:
+        ids = language_ids(languages)
+        return ids, len(ids)
+    missing = sorted(set(languages) - set(table))
+    if missing:
+        raise UserError(f"the tokenizer's checkpoint has no language {', '.join(missing)} (its "
+                        f"languages: {', '.join(sorted(table))}); use a corpus in its languages")
+    return {language: table[language] for language in sorted(set(languages))}, len(table)
+
+
+def tokenizer_key(tokenizer: Tokenizer) -> object:
+    """What names the tokenizer in a record cache's key: its model file's hash, XLM's
+    vocabulary, merges and casing, else its kind and size."""
+    model_file = getattr(tokenizer, "model_file", None)
+    if model_file:
+        return hashlib.sha256(Path(model_file).read_bytes()).hexdigest()
+    if isinstance(tokenizer, MosesBPETokenizer):
+        return fingerprint(sorted(tokenizer.vocab.items()), tokenizer.merges, tokenizer.lowercase)
+    return [type(tokenizer).__name__, tokenizer.vocab_size]
 
 
 def parse_corpora(spec: str) -> dict[str, str]:
@@ -558,8 +591,9 @@ def tlm_examples(lines: Iterable[Mapping[str, str]], languages: Sequence[str],
     if missing:
         raise UserError(f"language {', '.join(missing)} of the parallel corpus has no language "
                         f"id (known: {', '.join(ids)}); give its monolingual text too")
+    encode = {language: language_encoder(tokenizer, language) for language in languages}
     for line in lines:
-        encoded = {language: tokenizer.encode(line[language]) for language in languages}
+        encoded = {language: encode[language](line[language]) for language in languages}
         for first, second in directions:
             a, b = encoded[first], encoded[second]
             if 0 < len(a) <= config.max_sentence_length and 0 < len(b) <= (
@@ -575,10 +609,8 @@ def prepare_tlm(spec: str, tokenizer: Tokenizer, config: XLMExampleConfig,
     of one side of `split`, streamed into ArrayRecord files under `cache_root` (kept: a key of
     the files, tokenizer, settings and split)."""
     source = open_parallel(spec)
-    model_file = getattr(tokenizer, "model_file", None)
-    tokenizer_key = (hashlib.sha256(Path(model_file).read_bytes()).hexdigest() if model_file
-                     else [type(tokenizer).__name__, tokenizer.vocab_size])
-    key = fingerprint(source.fingerprint(), tokenizer_key, dataclasses.asdict(config), ids,
+    key = fingerprint(source.fingerprint(), tokenizer_key(tokenizer),
+                      dataclasses.asdict(config), ids,
                       *([] if split is None else [dataclasses.asdict(split)]))
     directory = Path(cache_root) / f"tlm-{key}"
     if not (directory / SPEC_FILE).is_file():
