@@ -6,14 +6,15 @@ masked LM over cross-lingual documents (§3.3).
 Data (`input_pipeline.examples.unicoder`): a line-aligned parallel corpus of two languages in
 `data.source` (e.g. Multi30K's `train.en,train.de`); held out: the parallel corpus
 `data.eval_source`, or without one `data.held_out_fraction` of the aligned lines (fixed seed).
-One shared sentencepiece vocabulary (XLM §3.1), language ids in sorted order. Every record holds
+One shared sentencepiece vocabulary (XLM §3.1), language ids in sorted order (a checkpoint's own,
+below). Every record holds
 every task's fields, so each batch trains all five tasks (see `unicoder_loss`).
 
 Start (§4: Unicoder continues XLM-15's MLM + TLM model): `model.init` names an XLM (an HF folder
 such as xlm-mlm-tlm-xnli15-1024, or a pretext XLM or Unicoder run) whose weights start the
-Transformer, with `data.tokenizer` the same folder: XLM's Moses + BPE tokenizer, and its
-language table for the language ids (`tokenizer_language_ids`); W and the paraphrase layer
-start at random.
+Transformer, with `data.tokenizer` its tokenizer (the HF folder: XLM's Moses + BPE tokenizer and
+its language table for the language ids, `tokenizer_language_ids`; a workdir's `tokenizer/`);
+W and the paraphrase layer start at random.
 
 Loss: the sum of the five task losses (`objective.*_weight`, 1 each), each a mean over its own
 targets: MLM, TLM and
@@ -75,7 +76,8 @@ class UnicoderConfig(XLMConfig):
     init: str = ""
     """Start from this XLM (§4: XLM-15's MLM + TLM model): an HF folder (the paper's:
     xlm-mlm-tlm-xnli15-1024), a pretext XLM or Unicoder workdir or model directory of the same
-    architecture, with data.tokenizer the same folder; '' = random initialisation."""
+    architecture, with data.tokenizer its tokenizer (the HF folder itself, a workdir's
+    `tokenizer/`); '' = random initialisation."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,11 +159,13 @@ def pretrained_unicoder(config: UnicoderConfig, seed: int, load: Callable[[str],
     if type(loaded) not in (XLM, Unicoder):
         raise UserError(f"{config.init} holds a {type(loaded).__name__}, not the XLM that "
                         "Unicoder continues from")
+    recorded = Path(config.init) / "tokenizer"  # a pretext workdir's own
+    own = recorded if recorded.is_dir() else Path(config.init)
     for field, what in (("vocab_size", "token ids"), ("n_langs", "languages")):
         ours, theirs = getattr(config, field), getattr(loaded.config, field)
         if ours != theirs:
             raise UserError(f"the data's tokenizer gives {ours} {what} but {config.init} has "
-                            f"{theirs}; pass data.tokenizer={config.init} (its vocabulary and "
+                            f"{theirs}; pass data.tokenizer={own} (its vocabulary and "
                             "language table)")
     check_same_architecture(config, loaded.config, config.init)
     fresh = build_unicoder(config, seed)

@@ -302,3 +302,25 @@ def test_starts_from_an_hf_xlm_checkpoint(settings, tmp_path):
     with pytest.raises(UserError, match="pass data.tokenizer="):
         Trainer(make_config("unicoder_tiny", {**start, "data.tokenizer": ""}),
                 tmp_path / "bad").init_state()
+
+
+def test_starts_from_a_pretext_xlm_run(settings, tmp_path):
+    """A pretext XLM run (TLM on the same parallel corpus) as `model.init`, its recorded
+    tokenizer as `data.tokenizer`: the Transformer starts with the run's trained weights, the
+    language ids in the sorted order both runs use."""
+    from pretext_jax.pretrain.loading import load_model
+
+    xlm = tmp_path / "xlm"
+    xlm_settings = {key: value for key, value in settings.items()
+                    if not key.startswith("examples.")}
+    Trainer(make_config("xlm_tiny", {**xlm_settings, "examples.task": "tlm",
+                                     "examples.max_sentence_length": 12,
+                                     "examples.stream_length": 48, "train.steps": 1}),
+            xlm).run()
+    start = {**settings, "model.init": str(xlm), "data.tokenizer": str(xlm / "tokenizer")}
+    trainer = Trainer(make_config("unicoder_tiny", start), tmp_path / "w")
+    assert trainer.model_config.n_langs == 2
+    params = flat_params(trainer.init_state().params)
+    trained = flat_params(nnx.state(load_model(xlm), nnx.Param))
+    assert all(np.array_equal(params["['transformer']" + key], value)
+               for key, value in trained.items())
