@@ -99,6 +99,9 @@ class DataConfig:
     """sentencepiece .model, BERT vocab.txt, HF tokenizer folder; empty = train sentencepiece."""
     lowercase: bool | None = None
     """Force a WordPiece/XLNet tokenizer's casing; none = from its folder, else from the vocab."""
+    language: str | None = None
+    """The text's language for a language-dependent tokenizer (XLM's Moses rules); none =
+    English. XLM's monolingual corpora set it per corpus."""
     vocab_size: int = 8000
     """Pieces of the sentencepiece unigram model trained when data.tokenizer is empty."""
     tokenizer_sentences: int = 1_000_000
@@ -221,15 +224,17 @@ def _count(name: str, amount: int) -> None:
             counter.value += amount
 
 
-_TOKENIZERS: dict[tuple[str, bool | None], Any] = {}
+_TOKENIZERS: dict[tuple[str, bool | None, str | None], Any] = {}
 
 
 def load_tokenizer(data: DataConfig, spec: str | Path | None = None) -> Any:
-    """`spec` (default `data.tokenizer`) with the casing `data.lowercase` forces; loaded once
-    per process."""
-    key = (str(spec or data.tokenizer), data.lowercase)
+    """`spec` (default `data.tokenizer`) with the casing `data.lowercase` forces, for text in
+    `data.language` (`tokenizers.for_language`); loaded once per process."""
+    key = (str(spec or data.tokenizer), data.lowercase, data.language)
     if key not in _TOKENIZERS:
-        _TOKENIZERS[key] = tokenizers.load_tokenizer(key[0], data.lowercase)
+        tokenizer = tokenizers.load_tokenizer(key[0], data.lowercase)
+        _TOKENIZERS[key] = (tokenizers.for_language(tokenizer, data.language)
+                            if data.language else tokenizer)
     return _TOKENIZERS[key]
 
 

@@ -959,11 +959,16 @@ def is_xlm_folder(folder: Path) -> bool:
         return False
 
 
+def for_language(tokenizer: Tokenizer, language: str) -> Tokenizer:
+    """The tokenizer for text of `language`: a language-dependent one's (XLM's Moses rules,
+    `MosesBPETokenizer.for_language`), else the tokenizer itself."""
+    bound = getattr(tokenizer, "for_language", None)
+    return tokenizer if bound is None else bound(language)
+
+
 def language_encoder(tokenizer: Tokenizer, language: str) -> Callable[[str], list[int]]:
-    """`encode` for text of `language`: a language-dependent tokenizer's (XLM's Moses rules,
-    `for_language`), else the tokenizer's own."""
-    for_language = getattr(tokenizer, "for_language", None)
-    return tokenizer.encode if for_language is None else for_language(language).encode
+    """`encode` for text of `language` (`for_language`)."""
+    return for_language(tokenizer, language).encode
 
 
 def _sentencepiece(path: Path, lowercase: bool | None = None, keep_accents: bool = False

@@ -5,6 +5,7 @@ HF export; refusals."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import sys
@@ -174,3 +175,32 @@ def test_refusals(xlm_folders, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "sacremoses", None)  # as when it is not installed
     with pytest.raises(UserError, match=r"pip install 'pretext-jax\[xlm\]'"):
         load_tokenizer(xlm_folders["lowercased"])
+
+
+def test_xlm_streams_read_each_language_by_its_moses_rules(xlm_folders, tmp_path):
+    """XLM's monolingual streams with an XLM folder as data.tokenizer: each corpus is tokenised
+    with Moses' rules of its language (`data.language` per corpus), as XLM's tokenize.sh does;
+    English rules on the French text give other ids (the control)."""
+    from pretext_jax.input_pipeline.examples import xlm as xlm_examples
+    from pretext_jax.input_pipeline.prepare import DataConfig
+
+    corpora = {}
+    for language in ("en", "fr"):
+        corpora[language] = str(tmp_path / f"{language}.txt")
+        Path(corpora[language]).write_text("\n\n".join(["\n".join(FALLBACK[language])] * 8))
+    data = DataConfig(source="", tokenizer=str(xlm_folders["lowercased"]),
+                      held_out_fraction=0.25)
+    mono, tokenizer = xlm_examples.prepare_streams(
+        corpora, data, xlm_examples.XLMExampleConfig(), tmp_path / "cache", 0)
+    ours = load_tokenizer(xlm_folders["lowercased"])
+    for language, (train, held) in mono.items():
+        streamed = collections.Counter()
+        for records in (train, held):
+            rows = records.examples(range(len(records)))
+            ids = rows["input_ids"][rows["input_mask"] > 0]
+            streamed.update(ids[ids != tokenizer.eos_id].tolist())
+        expected = collections.Counter(i for line in FALLBACK[language] * 8
+                                       for i in ours.for_language(language).encode(line))
+        assert streamed == expected, language
+    english = collections.Counter(i for line in FALLBACK["fr"] * 8 for i in ours.encode(line))
+    assert english != expected

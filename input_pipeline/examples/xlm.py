@@ -384,6 +384,9 @@ def prepare_languages(corpora: Mapping[str, str], data: DataConfig,
                           fields, alpha, seed)
         tokenizer_path = str(cache_root / f"xlm-tokenizer-{key}.model")
         train_shared_tokenizer(corpora, data, alpha, Path(tokenizer_path), seed)
+    # A language-dependent tokenizer (XLM's Moses rules) reads each corpus in its language.
+    bound = hasattr(load_tokenizer(dataclasses.replace(data, tokenizer=tokenizer_path)),
+                    "for_language")
     prepared = {}
     tokenizer = None
     for language, source in corpora.items():
@@ -392,7 +395,7 @@ def prepare_languages(corpora: Mapping[str, str], data: DataConfig,
         eval_source = (eval_corpora or {}).get(language, "")
         train, held_out, tokenizer = prepare_text(
             dataclasses.replace(data, source=source, eval_source=eval_source,
-                                tokenizer=tokenizer_path),
+                                tokenizer=tokenizer_path, language=language if bound else None),
             build(ids[language]), (settings, ids[language]), cache_root, seed)
         prepared[language] = (train, held_out)
     return prepared, tokenizer
