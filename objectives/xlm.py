@@ -102,6 +102,8 @@ class XLMSets:
 
     tokenizer: Any
     ids: dict[str, int]
+    language_count: int
+    """Language embeddings: the tokenizer's checkpoint table's size, else len(ids)."""
     mono: dict[str, tuple[RecordDirectory, RecordDirectory]] = dataclasses.field(
         default_factory=dict)
     pairs: dict[str, tuple[RecordDirectory, RecordDirectory]] = dataclasses.field(
@@ -141,12 +143,14 @@ def prepare_sets(data: DataConfig, examples: xlm_examples.XLMExampleConfig, cach
         split = tlm_splits(data.source, data.eval_source, data.held_out_fraction, seed)[0]
         tokenizer = xlm_examples.parallel_tokenizer(data.source, data, examples, cache_dir,
                                                     seed, split)
-        sets = XLMSets(tokenizer, xlm_examples.language_ids(open_parallel(data.source).languages))
+        sets = XLMSets(tokenizer, *xlm_examples.tokenizer_language_ids(
+            open_parallel(data.source).languages, tokenizer))
         prepare_pairs(sets, data.source, data.eval_source, data, examples, cache_dir, seed)
         return sets
     corpora = xlm_examples.parse_corpora(data.source)
     mono, tokenizer = xlm_examples.prepare_streams(corpora, data, examples, cache_dir, seed)
-    sets = XLMSets(tokenizer, xlm_examples.language_ids(corpora), mono=mono)
+    sets = XLMSets(tokenizer, *xlm_examples.tokenizer_language_ids(corpora, tokenizer),
+                   mono=mono)
     if examples.task == "mlm_tlm":
         prepare_pairs(sets, examples.tlm_source, "", data, examples, cache_dir, seed)
     return sets
@@ -197,7 +201,7 @@ def prepare_xlm(data: DataConfig, examples: xlm_examples.XLMExampleConfig, cache
     return PreparedData(
         train=schedule, segments=per_step_source(schedule.for_global_batch), eval=held_out,
         transforms=transforms, report=report, tokenizer=tokenizer,
-        model_fields={"vocab_size": tokenizer.vocab_size, "n_langs": len(sets.ids),
+        model_fields={"vocab_size": tokenizer.vocab_size, "n_langs": sets.language_count,
                       "pad_token_id": tokenizer.pad_id, "causal": examples.task == "clm"})
 
 

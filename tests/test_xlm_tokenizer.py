@@ -179,8 +179,9 @@ def test_refusals(xlm_folders, tmp_path, monkeypatch):
 
 def test_xlm_streams_read_each_language_by_its_moses_rules(xlm_folders, tmp_path):
     """XLM's monolingual streams with an XLM folder as data.tokenizer: each corpus is tokenised
-    with Moses' rules of its language (`data.language` per corpus), as XLM's tokenize.sh does;
-    English rules on the French text give other ids (the control)."""
+    with Moses' rules of its language (`data.language` per corpus), as XLM's tokenize.sh does,
+    and tagged with the checkpoint's language id (XLM-15's table: en 4, fr 6); English rules on
+    the French text give other ids (the control)."""
     from pretext_jax.input_pipeline.examples import xlm as xlm_examples
     from pretext_jax.input_pipeline.prepare import DataConfig
 
@@ -199,8 +200,19 @@ def test_xlm_streams_read_each_language_by_its_moses_rules(xlm_folders, tmp_path
             rows = records.examples(range(len(records)))
             ids = rows["input_ids"][rows["input_mask"] > 0]
             streamed.update(ids[ids != tokenizer.eos_id].tolist())
+            assert set(rows["langs"][rows["input_mask"] > 0].tolist()) == {
+                {"en": 4, "fr": 6}[language]}
         expected = collections.Counter(i for line in FALLBACK[language] * 8
                                        for i in ours.for_language(language).encode(line))
         assert streamed == expected, language
     english = collections.Counter(i for line in FALLBACK["fr"] * 8 for i in ours.encode(line))
     assert english != expected
+    # The run's model has the checkpoint's 15 language embeddings, so its ids index them.
+    from pretext_jax.pretrain.config import make_config
+    from pretext_jax.pretrain.trainer import Trainer
+
+    trainer = Trainer(make_config("xlm_tiny", {
+        "data.source": ",".join(f"{lang}={path}" for lang, path in corpora.items()),
+        "data.tokenizer": str(xlm_folders["lowercased"]), "data.held_out_fraction": 0.25,
+        "data.cache_dir": str(tmp_path / "cache")}), tmp_path / "w")
+    assert trainer.model_config.n_langs == 15

@@ -371,8 +371,8 @@ def prepare_languages(corpora: Mapping[str, str], data: DataConfig,
     tokenizer shared by the languages: `data.tokenizer`, else a sentencepiece model trained on
     every language's training sentences sampled by q ~ p^alpha (§3.1). Held out: each
     language's `eval_corpora[language]` if given, else `data.held_out_fraction` of its
-    documents. `ids`: language ids (default `language_ids` of the corpora)."""
-    ids = dict(ids or language_ids(corpora))
+    documents. `ids`: language ids (default `tokenizer_language_ids`: the tokenizer's checkpoint
+    table, else the sorted order of the corpora)."""
     cache_root = Path(cache_root)
     cache_root.mkdir(parents=True, exist_ok=True)
     if data.tokenizer:
@@ -384,9 +384,10 @@ def prepare_languages(corpora: Mapping[str, str], data: DataConfig,
                           fields, alpha, seed)
         tokenizer_path = str(cache_root / f"xlm-tokenizer-{key}.model")
         train_shared_tokenizer(corpora, data, alpha, Path(tokenizer_path), seed)
+    shared = load_tokenizer(dataclasses.replace(data, tokenizer=tokenizer_path))
+    ids = dict(ids or tokenizer_language_ids(corpora, shared)[0])
     # A language-dependent tokenizer (XLM's Moses rules) reads each corpus in its language.
-    bound = hasattr(load_tokenizer(dataclasses.replace(data, tokenizer=tokenizer_path)),
-                    "for_language")
+    bound = hasattr(shared, "for_language")
     prepared = {}
     tokenizer = None
     for language, source in corpora.items():

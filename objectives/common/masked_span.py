@@ -58,10 +58,11 @@ def prepare_mass(data: DataConfig, examples: mass_examples.MassExampleConfig, ca
         held_out, languages = [held_out_split], {}
     else:
         train, held_out, tokenizer = prepare_bilingual(corpora, data, examples, cache_dir, seed)
-        languages = {"num_languages": len(corpora)}
+        languages = {"num_languages": xlm_examples.tokenizer_language_ids(corpora, tokenizer)[1]}
         step_order = per_step_source(train.for_global_batch)
     if xlm_layout:
-        languages = {"n_langs": len(corpora or [None]), "pad_token_id": tokenizer.pad_id}
+        languages = {"n_langs": xlm_examples.tokenizer_language_ids(corpora, tokenizer)[1]
+                     if corpora else 1, "pad_token_id": tokenizer.pad_id}
     masking = (mass_examples.XLMMassMasking if xlm_layout else mass_examples.MassMasking)(
         MaskingVocab.from_tokenizer(tokenizer), examples)
     if examples.tokens_per_batch:
