@@ -822,6 +822,8 @@ class MosesBPETokenizer:
     starts a word depends on the piece before it, not on the piece itself."""
 
     unsupported_languages = frozenset({"zh", "th", "ja"})
+    cached_words = 1 << 18
+    """Distinct words whose ids are kept; the cache starts again when full."""
 
     def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]], *,
                  lowercase: bool = True, language: str = "en",
@@ -906,6 +908,8 @@ class MosesBPETokenizer:
     def _bpe(self, word: str) -> list[int]:
         if word in self._cache:
             return self._cache[word]
+        if len(self._cache) > self.cached_words:
+            self._cache.clear()
         parts = [*word[:-1], word[-1] + WORD_END]
         ids = [self.vocab.get(part, self.unk_id) for part in merge_pairs(parts, self.ranks)]
         self._cache[word] = ids
