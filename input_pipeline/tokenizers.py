@@ -124,6 +124,13 @@ def _is(major: str, minor: str = "") -> np.ndarray:
     return flags & (categories[:, 1] == ord(minor)) if minor else flags
 
 
+@functools.cache
+def _nonspacing_marks() -> dict[int, None]:
+    """A `str.translate` table that drops every combining mark (category Mn): accent stripping
+    after NFD (BERT's `_run_strip_accents`, XLM's lowercase_and_remove_accent.py)."""
+    return dict.fromkeys(np.flatnonzero(_is("M", "n")).tolist())
+
+
 def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
     """The inclusive (first, last) code point ranges where `flags` (one per code point) holds."""
     edges = np.flatnonzero(np.diff(np.concatenate([[0], flags.astype(np.int8), [0]])))
@@ -167,13 +174,12 @@ class _BasicTokenizerTables:
         punctuation = _is("P")
         punctuation[:128] = [_is_punctuation(chr(cp)) for cp in range(128)]
         split = {cp: f" {chr(cp)} " for cp in np.flatnonzero(punctuation).tolist()}
-        marks = dict.fromkeys(np.flatnonzero(_is("M", "n")).tolist())
         ascii_punctuation = "".join(re.escape(chr(cp)) for cp in split if cp < 128)
         runs = _runs(dropped)
         bmp = [(first, min(last, 0xFFFF)) for first, last in runs if first <= 0xFFFF]
         astral = [(max(first, 0x10000), last) for first, last in runs if last > 0xFFFF]
         return cls(re.compile(f"[{_class_body(bmp)}]"), re.compile(f"[{_class_body(astral)}]"),
-                   re.compile(f"[{_class_body(_CJK_RANGES)}]"), split, split | marks,
+                   re.compile(f"[{_class_body(_CJK_RANGES)}]"), split, split | _nonspacing_marks(),
                    re.compile(f"[A-Za-z0-9]+|[{ascii_punctuation}]"),
                    re.compile(f"[a-z0-9]+|[{ascii_punctuation}]"))
 
@@ -901,8 +907,7 @@ class MosesBPETokenizer:
         words = self._moses.tokenize(text, return_str=False, escape=False)
         if self.lowercase:
             text = unicodedata.normalize("NFD", " ".join(words).lower())
-            text = "".join(c for c in text if unicodedata.category(c) != "Mn")
-            words = text.lower().split(" ")
+            words = text.translate(_nonspacing_marks()).lower().split(" ")
         return [word for word in words if word]
 
     def _bpe(self, word: str) -> list[int]:
