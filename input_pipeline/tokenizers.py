@@ -5,9 +5,12 @@ WordPiece from a released `vocab.txt`, GPT-2's byte-level BPE from a `vocab.json
 All expose the same small interface that example builders use (ids only): `vocab_size`,
 `pad_id`, `unk_id`, `cls_id`, `sep_id`, `mask_id`, `eos_id` (the end-of-text token put between
 documents by the causal LM; [SEP] where the vocabulary has no own one), `special_ids`,
-`continuation` (a bool per id: the piece continues the previous word, for whole-word masking),
-`encode`, `decode`, `id_to_token`, and `save(directory)`, which writes the files that
-`load_tokenizer(directory)` reads back as the same tokenizer (a workdir's `tokenizer/`).
+`continuation` (a bool per id: the piece continues the previous word: WordPiece `##x`,
+sentencepiece and byte-level pieces without a leading space mark), `joins_next` (a bool per id:
+the next piece continues this piece's word: fastBPE pieces without `</w>`), which `word_starts`
+combines for whole-word masking and word-level spans, `encode`, `decode`, `id_to_token`, and
+`save(directory)`, which writes the files that `load_tokenizer(directory)` reads back as the
+same tokenizer (a workdir's `tokenizer/`).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class Tokenizer(Protocol):
     eos_id: int
     special_ids: frozenset[int]
     continuation: np.ndarray
+    joins_next: np.ndarray
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -69,6 +73,17 @@ class Tokenizer(Protocol):
     def id_to_token(self, index: int) -> str: ...
 
     def save(self, directory: Path) -> None: ...
+
+
+def word_starts(ids: np.ndarray, continuation: np.ndarray,
+                joins_next: np.ndarray | None = None) -> np.ndarray:
+    """A bool per position of `ids`: the piece begins a word, being no continuation piece
+    (`continuation`, a bool per id) after no piece that leaves its word open (`joins_next`, a
+    bool per id; none: no vocabulary marks word ends)."""
+    starts = ~continuation[ids]
+    if joins_next is not None:
+        starts[1:] &= ~joins_next[ids[:-1]]
+    return starts
 
 
 def _write_lowercase(directory: Path, lowercase: bool, **settings: object) -> None:
@@ -211,6 +226,7 @@ class WordPieceTokenizer:
         self.missing = tuple(token for token in self.roles.values() if token not in self.vocab)
         self.special_ids = frozenset(self.vocab[t] for t in self.roles.values() if t in self.vocab)
         self.continuation = np.array([t.startswith("##") for t in vocab], bool)
+        self.joins_next = np.zeros(self.vocab_size, bool)
         self._cache = _WordPieces(self._word_pieces)
         # MPNet's specials in text are those tokens (HF `MPNetTokenizer`); BERT's stay text
         self._specials = (None if self.roles == BERT_ROLES else _specials_pattern(
@@ -376,6 +392,7 @@ class SentencePieceTokenizer:
         self.continuation = np.array(
             [not (control[i] or self.processor.id_to_piece(i).startswith("▁"))
              for i in range(self.vocab_size)], bool)
+        self.joins_next = np.zeros(self.vocab_size, bool)
 
     def _special_ids(self) -> list[int]:
         """The ids of [PAD], [UNK], [CLS], [SEP], [MASK] (in that order)."""
@@ -718,6 +735,7 @@ class ByteLevelBPETokenizer:
         self.continuation = np.array(
             [i not in self.special_ids and not t.startswith(self.byte_encoder[ord(" ")])
              for i, t in enumerate(self.tokens)], bool)
+        self.joins_next = np.zeros(self.vocab_size, bool)
         self._specials = re.compile("(" + "|".join(
             re.escape(t) for t in sorted(specials, key=len, reverse=True)) + ")")
         self._cache: dict[str, list[int]] = {}
@@ -824,8 +842,8 @@ class MosesBPETokenizer:
     language (`encode` uses `language`). zh, th and ja need word segmenters XLM runs before
     BPE; they are refused. Special tokens in text become their ids (as transformers does).
     `lang2id` is the checkpoint's language table (its `config.json`) when known.
-    `continuation` is False everywhere: with fastBPE's end-of-word marks, whether a piece
-    starts a word depends on the piece before it, not on the piece itself."""
+    fastBPE marks a word's last piece (`</w>`), not its continuations: `continuation` is False
+    everywhere and `joins_next` holds for the pieces without the mark."""
 
     unsupported_languages = frozenset({"zh", "th", "ja"})
     cached_words = 1 << 18
@@ -855,6 +873,8 @@ class MosesBPETokenizer:
         specials = [t for t in (*XLM_SPECIALS.values(), *XLM_OTHER_SPECIALS) if t in vocab]
         self.special_ids = frozenset(vocab[t] for t in specials)
         self.continuation = np.zeros(self.vocab_size, bool)
+        self.joins_next = np.array([i not in self.special_ids and not t.endswith(WORD_END)
+                                    for i, t in enumerate(self.tokens)], bool)
         self._specials = _specials_pattern(specials)
         moses = require("sacremoses", "xlm", "XLM's tokenizer (Moses)")
         self._normalizer = moses.MosesPunctNormalizer(lang=language)

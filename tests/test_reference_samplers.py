@@ -445,7 +445,7 @@ def xlnet_statistics(sampler, segments, goal: int, seed: int) -> dict[str, list]
 def xlnet_ours(goal: int, reverse: bool, with_punctuation: bool = False) -> dict[str, list]:
     rng = np.random.default_rng(42)
     return xlnet_statistics(
-        lambda segment: xlnet_examples.sample_span_mask(segment, OURS_WORD_START, goal,
+        lambda segment: xlnet_examples.sample_span_mask(OURS_WORD_START[segment], goal,
                                                         XLNET_CONFIG, rng, reverse),
         xlnet_segments(with_punctuation), goal, seed=51)
 

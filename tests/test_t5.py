@@ -239,7 +239,7 @@ def test_text_infilling_against_its_definition():
     fractions = []
     for _ in range(300):
         tokens = np.append(rng.integers(5, 1000, 511), eos)
-        out = s2s.text_infilling(tokens, word_start, mask_id, config, 1000, rng)
+        out = s2s.text_infilling(tokens, word_start[tokens], mask_id, config, 1000, rng)
         # One mask token per span, one per 0-length span; the rest of the text in order.
         assert (out.source == mask_id).sum() == out.spans + out.inserted
         assert out.source[out.source != mask_id].tolist() == tokens[~out.masked].tolist()
@@ -256,7 +256,7 @@ def test_text_infilling_against_its_definition():
 
 def test_noised_examples_have_fixed_shapes_and_the_text_as_target():
     vocab = s2s.Seq2SeqVocab(text_vocab_size=1000, vocab_size=1100, eos_id=3, mask_id=4,
-                             word_start=np.ones(1000, bool))
+                             continuation=np.zeros(1000, bool))
     rng = np.random.default_rng(5)
     for noise in s2s.NOISES:
         config = s2s.Seq2SeqExampleConfig(noise=noise, inputs_length=64)

@@ -6,11 +6,13 @@ HF export; refusals."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from text_utils import write_xlm_tokenizer
 
@@ -156,6 +158,40 @@ def test_loading_saving_and_hf_export(xlm_folders, tmp_path):
     (bare / "vocab.json").write_text(json.dumps({**vocab, "<mask>": len(vocab)}))
     (bare / "merges.txt").write_text("#version: 0.2\nt h\n")
     assert isinstance(load_tokenizer(bare), ByteLevelBPETokenizer)
+
+
+def test_whole_words_are_moses_words(xlm_folders):
+    """fastBPE marks a word's last piece (`</w>`), so where a word begins depends on the piece
+    before: whole-word masking groups, MPNet's / XLNet's / BART's word starts (all through
+    `word_starts`) give one group per Moses word of Multi30K text (lines with no <unk>);
+    without `joins_next` the groups would be single pieces (the control)."""
+    from conftest import shared_data_dir
+
+    from pretext_jax.input_pipeline.examples import bert as bert_examples
+    from pretext_jax.input_pipeline.examples.seq2seq import Seq2SeqVocab
+
+    shared = shared_data_dir() if shared_data_dir().is_dir() else None
+    ours = load_tokenizer(xlm_folders["cased"])
+    vocab = bert_examples.MaskingVocab.from_tokenizer(ours)
+    split_pieces = 0
+    for language in LANGUAGES:
+        tokenizer = ours.for_language(language)
+        for text in multi30k_lines(language, shared, 100, start=2000) + FALLBACK[language]:
+            ids = np.asarray(tokenizer.encode(text))
+            if ours.unk_id in ids:  # an unknown piece loses its `</w>`: its word splits there
+                continue
+            framed = np.concatenate([[vocab.cls_id], ids, [vocab.sep_id]])
+            groups = bert_examples.masking_candidates(framed, vocab, whole_word_mask=True)
+            words = ["".join(ours.id_to_token(framed[p]) for p in group).removesuffix("</w>")
+                     for group in groups]
+            assert words == tokenizer.words(text), (language, text)
+            starts = vocab.word_starts(ids)
+            assert starts.tolist() == Seq2SeqVocab.from_tokenizer(ours, 0).word_starts(
+                ids).tolist()
+            split_pieces += len(ids) - int(starts.sum())
+    assert split_pieces > 100  # many words are several pieces, so the check has teeth
+    piecewise = dataclasses.replace(vocab, joins_next=None)
+    assert piecewise.word_starts(ids).all() and not vocab.word_starts(ids).all()
 
 
 def test_refusals(xlm_folders, tmp_path, monkeypatch):

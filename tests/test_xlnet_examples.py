@@ -78,7 +78,7 @@ def test_span_mask_has_exactly_the_goal_in_short_spans_at_word_starts():
     is_word_start = ~CONTINUATION
     lengths = []
     for seed in range(30):
-        mask = sample_span_mask(tokens, is_word_start, 60, CONFIG, np.random.default_rng(seed))
+        mask = sample_span_mask(is_word_start[tokens], 60, CONFIG, np.random.default_rng(seed))
         assert mask.sum() == 60
         edges = np.diff(np.concatenate([[0], mask.astype(int), [0]]))
         starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
@@ -91,7 +91,7 @@ def test_span_mask_has_exactly_the_goal_in_short_spans_at_word_starts():
 
 
 def test_short_segment_is_topped_up_to_the_goal():
-    mask = sample_span_mask(np.full(12, 400), ~CONTINUATION, 7, CONFIG,
+    mask = sample_span_mask((~CONTINUATION)[np.full(12, 400)], 7, CONFIG,
                             np.random.default_rng(1))  # no word start at all
     assert mask.sum() == 7
 

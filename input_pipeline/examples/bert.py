@@ -23,14 +23,17 @@ import numpy as np
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.records import ExampleBatch
+from pretext_jax.input_pipeline.tokenizers import word_starts
 
 Document = Sequence[Sequence[int]]
 
 
 @dataclasses.dataclass(frozen=True)
 class MaskingVocab:
-    """The vocabulary facts masking needs: size, special ids, and which pieces continue a word
-    (WordPiece `##x`, sentencepiece pieces without a leading `▁`)."""
+    """The vocabulary facts masking needs: size, special ids, and where words begin: which
+    pieces continue a word (WordPiece `##x`, sentencepiece pieces without a leading `▁`) and
+    which leave theirs open (fastBPE pieces without `</w>`; none: no vocabulary marks word
+    ends)."""
 
     vocab_size: int
     pad_id: int
@@ -38,6 +41,11 @@ class MaskingVocab:
     sep_id: int
     mask_id: int
     continuation: np.ndarray
+    joins_next: np.ndarray | None = None
+
+    def word_starts(self, ids: np.ndarray) -> np.ndarray:
+        """A bool per position of `ids`: the piece begins a word (`tokenizers.word_starts`)."""
+        return word_starts(ids, self.continuation, self.joins_next)
 
     @functools.cached_property
     def never_masked(self) -> np.ndarray:
@@ -49,7 +57,8 @@ class MaskingVocab:
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> MaskingVocab:
         return cls(tokenizer.vocab_size, tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id,
-                   tokenizer.mask_id, np.asarray(tokenizer.continuation, bool))
+                   tokenizer.mask_id, np.asarray(tokenizer.continuation, bool),
+                   np.asarray(tokenizer.joins_next, bool))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,15 +266,15 @@ def _special(tokens: np.ndarray, vocab: MaskingVocab) -> np.ndarray:
 def masking_candidates(tokens: np.ndarray, vocab: MaskingVocab,
                        whole_word_mask: bool) -> list[list[int]]:
     """Positions that may be masked, grouped: all but [CLS], [SEP] and [PAD], one group per
-    piece, or with whole-word masking per word: a continuation piece joins the group before it,
-    as google-research/bert create_pretraining_data.py `create_masked_lm_predictions` builds
-    `cand_indexes`, which skips [CLS] and [SEP] first, so a segment B that starts with a
+    piece, or with whole-word masking per word: a piece that begins no word joins the group
+    before it, as google-research/bert create_pretraining_data.py `create_masked_lm_predictions`
+    builds `cand_indexes`, which skips [CLS] and [SEP] first, so a segment B that starts with a
     continuation piece (its front truncated) joins A's last word across [SEP]."""
     positions = np.flatnonzero(~_special(tokens, vocab))
     if not whole_word_mask or len(positions) < 2:
         return [[p] for p in positions.tolist()]
-    joins = vocab.continuation[tokens[positions[1:]]]
-    return [group.tolist() for group in np.split(positions, np.flatnonzero(~joins) + 1)]
+    starts = vocab.word_starts(tokens[positions])
+    return [group.tolist() for group in np.split(positions, np.flatnonzero(starts[1:]) + 1)]
 
 
 def prediction_budget(length: int, config: Any) -> int:

@@ -114,7 +114,7 @@ class MaskedPermutation(grain.transforms.RandomMap):
     def permutation(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         if not self.config.whole_word_mask:
             return rng.permutation(len(ids))
-        word_start = ~np.asarray(self.vocab.continuation, bool)[ids]
+        word_start = self.vocab.word_starts(ids)
         word_start[0] = True
         return span_permutation(word_start, self.config.pred_size, rng)
 

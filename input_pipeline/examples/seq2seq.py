@@ -40,6 +40,7 @@ import numpy as np
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.examples.bert import Document
+from pretext_jax.input_pipeline.tokenizers import word_starts
 
 NOISES = ("span_corruption", "text_infilling")
 MAX_CHUNK_TOKENS = 65536  # select_random_chunk's max_length in span_corruption
@@ -233,14 +234,15 @@ class Infilled:
     inserted: int
 
 
-def text_infilling(tokens: np.ndarray, word_start: np.ndarray, mask_id: int,
+def text_infilling(tokens: np.ndarray, word_starts: np.ndarray, mask_id: int,
                    config: Seq2SeqExampleConfig, random_vocab_size: int,
                    rng: np.random.Generator) -> Infilled:
-    """BART's text infilling of `tokens` (ending in EOS, which is never masked). A span of n
-    words starts at a random word start, keeps its first token as the mask token and deletes
-    the rest of the n words; spans may run into each other, as in fairseq."""
+    """BART's text infilling of `tokens` (ending in EOS, which is never masked; `word_starts`
+    a bool per position). A span of n words starts at a random word start, keeps its first
+    token as the mask token and deletes the rest of the n words; spans may run into each
+    other, as in fairseq."""
     source = tokens.copy()
-    is_start = word_start[tokens].astype(np.int64)
+    is_start = word_starts.astype(np.int64)
     is_start[-1] = 0
     starts = np.flatnonzero(is_start)
     budget = int(math.ceil(len(starts) * config.mask_ratio))
@@ -294,19 +296,25 @@ def insert_masks(tokens: np.ndarray, count: int, mask_id: int, random_ratio: flo
 @dataclasses.dataclass(frozen=True)
 class Seq2SeqVocab:
     """The vocabulary facts the noise needs: the tokenizer's size (`text_vocab_size`), the
-    model's (`vocab_size` = text + extra_ids; sentinels at the top), EOS, mask, and which
-    tokens start a word (not a continuation piece)."""
+    model's (`vocab_size` = text + extra_ids; sentinels at the top), EOS, mask, and where words
+    begin (the tokenizer's `continuation` and `joins_next`, as `MaskingVocab`)."""
 
     text_vocab_size: int
     vocab_size: int
     eos_id: int
     mask_id: int
-    word_start: np.ndarray
+    continuation: np.ndarray
+    joins_next: np.ndarray | None = None
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, extra_ids: int) -> Seq2SeqVocab:
         return cls(tokenizer.vocab_size, tokenizer.vocab_size + extra_ids, tokenizer.sep_id,
-                   tokenizer.mask_id, ~np.asarray(tokenizer.continuation, bool))
+                   tokenizer.mask_id, np.asarray(tokenizer.continuation, bool),
+                   np.asarray(tokenizer.joins_next, bool))
+
+    def word_starts(self, ids: np.ndarray) -> np.ndarray:
+        """A bool per position of `ids`: the piece begins a word (`tokenizers.word_starts`)."""
+        return word_starts(ids, self.continuation, self.joins_next)
 
 
 def chunk_documents(documents: Sequence[Document], raw_length: int, rng: np.random.Generator
@@ -347,7 +355,7 @@ def noise_example(tokens: np.ndarray, vocab: Seq2SeqVocab, config: Seq2SeqExampl
         inputs, targets = span_corruption(tokens, config, vocab.vocab_size, vocab.eos_id, rng)
     else:
         targets = np.append(tokens, vocab.eos_id)
-        inputs = text_infilling(targets, vocab.word_start, vocab.mask_id, config,
+        inputs = text_infilling(targets, vocab.word_starts(targets), vocab.mask_id, config,
                                 vocab.text_vocab_size, rng).source
         if len(inputs) > config.inputs_length:  # only if many 0-length spans add masks
             inputs = np.append(inputs[: config.inputs_length - 1], vocab.eos_id)

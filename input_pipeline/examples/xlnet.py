@@ -140,18 +140,16 @@ def split_a_and_b(ids: np.ndarray, sent_ids: np.ndarray, begin: int, total_len: 
     return ids[begin:a_end], ids[b_begin:b_end]
 
 
-def sample_span_mask(tokens: np.ndarray, is_word_start: np.ndarray, goal: int,
-                     config: XLNetExampleConfig, rng: np.random.Generator,
-                     reverse: bool = False) -> np.ndarray:
+def sample_span_mask(word_starts: np.ndarray, goal: int, config: XLNetExampleConfig,
+                     rng: np.random.Generator, reverse: bool = False) -> np.ndarray:
     """Exactly `goal` positions to predict (data_utils.py `_sample_mask`): spans of n tokens,
     P(n) proportional to 1/n for n <= max_span, each starting at a word start at a random offset
     in a context of n * alpha / beta tokens; then random single positions until the goal is met.
     (The reference's span loop re-tests the span's first piece, so a span is n tokens, not n
-    words; we keep that behaviour.) `reverse` samples on the reversed segment (bi_data rows)."""
-    length = len(tokens)
-    starts = is_word_start[tokens]
-    if reverse:
-        starts = starts[::-1]
+    words; we keep that behaviour.) `word_starts` holds a bool per position of the segment;
+    `reverse` samples on the reversed segment (bi_data rows)."""
+    length = len(word_starts)
+    starts = word_starts[::-1] if reverse else word_starts
     mask = np.zeros(length, bool)
     spans = np.arange(1, config.max_span + 1)
     probabilities = 1.0 / spans
@@ -187,7 +185,6 @@ def create_training_examples(
     rng = np.random.default_rng(seed)
     documents = [documents[i] for i in rng.permutation(len(documents))]
     ids, sent_ids = batchify(*token_stream(documents), config.num_streams, config.bi_data)
-    is_word_start = ~np.asarray(vocab.continuation, bool)
     seq_len, reuse = config.max_seq_length, config.reuse_len
     goal_reuse, goal_new = config.predict_per_half
     tail = np.asarray([vocab.sep_id, vocab.cls_id], np.int32)
@@ -204,8 +201,8 @@ def create_training_examples(
             reused = ids[row, position:position + reuse]
             new = np.concatenate([a, [vocab.sep_id], b, tail]).astype(np.int32)
             masked = np.concatenate([
-                sample_span_mask(reused, is_word_start, goal_reuse, config, rng, reverse),
-                sample_span_mask(new, is_word_start, goal_new, config, rng, reverse)])
+                sample_span_mask(vocab.word_starts(reused), goal_reuse, config, rng, reverse),
+                sample_span_mask(vocab.word_starts(new), goal_new, config, rng, reverse)])
             segments = np.concatenate([np.zeros(reuse + len(a) + 1, np.int32),
                                        np.ones(len(b) + 1, np.int32), [2]]).astype(np.int32)
             batch.append({"input_ids": np.concatenate([reused, new]).astype(np.int32),
