@@ -52,6 +52,9 @@ class WordTokenizer:
     def encode(self, text: str) -> list[int]:
         return [int(word) for word in text.split()]
 
+    def save(self, directory: Path) -> None:
+        (directory / "words.txt").write_text("whitespace words as integers\n")
+
 
 def within(observed: np.ndarray, expected: np.ndarray, trials: int, sigmas: float = 4.5) -> None:
     """Observed frequencies within `sigmas` binomial standard deviations of the expected."""
@@ -278,6 +281,29 @@ def test_tlm_held_out_fraction_splits_aligned_lines_with_both_directions_on_one_
     # The tokenizer of a split corpus reads the training side's sentences only.
     sentences = parallel_sentences(open_parallel(spec), "de", LineSplit(0.2, 3, False))
     assert [int(s) - 500 for s in sentences] == sorted(train[0])
+
+
+def test_record_caches_tell_tokenizers_apart_by_what_they_encode(tmp_path):
+    """TLM's and Unicoder's record caches are keyed by the tokenizer's saved files: the same
+    vocabulary cased and lowercased (same kind and size, other ids for "Cat") get other keys,
+    so a run never reads records another tokenizer wrote; an equal tokenizer the same key."""
+    from pretext_jax.input_pipeline.examples.xlm import tokenizer_key
+    from pretext_jax.input_pipeline.tokenizers import WordPieceTokenizer
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "cat", "Cat", "##s"]
+    lowercased, cased = WordPieceTokenizer(vocab, True), WordPieceTokenizer(vocab, False)
+    assert lowercased.encode("Cats") != cased.encode("Cats")
+    assert tokenizer_key(lowercased) != tokenizer_key(cased)
+    assert tokenizer_key(WordPieceTokenizer(list(vocab), True)) == tokenizer_key(lowercased)
+    (tmp_path / "p.en").write_text("Cats\n" * 8)
+    (tmp_path / "p.de").write_text("cat\n" * 8)
+    spec = f"{tmp_path / 'p.en'},{tmp_path / 'p.de'}"
+    config = XLMExampleConfig(stream_length=16, max_sentence_length=4)
+    records = [prepare_tlm(spec, tokenizer, config, {"de": 0, "en": 1}, tmp_path / "cache")
+               for tokenizer in (lowercased, cased)]
+    assert records[0].directory != records[1].directory
+    first = [r.examples(range(len(r)))["input_ids"] for r in records]
+    assert not np.array_equal(*first)
 
 
 def test_masked_loading_is_deterministic_per_seed(tmp_path):

@@ -38,6 +38,7 @@ import functools
 import hashlib
 import math
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,6 @@ from pretext_jax.input_pipeline.records import (
     write_records,
 )
 from pretext_jax.input_pipeline.tokenizers import (
-    MosesBPETokenizer,
     SentencePieceTokenizer,
     Tokenizer,
     language_encoder,
@@ -158,15 +158,14 @@ def tokenizer_language_ids(languages: Iterable[str], tokenizer: Tokenizer
     return {language: table[language] for language in sorted(set(languages))}, len(table)
 
 
-def tokenizer_key(tokenizer: Tokenizer) -> object:
-    """What names the tokenizer in a record cache's key: its model file's hash, XLM's
-    vocabulary, merges and casing, else its kind and size."""
-    model_file = getattr(tokenizer, "model_file", None)
-    if model_file:
-        return hashlib.sha256(Path(model_file).read_bytes()).hexdigest()
-    if isinstance(tokenizer, MosesBPETokenizer):
-        return fingerprint(sorted(tokenizer.vocab.items()), tokenizer.merges, tokenizer.lowercase)
-    return [type(tokenizer).__name__, tokenizer.vocab_size]
+def tokenizer_key(tokenizer: Tokenizer) -> str:
+    """What names the tokenizer in a record cache's key: a digest of the files its `save`
+    writes (vocabulary, merges or model, and settings such as the casing), so two tokenizers
+    that encode differently never share records."""
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save(Path(folder))
+        return fingerprint(*((path.name, hashlib.sha256(path.read_bytes()).hexdigest())
+                             for path in sorted(Path(folder).iterdir())))
 
 
 def parse_corpora(spec: str) -> dict[str, str]:
