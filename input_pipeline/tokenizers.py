@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import itertools
 import json
 import re
 import shutil
 import sys
+import tempfile
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -84,6 +86,18 @@ def word_starts(ids: np.ndarray, continuation: np.ndarray,
     if joins_next is not None:
         starts[1:] &= ~joins_next[ids[:-1]]
     return starts
+
+
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
+    """A digest of the files the tokenizer's `save` writes (vocabulary, merges or model, and
+    settings such as the casing): what names it in a record cache's key, so two tokenizers
+    that encode differently never share records."""
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save(Path(folder))
+        for path in sorted(Path(folder).iterdir()):
+            digest.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
 
 
 def _write_lowercase(directory: Path, lowercase: bool, **settings: object) -> None:

@@ -287,14 +287,14 @@ def test_record_caches_tell_tokenizers_apart_by_what_they_encode(tmp_path):
     """TLM's and Unicoder's record caches are keyed by the tokenizer's saved files: the same
     vocabulary cased and lowercased (same kind and size, other ids for "Cat") get other keys,
     so a run never reads records another tokenizer wrote; an equal tokenizer the same key."""
-    from pretext_jax.input_pipeline.examples.xlm import tokenizer_key
-    from pretext_jax.input_pipeline.tokenizers import WordPieceTokenizer
+    from pretext_jax.input_pipeline.tokenizers import WordPieceTokenizer, tokenizer_fingerprint
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "cat", "Cat", "##s"]
     lowercased, cased = WordPieceTokenizer(vocab, True), WordPieceTokenizer(vocab, False)
     assert lowercased.encode("Cats") != cased.encode("Cats")
-    assert tokenizer_key(lowercased) != tokenizer_key(cased)
-    assert tokenizer_key(WordPieceTokenizer(list(vocab), True)) == tokenizer_key(lowercased)
+    assert tokenizer_fingerprint(lowercased) != tokenizer_fingerprint(cased)
+    assert tokenizer_fingerprint(WordPieceTokenizer(list(vocab), True)) == tokenizer_fingerprint(
+        lowercased)
     (tmp_path / "p.en").write_text("Cats\n" * 8)
     (tmp_path / "p.de").write_text("cat\n" * 8)
     spec = f"{tmp_path / 'p.en'},{tmp_path / 'p.de'}"

@@ -43,13 +43,12 @@ from pretext_jax.input_pipeline.examples.xlm import (
     record,
     split_lines,
     tlm_record,
-    tokenizer_key,
 )
 from pretext_jax.input_pipeline.examples.xlm import weighted_mask as xlm_weighted_mask
 from pretext_jax.input_pipeline.parallel import open_parallel
 from pretext_jax.input_pipeline.prepare import fingerprint
 from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
-from pretext_jax.input_pipeline.tokenizers import Tokenizer, language_encoder
+from pretext_jax.input_pipeline.tokenizers import Tokenizer, language_encoder, tokenizer_fingerprint
 
 MASKED = ("mlm", "tlm", "xmlm")
 """The record groups masked at load (each `{group}_input_ids`, ... of `xlm.FEATURES`)."""
@@ -184,7 +183,7 @@ def prepare_unicoder_records(spec: str, tokenizer: Tokenizer, config: UnicoderEx
     """Unicoder's records of the parallel corpus `spec` (of one side of `split`), written once
     under `cache_root` (kept: a key of the files, tokenizer, settings, split and seed)."""
     languages = parallel_languages(spec)
-    key = fingerprint(open_parallel(spec).fingerprint(), tokenizer_key(tokenizer),
+    key = fingerprint(open_parallel(spec).fingerprint(), tokenizer_fingerprint(tokenizer),
                       dataclasses.asdict(config), ids, seed,
                       *([] if split is None else [dataclasses.asdict(split)]))
     directory = Path(cache_root) / f"unicoder-{key}"

@@ -35,10 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import math
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,6 +75,7 @@ from pretext_jax.input_pipeline.tokenizers import (
     SentencePieceTokenizer,
     Tokenizer,
     language_encoder,
+    tokenizer_fingerprint,
 )
 
 FEATURES = ("input_ids", "input_mask", "positions", "langs")
@@ -156,16 +155,6 @@ def tokenizer_language_ids(languages: Iterable[str], tokenizer: Tokenizer
         raise UserError(f"the tokenizer's checkpoint has no language {', '.join(missing)} (its "
                         f"languages: {', '.join(sorted(table))}); use a corpus in its languages")
     return {language: table[language] for language in sorted(set(languages))}, len(table)
-
-
-def tokenizer_key(tokenizer: Tokenizer) -> str:
-    """What names the tokenizer in a record cache's key: a digest of the files its `save`
-    writes (vocabulary, merges or model, and settings such as the casing), so two tokenizers
-    that encode differently never share records."""
-    with tempfile.TemporaryDirectory() as folder:
-        tokenizer.save(Path(folder))
-        return fingerprint(*((path.name, hashlib.sha256(path.read_bytes()).hexdigest())
-                             for path in sorted(Path(folder).iterdir())))
 
 
 def parse_corpora(spec: str) -> dict[str, str]:
@@ -612,7 +601,7 @@ def prepare_tlm(spec: str, tokenizer: Tokenizer, config: XLMExampleConfig,
     of one side of `split`, streamed into ArrayRecord files under `cache_root` (kept: a key of
     the files, tokenizer, settings and split)."""
     source = open_parallel(spec)
-    key = fingerprint(source.fingerprint(), tokenizer_key(tokenizer),
+    key = fingerprint(source.fingerprint(), tokenizer_fingerprint(tokenizer),
                       dataclasses.asdict(config), ids,
                       *([] if split is None else [dataclasses.asdict(split)]))
     directory = Path(cache_root) / f"tlm-{key}"
