@@ -150,6 +150,13 @@ def source_fingerprint(spec: str, tfds_data_dir: str = "") -> Any:
     return corpus.source_fingerprint(spec, tfds_data_dir)
 
 
+def tokenizer_identity(data: DataConfig) -> list[Any]:
+    """What names `data.tokenizer` as it reads text, in a cache's key: its files, the casing
+    and `data.language` (left out when unset, so keys made before it existed still match)."""
+    return [source_fingerprint(data.tokenizer), data.lowercase,
+            *([data.language] if data.language else [])]
+
+
 def inputs_fingerprint(data: DataConfig) -> dict[str, tuple[int, str]]:
     """What a run's input files are, saved in its checkpoints so that a resume compares them
     before anything is prepared: for `data.source` and `data.eval_source`, (the number of files,

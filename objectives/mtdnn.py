@@ -21,7 +21,7 @@ from flax import nnx
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import glue, prepare
 from pretext_jax.input_pipeline.multitask import MultiTaskBatches
-from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
+from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, tokenizer_identity
 from pretext_jax.input_pipeline.records import RecordDirectory, write_records
 from pretext_jax.models.classifier import MultiHeadClassifier, MultiHeadConfig, from_pretrained
 from pretext_jax.objectives.common.classifier_recipes import (
@@ -185,10 +185,9 @@ def prepare_multitask(data: DataConfig, examples: MultiTaskExampleConfig, cache_
         raise UserError("multi-task training needs the starting point's tokenizer: set "
                         "data.tokenizer (run.py finetune sets it from --init)")
     tokenizer = prepare.load_tokenizer(data)
-    key = fingerprint(MTDNN, dataclasses.asdict(examples), source_fingerprint(data.tokenizer),
-                      data.lowercase, [glue.glue_fingerprint(data.source, task,
-                                                             data.tfds_data_dir or None)
-                                       for task in tasks])
+    key = fingerprint(MTDNN, dataclasses.asdict(examples), *tokenizer_identity(data),
+                      [glue.glue_fingerprint(data.source, task, data.tfds_data_dir or None)
+                       for task in tasks])
     train_dir = Path(cache_dir) / key / "train"
     if not (train_dir / "features.json").is_file():
         parts = [_split(data, examples, tokenizer, "train", i, t) for i, t in enumerate(tasks)]

@@ -32,7 +32,12 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import prepare, squad
-from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
+from pretext_jax.input_pipeline.prepare import (
+    DataConfig,
+    fingerprint,
+    source_fingerprint,
+    tokenizer_identity,
+)
 from pretext_jax.input_pipeline.records import RecordDirectory, write_records
 from pretext_jax.models.span import (
     ANSWER_CLASS_STARTS,
@@ -333,7 +338,7 @@ def prepare_squad(data: DataConfig, examples: SquadExampleConfig, cache_dir: Pat
     # "windows-3": records with p_mask, cls_index and is_impossible (older caches lack them)
     key = fingerprint("squad", "windows-3", version.name, dataclasses.asdict(examples),
                       source_fingerprint(str(version.path(data.source, "train"))),
-                      source_fingerprint(data.tokenizer), data.lowercase)
+                      *tokenizer_identity(data))
     train_dir = Path(cache_dir) / key / "train"
     if not (train_dir / "features.json").is_file():
         _, train = windows_of(data, examples, "train")

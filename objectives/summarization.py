@@ -43,7 +43,7 @@ from pretext_jax.input_pipeline.prepare import (
     DataConfig,
     fingerprint,
     load_tokenizer,
-    source_fingerprint,
+    tokenizer_identity,
 )
 from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
 from pretext_jax.models.beam_search import BeamSearch
@@ -214,7 +214,7 @@ def prepare_summaries(data: DataConfig, examples: SummaryExampleConfig, cache_di
     dev_files = summaries.split_files(data.source, "dev")
     summaries.check_files(dev_files)  # before the training records are written
     key = fingerprint("summaries", train_files.fingerprint(), _record_settings(examples),
-                      source_fingerprint(data.tokenizer), data.lowercase)
+                      *tokenizer_identity(data))
     train_dir = Path(cache_dir) / f"summaries-{key}"
     if not (train_dir / SPEC_FILE).is_file():
         count = write_records((record for _, _, record in _records(train_files, tokenizer,

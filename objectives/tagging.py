@@ -29,7 +29,12 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import conll, prepare
-from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
+from pretext_jax.input_pipeline.prepare import (
+    DataConfig,
+    fingerprint,
+    source_fingerprint,
+    tokenizer_identity,
+)
 from pretext_jax.input_pipeline.records import RecordDirectory, write_records
 from pretext_jax.models.classifier import TokenClassifier, from_pretrained
 from pretext_jax.objectives.common.classifier_recipes import (
@@ -195,7 +200,7 @@ def prepare_ner(data: DataConfig, examples: TagExampleConfig, cache_dir: Path,
     train_sentences = conll.read_conll(train_file)
     labels = conll.label_set(train_sentences)
     key = fingerprint("conll", dataclasses.asdict(examples), source_fingerprint(str(train_file)),
-                      source_fingerprint(data.tokenizer), data.lowercase)
+                      *tokenizer_identity(data))
     train_dir = Path(cache_dir) / key / "train"
     if not (train_dir / "features.json").is_file():
         if examples.max_train_examples:

@@ -194,6 +194,35 @@ def test_whole_words_are_moses_words(xlm_folders):
     assert piecewise.word_starts(ids).all() and not vocab.word_starts(ids).all()
 
 
+def test_fine_tuning_records_are_cached_per_language(xlm_folders, tmp_path):
+    """A task's records read with another `data.language` (another Moses: French splits
+    "l'homme" as "l' homme", English as "l 'homme") are written anew, not read from the first
+    language's cache; without a language the key is the one caches had before it existed."""
+    from text_utils import write_glue_folder
+
+    from pretext_jax.input_pipeline.prepare import (
+        DataConfig,
+        source_fingerprint,
+        tokenizer_identity,
+    )
+    from pretext_jax.objectives.common.glue_data import GlueExampleConfig, prepare_glue
+
+    (tmp_path / "glue").mkdir()
+    glue = write_glue_folder(tmp_path / "glue", ["good", "bad", "l'homme", "d'affaires", "chat"],
+                             (8, 4), (4, 4))
+    prepared = {}
+    for language in ("en", "fr"):
+        data = DataConfig(source=glue, tokenizer=str(xlm_folders["lowercased"]),
+                          language=language)
+        prepared[language] = prepare_glue(data, GlueExampleConfig(max_seq_length=32),
+                                          tmp_path / "cache", 0).train
+    assert prepared["en"].directory != prepared["fr"].directory
+    ids = [p.examples(range(len(p)))["input_ids"] for p in prepared.values()]
+    assert not np.array_equal(*ids)
+    plain = DataConfig(source=glue, tokenizer=str(xlm_folders["lowercased"]))
+    assert tokenizer_identity(plain) == [source_fingerprint(plain.tokenizer), plain.lowercase]
+
+
 def test_refusals(xlm_folders, tmp_path, monkeypatch):
     ours = load_tokenizer(xlm_folders["lowercased"])
     with pytest.raises(UserError, match="word segmenter"):

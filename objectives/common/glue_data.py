@@ -13,7 +13,7 @@ from flax import nnx
 
 from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline import glue, prepare, tokenizers
-from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, source_fingerprint
+from pretext_jax.input_pipeline.prepare import DataConfig, fingerprint, tokenizer_identity
 from pretext_jax.input_pipeline.records import RecordDirectory, write_records
 from pretext_jax.models.classifier import SequenceClassifier
 from pretext_jax.objectives.common.glue_metrics import constant_baseline, task_metrics
@@ -80,7 +80,7 @@ def prepare_glue(data: DataConfig, examples: GlueExampleConfig, cache_dir: Path,
     tokenizer = prepare.load_tokenizer(data)
     key = fingerprint("glue", task.name, dataclasses.asdict(examples),
                       glue.glue_fingerprint(data.source, task, data.tfds_data_dir or None),
-                      source_fingerprint(data.tokenizer), data.lowercase)
+                      *tokenizer_identity(data))
     train_dir = Path(cache_dir) / key / "train"
     if not (train_dir / "features.json").is_file():
         train = _encode(data, examples, tokenizer, "train")
