@@ -288,12 +288,13 @@ def _check_tfds_prepared(task: GlueTask, name: str, data_dir: str | None) -> Non
 
 
 def glue_fingerprint(spec: str, task: str | GlueTask, data_dir: str | None = None) -> Any:
-    """What a task's records are read from, for cache keys: the TSV files' paths, sizes and
-    mtimes, or the TFDS dataset's name, version and info digest."""
+    """What a task's training records are read from, for cache keys: its `train.tsv`'s path,
+    size and mtime (not the rest of the GLUE root: other tasks' files, or a cache kept there,
+    leave it alone), or the TFDS dataset's name, version and info digest."""
     task = glue_task(task)
     name = _tfds_name(spec, task)
     if name is None:
-        return source_fingerprint(spec)
+        return source_fingerprint(str(_tsv_path(Path(spec), task, "train")))
     return tfds_fingerprint(tfds_builder(name, data_dir))
 
 

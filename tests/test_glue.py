@@ -19,6 +19,7 @@ from pretext_jax.input_pipeline.glue import (
     GLUE_TASKS,
     GlueSplit,
     encode_glue,
+    glue_fingerprint,
     glue_task,
     read_glue,
     read_glue_tfds,
@@ -338,6 +339,25 @@ def test_real_glue_counts(glue_root, name, split):
     else:
         assert data.labels.dtype == np.int32
         assert np.bincount(data.labels).tolist() == counts
+
+
+def test_a_tasks_cache_key_is_its_training_file(tmp_path):
+    """The key of a task's cached records names its train.tsv: a file added elsewhere in the
+    GLUE root (another task, a cache kept there) leaves it, the task's file edited changes it,
+    and the root and the task folder give the same key."""
+    for task, rows in (("SST-2", "sentence\tlabel\ngood film\t1\n"),
+                       ("CoLA", "gj04\t1\t\tgood\n")):
+        (tmp_path / task).mkdir()
+        (tmp_path / task / "train.tsv").write_text(rows)
+    key = glue_fingerprint(str(tmp_path), "sst2")
+    assert key and key == glue_fingerprint(str(tmp_path / "SST-2"), "sst2")
+    (tmp_path / "CoLA" / "dev.tsv").write_text("gj04\t0\t\tbad\n")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "records").write_text("x")
+    assert glue_fingerprint(str(tmp_path), "sst2") == key
+    (tmp_path / "SST-2" / "train.tsv").write_text("sentence\tlabel\nbad film plot\t0\n")
+    assert glue_fingerprint(str(tmp_path), "sst2") != key
+    assert glue_fingerprint(str(tmp_path), "cola") != glue_fingerprint(str(tmp_path), "sst2")
 
 
 def test_real_glue_folder_forms(glue_root):
