@@ -151,8 +151,9 @@ def source_fingerprint(spec: str, tfds_data_dir: str = "") -> Any:
 
 
 def tokenizer_identity(data: DataConfig) -> list[Any]:
-    """What names `data.tokenizer` as it reads text, in a cache's key: its files, the casing
-    and `data.language` (left out when unset, so keys made before it existed still match)."""
+    """What names `data.tokenizer` as it reads text, in a fine-tuning cache's key: its files,
+    the casing and `data.language` (left out when unset, so keys made before it existed still
+    match); a tokenizer object is named by `tokenizers.tokenizer_fingerprint`."""
     return [source_fingerprint(data.tokenizer), data.lowercase,
             *([data.language] if data.language else [])]
 

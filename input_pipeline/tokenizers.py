@@ -7,7 +7,8 @@ All expose the same small interface that example builders use (ids only): `vocab
 documents by the causal LM; [SEP] where the vocabulary has no own one), `special_ids`,
 `continuation` (a bool per id: the piece continues the previous word: WordPiece `##x`,
 sentencepiece and byte-level pieces without a leading space mark), `joins_next` (a bool per id:
-the next piece continues this piece's word: fastBPE pieces without `</w>`), which `word_starts`
+the next piece continues this piece's word: fastBPE pieces without `</w>`; None where no piece
+marks its word's end), which `word_starts`
 combines for whole-word masking and word-level spans, `encode`, `decode`, `id_to_token`, and
 `save(directory)`, which writes the files that `load_tokenizer(directory)` reads back as the
 same tokenizer (a workdir's `tokenizer/`).
@@ -66,7 +67,7 @@ class Tokenizer(Protocol):
     eos_id: int
     special_ids: frozenset[int]
     continuation: np.ndarray
-    joins_next: np.ndarray
+    joins_next: np.ndarray | None
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -90,8 +91,9 @@ def word_starts(ids: np.ndarray, continuation: np.ndarray,
 
 def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
     """A digest of the files the tokenizer's `save` writes (vocabulary, merges or model, and
-    settings such as the casing): what names it in a record cache's key, so two tokenizers
-    that encode differently never share records."""
+    settings such as the casing): what names a tokenizer object, which may have been trained
+    in the cache, in a pre-training record cache's key (fine-tuning caches name
+    `data.tokenizer` by `prepare.tokenizer_identity`)."""
     digest = hashlib.sha256()
     with tempfile.TemporaryDirectory() as folder:
         tokenizer.save(Path(folder))
@@ -240,7 +242,7 @@ class WordPieceTokenizer:
         self.missing = tuple(token for token in self.roles.values() if token not in self.vocab)
         self.special_ids = frozenset(self.vocab[t] for t in self.roles.values() if t in self.vocab)
         self.continuation = np.array([t.startswith("##") for t in vocab], bool)
-        self.joins_next = np.zeros(self.vocab_size, bool)
+        self.joins_next = None
         self._cache = _WordPieces(self._word_pieces)
         # MPNet's specials in text are those tokens (HF `MPNetTokenizer`); BERT's stay text
         self._specials = (None if self.roles == BERT_ROLES else _specials_pattern(
@@ -406,7 +408,7 @@ class SentencePieceTokenizer:
         self.continuation = np.array(
             [not (control[i] or self.processor.id_to_piece(i).startswith("▁"))
              for i in range(self.vocab_size)], bool)
-        self.joins_next = np.zeros(self.vocab_size, bool)
+        self.joins_next = None
 
     def _special_ids(self) -> list[int]:
         """The ids of [PAD], [UNK], [CLS], [SEP], [MASK] (in that order)."""
@@ -749,7 +751,7 @@ class ByteLevelBPETokenizer:
         self.continuation = np.array(
             [i not in self.special_ids and not t.startswith(self.byte_encoder[ord(" ")])
              for i, t in enumerate(self.tokens)], bool)
-        self.joins_next = np.zeros(self.vocab_size, bool)
+        self.joins_next = None
         self._specials = re.compile("(" + "|".join(
             re.escape(t) for t in sorted(specials, key=len, reverse=True)) + ")")
         self._cache: dict[str, list[int]] = {}

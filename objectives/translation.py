@@ -40,7 +40,7 @@ from pretext_jax.errors import UserError, require
 from pretext_jax.input_pipeline.examples import translation as te
 from pretext_jax.input_pipeline.examples.xlm import language_ids
 from pretext_jax.input_pipeline.parallel import open_parallel
-from pretext_jax.input_pipeline.prepare import DataConfig, load_tokenizer
+from pretext_jax.input_pipeline.prepare import DataConfig, load_tokenizer, tokenizer_identity
 from pretext_jax.input_pipeline.token_batches import TokenBudgetBatches, cut_rows
 from pretext_jax.models.beam_search import GREEDY, BeamSearch
 from pretext_jax.objectives.common import encoder_decoders as ed
@@ -94,7 +94,8 @@ def prepare_translation(data: DataConfig, examples: te.TranslationExampleConfig,
     sacrebleu = require("sacrebleu", "translation", "BLEU of the translation check")
     tokenizer = load_tokenizer(data)
     ids = language_ids(open_parallel(data.source).languages)
-    train = te.prepare_pairs(data.source, tokenizer, examples, ids, cache_dir)
+    train = te.prepare_pairs(data.source, tokenizer, tokenizer_identity(data), examples, ids,
+                             cache_dir)
     held_out, references = te.held_out_pairs(data.eval_source, tokenizer, examples, ids)
     # corpus_bleu's defaults; the signature exists once a score was computed (its references).
     metric = sacrebleu.metrics.BLEU()

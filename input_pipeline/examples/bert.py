@@ -58,7 +58,7 @@ class MaskingVocab:
     def from_tokenizer(cls, tokenizer: Any) -> MaskingVocab:
         return cls(tokenizer.vocab_size, tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id,
                    tokenizer.mask_id, np.asarray(tokenizer.continuation, bool),
-                   np.asarray(tokenizer.joins_next, bool))
+                   tokenizer.joins_next)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -310,7 +310,7 @@ class Seq2SeqVocab:
     def from_tokenizer(cls, tokenizer: Any, extra_ids: int) -> Seq2SeqVocab:
         return cls(tokenizer.vocab_size, tokenizer.vocab_size + extra_ids, tokenizer.sep_id,
                    tokenizer.mask_id, np.asarray(tokenizer.continuation, bool),
-                   np.asarray(tokenizer.joins_next, bool))
+                   tokenizer.joins_next)
 
     def word_starts(self, ids: np.ndarray) -> np.ndarray:
         """A bool per position of `ids`: the piece begins a word (`tokenizers.word_starts`)."""

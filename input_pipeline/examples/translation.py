@@ -27,7 +27,7 @@ from pretext_jax.errors import UserError
 from pretext_jax.input_pipeline.parallel import ParallelSource, open_parallel
 from pretext_jax.input_pipeline.prepare import fingerprint
 from pretext_jax.input_pipeline.records import SPEC_FILE, RecordDirectory, write_records
-from pretext_jax.input_pipeline.tokenizers import Tokenizer, tokenizer_fingerprint
+from pretext_jax.input_pipeline.tokenizers import Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,8 +141,9 @@ def language_pair(source: ParallelSource, config: TranslationExampleConfig,
     return ids[first], ids[second]
 
 
-def prepare_pairs(spec: str, tokenizer: Tokenizer, config: TranslationExampleConfig,
-                  ids: Mapping[str, int], cache_root: Path) -> RecordDirectory:
+def prepare_pairs(spec: str, tokenizer: Tokenizer, tokenizer_key: object,
+                  config: TranslationExampleConfig, ids: Mapping[str, int], cache_root: Path
+                  ) -> RecordDirectory:
     """The records of the parallel corpus `spec`, streamed into ArrayRecord files under
     `cache_root` (kept under a key of the files, the tokenizer and the settings; the decoding
     settings and the batching, which the records do not depend on, left out)."""
@@ -150,7 +151,7 @@ def prepare_pairs(spec: str, tokenizer: Tokenizer, config: TranslationExampleCon
     settings = {name: value for name, value in dataclasses.asdict(config).items()
                 if name not in ("num_beams", "length_penalty", "tokens_per_batch",
                                 "length_buckets")}
-    key = fingerprint(source.fingerprint(), tokenizer_fingerprint(tokenizer), settings, ids)
+    key = fingerprint(source.fingerprint(), tokenizer_key, settings, ids)
     directory = Path(cache_root) / f"translation-{key}"
     if not (directory / SPEC_FILE).is_file():
         count = write_records(translation_examples(pairs(source, config), tokenizer, config,
